@@ -1,0 +1,208 @@
+"""Attention rank collapse: the approximate rank of each head's attention matrix, layer by layer.
+
+Approximate rank at energy e (Sanyal et al., "When Attention Collapses", arXiv 2404.08634): with singular values
+s_1 >= s_2 >= ... of an attention matrix A (T x T), the smallest k with sum_{i<=k} s_i^2 / sum_i s_i^2 >= e.
+A layer whose heads all have (near) rank one attends the same way from every query ("lazy layer").
+
+`attention_rank` streams: a forward hook on each ``blocks.{l}.attn.hook_pattern`` reduces the batch's patterns
+to ranks (one batched ``torch.linalg.svdvals`` per layer) and drops them, so no activation cache is kept.
+Padding does not change a rank: padded rows and columns are zeroed, which only adds zero singular values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+from transformer_lens.utils import get_act_name
+
+# Cumulative energies are compared with this slack so that exact ties (identity: k/T == e) count as reached.
+_ENERGY_TOL = 1e-6
+
+
+def approx_rank(A: Float[Tensor, "... q k"], energy: float = 0.9) -> Int[Tensor, "..."]:
+    """Smallest k with (s_1^2 + ... + s_k^2) / sum_i s_i^2 >= ``energy`` for each matrix of ``A`` (batched SVD).
+
+    A zero matrix has rank 0.
+    """
+    if not 0 < energy <= 1:
+        raise ValueError(f"energy must be in (0, 1], got {energy}")
+    # float32 SVD (half the cost of float64); energies are summed in float64
+    s2 = torch.linalg.svdvals(A if A.dtype in (torch.float32, torch.float64) else A.float()).double() ** 2
+    total = s2.sum(-1, keepdim=True)
+    cum = s2.cumsum(-1) / total.clamp_min(torch.finfo(torch.float64).tiny)
+    rank = (cum < energy - _ENERGY_TOL).sum(-1) + 1
+    return torch.where(total.squeeze(-1) > 0, rank, torch.zeros_like(rank))
+
+
+def mass_columns(A: Float[Tensor, "... q k"], mass: float = 0.9) -> Int[Tensor, "..."]:
+    """m*: the fewest key columns of ``A`` that together hold ``mass`` of its total attention (column sums)."""
+    col = A.double().sum(-2).sort(-1, descending=True).values
+    total = col.sum(-1, keepdim=True)
+    cum = col.cumsum(-1) / total.clamp_min(torch.finfo(torch.float64).tiny)
+    count = (cum < mass - _ENERGY_TOL).sum(-1) + 1
+    return torch.where(total.squeeze(-1) > 0, count, torch.zeros_like(count))
+
+
+@dataclass
+class RankProfile:
+    """Attention rank of every head of a model on some inputs.
+
+    ``per_head [L, H]``: approximate rank (mean over inputs when ``average=False``; the rank of the input-averaged
+    matrix when ``average=True``). ``max_rank``/``mean_rank [L]``: max/mean of ``per_head`` over the heads of a
+    layer. ``mass_columns [L]``: m*, the mean over heads (and inputs) of the key columns holding 90% of the mass.
+    ``lazy [L]``: the layers that ``lazy_rule`` flags. ``per_input [N, L, H]``: per-input ranks (None if averaged).
+    """
+
+    per_head: np.ndarray
+    max_rank: np.ndarray
+    mean_rank: np.ndarray
+    mass_columns: np.ndarray
+    mass_per_head: np.ndarray
+    lazy: np.ndarray
+    lazy_rule: str
+    per_input: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return self.per_head.shape[0]
+
+    def lazy_layers(self) -> list[int]:
+        return [int(i) for i in np.flatnonzero(self.lazy)]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (layer, head), with the layer's statistics repeated on each of its rows."""
+        L, H = self.per_head.shape
+        layer, head = np.divmod(np.arange(L * H), H)
+        return pd.DataFrame({
+            "layer": layer, "head": head, "rank": self.per_head.ravel(), "mass_columns": self.mass_per_head.ravel(),
+            "layer_max_rank": self.max_rank[layer], "layer_mean_rank": self.mean_rank[layer],
+            "layer_mass_columns": self.mass_columns[layer], "lazy": self.lazy[layer],
+        })
+
+    def layer_dataframe(self) -> pd.DataFrame:
+        """One row per layer."""
+        return pd.DataFrame({"layer": np.arange(self.n_layers), "max_rank": self.max_rank,
+                             "mean_rank": self.mean_rank, "mass_columns": self.mass_columns, "lazy": self.lazy})
+
+    def to_dict(self) -> dict:
+        return {"per_head": self.per_head.tolist(), "max_rank": self.max_rank.tolist(),
+                "mean_rank": self.mean_rank.tolist(), "mass_columns": self.mass_columns.tolist(),
+                "lazy": self.lazy.tolist(), "lazy_rule": self.lazy_rule, "meta": self.meta}
+
+
+def _tokens_and_mask(model: HookedTransformer, inputs, max_len: int | None):
+    """Tokens [b, p] and mask [b, p]; through the shared `lens_heads.tokenize` when it exists."""
+    try:
+        from lens_heads.tokenize import tokenize_inputs
+    except ImportError:  # minimal stand-in: token tensors, or strings through the model's tokenizer
+        tokenize_inputs = None
+    if tokenize_inputs is not None:
+        return tokenize_inputs(model, inputs, max_len=max_len)
+    if isinstance(inputs, Tensor):
+        tokens = inputs if inputs.ndim == 2 else inputs[None]
+        tokens = tokens[:, :max_len] if max_len else tokens
+        return tokens.long(), torch.ones_like(tokens, dtype=torch.bool)
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if model.tokenizer is None:
+        raise ValueError("this model has no tokenizer: pass a token tensor [batch, pos] instead of text")
+    rows = [model.to_tokens(text, prepend_bos=model.cfg.default_prepend_bos, truncate=False)[0] for text in inputs]
+    rows = [r[:max_len] if max_len else r for r in rows]
+    if max(len(r) for r in rows) > model.cfg.n_ctx:
+        raise ValueError(f"an input is longer than the model's context ({model.cfg.n_ctx} tokens): pass max_len=")
+    width = max(len(r) for r in rows)
+    pad = model.tokenizer.pad_token_id or 0
+    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r.cpu()
+        mask[i, : len(r)] = True
+    return tokens, mask
+
+
+def attention_rank(
+    model: HookedTransformer,
+    inputs,
+    *,
+    average: bool = False,
+    energy: float = 0.9,
+    mass: float = 0.9,
+    lazy_rank: float = 2.0,
+    max_len: int | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> RankProfile:
+    """Approximate attention rank of every head (hooks on ``hook_pattern`` only; no activation cache).
+
+    ``inputs``: token tensor [N, T], a string or list of strings (tokenised with the model's tokenizer), or
+    anything `lens_heads.tokenize.tokenize_inputs` accepts. ``average=False``: the rank of each input's T x T
+    matrix (padding excluded), averaged over inputs. ``average=True``: the rank of the mean matrix over inputs,
+    all cut to the shortest input's length. A layer is lazy when every head's rank is at most ``lazy_rank``.
+    """
+    tokens, mask = _tokens_and_mask(model, inputs, max_len)
+    tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
+    if average:
+        length = int(mask.sum(1).min())
+        tokens, mask = tokens[:, :length], mask[:, :length]
+    n, L, H = tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads
+    ranks = torch.zeros(n, L, H)
+    masses = torch.zeros(n, L, H)
+    pattern_sum = [None] * L
+    offset = 0
+
+    def hook(pattern: Float[Tensor, "batch head q k"], hook):
+        layer = hook.layer()
+        valid = mask[offset: offset + pattern.shape[0]]
+        pair = (valid[:, None, :, None] & valid[:, None, None, :]).to(pattern.dtype)
+        pattern = pattern.detach() * pair  # zero rows/columns of padding: adds only zero singular values
+        if average:
+            s = pattern.double().sum(0)
+            pattern_sum[layer] = s if pattern_sum[layer] is None else pattern_sum[layer] + s
+        else:
+            ranks[offset: offset + pattern.shape[0], layer] = approx_rank(pattern, energy).float().cpu()
+            masses[offset: offset + pattern.shape[0], layer] = mass_columns(pattern, mass).float().cpu()
+
+    hooks = [(get_act_name("pattern", layer), hook) for layer in range(L)]
+    bar = tqdm(total=n, desc="attention rank", disable=not progress, unit="input")
+    with torch.no_grad():
+        for offset in range(0, n, batch_size):
+            batch = tokens[offset: offset + batch_size]
+            # attention_mask keeps padded keys out of softmax where the model supports it; right padding with
+            # causal attention leaves the valid block unchanged either way.
+            model.run_with_hooks(batch, fwd_hooks=hooks, stop_at_layer=L,
+                                 attention_mask=mask[offset: offset + batch_size].long())
+            bar.update(len(batch))
+    bar.close()
+
+    if average:
+        mean_pattern = torch.stack(pattern_sum) / n  # [L, H, T, T]
+        per_head = approx_rank(mean_pattern, energy).float().cpu().numpy()
+        mass_per_head = mass_columns(mean_pattern, mass).float().cpu().numpy()
+        per_input = None
+    else:
+        per_head = ranks.mean(0).numpy()
+        mass_per_head = masses.mean(0).numpy()
+        per_input = ranks.numpy().astype(np.int64)
+    lengths = mask.sum(1).float()
+    mode = "rank of the input-averaged attention matrix" if average else "mean over inputs of per-input ranks"
+    meta = {
+        "model": getattr(model, "lens_heads_meta", {}).get("name", model.cfg.model_name),
+        "n_inputs": n, "mean_length": float(lengths.mean()), "min_length": int(lengths.min()),
+        "max_length": int(lengths.max()), "average": average, "mode": mode, "energy": energy, "mass": mass,
+    }
+    return RankProfile(
+        per_head=per_head, max_rank=per_head.max(1), mean_rank=per_head.mean(1),
+        mass_columns=mass_per_head.mean(1), mass_per_head=mass_per_head,
+        lazy=per_head.max(1) <= lazy_rank,
+        lazy_rule=f"lazy: every head of the layer has approximate rank <= {lazy_rank:g} "
+                  f"({energy:.0%} spectral energy; {mode})",
+        per_input=per_input, meta=meta,
+    )
