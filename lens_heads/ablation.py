@@ -1,0 +1,308 @@
+"""Ablate attention heads through ``hook_z``: a static set, per-input thresholds on a head score, random draws.
+
+Every ablation replaces a head's output ``z`` (``blocks.{l}.attn.hook_z``, before ``W_O``) with zeros (or with its
+mean over calibration data), so the head's contribution ``z_h @ W_O[h]`` leaves the residual stream; ``b_O`` stays.
+
+Hooks are TransformerLens ``(hook_name, fn)`` pairs. Modes that decide per input are :class:`Zeroing` objects: their
+``.hooks`` go wherever hooks go (``model.run_with_hooks``, ``model.hooks(...)``, :func:`lens_heads.evaluate`), and
+they count what they zeroed (``share_zeroed()``). The threshold mode needs to know which positions are padding: the
+caller that pads says so per batch with ``with zeroing.batch(attention_mask): model(tokens)`` (the evaluator does
+this for you); outside such a block every position counts.
+
+Composition: hooks on the same hook point run in the order given. List a zeroing before scoring hooks to score the
+ablated output; two zeroings compose (a head zeroed by either stays zero).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from transformer_lens.utils import get_act_name
+
+from lens_heads.models import expand_kv
+
+HookFn = Callable[..., Tensor | None]
+HookPair = tuple[str, HookFn]
+Rule = Callable[[int, Float[Tensor, "batch pos head d_head"], dict], Bool[Tensor, "batch head"]]
+MODES = ("zero", "mean")
+
+
+def zero_heads(
+    heads: Iterable[tuple[int, int]],
+    *,
+    mode: str = "zero",
+    means: Float[Tensor, "layer head d_head"] | None = None,
+) -> list[HookPair]:
+    """Hooks that zero (``mode="zero"``) or mean-ablate (``mode="mean"``, needs ``means`` from :func:`mean_z`) a
+    fixed set of ``(layer, head)`` pairs at every position of every input. One hook per affected layer."""
+    _check_mode(mode, means)
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(int(layer), []).append(int(head))
+
+    def make(layer: int, chosen: list[int]) -> HookFn:
+        def hook(z: Float[Tensor, "batch pos head d_head"], hook=None) -> Tensor:
+            ablate = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
+            ablate[chosen] = True
+            return _replace(z, ablate.expand(z.shape[0], -1), means[layer] if mode == "mean" else None)
+
+        return hook
+
+    return [(get_act_name("z", layer), make(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
+
+
+class Zeroing:
+    """Hooks that ablate, in every layer, the heads a rule picks for each input, and count what they ablated.
+
+    Built by :func:`static_zeroing`, :func:`threshold_zeroing` or :func:`random_zeroing`. ``rule(layer, z, acts)``
+    returns ``Bool[batch, head]`` (True = ablate); ``acts`` holds the layer's captured ``pattern``/``v`` (when the
+    rule needs them), the batch's ``mask`` and the ``inputs`` (global input indices of the batch rows).
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str, capture: Sequence[str] = (),
+                 mode: str = "zero", means: Tensor | None = None):
+        _check_mode(mode, means)
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.description = description
+        self.mode, self.means = mode, means
+        self._rule = rule
+        self._capture = tuple(capture)
+        self._acts: dict[int, dict[str, Tensor]] = {}
+        self._mask: Tensor | None = None
+        self._inputs: Tensor | None = None
+        self._seen = 0  # inputs seen outside batch(): they are numbered in arrival order
+        self._last_layer = n_layers
+        self.reset()
+
+    # ------------------------------------------------------------ what the caller sees
+
+    @property
+    def hooks(self) -> list[HookPair]:
+        """TransformerLens ``(hook_name, fn)`` pairs: captures first, then one ``hook_z`` hook per layer."""
+        pairs: list[HookPair] = []
+        for layer in range(self.n_layers):
+            for name in self._capture:
+                pairs.append((get_act_name(name, layer), self._capturer(layer, name)))
+            pairs.append((get_act_name("z", layer), self._ablater(layer)))
+        return pairs
+
+    @contextlib.contextmanager
+    def batch(self, attention_mask: Bool[Tensor, "batch pos"] | None = None,
+              inputs: Int[Tensor, "batch"] | Sequence[int] | None = None) -> Iterator["Zeroing"]:
+        """Tell the hooks, for the forward passes inside the block, which positions are real (``attention_mask``)
+        and which input each batch row is (``inputs``: the random mode draws per input, so rows of the same input,
+        e.g. the choices of one question, get the same draw)."""
+        self._mask = None if attention_mask is None else attention_mask.bool()
+        self._inputs = None if inputs is None else torch.as_tensor(inputs, dtype=torch.long).reshape(-1)
+        try:
+            yield self
+        finally:
+            self._mask, self._inputs = None, None
+
+    def reset(self) -> None:
+        """Forget what was counted so far."""
+        self._zeroed: list[list[Tensor]] = [[] for _ in range(self.n_layers)]
+
+    def zeroed(self) -> Bool[Tensor, "input layer head"]:
+        """Which heads were ablated for each input row seen since the last :meth:`reset`, in order of arrival."""
+        if not self._zeroed[0]:
+            return torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
+        return torch.stack([torch.cat(rows) for rows in self._zeroed], dim=1)
+
+    def share_zeroed(self) -> float:
+        """Realised share of heads ablated: zeroed (input, head) pairs / (inputs x heads), averaged over layers."""
+        counts = [sum(int(m.sum()) for m in rows) for rows in self._zeroed]
+        seen = [sum(m.shape[0] for m in rows) for rows in self._zeroed]
+        if not all(seen):
+            return float("nan")
+        return sum(c / (s * self.n_heads) for c, s in zip(counts, seen)) / self.n_layers
+
+    def __repr__(self) -> str:
+        return f"Zeroing({self.description}, mode={self.mode!r})"
+
+    # ------------------------------------------------------------ the hooks
+
+    def _capturer(self, layer: int, name: str) -> HookFn:
+        def hook(x: Tensor, hook=None) -> None:
+            self._acts.setdefault(layer, {})[name] = x
+
+        return hook
+
+    def _ablater(self, layer: int) -> HookFn:
+        def hook(z: Float[Tensor, "batch pos head d_head"], hook=None) -> Tensor:
+            acts = self._acts.pop(layer, {})
+            acts["mask"] = self._batch_mask(z)
+            acts["inputs"] = self._batch_inputs(z, layer)
+            ablate = self._rule(layer, z, acts).to(torch.bool)
+            if ablate.shape != (z.shape[0], self.n_heads):
+                raise RuntimeError(f"zeroing rule returned shape {tuple(ablate.shape)}, expected "
+                                   f"{(z.shape[0], self.n_heads)}")
+            self._zeroed[layer].append(ablate.detach().cpu())
+            if not ablate.any():
+                return z
+            return _replace(z, ablate.to(z.device), None if self.means is None else self.means[layer])
+
+        return hook
+
+    def _batch_mask(self, z: Tensor) -> Bool[Tensor, "batch pos"]:
+        if self._mask is None:
+            return torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
+        if tuple(self._mask.shape) != tuple(z.shape[:2]):
+            raise ValueError(f"the attention mask given to Zeroing.batch() has shape {tuple(self._mask.shape)} but "
+                             f"the forward pass has [batch, pos] = {tuple(z.shape[:2])}: pass the mask of the tokens "
+                             "being run")
+        return self._mask.to(z.device)
+
+    def _batch_inputs(self, z: Tensor, layer: int) -> Int[Tensor, "batch"]:
+        if self._inputs is not None:
+            if self._inputs.numel() != z.shape[0]:
+                raise ValueError(f"Zeroing.batch() was given {self._inputs.numel()} input ids for a batch of "
+                                 f"{z.shape[0]} rows")
+            return self._inputs
+        if layer <= self._last_layer:  # a new forward pass began: number its rows after the ones seen
+            self._seen += z.shape[0]
+        self._last_layer = layer
+        return torch.arange(self._seen - z.shape[0], self._seen)
+
+
+# ---------------------------------------------------------------- the three modes
+
+
+def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero",
+                   means: Tensor | None = None) -> Zeroing:
+    """Ablate a fixed set of ``(layer, head)`` pairs for every input, counting the share like the other modes
+    (the static pruning view: what removing these heads for good would do)."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    chosen = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    for layer, head in heads:
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ValueError(f"head ({layer}, {head}) is outside the model's {n_layers} layers x {n_heads} heads")
+        chosen[layer, head] = True
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        return chosen[layer].to(z.device).expand(z.shape[0], -1)
+
+    return Zeroing(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode, means=means)
+
+
+def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",
+                      means: Tensor | None = None) -> Zeroing:
+    """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` for every
+    head of every input from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z``, and ablate
+    the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
+    strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
+    positions count (give the mask with :meth:`Zeroing.batch`)."""
+    from lens_heads.scores import DIRECTION, SCORE_NAMES, inactive, layer_scores
+
+    if score_name not in SCORE_NAMES:
+        raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES}")
+    column, direction, n_heads = SCORE_NAMES.index(score_name), DIRECTION[score_name], model.cfg.n_heads
+    threshold = float(threshold)
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        if "pattern" not in acts or "v" not in acts:
+            raise RuntimeError(f"layer {layer}: hook_pattern/hook_v were not captured before hook_z; pass all of "
+                               "Zeroing.hooks to the model")
+        # float32 as in score_heads, so thresholds read off its CDF mean the same here
+        v = expand_kv(acts["v"], n_heads).float()
+        scores = layer_scores(acts["pattern"].float(), v, z.float(), acts["mask"])[..., column]  # [batch, head]
+        return inactive(scores, direction, threshold)
+
+    return Zeroing(model.cfg.n_layers, n_heads, rule, capture=("v", "pattern"), mode=mode, means=means,
+                   description=f"threshold: {score_name} {direction} {threshold:.6g}")
+
+
+def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero", means: Tensor | None = None) -> Zeroing:
+    """The random baseline: ablate each (input, layer, head) independently with probability ``p``.
+
+    Input ``i`` draws ``u ~ U[0, 1)`` of shape [layer, head] from a ``torch.Generator`` seeded with
+    :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or order, the same input gets the same heads
+    in every run, and the zeroed sets are nested as ``p`` grows."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must be a probability in [0, 1], got {p}")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    drawn: dict[int, Tensor] = {}  # input index -> [layer, head] uniforms, for the rows of the current batch
+
+    def uniforms(i: int) -> Tensor:
+        if i not in drawn:
+            gen = torch.Generator().manual_seed(input_seed(seed, i))
+            drawn[i] = torch.rand(n_layers, n_heads, generator=gen)
+        return drawn[i]
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        ids = acts["inputs"].tolist()
+        if layer == 0:  # keep only this batch's draws
+            for key in set(drawn) - set(ids):
+                del drawn[key]
+        return torch.stack([uniforms(i)[layer] for i in ids]).to(z.device) < p
+
+    return Zeroing(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", mode=mode, means=means)
+
+
+def input_seed(seed: int, i: int) -> int:
+    """The generator seed of input ``i`` under ``seed``: mixed by numpy's SeedSequence into 32 bits (torch's CPU
+    generator keeps only 32 bits of a seed, so ``seed * 2**32 + i`` would ignore ``seed``)."""
+    return int(np.random.SeedSequence([int(seed), int(i)]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------- mean ablation
+
+
+@torch.no_grad()
+def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: int = 8,
+           progress: bool = False) -> Float[Tensor, "layer head d_head"]:
+    """Mean of every head's ``hook_z`` over the non-padding positions of calibration ``inputs`` (what
+    ``mode="mean"`` substitutes). ``inputs``: strings, a Task (its prompts) or a token tensor."""
+    from tqdm.auto import tqdm
+
+    from lens_heads.tokenize import tokenize_inputs
+
+    if attention_mask is None:
+        tokens, mask = tokenize_inputs(model, inputs)
+    else:
+        tokens, mask = inputs, attention_mask.bool()
+    cfg = model.cfg
+    total = torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head, dtype=torch.float64)
+    count = 0
+
+    def make(layer: int) -> HookFn:
+        def hook(z: Tensor, hook=None) -> None:
+            keep = batch_mask.to(z.device)[:, :, None, None]
+            total[layer] += (z * keep).sum(dim=(0, 1)).double().cpu()
+
+        return hook
+
+    hooks = [(get_act_name("z", layer), make(layer)) for layer in range(cfg.n_layers)]
+    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="mean z", disable=not progress, leave=False):
+        batch_tokens, batch_mask = tokens[start:start + batch_size], mask[start:start + batch_size]
+        model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),
+                             fwd_hooks=hooks, return_type=None)
+        count += int(batch_mask.sum())
+    return (total / max(count, 1)).to(cfg.dtype)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _replace(z: Float[Tensor, "batch pos head d_head"], ablate: Bool[Tensor, "batch head"],
+             mean: Float[Tensor, "head d_head"] | None) -> Tensor:
+    """Out of place (so gradients and other hooks see a consistent graph)."""
+    where = ablate[:, None, :, None]
+    if mean is None:
+        return z * ~where
+    return torch.where(where, mean.to(z.device, z.dtype)[None, None], z)
+
+
+def _check_mode(mode: str, means: Tensor | None) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "mean" and means is None:
+        raise ValueError("mode='mean' needs means=[layer, head, d_head]: compute them with "
+                         "lens_heads.ablation.mean_z(model, calibration_inputs)")
+    if mode == "zero" and means is not None:
+        raise ValueError("means were given with mode='zero': pass mode='mean' to mean-ablate")
