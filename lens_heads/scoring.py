@@ -1,0 +1,221 @@
+"""Score every attention head of a model in one streaming forward pass.
+
+Hooks on ``hook_v`` and ``hook_pattern`` hold on to the current layer's values and attention (which the forward
+keeps alive until the layer's output anyway); the hook on ``hook_z`` reduces the layer to ``[batch, head, score]``
+numbers and lets go. Nothing is cached across layers, so memory does not grow with depth beyond the score tensor,
+and the pass skips the unembedding (no logits are needed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+from transformer_lens.utils import get_act_name
+
+from lens_heads.io import atomic_write_bytes
+from lens_heads.models import expand_kv, model_meta
+from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
+from lens_heads.tasks import Task
+from lens_heads.tokenize import Inputs, tokenize_inputs
+
+DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position (the BOS); "
+               "last token = last non-padding position; means over non-padding positions, first token included; "
+               "norms are L2 in the model's weight basis, head outputs before W_O unless marked (full); entropy in nats")
+
+
+@dataclass
+class HeadScores:
+    """Scores of every (input, layer, head): ``values[input, layer, head, k]`` is score ``names[k]``."""
+
+    values: Float[Tensor, "input layer head score"]
+    names: list[str]
+    direction: dict[str, str]
+    meta: dict
+    extra_values: Float[Tensor, "input layer head extra"] | None = None
+    extra_names: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def all_names(self) -> list[str]:
+        return list(self.names) + list(self.extra_names)
+
+    def score(self, name: str) -> Float[Tensor, "input layer head"]:
+        """The values of one score (one of ``names`` or ``extra_names``)."""
+        if name in self.names:
+            return self.values[..., self.names.index(name)]
+        if name in self.extra_names:
+            return self.extra_values[..., self.extra_names.index(name)]
+        raise KeyError(f"no score {name!r} here: choose one of {self.all_names}")
+
+    def mean(self, name: str) -> Float[Tensor, "layer head"]:
+        """Mean over inputs of one score (the static, per-head view)."""
+        return self.score(name).mean(0)
+
+    def to_dataframe(self):
+        """Tidy table: one row per (input, layer, head, score) with its value."""
+        import pandas as pd
+
+        frames = []
+        for name in self.all_names:
+            x = self.score(name)
+            n, L, H = x.shape
+            idx = torch.cartesian_prod(torch.arange(n), torch.arange(L), torch.arange(H)).numpy()
+            frames.append(pd.DataFrame({"input": idx[:, 0], "layer": idx[:, 1], "head": idx[:, 2], "score": name,
+                                        "value": x.reshape(-1).double().numpy()}))
+        df = pd.concat(frames, ignore_index=True)
+        df["score"] = pd.Categorical(df["score"], categories=self.all_names)
+        return df
+
+    def save(self, path: str | Path) -> Path:
+        """Write to one safetensors file (tensors + JSON metadata; no pickle), atomically."""
+        from safetensors.torch import save
+
+        tensors = {"values": self.values.contiguous()}
+        if self.extra_values is not None:
+            tensors["extra_values"] = self.extra_values.contiguous()
+        header = {"names": self.names, "direction": self.direction, "meta": self.meta, "extra_names": self.extra_names}
+        return atomic_write_bytes(path, save(tensors, metadata={"lens_heads": json.dumps(header, default=str)}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HeadScores":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            header = json.loads(f.metadata()["lens_heads"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        return cls(values=tensors["values"], names=header["names"], direction=header["direction"],
+                   meta=header["meta"], extra_values=tensors.get("extra_values"), extra_names=header["extra_names"])
+
+
+def score_heads(
+    model: HookedTransformer,
+    inputs: Inputs,
+    *,
+    attention_mask: Bool[Tensor, "batch pos"] | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+    extras: Sequence[Score | str] = (),
+    hooks: Sequence[tuple] = (),
+    max_len: int | None = None,
+) -> HeadScores:
+    """The twelve head scores (``lens_heads.scores.SCORE_NAMES``) of every head of ``model`` on every input.
+
+    ``inputs``: strings, a Task (each item's prompt), a token tensor or a list of token sequences (see
+    ``tokenize_inputs``). ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one
+    contiguous run, so right and left padding both work, and padding never counts. ``extras`` adds scores kept
+    apart from the twelve (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra
+    TransformerLens ``(hook_name, fn)`` pairs run before the scoring hooks (e.g. to score an ablated model).
+
+    Inputs are batched by length, so padding costs little; the result keeps the input order.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
+    if attention_mask is not None:
+        if not isinstance(inputs, Tensor):
+            raise ValueError("attention_mask goes with a token tensor; text and tasks are padded for you")
+        if max_len is not None:
+            attention_mask = attention_mask[..., :max_len]
+        mask = _checked_mask(attention_mask, tokens.shape)
+    extras = as_scores(extras)
+    scores = SCORES + extras
+    cfg = model.cfg
+    n, L, H = tokens.shape[0], cfg.n_layers, cfg.n_heads
+    out = torch.empty((n, L, H, len(scores)), dtype=torch.float32)
+    W_O = model.W_O.detach() if extras else None  # [layer, head, d_head, d_model]; only extras read it
+    lengths = mask.sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    bar = tqdm(total=n, unit="input", desc=f"scoring {cfg.n_layers}x{cfg.n_heads} heads", disable=not progress)
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            rows = order[start : start + batch_size]
+            batch_tokens, batch_mask = _trim(tokens[rows], mask[rows])
+            out[rows] = _score_batch(model, batch_tokens, batch_mask, scores, W_O, hooks)
+            bar.update(len(rows))
+    bar.close()
+    return HeadScores(
+        values=out[..., : len(SCORES)].clone(),
+        names=list(SCORE_NAMES),
+        direction=dict(DIRECTION),
+        meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum())), definitions=DEFINITIONS,
+                  extra_directions={s.name: s.direction for s in extras}, batch_size=batch_size,
+                  user_hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]),
+        extra_values=out[..., len(SCORES) :].clone() if extras else None,
+        extra_names=[s.name for s in extras],
+    )
+
+
+def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, "batch layer head score"]:
+    cfg = model.cfg
+    device = cfg.device
+    mask_dev = mask.to(device)
+    out = torch.empty((tokens.shape[0], cfg.n_layers, cfg.n_heads, len(scores)), dtype=torch.float32)
+    held: dict[str, Tensor] = {}
+
+    def keep(name, x, hook):
+        held[name] = x
+
+    def reduce_layer(z, hook, layer):
+        f32 = (lambda x: x.float()) if z.dtype != torch.float32 else (lambda x: x)
+        v = expand_kv(held.pop("v"), cfg.n_heads)
+        pattern = held.pop("pattern")
+        w = W_O[layer].float() if W_O is not None else None
+        out[:, layer] = layer_scores(f32(pattern), f32(v), f32(z), mask_dev, scores, W_O=w).cpu()
+        return z
+
+    scoring_hooks = []
+    for layer in range(cfg.n_layers):
+        scoring_hooks += [(get_act_name("v", layer), partial(keep, "v")),
+                          (get_act_name("pattern", layer), partial(keep, "pattern")),
+                          (get_act_name("z", layer), partial(reduce_layer, layer=layer))]
+    padded = not bool(mask.all())
+    left_tokenizer = model.tokenizer is not None and model.tokenizer.padding_side == "left"
+    # Without padding, no mask is needed; a left-padding tokenizer would make TL guess one, so give it explicitly.
+    attention_mask = mask_dev.long() if (padded or left_tokenizer) else None
+    with model.hooks(fwd_hooks=list(user_hooks) + scoring_hooks):
+        model(tokens.to(device), attention_mask=attention_mask, stop_at_layer=cfg.n_layers)
+    if held:
+        raise RuntimeError(f"hooks {sorted(held)} fired without a hook_z after them: is this a standard attention layer?")
+    return out
+
+
+def _trim(tokens: Int[Tensor, "b p"], mask: Bool[Tensor, "b p"]) -> tuple[Tensor, Tensor]:
+    """Drop the columns that are padding in every row of the batch (leading or trailing)."""
+    used = mask.any(0).nonzero()[:, 0]
+    lo, hi = int(used[0]), int(used[-1]) + 1
+    return tokens[:, lo:hi], mask[:, lo:hi]
+
+
+def _checked_mask(attention_mask: Tensor, shape) -> Bool[Tensor, "b p"]:
+    mask = torch.as_tensor(attention_mask).bool().cpu()
+    if mask.ndim == 1:
+        mask = mask[None]
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)} but the tokens have {tuple(shape)}")
+    count = mask.sum(1)
+    if not bool((count > 0).all()):
+        raise ValueError("attention_mask has a row with no real tokens: drop that input")
+    first = mask.int().argmax(1)
+    last = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
+    if not bool((last - first + 1 == count).all()):
+        raise ValueError("attention_mask rows must be one contiguous run of real tokens (right or left padding)")
+    return mask
+
+
+def _describe(inputs, n: int, n_tokens: int) -> dict:
+    if isinstance(inputs, Task):
+        return {**inputs.meta(), "n_tokens": n_tokens}
+    kind = "token tensor" if isinstance(inputs, Tensor) else (
+        "strings" if isinstance(inputs, str) or all(isinstance(x, str) for x in inputs) else "token sequences")
+    return {"kind": kind, "n": n, "n_tokens": n_tokens}
