@@ -1,0 +1,65 @@
+"""What a report run is asked to do: one dataclass of plain values, with the default and the ``--quick`` preset.
+
+The sizes are chosen so that the default report of the embedded SmolLM2-135M finishes within 15 minutes on a
+2-core CPU and ``--quick`` within 3 (measured figures are in the package README section of the report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from lens_heads.models import DEFAULT_MODEL
+
+ALL_SCORES = ("AWFT", "AEQD", "FTVVN", "AVVN", "LTHON", "AHON", "AWFT (LN)", "AEQD (LN)", "FTVVN (LN)", "AVVN (LN)",
+              "LTHON (LN)", "AHON (LN)")
+# The score the paper found most robust; it picks the "most/least active" heads shown in the attention plots.
+ACTIVITY_SCORE = "AHON (LN)"
+DEFAULT_PROMPT = "When Mary and John went to the store, John gave a drink to"
+TASK_NAMES = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Settings of one report; every field is written to ``results.json``."""
+
+    model: str = DEFAULT_MODEL
+    out: str | None = None  # default: report/<model>
+    tasks: tuple[str, ...] = ("arc_easy",)
+    n: int = 60  # evaluated (and scored) items per task
+    rank_n: int = 32  # inputs for the attention-rank profile
+    fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
+    scores: tuple[str, ...] = ("AWFT", "AVVN", "AHON", "AWFT (LN)", "AVVN (LN)", "AHON (LN)")
+    prompts: tuple[str, ...] = (DEFAULT_PROMPT,)
+    heads_shown: int = 4  # most and least active heads each, in the attention plots
+    device: str | None = None
+    dtype: str = "float32"
+    batch_size: int = 8
+    seed: int = 0
+    quick: bool = False
+    png: bool = True
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def out_dir(self) -> str:
+        return self.out or f"report/{safe_name(self.model)}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["out"] = self.out_dir
+        return d
+
+
+# Applied by --quick unless the user set the value explicitly.
+QUICK = dict(n=16, rank_n=8, fractions=(0.0, 0.15, 0.3), scores=("AWFT", "AHON (LN)"))
+
+
+def quick(config: ReportConfig, explicit: set[str] = frozenset()) -> ReportConfig:
+    """The ``--quick`` preset: small samples, two scores, three fractions; explicitly given values win."""
+    return replace(config, quick=True, **{k: v for k, v in QUICK.items() if k not in explicit})
+
+
+def safe_name(model: str) -> str:
+    """A folder name for a model name or path (``gpt2-medium``, ``/path/to/folder`` -> ``folder``)."""
+    base = model.rstrip("/").split("/")[-1] or "model"
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in base)

@@ -1,0 +1,145 @@
+"""Plotly figures of the report: pure functions from result numbers to ``go.Figure``, plus PNG export.
+
+No text from data enters a figure unescaped: plotly reads a subset of HTML in labels, so any label that could
+come from data goes through ``esc`` first.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from lens_heads.io import atomic_write_bytes
+from lens_heads.report.render import esc
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+           "#7f7f7f", "#393b79", "#ad494a")
+
+
+def score_heatmaps(mean_scores: dict[str, np.ndarray], direction: dict[str, str], title: str = "") -> go.Figure:
+    """One layer x head heatmap per score (mean over inputs). Dark = the inactive side, for every score."""
+    names = list(mean_scores)
+    cols = 4 if len(names) > 3 else len(names)
+    rows = math.ceil(len(names) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[esc(n) for n in names], horizontal_spacing=0.04,
+                        vertical_spacing=0.1 if rows > 1 else 0.2)
+    for i, name in enumerate(names):
+        z = np.asarray(mean_scores[name])
+        fig.add_trace(go.Heatmap(
+            z=z, x=list(range(z.shape[1])), y=list(range(z.shape[0])), colorscale="Viridis", showscale=False,
+            reversescale=direction.get(name) == ">",
+            hovertemplate=f"{esc(name)}<br>layer %{{y}} head %{{x}}<br>%{{z:.4g}}<extra></extra>"),
+            row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(title_text="head", title_standoff=2)
+    fig.update_yaxes(title_text="layer", autorange="reversed", title_standoff=2)
+    fig.update_layout(title=esc(title), height=330 * rows + 60, width=1200, margin=dict(t=80, l=50, r=20, b=40))
+    return fig
+
+
+def layer_distributions(summary: dict[str, dict[str, np.ndarray]], title: str = "") -> go.Figure:
+    """Per-layer box plots of each score over (input, head) values; a menu switches the score.
+
+    ``summary[score]`` holds per-layer arrays ``q0, q25, q50, q75, q100`` (and ``mean``)."""
+    names = list(summary)
+    fig = go.Figure()
+    for i, name in enumerate(names):
+        s = summary[name]
+        layers = list(range(len(s["q50"])))
+        fig.add_trace(go.Box(
+            x=layers, q1=s["q25"], median=s["q50"], q3=s["q75"], lowerfence=s["q0"], upperfence=s["q100"],
+            mean=s.get("mean"), name=esc(name), visible=i == 0, marker_color=PALETTE[i % len(PALETTE)],
+            hoverinfo="x+y"))
+    buttons = [dict(label=esc(n), method="update",
+                    args=[{"visible": [j == i for j in range(len(names))]}, {"yaxis.title.text": esc(n)}])
+               for i, n in enumerate(names)]
+    fig.update_layout(
+        title=esc(title), height=430, width=1200, showlegend=False, xaxis_title="layer",
+        yaxis_title=esc(names[0]) if names else "",
+        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.15, yanchor="top")],
+        margin=dict(t=80, l=60, r=20, b=40))
+    return fig
+
+
+def ablation_curves(curves: dict[str, dict[str, list]], *, baseline: float, chance: float,
+                    companion: str | None = None, title: str = "") -> go.Figure:
+    """Accuracy (and the companion metric, if any) against the realised share of heads zeroed, per score.
+
+    ``curves[label]`` holds lists ``x`` (realised %), ``acc`` (accuracy, %), ``lo``/``hi`` (95% interval, %) and
+    optionally ``companion``; the label ``"random"`` is drawn dashed grey."""
+    cols = 2 if companion else 1
+    fig = make_subplots(rows=1, cols=cols, horizontal_spacing=0.08,
+                        subplot_titles=["accuracy (%)"] + ([esc(companion)] if companion else []))
+    for i, (label, c) in enumerate(curves.items()):
+        style = dict(color="#777", dash="dash") if label == "random" else dict(color=PALETTE[i % len(PALETTE)])
+        err = dict(type="data", symmetric=False, array=np.subtract(c["hi"], c["acc"]).tolist(),
+                   arrayminus=np.subtract(c["acc"], c["lo"]).tolist(), thickness=1, width=2) if c.get("lo") else None
+        fig.add_trace(go.Scatter(x=c["x"], y=c["acc"], mode="lines+markers", name=esc(label), line=style,
+                                 legendgroup=esc(label), error_y=err,
+                                 hovertemplate=f"{esc(label)}<br>%{{x:.1f}}% zeroed<br>acc %{{y:.1f}}%<extra></extra>"),
+                      row=1, col=1)
+        if companion and c.get("companion") is not None:
+            fig.add_trace(go.Scatter(x=c["x"], y=c["companion"], mode="lines+markers", name=esc(label), line=style,
+                                     legendgroup=esc(label), showlegend=False), row=1, col=2)
+    fig.add_hline(y=baseline, line=dict(color="black", width=1), annotation_text=f"baseline {baseline:.1f}%",
+                  row=1, col=1)
+    fig.add_hline(y=baseline - 1, line=dict(color="black", width=1, dash="dot"), annotation_text="baseline - 1",
+                  annotation_position="bottom right", row=1, col=1)
+    fig.add_hline(y=100 * chance, line=dict(color="#c00", width=1, dash="dot"),
+                  annotation_text=f"chance {100 * chance:.1f}%", row=1, col=1)
+    fig.update_xaxes(title_text="heads zeroed (realised %)")
+    fig.update_layout(title=esc(title), height=460, width=1200, margin=dict(t=80, l=60, r=20, b=50))
+    return fig
+
+
+def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") -> go.Figure:
+    """Attention rank per layer (max and mean over heads) and the 90%-mass key columns; lazy layers marked."""
+    layers = list(range(len(max_rank)))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=layers, y=list(max_rank), name="max rank over heads", marker_color="#1f77b4"))
+    fig.add_trace(go.Scatter(x=layers, y=list(mean_rank), name="mean rank over heads", mode="lines+markers",
+                             line=dict(color="#ff7f0e")))
+    if mass_columns is not None:
+        fig.add_trace(go.Scatter(x=layers, y=list(mass_columns), name="key columns holding 90% mass",
+                                 mode="lines+markers", line=dict(color="#2ca02c", dash="dot")))
+    lazy_layers = [l for l in layers if lazy[l]]
+    if lazy_layers:
+        fig.add_trace(go.Scatter(x=lazy_layers, y=[max_rank[l] for l in lazy_layers], mode="markers",
+                                 name="lazy layer", marker=dict(symbol="x", size=13, color="#d62728")))
+    for l in lazy_layers:
+        fig.add_vrect(x0=l - 0.5, x1=l + 0.5, fillcolor="#d62728", opacity=0.08, line_width=0)
+    fig.update_layout(title=esc(title), xaxis_title="layer", yaxis_title="approximate rank (90% energy)",
+                      height=430, width=1200, margin=dict(t=70, l=60, r=20, b=40))
+    return fig
+
+
+@contextmanager
+def png_writer():
+    """Yields ``write(fig, path)``; one headless Chromium serves every figure (the first one costs seconds)."""
+    import kaleido
+
+    started = False
+    try:
+        kaleido.start_sync_server(silence_warnings=True)
+        started = True
+    except Exception:  # an old kaleido or an already running server: plotly then starts one per figure
+        pass
+
+    def write(fig: go.Figure, path: str | Path) -> Path:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
+            data = pio.to_image(fig, format="png", width=fig.layout.width or 1200,
+                                height=fig.layout.height or 500, scale=1)
+        return atomic_write_bytes(path, data)
+
+    try:
+        yield write
+    finally:
+        if started:
+            kaleido.stop_sync_server(silence_warnings=True)

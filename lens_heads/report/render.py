@@ -1,0 +1,135 @@
+"""The report as one self-contained HTML page.
+
+A page is a list of sections; a section holds blocks. Every block that carries text from data, tokens or the
+command line goes through ``html.escape`` here; the only raw HTML accepted is what this package builds itself
+(``Raw``: plotly fragments and circuitsvis renders whose tokens were escaped before rendering). plotly.js is inlined
+once in the head, and the page links to nothing outside itself.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import pandas as pd
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+
+def esc(text) -> str:
+    """Escape any value for HTML text or attribute context."""
+    return html.escape(str(text), quote=True)
+
+
+@dataclass
+class Text:
+    """A paragraph of plain text (escaped)."""
+
+    text: str
+    kind: str = "p"  # "p" | "note" | "unavailable"
+
+
+@dataclass
+class Table:
+    """A DataFrame shown as a table (cells and headers escaped)."""
+
+    df: pd.DataFrame
+    caption: str = ""
+    float_format: str = "{:.4g}"
+
+
+@dataclass
+class Figure:
+    """An interactive plotly figure."""
+
+    fig: object
+    caption: str = ""
+
+
+@dataclass
+class Raw:
+    """HTML built by this package (never from data): circuitsvis renders with escaped tokens."""
+
+    html: str
+
+
+@dataclass
+class Section:
+    title: str
+    blocks: list = field(default_factory=list)
+    anchor: str = ""
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:18px 32px}header h1{margin:0 0 4px;font-size:22px}
+header p{margin:0;color:#c7cbd4;font-size:14px}
+nav{padding:8px 32px;background:#e9ecf1;font-size:14px}nav a{margin-right:14px;color:#2a4d8f;text-decoration:none}
+main{padding:8px 32px 48px;max-width:1280px}
+section{background:#fff;border-radius:8px;padding:12px 20px 16px;margin:16px 0;box-shadow:0 1px 2px #0001}
+h2{font-size:18px;margin:6px 0 10px}p{line-height:1.45;font-size:14px;max-width:980px}
+p.note{color:#566072;font-size:13px}p.unavailable{background:#fff4e0;border-left:4px solid #e09a26;padding:8px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0 12px}caption{text-align:left;font-weight:600;padding:4px 0}
+th,td{border-bottom:1px solid #e3e6eb;padding:3px 10px;text-align:right}th{background:#f0f2f5}
+td:first-child,th:first-child{text-align:left}figcaption{font-size:13px;color:#566072}
+"""
+
+
+def render_page(title: str, subtitle: str, sections: list[Section]) -> str:
+    """The whole page as a string."""
+    nav = "".join(f'<a href="#{esc(s.anchor or _anchor(s.title))}">{esc(s.title)}</a>' for s in sections)
+    body = "\n".join(_section(s) for s in sections)
+    # The head says no outside request is wanted: plotly.js is inline and the CSP forbids network fetches.
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; \
+style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{esc(title)}</title><style>{CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body>
+<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header>
+<nav>{nav}</nav>
+<main>
+{body}
+</main></body></html>
+"""
+
+
+def _anchor(title: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")
+
+
+def _section(s: Section) -> str:
+    inner = "\n".join(_block(b) for b in s.blocks)
+    return f'<section id="{esc(s.anchor or _anchor(s.title))}"><h2>{esc(s.title)}</h2>\n{inner}</section>'
+
+
+def _block(b) -> str:
+    if isinstance(b, Text):
+        cls = "" if b.kind == "p" else f' class="{esc(b.kind)}"'
+        return f"<p{cls}>{esc(b.text)}</p>"
+    if isinstance(b, Table):
+        return table_html(b.df, b.caption, b.float_format)
+    if isinstance(b, Figure):
+        div = pio.to_html(b.fig, full_html=False, include_plotlyjs=False, include_mathjax=False,
+                          config={"displaylogo": False, "responsive": True})
+        cap = f"<figcaption>{esc(b.caption)}</figcaption>" if b.caption else ""
+        return f"<figure>{div}{cap}</figure>"
+    if isinstance(b, Raw):
+        return b.html
+    raise TypeError(f"unknown block {type(b).__name__}")
+
+
+def table_html(df: pd.DataFrame, caption: str = "", float_format: str = "{:.4g}") -> str:
+    """A DataFrame as an HTML table; every header and cell is escaped."""
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "" if v != v else esc(float_format.format(v))
+        return esc(v)
+
+    head = "".join(f"<th>{esc(c)}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False, name=None))
+    cap = f"<caption>{esc(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
