@@ -38,7 +38,7 @@ class HeadScores:
 
     values: Float[Tensor, "input layer head score"]
     names: list[str]
-    direction: dict[str, str]
+    direction: dict[str, str]  # inactive side ('<' or '>') of every score here, extras included
     meta: dict
     extra_values: Float[Tensor, "input layer head extra"] | None = None
     extra_names: list[str] = field(default_factory=list)
@@ -147,9 +147,9 @@ def score_heads(
     return HeadScores(
         values=out[..., : len(SCORES)].clone(),
         names=list(SCORE_NAMES),
-        direction=dict(DIRECTION),
+        direction={**DIRECTION, **{s.name: s.direction for s in extras}},
         meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum())), definitions=DEFINITIONS,
-                  extra_directions={s.name: s.direction for s in extras}, batch_size=batch_size,
+                  batch_size=batch_size,
                   user_hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]),
         extra_values=out[..., len(SCORES) :].clone() if extras else None,
         extra_names=[s.name for s in extras],
