@@ -1,0 +1,384 @@
+"""Multiple-choice evaluation by log-likelihood, batched, with any TransformerLens hooks in the forward pass.
+
+Each item's choice ``i`` is scored as log P(continuations[i] | contexts[i]) summed over the continuation's tokens.
+How the forward passes are laid out:
+
+- **one forward per question** when all choices share the context and every continuation is one token (MMLU's
+  letter format: " A".." D"): the context is run once and the four letter tokens are read at its last position;
+- otherwise **one row per choice** (context + continuation): cloze tasks (ARC-Easy, PIQA, HellaSwag) and
+  WinoGrande's partial scoring (contexts differ per choice, the continuation is shared).
+
+Rows are sorted by length, right-padded into batches of ``batch_size`` and run with their attention mask.
+
+Metrics: ``accuracy`` is the argmax of the *summed* log-likelihood (lm-eval's ``acc``; the primary metric by
+default: on the embedded model it is the higher and the less length-biased of the two on ARC-Easy); the
+per-token-normalised accuracy (log-likelihood / number of continuation tokens) and lm-eval's per-character
+``acc_norm`` are reported beside it (``accuracies``). For letter format and WinoGrande all three coincide.
+``accuracy`` is the mean over items, which for MMLU is the subject-size-weighted accuracy (lm-eval's group
+score); ``macro_accuracy`` averages the subjects equally. Intervals: Wilson score interval (95%) for an accuracy;
+normal approximation (mean +- 1.96 sd / sqrt(n)) for paired differences on the same items.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+METRICS = ("sum", "per_token", "per_char")
+Z95 = 1.959963984540054
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class ItemRecord:
+    """One item's outcome: per-choice summed log-likelihoods and the lengths that normalise them."""
+
+    id: str
+    gold: int
+    logprobs: list[float]
+    n_tokens: list[int]
+    n_chars: list[int]
+    subject: str | None = None
+
+    def scores(self, metric: str = "sum") -> np.ndarray:
+        lp = np.asarray(self.logprobs, dtype=float)
+        if metric == "sum":
+            return lp
+        if metric == "per_token":
+            return lp / np.maximum(np.asarray(self.n_tokens), 1)
+        if metric == "per_char":
+            return lp / np.maximum(np.asarray(self.n_chars), 1)
+        raise ValueError(f"unknown metric {metric!r}: choose one of {METRICS}")
+
+    def chosen(self, metric: str = "sum") -> int:
+        return int(np.argmax(self.scores(metric)))
+
+    def correct(self, metric: str = "sum") -> bool:
+        return self.chosen(metric) == self.gold
+
+    @property
+    def gold_logprob(self) -> float:
+        return float(self.logprobs[self.gold])
+
+    def answer_distribution(self, metric: str = "sum") -> np.ndarray:
+        """Softmax of the choice scores: the model's distribution over the answers."""
+        s = self.scores(metric)
+        e = np.exp(s - s.max())
+        return e / e.sum()
+
+
+@dataclass
+class EvalResult:
+    """Accuracy of a model (with hooks) on a task, with per-item records for paired comparisons."""
+
+    task: str
+    format: str
+    items: list[ItemRecord]
+    chance: float
+    primary: str = "sum"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.items)
+
+    @property
+    def accuracy(self) -> float:
+        """Primary accuracy (``self.primary`` scoring; mean over items = subject-weighted for MMLU)."""
+        return self.accuracy_by(self.primary)
+
+    def accuracy_by(self, metric: str) -> float:
+        return float(np.mean([it.correct(metric) for it in self.items])) if self.items else float("nan")
+
+    @property
+    def accuracies(self) -> dict[str, float]:
+        return {metric: self.accuracy_by(metric) for metric in METRICS}
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        """Wilson score 95% interval of the primary accuracy."""
+        return wilson_interval(sum(it.correct(self.primary) for it in self.items), self.n)
+
+    def subject_accuracy(self) -> dict[str, float]:
+        by: dict[str, list[bool]] = {}
+        for it in self.items:
+            by.setdefault(it.subject or self.task, []).append(it.correct(self.primary))
+        return {s: float(np.mean(v)) for s, v in sorted(by.items())}
+
+    @property
+    def macro_accuracy(self) -> float:
+        """Unweighted mean of per-subject accuracies (equals ``accuracy`` for tasks without subjects)."""
+        per = self.subject_accuracy()
+        return float(np.mean(list(per.values()))) if per else float("nan")
+
+    def summary(self) -> dict:
+        low, high = self.ci95
+        return dict(task=self.task, format=self.format, n=self.n, primary=self.primary, accuracy=self.accuracy,
+                    ci_low=low, ci_high=high, ci_method="wilson 95%", chance=self.chance,
+                    macro_accuracy=self.macro_accuracy,
+                    **{f"accuracy_{metric}": acc for metric, acc in self.accuracies.items()})
+
+    def to_dataframe(self):
+        """One row per item: choice, gold, correctness, gold log-prob and per-choice log-probs."""
+        import pandas as pd
+
+        return pd.DataFrame([dict(id=it.id, subject=it.subject, gold=it.gold, chosen=it.chosen(self.primary),
+                                  correct=it.correct(self.primary), gold_logprob=it.gold_logprob,
+                                  chosen_per_token=it.chosen("per_token"), chosen_per_char=it.chosen("per_char"),
+                                  logprobs=list(it.logprobs), n_tokens=list(it.n_tokens)) for it in self.items])
+
+    def to_dict(self) -> dict:
+        return dict(task=self.task, format=self.format, chance=self.chance, primary=self.primary, meta=self.meta,
+                    items=[asdict(it) for it in self.items])
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EvalResult":
+        return cls(task=d["task"], format=d["format"], chance=d["chance"], primary=d["primary"], meta=d["meta"],
+                   items=[ItemRecord(**it) for it in d["items"]])
+
+    def __repr__(self) -> str:
+        low, high = self.ci95
+        return (f"EvalResult({self.task}: accuracy {self.accuracy:.3f} [{low:.3f}, {high:.3f}] on n={self.n}, "
+                f"chance {self.chance:.3f})")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean with its 95% interval."""
+
+    mean: float
+    ci95: tuple[float, float]
+    n: int
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Ablated minus base on the same items: accuracy (``mean``, ``ci95``, in accuracy units, e.g. -0.01 = one
+    point lower), and the low-variance companions: change of the gold answer's log-likelihood, and the KL divergence
+    KL(base || ablated) between the two answer distributions (softmax over the choices' scores)."""
+
+    mean: float
+    ci95: tuple[float, float]
+    n: int
+    gold_logprob_change: Estimate
+    kl: Estimate
+    method: str = "normal approximation on paired per-item differences, 95%"
+
+    def to_dict(self) -> dict:
+        return dict(paired_diff=self.mean, paired_ci_low=self.ci95[0], paired_ci_high=self.ci95[1], n=self.n,
+                    gold_logprob_change=self.gold_logprob_change.mean,
+                    gold_logprob_ci_low=self.gold_logprob_change.ci95[0],
+                    gold_logprob_ci_high=self.gold_logprob_change.ci95[1],
+                    kl=self.kl.mean, kl_ci_low=self.kl.ci95[0], kl_ci_high=self.kl.ci95[1])
+
+
+def paired_difference(ablated: EvalResult, base: EvalResult, *, metric: str | None = None) -> PairedDifference:
+    """Compare two evaluations of the same items (matched by item id)."""
+    metric = metric or base.primary
+    base_by_id = {it.id: it for it in base.items}
+    if set(base_by_id) != {it.id for it in ablated.items}:
+        raise ValueError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
+    pairs = [(it, base_by_id[it.id]) for it in ablated.items]
+    correct = np.array([float(a.correct(metric)) - float(b.correct(metric)) for a, b in pairs])
+    gold = np.array([a.gold_logprob - b.gold_logprob for a, b in pairs])
+    kl = np.array([_kl(b.answer_distribution(metric), a.answer_distribution(metric)) for a, b in pairs])
+    acc = _mean_ci(correct)
+    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=_mean_ci(gold), kl=_mean_ci(kl))
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _mean_ci(x: np.ndarray) -> Estimate:
+    n = len(x)
+    if n == 0:
+        return Estimate(float("nan"), (float("nan"), float("nan")), 0)
+    mean = float(x.mean())
+    half = Z95 * float(x.std(ddof=1)) / math.sqrt(n) if n > 1 else float("nan")
+    return Estimate(mean, (mean - half, mean + half), n)
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    p, q = np.clip(p, 1e-30, 1.0), np.clip(q, 1e-30, 1.0)
+    return float(np.sum(p * (np.log(p) - np.log(q))))
+
+
+# ---------------------------------------------------------------- requests: what each forward row reads
+
+
+@dataclass
+class Row:
+    """One forward row: ``tokens``; for each choice it scores, the positions whose logits predict its tokens."""
+
+    item: int
+    tokens: list[int]
+    reads: list[tuple[int, int, list[int]]]  # (choice, first logit position, continuation token ids)
+
+
+def encode(model, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens (BOS is added once per row by :func:`build_rows`)."""
+    if model.tokenizer is None:
+        raise ValueError("this model has no tokenizer: evaluating text tasks needs one (tiny_model(tokenizer=...))")
+    return list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def build_rows(model, items: Sequence) -> list[Row]:
+    """Lay the items out as forward rows (see the module docstring). Contexts' trailing whitespace moves to the
+    continuation, as in lm-eval, so a word's leading space stays with the word."""
+    bos = [model.tokenizer.bos_token_id] if model.cfg.default_prepend_bos and model.tokenizer.bos_token_id is not None \
+        else []
+    rows: list[Row] = []
+    for index, item in enumerate(items):
+        pairs = [_split_whitespace(c, x) for c, x in zip(item.contexts, item.continuations)]
+        encoded = [(encode(model, c), encode(model, x)) for c, x in pairs]
+        if any(not x for _, x in encoded):
+            raise ValueError(f"item {item.id}: a continuation encodes to no tokens")
+        shared = len({c for c, _ in pairs}) == 1 and all(len(x) == 1 for _, x in encoded)
+        if shared:
+            ctx = bos + encoded[0][0]
+            rows.append(Row(index, ctx, [(choice, len(ctx) - 1, x) for choice, (_, x) in enumerate(encoded)]))
+        else:
+            for choice, (c, x) in enumerate(encoded):
+                ctx = bos + c
+                if not ctx:
+                    raise ValueError(f"item {item.id}: empty context and no BOS token to condition on")
+                rows.append(Row(index, ctx + x, [(choice, len(ctx) - 1, x)]))
+    too_long = [r for r in rows if len(r.tokens) > model.cfg.n_ctx]
+    if too_long:
+        raise ValueError(f"{len(too_long)} rows are longer than the model's context of {model.cfg.n_ctx} tokens "
+                         f"(longest {max(len(r.tokens) for r in too_long)}): use fewer shots or a longer-context model")
+    return rows
+
+
+def _split_whitespace(context: str, continuation: str) -> tuple[str, str]:
+    stripped = context.rstrip()
+    return stripped, context[len(stripped):] + continuation
+
+
+# ---------------------------------------------------------------- the evaluator
+
+
+@torch.no_grad()
+def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress: bool = True,
+             primary: str = "sum") -> EvalResult:
+    """Evaluate ``model`` on ``task`` (a :class:`lens_heads.tasks.Task`) by log-likelihood.
+
+    ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
+    :class:`lens_heads.ablation.Zeroing`); objects with a ``batch(attention_mask, inputs)`` context manager are told
+    each batch's padding mask and which item each row belongs to. ``primary``: the scoring behind ``.accuracy``
+    (``"sum"``, ``"per_token"`` or ``"per_char"``).
+    """
+    from tqdm.auto import tqdm
+
+    if primary not in METRICS:
+        raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    items = list(task)
+    if not items:
+        raise ValueError("the task has no items")
+    pairs, batch_aware = _collect_hooks(hooks)
+    rows = build_rows(model, items)
+    order = sorted(range(len(rows)), key=lambda r: -len(rows[r].tokens))
+    logprobs = [[math.nan] * len(it.continuations) for it in items]
+    n_tokens = [[0] * len(it.continuations) for it in items]
+    for row in rows:
+        for choice, _, ids in row.reads:
+            n_tokens[row.item][choice] = len(ids)
+    rows_left = np.bincount([r.item for r in rows], minlength=len(items))
+    device = model.cfg.device
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
+    start_time = time.perf_counter()
+    bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
+               leave=False)
+    with model.hooks(fwd_hooks=pairs):
+        for start in range(0, len(order), batch_size):
+            batch = [rows[r] for r in order[start:start + batch_size]]
+            width = max(len(r.tokens) for r in batch)
+            tokens = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.bool)
+            for b, row in enumerate(batch):
+                tokens[b, :len(row.tokens)] = torch.tensor(row.tokens)
+                mask[b, :len(row.tokens)] = True
+            with contextlib.ExitStack() as stack:
+                for obj in batch_aware:
+                    stack.enter_context(obj.batch(mask.to(device), inputs=[row.item for row in batch]))
+                logits = model(tokens.to(device), attention_mask=mask.to(device).long(), return_type="logits")
+            _read_logprobs(logits, batch, logprobs)
+            stats["forward_passes"] += 1
+            stats["forward_tokens"] += int(mask.sum())
+            stats["padded_tokens"] += int(mask.numel())
+            done = 0
+            for row in batch:
+                rows_left[row.item] -= 1
+                done += int(rows_left[row.item] == 0)
+            bar.update(done)
+    bar.close()
+    records = [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
+                          n_chars=[len(x) for x in it.continuations])
+               for it, lp, nt in zip(items, logprobs, n_tokens)]
+    meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
+                hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
+                rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%", **stats)
+    return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), items=records,
+                      chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
+
+
+def _read_logprobs(logits: Tensor, batch: list[Row], out: list[list[float]]) -> None:
+    """log_softmax only at the positions read (the vocabulary is large; most positions are context)."""
+    where, targets, owners = [], [], []
+    for b, row in enumerate(batch):
+        for choice, first, ids in row.reads:
+            for k, token in enumerate(ids):
+                where.append((b, first + k))
+                targets.append(token)
+                owners.append((row.item, choice))
+    index = torch.tensor(where, device=logits.device)
+    picked = torch.log_softmax(logits[index[:, 0], index[:, 1]].float(), dim=-1)
+    values = picked.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].cpu().double().tolist()
+    sums: dict[tuple[int, int], float] = {}
+    for owner, value in zip(owners, values):
+        sums[owner] = sums.get(owner, 0.0) + value
+    for (item, choice), value in sums.items():
+        out[item][choice] = value
+
+
+def _collect_hooks(hooks: Iterable) -> tuple[list, list]:
+    pairs, batch_aware = [], []
+    for obj in hooks if not hasattr(hooks, "hooks") else [hooks]:
+        if hasattr(obj, "hooks"):
+            pairs.extend(obj.hooks)
+            if hasattr(obj, "batch"):
+                batch_aware.append(obj)
+        elif isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and callable(obj[1]):
+            pairs.append(obj)
+        else:
+            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a Zeroing), got {obj!r}")
+    return pairs, batch_aware
+
+
+def _describe(hooks: Iterable) -> list:
+    return [hooks] if hasattr(hooks, "hooks") else [h[0] if isinstance(h, tuple) else h for h in hooks]
+
+
+def _model_meta(model) -> dict:
+    from lens_heads.models import model_meta
+
+    return model_meta(model)

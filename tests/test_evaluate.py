@@ -1,0 +1,164 @@
+"""The evaluator: batched scoring equals a one-forward-per-choice loop; hooks reach the forward; the statistics."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lens_heads.ablation import static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
+from lens_heads.tasks import Item, Task, load_task
+
+
+def loop_logprobs(model, item, fwd_hooks=()):
+    """Reference: one forward per choice, tokenised by TransformerLens's own to_tokens (context with BOS, then the
+    continuation without), summing the continuation tokens' log-probabilities."""
+    out = []
+    with torch.no_grad():
+        for context, continuation in zip(item.contexts, item.continuations):
+            stripped = context.rstrip()  # lm-eval: trailing whitespace belongs to the continuation
+            ctx = model.to_tokens(stripped, prepend_bos=True)[0]
+            cont = model.to_tokens(context[len(stripped):] + continuation, prepend_bos=False)[0]
+            logits = model.run_with_hooks(torch.cat([ctx, cont])[None], fwd_hooks=list(fwd_hooks))
+            logp = torch.log_softmax(logits[0].double(), dim=-1)
+            out.append(sum(logp[len(ctx) - 1 + k, t].item() for k, t in enumerate(cont.tolist())))
+    return out
+
+
+@pytest.mark.parametrize("name,kwargs,n", [("arc_easy", {}, 4), ("mmlu", {"shots": 0}, 3), ("piqa", {}, 3),
+                                           ("winogrande", {}, 3), ("hellaswag", {}, 1)])
+def test_batched_evaluator_matches_a_per_choice_loop_on_the_embedded_model(smollm, name, kwargs, n):
+    task = load_task(name, n=n, seed=1, **kwargs)
+    result = evaluate(smollm, task, batch_size=3, progress=False)
+    assert result.n == n and result.chance == pytest.approx(task.chance)
+    for item, record in zip(task, result.items):
+        expected = loop_logprobs(smollm, item)
+        np.testing.assert_allclose(record.logprobs, expected, atol=2e-3, rtol=1e-4)
+        gap = np.sort(expected)[-1] - np.sort(expected)[-2]
+        if gap > 1e-2:  # choices agree wherever the reference is not a near-tie
+            assert record.chosen() == int(np.argmax(expected))
+        assert record.gold == item.gold
+
+
+def test_letter_format_runs_one_forward_row_per_question(smollm):
+    task = load_task("mmlu", n=3, shots=0, seed=2)
+    result = evaluate(smollm, task, batch_size=8, progress=False)
+    assert result.meta["rows"] == len(task)
+    prompt_tokens = sum(smollm.to_tokens(item.prompt).shape[1] for item in task)
+    assert result.meta["forward_tokens"] == prompt_tokens  # the four letters are read, not run
+
+
+@pytest.fixture(scope="module")
+def tiny_text_model():
+    """A tiny random llama that speaks the embedded model's tokenizer (fast, tests the plumbing)."""
+    from transformers import AutoTokenizer
+
+    from lens_heads.models import embedded_model_folder, tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    return tiny_model("llama", seed=0, d_vocab=len(tokenizer), tokenizer=tokenizer, default_prepend_bos=True)
+
+
+def test_user_hooks_and_zeroings_reach_every_forward(tiny_text_model):
+    model = tiny_text_model
+    task = load_task("arc_easy", n=4, seed=3)
+    calls = []
+    heads = [(0, 1), (1, 2)]
+    recorder = ("blocks.0.attn.hook_z", lambda z, hook: calls.append(z.shape[0]))
+    pairs = evaluate(model, task, hooks=zero_heads(heads) + [recorder], batch_size=4, progress=False)
+    zeroing = static_zeroing(model, heads)
+    wrapped = evaluate(model, task, hooks=[zeroing], batch_size=2, progress=False)
+    plain = evaluate(model, task, batch_size=4, progress=False)
+    assert sum(calls) == pairs.meta["rows"]  # the user's hook saw every row
+    for a, b, item in zip(pairs.items, wrapped.items, task):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        np.testing.assert_allclose(a.logprobs, loop_logprobs(model, item, zero_heads(heads)), atol=1e-4)
+    assert any(not np.allclose(a.logprobs, b.logprobs, atol=1e-3) for a, b in zip(pairs.items, plain.items))
+    assert zeroing.share_zeroed() == pytest.approx(len(heads) / (model.cfg.n_layers * model.cfg.n_heads))
+
+
+def test_threshold_zeroing_in_the_evaluator_sees_each_batch_mask(tiny_text_model):
+    """Padding must not change what the per-input mode decides: batch sizes 1 (no padding) and 3 agree."""
+    model = tiny_text_model
+    task = load_task("piqa", n=3, seed=4)
+    results = []
+    for batch_size in (1, 3):
+        zeroing = threshold_zeroing(model, "AHON (LN)", 1.0)
+        result = evaluate(model, task, hooks=[zeroing], batch_size=batch_size, progress=False)
+        results.append((result, zeroing.zeroed().sum().item(), zeroing.share_zeroed()))
+    (a, count_a, share_a), (b, count_b, share_b) = results
+    assert count_a == count_b > 0 and share_a == pytest.approx(share_b)
+    for x, y in zip(a.items, b.items):
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+
+
+def _record(id, gold, logprobs, n_tokens=None, subject=None):
+    n_tokens = n_tokens or [1] * len(logprobs)
+    return ItemRecord(id=id, gold=gold, logprobs=logprobs, n_tokens=n_tokens, n_chars=[2 * t for t in n_tokens],
+                      subject=subject)
+
+
+def test_length_normalisation_and_subject_weighting_on_hand_made_records():
+    items = [
+        _record("a", 0, [-4.0, -3.0], n_tokens=[4, 1], subject="x"),  # sum picks 1, per token picks 0 (-1 vs -3)
+        _record("b", 1, [-2.0, -1.0], subject="x"),
+        _record("c", 0, [-1.0, -2.0], subject="y"),
+        _record("d", 0, [-3.0, -1.0], subject="z"),
+    ]
+    result = EvalResult(task="mmlu", format="cloze", items=items, chance=0.5)
+    assert result.accuracy == pytest.approx(2 / 4)  # b, c
+    assert result.accuracy_by("per_token") == pytest.approx(3 / 4)  # a, b, c
+    assert result.subject_accuracy() == {"x": 0.5, "y": 1.0, "z": 0.0}
+    assert result.macro_accuracy == pytest.approx((0.5 + 1.0 + 0.0) / 3)
+    frame = result.to_dataframe()
+    assert list(frame["chosen"]) == [1, 1, 0, 1] and list(frame["gold_logprob"]) == [-4.0, -1.0, -1.0, -3.0]
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (57, 100), (200, 200)])
+def test_wilson_interval_endpoints_solve_the_score_equation(k, n):
+    z = 1.959963984540054
+    low, high = wilson_interval(k, n)
+    p_hat = k / n
+    for p in (low, high):  # an endpoint p satisfies |p_hat - p| = z sqrt(p (1 - p) / n), unless clipped at 0 or 1
+        if 0 < p < 1:
+            assert abs(p_hat - p) == pytest.approx(z * math.sqrt(p * (1 - p) / n), abs=1e-9)
+    assert low <= p_hat <= high
+
+
+def test_paired_difference_and_companion_metrics_by_hand():
+    base = EvalResult("t", "cloze", [_record("a", 0, [-1.0, -2.0]), _record("b", 1, [-1.0, -3.0]),
+                                     _record("c", 0, [-0.5, -2.5])], chance=0.5)
+    ablated = EvalResult("t", "cloze", [_record("c", 0, [-3.0, -2.0]), _record("a", 0, [-2.5, -2.0]),
+                                        _record("b", 1, [-2.0, -1.0])], chance=0.5)
+    diff = paired_difference(ablated, base)
+    correct_delta = np.array([0 - 1, 0 - 1, 1 - 0.0])  # c, a, b: paired by id
+    assert diff.mean == pytest.approx(correct_delta.mean())
+    half = 1.959963984540054 * correct_delta.std(ddof=1) / math.sqrt(3)
+    assert diff.ci95 == pytest.approx((correct_delta.mean() - half, correct_delta.mean() + half))
+    assert diff.gold_logprob_change.mean == pytest.approx(np.mean([-3.0 - -0.5, -2.5 - -1.0, -1.0 - -3.0]))
+
+    def softmax(x):
+        e = np.exp(np.array(x) - max(x))
+        return e / e.sum()
+
+    kls = [sum(p * math.log(p / q) for p, q in zip(softmax(b), softmax(a)))
+           for b, a in [([-1.0, -2.0], [-2.5, -2.0]), ([-1.0, -3.0], [-2.0, -1.0]), ([-0.5, -2.5], [-3.0, -2.0])]]
+    assert diff.kl.mean == pytest.approx(np.mean(kls))
+    with pytest.raises(ValueError, match="same items"):
+        paired_difference(EvalResult("t", "cloze", base.items[:2], chance=0.5), base)
+
+
+def test_round_trip_through_a_dict():
+    result = EvalResult("t", "cloze", [_record("a", 1, [-1.0, -0.5], subject="s")], chance=0.5, meta={"k": 1})
+    again = EvalResult.from_dict(result.to_dict())
+    assert again.items == result.items and again.accuracy == result.accuracy and again.meta == {"k": 1}
+
+
+def test_bad_input_is_explained(tiny_text_model):
+    task = Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,
+                items=[Item(id="x", contexts=("word " * 80,) * 2, continuations=(" a", " b"), gold=0)])
+    with pytest.raises(ValueError, match="context of 64 tokens"):
+        evaluate(tiny_text_model, task, progress=False)
+    with pytest.raises(TypeError, match="hook_name"):
+        evaluate(tiny_text_model, task, hooks=["blocks.0.attn.hook_z"], progress=False)
