@@ -22,6 +22,8 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.utils import get_act_name
 
+from lens_heads.tokenize import tokenize_inputs
+
 # Cumulative energies are compared with this slack so that exact ties (identity: k/T == e) count as reached.
 _ENERGY_TOL = 1e-6
 
@@ -98,36 +100,6 @@ class RankProfile:
                 "lazy": self.lazy.tolist(), "lazy_rule": self.lazy_rule, "meta": self.meta}
 
 
-def _tokens_and_mask(model: HookedTransformer, inputs, max_len: int | None):
-    """Tokens [b, p] and mask [b, p]; through the shared `lens_heads.tokenize` when it exists."""
-    try:
-        from lens_heads.tokenize import tokenize_inputs
-    except ImportError:  # minimal stand-in: token tensors, or strings through the model's tokenizer
-        tokenize_inputs = None
-    if tokenize_inputs is not None:
-        return tokenize_inputs(model, inputs, max_len=max_len)
-    if isinstance(inputs, Tensor):
-        tokens = inputs if inputs.ndim == 2 else inputs[None]
-        tokens = tokens[:, :max_len] if max_len else tokens
-        return tokens.long(), torch.ones_like(tokens, dtype=torch.bool)
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    if model.tokenizer is None:
-        raise ValueError("this model has no tokenizer: pass a token tensor [batch, pos] instead of text")
-    rows = [model.to_tokens(text, prepend_bos=model.cfg.default_prepend_bos, truncate=False)[0] for text in inputs]
-    rows = [r[:max_len] if max_len else r for r in rows]
-    if max(len(r) for r in rows) > model.cfg.n_ctx:
-        raise ValueError(f"an input is longer than the model's context ({model.cfg.n_ctx} tokens): pass max_len=")
-    width = max(len(r) for r in rows)
-    pad = model.tokenizer.pad_token_id or 0
-    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = r.cpu()
-        mask[i, : len(r)] = True
-    return tokens, mask
-
-
 def attention_rank(
     model: HookedTransformer,
     inputs,
@@ -142,12 +114,12 @@ def attention_rank(
 ) -> RankProfile:
     """Approximate attention rank of every head (hooks on ``hook_pattern`` only; no activation cache).
 
-    ``inputs``: token tensor [N, T], a string or list of strings (tokenised with the model's tokenizer), or
-    anything `lens_heads.tokenize.tokenize_inputs` accepts. ``average=False``: the rank of each input's T x T
+    ``inputs``: anything `lens_heads.tokenize.tokenize_inputs` accepts (a token tensor [N, T], lists of token
+    sequences of different lengths, strings, a Task). ``average=False``: the rank of each input's T x T
     matrix (padding excluded), averaged over inputs. ``average=True``: the rank of the mean matrix over inputs,
     all cut to the shortest input's length. A layer is lazy when every head's rank is at most ``lazy_rank``.
     """
-    tokens, mask = _tokens_and_mask(model, inputs, max_len)
+    tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
     tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
     if average:
         length = int(mask.sum(1).min())

@@ -1,0 +1,331 @@
+"""A plain language-model training loop for a HookedTransformer (nanoGPT's loop, hooked model).
+
+AdamW with linear warmup and cosine decay, gradient clipping, periodic validation loss, tokens seen, progress bar
+with loss and tokens/s. Checkpoints are safetensors (weights and optimizer state) plus a JSON state; an
+interrupted run resumes from its last checkpoint and ends at exactly the weights an uninterrupted run reaches,
+because the batch of step s is a pure function of (seed, s) and nothing else carries hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from jaxtyping import Int
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from lens_heads.io import atomic_write_bytes, atomic_write_json
+
+Callback = Callable[[HookedTransformer, int], "dict | None"]
+
+
+@dataclass
+class TrainConfig:
+    """Training hyper-parameters (defaults: the Inheritune authors' AdamW settings at toy scale)."""
+
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 128
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 8
+    log_every: int = 10
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    seed: int = 0
+    amp: bool = False  # bfloat16 autocast (CUDA only)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len * self.grad_accum
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of (0-based) step ``step``: linear warmup to ``lr``, cosine decay to ``min_lr`` at the end."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (cfg.lr - cfg.min_lr)
+
+
+def batch_at(data: np.ndarray, step: int, micro: int, cfg: TrainConfig) -> Int[Tensor, "batch seq_plus_1"]:
+    """The training windows of (step, micro-batch): random offsets drawn from a generator seeded by
+    (seed, step, micro), so the data order is the same in a resumed run."""
+    if len(data) <= cfg.seq_len + 1:
+        raise ValueError(f"the training split has {len(data)} tokens, fewer than seq_len + 1 = {cfg.seq_len + 1}")
+    rng = np.random.default_rng([cfg.seed, step, micro])
+    offsets = rng.integers(0, len(data) - cfg.seq_len - 1, size=cfg.batch_size)
+    return torch.from_numpy(np.stack([np.asarray(data[o: o + cfg.seq_len + 1], dtype=np.int64) for o in offsets]))
+
+
+def eval_windows(data: np.ndarray, n: int, seq_len: int) -> Int[Tensor, "n seq_plus_1"]:
+    """``n`` fixed validation windows of ``seq_len + 1`` tokens, evenly spaced over the split."""
+    if len(data) <= seq_len + 1:
+        raise ValueError(f"the validation split has {len(data)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+    offsets = np.linspace(0, len(data) - seq_len - 1, num=n).astype(np.int64)
+    return torch.from_numpy(np.stack([np.asarray(data[o: o + seq_len + 1], dtype=np.int64) for o in offsets]))
+
+
+def lm_loss(model: HookedTransformer, windows: Int[Tensor, "batch seq_plus_1"]) -> Tensor:
+    """Mean next-token cross-entropy of ``windows[:, 1:]`` given ``windows[:, :-1]``."""
+    logits = model(windows[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
+
+
+@torch.no_grad()
+def validation_loss(model: HookedTransformer, val: np.ndarray, cfg: TrainConfig) -> float:
+    """Mean loss over ``eval_batches`` fixed batches of validation windows."""
+    windows = eval_windows(val, cfg.eval_batches * cfg.batch_size, cfg.seq_len).to(model.cfg.device)
+    losses = []
+    for chunk in windows.split(cfg.batch_size):
+        with _autocast(model, cfg):
+            losses.append(lm_loss(model, chunk).item())
+    return float(np.mean(losses))
+
+
+def _autocast(model: HookedTransformer, cfg: TrainConfig):
+    device_type = torch.device(model.cfg.device).type
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp and device_type == "cuda")
+
+
+def make_optimizer(model: HookedTransformer, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices (TransformerLens ``W_*``) only, as nanoGPT does."""
+    decay = [p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1].startswith("W_")]
+    no_decay = [p for n, p in model.named_parameters() if not n.rsplit(".", 1)[-1].startswith("W_")]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def model_state_bytes(model: HookedTransformer) -> bytes:
+    return st_save({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()})
+
+
+def load_model_state(model: HookedTransformer, path: Path) -> None:
+    model.load_state_dict(st_load(Path(path).read_bytes()))
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[bytes, dict]:
+    """Optimizer state as safetensors bytes (the tensors) and a JSON-able dict (everything else); no pickle."""
+    sd = optimizer.state_dict()
+    tensors = {f"{i}.{k}": v.detach().contiguous().cpu() for i, s in sd["state"].items() for k, v in s.items()
+               if isinstance(v, Tensor)}
+    scalars = {f"{i}.{k}": v for i, s in sd["state"].items() for k, v in s.items() if not isinstance(v, Tensor)}
+    return st_save(tensors), {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: bytes, info: dict) -> None:
+    state: dict[int, dict] = {}
+    for key, value in [*st_load(tensors).items(), *info["scalars"].items()]:
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = value
+    groups = [{**g, "betas": tuple(g["betas"])} for g in info["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save_checkpoint(folder: Path, model, optimizer, state: dict) -> Path:
+    """Write a complete checkpoint folder atomically (built beside it, then renamed)."""
+    folder = Path(folder)
+    staging = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    opt_tensors, opt_info = optimizer_state(optimizer)
+    atomic_write_bytes(staging / "model.safetensors", model_state_bytes(model))
+    atomic_write_bytes(staging / "optimizer.safetensors", opt_tensors)
+    atomic_write_json(staging / "optimizer.json", opt_info)
+    atomic_write_json(staging / "state.json", state)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    folders = sorted(p for p in (Path(out_dir) / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))
+    return folders[-1] if folders else None
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclass
+class TrainResult:
+    """What a training run did: its log (``history``), final validation loss and tokens seen."""
+
+    history: list[dict]
+    val_loss: float
+    steps: int
+    tokens_seen: int
+    wall_time_s: float
+    meta: dict = field(default_factory=dict)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return pd.DataFrame(self.history)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def train(
+    model: HookedTransformer,
+    corpus,
+    config: TrainConfig,
+    *,
+    out_dir: str | Path | None = None,
+    callbacks: Sequence[Callback] = (),
+    progress: bool = True,
+    desc: str = "train",
+) -> TrainResult:
+    """Train ``model`` in place on ``corpus`` (`lens_heads.corpus.TokenCorpus`: ``.train``/``.val`` token arrays).
+
+    With ``out_dir``: checkpoints every ``checkpoint_every`` steps, resumes from the last one, and a finished run
+    (``out_dir/final``) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned
+    dict is logged at that step (e.g. `RankTracker`).
+    """
+    cfg = config
+    if cfg.seq_len > model.cfg.n_ctx:
+        raise ValueError(f"seq_len {cfg.seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
+    if int(np.max(corpus.train[: 1 << 20])) >= model.cfg.d_vocab:
+        raise ValueError(f"the corpus has token ids >= the model's d_vocab={model.cfg.d_vocab}")
+    out = Path(out_dir) if out_dir is not None else None
+    config_json = asdict(cfg)
+    if out is not None and (out / "final" / "result.json").exists():
+        result = json.loads((out / "final" / "result.json").read_text())
+        _check_same_config(result["meta"]["config"], config_json, out)
+        load_model_state(model, out / "final" / "model.safetensors")
+        return TrainResult(**result)
+
+    optimizer = make_optimizer(model, cfg)
+    start, tokens_seen, history, elapsed = 0, 0, [], 0.0
+    ckpt = latest_checkpoint(out) if out is not None else None
+    if ckpt is not None:
+        state = json.loads((ckpt / "state.json").read_text())
+        _check_same_config(state["config"], config_json, out)
+        load_model_state(model, ckpt / "model.safetensors")
+        load_optimizer_state(optimizer, (ckpt / "optimizer.safetensors").read_bytes(),
+                             json.loads((ckpt / "optimizer.json").read_text()))
+        start, tokens_seen, history, elapsed = state["step"], state["tokens_seen"], state["history"], state["wall_time_s"]
+    elif cfg.eval_every:
+        history.append({"step": 0, "tokens_seen": 0, "val_loss": validation_loss(model, corpus.val, cfg),
+                        **_run_callbacks(callbacks, model, 0)})
+
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=start, desc=desc, disable=not progress, unit="step")
+    losses: list[float] = []
+    t_last, tokens_last = time.perf_counter(), tokens_seen
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum):
+            windows = batch_at(corpus.train, step, micro, cfg).to(model.cfg.device)
+            with _autocast(model, cfg):
+                loss = lm_loss(model, windows) / cfg.grad_accum
+            loss.backward()
+            loss_sum += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        done = step + 1
+        tokens_seen += cfg.tokens_per_step
+        losses.append(loss_sum)
+        elapsed += time.perf_counter() - t0
+
+        record: dict = {}
+        if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+            record["val_loss"] = validation_loss(model, corpus.val, cfg)
+            model.train()
+        extra = _run_callbacks(callbacks, model, done)
+        record.update(extra)
+        if record or done % cfg.log_every == 0 or done == cfg.steps:
+            record = {"step": done, "tokens_seen": tokens_seen, "train_loss": float(np.mean(losses)), "lr": lr,
+                      "grad_norm": grad_norm, "wall_time_s": elapsed, **record}
+            history.append(record)
+            now = time.perf_counter()
+            bar.set_postfix(loss=f"{np.mean(losses):.3f}", tok_s=f"{(tokens_seen - tokens_last) / (now - t_last):,.0f}",
+                            **({"val": f"{record['val_loss']:.3f}"} if "val_loss" in record else {}))
+            t_last, tokens_last, losses = now, tokens_seen, []
+        bar.update(1)
+        if out is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+            state = {"step": done, "tokens_seen": tokens_seen, "history": history, "wall_time_s": elapsed,
+                     "config": config_json}
+            save_checkpoint(out / "checkpoints" / f"step_{done:07d}", model, optimizer, state)
+            _prune_checkpoints(out, cfg.keep_checkpoints)
+    bar.close()
+    model.eval()
+
+    val_losses = [h["val_loss"] for h in history if "val_loss" in h]
+    result = TrainResult(
+        history=history, val_loss=val_losses[-1] if val_losses else float("nan"), steps=cfg.steps,
+        tokens_seen=tokens_seen, wall_time_s=elapsed,
+        meta={"config": config_json, "corpus": dict(getattr(corpus, "meta", {})),
+              "n_params": sum(p.numel() for p in model.parameters()),
+              "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model},
+    )
+    if out is not None:
+        atomic_write_bytes(out / "final" / "model.safetensors", model_state_bytes(model))
+        atomic_write_json(out / "final" / "result.json", result.to_dict())  # last: marks the run finished
+    return result
+
+
+def _run_callbacks(callbacks: Sequence[Callback], model, step: int) -> dict:
+    merged: dict = {}
+    for callback in callbacks:
+        merged.update(callback(model, step) or {})
+    return merged
+
+
+def _check_same_config(saved: dict, now: dict, out: Path) -> None:
+    if saved != now:
+        diff = {k: (saved.get(k), now.get(k)) for k in now if saved.get(k) != now.get(k)}
+        raise ValueError(f"{out} holds a run with other settings {diff}: use another out_dir or delete it")
+
+
+def _prune_checkpoints(out: Path, keep: int) -> None:
+    folders = sorted(p for p in (out / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))
+    for old in folders[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclass
+class RankTracker:
+    """Callback: the attention rank of every layer on fixed ``tokens`` every ``every`` steps (and at step 0)."""
+
+    tokens: Int[Tensor, "n pos"]
+    every: int = 100
+    average: bool = False
+
+    def __call__(self, model: HookedTransformer, step: int) -> dict | None:
+        if step % self.every:
+            return None
+        from lens_heads.rank import attention_rank
+
+        was_training = model.training
+        profile = attention_rank(model, self.tokens, average=self.average, progress=False)
+        model.train(was_training)
+        return {"max_rank": profile.max_rank.tolist(), "mean_rank": profile.mean_rank.tolist(),
+                "mass_columns": profile.mass_columns.tolist()}

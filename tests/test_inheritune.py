@@ -1,0 +1,177 @@
+"""Inheritune and the training loop on tiny GPT-2 configs: what is copied, what stays fresh, exact resumption."""
+
+import numpy as np
+import pytest
+import torch
+
+from lens_heads.corpus import TokenCorpus
+from lens_heads.inheritune import InherituneConfig, gpt2_config, gpt2_model, grow, inherit, run_inheritune
+from lens_heads.train import RankTracker, TrainConfig, train
+
+VOCAB = 101
+
+
+def tiny_gpt2(n_layers=4, seed=0):
+    return gpt2_model(gpt2_config(n_layers, d_model=32, n_heads=2, n_ctx=32, d_vocab=VOCAB), seed=seed)
+
+
+def perturbed(model, seed):
+    """Every parameter moved off its initial value, as training would (LayerNorms included)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g))
+    return model
+
+
+def params(model):
+    return dict(model.named_parameters())
+
+
+def copied_names(n_layers, all_names):
+    """Spelled out from the paper: token embedding, blocks 0..n-1 (attn, MLP, ln1, ln2), unembedding."""
+    return {k for k in all_names if k in ("embed.W_E", "unembed.W_U", "unembed.b_U")
+            or any(k.startswith(f"blocks.{l}.") for l in range(n_layers))}
+
+
+@pytest.fixture
+def corpus():
+    rng = np.random.default_rng(0)
+    # a learnable stream: a fixed random sequence of 50 tokens, repeated
+    motif = rng.integers(0, VOCAB, 50)
+    return TokenCorpus(train=np.tile(motif, 100).astype(np.uint16), val=np.tile(motif, 10).astype(np.uint16),
+                       meta={"name": "repeated motif"})
+
+
+def test_inherit_copies_exactly_the_named_tensors():
+    reference = perturbed(tiny_gpt2(4, seed=0), seed=1)
+    student = inherit(reference, 2, seed=7)
+    fresh = tiny_gpt2(2, seed=7)  # what a fresh init with the student's seed looks like
+    ref, stu, new = params(reference), params(student), params(fresh)
+    assert student.cfg.n_layers == 2 and set(stu) == set(new)
+    copied = copied_names(2, stu)
+    assert {"embed.W_E", "unembed.W_U", "blocks.1.attn.W_Q", "blocks.1.ln2.w", "blocks.0.mlp.b_out"} <= copied
+    for name, tensor in stu.items():
+        if name in copied:
+            assert torch.equal(tensor, ref[name]), name
+        else:  # position embedding and final LayerNorm
+            assert torch.equal(tensor, new[name]), name
+            assert not torch.equal(tensor, ref[name]), name
+    assert set(stu) - copied == {"pos_embed.W_pos", "ln_final.w", "ln_final.b"}
+
+
+def test_inherit_does_not_touch_global_rng_or_reference():
+    reference = perturbed(tiny_gpt2(3, seed=0), seed=1)
+    before = {k: v.clone() for k, v in params(reference).items()}
+    torch.manual_seed(123)
+    np.random.seed(123)
+    expected_next = torch.rand(3), np.random.rand(3)
+    torch.manual_seed(123)
+    np.random.seed(123)
+    inherit(reference, 2, seed=5)
+    assert torch.equal(torch.rand(3), expected_next[0])
+    assert np.array_equal(np.random.rand(3), expected_next[1])
+    assert all(torch.equal(before[k], v) for k, v in params(reference).items())
+
+
+def test_inherit_rejects_bad_depth():
+    with pytest.raises(ValueError, match="n_layers"):
+        inherit(tiny_gpt2(2), 3)
+
+
+def test_grow_keeps_inherited_blocks():
+    reference = perturbed(tiny_gpt2(4, seed=0), seed=1)
+    ref, gro = params(reference), params(grow(reference, 3, seed=9))  # fresh re-inheritance of three layers
+    for name in copied_names(3, gro):
+        assert torch.equal(gro[name], ref[name]), name
+
+    student = perturbed(inherit(reference, 2, seed=4), seed=2)  # a "trained" 2-layer student
+    grown = grow(reference, 4, student=student, seed=9)
+    stu, gro = params(student), params(grown)
+    for name, tensor in gro.items():
+        if name.startswith(("blocks.2.", "blocks.3.")):
+            assert torch.equal(tensor, ref[name]), name  # new layers come from the reference
+        else:
+            assert torch.equal(tensor, stu[name]), name  # everything the student had is kept
+    with pytest.raises(ValueError, match="fewer layers"):
+        grow(reference, 2, student=student)
+
+
+def _config(**kw):
+    return TrainConfig(**{**dict(steps=6, batch_size=4, seq_len=16, warmup_steps=2, eval_every=3, eval_batches=1,
+                                 checkpoint_every=3, log_every=1, lr=3e-3, seed=11), **kw})
+
+
+def test_resumed_training_ends_at_the_same_weights(corpus, tmp_path):
+    uninterrupted = tiny_gpt2(2, seed=3)
+    result = train(uninterrupted, corpus, _config(), out_dir=tmp_path / "a", progress=False)
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupt_after_checkpoint(model, step):
+        if step == 4:  # step 3 was checkpointed; step 4's update is lost
+            raise Interrupt
+
+    first = tiny_gpt2(2, seed=3)
+    with pytest.raises(Interrupt):
+        train(first, corpus, _config(), out_dir=tmp_path / "b", callbacks=[interrupt_after_checkpoint], progress=False)
+    resumed = tiny_gpt2(2, seed=3)  # a new process: fresh model, state only from the checkpoint
+    again = train(resumed, corpus, _config(), out_dir=tmp_path / "b", progress=False)
+
+    for (name, a), (_, b) in zip(uninterrupted.named_parameters(), resumed.named_parameters()):
+        assert torch.equal(a, b), name
+    assert again.val_loss == result.val_loss and again.tokens_seen == result.tokens_seen == 6 * 4 * 16
+    # the run really trained: weights moved and the validation loss fell
+    assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
+    assert not torch.equal(params(uninterrupted)["blocks.0.attn.W_Q"], params(tiny_gpt2(2, seed=3))["blocks.0.attn.W_Q"])
+
+
+def test_finished_run_reloads_and_other_settings_are_refused(corpus, tmp_path):
+    model = tiny_gpt2(2, seed=3)
+    train(model, corpus, _config(), out_dir=tmp_path, progress=False)
+    reloaded = tiny_gpt2(2, seed=3)
+    train(reloaded, corpus, _config(), out_dir=tmp_path, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reloaded.parameters()))
+    with pytest.raises(ValueError, match="other settings"):
+        train(tiny_gpt2(2, seed=3), corpus, _config(lr=1e-3), out_dir=tmp_path, progress=False)
+
+
+def test_data_order_depends_on_seed_and_step_only(corpus):
+    from lens_heads.train import batch_at
+
+    cfg = _config()
+    assert torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 5, 0, cfg))
+    assert not torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 6, 0, cfg))
+    assert not torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 5, 0, _config(seed=12)))
+
+
+def test_rank_tracker_logs_every_layer(corpus):
+    tokens = torch.from_numpy(corpus.val[:32].astype(np.int64)).reshape(2, 16)
+    result = train(tiny_gpt2(2, seed=0), corpus, _config(), callbacks=[RankTracker(tokens, every=3)], progress=False)
+    tracked = [h for h in result.history if "max_rank" in h]
+    assert [h["step"] for h in tracked] == [0, 3, 6]
+    assert all(len(h["max_rank"]) == 2 and all(1 <= r <= 16 for r in h["max_rank"]) for h in tracked)
+
+
+def test_run_inheritune_stages(corpus, tmp_path):
+    cfg = InherituneConfig(ref_layers=3, student_layers=1, grow_by=1, max_layers=2, d_model=32, n_heads=2, n_ctx=32,
+                           d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0)
+    result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
+    df = result.to_dataframe()
+    kinds = list(df["kind"])
+    assert kinds[0] == "reference" and kinds[-2:] == ["scratch", "scratch"]
+    students = df[df["kind"] == "student"]
+    # grow rule: every student but the last is worse than the reference, unless it reached max_layers
+    for _, row in students.iloc[:-1].iterrows():
+        assert row["val_loss"] > result.reference_val_loss
+    assert result.final_layers == students["n_layers"].iloc[-1]
+    last = students.iloc[-1]
+    assert last["val_loss"] <= result.reference_val_loss or last["n_layers"] == 2
+    scratch = df[df["kind"] == "scratch"]
+    assert list(scratch["n_layers"]) == [result.final_layers] * 2
+    assert list(scratch["tokens_seen"]) == [4 * 4 * 16, 8 * 4 * 16]
+    for stage in result.stages:  # the rank of every layer at every stage
+        assert len(stage.rank["max_rank"]) == stage.n_layers
+        assert (stage.rank_at_init is not None) == (stage.kind == "student")
+    assert (tmp_path / "result.json").exists()
