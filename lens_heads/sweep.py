@@ -1,0 +1,379 @@
+"""The inactive-heads sweep: how much accuracy each head score loses as it zeroes more heads, against random zeroing.
+
+For each score and target fraction p (spec: ``shared/specs/inactive-heads.md``):
+
+1. **Thresholds** from the *unablated* pooled CDF of the score on calibration inputs (default: the task's own
+   prompts), read by :func:`lens_heads.distributions.thresholds`.
+2. **Per-input threshold zeroing** (:func:`lens_heads.ablation.threshold_zeroing`) during a full evaluation of the
+   task; the x axis is the *realised* share of heads zeroed (it can miss p: the evaluated rows are not the
+   calibration prompts, and later layers are scored on the ablated stream).
+3. **Random baseline**: each (input, layer, head) zeroed with probability p (one draw per question, shared by its
+   choices). p = 0 is the unablated baseline, evaluated once and shared by all curves.
+4. Optionally the **static pruning view**: rank heads by their mean score over the calibration inputs and zero the
+   most inactive ``round(p x layers x heads)`` heads for every input, as removing them for good would.
+
+Each finished (mode, score, fraction) unit is written at once to ``out_dir`` as JSON (atomic); a rerun with the same
+model, data, seed and calibration skips the finished units. Headline numbers: "% of heads zeroable within 1 point"
+(:func:`zeroable_within`) and the normalised AUC (:func:`normalised_auc`), both on the realised-% axis.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.evaluate import EvalResult, evaluate, paired_difference
+from lens_heads.io import atomic_write_json
+
+DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+RANDOM = "random"
+FORMAT_VERSION = 1
+
+
+# ---------------------------------------------------------------- curve summaries (pure)
+
+
+def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0) -> float:
+    """Share of heads zeroable before accuracy drops ``points`` below ``baseline``.
+
+    ``x``: realised % of heads zeroed, ``y``: accuracy in % (same units as ``baseline`` and ``points``). The answer
+    is the x of the last crossing of the polyline with ``baseline - points``, linearly interpolated; a curve that ends
+    at or above the line (never finally drops within the measured range) gives its largest x, a lower bound.
+    """
+    x, y = _sorted_curve(x, y)
+    line = baseline - points
+    if y[-1] >= line:
+        return float(x[-1])
+    above = np.nonzero(y >= line)[0]
+    if above.size == 0:  # below the line from the first point on
+        return float(x[0])
+    i = int(above[-1])  # last point at or above the line; every later point is below it
+    return float(x[i] + (y[i] - line) / (y[i] - y[i + 1]) * (x[i + 1] - x[i]))
+
+
+def normalised_auc(x: Sequence[float], y: Sequence[float]) -> float:
+    """Trapezoid integral of ``y`` over ``x`` divided by the x range (a mean accuracy over the swept range)."""
+    x, y = _sorted_curve(x, y)
+    width = x[-1] - x[0]
+    if width <= 0:
+        return float("nan")
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2) / width)
+
+
+def _sorted_curve(x, y) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError(f"a curve needs equally many x and y values (at least one), got {x.size} and {y.size}")
+    order = np.argsort(x, kind="stable")
+    return x[order], y[order]
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class UnitResult:
+    """One evaluated point of the sweep."""
+
+    mode: str  # "baseline" | "threshold" | "random" | "static"
+    score: str | None
+    target_fraction: float
+    threshold: float | None
+    realised_fraction: float
+    result: EvalResult
+    head_share: list[list[float]] | None = None  # [layer][head]: share of inputs for which the head was zeroed
+    wall_s: float = float("nan")
+
+    @property
+    def key(self) -> str:
+        return unit_key(self.mode, self.score, self.target_fraction)
+
+    def to_dict(self) -> dict:
+        return dict(key=self.key, mode=self.mode, score=self.score, target_fraction=self.target_fraction,
+                    threshold=self.threshold, realised_fraction=self.realised_fraction, wall_s=self.wall_s,
+                    head_share=self.head_share, result=self.result.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "UnitResult":
+        return cls(mode=d["mode"], score=d["score"], target_fraction=d["target_fraction"], threshold=d["threshold"],
+                   realised_fraction=d["realised_fraction"], result=EvalResult.from_dict(d["result"]),
+                   head_share=d.get("head_share"), wall_s=d.get("wall_s") or float("nan"))
+
+
+def unit_key(mode: str, score: str | None, fraction: float) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", score or "none").strip("_")
+    return f"{mode}__{slug}__{fraction:.4f}"
+
+
+@dataclass
+class SweepResult:
+    """All units of a sweep. Accuracy and realised fractions are in [0, 1] in the table; the curve summaries
+    (``zeroable_within``, ``normalised_auc``) speak percent, as the paper does."""
+
+    baseline: EvalResult
+    units: list[UnitResult]
+    meta: dict = field(default_factory=dict)
+
+    def curves(self, mode: str = "threshold") -> dict[str, list[UnitResult]]:
+        """Per score (``"random"`` for the random baseline), its units sorted by realised share, starting with the
+        shared unablated baseline at 0."""
+        base = next(u for u in self.units if u.mode == "baseline")
+        out: dict[str, list[UnitResult]] = {}
+        for u in self.units:
+            if u.mode == mode or (mode == "threshold" and u.mode == "random"):
+                out.setdefault(RANDOM if u.mode == "random" else u.score, [base]).append(u)
+        order = [s for s in self.meta.get("scores", []) if s in out] + [s for s in out if s not in self.meta.get(
+            "scores", []) and s != RANDOM] + ([RANDOM] if RANDOM in out else [])
+        return {s: sorted(out[s], key=lambda u: (u.realised_fraction, u.target_fraction)) for s in order}
+
+    def zeroable_within(self, points: float = 1.0, *, mode: str = "threshold") -> dict[str, float]:
+        """Per score (and ``"random"``): % of heads zeroable within ``points`` accuracy points of the baseline."""
+        base = 100 * self.baseline.accuracy
+        return {s: zeroable_within([100 * u.realised_fraction for u in us], [100 * u.result.accuracy for u in us],
+                                   base, points) for s, us in self.curves(mode).items()}
+
+    def normalised_auc(self, *, mode: str = "threshold") -> dict[str, float]:
+        """Per score (and ``"random"``): normalised AUC of accuracy (%) over realised % zeroed."""
+        return {s: normalised_auc([100 * u.realised_fraction for u in us], [100 * u.result.accuracy for u in us])
+                for s, us in self.curves(mode).items()}
+
+    def to_dataframe(self):
+        """One row per curve point: the baseline appears at fraction 0 of every curve. ``score`` names the curve
+        (``"random"``; static pruning curves are ``"<score> (static)"``); paired columns compare with the
+        baseline on the same items; ``gold_logprob_change`` and ``kl`` are the low-variance companions."""
+        import pandas as pd
+
+        rows = []
+        for mode in ("threshold", "static"):
+            for score, units in self.curves(mode).items():
+                label = f"{score} (static)" if mode == "static" else score
+                rows += [self._row(label, u) for u in units]
+        return pd.DataFrame(rows)
+
+    def _row(self, label: str, u: UnitResult) -> dict:
+        r = u.result
+        low, high = r.ci95
+        pd_ = paired_difference(r, self.baseline)
+        return dict(score=label, mode=u.mode,
+                    target_fraction=u.target_fraction, threshold=u.threshold, realised_fraction=u.realised_fraction,
+                    accuracy=r.accuracy, ci_low=low, ci_high=high,
+                    paired_diff=pd_.mean, paired_low=pd_.ci95[0], paired_high=pd_.ci95[1],
+                    gold_logprob_change=pd_.gold_logprob_change.mean,
+                    gold_logprob_low=pd_.gold_logprob_change.ci95[0], gold_logprob_high=pd_.gold_logprob_change.ci95[1],
+                    kl=pd_.kl.mean, kl_low=pd_.kl.ci95[0], kl_high=pd_.kl.ci95[1],
+                    **{f"accuracy_{m}": a for m, a in r.accuracies.items()}, n=r.n, chance=r.chance)
+
+    def summary(self, points: float = 1.0):
+        """Per score: % zeroable within ``points``, normalised AUC and its rank (random included)."""
+        import pandas as pd
+
+        zeroable, auc = self.zeroable_within(points), self.normalised_auc()
+        ranking = sorted(auc, key=lambda s: -auc[s] if not math.isnan(auc[s]) else math.inf)
+        return pd.DataFrame([{"score": s, f"zeroable_within_{points:g}_point_pct": zeroable[s],
+                              "normalised_auc_pct": auc[s], "auc_rank": ranking.index(s) + 1} for s in ranking])
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
+              calibration=None, out_dir=None, seed: int = 0, batch_size: int = 8, random_baseline: bool = True,
+              static_scores: Sequence[str] = (), progress: bool = True, primary: str = "sum") -> SweepResult:
+    """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
+    baseline (``random_baseline``) and the static pruning view for ``static_scores``.
+
+    ``calibration``: where thresholds and static rankings come from: ``None`` (score the task's prompts unablated),
+    a :class:`lens_heads.scoring.HeadScores` already computed, or any inputs ``score_heads`` accepts.
+    ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
+    """
+    from tqdm.auto import tqdm
+
+    from lens_heads.scores import SCORE_NAMES
+
+    scores = list(SCORE_NAMES if scores is None else scores)
+    unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown scores {unknown}: choose from {SCORE_NAMES}")
+    fractions = sorted({float(p) for p in fractions} | {0.0})
+    if any(not 0.0 <= p < 1.0 for p in fractions):
+        raise ValueError(f"target fractions must lie in [0, 1), got {fractions}")
+    out = Path(out_dir) if out_dir is not None else None
+    fingerprint = _fingerprint(model, task, seed, primary, calibration)
+    if out is not None:
+        _claim(out, fingerprint)
+
+    plan = [("baseline", None, 0.0)]
+    for p in fractions[1:]:
+        plan += [("random", None, p)] if random_baseline else []
+        plan += [("threshold", s, p) for s in scores]
+        plan += [("static", s, p) for s in static_scores]
+    done = {key: unit for key, unit in _load_units(out, fingerprint).items()} if out is not None else {}
+    pending = [u for u in plan if unit_key(*u) not in done]
+
+    calib = _Calibration(model, task, calibration, out, fingerprint, batch_size, progress) if any(
+        mode in ("threshold", "static") for mode, _, _ in pending) else None
+    units: dict[str, UnitResult] = {}
+    bar = tqdm(plan, desc=f"sweep {getattr(task, 'name', '')} units", unit="unit", disable=not progress)
+    for mode, score, p in bar:
+        key = unit_key(mode, score, p)
+        if key in done:
+            units[key] = done[key]
+            continue
+        bar.set_postfix_str(f"{mode} {score or ''} {p:g}".replace("  ", " "))
+        zeroing, threshold = None, None
+        if mode == "threshold":
+            threshold = calib.threshold(score, p)
+            zeroing = threshold_zeroing(model, score, threshold)
+        elif mode == "random":
+            zeroing = random_zeroing(model, p, seed)
+        elif mode == "static":
+            zeroing = static_zeroing(model, calib.most_inactive(score, p))
+        start = time.perf_counter()
+        result = evaluate(model, task, hooks=[zeroing] if zeroing else [], batch_size=batch_size,
+                          progress=progress, primary=primary)
+        unit = UnitResult(mode=mode, score=score, target_fraction=p, threshold=threshold,
+                          realised_fraction=zeroing.share_zeroed() if zeroing else 0.0, result=result,
+                          head_share=zeroing.zeroed().float().mean(0).tolist() if zeroing else None,
+                          wall_s=time.perf_counter() - start)
+        units[key] = unit
+        if out is not None:
+            atomic_write_json(out / f"{key}.json", {"fingerprint": fingerprint, **unit.to_dict()})
+    bar.close()
+    ordered = [units[unit_key(*u)] for u in plan]
+    meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
+                random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=str(out) if out else None,
+                calibration=calib.describe() if calib else _stored_calibration(out),
+                units_reused=len(plan) - len(pending), units_run=len(pending))
+    return SweepResult(baseline=ordered[0].result, units=ordered, meta=meta)
+
+
+class _Calibration:
+    """Thresholds and static rankings from the unablated scores; kept in ``out_dir/calibration.json`` so a resumed
+    sweep uses exactly the thresholds of the first run without scoring again."""
+
+    def __init__(self, model, task, calibration, out: Path | None, fingerprint: dict, batch_size: int,
+                 progress: bool):
+        self._model, self._task, self._calibration = model, task, calibration
+        self._batch_size, self._progress = batch_size, progress
+        self._fingerprint = fingerprint
+        self._path = out / "calibration.json" if out is not None else None
+        self._scores = None
+        self._stored = _read_json(self._path) if self._path is not None and self._path.exists() else None
+        if self._stored and self._stored.get("fingerprint") != fingerprint:
+            self._stored = None
+
+    def _head_scores(self):
+        if self._scores is None:
+            from lens_heads.scoring import HeadScores, score_heads
+
+            source = self._task if self._calibration is None else self._calibration
+            self._scores = source if isinstance(source, HeadScores) else score_heads(
+                self._model, source, batch_size=self._batch_size, progress=self._progress)
+        return self._scores
+
+    def _lookup(self, kind: str, score: str, p: float, compute):
+        key = f"{score}|{p:.6f}"
+        if self._stored and key in self._stored.get(kind, {}):
+            return self._stored[kind][key]
+        value = compute()
+        if self._stored is None:
+            self._stored = {"fingerprint": self._fingerprint, "inputs": None, "thresholds": {}, "static_heads": {}}
+        self._stored.setdefault(kind, {})[key] = value
+        self._stored["inputs"] = self.describe()
+        if self._path is not None:
+            atomic_write_json(self._path, self._stored)
+        return value
+
+    def threshold(self, score: str, p: float) -> float:
+        from lens_heads.distributions import thresholds
+
+        return float(self._lookup("thresholds", score, p, lambda: thresholds(self._head_scores(), score, [p])[p]))
+
+    def most_inactive(self, score: str, p: float) -> list[tuple[int, int]]:
+        def compute():
+            hs = self._head_scores()
+            mean = hs.mean(score).double()  # [layer, head]
+            n_layers, n_heads = mean.shape
+            k = int(round(p * n_layers * n_heads))
+            order = np.argsort((mean if hs.direction[score] == "<" else -mean).reshape(-1).numpy(), kind="stable")
+            return [[int(i // n_heads), int(i % n_heads)] for i in order[:k]]
+
+        return [tuple(h) for h in self._lookup("static_heads", score, p, compute)]
+
+    def describe(self) -> dict:
+        if self._scores is not None:
+            return {"data": self._scores.meta.get("data"), "n_inputs": len(self._scores)}
+        if self._stored and self._stored.get("inputs"):
+            return self._stored["inputs"]
+        return {"source": "task prompts" if self._calibration is None else type(self._calibration).__name__}
+
+
+def _fingerprint(model, task, seed: int, primary: str, calibration) -> dict:
+    """What must match for a stored unit to be reused: model, data (item ids), seed, scoring, calibration."""
+    from lens_heads.models import model_meta
+
+    m = model_meta(model)
+    ids = hashlib.sha256("\n".join(item.id for item in task).encode()).hexdigest()[:16]
+    meta = task.meta() if hasattr(task, "meta") else {}
+    return dict(version=FORMAT_VERSION,
+                model={k: m.get(k) for k in ("name", "source", "weight_basis", "dtype", "n_layers", "n_heads",
+                                             "n_params")},
+                task={k: meta.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}, item_ids=ids,
+                seed=seed, primary=primary, calibration=_calibration_id(calibration))
+
+
+def _calibration_id(calibration) -> str:
+    if calibration is None:
+        return "task prompts"
+    values = getattr(calibration, "values", None)
+    if values is not None:  # a HeadScores: its numbers are its identity
+        return "scores " + hashlib.sha256(values.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
+    return "inputs " + hashlib.sha256(repr(calibration).encode()).hexdigest()[:16]
+
+
+def _claim(out: Path, fingerprint: dict) -> None:
+    path = out / "sweep.json"
+    if path.exists():
+        stored = _read_json(path)
+        if stored and stored.get("fingerprint") != fingerprint:
+            raise ValueError(f"{out} holds a sweep of another configuration ({_diff(stored['fingerprint'], fingerprint)})"
+                             ": pass a new out_dir, or delete the folder to start over")
+        return
+    atomic_write_json(path, {"fingerprint": fingerprint})
+
+
+def _diff(a: dict, b: dict) -> str:
+    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return "differs in " + ", ".join(keys) if keys else "same"
+
+
+def _load_units(out: Path, fingerprint: dict) -> dict[str, UnitResult]:
+    units = {}
+    for path in sorted(out.glob("*__*__*.json")):
+        d = _read_json(path)
+        if d and d.get("fingerprint") == fingerprint:
+            unit = UnitResult.from_dict(d)
+            units[unit.key] = unit
+    return units
+
+
+def _stored_calibration(out: Path | None) -> dict | None:
+    path = out / "calibration.json" if out is not None else None
+    d = _read_json(path) if path is not None and path.exists() else None
+    return d.get("inputs") if d else None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # a unit that can't be read is run again

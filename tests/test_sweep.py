@@ -1,0 +1,128 @@
+"""The sweep: curve summaries on hand-made curves, thresholds from the unablated CDF, static pruning, resuming."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import lens_heads.sweep as sweep_module
+from lens_heads.evaluate import evaluate
+from lens_heads.sweep import normalised_auc, run_sweep, zeroable_within
+from lens_heads.tasks import load_task
+
+
+def test_zeroable_within_interpolates_the_last_crossing():
+    x, base = [0, 10, 20, 30], 50.0
+    # one clean drop: crosses 49 between x=10 (49.5) and x=20 (48)
+    assert zeroable_within(x, [50, 49.5, 48, 47], base) == pytest.approx(10 + 0.5 / 1.5 * 10)
+    # dips, recovers, drops again: the last crossing counts (between 20 (49.6) and 30 (47))
+    assert zeroable_within(x, [50, 48.5, 49.6, 47], base) == pytest.approx(20 + 0.6 / 2.6 * 10)
+    # never drops a point: the whole measured range (a lower bound)
+    assert zeroable_within(x, [50, 49.9, 49.2, 49.0], base) == 30
+    # ends above the line after a dip: the whole range too
+    assert zeroable_within(x, [50, 48, 49.5, 49.5], base) == 30
+    # a wider tolerance and unsorted input
+    assert zeroable_within([20, 0, 10, 30], [45, 50, 47, 40], base, points=4) == pytest.approx(10 + 1 / 2 * 10)
+    # realised x need not be evenly spaced
+    assert zeroable_within([0, 4, 13], [60, 60, 58], 60.0) == pytest.approx(4 + 1 / 2 * 9)
+
+
+def test_normalised_auc_is_the_trapezoid_mean():
+    assert normalised_auc([0, 10, 30], [50, 40, 40]) == pytest.approx((10 * 45 + 20 * 40) / 30)
+    assert normalised_auc([0, 5], [30, 30]) == pytest.approx(30)
+    assert np.isnan(normalised_auc([0], [50]))
+
+
+@pytest.fixture(scope="module")
+def tiny_text_model():
+    from transformers import AutoTokenizer
+
+    from lens_heads.models import embedded_model_folder, tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    return tiny_model("llama", seed=0, n_layers=3, d_vocab=len(tokenizer), tokenizer=tokenizer,
+                      default_prepend_bos=True)
+
+
+SETTINGS = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.25, 0.5), static_scores=["AHON (LN)"], seed=3,
+                batch_size=4, progress=False)
+
+
+def test_interrupted_sweep_resumes_to_the_same_table(tiny_text_model, tmp_path, monkeypatch):
+    model, task = tiny_text_model, load_task("arc_easy", n=5, seed=1)
+    full = run_sweep(model, task, out_dir=tmp_path / "full", **SETTINGS)
+    n_units = 1 + 2 * (1 + 2 + 1)  # baseline + per fraction: random, two scores, one static
+    assert len(full.units) == n_units and full.meta["units_run"] == n_units
+
+    calls = []
+
+    def interrupt_after_four(*args, **kwargs):
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "evaluate", interrupt_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(model, task, out_dir=tmp_path / "resumed", **SETTINGS)
+    assert len(list((tmp_path / "resumed").glob("*__*.json"))) == 4
+
+    calls.clear()
+    monkeypatch.setattr(sweep_module, "evaluate", lambda *a, **k: (calls.append(1), evaluate(*a, **k))[1])
+    resumed = run_sweep(model, task, out_dir=tmp_path / "resumed", **SETTINGS)
+    assert len(calls) == n_units - 4 and resumed.meta["units_reused"] == 4
+    pd.testing.assert_frame_equal(resumed.to_dataframe(), full.to_dataframe())
+    assert resumed.zeroable_within() == full.zeroable_within()
+
+    calls.clear()
+    again = run_sweep(model, task, out_dir=tmp_path / "resumed", **SETTINGS)  # all done: nothing runs
+    assert not calls and again.meta["units_run"] == 0
+    pd.testing.assert_frame_equal(again.to_dataframe(), full.to_dataframe())
+
+    with pytest.raises(ValueError, match="another configuration"):
+        run_sweep(model, task, out_dir=tmp_path / "full", **{**SETTINGS, "seed": 4})
+
+
+def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
+    from lens_heads.scoring import score_heads
+
+    model, task = tiny_text_model, load_task("piqa", n=4, seed=2)
+    calibration = score_heads(model, task, progress=False)
+    result = run_sweep(model, task, out_dir=tmp_path, calibration=calibration, **SETTINGS)
+    plain = evaluate(model, task, progress=False)
+    assert result.baseline.accuracy == plain.accuracy
+    assert [it.logprobs for it in result.baseline.items] == [it.logprobs for it in plain.items]
+
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    ahon_ln = calibration.score("AHON (LN)").double().numpy()  # [input, layer, head]
+    for unit in result.units:
+        if unit.mode == "threshold" and unit.score == "AHON (LN)":  # '<' score: the p quantile of pooled values
+            assert unit.threshold == pytest.approx(np.quantile(ahon_ln.reshape(-1), unit.target_fraction))
+        if unit.mode == "threshold" and unit.score == "AWFT":  # '>' score: the (1 - p) quantile
+            awft = calibration.score("AWFT").double().numpy().reshape(-1)
+            assert unit.threshold == pytest.approx(np.quantile(awft, 1 - unit.target_fraction))
+        if unit.mode == "static":  # the k lowest mean scores, zeroed for every input
+            k = round(unit.target_fraction * L * H)
+            assert unit.realised_fraction == pytest.approx(k / (L * H))
+            lowest = set(np.argsort(ahon_ln.mean(0).reshape(-1))[:k].tolist())
+            share = np.array(unit.head_share).reshape(-1)
+            assert set(np.nonzero(share == 1.0)[0].tolist()) == lowest and set(np.unique(share)) <= {0.0, 1.0}
+        if unit.mode in ("threshold", "random"):
+            assert 0.0 <= unit.realised_fraction <= 1.0
+            assert unit.realised_fraction == pytest.approx(np.mean(unit.head_share))
+    table = result.to_dataframe()
+    assert set(table["score"]) == {"AHON (LN)", "AWFT", "random", "AHON (LN) (static)"}
+    assert (table[table["mode"] == "baseline"]["paired_diff"] == 0).all()
+    assert (table[table["mode"] == "baseline"]["kl"].abs() < 1e-12).all()
+    stored = json.loads((tmp_path / "calibration.json").read_text())
+    assert len(stored["thresholds"]) == 4 and len(stored["static_heads"]) == 2
+    assert set(result.zeroable_within()) == {"AHON (LN)", "AWFT", "random"}
+
+
+def test_bad_sweep_arguments_are_explained(tiny_text_model):
+    task = load_task("arc_easy", n=2)
+    with pytest.raises(ValueError, match="unknown scores"):
+        run_sweep(tiny_text_model, task, scores=["AHONN"], progress=False)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        run_sweep(tiny_text_model, task, scores=["AHON"], fractions=(0, 1.0), progress=False)
