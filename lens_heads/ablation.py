@@ -221,8 +221,10 @@ def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero", means:
     """The random baseline: ablate each (input, layer, head) independently with probability ``p``.
 
     Input ``i`` draws ``u ~ U[0, 1)`` of shape [layer, head] from a ``torch.Generator`` seeded with
-    :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or order, the same input gets the same heads
-    in every run, and the zeroed sets are nested as ``p`` grows."""
+    :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or order,
+    the same input gets the same heads in every run, and the zeroed sets are nested as ``p`` grows. Input ids come
+    from :meth:`Zeroing.batch` (the evaluator passes item indices, so all choices of a question share one draw),
+    else inputs are numbered in order of arrival."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be a probability in [0, 1], got {p}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads

@@ -345,8 +345,9 @@ def _claim(out: Path, fingerprint: dict) -> None:
     if path.exists():
         stored = _read_json(path)
         if stored and stored.get("fingerprint") != fingerprint:
-            raise ValueError(f"{out} holds a sweep of another configuration ({_diff(stored['fingerprint'], fingerprint)})"
-                             ": pass a new out_dir, or delete the folder to start over")
+            raise ValueError(f"{out} holds a sweep of another configuration "
+                             f"({_diff(stored['fingerprint'], fingerprint)}): pass a new out_dir, or delete the folder "
+                             "to start over")
         return
     atomic_write_json(path, {"fingerprint": fingerprint})
 
