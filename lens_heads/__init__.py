@@ -1,6 +1,25 @@
-"""lens_heads: find inactive attention heads and lazy layers, prove it by ablation, build smaller models."""
+"""lens_heads: find inactive attention heads and lazy layers, prove it by ablation, build smaller models.
 
-from lens_heads.models import DEFAULT_MODEL, ModelUnavailableError, load_model, tiny_model, weight_basis
-from lens_heads.tasks import Item, Task, load_task
+The names below are the public API; each lives in a module of its own (``lens_heads.scores``,
+``lens_heads.ablation``, ``lens_heads.sweep``, ``lens_heads.rank``, ``lens_heads.inheritune``, ...).
+"""
 
-__all__ = ["Item", "Task", "load_task", "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "tiny_model", "weight_basis"]
+from lens_heads.models import DEFAULT_MODEL, ModelUnavailableError, load_model, model_meta, tiny_model, weight_basis
+from lens_heads.tasks import Item, Task, TaskDataUnavailableError, load_task
+from lens_heads.scores import SCORE_NAMES
+from lens_heads.scoring import HeadScores, score_heads
+from lens_heads.distributions import thresholds
+from lens_heads.evaluate import EvalResult, evaluate, paired_difference
+from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.sweep import SweepResult, run_sweep
+from lens_heads.rank import RankProfile, approx_rank, attention_rank
+
+__all__ = [
+    "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
+    "Item", "Task", "TaskDataUnavailableError", "load_task",
+    "SCORE_NAMES", "HeadScores", "score_heads", "thresholds",
+    "EvalResult", "evaluate", "paired_difference",
+    "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
+    "SweepResult", "run_sweep",
+    "RankProfile", "approx_rank", "attention_rank",
+]
