@@ -149,7 +149,7 @@ class Stage:
     tokens_seen: int
     val_loss: float
     rank: dict  # RankProfile.to_dict() after training
-    rank_at_init: dict | None  # before training (for students: the inherited layers)
+    rank_at_init: dict  # before training (fresh init; for students: right after inheritance)
     history: list[dict]
     wall_time_s: float
 
@@ -203,7 +203,7 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     stages: list[Stage] = []
 
     def run_stage(name, kind, model, train_cfg) -> Stage:
-        at_init = _rank(model, tokens) if kind == "student" else None
+        at_init = _rank(model, tokens)  # fresh init, or for students: just inherited
         result: TrainResult = train(model, corpus, train_cfg, out_dir=out / name, callbacks=callbacks,
                                     progress=progress, desc=name)
         stage = Stage(name=name, kind=kind, n_layers=model.cfg.n_layers, steps=result.steps,
