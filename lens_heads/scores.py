@@ -38,7 +38,7 @@ from torch import Tensor
 # ---------------------------------------------------------------- one layer's activations
 
 
-@dataclass
+@dataclass(eq=False)
 class Layer:
     """One layer's activations and the score values computed on them so far (each score is computed once)."""
 
@@ -47,6 +47,7 @@ class Layer:
     z: Float[Tensor, "batch q head d_head"]
     mask: Bool[Tensor, "batch pos"]
     W_O: Float[Tensor, "head d_head d_model"] | None = None
+    causal: bool = False  # True promises A[i, j] = 0 for keys after the query: lets entropy skip them
     _values: dict = field(default_factory=dict, repr=False)
 
     def value(self, score: "Score") -> Float[Tensor, "batch head"]:
@@ -98,9 +99,18 @@ def average_weight_of_first_token(layer: Layer) -> Float[Tensor, "batch head"]:
     return layer.mean_over_positions(a_first)
 
 
+ENTROPY_CHUNK = 64  # query rows per step: bounds the temporary and, for causal patterns, skips future keys
+
+
 def average_entropy_of_query_distributions(layer: Layer) -> Float[Tensor, "batch head"]:
-    # entr(0) = 0: masked keys (A = 0) add nothing, as in -sum A ln A with 0 ln 0 = 0.
-    entropy = torch.special.entr(layer.pattern).sum(-1)  # [b, h, q]
+    A = layer.pattern
+    q, k = A.shape[-2:]
+    entropy = A.new_empty(A.shape[:-1])  # [b, h, q]
+    for r0 in range(0, q, ENTROPY_CHUNK):
+        r1 = min(q, r0 + ENTROPY_CHUNK)
+        keys = min(k, r1 + k - q) if layer.causal else k
+        # entr(0) = 0: masked keys (A = 0) add nothing, as in -sum A ln A with 0 ln 0 = 0.
+        entropy[..., r0:r1] = torch.special.entr(A[..., r0:r1, :keys]).sum(-1)
     return layer.mean_over_positions(entropy)
 
 
@@ -226,11 +236,13 @@ def layer_scores(
     scores: Sequence[Score | str] = SCORES,
     *,
     W_O: Float[Tensor, "head d_head d_model"] | None = None,
+    causal: bool = False,
 ) -> Float[Tensor, "batch head n_scores"]:
     """All ``scores`` (default: the twelve, in SCORE_NAMES order) of one layer, for every input and head.
 
     ``v`` must already be expanded to query heads (``lens_heads.models.expand_kv``). Every input needs at least
-    one non-padding position. ``W_O`` is needed only by the full-head-output extras.
+    one non-padding position. ``W_O`` is needed only by the full-head-output extras. ``causal=True`` promises a
+    causal pattern (no weight on later keys) and lets the entropy skip the upper triangle (~1.8x faster).
     """
     b, h, q, k = pattern.shape
     if v.shape[:3] != (b, k, h) or z.shape[:3] != (b, q, h) or mask.shape != (b, q):
@@ -239,7 +251,7 @@ def layer_scores(
     mask = mask.to(device=pattern.device, dtype=torch.bool)
     if not bool(mask.any(dim=1).all()):
         raise ValueError("every input needs at least one non-padding position in mask")
-    layer = Layer(pattern, v, z, mask, W_O)
+    layer = Layer(pattern, v, z, mask, W_O, causal)
     return torch.stack([layer.value(s) for s in as_scores(scores)], dim=-1)
 
 

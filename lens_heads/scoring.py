@@ -162,6 +162,7 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, 
     mask_dev = mask.to(device)
     out = torch.empty((tokens.shape[0], cfg.n_layers, cfg.n_heads, len(scores)), dtype=torch.float32)
     held: dict[str, Tensor] = {}
+    causal = cfg.attention_dir == "causal"
 
     def keep(name, x, hook):
         held[name] = x
@@ -171,7 +172,7 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, 
         v = expand_kv(held.pop("v"), cfg.n_heads)
         pattern = held.pop("pattern")
         w = W_O[layer].float() if W_O is not None else None
-        out[:, layer] = layer_scores(f32(pattern), f32(v), f32(z), mask_dev, scores, W_O=w).cpu()
+        out[:, layer] = layer_scores(f32(pattern), f32(v), f32(z), mask_dev, scores, W_O=w, causal=causal).cpu()
         return z
 
     scoring_hooks = []

@@ -258,6 +258,13 @@ def test_layer_scores_is_pure_and_checks_shapes():
         assert torch.equal(t, b)
     for i in range(2):
         torch.testing.assert_close(out[i], reference_twelve(A[i], v[i], z[i]).float(), atol=ATOL, rtol=RTOL)
+    # The causal shortcut (entropy over past keys only, in row chunks) changes nothing on a causal pattern.
+    big = torch.rand(1, 2, 150, 150, generator=g).tril()
+    big = big / big.sum(-1, keepdim=True)
+    vb, zb = torch.randn(1, 150, 2, 5, generator=g), torch.randn(1, 150, 2, 5, generator=g)
+    mb = torch.ones(1, 150, dtype=torch.bool)
+    torch.testing.assert_close(layer_scores(big, vb, zb, mb, causal=True)[0],
+                               reference_twelve(big[0], vb[0], zb[0]).float(), atol=ATOL, rtol=RTOL)
     with pytest.raises(ValueError, match="expand KV heads"):
         layer_scores(A, v[:, :, :1], z, mask)
     with pytest.raises(ValueError, match="non-padding"):

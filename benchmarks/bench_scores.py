@@ -1,0 +1,217 @@
+"""Cost of scoring every head in one streaming pass, against a plain forward and the naive cache-then-compute.
+
+    python benchmarks/bench_scores.py [--batch 8 --seq 512 --rounds 2] [--write-docs]
+
+Methods, all under torch.no_grad on the same token batch (random ids after a BOS, no padding):
+  plain        model(tokens): a plain forward returning logits (what the issue compares against)
+  plain-trunk  model(tokens, stop_at_layer=n_layers): the blocks only, no unembedding (the work scoring must do)
+  scoring      lens_heads.score_heads: hooks on hook_v/hook_pattern/hook_z reduce each layer and drop it
+  naive        model.run_with_cache(tokens, names_filter=hook_v|hook_pattern|hook_z), then the same
+               layer_scores on the cache (names_filter keeps the naive run as small as it can be)
+
+Time: median wall time over ``--rounds`` interleaved rounds in this process (after a short warm-up forward
+on one 64-token input).
+Memory: each method runs once in a fresh subprocess that loads the model, trims the allocator, resets the kernel's
+peak-RSS counter (``echo 5 > /proc/self/clear_refs``, Linux) and reads ``VmHWM`` after the method: the peak
+resident memory of the whole process during that method (weights included); "delta" is that peak minus the RSS
+just before. Peak RSS since process start (``ru_maxrss``) would be dominated by model loading (~3 GB), and
+tracemalloc does not see torch's allocations, hence this set-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+METHODS = ("plain", "plain-trunk", "scoring", "naive")
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "benchmarks.md"
+SECTION = "## Scoring pass"
+
+
+def make_tokens(model, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(100, model.cfg.d_vocab, (batch, seq), generator=g)
+    bos = model.tokenizer.bos_token_id if model.tokenizer is not None else None
+    if bos is not None:
+        tokens[:, 0] = bos
+    return tokens
+
+
+def runner(model, tokens, method: str):
+    from transformer_lens.utils import get_act_name
+
+    from lens_heads.models import expand_kv
+    from lens_heads.scores import layer_scores
+    from lens_heads.scoring import score_heads
+
+    L = model.cfg.n_layers
+    mask = torch.ones(tokens.shape, dtype=torch.bool)
+
+    def plain():
+        with torch.no_grad():
+            return model(tokens)
+
+    def plain_trunk():
+        with torch.no_grad():
+            return model(tokens, stop_at_layer=L)
+
+    def scoring():
+        return score_heads(model, tokens, batch_size=tokens.shape[0], progress=False).values
+
+    def naive():
+        wanted = {get_act_name(k, l) for l in range(L) for k in ("v", "pattern", "z")}
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
+            return torch.stack([layer_scores(cache[get_act_name("pattern", l)],
+                                             expand_kv(cache[get_act_name("v", l)], model.cfg.n_heads),
+                                             cache[get_act_name("z", l)], mask) for l in range(L)], dim=1)
+
+    return {"plain": plain, "plain-trunk": plain_trunk, "scoring": scoring, "naive": naive}[method]
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def memory_child(method: str, batch: int, seq: int) -> None:
+    """Runs in a fresh process: peak RSS of one call of ``method``; prints one JSON line."""
+    from lens_heads import load_model
+
+    model = load_model()
+    tokens = make_tokens(model, batch, seq)
+    fn = runner(model, tokens, method)
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = _status_kb("VmRSS")
+    result = fn()
+    peak = _status_kb("VmHWM")
+    del result
+    print(json.dumps({"method": method, "rss_before_mb": before / 1024, "peak_mb": peak / 1024}))
+
+
+def measure_memory(method: str, batch: int, seq: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--memory-child", method, "--batch", str(batch), "--seq", str(seq)],
+                         capture_output=True, text=True, check=False, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"memory run of {method} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median reported)")
+    ap.add_argument("--write-docs", action="store_true", help=f"replace the '{SECTION}' section of docs/benchmarks.md")
+    ap.add_argument("--memory-child", choices=METHODS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child, args.batch, args.seq)
+        return
+
+    from lens_heads import load_model
+
+    model = load_model()
+    tokens = make_tokens(model, args.batch, args.seq)
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+               f"{torch.get_num_threads()} threads, fp32 CPU")
+    print(f"embedded model, batch {args.batch} x {args.seq} tokens; {machine}", flush=True)
+
+    for m in METHODS:  # warm-up: first-call allocations and lazy initialisation
+        runner(model, tokens[:1, :64], m)()
+    times = {m: [] for m in METHODS}
+    for r in range(args.rounds):
+        for m in METHODS:
+            fn = runner(model, tokens, m)
+            t = time.perf_counter()
+            result = fn()
+            times[m].append(time.perf_counter() - t)
+            print(f"  round {r + 1}: {m:12s} {times[m][-1]:6.1f} s", flush=True)
+            if r == 0 and m in ("scoring", "naive"):
+                times.setdefault("_scores", {})[m] = result
+            del result
+    # The scoring pass must agree with the naive computation for its time to mean anything.
+    got = times.pop("_scores")
+    torch.testing.assert_close(got["scoring"], got["naive"].float(), atol=1e-4, rtol=1e-4)
+    print("  scoring pass == naive cache-then-compute (atol/rtol 1e-4)", flush=True)
+    del model
+    gc.collect()
+    memory = {}
+    for m in METHODS:
+        memory[m] = measure_memory(m, args.batch, args.seq)
+        print(f"  memory: {m:12s} peak {memory[m]['peak_mb']:7.0f} MB", flush=True)
+
+    rows = []
+    t0, p0 = statistics.median(times["plain"]), memory["plain"]
+    for m in METHODS:
+        t, mem = statistics.median(times[m]), memory[m]
+        rows.append(dict(method=m, time_s=t, time_x=t / t0, peak_mb=mem["peak_mb"], peak_x=mem["peak_mb"] / p0["peak_mb"],
+                         delta_mb=mem["peak_mb"] - mem["rss_before_mb"]))
+    table = _table(rows)
+    s, n = next(r for r in rows if r["method"] == "scoring"), next(r for r in rows if r["method"] == "naive")
+    verdict = (f"scoring vs plain forward: {s['time_x']:.2f}x time (target <= 1.3x), {s['peak_x']:.2f}x peak memory "
+               f"(target <= 1.2x); naive cache / scoring peak memory: {n['peak_mb'] / s['peak_mb']:.2f}x "
+               f"(target >= 2x); activation memory (delta) naive / scoring: "
+               f"{n['delta_mb'] / max(s['delta_mb'], 1):.1f}x")
+    print()
+    print(table)
+    print(verdict)
+    if args.write_docs:
+        _write_docs(args, machine, table, verdict, times)
+
+
+def _table(rows) -> str:
+    lines = ["| method | time (s) | time / plain | peak RSS (MB) | peak / plain | delta over weights (MB) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['time_s']:.1f} | {r['time_x']:.2f}x | {r['peak_mb']:.0f} | "
+                     f"{r['peak_x']:.2f}x | {r['delta_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def _write_docs(args, machine: str, table: str, verdict: str, times: dict) -> None:
+    from lens_heads.io import atomic_write_text
+
+    section = "\n".join([
+        SECTION, "",
+        f"`python benchmarks/bench_scores.py --batch {args.batch} --seq {args.seq} --rounds {args.rounds}` "
+        f"({time.strftime('%Y-%m-%d')}; {machine}). Embedded SmolLM2-135M-Instruct (30 layers x 9 heads, 3 KV "
+        f"heads), a batch of {args.batch} inputs of {args.seq} tokens, no padding. Time: median of {args.rounds} "
+        "interleaved rounds in one process. Memory: peak RSS of a fresh process per method during that method only "
+        "(VmHWM reset via /proc/self/clear_refs after loading), weights included; delta = peak minus RSS before.",
+        "", table, "", verdict, "",
+        "`plain` returns logits (8 x 512 x 49152 floats = 0.8 GB); `plain-trunk` stops before the unembedding, as "
+        "the scoring pass does, so the scoring pass's honest overhead is its ratio to `plain-trunk`. `naive` caches "
+        "only hook_v/hook_pattern/hook_z (names_filter) and then computes the same scores.", ""])
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n\nFigures measured on the machines named in each section.\n\n"
+    if SECTION in text:
+        start = text.index(SECTION)
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    atomic_write_text(DOCS, text)
+    print(f"wrote {DOCS}")
+
+
+if __name__ == "__main__":
+    main()
