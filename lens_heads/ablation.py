@@ -201,7 +201,7 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
 
     if score_name not in SCORE_NAMES:
         raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES}")
-    column, direction, n_heads = SCORE_NAMES.index(score_name), DIRECTION[score_name], model.cfg.n_heads
+    direction, n_heads = DIRECTION[score_name], model.cfg.n_heads
     threshold = float(threshold)
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
@@ -210,7 +210,7 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
                                "Zeroing.hooks to the model")
         # float32 as in score_heads, so thresholds read off its CDF mean the same here
         v = expand_kv(acts["v"], n_heads).float()
-        scores = layer_scores(acts["pattern"].float(), v, z.float(), acts["mask"])[..., column]  # [batch, head]
+        scores = layer_scores(acts["pattern"].float(), v, z.float(), acts["mask"], [score_name])[..., 0]
         return inactive(scores, direction, threshold)
 
     return Zeroing(model.cfg.n_layers, n_heads, rule, capture=("v", "pattern"), mode=mode, means=means,

@@ -1,0 +1,205 @@
+"""The inactive-heads sweep on the embedded model: zero heads per input by each score, against random zeroing.
+
+    python analyses/sweep.py                                  # embedded SmolLM2-135M, defaults below (hours on 2 CPUs)
+    python analyses/sweep.py --n 150 --fractions 0,.1,.2,.3   # the sized-down run recorded in figures/
+    python analyses/sweep.py --model gpt2-medium --tasks mmlu --n 1000 --fractions 0,.05,.1,.15,.2,.25,.3
+
+Steps:
+1. **Baseline against chance** on every task in ``--check-tasks`` (``--check-n`` items each; MMLU in its 5-shot
+   letter format): a model at chance has nothing to lose, so the sweep runs only on tasks whose 95% Wilson interval
+   lies above chance (``--force`` overrides).
+2. **The sweep** (``lens_heads.sweep.run_sweep``) on each remaining task in ``--tasks``: thresholds from the
+   unablated pooled CDF of each score on the task's prompts, per-input threshold zeroing at each target fraction,
+   the random baseline, and the static pruning view for ``--static-scores``. Units are kept under ``--out`` and a
+   rerun skips the finished ones (interrupt and rerun freely).
+3. **Outputs** in ``--figures`` (default ``figures/``): ``sweep_<task>.csv`` (every curve point: realised % zeroed,
+   accuracy with its Wilson interval, paired difference with the baseline on the same items and its interval, the
+   companion metrics: change of the gold answer's log-likelihood and KL from the unablated answer distribution),
+   ``sweep_<task>.json`` (table, summary, settings), ``sweep_<task>.png/.html`` (accuracy and companion vs % zeroed
+   per score, random baseline dashed), and ``sweep_baselines.csv/json`` (step 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from lens_heads import load_model, load_task
+from lens_heads.evaluate import EvalResult, evaluate
+from lens_heads.io import atomic_write_json, atomic_write_text
+from lens_heads.models import model_meta
+from lens_heads.scores import SCORE_NAMES
+from lens_heads.sweep import RANDOM, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks to sweep (default arc_easy,piqa)")
+    ap.add_argument("--n", type=int, default=200, help="items per swept task, sampled by --seed (default 200)")
+    ap.add_argument("--scores", default="all", help="comma-separated score names, or 'all' (the twelve)")
+    ap.add_argument("--fractions", default="0,.05,.1,.15,.2,.25,.3", help="target shares of heads to zero")
+    ap.add_argument("--static-scores", default="AHON (LN)",
+                    help="comma-separated scores for the static pruning view ('' for none)")
+    ap.add_argument("--no-random", action="store_true", help="skip the random baseline")
+    ap.add_argument("--check-tasks", default=",".join(CHECK_TASKS), help="tasks whose baseline is checked vs chance")
+    ap.add_argument("--check-n", type=int, default=100, help="items per task for the baseline check (default 100)")
+    ap.add_argument("--check-n-mmlu", type=int, default=60, help="items for MMLU's check (5-shot prompts are long)")
+    ap.add_argument("--force", action="store_true", help="sweep the --tasks even where the baseline is at chance")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "sweep"), help="folder of resumable units (default runs/sweep)")
+    ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
+    ap.add_argument("--batch-size", type=int, default=16, help="forward rows per batch (default 16)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed (default 0)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
+    args = ap.parse_args(argv)
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    args.check_tasks = [t for t in args.check_tasks.split(",") if t]
+    args.scores = list(SCORE_NAMES) if args.scores == "all" else [s.strip() for s in args.scores.split(",") if s]
+    args.static_scores = [s.strip() for s in args.static_scores.split(",") if s.strip()]
+    args.fractions = [float(x) for x in args.fractions.split(",") if x]
+    for s in args.scores + args.static_scores:
+        if s not in SCORE_NAMES:
+            ap.error(f"unknown score {s!r}: choose from {', '.join(SCORE_NAMES)}")
+    return args
+
+
+# ---------------------------------------------------------------- step 1: baselines against chance
+
+
+def check_baselines(model, args) -> pd.DataFrame:
+    """Unablated accuracy of every check task beside chance; each task's result is kept in --out and reused."""
+    rows = []
+    for name in args.check_tasks:
+        n = args.check_n_mmlu if name == "mmlu" else args.check_n
+        task = load_task(name, n=n, seed=args.seed)
+        path = Path(args.out) / "baselines" / f"{name}-n{len(task)}-shots{task.shots}-seed{args.seed}.json"
+        if path.exists():
+            result = EvalResult.from_dict(json.loads(path.read_text()))
+        else:
+            t = time.perf_counter()
+            result = evaluate(model, task, batch_size=args.batch_size)
+            atomic_write_json(path, result.to_dict())
+            print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
+        low, high = result.ci95
+        chosen = pd.Series([it.chosen() for it in result.items]).value_counts(normalize=True)
+        rows.append(dict(task=name, split=task.split, shots=task.shots, format=task.format, n=result.n,
+                         accuracy=result.accuracy, ci_low=low, ci_high=high, chance=result.chance,
+                         accuracy_per_token=result.accuracy_by("per_token"),
+                         accuracy_per_char=result.accuracy_by("per_char"),
+                         most_chosen_share=float(chosen.iloc[0]), above_chance=bool(low > result.chance)))
+        print(f"[baseline] {name:10s} {100 * result.accuracy:5.1f}% [{100 * low:.1f}, {100 * high:.1f}] "
+              f"chance {100 * result.chance:.1f}%  n={result.n}  above chance: {low > result.chance}")
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- step 3: figure
+
+
+def sweep_figure(table: pd.DataFrame, baseline: EvalResult, title: str):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
+        "accuracy (%) vs heads zeroed", "companion: mean change of gold log-likelihood (nats)"))
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    base_names = [s for s in SCORE_NAMES if "(LN)" not in s]
+    for score, g in table.groupby("score", sort=False):
+        g = g.sort_values("realised_fraction")
+        x = 100 * g["realised_fraction"]
+        if score == RANDOM:
+            style = dict(color="black", width=3, dash="dash")
+        else:
+            root = score.replace(" (static)", "").replace(" (LN)", "")
+            color = palette[base_names.index(root) % len(palette)] if root in base_names else "grey"
+            style = dict(color=color, width=2 if "(LN)" in score else 1.5,
+                         dash="dot" if "(static)" in score else ("solid" if "(LN)" in score else "dashdot"))
+        for col, y, err in ((1, 100 * g["accuracy"], None), (2, g["gold_logprob_change"],
+                                                            (g["gold_logprob_high"] - g["gold_logprob_change"]))):
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=score, legendgroup=score,
+                                     showlegend=col == 1, line=style, marker=dict(size=5),
+                                     error_y=dict(type="data", array=err, visible=True, thickness=0.8)
+                                     if err is not None and score == RANDOM else None,
+                                     hovertemplate=f"{score}<br>%{{x:.1f}}% zeroed: %{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
+    acc = 100 * baseline.accuracy
+    fig.add_hline(y=acc - 1, line=dict(color="grey", dash="dot"), annotation_text="baseline - 1 point", row=1, col=1)
+    fig.add_hline(y=100 * baseline.chance, line=dict(color="red", dash="dot"), annotation_text="chance", row=1, col=1)
+    fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed")
+    fig.update_yaxes(title_text="accuracy (%)", row=1, col=1)
+    fig.update_yaxes(title_text="delta log P(gold) (nats)", row=1, col=2)
+    fig.update_layout(title=title, width=1500, height=620, template="plotly_white",
+                      legend=dict(font=dict(size=10)))
+    return fig
+
+
+def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
+    figures = Path(args.figures)
+    figures.mkdir(parents=True, exist_ok=True)
+    stem = figures / f"sweep_{task.name}"
+    table = result.to_dataframe()
+    atomic_write_text(f"{stem}.csv", table.to_csv(index=False, float_format="%.6g"))
+    summary = result.summary()
+    static = result.zeroable_within(mode="static") if args.static_scores else {}
+    low, high = result.baseline.ci95
+    atomic_write_json(f"{stem}.json", dict(
+        what="inactive-heads sweep: per-input threshold zeroing of heads on hook_z (z := 0 before W_O), random "
+             "baseline, static pruning view",
+        model=model_meta(model), task=task.meta(), seed=args.seed, fractions=args.fractions, scores=args.scores,
+        static_scores=args.static_scores,
+        baseline=dict(accuracy=result.baseline.accuracy, ci95=[low, high], n=result.baseline.n,
+                      chance=result.baseline.chance, ci_method="wilson 95%"),
+        primary_metric="argmax of summed continuation log-likelihood (lm-eval acc)",
+        paired_method="normal approximation on per-item paired differences, 95%",
+        zeroable_within_1_point_pct=result.zeroable_within(1.0), normalised_auc_pct=result.normalised_auc(),
+        static_zeroable_within_1_point_pct=static, summary=summary.to_dict(orient="records"),
+        baselines_vs_chance=baselines.to_dict(orient="records"), sweep_meta=result.meta,
+        table=table.to_dict(orient="records")))
+    title = (f"{model_meta(model)['name']} on {task.name} ({task.split}, n={len(task)}, seed {args.seed}): "
+             f"baseline {100 * result.baseline.accuracy:.1f}% [{100 * low:.1f}, {100 * high:.1f}], "
+             f"chance {100 * result.baseline.chance:.0f}%")
+    fig = sweep_figure(table, result.baseline, title)
+    fig.write_html(f"{stem}.html", include_plotlyjs=True)
+    if not args.no_png:
+        try:
+            fig.write_image(f"{stem}.png", scale=1)
+        except Exception as e:  # kaleido needs a Chrome: say so, keep the HTML
+            print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    baselines = check_baselines(model, args) if args.check_tasks else pd.DataFrame()
+    if len(baselines):
+        atomic_write_text(Path(args.figures) / "sweep_baselines.csv",
+                          baselines.to_csv(index=False, float_format="%.4g"))
+    for name in args.tasks:
+        row = baselines[baselines["task"] == name] if len(baselines) else pd.DataFrame()
+        if len(row) and not bool(row["above_chance"].iloc[0]) and not args.force:
+            print(f"[sweep] skipping {name}: its baseline is not clearly above chance (pass --force to sweep anyway)")
+            continue
+        task = load_task(name, n=args.n, seed=args.seed)
+        t = time.perf_counter()
+        result = run_sweep(model, task, scores=args.scores, fractions=args.fractions, out_dir=Path(args.out) / name,
+                           seed=args.seed, batch_size=args.batch_size, random_baseline=not args.no_random,
+                           static_scores=args.static_scores)
+        print(f"[sweep] {name}: {len(result.units)} units ({result.meta['units_run']} run now) in "
+              f"{time.perf_counter() - t:.0f} s")
+        write_outputs(result, task, args, baselines, model)
+
+
+if __name__ == "__main__":
+    main()
