@@ -227,9 +227,11 @@ def train(
         load_optimizer_state(optimizer, (ckpt / "optimizer.safetensors").read_bytes(),
                              json.loads((ckpt / "optimizer.json").read_text()))
         start, tokens_seen, history, elapsed = state["step"], state["tokens_seen"], state["history"], state["wall_time_s"]
-    elif cfg.eval_every:
-        history.append({"step": 0, "tokens_seen": 0, "val_loss": validation_loss(model, corpus.val, cfg),
-                        **_run_callbacks(callbacks, model, 0)})
+    else:  # the starting point of the curves
+        first = {"val_loss": validation_loss(model, corpus.val, cfg)} if cfg.eval_every else {}
+        first.update(_run_callbacks(callbacks, model, 0))
+        if first:
+            history.append({"step": 0, "tokens_seen": 0, **first})
 
     model.train()
     bar = tqdm(total=cfg.steps, initial=start, desc=desc, disable=not progress, unit="step")

@@ -41,3 +41,24 @@ def test_tokenize_documents_writes_once(tmp_path, tokenizer):
     assert list(corpus.val) == tokenizer("Held out text.")["input_ids"] + [EOT_ID]
     again = tokenize_documents([], tokenizer, tmp_path, {"name": "toy"})  # cached: documents are not read again
     assert isinstance(again, TokenCorpus) and list(again.train) == expected_train
+
+
+def test_any_hf_text_dataset_through_the_same_path(tmp_path):
+    import shutil
+
+    import datasets
+
+    from lens_heads.corpus import cache_dir
+
+    gpt2_tokenizer()  # the shared cache's tokenizer, copied so that this test needs no registry
+    shutil.copytree(cache_dir() / "tokenizers", tmp_path / "cache" / "tokenizers")
+    texts = [f"Paragraph {i} of a local dataset." for i in range(400)]
+    datasets.Dataset.from_dict({"text": texts}).to_parquet(str(tmp_path / "local.parquet"))
+    corpus = load_corpus("parquet", cache=tmp_path / "cache", data_files=str(tmp_path / "local.parquet"),
+                         val_fraction=0.1)
+    tok = gpt2_tokenizer(tmp_path / "cache")
+    train_text = tok.decode(np.asarray(corpus.train, dtype=np.int64)).split("<|endoftext|>")[:-1]
+    val_text = tok.decode(np.asarray(corpus.val, dtype=np.int64)).split("<|endoftext|>")[:-1]
+    assert 10 < len(val_text) < 80 and len(train_text) + len(val_text) == 400
+    assert sorted(train_text + val_text) == sorted(texts) and not set(train_text) & set(val_text)
+    assert corpus.meta["n_val_documents"] == len(val_text)
