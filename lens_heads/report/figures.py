@@ -54,8 +54,8 @@ def layer_distributions(summary: dict[str, dict[str, np.ndarray]], title: str = 
         layers = list(range(len(s["q50"])))
         fig.add_trace(go.Box(
             x=layers, q1=s["q25"], median=s["q50"], q3=s["q75"], lowerfence=s["q0"], upperfence=s["q100"],
-            mean=s.get("mean"), name=esc(name), visible=i == 0, marker_color=PALETTE[i % len(PALETTE)],
-            hoverinfo="x+y"))
+            mean=s.get("mean"), boxmean=s.get("mean") is not None, name=esc(name), visible=i == 0,
+            marker_color=PALETTE[i % len(PALETTE)], hoverinfo="x+y"))
     buttons = [dict(label=esc(n), method="update",
                     args=[{"visible": [j == i for j in range(len(names))]}, {"yaxis.title.text": esc(n)}])
                for i, n in enumerate(names)]

@@ -32,7 +32,8 @@ from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.report.render import Figure, Raw, Section, Table, Text, render_page
 from lens_heads.tasks import load_task
 
-QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
+COMPANION_LABELS = {"gold_logprob_change": "mean change of the gold answer's log-prob (nats, paired)",
+                    "kl": "KL divergence from the unablated answer distribution"}
 
 
 class StageUnavailable(RuntimeError):
@@ -171,6 +172,7 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
     """Score every head on the task's items (cached), then heatmaps, per-layer distributions and thresholds."""
     scores_mod = library("lens_heads.scores")
     scoring = library("lens_heads.scoring")
+    distributions = library("lens_heads.distributions")
     key = {**base_key, "stage": "scores", "data": task.meta(), "score_names": list(scores_mod.SCORE_NAMES)}
     path = cache.path("scores", key, ".safetensors")
     reused = cache.load_json("scores", key) is not None and path.exists()
@@ -184,21 +186,12 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
     values = scores.values.float()  # [input, layer, head, score]
     names = list(scores.names)
     mean = values.mean(0)  # [layer, head, score]
-    summary = {}
-    for i, name in enumerate(names):
-        per_layer = values[..., i].transpose(0, 1).reshape(values.shape[1], -1)  # [layer, input*head]
-        qs = torch.quantile(per_layer, torch.tensor(QUANTILES), dim=1)
-        summary[name] = {f"q{int(q * 100)}": qs[j].numpy() for j, q in enumerate(QUANTILES)}
-        summary[name]["mean"] = per_layer.mean(1).numpy()
-
-    thresholds = {}
-    try:
-        distributions = library("lens_heads.distributions")
-        for name in names:
-            thresholds[name] = {float(f): float(t) for f, t in
-                                distributions.thresholds(scores, name, list(config.fractions)).items()}
-    except StageUnavailable:
-        thresholds = None
+    dist = distributions.layer_summary(scores, names)
+    summary = {name: {"q0": g["min"].to_numpy(), "q25": g["q25"].to_numpy(), "q50": g["q50"].to_numpy(),
+                      "q75": g["q75"].to_numpy(), "q100": g["max"].to_numpy(), "mean": g["mean"].to_numpy()}
+               for name, g in ((n, dist[dist["score"] == n].sort_values("layer")) for n in names)}
+    thresholds = {name: {float(f): float(t) for f, t in
+                         distributions.thresholds(scores, name, list(config.fractions)).items()} for name in names}
 
     t = task.name
     n_in, n_layers, n_heads = values.shape[:3]
@@ -207,8 +200,7 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
         "meta": _jsonable(scores.meta), "reused_from_cache": reused,
         "mean_per_head": {name: mean[..., i].tolist() for i, name in enumerate(names)},
         "per_layer": {name: {k: v.tolist() for k, v in s.items()} for name, s in summary.items()},
-        "thresholds": {name: {str(f): v for f, v in th.items()} for name, th in thresholds.items()}
-        if thresholds else None,
+        "thresholds": {name: {str(f): v for f, v in th.items()} for name, th in thresholds.items()},
     }
 
     layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
@@ -216,8 +208,6 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
     for i, name in enumerate(names):
         table[name] = mean[..., i].reshape(-1).numpy()
     out.tables[f"head_scores_{t}"] = table
-    dist = pd.DataFrame([{"score": name, "layer": l, **{k: float(v[l]) for k, v in s.items()}}
-                         for name, s in summary.items() for l in range(n_layers)])
     out.tables[f"layer_distributions_{t}"] = dist
 
     heat = figures.score_heatmaps({n: mean[..., i].numpy() for i, n in enumerate(names)}, dict(scores.direction),
@@ -227,19 +217,17 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
     out.pngs[f"score_distributions_{t}"] = distfig
     blocks = [
         Text(f"Each of the twelve scores of every attention head, averaged over {n_in} {t} items "
-             f"({task.split} split, seed {task.seed}), in the {scores.meta.get('weight_basis', out.results['weight_basis'])}"
-             " weight basis. Colours run so that the inactive side is dark for every score (high AWFT, low for the "
-             "rest). Hover for values."),
+             f"({task.split} split, seed {task.seed}), in the {out.results['weight_basis']} weight basis. Colours "
+             "run so that the inactive side is dark for every score (high AWFT, low for the rest). Hover for values."),
         Figure(heat),
         Text("Per-layer spread of each score over all (input, head) values: whiskers are min and max, the box the "
-             "quartiles. Pick the score in the menu."),
+             "quartiles, the dashed line the mean. Pick the score in the menu."),
         Figure(distfig),
     ]
-    if thresholds:
-        th = pd.DataFrame([{"score": n, **{f"{100 * f:g}%": v for f, v in thresholds[n].items()}} for n in names])
-        out.tables[f"thresholds_{t}"] = th
-        blocks.append(Table(th, caption="Thresholds that put each target fraction of pooled (input, layer, head) "
-                                        "values on the inactive side"))
+    th = pd.DataFrame([{"score": n, **{f"{100 * f:g}%": v for f, v in thresholds[n].items()}} for n in names])
+    out.tables[f"thresholds_{t}"] = th
+    blocks.append(Table(th, caption="Thresholds that put each target fraction of pooled (input, layer, head) "
+                                    "values on the inactive side"))
     if reused:
         blocks.append(Text("Scores reused from this folder's cache (same model, data and settings).", "note"))
     out.sections.append(Section(f"Head scores on {t}", blocks, anchor=f"scores-{t}"))
@@ -256,7 +244,7 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
            "fractions": list(config.fractions)}
     folder = cache.folder("sweep", key)
     kwargs = dict(scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder, seed=config.seed,
-                  batch_size=config.batch_size)
+                  batch_size=config.batch_size, progress=config.progress)
     if scores is not None:
         kwargs["calibration"] = scores
     result = sweep.run_sweep(model, task, **kwargs)
@@ -265,12 +253,10 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
     out.tables[f"ablation_{t}"] = df
     zeroable = result.zeroable_within(1.0)
     auc = result.normalised_auc()
-    baseline = _baseline(result, df)
+    baseline = _baseline(result)
     chance = task.chance
-    ranking = sorted(auc, key=lambda s: -auc[s])
-    summary = pd.DataFrame([{"score": s, "% heads zeroable within 1 point": zeroable.get(s),
-                             "normalised AUC (accuracy %)": auc.get(s), "AUC rank": ranking.index(s) + 1}
-                            for s in ranking])
+    summary = result.summary(1.0)
+    ranking = [str(s) for s in summary["score"]]
     out.tables[f"ablation_summary_{t}"] = summary
     out.results.setdefault("ablation", {})[t] = {
         "data": task.meta(), "baseline": baseline, "chance": chance,
@@ -278,7 +264,8 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
         "curves": _jsonable(df.to_dict(orient="records")), "meta": _jsonable(getattr(result, "meta", {})),
     }
     curves, companion = _curves(df)
-    fig = figures.ablation_curves(curves, baseline=100 * baseline["accuracy"], chance=chance, companion=companion,
+    label = COMPANION_LABELS.get(companion, companion) if companion else None
+    fig = figures.ablation_curves(curves, baseline=100 * baseline["accuracy"], chance=chance, companion=label,
                                   title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
     out.pngs[f"ablation_{t}"] = fig
     lo, hi = baseline.get("ci95") or (math.nan, math.nan)
@@ -289,30 +276,42 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
              f"the random baseline zeroes each (input, layer, head) with the same probability. The x axis is the "
              f"realised share zeroed."),
         Figure(fig),
-        Table(summary, caption="Share of heads zeroable within 1 accuracy point (last crossing of baseline - 1, "
-                               "interpolated) and the normalised-AUC ranking", float_format="{:.3g}"),
-        Text(f"With {len(task)} items one accuracy point is well inside the noise; read the paired differences and "
-             f"the companion metric in ablation_{t}.csv alongside.", "note"),
+        Table(summary, caption="% of heads zeroable within 1 accuracy point (last crossing of baseline - 1, "
+                               "interpolated) and the normalised AUC of accuracy (%) over realised % zeroed, ranked",
+              float_format="{:.3g}"),
+        Table(_points_table(df), caption="Every point against the unablated run on the same items (paired)",
+              float_format="{:.3g}"),
+        Text(f"With {len(task)} items one accuracy point is well inside the noise: read the paired differences and "
+             f"the gold answer's log-prob change alongside (all columns in ablation_{t}.csv).", "note"),
     ], anchor=f"ablation-{t}"))
     return result
 
 
-def _baseline(result, df: pd.DataFrame) -> dict:
-    base = getattr(result, "baseline", None)
-    if base is not None and hasattr(base, "accuracy"):
-        return {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95], "n": int(base.n)}
-    row = df[df["target_fraction"] == 0].iloc[0]
-    return {"accuracy": float(row["accuracy"]), "ci95": [float(row["ci_low"]), float(row["ci_high"])]}
+def _baseline(result) -> dict:
+    base = result.baseline
+    return {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95], "n": int(base.n)}
+
+
+def _points_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's curve points as read on the page: accuracies and paired differences in points, with intervals."""
+    rows = df[df["target_fraction"] > 0]
+    out = pd.DataFrame({
+        "curve": rows["score"], "target %": 100 * rows["target_fraction"],
+        "realised %": 100 * rows["realised_fraction"], "accuracy %": 100 * rows["accuracy"],
+        "paired diff (points)": 100 * rows["paired_diff"],
+        "95% CI": [f"{100 * a:+.1f} .. {100 * b:+.1f}" for a, b in zip(rows["paired_low"], rows["paired_high"])]})
+    if "gold_logprob_change" in rows:
+        out["gold log-prob change"] = rows["gold_logprob_change"]
+    return out
 
 
 def _curves(df: pd.DataFrame) -> tuple[dict, str | None]:
-    known = {"score", "target_fraction", "realised_fraction", "accuracy", "ci_low", "ci_high", "paired_diff",
-             "paired_low", "paired_high", "n", "threshold"}
-    extra = [c for c in df.columns if c not in known and pd.api.types.is_numeric_dtype(df[c])]
-    companion = extra[0] if extra else None
+    """Per curve (score or "random"): x = realised % zeroed, accuracy and its 95% interval (%), and the
+    low-variance companion metric when the sweep reports one."""
+    companion = next((c for c in ("gold_logprob_change", "kl") if c in df.columns), None)
     curves = {}
     for score, g in df.groupby("score", sort=False):
-        g = g.sort_values("realised_fraction")
+        g = g.sort_values(["realised_fraction", "target_fraction"])
         curves[str(score)] = {"x": (100 * g["realised_fraction"]).tolist(), "acc": (100 * g["accuracy"]).tolist(),
                               "lo": (100 * g["ci_low"]).tolist(), "hi": (100 * g["ci_high"]).tolist(),
                               "companion": g[companion].tolist() if companion else None}
