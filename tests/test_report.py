@@ -1,0 +1,287 @@
+"""The report command end to end (``--quick`` on the embedded model) and its building blocks.
+
+Numbers in results.json are checked against the library run again here, independently of the report's own
+pipeline: the scores of the task sample and of the example prompt, the heads picked as most/least active, the
+rank profile, and (when the sweep module exists) the baseline accuracy. Bad arguments and unreachable models must
+end with one line and no traceback.
+"""
+
+import importlib.util
+import json
+import re
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lens_heads.report.__main__ import main
+from lens_heads.report.attention import pick_heads, script_safe
+from lens_heads.report.config import ALL_SCORES, QUICK
+from lens_heads.report.render import Raw, Section, Table, Text, render_page
+from report_run import MARKUP_PROMPT, quick_report, run_cli
+
+TASK = "arc_easy"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return quick_report(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def results(run):
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.results
+
+
+# ---------------------------------------------------------------- the folder
+
+
+def test_cli_succeeds_and_names_the_report(run):
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == f"{run.out}/report.html"
+    assert "Traceback" not in run.stderr
+
+
+def test_output_folder_contents(run, results):
+    names = {p.name for p in run.out.iterdir()}
+    expected = {"report.html", "results.json", "model_card.csv", f"head_scores_{TASK}.csv",
+                f"layer_distributions_{TASK}.csv", f"thresholds_{TASK}.csv", "rank_profile.csv",
+                "attention_heads.csv", f"score_heatmaps_{TASK}.png", f"score_distributions_{TASK}.png",
+                "rank_profile.png", "cache"}
+    if results["stages"][f"ablation:{TASK}"]["status"] == "done":
+        expected |= {f"ablation_{TASK}.csv", f"ablation_summary_{TASK}.csv", f"ablation_{TASK}.png"}
+    assert expected <= names, expected - names
+    assert set(results["files"]) <= names
+    for png in run.out.glob("*.png"):
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, png
+    assert not list(run.out.glob("*.tmp")) and not list(run.out.glob(".*.tmp"))  # atomic writes left nothing behind
+
+
+def test_results_say_what_they_are(results):
+    s = results["settings"]
+    assert s["model"] == "smollm2-135m" and s["quick"] is True and s["seed"] == 0
+    assert s["n"] == QUICK["n"] and list(s["fractions"]) == list(QUICK["fractions"])
+    assert s["prompts"] == [MARKUP_PROMPT]
+    assert results["weight_basis"].startswith("raw")
+    data = results["data"][TASK]
+    assert data["n"] == QUICK["n"] and data["seed"] == 0 and data["split"] == "validation"
+    assert 0 < data["chance"] < 1
+    for pkg in ("torch", "transformer_lens", "transformers", "plotly", "circuitsvis", "lens_heads"):
+        assert results["versions"][pkg] != "not installed"
+    assert all(v["status"] in ("done", "unavailable") for v in results["stages"].values()), results["stages"]
+
+
+def test_model_card_matches_the_model(results, smollm):
+    m = results["model"]
+    cfg = smollm.cfg
+    assert (m["n_layers"], m["n_heads"], m["n_kv_heads"], m["d_model"]) == (cfg.n_layers, cfg.n_heads,
+                                                                          cfg.n_key_value_heads, cfg.d_model)
+    assert (m["n_layers"], m["n_heads"], m["n_kv_heads"]) == (30, 9, 3)
+    assert m["n_params"] == sum(p.numel() for p in smollm.parameters())
+
+
+# ---------------------------------------------------------------- numbers agree with the library
+
+
+@pytest.fixture(scope="module")
+def task():
+    from lens_heads import load_task
+
+    return load_task(TASK, n=QUICK["n"], seed=0)
+
+
+@pytest.fixture(scope="module")
+def task_scores(smollm, task):
+    from lens_heads.scoring import score_heads
+
+    return score_heads(smollm, task, batch_size=3, progress=False)  # another batch size: another padding layout
+
+
+def test_mean_scores_match_a_fresh_scoring_pass(results, task_scores, run):
+    r = results["scores"][TASK]
+    assert r["names"] == list(ALL_SCORES) and r["n_inputs"] == QUICK["n"]
+    for i, name in enumerate(task_scores.names):
+        fresh = task_scores.values[..., i].double().mean(0).numpy()
+        np.testing.assert_allclose(np.array(r["mean_per_head"][name]), fresh, rtol=1e-4, atol=1e-5, err_msg=name)
+    csv = pd.read_csv(run.out / f"head_scores_{TASK}.csv")
+    row = csv[(csv["layer"] == 7) & (csv["head"] == 4)].iloc[0]
+    assert row["AHON (LN)"] == pytest.approx(task_scores.values[:, 7, 4, 11].double().mean().item(), rel=1e-4)
+
+
+def test_thresholds_match_the_library(results, task_scores):
+    from lens_heads.distributions import thresholds
+
+    fractions = list(QUICK["fractions"])
+    for name in ALL_SCORES:
+        fresh = thresholds(task_scores, name, fractions)
+        got = results["scores"][TASK]["thresholds"][name]
+        assert [float(f) for f in got] == fractions
+        np.testing.assert_allclose([got[f] for f in got], [fresh[f] for f in fractions], rtol=1e-4, atol=1e-6)
+
+
+def test_attention_heads_and_prompt_scores_match_the_library(results, smollm, task_scores):
+    from lens_heads.scoring import score_heads
+
+    a = results["attention"]
+    assert a["score"] == "AHON (LN)" and a["direction"] == "<"
+    mean = task_scores.score("AHON (LN)").double().mean(0).reshape(-1)
+    k = a["k"]
+    heads = a["prompts"][0]["heads"]
+    most = {(h["layer"], h["head"]) for h in heads if h["role"] == "most active"}
+    least = {(h["layer"], h["head"]) for h in heads if h["role"] == "least active"}
+    H = smollm.cfg.n_heads
+    assert most == {divmod(int(i), H) for i in torch.topk(mean, k).indices}
+    assert least == {divmod(int(i), H) for i in torch.topk(-mean, k).indices}
+    prompt = a["prompts"][0]
+    assert prompt["text"] == MARKUP_PROMPT
+    fresh = score_heads(smollm, [MARKUP_PROMPT], progress=False).score("AHON (LN)")[0]
+    for h in heads:
+        assert h["prompt_score"] == pytest.approx(fresh[h["layer"], h["head"]].item(), rel=1e-4, abs=1e-6)
+    assert "".join(prompt["tokens"]).endswith(MARKUP_PROMPT)  # the tokens spell the prompt (after BOS)
+
+
+def test_rank_profile_matches_the_library(results, smollm, task):
+    from lens_heads.rank import attention_rank
+
+    r = results["rank"]
+    n = r["inputs"]["n"]
+    assert n == QUICK["rank_n"]
+    fresh = attention_rank(smollm, [item.prompt for item in task][:n], batch_size=5, progress=False)
+    np.testing.assert_allclose(r["max_rank"], fresh.max_rank, atol=1e-6)
+    np.testing.assert_allclose(r["mean_rank"], fresh.mean_rank, rtol=1e-6)
+    assert r["lazy"] == fresh.lazy.tolist() and r["lazy_rule"] == fresh.lazy_rule
+
+
+def test_ablation_baseline_matches_a_fresh_evaluation(results, smollm, task, run):
+    stage = results["stages"][f"ablation:{TASK}"]
+    if importlib.util.find_spec("lens_heads.sweep") is None:
+        # Not faked: the report must say the stage is unavailable, in results.json and on the page.
+        assert stage["status"] == "unavailable" and "lens_heads.sweep" in stage["reason"]
+        assert "Ablation sweep on arc_easy (unavailable)" in (run.out / "report.html").read_text()
+        return
+    from lens_heads.evaluate import evaluate
+
+    assert stage["status"] == "done", stage
+    a = results["ablation"][TASK]
+    base = evaluate(smollm, task, batch_size=4, progress=False)
+    assert a["baseline"]["accuracy"] == pytest.approx(base.accuracy, abs=1e-9)
+    assert a["chance"] == pytest.approx(task.chance)
+    scores = set(QUICK["scores"])
+    assert scores <= set(a["zeroable_within_1_point"]) and scores <= set(a["normalised_auc"])
+    ranked = [a["normalised_auc"][s] for s in a["auc_ranking"]]
+    assert ranked == sorted(ranked, reverse=True)
+    curves = pd.read_csv(run.out / f"ablation_{TASK}.csv")
+    assert set(QUICK["scores"]) <= set(curves["score"])
+
+
+def test_rerun_reuses_the_cached_stages(run, results, tmp_path):
+    out = tmp_path / "rerun"
+    shutil.copytree(run.out, out)  # a copy: the browser test reads the original
+    stamp = {p.name: p.stat().st_mtime_ns for p in (out / "cache").rglob("*") if p.is_file()}
+    proc = run_cli(["--quick", "--prompt", MARKUP_PROMPT, "--no-progress", "--no-png", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = json.loads((out / "results.json").read_text())
+    assert again["scores"][TASK]["reused_from_cache"] is True
+    assert again["scores"][TASK]["mean_per_head"] == results["scores"][TASK]["mean_per_head"]
+    assert again["rank"]["max_rank"] == results["rank"]["max_rank"]
+    if "ablation" in results:
+        assert again["ablation"][TASK]["curves"] == results["ablation"][TASK]["curves"]
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "cache").rglob("*") if p.is_file()}
+    rewritten = [k for k in stamp if after[k] != stamp[k] and not k.endswith("key.json")]
+    assert rewritten == []  # nothing recomputed: no score, rank or sweep unit written again
+
+
+# ---------------------------------------------------------------- the page
+
+
+def test_page_is_self_contained_and_escapes_the_prompt(run):
+    page = (run.out / "report.html").read_text()
+    assert len(re.findall(r"plotly\.js v\d", page)) == 1 and "Plotly.newPlot" in page  # the bundle, once
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)\s*=\s*[\"']?(https?:)?//", page, re.I)
+    assert "unpkg.com/circuitsvis" not in page
+    # The prompt shows as text: escaped in HTML, and never a raw tag outside script data.
+    assert "Prompt 1: &lt;b&gt;bold&lt;/b&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<b>bold</b>" not in page
+
+
+# ---------------------------------------------------------------- command line errors
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--n", "0"], "--n"),
+    (["--tasks", "arc_easy,nope"], "unknown task 'nope'"),
+    (["--scores", "AHON (LN),XYZ"], "unknown score 'XYZ'"),
+    (["--fractions", "0.1,1.5"], "[0, 1)"),
+    (["--batch-size", "-3"], "--batch-size"),
+    (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nodevice"], "device"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_bad_arguments_exit_2_with_one_line(capsys, args, words):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
+
+
+def test_unknown_model_exits_nonzero_with_one_line_reason(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["no-such-model-xyz", "--out", str(tmp_path / "r"), "--no-progress"])
+    assert e.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "no-such-model-xyz" in errors[0] and "smollm2-135m" in errors[0]
+
+
+def test_unreachable_hub_model_exits_fast_with_what_to_do(capsys, tmp_path, no_network, monkeypatch):
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))  # as if nothing were cached
+    with pytest.raises(SystemExit) as e:
+        main(["gpt2-medium", "--out", str(tmp_path / "r"), "--no-progress"])
+    assert e.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "unreachable" in errors[0] and "smollm2-135m" in errors[0]
+
+
+def test_score_names_parse_loosely():
+    from lens_heads.report.__main__ import config_from_args
+
+    cfg = config_from_args(["--scores", "ahon_ln, AWFT,awft (ln)", "--fractions", "0.3,0.1"])
+    assert cfg.scores == ("AHON (LN)", "AWFT", "AWFT (LN)")
+    assert cfg.fractions == (0.0, 0.1, 0.3)
+    assert config_from_args(["--quick", "--n", "5"]).n == 5  # explicit values beat the preset
+    assert config_from_args(["--quick"]).n == QUICK["n"]
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+def test_render_escapes_every_text_block():
+    evil = '<img src=x onerror=alert(1)>"&'
+    page = render_page(evil, evil, [Section(evil, [Text(evil), Table(pd.DataFrame({evil: [evil, 1.5]}), evil)])])
+    assert "<img" not in page
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;&quot;&amp;") >= 6  # title, header, nav, h2, p, th/td...
+
+
+def test_script_safe_keeps_tokens_inside_their_script():
+    import circuitsvis as cv
+
+    tokens = ["<bos>", "</script><b>x</b>", "<!--", "ok"]
+    src = script_safe(cv.attention.attention_heads(attention=torch.rand(1, 4, 4), tokens=tokens).local_src)
+    body = src[src.rindex("CircuitsVis.render("):]
+    assert body.count("</script>") == 1 and body.rstrip().endswith("</script>")
+    assert "<!--" not in body and "<\\/script><b>x<\\/b>" in body
+    assert re.search(r'<div id="circuits-vis-[^"]*"[^>]*></div>', src)  # the mount point is closed
+
+
+def test_pick_heads_by_direction():
+    mean = torch.tensor([[0.5, 3.0, 1.0], [0.1, 2.0, 0.7]])
+    low_inactive = pick_heads(mean, "<", 2)
+    assert low_inactive == {"most active": [(0, 1), (1, 1)], "least active": [(1, 0), (0, 0)]}
+    high_inactive = pick_heads(mean, ">", 2)  # AWFT: a high score is the inactive side
+    assert high_inactive == {"most active": [(1, 0), (0, 0)], "least active": [(0, 1), (1, 1)]}
