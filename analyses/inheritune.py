@@ -26,7 +26,7 @@ import torch
 from lens_heads.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.inheritune import GPT2_SIZES, InherituneConfig, load_result, run_inheritune
 from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.rank import attention_rank
+from lens_heads.rank import approx_rank, attention_rank, mass_columns
 from lens_heads.train import TrainConfig, eval_windows
 
 PRESETS = {
@@ -83,6 +83,25 @@ def build_config(a) -> InherituneConfig:
 
 
 # ---------------------------------------------------------------- extra measurements
+
+
+def uniform_causal_levels(length: int) -> dict:
+    """Rank and m* of uniform causal averaging (each query spreads evenly over its prefix) at ``length`` tokens:
+    the attention of a freshly initialised GPT-2, and of one whose attention has learned nothing yet."""
+    U = torch.ones(length, length).tril()
+    U = U / U.sum(-1, keepdim=True)
+    return {"length": length, "rank": int(approx_rank(U)), "mass_columns": int(mass_columns(U))}
+
+
+def cached(path: Path, settings: dict, compute):
+    """``compute()`` once per ``settings``: results of slow extra measurements are kept beside the runs."""
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") == settings:
+            return saved["value"]
+    value = compute()
+    atomic_write_json(path, {"settings": settings, "value": value})
+    return value
 
 
 def smollm_profile(corpus, tokenizer, n: int, length: int) -> dict:
@@ -149,7 +168,7 @@ def write_figure(fig, stem: Path) -> list[str]:
     return written
 
 
-def figures(result, smollm: dict | None, out: Path, subtitle: str) -> list[str]:
+def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict) -> list[str]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -184,6 +203,9 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str) -> list[str]:
             fig.add_scatter(x=list(range(s.n_layers)), y=s.rank_at_init["max_rank"], mode="markers",
                             marker=dict(symbol="x", size=9, color=colors[s.kind]),
                             name=f"{s.name} {'at inheritance' if s.kind == 'student' else 'at init'}", row=1, col=1)
+    for col in (1, 2):
+        fig.add_hline(y=uniform["rank"], line=dict(color="grey", dash="dot", width=1), row=1, col=col,
+                      annotation_text=f"uniform causal averaging: rank {uniform['rank']}")
     meta = result.meta["rank"]
     fig.update_layout(title=f"Attention rank per layer at every stage<br><sup>90% spectral energy, N={meta['n_inputs']} "
                             f"validation windows of T={meta['length']} tokens, {meta['mode']}; {subtitle}</sup>",
@@ -242,15 +264,18 @@ def main(argv=None):
     table = result.to_dataframe()
     print(table.to_string())
 
-    smollm = smollm_profile(corpus, tokenizer, a.smollm_inputs, a.smollm_len) if a.smollm_inputs else None
-    evals = zero_shot(a, runs, result, tokenizer)
+    smollm = cached(runs / "extras" / "smollm2_rank.json", {"n": a.smollm_inputs, "len": a.smollm_len},
+                    lambda: smollm_profile(corpus, tokenizer, a.smollm_inputs, a.smollm_len)) if a.smollm_inputs else None
+    evals = cached(runs / "extras" / "zero_shot.json", {"tasks": a.eval_tasks, "n": a.eval_n, "seed": a.seed},
+                   lambda: zero_shot(a, runs, result, tokenizer))
     if evals:
         acc = pd.DataFrame(evals).pivot(index="stage", columns="task", values="accuracy").add_prefix("zero_shot_")
         table = table.merge(acc, left_on="stage", right_index=True, how="left")
 
     subtitle = (f"{a.preset} preset: GPT-2 d_model {a.d_model}, {a.heads} heads, {a.steps} steps of {a.batch * a.grad_accum}x"
                 f"{a.seq} tokens, corpus {corpus.meta.get('name')}, seed {a.seed}" + (f"; {a.label}" if a.label else ""))
-    written = figures(result, smollm, out, subtitle)
+    uniform = uniform_causal_levels(a.rank_len)
+    written = figures(result, smollm, out, subtitle, uniform)
     atomic_write_text(out / "inheritune_results.csv", table.to_csv(index=False))
     atomic_write_json(out / "inheritune_results.json", {
         "what": "Inheritune at small scale: reference, students (growth stages), same-size scratch baselines",
@@ -259,6 +284,7 @@ def main(argv=None):
         "stages": [{k: v for k, v in asdict(s).items() if k != "history"} for s in result.stages],
         "histories": {s.name: s.history for s in result.stages}, "smollm2_rank": smollm, "zero_shot": evals,
         "rank_method": result.meta["rank"], "lazy_rule": result.stages[0].rank["lazy_rule"],
+        "uniform_causal_attention": uniform,
         "figures": written, "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "wall_time_s": time.time() - started,
     })
