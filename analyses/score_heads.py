@@ -1,0 +1,140 @@
+"""Score every head of a model on MMLU, PIQA and WinoGrande samples: distributions, stability, heatmaps.
+
+    python analyses/score_heads.py                      # embedded SmolLM2-135M, ~5 min on 2 CPU cores
+    python analyses/score_heads.py --model gpt2-medium --n-mmlu 500 --n-piqa 500 --n-winogrande 500
+
+Writes to ``--out`` (default ``figures/``):
+  score_distributions.csv   per data set, score and layer: mean, std, quantiles over (input, head) values
+  score_thresholds.csv      per data set and score: thresholds at the paper's target fractions of heads
+  score_stability.csv       per score and pair of data sets: Spearman of per-head and per-layer means, overlap of
+                            the 10% most inactive heads (the paper's "stable across data" claim)
+  heatmap_<score>.png       layer x head heatmap of each of the twelve scores (mean over the first data set)
+  score_heatmaps.html/.png  all twelve in one interactive page (plotly inlined, works offline) and one image
+  score_heads_run.json      the settings, model and data of this run
+Scores of each data set are kept in ``--cache`` (outside the repository) and reused by a rerun with the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from lens_heads import load_model, load_task
+from lens_heads.distributions import layer_summary, stability_table, thresholds
+from lens_heads.io import atomic_write_json, atomic_write_text
+from lens_heads.models import cache_dir, model_meta
+from lens_heads.scores import SCORE_NAMES
+from lens_heads.scoring import HeadScores, score_heads
+
+FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def scores_for(model, model_name: str, task_name: str, n: int, shots: int | None, seed: int, batch_size: int,
+               cache: Path) -> HeadScores:
+    """Scores of one data set sample, from the cache when this exact run was done before."""
+    task = load_task(task_name, n=n, seed=seed, shots=shots)
+    path = cache / f"scores-{slug(model_name)}-{task_name}-n{len(task)}-shots{task.shots}-seed{seed}.safetensors"
+    if path.exists():
+        print(f"[{task_name}] reusing {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        return HeadScores.load(path)
+    t = time.perf_counter()
+    result = score_heads(model, task, batch_size=batch_size)
+    print(f"[{task_name}] {len(task)} items ({task.shots}-shot), {result.meta['data']['n_tokens']} tokens, "
+          f"{time.perf_counter() - t:.0f} s")
+    result.save(path)
+    return result
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="embedded default, TransformerLens name or HF folder")
+    ap.add_argument("--n-mmlu", type=int, default=8, help="MMLU test items (5-shot prompts: ~800 tokens on average)")
+    ap.add_argument("--n-piqa", type=int, default=128)
+    ap.add_argument("--n-winogrande", type=int, default=128)
+    ap.add_argument("--mmlu-shots", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the item samples")
+    ap.add_argument("--batch-size", type=int, default=4, help="MMLU inputs per forward (batches are grouped by length)")
+    ap.add_argument("--batch-size-short", type=int, default=32, help="PIQA/WinoGrande inputs per forward (short)")
+    ap.add_argument("--out", type=Path, default=ROOT / "figures")
+    ap.add_argument("--cache", type=Path, default=cache_dir() / "scores",
+                    help="where per-data-set scores are kept for reruns (default: LENS_HEADS_CACHE/scores)")
+    ap.add_argument("--no-png", action="store_true", help="skip PNGs (kaleido needs Chromium)")
+    args = ap.parse_args(argv)
+
+    model = load_model(args.model)
+    sizes = {"mmlu": (args.n_mmlu, args.mmlu_shots), "piqa": (args.n_piqa, None),
+             "winogrande": (args.n_winogrande, None)}
+    batch = {"mmlu": args.batch_size, "piqa": args.batch_size_short, "winogrande": args.batch_size_short}
+    sets = {name: scores_for(model, args.model, name, n, shots, args.seed, batch[name], args.cache)
+            for name, (n, shots) in sizes.items() if n > 0}
+    if not sets:
+        sys.exit("nothing to score: give at least one of --n-mmlu/--n-piqa/--n-winogrande a positive size")
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    dist = pd.concat([layer_summary(s).assign(data=name) for name, s in sets.items()], ignore_index=True)
+    dist = dist[["data"] + [c for c in dist.columns if c != "data"]]
+    atomic_write_text(out / "score_distributions.csv", dist.to_csv(index=False, float_format="%.6g"))
+    thr = pd.DataFrame([dict(data=name, score=score, direction=s.direction[score], fraction=p, threshold=t)
+                        for name, s in sets.items() for score in SCORE_NAMES
+                        for p, t in thresholds(s, score, FRACTIONS).items()])
+    atomic_write_text(out / "score_thresholds.csv", thr.to_csv(index=False, float_format="%.6g"))
+    if len(sets) > 1:
+        stab = stability_table(sets)
+        atomic_write_text(out / "score_stability.csv", stab.to_csv(index=False, float_format="%.4f"))
+        print("\nSpearman correlation of per-head mean scores across data sets (rows: score):")
+        print(stab.assign(pair=stab.data_a + " vs " + stab.data_b)
+              .pivot(index="score", columns="pair", values="spearman_heads").loc[SCORE_NAMES].round(3).to_string())
+
+    first = next(iter(sets))
+    means = {name: sets[first].mean(name).numpy() for name in SCORE_NAMES}
+    written = _figures(means, sets[first], first, model_meta(model), out, png=not args.no_png)
+    meta = model_meta(model)
+    atomic_write_json(out / "score_heads_run.json", dict(
+        script="analyses/score_heads.py", argv=sys.argv[1:] if argv is None else list(argv), model=meta,
+        data={name: s.meta["data"] for name, s in sets.items()}, heatmaps_from=first, fractions=FRACTIONS,
+        definitions=next(iter(sets.values())).meta.get("definitions"), files=sorted(written)))
+    print(f"\nwrote {len(written)} figures and 3 tables to {out}")
+
+
+def _figures(means: dict, scores: HeadScores, data: str, meta: dict, out: Path, *, png: bool) -> list[str]:
+    from lens_heads.report.figures import png_writer, score_heatmaps
+
+    title = (f"{meta.get('name')}: head scores, mean over {len(scores)} {data} inputs; weight basis: "
+             f"{meta.get('weight_basis')}; dark = inactive side")
+    grid = score_heatmaps(means, scores.direction, title=title)
+    import plotly.io as pio
+
+    atomic_write_text(out / "score_heatmaps.html", pio.to_html(grid, include_plotlyjs=True, full_html=True))
+    written = ["score_heatmaps.html"]
+    if not png:
+        return written
+    try:
+        with png_writer() as write:
+            write(grid, out / "score_heatmaps.png")
+            written.append("score_heatmaps.png")
+            for name, m in means.items():
+                fig = score_heatmaps({name: m}, scores.direction, title=f"{name}: mean over {len(scores)} {data} inputs")
+                fig.update_traces(showscale=True, colorbar=dict(thickness=14))
+                fig.update_layout(width=560, height=560)
+                write(fig, out / f"heatmap_{slug(name)}.png")
+                written.append(f"heatmap_{slug(name)}.png")
+    except Exception as err:  # no Chromium: keep the HTML and tables, say how to get the PNGs
+        print(f"PNG figures skipped ({type(err).__name__}: {err}); install Chromium (apt-get install chromium) "
+              "or pass --no-png", file=sys.stderr)
+    return written
+
+
+if __name__ == "__main__":
+    main()
