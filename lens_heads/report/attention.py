@@ -67,8 +67,8 @@ def script_safe(src: str) -> str:
 
     The props (tokens, names, values) are JSON inside a <script>: a token such as "</script>" or "<!--" would end
     or derail that script. "\\/" is the same character in a JS string, so "</" becomes "<\\/" in the props (which
-    follow the bundle, between the last ``CircuitsVis.render(`` and the closing tag). The tokens reach the page as text (React text nodes
-    and canvas labels), never as markup. circuitsvis also writes its mount point as <div .../>, which HTML does not
+    follow the bundle, between the last ``CircuitsVis.render(`` and the closing tag). The tokens reach the page as
+    text (React text nodes and canvas labels), never as markup. circuitsvis also writes its mount point as <div .../>, which HTML does not
     self-close: it is closed here, so the rest of the page stays outside the element that React takes over.
     """
     start, end = src.rindex("CircuitsVis.render("), src.rindex("</script>")

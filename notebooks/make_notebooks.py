@@ -1,0 +1,170 @@
+"""Write the three notebooks of ``notebooks/`` from the cells below (the .ipynb files are generated: edit here).
+
+    python notebooks/make_notebooks.py
+
+Each notebook calls the library only, runs top to bottom in a fresh kernel in a few minutes on 2 CPU cores, and is
+executed by ``tests/test_notebooks.py``.
+"""
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from lens_heads.io import atomic_write_text
+
+HERE = Path(__file__).resolve().parent
+
+INACTIVE_HEADS = [
+    new_markdown_cell("""# Inactive attention heads in SmolLM2-135M
+
+Sandoval-Segura et al. score every attention head with twelve cheap statistics of its attention pattern, value
+vectors and output (AWFT, AEQD, FTVVN, AVVN, LTHON, AHON and their layer-normalised variants), then zero the heads a
+score calls inactive and watch the accuracy. This notebook does the same at toy scale on the embedded
+SmolLM2-135M-Instruct (no network needed): score heads on ARC-Easy prompts, look at the scores, read thresholds, and
+zero heads per input against a random baseline on the same items."""),
+    new_code_cell("""import torch
+import lens_heads
+from lens_heads import load_model, load_task
+from lens_heads.scoring import score_heads
+from lens_heads.distributions import thresholds, layer_summary
+from lens_heads.ablation import threshold_zeroing, random_zeroing
+from lens_heads.evaluate import evaluate, paired_difference
+from lens_heads.report import figures
+
+torch.manual_seed(0)
+model = load_model()  # raw weight basis: the norms the scores read are not changed by weight processing
+print(lens_heads.weight_basis(model), model.cfg.n_layers, "layers x", model.cfg.n_heads, "heads")"""),
+    new_markdown_cell("## Score every head on a small ARC-Easy sample\nOne forward pass per batch; no activation cache."),
+    new_code_cell("""task = load_task("arc_easy", n=16, seed=0)
+scores = score_heads(model, task, batch_size=8)
+scores.values.shape  # [input, layer, head, score]"""),
+    new_code_cell("""mean = {name: scores.mean(name).numpy() for name in scores.names}
+figures.score_heatmaps(mean, scores.direction, title="Mean head scores on 16 ARC-Easy prompts (dark = inactive side)")"""),
+    new_code_cell("""summary = layer_summary(scores, ["AHON (LN)"])
+summary[["layer", "mean", "q05", "q50", "q95"]].head(10)"""),
+    new_markdown_cell("""## Zero heads per input, against random zeroing
+
+The threshold comes from the pooled (input, layer, head) distribution of the unablated scores. Inside each forward
+pass, a head whose AHON (LN) for THAT input falls below it gets its output z set to 0 before W_O. Random zeroing
+removes each (input, layer, head) with the same probability. Both are compared with the unablated run on the same
+items (paired differences), with the gold answer's log-probability as a low-variance companion."""),
+    new_code_cell("""eval_task = load_task("arc_easy", n=12, seed=1)
+base = evaluate(model, eval_task, progress=False)
+t = thresholds(scores, "AHON (LN)", [0.2])[0.2]
+by_score = threshold_zeroing(model, "AHON (LN)", t)
+ablated = evaluate(model, eval_task, hooks=[by_score], progress=False)
+by_chance = random_zeroing(model, by_score.share_zeroed(), seed=0)
+random = evaluate(model, eval_task, hooks=[by_chance], progress=False)
+print(f"baseline {base.accuracy:.1%} (chance {base.chance:.1%})")
+for label, result, z in [("AHON (LN)", ablated, by_score), ("random", random, by_chance)]:
+    d = paired_difference(result, base)
+    print(f"{label:10s} zeroed {z.share_zeroed():.1%} of heads: accuracy {result.accuracy:.1%}, "
+          f"paired diff {d.mean:+.3f} (95% CI {d.ci95[0]:+.3f}..{d.ci95[1]:+.3f}), "
+          f"gold log-prob change {d.gold_logprob_change.mean:+.3f}")"""),
+    new_markdown_cell("""With 12 items one accuracy point is far inside the noise: the paired gold log-prob change is the number to
+watch. `python -m lens_heads.report` runs the full sweep (every score, several fractions) with the same library
+calls and writes the figures and tables."""),
+]
+
+RANK_INHERITUNE = [
+    new_markdown_cell("""# Attention rank collapse and Inheritune, at toy scale
+
+Sanyal et al. find that the deep layers of GPT-2 models attend in a degenerate way: their attention matrices have
+(near) rank one ("lazy layers"). Inheritune builds a smaller model from the first, still potent layers of a larger
+one, trains it, and grows it while it is worse than the reference. Here: the rank measure on hand-made matrices, the
+rank profile of the embedded SmolLM2, and an Inheritune run on a tiny GPT-2 trained for a few dozen steps on the
+offline State of the Union corpus."""),
+    new_code_cell("""import torch
+from lens_heads import load_model
+from lens_heads.rank import approx_rank, attention_rank
+from lens_heads.corpus import load_corpus, gpt2_tokenizer
+from lens_heads.inheritune import InherituneConfig, run_inheritune
+from lens_heads.train import TrainConfig
+from lens_heads.report import figures"""),
+    new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
+    new_code_cell("""T = 16
+every_query_alike = torch.full((T, T), 1.0 / T)      # uniform averaging: rank one
+sink = torch.zeros(T, T); sink[:, 0] = 1.0           # everything on the first token: rank one
+identity = torch.eye(T)                              # each token attends to itself: full rank
+approx_rank(torch.stack([every_query_alike, sink, identity]))"""),
+    new_markdown_cell("## The rank profile of SmolLM2-135M"),
+    new_code_cell("""model = load_model()
+prompts = ["The State of the Union is strong, and the economy has grown in every region of the country.",
+           "Photosynthesis converts light energy into chemical energy that plants store as sugar.",
+           "When Mary and John went to the store, John gave a drink to Mary because she was thirsty."]
+profile = attention_rank(model, prompts)
+print("lazy layers:", profile.lazy_layers(), "| rule:", profile.lazy_rule)
+figures.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
+                     title="SmolLM2-135M attention rank per layer (3 prompts)")"""),
+    new_markdown_cell("""## Inheritune on a tiny GPT-2
+
+A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown
+by one layer at a time while its validation loss is worse than the reference's, and same-size models from scratch
+for the same and twice the steps. At this scale and step count nothing collapses; the point is the procedure."""),
+    new_code_cell("""import tempfile
+corpus = load_corpus("sotu")
+config = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=64, n_heads=4, n_ctx=64,
+                          train=TrainConfig(steps=40, batch_size=8, seq_len=64, warmup_steps=5, eval_every=20,
+                                            eval_batches=2, checkpoint_every=40, log_every=10),
+                          rank_inputs=8, rank_len=32, seed=0)
+result = run_inheritune(config, corpus, out_dir=tempfile.mkdtemp(), tokenizer=gpt2_tokenizer(), progress=False)
+result.to_dataframe()[["stage", "n_layers", "steps", "tokens_seen", "val_loss", "val_loss_minus_reference",
+                       "mean_max_rank", "n_lazy_layers"]]"""),
+    new_code_cell("""for stage in result.stages:
+    print(f"{stage.name:16s} max rank per layer {[round(r, 1) for r in stage.rank['max_rank']]}")"""),
+]
+
+ATTENTION_PATTERNS = [
+    new_markdown_cell("""# Attention patterns with circuitsvis
+
+Which heads look inactive, and what do they attend to? Pick the most and least active heads of SmolLM2-135M by a
+score's mean over some prompts, then draw their attention on a prompt of your own with circuitsvis (its JavaScript
+is inlined, so this works offline)."""),
+    new_code_cell("""from IPython.display import HTML
+from lens_heads import load_model
+from lens_heads.scoring import score_heads
+from lens_heads.report.attention import pick_heads, prompt_tokens, head_patterns, str_tokens, render_attention
+
+model = load_model()
+prompts = ["When Mary and John went to the store, John gave a drink to",
+           "The capital of France is Paris, and the capital of Italy is",
+           "def add(a, b):\\n    return a + b\\n\\nprint(add(2, 3))"]
+scores = score_heads(model, prompts, progress=False)
+picked = pick_heads(scores.mean("AHON (LN)"), scores.direction["AHON (LN)"], k=3)
+picked"""),
+    new_code_cell("""prompt = "<b>Tokens with markup</b> such as <bos> stay text: when Mary and John went to the store, John gave a drink to"
+tokens = prompt_tokens(model, prompt)
+heads = picked["most active"] + picked["least active"]
+patterns = head_patterns(model, tokens, heads)
+names = [f"L{l}H{h} {role}" for role in picked for (l, h) in picked[role]]
+HTML(render_attention(str_tokens(model, tokens), patterns, names))"""),
+    new_markdown_cell("""Least-active heads typically put almost all their attention on the first token (an attention sink) and write
+little: their AHON (LN) is low. The per-input scores for this prompt:"""),
+    new_code_cell("""one = score_heads(model, [prompt], progress=False)
+{f"L{l}H{h}": round(float(one.score("AHON (LN)")[0, l, h]), 3) for l, h in heads}"""),
+]
+
+NOTEBOOKS = {
+    "01_inactive_heads.ipynb": INACTIVE_HEADS,
+    "02_rank_collapse_inheritune.ipynb": RANK_INHERITUNE,
+    "03_attention_patterns.ipynb": ATTENTION_PATTERNS,
+}
+
+
+def write_all(folder: Path = HERE) -> list[Path]:
+    paths = []
+    for name, cells in NOTEBOOKS.items():
+        nb = new_notebook(cells=cells, metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "language_info": {"name": "python"}})
+        nbformat.validate(nb)
+        path = folder / name
+        atomic_write_text(path, nbformat.writes(nb))
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for p in write_all():
+        print(p)
