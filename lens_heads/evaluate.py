@@ -8,7 +8,8 @@ How the forward passes are laid out:
 - otherwise **one row per choice** (context + continuation): cloze tasks (ARC-Easy, PIQA, HellaSwag) and
   WinoGrande's partial scoring (contexts differ per choice, the continuation is shared).
 
-Rows are sorted by length, right-padded into batches of ``batch_size`` and run with their attention mask.
+Rows are sorted by length, right-padded into batches of at most ``batch_size`` rows (a new batch starts where a row
+is shorter than 3/4 of the batch's longest, which bounds the padding) and run with their attention mask.
 
 Metrics: ``accuracy`` is the argmax of the *summed* log-likelihood (lm-eval's ``acc``; the primary metric by
 default: on the embedded model it is the higher and the less length-biased of the two on ARC-Easy); the
@@ -309,8 +310,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
     with model.hooks(fwd_hooks=pairs):
-        for start in range(0, len(order), batch_size):
-            batch = [rows[r] for r in order[start:start + batch_size]]
+        for batch in _batches([rows[r] for r in order], batch_size):
             width = max(len(r.tokens) for r in batch)
             tokens = torch.full((len(batch), width), pad, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.bool)
@@ -340,6 +340,19 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%", **stats)
     return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), items=records,
                       chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
+
+
+def _batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
+    """Consecutive rows (sorted longest first) in batches of at most ``batch_size``; a row shorter than ``min_fill``
+    of the batch's longest starts a new batch, so padding never costs more than a quarter of a batch's tokens."""
+    batch: list[Row] = []
+    for row in rows:
+        if batch and (len(batch) == batch_size or len(row.tokens) < min_fill * len(batch[0].tokens)):
+            yield batch
+            batch = []
+        batch.append(row)
+    if batch:
+        yield batch
 
 
 def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]]) -> None:

@@ -47,6 +47,7 @@ def test_letter_format_runs_one_forward_row_per_question(smollm):
     assert result.meta["rows"] == len(task)
     prompt_tokens = sum(smollm.to_tokens(item.prompt).shape[1] for item in task)
     assert result.meta["forward_tokens"] == prompt_tokens  # the four letters are read, not run
+    assert result.meta["padded_tokens"] <= result.meta["forward_tokens"] / 0.75  # padding stays bounded
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,7 @@ def test_threshold_zeroing_in_the_evaluator_sees_each_batch_mask(tiny_text_model
         result = evaluate(model, task, hooks=[zeroing], batch_size=batch_size, progress=False)
         results.append((result, zeroing.zeroed().sum().item(), zeroing.share_zeroed()))
     (a, count_a, share_a), (b, count_b, share_b) = results
+    assert b.meta["padded_tokens"] > b.meta["forward_tokens"]  # the batched run did pad
     assert count_a == count_b > 0 and share_a == pytest.approx(share_b)
     for x, y in zip(a.items, b.items):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)

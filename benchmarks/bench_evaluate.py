@@ -1,0 +1,168 @@
+"""Benchmark the evaluator and the sweep on the embedded model, each against its baseline in the same process.
+
+    python benchmarks/bench_evaluate.py                    # ~5-10 min on 2 CPU cores
+    python benchmarks/bench_evaluate.py --mmlu-n 8 --arc-n 40 --write-docs
+
+1. MMLU letter format (5-shot): ``lens_heads.evaluate`` (one forward per question, four letters read at the last
+   position, rows batched) against a per-choice loop (one forward of context + letter per choice, as a harness
+   without shared-context requests runs it): forward tokens and wall time. Target: >= 3x fewer tokens.
+2. The sweep's cost: one unablated ARC-Easy evaluation against one with per-input threshold zeroing and one with
+   random zeroing, plus the calibration scoring pass; the full 12-score x 7-fraction sweep (72 threshold units,
+   6 random units, the baseline and the calibration) in units of one unablated evaluation.
+
+Timings alternate the compared runs (A B A B ...) and report medians, so a neighbour's load hits both alike.
+``--write-docs`` puts the figures into docs/benchmarks.md under "Evaluation and sweep" (that section only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from lens_heads import load_model, load_task
+from lens_heads.ablation import random_zeroing, threshold_zeroing
+from lens_heads.evaluate import evaluate
+from lens_heads.io import atomic_write_text
+from lens_heads.scoring import score_heads
+from lens_heads.sweep import DEFAULT_FRACTIONS
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADING = "## Evaluation and sweep"
+
+
+def per_choice_loop(model, task) -> dict:
+    """The baseline: each choice is its own forward pass of context + continuation, full logits."""
+    tokens, correct = 0, 0
+    with torch.no_grad():
+        for item in task:
+            scores = []
+            for context, continuation in zip(item.contexts, item.continuations):
+                ctx = model.to_tokens(context, prepend_bos=True)[0]
+                cont = model.to_tokens(continuation, prepend_bos=False)[0]
+                row = torch.cat([ctx, cont])[None]
+                logp = torch.log_softmax(model(row)[0], dim=-1)
+                scores.append(sum(logp[len(ctx) - 1 + k, t].item() for k, t in enumerate(cont.tolist())))
+                tokens += row.shape[1]
+            correct += int(max(range(len(scores)), key=scores.__getitem__) == item.gold)
+    return dict(tokens=tokens, accuracy=correct / len(task))
+
+
+def timed(fn, repeats: int) -> tuple[list[float], object]:
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return times, out
+
+
+def alternate(fns: dict, repeats: int) -> dict:
+    """Run the functions in turn ``repeats`` times; per name the list of wall times and the last output."""
+    times = {name: [] for name in fns}
+    outs = {}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t, outs[name] = timed(fn, 1)
+            times[name] += t
+    return {name: (times[name], outs[name]) for name in fns}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mmlu-n", type=int, default=6, help="MMLU 5-shot questions (default 6)")
+    ap.add_argument("--arc-n", type=int, default=32, help="ARC-Easy items for the sweep cost (default 32)")
+    ap.add_argument("--repeats", type=int, default=2, help="alternating repetitions per comparison (default 2)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model()
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+               f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} at the start")
+    print(f"machine: {machine}")
+
+    # 1. MMLU letter format: one forward per question vs one per choice
+    mmlu = load_task("mmlu", n=args.mmlu_n, seed=0)
+    r = alternate({"evaluator": lambda: evaluate(model, mmlu, batch_size=args.batch_size, progress=False),
+                   "loop": lambda: per_choice_loop(model, mmlu)}, args.repeats)
+    ev_t, ev = r["evaluator"]
+    loop_t, loop = r["loop"]
+    ev_tokens = ev.meta["forward_tokens"]
+    mmlu_lines = [
+        f"MMLU 5-shot letter format, {len(mmlu)} questions (seed 0), batch size {args.batch_size}:",
+        f"  evaluator      {ev_tokens:7d} forward tokens ({ev.meta['padded_tokens']} incl. padding), "
+        f"{statistics.median(ev_t):6.1f} s, accuracy {ev.accuracy:.3f}",
+        f"  per-choice loop {loop['tokens']:6d} forward tokens, {statistics.median(loop_t):6.1f} s, "
+        f"accuracy {loop['accuracy']:.3f}",
+        f"  -> {loop['tokens'] / ev_tokens:.2f}x fewer tokens (target >= 3x), "
+        f"{statistics.median(loop_t) / statistics.median(ev_t):.2f}x less wall time",
+    ]
+    print("\n".join(mmlu_lines))
+
+    # 2. the sweep's cost in units of one unablated evaluation
+    arc = load_task("arc_easy", n=args.arc_n, seed=0)
+    calib_t, calib = timed(lambda: score_heads(model, arc, batch_size=args.batch_size, progress=False), 1)
+    from lens_heads.distributions import thresholds
+
+    thr = thresholds(calib, "AHON (LN)", [0.1])[0.1]
+    shares = {}
+
+    def run_with(make):
+        def run():
+            zeroing = make()
+            out = evaluate(model, arc, hooks=[zeroing], batch_size=args.batch_size, progress=False)
+            shares[zeroing.description] = zeroing.share_zeroed()
+            return out
+        return run
+
+    r = alternate({"plain": lambda: evaluate(model, arc, batch_size=args.batch_size, progress=False),
+                   "threshold": run_with(lambda: threshold_zeroing(model, "AHON (LN)", thr)),
+                   "random": run_with(lambda: random_zeroing(model, 0.1, 0))}, args.repeats)
+    base = statistics.median(r["plain"][0])
+    thr_ratio = statistics.median(r["threshold"][0]) / base
+    rnd_ratio = statistics.median(r["random"][0]) / base
+    calib_ratio = calib_t[0] / base
+    n_fractions = len(DEFAULT_FRACTIONS) - 1
+    full = 1 + calib_ratio + 12 * n_fractions * thr_ratio + n_fractions * rnd_ratio
+    sweep_lines = [
+        f"ARC-Easy, {len(arc)} items (seed 0), batch size {args.batch_size}; one unablated evaluation "
+        f"{base:.1f} s ({base / len(arc):.2f} s/item):",
+        f"  threshold zeroing (AHON (LN), p=.1, realised {100 * list(shares.values())[0]:.1f}%): "
+        f"{thr_ratio:.2f}x one unablated evaluation",
+        f"  random zeroing (p=.1): {rnd_ratio:.2f}x; calibration scoring pass on the prompts: {calib_ratio:.2f}x",
+        f"  -> full sweep (12 scores x {n_fractions} fractions + {n_fractions} random + baseline + calibration) "
+        f"= {full:.0f}x one unablated evaluation (at this machine's speed, ~{full * base / len(arc) / 60:.1f} min "
+        f"per ARC-Easy item in the sample)",
+    ]
+    print("\n".join(sweep_lines))
+
+    if args.write_docs:
+        body = "\n".join([
+            HEADING, "",
+            f"`python benchmarks/bench_evaluate.py --mmlu-n {args.mmlu_n} --arc-n {args.arc_n} --repeats "
+            f"{args.repeats} --write-docs` on {machine}; embedded SmolLM2-135M-Instruct, fp32, raw weight basis. "
+            "Wall times are medians of alternating runs on a machine shared with other jobs: read the ratios.", "",
+            "```", *mmlu_lines, "", *sweep_lines, "```", ""])
+        write_section(ROOT / "docs" / "benchmarks.md", body)
+        print("wrote docs/benchmarks.md")
+
+
+def write_section(path: Path, body: str) -> None:
+    """Replace (or append) the section under HEADING, leaving the rest of the file as it is."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: body + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
+    atomic_write_text(path, text)
+
+
+if __name__ == "__main__":
+    main()
