@@ -15,8 +15,8 @@ Steps:
 3. **Outputs** in ``--figures`` (default ``figures/``): ``sweep_<task>.csv`` (every curve point: realised % zeroed,
    accuracy with its Wilson interval, paired difference with the baseline on the same items and its interval, the
    companion metrics: change of the gold answer's log-likelihood and KL from the unablated answer distribution),
-   ``sweep_<task>.json`` (table, summary, settings), ``sweep_<task>.png/.html`` (accuracy and companion vs % zeroed
-   per score, random baseline dashed), and ``sweep_baselines.csv/json`` (step 1).
+   ``sweep_<task>.json`` (table, summary, settings), ``sweep_<task>.png/.html`` (accuracy and the two companions vs
+   % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1).
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def check_baselines(model, args) -> pd.DataFrame:
             result = EvalResult.from_dict(json.loads(path.read_text()))
         else:
             t = time.perf_counter()
-            result = evaluate(model, task, batch_size=args.batch_size)
+            # 5-shot MMLU rows are ~750 tokens: smaller batches keep the attention patterns' memory in bounds
+            result = evaluate(model, task, batch_size=min(args.batch_size, 4) if name == "mmlu" else args.batch_size)
             atomic_write_json(path, result.to_dict())
             print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
         low, high = result.ci95
@@ -109,8 +110,9 @@ def sweep_figure(table: pd.DataFrame, baseline: EvalResult, title: str):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
-        "accuracy (%) vs heads zeroed", "companion: mean change of gold log-likelihood (nats)"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.06, subplot_titles=(
+        "accuracy (%)", "companion: mean change of log P(gold) (nats)",
+        "companion: KL(unablated || ablated) over the choices"))
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
     base_names = [s for s in SCORE_NAMES if "(LN)" not in s]
     for score, g in table.groupby("score", sort=False):
@@ -123,8 +125,9 @@ def sweep_figure(table: pd.DataFrame, baseline: EvalResult, title: str):
             color = palette[base_names.index(root) % len(palette)] if root in base_names else "grey"
             style = dict(color=color, width=2 if "(LN)" in score else 1.5,
                          dash="dot" if "(static)" in score else ("solid" if "(LN)" in score else "dashdot"))
-        for col, y, err in ((1, 100 * g["accuracy"], None), (2, g["gold_logprob_change"],
-                                                            (g["gold_logprob_high"] - g["gold_logprob_change"]))):
+        for col, y, err in ((1, 100 * g["accuracy"], None),
+                            (2, g["gold_logprob_change"], g["gold_logprob_high"] - g["gold_logprob_change"]),
+                            (3, g["kl"], g["kl_high"] - g["kl"])):
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=score, legendgroup=score,
                                      showlegend=col == 1, line=style, marker=dict(size=5),
                                      error_y=dict(type="data", array=err, visible=True, thickness=0.8)
@@ -137,7 +140,8 @@ def sweep_figure(table: pd.DataFrame, baseline: EvalResult, title: str):
     fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed")
     fig.update_yaxes(title_text="accuracy (%)", row=1, col=1)
     fig.update_yaxes(title_text="delta log P(gold) (nats)", row=1, col=2)
-    fig.update_layout(title=title, width=1500, height=620, template="plotly_white",
+    fig.update_yaxes(title_text="KL (nats)", row=1, col=3)
+    fig.update_layout(title=title, width=1800, height=620, template="plotly_white",
                       legend=dict(font=dict(size=10)))
     return fig
 
@@ -182,10 +186,12 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)
-    baselines = check_baselines(model, args) if args.check_tasks else pd.DataFrame()
-    if len(baselines):
-        atomic_write_text(Path(args.figures) / "sweep_baselines.csv",
-                          baselines.to_csv(index=False, float_format="%.4g"))
+    stored = Path(args.figures) / "sweep_baselines.csv"
+    if args.check_tasks:
+        baselines = check_baselines(model, args)
+        atomic_write_text(stored, baselines.to_csv(index=False, float_format="%.4g"))
+    else:  # a rerun that skips the check keeps the last check's table
+        baselines = pd.read_csv(stored) if stored.exists() else pd.DataFrame()
     for name in args.tasks:
         row = baselines[baselines["task"] == name] if len(baselines) else pd.DataFrame()
         if len(row) and not bool(row["above_chance"].iloc[0]) and not args.force:
