@@ -196,7 +196,7 @@ def _write_docs(args, machine: str, table: str, verdict: str, times: dict) -> No
         f"`python benchmarks/bench_scores.py --batch {args.batch} --seq {args.seq} --rounds {args.rounds}` "
         f"({time.strftime('%Y-%m-%d')}; {machine}). Embedded SmolLM2-135M-Instruct (30 layers x 9 heads, 3 KV "
         f"heads), a batch of {args.batch} inputs of {args.seq} tokens, no padding. Time: median of {args.rounds} "
-        "interleaved rounds in one process. Memory: peak RSS of a fresh process per method during that method only "
+        "interleaved round(s) in one process. Memory: peak RSS of a fresh process per method during that method only "
         "(VmHWM reset via /proc/self/clear_refs after loading), weights included; delta = peak minus RSS before.",
         "", table, "", verdict, "",
         "`plain` returns logits (8 x 512 x 49152 floats = 0.8 GB); `plain-trunk` stops before the unembedding, as "
