@@ -106,9 +106,16 @@ def model_meta(model: HookedTransformer) -> dict:
         d_model=cfg.d_model,
         d_head=cfg.d_head,
         n_ctx=cfg.n_ctx,
-        n_params=sum(p.numel() for p in model.parameters()),
+        n_params=_n_params(model),
     )
     return meta
+
+
+def _n_params(model: HookedTransformer) -> int:
+    # TransformerLens keeps its own W_U even where the checkpoint ties it to the embedding: count it once.
+    n = sum(p.numel() for p in model.parameters())
+    tied = model.W_U.shape == model.W_E.T.shape and torch.equal(model.W_U, model.W_E.T)
+    return n - model.W_U.numel() if tied else n
 
 
 def expand_kv(x: Float[Tensor, "batch pos kv_head d_head"], n_heads: int) -> Float[Tensor, "batch pos head d_head"]:
