@@ -326,7 +326,7 @@ def _fingerprint(model, task, seed: int, primary: str, calibration) -> dict:
     meta = task.meta() if hasattr(task, "meta") else {}
     return dict(version=FORMAT_VERSION,
                 model={k: m.get(k) for k in ("name", "source", "weight_basis", "dtype", "n_layers", "n_heads",
-                                             "n_params")},
+                                             "n_kv_heads", "d_model", "d_head")},
                 task={k: meta.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}, item_ids=ids,
                 seed=seed, primary=primary, calibration=_calibration_id(calibration))
 
