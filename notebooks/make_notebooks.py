@@ -101,13 +101,14 @@ figures.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, 
 
 A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown
 by one layer at a time while its validation loss is worse than the reference's, and same-size models from scratch
-for the same and twice the steps. At this scale and step count nothing collapses; the point is the procedure."""),
+for the same and twice the steps. Sixteen steps of 4 x 32 tokens each: nothing is learnt or collapses at this
+scale; the point is the procedure (`analyses/inheritune.py` runs it for real)."""),
     new_code_cell("""import tempfile
 corpus = load_corpus("sotu")
-config = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=64, n_heads=4, n_ctx=64,
-                          train=TrainConfig(steps=40, batch_size=8, seq_len=64, warmup_steps=5, eval_every=20,
-                                            eval_batches=2, checkpoint_every=40, log_every=10),
-                          rank_inputs=8, rank_len=32, seed=0)
+config = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=64, n_heads=4, n_ctx=32,
+                          train=TrainConfig(steps=16, batch_size=4, seq_len=32, warmup_steps=2, eval_every=8,
+                                            eval_batches=1, checkpoint_every=16, log_every=4),
+                          rank_inputs=4, rank_len=32, seed=0)
 result = run_inheritune(config, corpus, out_dir=tempfile.mkdtemp(), tokenizer=gpt2_tokenizer(), progress=False)
 result.to_dataframe()[["stage", "n_layers", "steps", "tokens_seen", "val_loss", "val_loss_minus_reference",
                        "mean_max_rank", "n_lazy_layers"]]"""),
@@ -158,6 +159,8 @@ def write_all(folder: Path = HERE) -> list[Path]:
         nb = new_notebook(cells=cells, metadata={
             "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
             "language_info": {"name": "python"}})
+        for i, cell in enumerate(nb.cells):  # stable ids: regenerating gives the same file
+            cell.id = f"{Path(name).stem[:2]}-{i:02d}"
         nbformat.validate(nb)
         path = folder / name
         atomic_write_text(path, nbformat.writes(nb))
