@@ -14,7 +14,7 @@ from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroin
 from lens_heads.sweep import SweepResult, run_sweep
 from lens_heads.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
-from lens_heads.train import RankTracker, TrainConfig, train
+from lens_heads.train import RankTracker, TrainConfig  # train() itself: lens_heads.train.train (keeps the module reachable)
 from lens_heads.inheritune import InherituneConfig, InherituneResult, grow, inherit, run_inheritune
 
 __all__ = [
@@ -25,6 +25,6 @@ __all__ = [
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
     "SweepResult", "run_sweep",
     "RankProfile", "approx_rank", "attention_rank",
-    "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig", "train",
+    "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
     "InherituneConfig", "InherituneResult", "grow", "inherit", "run_inheritune",
 ]
