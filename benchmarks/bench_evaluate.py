@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from lens_heads import load_model, load_task
 from lens_heads.ablation import random_zeroing, threshold_zeroing
 from lens_heads.evaluate import evaluate
-from lens_heads.io import atomic_write_text
 from lens_heads.scoring import score_heads
 from lens_heads.sweep import DEFAULT_FRACTIONS
 
-ROOT = Path(__file__).resolve().parents[1]
-HEADING = "## Evaluation and sweep"
+from docs_section import machine_line, write_section
+
+HEADING = "Evaluation and sweep"
 
 
 def per_choice_loop(model, task) -> dict:
@@ -85,10 +82,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    started_load = os.getloadavg()[0]
     model = load_model()
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-               f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"machine: {machine}")
 
     # 1. MMLU letter format: one forward per question vs one per choice
     mmlu = load_task("mmlu", n=args.mmlu_n, seed=0)
@@ -145,23 +140,14 @@ def main(argv=None) -> None:
     ]
     print("\n".join(sweep_lines))
 
+    machine = machine_line(started_load)
+    print(f"machine: {machine}")
     if args.write_docs:
-        body = "\n".join([
-            HEADING, "",
+        write_section(HEADING, "\n".join([
             f"`python benchmarks/bench_evaluate.py --mmlu-n {args.mmlu_n} --arc-n {args.arc_n} --repeats "
-            f"{args.repeats} --write-docs` on {machine}; embedded SmolLM2-135M-Instruct, fp32, raw weight basis. "
-            "Wall times are medians of alternating runs on a machine shared with other jobs: read the ratios.", "",
-            "```", *mmlu_lines, "", *sweep_lines, "```", ""])
-        write_section(ROOT / "docs" / "benchmarks.md", body)
-        print("wrote docs/benchmarks.md")
-
-
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) the section under HEADING, leaving the rest of the file as it is."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: body + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
-    atomic_write_text(path, text)
+            f"{args.repeats} --write-docs` ({machine}); embedded SmolLM2-135M-Instruct, fp32, raw weight basis. "
+            "Wall times are medians of alternating runs (A B A B ...).", "",
+            "```", *mmlu_lines, "", *sweep_lines, "```"]))
 
 
 if __name__ == "__main__":

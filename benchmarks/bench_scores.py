@@ -25,7 +25,6 @@ import ctypes
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,10 +33,11 @@ from pathlib import Path
 
 import torch
 
+from docs_section import machine_line, write_section
+
 METHODS = ("plain", "plain-trunk", "scoring", "naive")
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs" / "benchmarks.md"
-SECTION = "## Scoring pass"
+SECTION = "Scoring pass"
 
 
 def make_tokens(model, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
@@ -132,9 +132,8 @@ def main() -> None:
 
     model = load_model()
     tokens = make_tokens(model, args.batch, args.seq)
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-               f"{torch.get_num_threads()} threads, fp32 CPU")
-    print(f"embedded model, batch {args.batch} x {args.seq} tokens; {machine}", flush=True)
+    started_load = os.getloadavg()[0]
+    print(f"embedded model, batch {args.batch} x {args.seq} tokens; {machine_line(started_load)}", flush=True)
 
     for m in METHODS:  # warm-up: first-call allocations and lazy initialisation
         runner(model, tokens[:1, :64], m)()
@@ -176,7 +175,7 @@ def main() -> None:
     print(table)
     print(verdict)
     if args.write_docs:
-        _write_docs(args, machine, table, verdict, times)
+        _write_docs(args, machine_line(started_load), table, verdict)
 
 
 def _table(rows) -> str:
@@ -188,29 +187,17 @@ def _table(rows) -> str:
     return "\n".join(lines)
 
 
-def _write_docs(args, machine: str, table: str, verdict: str, times: dict) -> None:
-    from lens_heads.io import atomic_write_text
-
-    section = "\n".join([
-        SECTION, "",
+def _write_docs(args, machine: str, table: str, verdict: str) -> None:
+    write_section(SECTION, "\n".join([
         f"`python benchmarks/bench_scores.py --batch {args.batch} --seq {args.seq} --rounds {args.rounds}` "
-        f"({time.strftime('%Y-%m-%d')}; {machine}). Embedded SmolLM2-135M-Instruct (30 layers x 9 heads, 3 KV "
+        f"({machine}; fp32 CPU). Embedded SmolLM2-135M-Instruct (30 layers x 9 heads, 3 KV "
         f"heads), a batch of {args.batch} inputs of {args.seq} tokens, no padding. Time: median of {args.rounds} "
         "interleaved round(s) in one process. Memory: peak RSS of a fresh process per method during that method only "
         "(VmHWM reset via /proc/self/clear_refs after loading), weights included; delta = peak minus RSS before.",
         "", table, "", verdict, "",
         "`plain` returns logits (8 x 512 x 49152 floats = 0.8 GB); `plain-trunk` stops before the unembedding, as "
         "the scoring pass does, so the scoring pass's honest overhead is its ratio to `plain-trunk`. `naive` caches "
-        "only hook_v/hook_pattern/hook_z (names_filter) and then computes the same scores.", ""])
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n\nFigures measured on the machines named in each section.\n\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    atomic_write_text(DOCS, text)
-    print(f"wrote {DOCS}")
+        "only hook_v/hook_pattern/hook_z (names_filter) and then computes the same scores."]))
 
 
 if __name__ == "__main__":

