@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -242,28 +242,38 @@ def encode(model, text: str) -> list[int]:
 def build_rows(model, items: Sequence) -> list[Row]:
     """Lay the items out as forward rows (see the module docstring). Contexts' trailing whitespace moves to the
     continuation, as in lm-eval, so a word's leading space stays with the word."""
-    bos = [model.tokenizer.bos_token_id] if model.cfg.default_prepend_bos and model.tokenizer.bos_token_id is not None \
-        else []
-    rows: list[Row] = []
-    for index, item in enumerate(items):
-        pairs = [_split_whitespace(c, x) for c, x in zip(item.contexts, item.continuations)]
-        encoded = [(encode(model, c), encode(model, x)) for c, x in pairs]
-        if any(not x for _, x in encoded):
-            raise ValueError(f"item {item.id}: a continuation encodes to no tokens")
-        shared = len({c for c, _ in pairs}) == 1 and all(len(x) == 1 for _, x in encoded)
-        if shared:
-            ctx = bos + encoded[0][0]
-            rows.append(Row(index, ctx, [(choice, len(ctx) - 1, x) for choice, (_, x) in enumerate(encoded)]))
-        else:
-            for choice, (c, x) in enumerate(encoded):
-                ctx = bos + c
-                if not ctx:
-                    raise ValueError(f"item {item.id}: empty context and no BOS token to condition on")
-                rows.append(Row(index, ctx + x, [(choice, len(ctx) - 1, x)]))
+    rows = [row for index, item in enumerate(items) for row in _item_rows(model, index, item)]
     too_long = [r for r in rows if len(r.tokens) > model.cfg.n_ctx]
     if too_long:
         raise ValueError(f"{len(too_long)} rows are longer than the model's context of {model.cfg.n_ctx} tokens "
-                         f"(longest {max(len(r.tokens) for r in too_long)}): use fewer shots or a longer-context model")
+                         f"(longest {max(len(r.tokens) for r in too_long)}): use fewer shots, a longer-context model, "
+                         "or lens_heads.evaluate.within_context(model, task) to drop those items")
+    return rows
+
+
+def within_context(model, task):
+    """``task`` without the items that need a forward row longer than the model's context, and how many were
+    dropped (for toy models whose ``n_ctx`` is shorter than a few prompts; say the count beside the result)."""
+    kept = [item for item in task if all(len(r.tokens) <= model.cfg.n_ctx for r in _item_rows(model, 0, item))]
+    return replace(task, items=kept), len(task) - len(kept)
+
+
+def _item_rows(model, index: int, item) -> list[Row]:
+    bos = [model.tokenizer.bos_token_id] if model.cfg.default_prepend_bos and model.tokenizer.bos_token_id is not None \
+        else []
+    pairs = [_split_whitespace(c, x) for c, x in zip(item.contexts, item.continuations)]
+    encoded = [(encode(model, c), encode(model, x)) for c, x in pairs]
+    if any(not x for _, x in encoded):
+        raise ValueError(f"item {item.id}: a continuation encodes to no tokens")
+    if len({c for c, _ in pairs}) == 1 and all(len(x) == 1 for _, x in encoded):  # shared context, one-token answers
+        ctx = bos + encoded[0][0]
+        return [Row(index, ctx, [(choice, len(ctx) - 1, x) for choice, (_, x) in enumerate(encoded)])]
+    rows = []
+    for choice, (c, x) in enumerate(encoded):
+        ctx = bos + c
+        if not ctx:
+            raise ValueError(f"item {item.id}: empty context and no BOS token to condition on")
+        rows.append(Row(index, ctx + x, [(choice, len(ctx) - 1, x)]))
     return rows
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lens_heads.ablation import static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
+from lens_heads.evaluate import (EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval,
+                                 within_context)
 from lens_heads.tasks import Item, Task, load_task
 
 
@@ -93,6 +94,27 @@ def test_threshold_zeroing_in_the_evaluator_sees_each_batch_mask(tiny_text_model
     assert count_a == count_b > 0 and share_a == pytest.approx(share_b)
     for x, y in zip(a.items, b.items):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+
+
+def test_items_longer_than_the_context_are_refused_or_dropped(tiny_text_model):
+    """A toy context of 64 tokens: the evaluator refuses rows that don't fit and says what to do; within_context
+    keeps exactly the items whose every choice fits (counted here with TransformerLens's own tokenizer calls)."""
+    model = tiny_text_model
+    task = load_task("piqa", n=40, seed=5)
+
+    def longest_row(item):
+        return max(model.to_tokens(c.rstrip(), prepend_bos=True).shape[1]
+                   + model.to_tokens(c[len(c.rstrip()):] + x, prepend_bos=False).shape[1]
+                   for c, x in zip(item.contexts, item.continuations))
+
+    fits = [longest_row(item) <= model.cfg.n_ctx for item in task]
+    assert 0 < sum(fits) < len(task)  # the sample has both kinds
+    with pytest.raises(ValueError, match="within_context"):
+        evaluate(model, task, progress=False)
+    kept, dropped = within_context(model, task)
+    assert [item.id for item in kept] == [item.id for item, ok in zip(task, fits) if ok]
+    assert dropped == len(task) - sum(fits) and kept.name == task.name
+    assert evaluate(model, kept, progress=False).n == len(kept)
 
 
 def _record(id, gold, logprobs, n_tokens=None, subject=None):
