@@ -34,8 +34,9 @@ from lens_heads import load_model, load_task
 from lens_heads.evaluate import EvalResult, evaluate
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
+from lens_heads.report.figures import ablation_curves
 from lens_heads.scores import SCORE_NAMES
-from lens_heads.sweep import RANDOM, run_sweep
+from lens_heads.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
@@ -103,47 +104,7 @@ def check_baselines(model, args) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------- step 3: figure
-
-
-def sweep_figure(table: pd.DataFrame, baseline: EvalResult, title: str):
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.06, subplot_titles=(
-        "accuracy (%)", "companion: mean change of log P(gold) (nats)",
-        "companion: KL(unablated || ablated) over the choices"))
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
-    base_names = [s for s in SCORE_NAMES if "(LN)" not in s]
-    for score, g in table.groupby("score", sort=False):
-        g = g.sort_values("realised_fraction")
-        x = 100 * g["realised_fraction"]
-        if score == RANDOM:
-            style = dict(color="black", width=3, dash="dash")
-        else:
-            root = score.replace(" (static)", "").replace(" (LN)", "")
-            color = palette[base_names.index(root) % len(palette)] if root in base_names else "grey"
-            style = dict(color=color, width=2 if "(LN)" in score else 1.5,
-                         dash="dot" if "(static)" in score else ("solid" if "(LN)" in score else "dashdot"))
-        for col, y, err in ((1, 100 * g["accuracy"], None),
-                            (2, g["gold_logprob_change"], g["gold_logprob_high"] - g["gold_logprob_change"]),
-                            (3, g["kl"], g["kl_high"] - g["kl"])):
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=score, legendgroup=score,
-                                     showlegend=col == 1, line=style, marker=dict(size=5),
-                                     error_y=dict(type="data", array=err, visible=True, thickness=0.8)
-                                     if err is not None and score == RANDOM else None,
-                                     hovertemplate=f"{score}<br>%{{x:.1f}}% zeroed: %{{y:.3f}}<extra></extra>"),
-                          row=1, col=col)
-    acc = 100 * baseline.accuracy
-    fig.add_hline(y=acc - 1, line=dict(color="grey", dash="dot"), annotation_text="baseline - 1 point", row=1, col=1)
-    fig.add_hline(y=100 * baseline.chance, line=dict(color="red", dash="dot"), annotation_text="chance", row=1, col=1)
-    fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed")
-    fig.update_yaxes(title_text="accuracy (%)", row=1, col=1)
-    fig.update_yaxes(title_text="delta log P(gold) (nats)", row=1, col=2)
-    fig.update_yaxes(title_text="KL (nats)", row=1, col=3)
-    fig.update_layout(title=title, width=1800, height=620, template="plotly_white",
-                      legend=dict(font=dict(size=10)))
-    return fig
+# ---------------------------------------------------------------- step 3: outputs
 
 
 def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
@@ -171,7 +132,8 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     title = (f"{model_meta(model)['name']} on {task.name} ({task.split}, n={len(task)}, seed {args.seed}): "
              f"baseline {100 * result.baseline.accuracy:.1f}% [{100 * low:.1f}, {100 * high:.1f}], "
              f"chance {100 * result.baseline.chance:.0f}%")
-    fig = sweep_figure(table, result.baseline, title)
+    fig = ablation_curves(table, baseline=100 * result.baseline.accuracy, chance=result.baseline.chance,
+                          title=title)
     fig.write_html(f"{stem}.html", include_plotlyjs=True)
     if not args.no_png:
         try:

@@ -67,35 +67,64 @@ def layer_distributions(summary: dict[str, dict[str, np.ndarray]], title: str = 
     return fig
 
 
-def ablation_curves(curves: dict[str, dict[str, list]], *, baseline: float, chance: float,
-                    companion: str | None = None, title: str = "") -> go.Figure:
-    """Accuracy (and the companion metric, if any) against the realised share of heads zeroed, per score.
+PANELS = (("accuracy", "accuracy (%)", 100.0),
+          ("gold_logprob_change", "change of log P(gold) (nats, paired)", 1.0),
+          ("kl", "KL(unablated || ablated) over the choices (nats)", 1.0))
 
-    ``curves[label]`` holds lists ``x`` (realised %), ``acc`` (accuracy, %), ``lo``/``hi`` (95% interval, %) and
-    optionally ``companion``; the label ``"random"`` is drawn dashed grey."""
-    cols = 2 if companion else 1
-    fig = make_subplots(rows=1, cols=cols, horizontal_spacing=0.08,
-                        subplot_titles=["accuracy (%)"] + ([esc(companion)] if companion else []))
-    for i, (label, c) in enumerate(curves.items()):
-        style = dict(color="#777", dash="dash") if label == "random" else dict(color=PALETTE[i % len(PALETTE)])
-        err = dict(type="data", symmetric=False, array=np.subtract(c["hi"], c["acc"]).tolist(),
-                   arrayminus=np.subtract(c["acc"], c["lo"]).tolist(), thickness=1, width=2) if c.get("lo") else None
-        fig.add_trace(go.Scatter(x=c["x"], y=c["acc"], mode="lines+markers", name=esc(label), line=style,
-                                 legendgroup=esc(label), error_y=err,
-                                 hovertemplate=f"{esc(label)}<br>%{{x:.1f}}% zeroed<br>acc %{{y:.1f}}%<extra></extra>"),
-                      row=1, col=1)
-        if companion and c.get("companion") is not None:
-            fig.add_trace(go.Scatter(x=c["x"], y=c["companion"], mode="lines+markers", name=esc(label), line=style,
-                                     legendgroup=esc(label), showlegend=False), row=1, col=2)
-    fig.add_hline(y=baseline, line=dict(color="black", width=1), annotation_text=f"baseline {baseline:.1f}%",
-                  row=1, col=1)
-    fig.add_hline(y=baseline - 1, line=dict(color="black", width=1, dash="dot"), annotation_text="baseline - 1",
-                  annotation_position="bottom right", row=1, col=1)
-    fig.add_hline(y=100 * chance, line=dict(color="#c00", width=1, dash="dot"),
-                  annotation_text=f"chance {100 * chance:.1f}%", row=1, col=1)
-    fig.update_xaxes(title_text="heads zeroed (realised %)")
-    fig.update_layout(title=esc(title), height=460, width=1200, margin=dict(t=80, l=60, r=20, b=50))
+
+def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -> go.Figure:
+    """Accuracy and the two paired companions (gold log-prob change, KL) against the realised % of heads zeroed.
+
+    ``table``: :meth:`lens_heads.sweep.SweepResult.to_dataframe` (one row per curve point; ``score`` names the
+    curve, ``"random"`` is drawn dashed black with its 95% intervals). ``baseline`` and ``chance`` are in %. With
+    more than six curves, base scores and their "(LN)" variants get a row each, the random baseline in both."""
+    labels = list(dict.fromkeys(str(s) for s in table["score"]))
+    scored = [s for s in labels if s != "random"]
+    split = len(scored) > 6
+    groups = {"base scores: ": [s for s in scored if "(LN)" not in s],
+              "layer-normalised (LN) scores: ": [s for s in scored if "(LN)" in s]} if split else {"": scored}
+    groups = {g: r + ["random"] if "random" in labels else r for g, r in groups.items() if r}
+    rows = list(groups.values())
+    panels = [p for p in PANELS if p[0] in table.columns]
+    fig = make_subplots(rows=len(rows), cols=len(panels), horizontal_spacing=0.06, vertical_spacing=0.12,
+                        subplot_titles=[g + p[1] for g in groups for p in panels])
+    roots = list(dict.fromkeys(_root(s) for s in scored))
+    for r, curves in enumerate(rows, start=1):
+        for label in curves:
+            g = table[table["score"] == label].sort_values(["realised_fraction", "target_fraction"])
+            x = 100 * g["realised_fraction"]
+            if label == "random":
+                style = dict(color="black", width=2.5, dash="dash")
+            else:
+                # a score and its (LN) variant share a colour: solid LN, dash-dot base, dotted static
+                style = dict(color=PALETTE[roots.index(_root(label)) % len(PALETTE)], width=2,
+                             dash="dot" if "(static)" in label else ("solid" if "(LN)" in label else "dashdot"))
+            for c, (column, _, scale) in enumerate(panels, start=1):
+                low, high = {"accuracy": ("ci_low", "ci_high"), "gold_logprob_change": ("gold_logprob_low",
+                             "gold_logprob_high"), "kl": ("kl_low", "kl_high")}[column]
+                y = scale * g[column]
+                err = dict(type="data", symmetric=False, array=(scale * g[high] - y).tolist(),
+                           arrayminus=(y - scale * g[low]).tolist(), thickness=1, width=2) \
+                    if label == "random" and high in g else None
+                fig.add_trace(go.Scatter(
+                    x=x, y=y, mode="lines+markers", name=esc(label), legendgroup=esc(label), line=style,
+                    marker=dict(size=5), error_y=err, showlegend=c == 1 and (label != "random" or r == 1),
+                    hovertemplate=f"{esc(label)}<br>%{{x:.1f}}% zeroed: %{{y:.3g}}<extra></extra>"), row=r, col=c)
+        fig.add_hline(y=baseline, line=dict(color="black", width=1), annotation_text=f"baseline {baseline:.1f}%",
+                      row=r, col=1)
+        fig.add_hline(y=baseline - 1, line=dict(color="black", width=1, dash="dot"), annotation_text="baseline - 1",
+                      annotation_position="bottom right", row=r, col=1)
+        fig.add_hline(y=100 * chance, line=dict(color="#c00", width=1, dash="dot"),
+                      annotation_text=f"chance {100 * chance:.1f}%", row=r, col=1)
+    fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(rows))
+    fig.update_layout(title=esc(title), height=420 * len(rows) + 80, width=1500, legend=dict(font=dict(size=11)),
+                      margin=dict(t=90, l=60, r=20, b=50))
     return fig
+
+
+def _root(label: str) -> str:
+    """The base score a curve belongs to: "AHON (LN) (static)" -> "AHON"."""
+    return label.replace(" (static)", "").replace(" (LN)", "")
 
 
 def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") -> go.Figure:

@@ -32,10 +32,6 @@ from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.report.render import Figure, Raw, Section, Table, Text, render_page
 from lens_heads.tasks import load_task
 
-COMPANION_LABELS = {"gold_logprob_change": "mean change of the gold answer's log-prob (nats, paired)",
-                    "kl": "KL divergence from the unablated answer distribution"}
-
-
 class StageUnavailable(RuntimeError):
     """A library module a stage needs is not installed / not written yet."""
 
@@ -266,9 +262,7 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
         "zeroable_within_1_point": zeroable, "normalised_auc": auc, "auc_ranking": ranking,
         "curves": _jsonable(df.to_dict(orient="records")), "meta": _jsonable(getattr(result, "meta", {})),
     }
-    curves, companion = _curves(df)
-    label = COMPANION_LABELS.get(companion, companion) if companion else None
-    fig = figures.ablation_curves(curves, baseline=100 * baseline["accuracy"], chance=chance, companion=label,
+    fig = figures.ablation_curves(df, baseline=100 * baseline["accuracy"], chance=chance,
                                   title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
     out.pngs[f"ablation_{t}"] = fig
     lo, hi = baseline.get("ci95") or (math.nan, math.nan)
@@ -306,19 +300,6 @@ def _points_table(df: pd.DataFrame) -> pd.DataFrame:
     if "gold_logprob_change" in rows:
         out["gold log-prob change"] = rows["gold_logprob_change"]
     return out
-
-
-def _curves(df: pd.DataFrame) -> tuple[dict, str | None]:
-    """Per curve (score or "random"): x = realised % zeroed, accuracy and its 95% interval (%), and the
-    low-variance companion metric when the sweep reports one."""
-    companion = next((c for c in ("gold_logprob_change", "kl") if c in df.columns), None)
-    curves = {}
-    for score, g in df.groupby("score", sort=False):
-        g = g.sort_values(["realised_fraction", "target_fraction"])
-        curves[str(score)] = {"x": (100 * g["realised_fraction"]).tolist(), "acc": (100 * g["accuracy"]).tolist(),
-                              "lo": (100 * g["ci_low"]).tolist(), "hi": (100 * g["ci_high"]).tolist(),
-                              "companion": g[companion].tolist() if companion else None}
-    return curves, companion
 
 
 # ---------------------------------------------------------------- attention rank
