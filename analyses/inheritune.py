@@ -24,20 +24,21 @@ import pandas as pd
 import torch
 
 from lens_heads.corpus import gpt2_tokenizer, load_corpus
-from lens_heads.inheritune import GPT2_SIZES, InherituneConfig, load_result, run_inheritune
+from lens_heads.inheritune import InherituneConfig, load_result, run_inheritune
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.rank import approx_rank, attention_rank, mass_columns
 from lens_heads.train import TrainConfig, eval_windows
 
 PRESETS = {
     # ~30 minutes on 2 CPU cores: the GPT-2 vocabulary (50257) dominates the cost at this width
-    "cpu": dict(ref_layers=8, student_layers=4, grow_by=2, max_layers=6, d_model=64, heads=4, seq=64, batch=8,
-                grad_accum=1, steps=300, warmup=30, lr=2e-3, min_lr=2e-4, eval_every=50, eval_batches=8,
-                rank_every=50, corpus="sotu", amp=False, eval_tasks="arc_easy", eval_n=100, smollm_inputs=32),
+    "cpu": dict(ref_layers=8, student_layers=4, grow_by=2, max_layers=6, d_model=64, heads=4, seq=128, batch=8,
+                grad_accum=1, steps=600, warmup=60, lr=2e-3, min_lr=2e-4, eval_every=50, eval_batches=8,
+                rank_every=50, rank_inputs=100, rank_len=100, corpus="sotu", amp=False, eval_tasks="arc_easy,piqa",
+                eval_n=200, smollm_inputs=32),
     # the paper's GPT-2 medium run: 24 layers, student 12 growing by 2 (to 16 in the paper), ~49K tokens a step
     "gpt2-medium": dict(ref_layers=24, student_layers=12, grow_by=2, max_layers=22, d_model=1024, heads=16, seq=1024,
                         batch=12, grad_accum=4, steps=100_000, warmup=2000, lr=2e-4, min_lr=1e-5, eval_every=1000,
-                        eval_batches=50, rank_every=5000, corpus="openwebtext", amp=True,
+                        eval_batches=50, rank_every=5000, rank_inputs=100, rank_len=100, corpus="openwebtext", amp=True,
                         eval_tasks="arc_easy,piqa,hellaswag", eval_n=1000, smollm_inputs=100),
 }
 
@@ -52,8 +53,8 @@ def parse_args(argv=None):
         ap.add_argument(f"--{name}", type=typ, default=None)
     ap.add_argument("--grow-from", choices=["reference", "student"], default="reference",
                     help="growth: fresh re-inheritance from the reference (default) or keep the trained student")
-    ap.add_argument("--rank-inputs", type=int, default=32, help="validation windows for attention rank (N)")
-    ap.add_argument("--rank-len", type=int, default=64, help="tokens per window (T)")
+    ap.add_argument("--rank-inputs", type=int, default=None, help="validation windows for attention rank (N)")
+    ap.add_argument("--rank-len", type=int, default=None, help="tokens per window (T, at most --seq)")
     ap.add_argument("--smollm-inputs", type=int, default=None, help="SmolLM2 rank profile: N texts (0 to skip)")
     ap.add_argument("--smollm-len", type=int, default=100, help="SmolLM2 rank profile: T tokens each")
     ap.add_argument("--eval-tasks", default=None, help="zero-shot tasks for the trained models ('' to skip)")
@@ -69,6 +70,8 @@ def parse_args(argv=None):
     for key, value in PRESETS[a.preset].items():
         if getattr(a, key) is None:
             setattr(a, key, value)
+    if a.rank_len > a.seq:
+        ap.error(f"--rank-len {a.rank_len} is longer than the models' context --seq {a.seq}")
     return a
 
 
@@ -120,16 +123,12 @@ def smollm_profile(corpus, tokenizer, n: int, length: int) -> dict:
 
 
 def zero_shot(a, stages_dir: Path, result, tokenizer) -> list[dict]:
-    """Zero-shot accuracy of the trained models through lens_heads.evaluate (where that module exists)."""
+    """Zero-shot accuracy of the reference, the final student and the scratch baselines (lens_heads.evaluate)."""
     tasks = [t for t in a.eval_tasks.split(",") if t]
     if not tasks:
         return []
-    try:
-        from lens_heads.evaluate import evaluate
-        from lens_heads.tasks import load_task
-    except ImportError:
-        print("lens_heads.evaluate not available: zero-shot evaluation skipped", file=sys.stderr)
-        return []
+    from lens_heads.evaluate import evaluate, within_context
+    from lens_heads.tasks import load_task
     from lens_heads.inheritune import gpt2_config, gpt2_model
     from lens_heads.train import load_model_state
 
@@ -142,13 +141,11 @@ def zero_shot(a, stages_dir: Path, result, tokenizer) -> list[dict]:
             cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq)
             model = gpt2_model(cfg, seed=0, tokenizer=tokenizer, device=a.device)
             load_model_state(model, stages_dir / stage.name / "final" / "model.safetensors")
-            try:
-                res = evaluate(model, task, batch_size=16, progress=False)
-            except ValueError as err:  # e.g. prompts longer than a toy model's context
-                print(f"zero-shot {task_name} {stage.name} skipped: {err}", file=sys.stderr)
-                continue
-            rows.append({"stage": stage.name, **res.summary()})
-            print(f"zero-shot {task_name} {stage.name}: {res.accuracy:.3f} (chance {res.chance:.2f})")
+            fitting, dropped = within_context(model, task)  # a toy context can be shorter than a few prompts
+            res = evaluate(model, fitting, batch_size=16, progress=False)
+            rows.append({"stage": stage.name, **res.summary(), "dropped_longer_than_context": dropped})
+            print(f"zero-shot {task_name} {stage.name}: {res.accuracy:.3f} on n={res.n} ({dropped} items longer "
+                  f"than the context dropped; chance {res.chance:.2f})")
     return rows
 
 

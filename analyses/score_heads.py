@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from lens_heads import load_model, load_task
 from lens_heads.distributions import layer_summary, stability_table, thresholds

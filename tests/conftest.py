@@ -1,6 +1,5 @@
 """Shared fixtures: the embedded model is loaded once per test session (it takes seconds, not minutes)."""
 
-import os
 import socket
 
 import pytest

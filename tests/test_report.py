@@ -19,7 +19,7 @@ import torch
 from lens_heads.report.__main__ import main
 from lens_heads.report.attention import pick_heads, script_safe
 from lens_heads.report.config import ALL_SCORES, QUICK
-from lens_heads.report.render import Raw, Section, Table, Text, render_page
+from lens_heads.report.render import Section, Table, Text, render_page
 from report_run import MARKUP_PROMPT, quick_report, run_cli
 
 TASK = "arc_easy"
