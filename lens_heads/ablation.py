@@ -24,6 +24,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.utils import get_act_name
 
+from lens_heads.capture import LayerCapture
 from lens_heads.models import expand_kv
 
 HookFn = Callable[..., Tensor | None]
@@ -71,8 +72,7 @@ class Zeroing:
         self.description = description
         self.mode, self.means = mode, means
         self._rule = rule
-        self._capture = tuple(capture)
-        self._acts: dict[int, dict[str, Tensor]] = {}
+        self._capture = LayerCapture(n_layers, self._ablate, capture)
         self._mask: Tensor | None = None
         self._inputs: Tensor | None = None
         self._seen = 0  # inputs seen outside batch(): they are numbered in arrival order
@@ -83,13 +83,8 @@ class Zeroing:
 
     @property
     def hooks(self) -> list[HookPair]:
-        """TransformerLens ``(hook_name, fn)`` pairs: captures first, then one ``hook_z`` hook per layer."""
-        pairs: list[HookPair] = []
-        for layer in range(self.n_layers):
-            for name in self._capture:
-                pairs.append((get_act_name(name, layer), self._capturer(layer, name)))
-            pairs.append((get_act_name("z", layer), self._ablater(layer)))
-        return pairs
+        """TransformerLens ``(hook_name, fn)`` pairs: each layer's captures, then its ``hook_z``."""
+        return self._capture.hooks
 
     @contextlib.contextmanager
     def batch(self, attention_mask: Bool[Tensor, "batch pos"] | None = None,
@@ -127,27 +122,17 @@ class Zeroing:
 
     # ------------------------------------------------------------ the hooks
 
-    def _capturer(self, layer: int, name: str) -> HookFn:
-        def hook(x: Tensor, hook=None) -> None:
-            self._acts.setdefault(layer, {})[name] = x
-
-        return hook
-
-    def _ablater(self, layer: int) -> HookFn:
-        def hook(z: Float[Tensor, "batch pos head d_head"], hook=None) -> Tensor:
-            acts = self._acts.pop(layer, {})
-            acts["mask"] = self._batch_mask(z)
-            acts["inputs"] = self._batch_inputs(z, layer)
-            ablate = self._rule(layer, z, acts).to(torch.bool)
-            if ablate.shape != (z.shape[0], self.n_heads):
-                raise RuntimeError(f"zeroing rule returned shape {tuple(ablate.shape)}, expected "
-                                   f"{(z.shape[0], self.n_heads)}")
-            self._zeroed[layer].append(ablate.detach().cpu())
-            if not ablate.any():
-                return z
-            return _replace(z, ablate.to(z.device), None if self.means is None else self.means[layer])
-
-        return hook
+    def _ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict[str, Tensor]) -> Tensor:
+        acts["mask"] = self._batch_mask(z)
+        acts["inputs"] = self._batch_inputs(z, layer)
+        ablate = self._rule(layer, z, acts).to(torch.bool)
+        if ablate.shape != (z.shape[0], self.n_heads):
+            raise RuntimeError(f"zeroing rule returned shape {tuple(ablate.shape)}, expected "
+                               f"{(z.shape[0], self.n_heads)}")
+        self._zeroed[layer].append(ablate.detach().cpu())
+        if not ablate.any():
+            return z
+        return _replace(z, ablate.to(z.device), None if self.means is None else self.means[layer])
 
     def _batch_mask(self, z: Tensor) -> Bool[Tensor, "batch pos"]:
         if self._mask is None:

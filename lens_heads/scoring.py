@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -19,8 +18,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
-from transformer_lens.utils import get_act_name
 
+from lens_heads.capture import LayerCapture
 from lens_heads.io import atomic_write_bytes
 from lens_heads.models import expand_kv, model_meta
 from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
@@ -161,33 +160,25 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, 
     device = cfg.device
     mask_dev = mask.to(device)
     out = torch.empty((tokens.shape[0], cfg.n_layers, cfg.n_heads, len(scores)), dtype=torch.float32)
-    held: dict[str, Tensor] = {}
     causal = cfg.attention_dir == "causal"
 
-    def keep(name, x, hook):
-        held[name] = x
-
-    def reduce_layer(z, hook, layer):
+    def reduce_layer(layer: int, z: Tensor, acts: dict[str, Tensor]) -> None:
         f32 = (lambda x: x.float()) if z.dtype != torch.float32 else (lambda x: x)
-        v = expand_kv(held.pop("v"), cfg.n_heads)
-        pattern = held.pop("pattern")
+        v = expand_kv(acts["v"], cfg.n_heads)
         w = W_O[layer].float() if W_O is not None else None
-        out[:, layer] = layer_scores(f32(pattern), f32(v), f32(z), mask_dev, scores, W_O=w, causal=causal).cpu()
-        return z
+        out[:, layer] = layer_scores(f32(acts["pattern"]), f32(v), f32(z), mask_dev, scores, W_O=w,
+                                     causal=causal).cpu()
 
-    scoring_hooks = []
-    for layer in range(cfg.n_layers):
-        scoring_hooks += [(get_act_name("v", layer), partial(keep, "v")),
-                          (get_act_name("pattern", layer), partial(keep, "pattern")),
-                          (get_act_name("z", layer), partial(reduce_layer, layer=layer))]
+    capture = LayerCapture(cfg.n_layers, reduce_layer, ("v", "pattern"))
     padded = not bool(mask.all())
     left_tokenizer = model.tokenizer is not None and model.tokenizer.padding_side == "left"
     # Without padding, no mask is needed; a left-padding tokenizer would make TL guess one, so give it explicitly.
     attention_mask = mask_dev.long() if (padded or left_tokenizer) else None
-    with model.hooks(fwd_hooks=list(user_hooks) + scoring_hooks):
+    with model.hooks(fwd_hooks=list(user_hooks) + capture.hooks):
         model(tokens.to(device), attention_mask=attention_mask, stop_at_layer=cfg.n_layers)
-    if held:
-        raise RuntimeError(f"hooks {sorted(held)} fired without a hook_z after them: is this a standard attention layer?")
+    if capture.leftover():
+        raise RuntimeError(f"hooks {capture.leftover()} fired without a hook_z after them: is this a standard "
+                           "attention layer?")
     return out
 
 
