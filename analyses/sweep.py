@@ -129,9 +129,10 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         static_zeroable_within_1_point_pct=static, summary=summary.to_dict(orient="records"),
         baselines_vs_chance=baselines.to_dict(orient="records"), sweep_meta=result.meta,
         table=table.to_dict(orient="records")))
-    title = (f"{model_meta(model)['name']} on {task.name} ({task.split}, n={len(task)}, seed {args.seed}): "
-             f"baseline {100 * result.baseline.accuracy:.1f}% [{100 * low:.1f}, {100 * high:.1f}], "
-             f"chance {100 * result.baseline.chance:.0f}%")
+    meta = model_meta(model)
+    title = (f"{meta['name']} on {task.name} ({task.split}, {task.shots}-shot {task.format}, n={len(task)}, seed "
+             f"{args.seed}; weight basis {meta['weight_basis']}): baseline {100 * result.baseline.accuracy:.1f}% "
+             f"[{100 * low:.1f}, {100 * high:.1f}], chance {100 * result.baseline.chance:.0f}%")
     fig = ablation_curves(table, baseline=100 * result.baseline.accuracy, chance=result.baseline.chance,
                           title=title)
     fig.write_html(f"{stem}.html", include_plotlyjs=True)

@@ -57,6 +57,10 @@ def _score_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+def _names(scores) -> str:
+    return "all twelve" if tuple(scores) == ALL_SCORES else ", ".join(scores)
+
+
 def _scores(text: str) -> tuple[str, ...]:
     if text.strip().lower() == "all":
         return ALL_SCORES
@@ -83,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
                     "report folder: report.html (interactive, works offline), results.json (every number, with "
                     "model, data, sample sizes, seed, weight basis and versions), CSV tables and PNG figures. "
                     "Finished stages are cached in the folder, so a rerun (or a resumed interrupted run) reuses them.",
-        epilog=f"Examples: `{PROG}` (embedded SmolLM2-135M, about 15 min on 2 CPU cores); `{PROG} --quick` (about "
+        epilog=f"Examples: `{PROG}` (embedded SmolLM2-135M, about 10 min on 2 CPU cores); `{PROG} --quick` (about "
                f"3 min); `{PROG} gpt2-medium --device cuda --n 500` (needs the Hugging Face hub or its cache).")
     p.add_argument("model", nargs="?", default=d["model"],
                    help=f"model to report on: the embedded default {d['model']!r} (no network needed), a "
@@ -105,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scores", type=_scores, default=None, metavar="S1,S2",
                    help=f"comma-separated scores that choose the heads to zero in the sweep, or 'all' (all twelve "
                         f"are always computed and shown); names as in the paper, case and spaces ignored, e.g. "
-                        f"'AHON (LN)' or ahon_ln (default: {', '.join(d['scores'])}; --quick: "
+                        f"'AHON (LN)' or ahon_ln (default: {_names(d['scores'])}; --quick: "
                         f"{', '.join(QUICK['scores'])})")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder; reruns into the same folder reuse its cached stages "
