@@ -126,6 +126,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         primary_metric="argmax of summed continuation log-likelihood (lm-eval acc)",
         paired_method="normal approximation on per-item paired differences, 95%",
         zeroable_within_1_point_pct=result.zeroable_within(1.0), normalised_auc_pct=result.normalised_auc(),
+        normalised_auc_kl=result.normalised_auc(metric="kl"),
         static_zeroable_within_1_point_pct=static, summary=summary.to_dict(orient="records"),
         baselines_vs_chance=baselines.to_dict(orient="records"), sweep_meta=result.meta,
         table=table.to_dict(orient="records")))

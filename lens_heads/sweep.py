@@ -141,9 +141,17 @@ class SweepResult:
         return {s: zeroable_within([100 * u.realised_fraction for u in us], [100 * u.result.accuracy for u in us],
                                    base, points) for s, us in self.curves(mode).items()}
 
-    def normalised_auc(self, *, mode: str = "threshold") -> dict[str, float]:
-        """Per score (and ``"random"``): normalised AUC of accuracy (%) over realised % zeroed."""
-        return {s: normalised_auc([100 * u.realised_fraction for u in us], [100 * u.result.accuracy for u in us])
+    def normalised_auc(self, *, mode: str = "threshold", metric: str = "accuracy") -> dict[str, float]:
+        """Per score (and ``"random"``): normalised AUC over realised % zeroed of accuracy (%, the paper's
+        ranking, higher is better) or, with ``metric="kl"``, of the paired KL(unablated || ablated) of the answer
+        distributions (nats, lower is better: a low-variance companion where accuracy differences are noise)."""
+        if metric not in ("accuracy", "kl"):
+            raise ValueError(f"metric must be 'accuracy' or 'kl', got {metric!r}")
+
+        def y(u: UnitResult) -> float:
+            return 100 * u.result.accuracy if metric == "accuracy" else paired_difference(u.result, self.baseline).kl.mean
+
+        return {s: normalised_auc([100 * u.realised_fraction for u in us], [y(u) for u in us])
                 for s, us in self.curves(mode).items()}
 
     def to_dataframe(self):
@@ -173,13 +181,16 @@ class SweepResult:
                     **{f"accuracy_{m}": a for m, a in r.accuracies.items()}, n=r.n, chance=r.chance)
 
     def summary(self, points: float = 1.0):
-        """Per score: % zeroable within ``points``, normalised AUC and its rank (random included)."""
+        """Per score (random included), ranked by the paper's accuracy AUC: % zeroable within ``points``, the
+        normalised AUC of accuracy and its rank, and the normalised AUC of the paired KL and its rank."""
         import pandas as pd
 
-        zeroable, auc = self.zeroable_within(points), self.normalised_auc()
+        zeroable, auc, kl = self.zeroable_within(points), self.normalised_auc(), self.normalised_auc(metric="kl")
         ranking = sorted(auc, key=lambda s: -auc[s] if not math.isnan(auc[s]) else math.inf)
+        kl_ranking = sorted(kl, key=lambda s: kl[s] if not math.isnan(kl[s]) else math.inf)
         return pd.DataFrame([{"score": s, f"zeroable_within_{points:g}_point_pct": zeroable[s],
-                              "normalised_auc_pct": auc[s], "auc_rank": ranking.index(s) + 1} for s in ranking])
+                              "normalised_auc_pct": auc[s], "auc_rank": ranking.index(s) + 1,
+                              "normalised_auc_kl": kl[s], "kl_rank": kl_ranking.index(s) + 1} for s in ranking])
 
 
 # ---------------------------------------------------------------- the sweep

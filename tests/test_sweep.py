@@ -118,6 +118,22 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
     stored = json.loads((tmp_path / "calibration.json").read_text())
     assert len(stored["thresholds"]) == 4 and len(stored["static_heads"]) == 2
     assert set(result.zeroable_within()) == {"AHON (LN)", "AWFT", "random"}
+    # the KL ranking integrates the KL of each curve's units, recomputed here from the per-item answer scores
+    for score, units in result.curves().items():
+        kls = []
+        for u in units:
+            per_item = []
+            for a, b in zip(u.result.items, result.baseline.items):
+                p, q = (np.exp(x - np.max(x)) / np.exp(x - np.max(x)).sum() for x in (np.array(b.logprobs),
+                                                                                      np.array(a.logprobs)))
+                per_item.append(float(np.sum(p * np.log(p / q))))
+            kls.append(np.mean(per_item))
+        assert result.normalised_auc(metric="kl")[score] == pytest.approx(
+            normalised_auc([100 * u.realised_fraction for u in units], kls), abs=1e-9, nan_ok=True)
+    assert not np.isnan(result.normalised_auc(metric="kl")["random"])  # a curve with width: a real check
+    summary = result.summary()
+    assert sorted(summary["kl_rank"]) == list(range(1, len(summary) + 1))
+    assert summary.sort_values("kl_rank")["normalised_auc_kl"].dropna().is_monotonic_increasing  # NaN ranks last
 
 
 def test_bad_sweep_arguments_are_explained(tiny_text_model):

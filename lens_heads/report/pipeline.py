@@ -260,6 +260,7 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
     out.results.setdefault("ablation", {})[t] = {
         "data": task.meta(), "baseline": baseline, "chance": chance,
         "zeroable_within_1_point": zeroable, "normalised_auc": auc, "auc_ranking": ranking,
+        "normalised_auc_kl": result.normalised_auc(metric="kl"),
         "curves": _jsonable(df.to_dict(orient="records")), "meta": _jsonable(getattr(result, "meta", {})),
     }
     fig = figures.ablation_curves(df, baseline=100 * baseline["accuracy"], chance=chance,
@@ -274,7 +275,9 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
              f"realised share zeroed."),
         Figure(fig),
         Table(summary, caption="% of heads zeroable within 1 accuracy point (last crossing of baseline - 1, "
-                               "interpolated) and the normalised AUC of accuracy (%) over realised % zeroed, ranked",
+                               "interpolated) and the normalised AUC of accuracy (%) over realised % zeroed, ranked; "
+                               "beside it the normalised AUC of the paired KL from the unablated answers (nats, "
+                               "lower is better), the low-variance ranking",
               float_format="{:.3g}"),
         Table(_points_table(df), caption="Every point against the unablated run on the same items (paired)",
               float_format="{:.3g}"),
