@@ -145,14 +145,25 @@ class SweepResult:
         """Per score (and ``"random"``): normalised AUC over realised % zeroed of accuracy (%, the paper's
         ranking, higher is better) or, with ``metric="kl"``, of the paired KL(unablated || ablated) of the answer
         distributions (nats, lower is better: a low-variance companion where accuracy differences are noise)."""
-        if metric not in ("accuracy", "kl"):
-            raise ValueError(f"metric must be 'accuracy' or 'kl', got {metric!r}")
-
-        def y(u: UnitResult) -> float:
-            return 100 * u.result.accuracy if metric == "accuracy" else paired_difference(u.result, self.baseline).kl.mean
-
-        return {s: normalised_auc([100 * u.realised_fraction for u in us], [y(u) for u in us])
+        return {s: normalised_auc([100 * u.realised_fraction for u in us], [self._metric(u, metric) for u in us])
                 for s, us in self.curves(mode).items()}
+
+    def at_share(self, share: float, *, metric: str = "kl", mode: str = "threshold") -> dict[str, float]:
+        """Per score: ``metric`` (``"accuracy"`` in %, or the paired ``"kl"``) linearly interpolated at ``share`` %
+        of heads zeroed, NaN where the curve doesn't reach that share. Curves end at different realised shares, and
+        an AUC normalised over a shorter range looks better: this compares the scores at the same share."""
+        out = {}
+        for s, us in self.curves(mode).items():
+            x, y = _sorted_curve([100 * u.realised_fraction for u in us], [self._metric(u, metric) for u in us])
+            out[s] = float(np.interp(share, x, y)) if x[0] <= share <= x[-1] else float("nan")
+        return out
+
+    def _metric(self, u: UnitResult, metric: str) -> float:
+        if metric == "accuracy":
+            return 100 * u.result.accuracy
+        if metric == "kl":
+            return paired_difference(u.result, self.baseline).kl.mean
+        raise ValueError(f"metric must be 'accuracy' or 'kl', got {metric!r}")
 
     def to_dataframe(self):
         """One row per curve point: the baseline appears at fraction 0 of every curve. ``score`` names the curve
@@ -180,17 +191,20 @@ class SweepResult:
                     kl=pd_.kl.mean, kl_low=pd_.kl.ci95[0], kl_high=pd_.kl.ci95[1],
                     **{f"accuracy_{m}": a for m, a in r.accuracies.items()}, n=r.n, chance=r.chance)
 
-    def summary(self, points: float = 1.0):
+    def summary(self, points: float = 1.0, share: float = 10.0):
         """Per score (random included), ranked by the paper's accuracy AUC: % zeroable within ``points``, the
-        normalised AUC of accuracy and its rank, and the normalised AUC of the paired KL and its rank."""
+        normalised AUC of accuracy and its rank, the normalised AUC of the paired KL and its rank, and the KL at
+        ``share`` % zeroed (:meth:`at_share`)."""
         import pandas as pd
 
         zeroable, auc, kl = self.zeroable_within(points), self.normalised_auc(), self.normalised_auc(metric="kl")
+        kl_at = self.at_share(share)
         ranking = sorted(auc, key=lambda s: -auc[s] if not math.isnan(auc[s]) else math.inf)
         kl_ranking = sorted(kl, key=lambda s: kl[s] if not math.isnan(kl[s]) else math.inf)
         return pd.DataFrame([{"score": s, f"zeroable_within_{points:g}_point_pct": zeroable[s],
                               "normalised_auc_pct": auc[s], "auc_rank": ranking.index(s) + 1,
-                              "normalised_auc_kl": kl[s], "kl_rank": kl_ranking.index(s) + 1} for s in ranking])
+                              "normalised_auc_kl": kl[s], "kl_rank": kl_ranking.index(s) + 1,
+                              f"kl_at_{share:g}pct": kl_at[s]} for s in ranking])
 
 
 # ---------------------------------------------------------------- the sweep

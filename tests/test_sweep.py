@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import lens_heads.sweep as sweep_module
-from lens_heads.evaluate import evaluate
+from lens_heads.evaluate import evaluate, paired_difference
 from lens_heads.sweep import normalised_auc, run_sweep, zeroable_within
 from lens_heads.tasks import load_task
 
@@ -131,6 +131,12 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
         assert result.normalised_auc(metric="kl")[score] == pytest.approx(
             normalised_auc([100 * u.realised_fraction for u in units], kls), abs=1e-9, nan_ok=True)
     assert not np.isnan(result.normalised_auc(metric="kl")["random"])  # a curve with width: a real check
+    random_units = result.curves()["random"]
+    x = [100 * u.realised_fraction for u in random_units]
+    mid = (x[0] + x[1]) / 2  # halfway between the first two points: the mean of their KLs
+    first_kls = [paired_difference(u.result, result.baseline).kl.mean for u in random_units[:2]]
+    assert result.at_share(mid)["random"] == pytest.approx(np.mean(first_kls))
+    assert np.isnan(result.at_share(max(x) + 1)["random"])  # beyond the curve: not extrapolated
     summary = result.summary()
     assert sorted(summary["kl_rank"]) == list(range(1, len(summary) + 1))
     assert summary.sort_values("kl_rank")["normalised_auc_kl"].dropna().is_monotonic_increasing  # NaN ranks last
