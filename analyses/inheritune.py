@@ -173,12 +173,15 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
     dashes = {"scratch_1x": "dot", "scratch_2x": "dash"}
     written = []
 
+    def dash(stage) -> str:  # the two scratch baselines (1x and 2x steps) apart, in every figure
+        return next((d for k, d in dashes.items() if stage.name.endswith(k.split("_")[1])), "dot") \
+            if stage.kind == "scratch" else "solid"
+
     fig = go.Figure()
     for s in result.stages:
         h = [r for r in s.history if "val_loss" in r]
-        dash = next((d for k, d in dashes.items() if s.name.endswith(k.split("_")[1])), "solid") if s.kind == "scratch" else "solid"
         fig.add_scatter(x=[r["tokens_seen"] for r in h], y=[r["val_loss"] for r in h], mode="lines+markers",
-                        name=f"{s.name} ({s.n_layers}L)", line=dict(color=colors[s.kind], dash=dash,
+                        name=f"{s.name} ({s.n_layers}L)", line=dict(color=colors[s.kind], dash=dash(s),
                                                                      width=3 if s.kind == "reference" else 2),
                         opacity=1.0 if s.n_layers == result.final_layers or s.kind == "reference" else 0.5)
     fig.add_hline(y=result.reference_val_loss, line=dict(color="#222222", dash="dot", width=1),
@@ -191,10 +194,9 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
     fig = make_subplots(rows=1, cols=2, subplot_titles=("max rank over heads (after training)",
                                                         "mean rank over heads (after training)"))
     for s in result.stages:
-        dash = "dot" if s.kind == "scratch" else "solid"
         for col, key in ((1, "max_rank"), (2, "mean_rank")):
             fig.add_scatter(x=list(range(s.n_layers)), y=s.rank[key], mode="lines+markers", name=s.name,
-                            legendgroup=s.name, showlegend=col == 1, line=dict(color=colors[s.kind], dash=dash),
+                            legendgroup=s.name, showlegend=col == 1, line=dict(color=colors[s.kind], dash=dash(s)),
                             row=1, col=col)
         if s.kind in ("student", "reference"):
             fig.add_scatter(x=list(range(s.n_layers)), y=s.rank_at_init["max_rank"], mode="markers",
@@ -205,7 +207,8 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
                       annotation_text=f"uniform causal averaging: rank {uniform['rank']}")
     meta = result.meta["rank"]
     fig.update_layout(title=f"Attention rank per layer at every stage<br><sup>90% spectral energy, N={meta['n_inputs']} "
-                            f"validation windows of T={meta['length']} tokens, {meta['mode']}; {subtitle}</sup>",
+                            f"validation windows of T={meta['length']} tokens, {meta['mode']}<br>{subtitle}</sup>",
+                      margin=dict(t=150),
                       template="plotly_white")
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="approximate rank", row=1, col=1)
@@ -224,14 +227,14 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
     if smollm:
         fig = make_subplots(rows=1, cols=2, subplot_titles=("approximate rank per layer",
                                                             "key columns holding 90% of the mass (m*)"))
-        for mode, dash in (("per_input", "solid"), ("averaged", "dash")):
+        for mode, line_dash in (("per_input", "solid"), ("averaged", "dash")):
             p = smollm[mode]
             layers = list(range(len(p["max_rank"])))
-            fig.add_scatter(x=layers, y=p["max_rank"], name=f"max over heads ({mode})", line=dict(dash=dash, color="#d62728"),
+            fig.add_scatter(x=layers, y=p["max_rank"], name=f"max over heads ({mode})", line=dict(dash=line_dash, color="#d62728"),
                             row=1, col=1)
-            fig.add_scatter(x=layers, y=p["mean_rank"], name=f"mean over heads ({mode})", line=dict(dash=dash, color="#1f77b4"),
+            fig.add_scatter(x=layers, y=p["mean_rank"], name=f"mean over heads ({mode})", line=dict(dash=line_dash, color="#1f77b4"),
                             row=1, col=1)
-            fig.add_scatter(x=layers, y=p["mass_columns"], name=f"m* ({mode})", line=dict(dash=dash, color="#2ca02c"),
+            fig.add_scatter(x=layers, y=p["mass_columns"], name=f"m* ({mode})", line=dict(dash=line_dash, color="#2ca02c"),
                             row=1, col=2)
         lazy = [i for i, flag in enumerate(smollm["per_input"]["lazy"]) if flag]
         fig.add_scatter(x=lazy, y=[smollm["per_input"]["max_rank"][i] for i in lazy], mode="markers", name="lazy layer",
