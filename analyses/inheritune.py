@@ -1,6 +1,6 @@
 """Attention rank collapse and Inheritune, reproduced at CPU scale (or at paper scale on a GPU).
 
-    OMP_NUM_THREADS=2 python analyses/inheritune.py                      # CPU scale, ~30 min on 2 cores
+    OMP_NUM_THREADS=2 python analyses/inheritune.py                      # CPU scale, ~35 min on 2 idle cores
     python analyses/inheritune.py --preset gpt2-medium --device cuda     # paper scale: 24 -> 12..16 layers, OpenWebText
 
 Writes to ``--figures`` (default ``figures/``): ``inheritune_results.csv`` (one row per stage),
@@ -30,7 +30,7 @@ from lens_heads.rank import approx_rank, attention_rank, mass_columns
 from lens_heads.train import TrainConfig, eval_windows
 
 PRESETS = {
-    # ~30 minutes on 2 CPU cores: the GPT-2 vocabulary (50257) dominates the cost at this width
+    # ~35 minutes on 2 idle CPU cores (measured): the GPT-2 vocabulary (50257) dominates the cost at this width
     "cpu": dict(ref_layers=8, student_layers=4, grow_by=2, max_layers=6, d_model=64, heads=4, seq=128, batch=8,
                 grad_accum=1, steps=600, warmup=60, lr=2e-3, min_lr=2e-4, eval_every=50, eval_batches=8,
                 rank_every=50, rank_inputs=100, rank_len=100, corpus="sotu", amp=False, eval_tasks="arc_easy,piqa",
