@@ -84,12 +84,13 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
     groups = {"base scores": [s for s in scored if "(LN)" not in s],
               "layer-normalised (LN) scores": [s for s in scored if "(LN)" in s]} if split else {"": scored}
     groups = {g: r + ["random"] if "random" in labels else r for g, r in groups.items() if r}
-    rows = list(groups.values())
     panels = [p for p in PANELS if p[0] in table.columns]
-    fig = make_subplots(rows=len(rows), cols=len(panels), horizontal_spacing=0.06, vertical_spacing=0.12,
+    fig = make_subplots(rows=len(groups), cols=len(panels), horizontal_spacing=0.06, vertical_spacing=0.12,
                         subplot_titles=[p[1] for _ in groups for p in panels])
     roots = list(dict.fromkeys(_root(s) for s in scored))
-    for r, curves in enumerate(rows, start=1):
+    for r, (group, curves) in enumerate(groups.items(), start=1):
+        if group:
+            fig.update_yaxes(title_text=group, row=r, col=1)
         for label in curves:
             g = table[table["score"] == label].sort_values(["realised_fraction", "target_fraction"])
             x = 100 * g["realised_fraction"]
@@ -116,11 +117,8 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
                       annotation_position="bottom right", row=r, col=1)
         fig.add_hline(y=100 * chance, line=dict(color="#c00", width=1, dash="dot"),
                       annotation_text=f"chance {100 * chance:.1f}%", row=r, col=1)
-    for r, group in enumerate(groups, start=1):
-        if group:
-            fig.update_yaxes(title_text=group, row=r, col=1)
-    fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(rows))
-    fig.update_layout(title=esc(title), height=420 * len(rows) + 80, width=1500, legend=dict(font=dict(size=11)),
+    fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(groups))
+    fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=1500, legend=dict(font=dict(size=11)),
                       margin=dict(t=90, l=60, r=20, b=50))
     return fig
 
