@@ -138,15 +138,13 @@ class SweepResult:
     def zeroable_within(self, points: float = 1.0, *, mode: str = "threshold") -> dict[str, float]:
         """Per score (and ``"random"``): % of heads zeroable within ``points`` accuracy points of the baseline."""
         base = 100 * self.baseline.accuracy
-        return {s: zeroable_within([100 * u.realised_fraction for u in us], [100 * u.result.accuracy for u in us],
-                                   base, points) for s, us in self.curves(mode).items()}
+        return {s: zeroable_within(*self._curve(us, "accuracy"), base, points) for s, us in self.curves(mode).items()}
 
     def normalised_auc(self, *, mode: str = "threshold", metric: str = "accuracy") -> dict[str, float]:
         """Per score (and ``"random"``): normalised AUC over realised % zeroed of accuracy (%, the paper's
         ranking, higher is better) or, with ``metric="kl"``, of the paired KL(unablated || ablated) of the answer
         distributions (nats, lower is better: a low-variance companion where accuracy differences are noise)."""
-        return {s: normalised_auc([100 * u.realised_fraction for u in us], [self._metric(u, metric) for u in us])
-                for s, us in self.curves(mode).items()}
+        return {s: normalised_auc(*self._curve(us, metric)) for s, us in self.curves(mode).items()}
 
     def at_share(self, share: float, *, metric: str = "kl", mode: str = "threshold") -> dict[str, float]:
         """Per score: ``metric`` (``"accuracy"`` in %, or the paired ``"kl"``) linearly interpolated at ``share`` %
@@ -154,9 +152,13 @@ class SweepResult:
         an AUC normalised over a shorter range looks better: this compares the scores at the same share."""
         out = {}
         for s, us in self.curves(mode).items():
-            x, y = _sorted_curve([100 * u.realised_fraction for u in us], [self._metric(u, metric) for u in us])
+            x, y = _sorted_curve(*self._curve(us, metric))
             out[s] = float(np.interp(share, x, y)) if x[0] <= share <= x[-1] else float("nan")
         return out
+
+    def _curve(self, units: list[UnitResult], metric: str) -> tuple[list[float], list[float]]:
+        """x = realised % zeroed, y = ``metric`` of each unit."""
+        return [100 * u.realised_fraction for u in units], [self._metric(u, metric) for u in units]
 
     def _metric(self, u: UnitResult, metric: str) -> float:
         if metric == "accuracy":
