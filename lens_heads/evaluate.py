@@ -16,7 +16,10 @@ default: on the embedded model it is the higher and the less length-biased of th
 per-token-normalised accuracy (log-likelihood / number of continuation tokens) and lm-eval's per-character
 ``acc_norm`` are reported beside it (``accuracies``). For letter format and WinoGrande all three coincide.
 ``accuracy`` is the mean over items, which for MMLU is the subject-size-weighted accuracy (lm-eval's group
-score); ``macro_accuracy`` averages the subjects equally. Intervals: Wilson score interval (95%) for an accuracy;
+score); ``macro_accuracy`` averages the subjects equally. An item with a single continuation (LAMBADA, GSM8K's gold
+answer) is correct when that continuation is the greedy (argmax) token at every one of its positions (lm-eval's
+``is_greedy``); ``perplexity`` (exp of minus the mean summed log-likelihood of the gold continuation, lm-eval's) and
+``bits_per_byte`` (per item: -log2 P(gold continuation) / its UTF-8 bytes; then the mean) sit beside it. Intervals: Wilson score interval (95%) for an accuracy;
 normal approximation (mean +- 1.96 sd / sqrt(n)) for paired differences on the same items.
 """
 
@@ -30,6 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 METRICS = ("sum", "per_token", "per_char")
@@ -49,6 +53,8 @@ class ItemRecord:
     n_tokens: list[int]
     n_chars: list[int]
     subject: str | None = None
+    greedy: list[bool] = field(default_factory=list)  # per choice: every continuation token is the argmax
+    n_bytes: list[int] = field(default_factory=list)  # per choice: UTF-8 bytes of the continuation
 
     def scores(self, metric: str = "sum") -> np.ndarray:
         lp = np.asarray(self.logprobs, dtype=float)
@@ -64,7 +70,16 @@ class ItemRecord:
         return int(np.argmax(self.scores(metric)))
 
     def correct(self, metric: str = "sum") -> bool:
+        """The argmax choice is gold; with a single continuation (nothing to choose from): it is greedy."""
+        if len(self.logprobs) == 1:
+            self.scores(metric)  # still reject an unknown metric
+            return bool(self.greedy[0])
         return self.chosen(metric) == self.gold
+
+    @property
+    def gold_bits_per_byte(self) -> float:
+        """-log2 P(gold continuation) per UTF-8 byte of it."""
+        return -self.gold_logprob / math.log(2) / max(self.n_bytes[self.gold], 1)
 
     @property
     def gold_logprob(self) -> float:
@@ -109,6 +124,16 @@ class EvalResult:
         """Wilson score 95% interval of the primary accuracy."""
         return wilson_interval(sum(it.correct(self.primary) for it in self.items), self.n)
 
+    @property
+    def perplexity(self) -> float:
+        """exp(-mean gold log-likelihood) over items (lm-eval's ``perplexity`` for LAMBADA)."""
+        return float(np.exp(-np.mean([it.gold_logprob for it in self.items]))) if self.items else float("nan")
+
+    @property
+    def bits_per_byte(self) -> float:
+        """Mean over items of the gold continuation's bits per UTF-8 byte."""
+        return float(np.mean([it.gold_bits_per_byte for it in self.items])) if self.items else float("nan")
+
     def subject_accuracy(self) -> dict[str, float]:
         by: dict[str, list[bool]] = {}
         for it in self.items:
@@ -125,7 +150,7 @@ class EvalResult:
         low, high = self.ci95
         return dict(task=self.task, format=self.format, n=self.n, primary=self.primary, accuracy=self.accuracy,
                     ci_low=low, ci_high=high, ci_method="wilson 95%", chance=self.chance,
-                    macro_accuracy=self.macro_accuracy,
+                    macro_accuracy=self.macro_accuracy, perplexity=self.perplexity, bits_per_byte=self.bits_per_byte,
                     **{f"accuracy_{metric}": acc for metric, acc in self.accuracies.items()})
 
     def to_dataframe(self):
@@ -308,6 +333,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     rows = build_rows(model, items)
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r].tokens))
     logprobs = [[math.nan] * len(it.continuations) for it in items]
+    greedy = [[False] * len(it.continuations) for it in items]
     n_tokens = [[0] * len(it.continuations) for it in items]
     for row in rows:
         for choice, _, ids in row.reads:
@@ -332,7 +358,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
                     stack.enter_context(obj.batch(mask.to(device), inputs=[row.item for row in batch]))
                 resid = model(tokens.to(device), attention_mask=mask.to(device).long(),
                               stop_at_layer=model.cfg.n_layers)
-                _read_logprobs(model, resid, batch, logprobs)
+                _read_logprobs(model, resid, batch, logprobs, greedy)
             stats["forward_passes"] += 1
             stats["forward_tokens"] += int(mask.sum())
             stats["padded_tokens"] += int(mask.numel())
@@ -343,8 +369,9 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
             bar.update(done)
     bar.close()
     records = [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
-                          n_chars=[len(x) for x in it.continuations])
-               for it, lp, nt in zip(items, logprobs, n_tokens)]
+                          n_chars=[len(x) for x in it.continuations], greedy=gr,
+                          n_bytes=[len(x.encode("utf-8")) for x in it.continuations])
+               for it, lp, nt, gr in zip(items, logprobs, n_tokens, greedy)]
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%", **stats)
@@ -365,10 +392,12 @@ def _batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterab
         yield batch
 
 
-def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]]) -> None:
+def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]],
+                   greedy: list[list[bool]]) -> None:
     """Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
     unembedding is a fifth of a small model's forward FLOPs. (The final norm acts on each position alone, so this
-    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)"""
+    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)
+    Writes each choice's summed log-prob to ``out`` and whether all its tokens are the argmax to ``greedy``."""
     where, targets, owners = [], [], []
     for b, row in enumerate(batch):
         for choice, first, ids in row.reads:
@@ -377,19 +406,29 @@ def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]
                 targets.append(token)
                 owners.append((row.item, choice))
     index = torch.tensor(where, device=resid.device)
-    from transformer_lens.utilities import apply_softcap
-
-    final = resid[index[:, 0], index[:, 1]][None]  # [1, n read, d_model]; the same steps as HookedTransformer.forward
-    if model.cfg.normalization_type is not None:
-        final = model.ln_final(final)
-    logits = apply_softcap(model.unembed(final)[0], model.cfg.output_logits_soft_cap)
+    logits = final_logits(model, resid[index[:, 0], index[:, 1]][None])[0]
     picked = torch.log_softmax(logits.float(), dim=-1)
-    values = picked.gather(1, torch.tensor(targets, device=resid.device)[:, None])[:, 0].cpu().double().tolist()
+    target_ids = torch.tensor(targets, device=resid.device)
+    values = picked.gather(1, target_ids[:, None])[:, 0].cpu().double().tolist()
+    is_argmax = (logits.argmax(dim=-1) == target_ids).cpu().tolist()
     sums: dict[tuple[int, int], float] = {}
-    for owner, value in zip(owners, values):
+    all_greedy: dict[tuple[int, int], bool] = {}
+    for owner, value, hit in zip(owners, values, is_argmax):
         sums[owner] = sums.get(owner, 0.0) + value
+        all_greedy[owner] = all_greedy.get(owner, True) and bool(hit)
     for (item, choice), value in sums.items():
         out[item][choice] = value
+        greedy[item][choice] = all_greedy[(item, choice)]
+
+
+def final_logits(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+    """The residual stream after the last block to logits: the same steps as ``HookedTransformer.forward`` (final
+    norm, unembedding, soft-cap), for callers that stop at the last layer to unembed only the positions they read."""
+    from transformer_lens.utilities import apply_softcap
+
+    if model.cfg.normalization_type is not None:
+        resid = model.ln_final(resid)
+    return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
 
 
 def _collect_hooks(hooks: Iterable) -> tuple[list, list]:

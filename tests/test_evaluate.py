@@ -186,3 +186,56 @@ def test_bad_input_is_explained(tiny_text_model):
         evaluate(tiny_text_model, task, progress=False)
     with pytest.raises(TypeError, match="hook_name"):
         evaluate(tiny_text_model, task, hooks=["blocks.0.attn.hook_z"], progress=False)
+
+
+def _plain_forward_reads(model, items):
+    """For every (item, choice): the log-probs and argmax-hits of its continuation tokens, read from the full logits
+    of a plain ``model(tokens)`` over the evaluator's rows (one row at a time, no padding)."""
+    from lens_heads.evaluate import build_rows
+
+    out = {}
+    with torch.no_grad():
+        for row in build_rows(model, items):
+            logits = model(torch.tensor([row.tokens]))[0].double()
+            logp = torch.log_softmax(logits, dim=-1)
+            for choice, first, ids in row.reads:
+                positions = range(first, first + len(ids))
+                out[row.item, choice] = ([logp[p, t].item() for p, t in zip(positions, ids)],
+                                         [int(logits[p].argmax()) == t for p, t in zip(positions, ids)])
+    return out
+
+
+def test_single_continuation_accuracy_is_greedy_match_and_bits_per_byte_by_hand(tiny_text_model):
+    """LAMBADA-style items (one continuation): correct = every continuation token is the argmax of a plain
+    forward's logits; bits per byte = -sum log2 p / UTF-8 bytes (the "é" and "’" make bytes differ from chars)."""
+    from lens_heads.evaluate import build_rows
+
+    model = tiny_text_model
+    contexts = ["The cat sat on the", "She opened the door and", "Once upon a time there was", "He said that",
+                "In the morning we", "It was a dark and stormy", "The best thing about", "They went to the"]
+    items = []
+    for k, context in enumerate(contexts):  # continuation = the model's own argmax after the context, if it decodes
+        probe = Item(id="probe", contexts=(context,), continuations=(" the",), gold=0)
+        (row,) = build_rows(model, [probe])
+        _, first, _ = row.reads[0]
+        with torch.no_grad():
+            top = int(model(torch.tensor([row.tokens[:first + 1]]))[0, -1].argmax())
+        candidate = Item(id=f"g{k}", contexts=(context,), continuations=(model.tokenizer.decode([top]),), gold=0)
+        if build_rows(model, [candidate])[0].reads[0][2] == [top]:
+            items.append(candidate)
+    assert items, "no context's argmax token survives a decode/encode round trip"
+    items += [Item(id="café", contexts=("We met at the",), continuations=(" café’s terrace",), gold=0),
+              Item(id="x", contexts=("Numbers:",), continuations=(" one two three",), gold=0)]
+    task = Task(name="lambada-like", split="s", shots=0, format="greedy", n_total=len(items), seed=0, items=items)
+    result = evaluate(model, task, batch_size=3, progress=False)
+    reads = _plain_forward_reads(model, items)
+    expected_correct = [all(reads[i, 0][1]) for i in range(len(items))]
+    assert [it.correct() for it in result.items] == expected_correct
+    assert any(expected_correct) and not all(expected_correct)
+    assert result.accuracy == pytest.approx(np.mean(expected_correct)) and task.chance == result.chance == 0.0
+    bpb = [-sum(reads[i, 0][0]) / math.log(2) / len(it.continuations[0].encode("utf-8")) for i, it in enumerate(items)]
+    assert len(" café’s terrace".encode("utf-8")) == len(" café’s terrace") + 3
+    assert result.bits_per_byte == pytest.approx(np.mean(bpb), rel=1e-4)
+    assert result.perplexity == pytest.approx(math.exp(-np.mean([sum(reads[i, 0][0]) for i in range(len(items))])),
+                                              rel=1e-4)
+    assert result.summary()["bits_per_byte"] == pytest.approx(result.bits_per_byte)

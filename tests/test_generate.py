@@ -1,0 +1,101 @@
+"""Greedy generation equals a hand-rolled argmax loop over ``model(tokens)``, with and without hooks; GSM8K's
+answer extraction on hand-written strings."""
+
+import pytest
+import torch
+
+from lens_heads.ablation import threshold_zeroing, zero_heads
+from lens_heads.generate import evaluate_generation, extract_answer, generate
+from lens_heads.tasks import Item, Task
+
+
+@pytest.fixture(scope="module")
+def tiny_text_model():
+    from transformers import AutoTokenizer
+
+    from lens_heads.models import embedded_model_folder, tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    return tiny_model("llama", seed=1, d_vocab=len(tokenizer), tokenizer=tokenizer)
+
+
+PROMPT = "Question: what is two plus two?\nAnswer:"
+
+
+def hand_greedy(model, prompt, steps, make_hooks=lambda: []):
+    """Reference: rerun the whole sequence with the hooks at every step, append the argmax of the last logits."""
+    tokens = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    new = []
+    hooks = make_hooks()
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model.run_with_hooks(torch.tensor([tokens + new]), fwd_hooks=hooks)
+            new.append(int(logits[0, -1].argmax()))
+    return new
+
+
+def test_generation_equals_a_hand_rolled_greedy_loop_with_and_without_cache(tiny_text_model):
+    model = tiny_text_model
+    expected = hand_greedy(model, PROMPT, 12)
+    assert model.tokenizer.eos_token_id not in expected
+    for cache in (False, True):
+        out = generate(model, PROMPT, max_new_tokens=12, stop=(), cache=cache)
+        assert out.tokens == expected and out.stop == "max_new_tokens"
+        assert out.text == model.tokenizer.decode(expected)
+    heads = [(0, 1), (1, 3)]
+    zeroed = hand_greedy(model, PROMPT, 12, lambda: zero_heads(heads))
+    assert zeroed != expected  # the zeroing matters on this model
+    for cache in (False, True):
+        assert generate(model, PROMPT, hooks=zero_heads(heads), max_new_tokens=12, stop=(), cache=cache).tokens == zeroed
+
+
+def test_per_input_zeroing_decides_on_the_whole_sequence_at_every_step(tiny_text_model):
+    model = tiny_text_model
+    expected = hand_greedy(model, PROMPT, 8, lambda: threshold_zeroing(model, "AHON (LN)", 1.0).hooks)
+    zeroing = threshold_zeroing(model, "AHON (LN)", 1.0)
+    out = generate(model, PROMPT, hooks=[zeroing], max_new_tokens=8, stop=())
+    assert out.tokens == expected
+    assert zeroing.zeroed().shape[0] == 8 and zeroing.zeroed().any()  # one input row per step
+    with pytest.raises(ValueError, match="cache=True"):
+        generate(model, PROMPT, hooks=[zeroing], max_new_tokens=2, cache=True)
+
+
+def test_generation_stops_at_the_first_stop_string(tiny_text_model):
+    model = tiny_text_model
+    new = hand_greedy(model, PROMPT, 12)
+    stop = model.tokenizer.decode(new[4:6])
+    assert stop.strip()
+    texts = [model.tokenizer.decode(new[:k]) for k in range(1, 13)]
+    k = next(k for k, text in enumerate(texts, start=1) if stop in text)
+    out = generate(model, PROMPT, max_new_tokens=12, stop=("never appears", stop))
+    assert out.stop == stop and out.tokens == new[:k] and out.text == texts[k - 1][:texts[k - 1].index(stop)]
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("Janet sells 9 eggs. She makes 9 * 2 = $18. So the answer is 18.", "18"),
+    ("So the answer is 1,450,000.\n", "1450000"),
+    ("It drops 10 degrees. So the answer is - 10.", "-10"),
+    ("She pays $3.50 each. So the answer is $17.50.", "17.50"),
+    ("The answer is 4. Question: no, the answer is 5", "5"),
+    ("He has 5 apples and 3 pears", "3"),
+    ("I do not know", None),
+])
+def test_gsm8k_answer_extraction(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_exact_match_against_targets(tiny_text_model, monkeypatch):
+    """Exact match compares the extracted answer with the normalised target ("2,125" reads 2125)."""
+    import lens_heads.generate as gen
+
+    texts = {"q1": " 2 + 3 = 5. So the answer is 2,125.", "q2": " So the answer is 7.", "q3": " no idea"}
+    monkeypatch.setattr(gen, "generate", lambda model, prompt, **kw: gen.Generation([1], texts[prompt], "\n\n"))
+    items = [Item(id=i, contexts=(i,), continuations=(" x",), gold=0, target=t)
+             for i, t in (("q1", "2125"), ("q2", "8"), ("q3", "1"))]
+    task = Task(name="gsm8k", split="test", shots=0, format="greedy", items=items, n_total=3, seed=0)
+    result = evaluate_generation(tiny_text_model, task, progress=False)
+    assert [it.correct for it in result.items] == [True, False, False] and result.accuracy == pytest.approx(1 / 3)
+    assert result.chance == 0.0 and result.to_dataframe().shape[0] == 3
+    with pytest.raises(ValueError, match="no reference answers"):
+        evaluate_generation(tiny_text_model, Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,
+                                                  items=[Item(id="a", contexts=("a",), continuations=(" b",), gold=0)]))
