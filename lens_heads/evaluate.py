@@ -17,8 +17,9 @@ per-token-normalised accuracy (log-likelihood / number of continuation tokens) a
 score); ``macro_accuracy`` averages the subjects equally. An item with a single continuation (LAMBADA, GSM8K's gold
 answer) is correct when that continuation is the greedy (argmax) token at every one of its positions (lm-eval's
 ``is_greedy``); ``perplexity`` (exp of minus the mean summed log-likelihood of the gold continuation, lm-eval's) and
-``bits_per_byte`` (per item: -log2 P(gold continuation) / its UTF-8 bytes; then the mean) sit beside it. Intervals: Wilson score interval (95%) for an accuracy;
-normal approximation (mean +- 1.96 sd / sqrt(n)) for paired differences on the same items.
+``bits_per_byte`` (per item: -log2 P(gold continuation) / its UTF-8 bytes; then the mean) sit beside it.
+Intervals: Wilson score interval (95%) for an accuracy; normal approximation (mean +- 1.96 sd / sqrt(n)) for
+paired differences on the same items.
 """
 
 from __future__ import annotations

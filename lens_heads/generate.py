@@ -30,7 +30,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from lens_heads.evaluate import _collect_hooks, _describe, _model_meta, encode, final_logits, wilson_interval
+from lens_heads.evaluate import _collect_hooks, _describe, _model_meta, final_logits, wilson_interval
+from lens_heads.rows import DEFAULT_PROTOCOL, chat_context, check_protocol, encode, lm_eval_bos
 
 GSM8K_STOP = ("\n\n", "Question:")
 
@@ -46,12 +47,13 @@ class Generation:
 
 @torch.no_grad()
 def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_new_tokens: int = 256,
-             stop: Sequence[str] = GSM8K_STOP, cache: bool = False, prepend_bos: bool = False,
+             stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
              input_id: int = 0) -> Generation:
     """Greedy continuation of ``prompt`` (text, or token ids used as given) with ``hooks`` in every forward.
 
-    ``prepend_bos``: put the tokenizer's BOS before a text prompt (lm-eval adds none for causal models unless the
-    family needs one). ``cache``: see the module docstring (what zeroing means at each step)."""
+    A text prompt gets the BOS of ``protocol`` (:mod:`lens_heads.rows`: under ``"lm-eval"`` only models that need
+    one, such as Gemma, as lm-eval's ``generate_until``; under ``"tl"`` TransformerLens's ``default_prepend_bos``).
+    ``cache``: see the module docstring (what zeroing means at each step)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     pairs, batch_aware = _collect_hooks(hooks)
@@ -59,7 +61,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
         raise ValueError("cache=True runs only the new token at each step, so a per-input Zeroing would decide on "
                          "that one position: use cache=False (reruns the sequence), or zero_heads(...) pairs for a "
                          "fixed set of heads")
-    tokens = _prompt_tokens(model, prompt, prepend_bos)
+    tokens = _prompt_tokens(model, prompt, protocol)
     if len(tokens) + max_new_tokens > model.cfg.n_ctx:
         raise ValueError(f"prompt of {len(tokens)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                          f"context of {model.cfg.n_ctx}: shorten the prompt (fewer shots) or max_new_tokens")
@@ -91,17 +93,16 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
     return Generation(new, _decode(model, new), "max_new_tokens")
 
 
-def _prompt_tokens(model, prompt: str | Sequence[int], prepend_bos: bool) -> list[int]:
+def _prompt_tokens(model, prompt: str | Sequence[int], protocol: str) -> list[int]:
+    check_protocol(protocol)
     if not isinstance(prompt, str):
         tokens = [int(t) for t in prompt]
     else:
-        tokens = encode(model, prompt)
-        if prepend_bos:
-            if model.tokenizer.bos_token_id is None:
-                raise ValueError("prepend_bos=True but the tokenizer has no BOS token")
-            tokens = [model.tokenizer.bos_token_id] + tokens
+        bos_id = model.tokenizer.bos_token_id if model.tokenizer is not None else None
+        tl_bos = [bos_id] if model.cfg.default_prepend_bos and bos_id is not None else []
+        tokens = (lm_eval_bos(model) if protocol == "lm-eval" else tl_bos) + encode(model, prompt)
     if not tokens:
-        raise ValueError("the prompt is empty: give text, token ids, or prepend_bos=True")
+        raise ValueError("the prompt is empty: give text or token ids")
     return tokens
 
 
@@ -181,11 +182,12 @@ class GenerationResult:
 
 
 def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: int = 256,
-                        stop: Sequence[str] = GSM8K_STOP, cache: bool = False, prepend_bos: bool = False,
-                        progress: bool = True) -> GenerationResult:
+                        stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
+                        apply_chat_template: bool = False, progress: bool = True) -> GenerationResult:
     """Greedy-generate for every item of ``task`` (items need a ``target``, as GSM8K's do) and score exact match
     of :func:`extract_answer` against the normalised target. Hooks and Zeroing objects act as in :func:`generate`;
-    item ``i`` is input ``i`` to them."""
+    item ``i`` is input ``i`` to them. ``apply_chat_template`` renders each prompt as lm-eval does
+    (:func:`lens_heads.rows.chat_context`)."""
     from tqdm.auto import tqdm
 
     items = list(task)
@@ -198,8 +200,9 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
     records = []
     for i, item in enumerate(tqdm(items, desc=f"{getattr(task, 'name', 'task')} generation", disable=not progress,
                                   leave=False)):
-        out = generate(model, item.prompt, hooks=hooks, max_new_tokens=max_new_tokens, stop=stop, cache=cache,
-                       prepend_bos=prepend_bos, input_id=i)
+        prompt = chat_context(model, item.prompt, item.description) if apply_chat_template else item.prompt
+        out = generate(model, prompt, hooks=hooks, max_new_tokens=max_new_tokens, stop=stop, cache=cache,
+                       protocol=protocol, input_id=i)
         answer = extract_answer(out.text)
         records.append(GenerationRecord(id=item.id, target=item.target, text=out.text, answer=answer,
                                         correct=answer == normalize_number(item.target),
@@ -207,5 +210,5 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {},
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
                 decoding="greedy", max_new_tokens=max_new_tokens, stop=list(stop), cache=cache,
-                prepend_bos=prepend_bos, wall_s=time.perf_counter() - start, ci_method="wilson 95%")
+                protocol=protocol, apply_chat_template=apply_chat_template, wall_s=time.perf_counter() - start, ci_method="wilson 95%")
     return GenerationResult(task=getattr(task, "name", "task"), items=records, meta=meta)

@@ -202,7 +202,7 @@ def test_bad_input_is_explained(tiny_text_model):
 def _plain_forward_reads(model, items):
     """For every (item, choice): the log-probs and argmax-hits of its continuation tokens, read from the full logits
     of a plain ``model(tokens)`` over the evaluator's rows (one row at a time, no padding)."""
-    from lens_heads.evaluate import build_rows
+    from lens_heads.rows import build_rows
 
     out = {}
     with torch.no_grad():
@@ -219,7 +219,7 @@ def _plain_forward_reads(model, items):
 def test_single_continuation_accuracy_is_greedy_match_and_bits_per_byte_by_hand(tiny_text_model):
     """LAMBADA-style items (one continuation): correct = every continuation token is the argmax of a plain
     forward's logits; bits per byte = -sum log2 p / UTF-8 bytes (the "é" and "’" make bytes differ from chars)."""
-    from lens_heads.evaluate import build_rows
+    from lens_heads.rows import build_rows
 
     model = tiny_text_model
     contexts = ["The cat sat on the", "She opened the door and", "Once upon a time there was", "He said that",

@@ -42,6 +42,8 @@ def test_generation_equals_a_hand_rolled_greedy_loop_with_and_without_cache(tiny
         out = generate(model, PROMPT, max_new_tokens=12, stop=(), cache=cache)
         assert out.tokens == expected and out.stop == "max_new_tokens"
         assert out.text == model.tokenizer.decode(expected)
+    with pytest.raises(ValueError, match="unknown protocol"):
+        generate(model, PROMPT, max_new_tokens=1, protocol="hf")
     heads = [(0, 1), (1, 3)]
     zeroed = hand_greedy(model, PROMPT, 12, lambda: zero_heads(heads))
     assert zeroed != expected  # the zeroing matters on this model
