@@ -115,7 +115,7 @@ def _decode(model, tokens: list[int]) -> str:
 # ---------------------------------------------------------------- GSM8K exact match
 
 _FINAL = re.compile(r"answer is\s*(-?\s*\$?\s*-?[\d,]*\.?\d+)")
-_NUMBER = re.compile(r"-?\s?\$?[\d,]*\.?\d+")
+_NUMBER = re.compile(r"(?<![\d.])-?\$?\d[\d,]*(?:\.\d+)?")  # a minus only when attached: "1200 - 80" ends in 80
 
 
 def normalize_number(text: str) -> str:
@@ -129,7 +129,7 @@ def extract_answer(text: str) -> str | None:
     finals = _FINAL.findall(text)
     if finals:
         return normalize_number(finals[-1])
-    numbers = [n for n in _NUMBER.findall(text) if re.search(r"\d", n)]
+    numbers = _NUMBER.findall(text)
     return normalize_number(numbers[-1]) if numbers else None
 
 

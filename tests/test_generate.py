@@ -80,6 +80,9 @@ def test_generation_stops_at_the_first_stop_string(tiny_text_model):
     ("She pays $3.50 each. So the answer is $17.50.", "17.50"),
     ("The answer is 4. Question: no, the answer is 5", "5"),
     ("He has 5 apples and 3 pears", "3"),
+    ("800 cups = 1200 - 80", "80"),
+    ("It is -4 degrees, then 2,500.5 m", "2500.5"),
+    ("Temperatures fell to -4", "-4"),
     ("I do not know", None),
 ])
 def test_gsm8k_answer_extraction(text, answer):
