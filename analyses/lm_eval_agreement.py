@@ -1,0 +1,197 @@
+"""Does lens_heads score items as lm-evaluation-harness does? Same model, same items, both harnesses, compared.
+
+    PYTHONPATH=<lm-eval site> python analyses/lm_eval_agreement.py                          # ~15 min on 2 CPU cores
+    PYTHONPATH=<lm-eval site> python analyses/lm_eval_agreement.py --apply-chat-template --tasks mmlu
+
+Items: lens_heads' own renderings, MMLU 5-shot (the first ``--per-subject`` test questions of every subject, in
+dataset order) and ARC-Easy (``--n-arc`` items drawn with ``--seed``). lens_heads scores them with
+``evaluate(model, task)`` under its default protocol, ``"lm-eval"``, on the embedded model as a
+``HookedTransformer`` (raw weights, fp32, CPU). lm-eval 0.4.5's Hugging Face backend (``HFLM``, ``pretrained`` =
+the embedded model's local Hugging Face folder, fp32, CPU) scores the same (context, continuation) pairs:
+lm-eval's task and dataset loading would download from the Hugging Face hub, so it is bypassed and the pairs go as
+``loglikelihood`` ``Instance`` requests straight to ``HFLM.loglikelihood``, which applies lm-eval's own
+tokenisation, row layout (``(context + continuation)[:-1]``, no BOS), request grouping and batching. This checks
+everything from the prompt string on; the prompt strings themselves are lens_heads' (lm-eval's formats, tested in
+the unit tests). With ``--apply-chat-template`` lm-eval renders each context through ``HFLM.apply_chat_template``
+(the item's description as the system turn, the rest of the context as one user turn, as lm-eval's
+``fewshot_context`` builds it without multi-turn few-shot), lens_heads through ``apply_chat_template=True``.
+
+Printed per task: how many items' predictions (argmax of the summed log-likelihood, lm-eval's ``acc``) agree, and
+the largest absolute difference of a choice's summed log-likelihood. Written to ``--out`` (JSON): the versions,
+model, items (ids and both sides' log-likelihoods), n and the agreement. Target: every prediction equal and every
+log-likelihood within 1e-3 in fp32.
+
+lm-eval is not a dependency of lens_heads; install it in a separate environment or target folder, e.g.
+``python -m pip install --no-deps --target /tmp/lmeval-site lm_eval==0.4.5`` plus the few modules its import needs
+(``sacrebleu portalocker tabulate colorama lxml evaluate sqlitedict peft more_itertools aiohttp tenacity multidict
+yarl propcache aiohappyeyeballs aiosignal frozenlist``, each ``--no-deps``), then run with ``PYTHONPATH`` set to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lens_heads import load_model, load_task
+from lens_heads.evaluate import evaluate
+from lens_heads.io import atomic_write_json
+from lens_heads.models import DEFAULT_MODEL, EMBEDDED, embedded_model_folder, model_meta
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = 1e-3
+INSTALL_HINT = ("lm-eval is not importable here. It is not a dependency of lens_heads: install it into a separate "
+                "target folder and put that on PYTHONPATH, e.g.\n"
+                "  python -m pip install --no-deps --target /tmp/lmeval-site lm_eval==0.4.5 sacrebleu portalocker "
+                "tabulate colorama lxml evaluate sqlitedict peft more_itertools aiohttp tenacity multidict yarl "
+                "propcache aiohappyeyeballs aiosignal frozenlist\n"
+                "  PYTHONPATH=/tmp/lmeval-site python analyses/lm_eval_agreement.py\n"
+                "(or a separate virtual environment with `pip install lm_eval==0.4.5`).")
+
+
+def import_hflm():
+    """lm-eval's ``HFLM`` class, or exit with how to install lm-eval."""
+    try:
+        # transformers 5 removed AutoModelForVision2Seq (now AutoModelForImageTextToText), which lm-eval 0.4.5's
+        # hf_vlms.py reads when lm_eval.models is imported. The alias is set after transformers.processing_utils
+        # is imported because that import replaces the `transformers` module object (and would drop the alias).
+        import transformers.processing_utils  # noqa: F401
+        import transformers
+
+        if "AutoModelForVision2Seq" not in vars(transformers) and hasattr(transformers, "AutoModelForImageTextToText"):
+            transformers.AutoModelForVision2Seq = transformers.AutoModelForImageTextToText
+        from lm_eval.models.huggingface import HFLM
+    except ImportError as error:
+        sys.exit(f"{INSTALL_HINT}\n(import failed: {error})")
+    return HFLM
+
+
+def agreement_items(name: str, *, per_subject: int, n_arc: int, seed: int):
+    """The compared items as a lens_heads Task: MMLU 5-shot, the first ``per_subject`` test questions of each
+    subject (dataset order); ARC-Easy, ``n_arc`` items drawn with ``seed``."""
+    if name == "arc_easy":
+        return load_task("arc_easy", n=n_arc, seed=seed)
+    if name != "mmlu":
+        raise ValueError(f"unknown task {name!r}: choose mmlu or arc_easy")
+    task = load_task("mmlu", shots=5)
+    taken: dict[str, int] = {}
+    items = []
+    for item in task:
+        if taken.get(item.subject, 0) < per_subject:
+            taken[item.subject] = taken.get(item.subject, 0) + 1
+            items.append(item)
+    return replace(task, items=items, subjects=taken)
+
+
+def request_pairs(item, render=None) -> list[tuple[str, str]]:
+    """One (context, continuation) pair per choice, as lm-eval's ``loglikelihood`` requests carry them; ``render``
+    (lm-eval's ``apply_chat_template``) turns the chat messages of a context into its text."""
+    pairs = []
+    for context, continuation in zip(item.contexts, item.continuations):
+        if render is not None:
+            description = item.description
+            messages = [{"role": "system", "content": description}] if description else []
+            messages.append({"role": "user", "content": context[len(description):]})
+            context = render(messages)
+        pairs.append((context, continuation))
+    return pairs
+
+
+def lm_eval_logprobs(lm, task, apply_chat_template: bool) -> list[list[float]]:
+    """Summed log-likelihood of every choice of every item, from ``HFLM.loglikelihood``."""
+    from lm_eval.api.instance import Instance
+
+    requests, owners = [], []
+    for i, item in enumerate(task):
+        for choice, pair in enumerate(request_pairs(item, lm.apply_chat_template if apply_chat_template else None)):
+            requests.append(Instance(request_type="loglikelihood", doc={"id": item.id}, arguments=pair, idx=choice))
+            owners.append((i, choice))
+    results = lm.loglikelihood(requests)
+    out = [[float("nan")] * item.n_choices for item in task]
+    for (i, choice), (logprob, _) in zip(owners, results):
+        out[i][choice] = float(logprob)
+    return out
+
+
+def compare(task, ours, theirs: list[list[float]]) -> dict:
+    """Per-item agreement of predictions and the largest log-likelihood difference of one task."""
+    records, max_diff, worst = [], 0.0, None
+    for item, record, lm_eval_lp in zip(task, ours.items, theirs):
+        diff = float(np.max(np.abs(np.asarray(record.logprobs) - np.asarray(lm_eval_lp))))
+        if diff > max_diff:
+            max_diff, worst = diff, item.id
+        records.append(dict(id=item.id, gold=item.gold, lens_heads=list(record.logprobs), lm_eval=lm_eval_lp,
+                            pred_lens_heads=record.chosen("sum"), pred_lm_eval=int(np.argmax(lm_eval_lp)),
+                            max_abs_diff=diff))
+    agree = sum(r["pred_lens_heads"] == r["pred_lm_eval"] for r in records)
+    return dict(task=task.name, shots=task.shots, split=task.split, n=len(records), n_choices=sum(map(len, theirs)),
+                predictions_equal=agree, disagreeing=[r["id"] for r in records if r["pred_lens_heads"] != r["pred_lm_eval"]],
+                max_abs_logprob_diff=max_diff, worst_item=worst, within_target=max_diff <= TARGET,
+                accuracy_lens_heads=float(np.mean([r["pred_lens_heads"] == r["gold"] for r in records])),
+                accuracy_lm_eval=float(np.mean([r["pred_lm_eval"] == r["gold"] for r in records])), items=records)
+
+
+def versions() -> dict:
+    out = dict(python=platform.python_version())
+    for package in ("lens_heads", "lm_eval", "transformers", "torch", "transformer_lens"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", nargs="+", default=["mmlu", "arc_easy"], choices=["mmlu", "arc_easy"])
+    ap.add_argument("--per-subject", type=int, default=2, help="MMLU test questions per subject (first in order)")
+    ap.add_argument("--n-arc", type=int, default=100, help="ARC-Easy items")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the ARC-Easy sample")
+    ap.add_argument("--batch-size", type=int, default=8, help="rows per forward (both harnesses)")
+    ap.add_argument("--apply-chat-template", action="store_true", help="render contexts with the chat template")
+    ap.add_argument("--out", type=Path, default=ROOT / "figures" / "lm_eval_agreement.json")
+    args = ap.parse_args(argv)
+    HFLM = import_hflm()
+
+    torch.manual_seed(0)
+    folder = embedded_model_folder(DEFAULT_MODEL)
+    model = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
+    lm = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=args.batch_size)
+    results = []
+    for name in args.tasks:
+        task = agreement_items(name, per_subject=args.per_subject, n_arc=args.n_arc, seed=args.seed)
+        t = time.perf_counter()
+        ours = evaluate(model, task, batch_size=args.batch_size, apply_chat_template=args.apply_chat_template)
+        t_ours = time.perf_counter() - t
+        t = time.perf_counter()
+        theirs = lm_eval_logprobs(lm, task, args.apply_chat_template)
+        t_theirs = time.perf_counter() - t
+        result = compare(task, ours, theirs)
+        results.append(result)
+        print(f"[{name}] {result['n']} items ({result['n_choices']} choices, {task.shots}-shot"
+              f"{', chat template' if args.apply_chat_template else ''}): predictions equal on "
+              f"{result['predictions_equal']}/{result['n']}; largest |log-likelihood difference| "
+              f"{result['max_abs_logprob_diff']:.2e} ({result['worst_item']}; target {TARGET:g}); accuracy "
+              f"lens_heads {result['accuracy_lens_heads']:.3f}, lm-eval {result['accuracy_lm_eval']:.3f} "
+              f"({t_ours:.0f} s / {t_theirs:.0f} s)")
+    report = dict(what="per-item agreement of lens_heads evaluate() with lm-evaluation-harness HFLM.loglikelihood "
+                       "on the same (context, continuation) requests",
+                  versions=versions(), protocol="lm-eval", apply_chat_template=args.apply_chat_template,
+                  dtype="float32", device="cpu", target_max_abs_logprob_diff=TARGET,
+                  model=dict(lens_heads=model_meta(model), lm_eval=dict(backend="HFLM", pretrained=EMBEDDED[DEFAULT_MODEL]["hf_name"] + " (local folder)")),
+                  items=dict(mmlu=f"5-shot, first {args.per_subject} test questions per subject",
+                             arc_easy=f"validation, n={args.n_arc}, seed={args.seed}"),
+                  n={r["task"]: r["n"] for r in results}, tasks=results)
+    atomic_write_json(args.out, report)
+    print(f"wrote {args.out.relative_to(ROOT) if args.out.resolve().is_relative_to(ROOT) else args.out}")
+
+
+if __name__ == "__main__":
+    main()
