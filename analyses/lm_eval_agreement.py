@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import platform
 import sys
 import time
@@ -43,7 +44,7 @@ import torch
 from lens_heads import load_model, load_task
 from lens_heads.evaluate import evaluate
 from lens_heads.io import atomic_write_json
-from lens_heads.models import DEFAULT_MODEL, EMBEDDED, embedded_model_folder, model_meta
+from lens_heads.models import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1e-3
@@ -120,15 +121,29 @@ def lm_eval_logprobs(lm, task, apply_chat_template: bool) -> list[list[float]]:
     return out
 
 
-def compare(task, ours, theirs: list[list[float]]) -> dict:
+def cached(path: Path, task, compute) -> list[list[float]]:
+    """``compute()``'s per-choice log-likelihoods of ``task``'s items, kept at ``path`` (with the item ids) so that a
+    rerun resumes after a finished side."""
+    ids = [item.id for item in task]
+    if path.exists() and json.loads(path.read_text())["ids"] == ids:
+        print(f"reusing {path}")
+        return json.loads(path.read_text())["logprobs"]
+    t = time.perf_counter()
+    logprobs = compute()
+    print(f"{path.stem}: {time.perf_counter() - t:.0f} s")
+    atomic_write_json(path, dict(ids=ids, logprobs=logprobs))
+    return logprobs
+
+
+def compare(task, ours: list[list[float]], theirs: list[list[float]]) -> dict:
     """Per-item agreement of predictions and the largest log-likelihood difference of one task."""
     records, max_diff, worst = [], 0.0, None
-    for item, record, lm_eval_lp in zip(task, ours.items, theirs):
-        diff = float(np.max(np.abs(np.asarray(record.logprobs) - np.asarray(lm_eval_lp))))
+    for item, lens_heads_lp, lm_eval_lp in zip(task, ours, theirs):
+        diff = float(np.max(np.abs(np.asarray(lens_heads_lp) - np.asarray(lm_eval_lp))))
         if diff > max_diff:
             max_diff, worst = diff, item.id
-        records.append(dict(id=item.id, gold=item.gold, lens_heads=list(record.logprobs), lm_eval=lm_eval_lp,
-                            pred_lens_heads=record.chosen("sum"), pred_lm_eval=int(np.argmax(lm_eval_lp)),
+        records.append(dict(id=item.id, gold=item.gold, lens_heads=lens_heads_lp, lm_eval=lm_eval_lp,
+                            pred_lens_heads=int(np.argmax(lens_heads_lp)), pred_lm_eval=int(np.argmax(lm_eval_lp)),
                             max_abs_diff=diff))
     agree = sum(r["pred_lens_heads"] == r["pred_lm_eval"] for r in records)
     return dict(task=task.name, shots=task.shots, split=task.split, n=len(records), n_choices=sum(map(len, theirs)),
@@ -148,15 +163,33 @@ def versions() -> dict:
     return out
 
 
+def write_report(path: Path, args, model, results: list[dict]) -> None:
+    """The finished tasks so far, with what they are: versions, model, items, n, settings."""
+    report = dict(what="per-item agreement of lens_heads evaluate() with lm-evaluation-harness HFLM.loglikelihood "
+                       "on the same (context, continuation) requests",
+                  versions=versions(), protocol="lm-eval", apply_chat_template=args.apply_chat_template,
+                  dtype="float32", device="cpu", batch_size=args.batch_size, target_max_abs_logprob_diff=TARGET,
+                  model=dict(lens_heads=model_meta(model),
+                             lm_eval=dict(backend="lm_eval.models.huggingface.HFLM",
+                                          pretrained=f"{EMBEDDED[DEFAULT_MODEL]['hf_name']} (the same local folder)")),
+                  items=dict(mmlu=f"test, 5-shot, the first {args.per_subject} questions of every subject",
+                             arc_easy=f"validation, n={args.n_arc} drawn with seed={args.seed}"),
+                  n={r["task"]: r["n"] for r in results}, tasks=results)
+    atomic_write_json(path, report)
+    print(f"wrote {path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", nargs="+", default=["mmlu", "arc_easy"], choices=["mmlu", "arc_easy"])
+    ap.add_argument("--tasks", nargs="+", default=["arc_easy", "mmlu"], choices=["mmlu", "arc_easy"])
     ap.add_argument("--per-subject", type=int, default=2, help="MMLU test questions per subject (first in order)")
     ap.add_argument("--n-arc", type=int, default=100, help="ARC-Easy items")
     ap.add_argument("--seed", type=int, default=0, help="seed of the ARC-Easy sample")
     ap.add_argument("--batch-size", type=int, default=8, help="rows per forward (both harnesses)")
     ap.add_argument("--apply-chat-template", action="store_true", help="render contexts with the chat template")
     ap.add_argument("--out", type=Path, default=ROOT / "figures" / "lm_eval_agreement.json")
+    ap.add_argument("--cache", type=Path, default=cache_dir() / "lm_eval_agreement",
+                    help="each finished side of each task is kept here; a rerun with the same settings reuses it")
     args = ap.parse_args(argv)
     HFLM = import_hflm()
 
@@ -167,30 +200,19 @@ def main(argv=None) -> None:
     results = []
     for name in args.tasks:
         task = agreement_items(name, per_subject=args.per_subject, n_arc=args.n_arc, seed=args.seed)
-        t = time.perf_counter()
-        ours = evaluate(model, task, batch_size=args.batch_size, apply_chat_template=args.apply_chat_template)
-        t_ours = time.perf_counter() - t
-        t = time.perf_counter()
-        theirs = lm_eval_logprobs(lm, task, args.apply_chat_template)
-        t_theirs = time.perf_counter() - t
+        run = f"{name}-n{len(task)}-{'chat' if args.apply_chat_template else 'plain'}"
+        ours = cached(args.cache / f"{run}-lens_heads.json", task, lambda: [record.logprobs for record in evaluate(
+            model, task, batch_size=args.batch_size, apply_chat_template=args.apply_chat_template).items])
+        theirs = cached(args.cache / f"{run}-lm_eval.json", task,
+                        lambda: lm_eval_logprobs(lm, task, args.apply_chat_template))
         result = compare(task, ours, theirs)
         results.append(result)
         print(f"[{name}] {result['n']} items ({result['n_choices']} choices, {task.shots}-shot"
               f"{', chat template' if args.apply_chat_template else ''}): predictions equal on "
               f"{result['predictions_equal']}/{result['n']}; largest |log-likelihood difference| "
               f"{result['max_abs_logprob_diff']:.2e} ({result['worst_item']}; target {TARGET:g}); accuracy "
-              f"lens_heads {result['accuracy_lens_heads']:.3f}, lm-eval {result['accuracy_lm_eval']:.3f} "
-              f"({t_ours:.0f} s / {t_theirs:.0f} s)")
-    report = dict(what="per-item agreement of lens_heads evaluate() with lm-evaluation-harness HFLM.loglikelihood "
-                       "on the same (context, continuation) requests",
-                  versions=versions(), protocol="lm-eval", apply_chat_template=args.apply_chat_template,
-                  dtype="float32", device="cpu", target_max_abs_logprob_diff=TARGET,
-                  model=dict(lens_heads=model_meta(model), lm_eval=dict(backend="HFLM", pretrained=EMBEDDED[DEFAULT_MODEL]["hf_name"] + " (local folder)")),
-                  items=dict(mmlu=f"5-shot, first {args.per_subject} test questions per subject",
-                             arc_easy=f"validation, n={args.n_arc}, seed={args.seed}"),
-                  n={r["task"]: r["n"] for r in results}, tasks=results)
-    atomic_write_json(args.out, report)
-    print(f"wrote {args.out.relative_to(ROOT) if args.out.resolve().is_relative_to(ROOT) else args.out}")
+              f"lens_heads {result['accuracy_lens_heads']:.3f}, lm-eval {result['accuracy_lm_eval']:.3f}")
+        write_report(args.out, args, model, results)
 
 
 if __name__ == "__main__":

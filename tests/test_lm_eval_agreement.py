@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from lens_heads.evaluate import EvalResult, ItemRecord
 from lens_heads.tasks import Item, Task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,9 +29,7 @@ def test_missing_lm_eval_exits_saying_how_to_install_it(monkeypatch, tmp_path):
 def test_comparison_counts_disagreements_and_the_largest_difference():
     items = [Item(id=f"t/{i}", contexts=("q",) * 2, continuations=(" a", " b"), gold=0) for i in range(3)]
     task = Task(name="t", split="test", shots=0, format="cloze", items=items, n_total=3, seed=0)
-    ours = EvalResult(task="t", format="cloze", chance=0.5, items=[
-        ItemRecord(id=it.id, gold=0, logprobs=lp, n_tokens=[1, 1], n_chars=[2, 2])
-        for it, lp in zip(items, [[-1.0, -2.0], [-3.0, -2.5], [-1.0, -1.0004]])])
+    ours = [[-1.0, -2.0], [-3.0, -2.5], [-1.0, -1.0004]]
     theirs = [[-1.0, -2.0002], [-2.4, -2.5], [-1.0005, -1.0]]  # item 1 flips; in item 2 differences of 5e-4 flip a near-tie
     result = load_script().compare(task, ours, theirs)
     assert result["predictions_equal"] == 1 and result["disagreeing"] == ["t/1", "t/2"]
