@@ -168,7 +168,8 @@ def write_report(path: Path, args, model, results: list[dict]) -> None:
     report = dict(what="per-item agreement of lens_heads evaluate() with lm-evaluation-harness HFLM.loglikelihood "
                        "on the same (context, continuation) requests",
                   versions=versions(), protocol="lm-eval", apply_chat_template=args.apply_chat_template,
-                  dtype="float32", device="cpu", batch_size=args.batch_size, target_max_abs_logprob_diff=TARGET,
+                  dtype="float32", device="cpu", batch_size=args.batch_size,
+                  lm_eval_batch_size=args.lm_eval_batch_size, target_max_abs_logprob_diff=TARGET,
                   model=dict(lens_heads=model_meta(model),
                              lm_eval=dict(backend="lm_eval.models.huggingface.HFLM",
                                           pretrained=f"{EMBEDDED[DEFAULT_MODEL]['hf_name']} (the same local folder)")),
@@ -185,7 +186,10 @@ def main(argv=None) -> None:
     ap.add_argument("--per-subject", type=int, default=2, help="MMLU test questions per subject (first in order)")
     ap.add_argument("--n-arc", type=int, default=100, help="ARC-Easy items")
     ap.add_argument("--seed", type=int, default=0, help="seed of the ARC-Easy sample")
-    ap.add_argument("--batch-size", type=int, default=8, help="rows per forward (both harnesses)")
+    ap.add_argument("--batch-size", type=int, default=8, help="rows per forward of lens_heads")
+    ap.add_argument("--lm-eval-batch-size", type=int, default=1,
+                    help="HFLM's batch size (its default; HFLM holds [batch, pos, vocab] logits and log-probs: "
+                         "~8 GB at 8 rows of 2.7k tokens)")
     ap.add_argument("--apply-chat-template", action="store_true", help="render contexts with the chat template")
     ap.add_argument("--out", type=Path, default=ROOT / "figures" / "lm_eval_agreement.json")
     ap.add_argument("--cache", type=Path, default=cache_dir() / "lm_eval_agreement",
@@ -196,7 +200,7 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     folder = embedded_model_folder(DEFAULT_MODEL)
     model = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
-    lm = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=args.batch_size)
+    lm = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=args.lm_eval_batch_size)
     results = []
     for name in args.tasks:
         task = agreement_items(name, per_subject=args.per_subject, n_arc=args.n_arc, seed=args.seed)
