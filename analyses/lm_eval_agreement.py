@@ -145,9 +145,9 @@ def compare(task, ours: list[list[float]], theirs: list[list[float]]) -> dict:
         records.append(dict(id=item.id, gold=item.gold, lens_heads=lens_heads_lp, lm_eval=lm_eval_lp,
                             pred_lens_heads=int(np.argmax(lens_heads_lp)), pred_lm_eval=int(np.argmax(lm_eval_lp)),
                             max_abs_diff=diff))
-    agree = sum(r["pred_lens_heads"] == r["pred_lm_eval"] for r in records)
+    disagreeing = [r["id"] for r in records if r["pred_lens_heads"] != r["pred_lm_eval"]]
     return dict(task=task.name, shots=task.shots, split=task.split, n=len(records), n_choices=sum(map(len, theirs)),
-                predictions_equal=agree, disagreeing=[r["id"] for r in records if r["pred_lens_heads"] != r["pred_lm_eval"]],
+                predictions_equal=len(records) - len(disagreeing), disagreeing=disagreeing,
                 max_abs_logprob_diff=max_diff, worst_item=worst, within_target=max_diff <= TARGET,
                 accuracy_lens_heads=float(np.mean([r["pred_lens_heads"] == r["gold"] for r in records])),
                 accuracy_lm_eval=float(np.mean([r["pred_lm_eval"] == r["gold"] for r in records])), items=records)

@@ -30,7 +30,7 @@ def test_comparison_counts_disagreements_and_the_largest_difference():
     items = [Item(id=f"t/{i}", contexts=("q",) * 2, continuations=(" a", " b"), gold=0) for i in range(3)]
     task = Task(name="t", split="test", shots=0, format="cloze", items=items, n_total=3, seed=0)
     ours = [[-1.0, -2.0], [-3.0, -2.5], [-1.0, -1.0004]]
-    theirs = [[-1.0, -2.0002], [-2.4, -2.5], [-1.0005, -1.0]]  # item 1 flips; in item 2 differences of 5e-4 flip a near-tie
+    theirs = [[-1.0, -2.0002], [-2.4, -2.5], [-1.0005, -1.0]]  # item 1 flips; in item 2, 5e-4 flips a near-tie
     result = load_script().compare(task, ours, theirs)
     assert result["predictions_equal"] == 1 and result["disagreeing"] == ["t/1", "t/2"]
     assert result["max_abs_logprob_diff"] == pytest.approx(0.6) and result["worst_item"] == "t/1"
