@@ -194,21 +194,28 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "figures" / "lm_eval_agreement.json")
     ap.add_argument("--cache", type=Path, default=cache_dir() / "lm_eval_agreement",
                     help="each finished side of each task is kept here; a rerun with the same settings reuses it")
+    ap.add_argument("--side", choices=("both", "lens_heads", "lm_eval"), default="both",
+                    help="compute only one harness's log-likelihoods into --cache (two processes can run the sides "
+                         "in parallel); a later run with both reuses them and writes the report")
     args = ap.parse_args(argv)
     HFLM = import_hflm()
 
     torch.manual_seed(0)
-    folder = embedded_model_folder(DEFAULT_MODEL)
-    model = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
-    lm = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=args.lm_eval_batch_size)
+    model = load_model(DEFAULT_MODEL, device="cpu", dtype="float32") if args.side != "lm_eval" else None
+    lm = HFLM(pretrained=str(embedded_model_folder(DEFAULT_MODEL)), device="cpu", dtype="float32",
+              batch_size=args.lm_eval_batch_size) if args.side != "lens_heads" else None
     results = []
     for name in args.tasks:
         task = agreement_items(name, per_subject=args.per_subject, n_arc=args.n_arc, seed=args.seed)
         run = f"{name}-n{len(task)}-{'chat' if args.apply_chat_template else 'plain'}"
-        ours = cached(args.cache / f"{run}-lens_heads.json", task, lambda: [record.logprobs for record in evaluate(
-            model, task, batch_size=args.batch_size, apply_chat_template=args.apply_chat_template).items])
-        theirs = cached(args.cache / f"{run}-lm_eval.json", task,
-                        lambda: lm_eval_logprobs(lm, task, args.apply_chat_template))
+        if args.side != "lm_eval":
+            ours = cached(args.cache / f"{run}-lens_heads.json", task, lambda: [record.logprobs for record in evaluate(
+                model, task, batch_size=args.batch_size, apply_chat_template=args.apply_chat_template).items])
+        if args.side != "lens_heads":
+            theirs = cached(args.cache / f"{run}-lm_eval.json", task,
+                            lambda: lm_eval_logprobs(lm, task, args.apply_chat_template))
+        if args.side != "both":
+            continue
         result = compare(task, ours, theirs)
         results.append(result)
         print(f"[{name}] {result['n']} items ({result['n_choices']} choices, {task.shots}-shot"
