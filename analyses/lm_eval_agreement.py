@@ -74,18 +74,20 @@ def import_hflm():
     return HFLM
 
 
-def agreement_items(name: str, *, per_subject: int, n_arc: int, seed: int):
+def agreement_items(name: str, *, per_subject: int, n_arc: int, seed: int, subjects: int | None = None):
     """The compared items as a lens_heads Task: MMLU 5-shot, the first ``per_subject`` test questions of each
-    subject (dataset order); ARC-Easy, ``n_arc`` items drawn with ``seed``."""
+    subject (dataset order; of the first ``subjects`` subjects alphabetically, or all); ARC-Easy, ``n_arc`` items
+    drawn with ``seed``."""
     if name == "arc_easy":
         return load_task("arc_easy", n=n_arc, seed=seed)
     if name != "mmlu":
         raise ValueError(f"unknown task {name!r}: choose mmlu or arc_easy")
     task = load_task("mmlu", shots=5)
+    kept = sorted({item.subject for item in task})[:subjects]
     taken: dict[str, int] = {}
     items = []
     for item in task:
-        if taken.get(item.subject, 0) < per_subject:
+        if item.subject in kept and taken.get(item.subject, 0) < per_subject:
             taken[item.subject] = taken.get(item.subject, 0) + 1
             items.append(item)
     return replace(task, items=items, subjects=taken)
@@ -173,7 +175,9 @@ def write_report(path: Path, args, model, results: list[dict]) -> None:
                   model=dict(lens_heads=model_meta(model),
                              lm_eval=dict(backend="lm_eval.models.huggingface.HFLM",
                                           pretrained=f"{EMBEDDED[DEFAULT_MODEL]['hf_name']} (the same local folder)")),
-                  items=dict(mmlu=f"test, 5-shot, the first {args.per_subject} questions of every subject",
+                  items=dict(mmlu=f"test, 5-shot, the first {args.per_subject} questions of "
+                                  + (f"the first {args.subjects} subjects (alphabetical)" if args.subjects
+                                     else "every subject"),
                              arc_easy=f"validation, n={args.n_arc} drawn with seed={args.seed}"),
                   n={r["task"]: r["n"] for r in results}, tasks=results)
     atomic_write_json(path, report)
@@ -184,6 +188,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="+", default=["arc_easy", "mmlu"], choices=["mmlu", "arc_easy"])
     ap.add_argument("--per-subject", type=int, default=2, help="MMLU test questions per subject (first in order)")
+    ap.add_argument("--subjects", type=int, default=None,
+                    help="only the first N MMLU subjects (alphabetical; a quick variant): default all 57")
     ap.add_argument("--n-arc", type=int, default=100, help="ARC-Easy items")
     ap.add_argument("--seed", type=int, default=0, help="seed of the ARC-Easy sample")
     ap.add_argument("--batch-size", type=int, default=8, help="rows per forward of lens_heads")
@@ -206,7 +212,8 @@ def main(argv=None) -> None:
               batch_size=args.lm_eval_batch_size) if args.side != "lens_heads" else None
     results = []
     for name in args.tasks:
-        task = agreement_items(name, per_subject=args.per_subject, n_arc=args.n_arc, seed=args.seed)
+        task = agreement_items(name, per_subject=args.per_subject, n_arc=args.n_arc, seed=args.seed,
+                               subjects=args.subjects)
         run = f"{name}-n{len(task)}-{'chat' if args.apply_chat_template else 'plain'}"
         if args.side != "lm_eval":
             ours = cached(args.cache / f"{run}-lens_heads.json", task, lambda: [record.logprobs for record in evaluate(
