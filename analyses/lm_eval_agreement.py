@@ -1,7 +1,13 @@
 """Does lens_heads score items as lm-evaluation-harness does? Same model, same items, both harnesses, compared.
 
-    PYTHONPATH=<lm-eval site> python analyses/lm_eval_agreement.py                          # ~15 min on 2 CPU cores
-    PYTHONPATH=<lm-eval site> python analyses/lm_eval_agreement.py --apply-chat-template --tasks mmlu
+    PYTHONPATH=<lm-eval site> python analyses/lm_eval_agreement.py               # the full comparison
+    PYTHONPATH=<lm-eval site> python analyses/lm_eval_agreement.py --subjects 5  # MMLU of 5 subjects only
+    PYTHONPATH=<lm-eval site> python analyses/lm_eval_agreement.py --apply-chat-template --tasks mmlu \
+        --subjects 2 --out figures/lm_eval_agreement_chat.json
+
+The full MMLU part is 114 prompts of 250-2,700 tokens (71k tokens) per harness; one process with one thread on a
+shared 2-core machine ran 20-70 tokens/s, i.e. 20-60 minutes per harness. ``--side lm_eval`` in a second process
+computes lm-eval's half in parallel, and each finished half is cached, so a rerun resumes. ARC-Easy takes minutes.
 
 Items: lens_heads' own renderings, MMLU 5-shot (the first ``--per-subject`` test questions of every subject, in
 dataset order) and ARC-Easy (``--n-arc`` items drawn with ``--seed``). lens_heads scores them with
@@ -12,7 +18,7 @@ lm-eval's task and dataset loading would download from the Hugging Face hub, so 
 ``loglikelihood`` ``Instance`` requests straight to ``HFLM.loglikelihood``, which applies lm-eval's own
 tokenisation, row layout (``(context + continuation)[:-1]``, no BOS), request grouping and batching. This checks
 everything from the prompt string on; the prompt strings themselves are lens_heads' (lm-eval's formats, tested in
-the unit tests). With ``--apply-chat-template`` lm-eval renders each context through ``HFLM.apply_chat_template``
+lens_heads' task tests). With ``--apply-chat-template`` lm-eval renders each context through ``HFLM.apply_chat_template``
 (the item's description as the system turn, the rest of the context as one user turn, as lm-eval's
 ``fewshot_context`` builds it without multi-turn few-shot), lens_heads through ``apply_chat_template=True``.
 
