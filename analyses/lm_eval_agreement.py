@@ -173,6 +173,9 @@ def versions() -> dict:
 
 def write_report(path: Path, args, model, results: list[dict]) -> None:
     """The finished tasks so far, with what they are: versions, model, items, n, settings."""
+    items = dict(mmlu=f"test, 5-shot, the first {args.per_subject} questions of "
+                 + (f"the first {args.subjects} subjects (alphabetical)" if args.subjects else "every subject"),
+                 arc_easy=f"validation, n={args.n_arc} drawn with seed={args.seed}")
     report = dict(what="per-item agreement of lens_heads evaluate() with lm-evaluation-harness HFLM.loglikelihood "
                        "on the same (context, continuation) requests",
                   versions=versions(), protocol="lm-eval", apply_chat_template=args.apply_chat_template,
@@ -181,13 +184,10 @@ def write_report(path: Path, args, model, results: list[dict]) -> None:
                   model=dict(lens_heads=model_meta(model),
                              lm_eval=dict(backend="lm_eval.models.huggingface.HFLM",
                                           pretrained=f"{EMBEDDED[DEFAULT_MODEL]['hf_name']} (the same local folder)")),
-                  items=dict(mmlu=f"test, 5-shot, the first {args.per_subject} questions of "
-                                  + (f"the first {args.subjects} subjects (alphabetical)" if args.subjects
-                                     else "every subject"),
-                             arc_easy=f"validation, n={args.n_arc} drawn with seed={args.seed}"),
+                  items={name: sample for name, sample in items.items() if name in args.tasks},
                   n={r["task"]: r["n"] for r in results}, tasks=results)
     atomic_write_json(path, report)
-    print(f"wrote {path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path}")
+    print(f"wrote {path}")
 
 
 def main(argv=None) -> None:
