@@ -292,3 +292,52 @@ def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRec
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=logprobs[i, :len(it.continuations)].tolist(),
                        n_tokens=n_tokens[i], n_chars=[len(x) for x in it.continuations], subject=it.subject)
             for i, it in enumerate(items)]
+
+
+# ---------------------------------------------------------------- the oracle: static zeroing in the order of effect
+
+
+def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30),
+                 label: str = "oracle", out_dir=None, batch_size: int = 8, progress: bool = True,
+                 primary: str = "sum"):
+    """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
+    first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
+    ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
+    :class:`lens_heads.sweep.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
+    kept and reused like the sweep's units."""
+    from tqdm.auto import tqdm
+
+    from lens_heads.ablation import static_zeroing
+    from lens_heads.sweep import SweepResult, UnitResult, unit_key
+
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    order = [(int(layer), int(head)) for layer, head in order]
+    if sorted(order) != [(layer, head) for layer in range(L) for head in range(H)]:
+        raise ValueError(f"order must list each of the model's {L} x {H} heads once (HeadEffects.order())")
+    fractions = sorted({float(p) for p in fractions} | {0.0})
+    fingerprint = run_fingerprint(model, task, primary=primary, oracle_order=[list(h) for h in order])
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        claim_folder(out, fingerprint, marker="oracle.json")
+    units = []
+    for p in tqdm(fractions, desc=f"{label} on {getattr(task, 'name', 'task')}", unit="fraction",
+                  disable=not progress):
+        mode = "baseline" if p == 0 else "static"
+        key = unit_key(mode, label if p else None, p)
+        path = out / f"{key}.json" if out is not None else None
+        stored = read_json(path) if path is not None and path.exists() else None
+        if stored and stored.get("fingerprint") == fingerprint:
+            units.append(UnitResult.from_dict(stored))
+            continue
+        zeroing = static_zeroing(model, order[:int(round(p * L * H))]) if p else None
+        start = time.perf_counter()
+        result = evaluate(model, task, hooks=[zeroing] if zeroing else [], batch_size=batch_size, progress=False,
+                          primary=primary)
+        unit = UnitResult(mode=mode, score=label if p else None, target_fraction=p, threshold=None,
+                          realised_fraction=zeroing.share_zeroed() if zeroing else 0.0, result=result,
+                          wall_s=time.perf_counter() - start)
+        if path is not None:
+            atomic_write_json(path, {"fingerprint": fingerprint, **unit.to_dict()})
+        units.append(unit)
+    return SweepResult(baseline=units[0].result, units=units,
+                       meta=dict(fingerprint=fingerprint, fractions=fractions, scores=[], static_scores=[label]))

@@ -194,3 +194,28 @@ def test_bad_input_says_what_to_do(tokenizer):
         head_effects(model, empty)
     with pytest.raises(ValueError, match="no tokenizer"):
         head_effects(tiny_model("gpt2"), task)
+
+
+def test_oracle_zeroes_the_heads_with_the_smallest_effect_first(tokenizer, tmp_path):
+    from lens_heads.ablation import zero_heads
+    from lens_heads.effects import oracle_sweep
+    from lens_heads.evaluate import evaluate
+
+    model = tiny_model("llama", seed=3, d_vocab=len(tokenizer), tokenizer=tokenizer)
+    task = toy_task()
+    effects = head_effects(model, task, method="attribution", progress=False)
+    order = effects.order()
+    size = effects.size().numpy()
+    assert size[order[0]] == size.min() and size[order[-1]] == size.max()
+    sweep = oracle_sweep(model, task, order, fractions=(0.25, 0.5), out_dir=tmp_path, progress=False)
+    curve = sweep.curves("static")["oracle"]
+    assert [u.realised_fraction for u in curve] == [0.0, 0.25, 0.5]
+    for unit, k in zip(curve, (0, 2, 4)):
+        expected = evaluate(model, task, hooks=zero_heads(order[:k]), progress=False)
+        for got, want in zip(unit.result.items, expected.items):
+            np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+    again = oracle_sweep(model, task, order, fractions=(0.25, 0.5), out_dir=tmp_path, progress=False)
+    assert [u.result.items for u in again.units] == [u.result.items for u in sweep.units]
+    assert set(sweep.to_dataframe()["score"]) == {"oracle (static)"}
+    with pytest.raises(ValueError, match="each of the model's"):
+        oracle_sweep(model, task, order[:-1], progress=False)
