@@ -84,3 +84,31 @@ def test_mismatched_items_are_refused():
     fewer = HeadScores(values=scores.values[:5], names=scores.names, direction=scores.direction, meta={})
     with pytest.raises(ValueError, match="score the same task"):
         score_agreement(fewer, effects)
+
+
+def test_figures_carry_the_numbers_and_escape_the_names():
+    import pandas as pd
+
+    from lens_heads.report.figures import ablation_curves, agreement_bars, score_vs_effect
+
+    scores, effects, effect = constructed()
+    table = score_agreement(scores, effects, n_boot=20).to_dataframe()
+    table.loc[2, "score"] = "<b>noise</b>"
+    bars = agreement_bars(table)
+    assert list(bars.data[0].y) == pytest.approx(list(table["spearman"]))
+    assert list(bars.data[0].error_y.array) == pytest.approx(list(table["spearman_high"] - table["spearman"]))
+    assert "<b>" not in "".join(bars.data[0].x)
+    size = np.abs(effect).mean(0)
+    mean = {name: scores.mean(name).numpy() for name in scores.names}
+    scatter = score_vs_effect(mean, size, scores.direction, effect_label="KL")
+    for trace, name in zip(scatter.data, scores.names):
+        assert list(trace.x) == pytest.approx(mean[name].reshape(-1).tolist())
+        assert list(trace.y) == pytest.approx(size.reshape(-1).tolist())
+    # oracle and random curves are drawn in both rows when base and (LN) scores get a row each
+    names = ["AWFT", "AEQD", "FTVVN", "AVVN", "AWFT (LN)", "AEQD (LN)", "FTVVN (LN)", "random",
+             "oracle (held-out items)"]
+    curves = pd.DataFrame([dict(score=s, realised_fraction=f, target_fraction=f, accuracy=0.5, ci_low=0.4,
+                                ci_high=0.6) for s in names for f in (0.0, 0.1)])
+    fig = ablation_curves(curves, baseline=50.0, chance=0.25)
+    drawn = [t.name for t in fig.data]
+    assert drawn.count("oracle (held-out items)") == 2 and drawn.count("random") == 2
