@@ -43,6 +43,7 @@ from lens_heads.ablation import mean_z, zero_heads
 from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, build_rows, evaluate, pad_id, pad_rows,
                                  paired_values, read_logprobs)
 from lens_heads.io import atomic_write_bytes, atomic_write_json
+from lens_heads.models import model_meta
 from lens_heads.sweep import claim_folder, read_json, run_fingerprint
 
 METHODS = ("ablation", "attribution", "mean")
@@ -158,6 +159,9 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
     items = list(task)
     if not items:
         raise ValueError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
+    if method == "attribution" and out_dir is not None:
+        raise ValueError("out_dir keeps the per-head evaluations of ablation and mean ablation; attribution runs in "
+                         "one pass: keep its result with HeadEffects.save(path)")
     if model.tokenizer is None:
         raise ValueError("this model has no tokenizer, and a text task needs one: load the model with its tokenizer "
                          "(tiny_model(tokenizer=...) for a toy model)")
@@ -172,8 +176,6 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
     for (layer, head), records in removed.items():
         per_item = paired_values(list(zip(records, base.items)), primary)
         values[:, layer, head] = torch.tensor(np.stack([per_item[m] for m in EFFECT_METRICS], axis=1))
-    from lens_heads.models import model_meta
-
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, primary=primary,
                 baseline=dict(accuracy=base.accuracy, ci95=list(base.ci95), n=base.n, chance=base.chance),
                 batch_size=batch_size, ci_method=CI_METHOD, wall_s=time.perf_counter() - start, **stats)

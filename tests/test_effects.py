@@ -192,6 +192,8 @@ def test_bad_input_says_what_to_do(tokenizer):
     empty = Task(name="empty", split="test", shots=0, format="cloze", items=[], n_total=0, seed=0)
     with pytest.raises(ValueError, match="no items"):
         head_effects(model, empty)
+    with pytest.raises(ValueError, match="HeadEffects.save"):
+        head_effects(model, task, method="attribution", out_dir="unused")
     with pytest.raises(ValueError, match="no tokenizer"):
         head_effects(tiny_model("gpt2"), task)
 
