@@ -147,7 +147,9 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
 
     ``out_dir`` (ablation and mean): each head's evaluation is written there as it finishes and reused on a rerun
     with the same model, items and settings. ``primary``: the choice scoring (``"sum"``, ``"per_token"``,
-    ``"per_char"``) behind accuracy and the answer distribution."""
+    ``"per_char"``) behind accuracy and the answer distribution. Attribution keeps every layer's activations for
+    the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long few-shot prompts a
+    small ``batch_size``."""
     from lens_heads.evaluate import METRICS
 
     if method not in METHODS:
