@@ -1,6 +1,7 @@
 """Does a score find the heads that do nothing? Ground-truth effect of every head, and each score's agreement with it.
 
-    python analyses/head_effects.py                       # embedded SmolLM2-135M, ARC-Easy and PIQA, defaults below
+    python analyses/head_effects.py --threads 1           # embedded SmolLM2-135M, ARC-Easy and PIQA, n=8 each:
+                                                          # about 1 hour of one idle core (projected below)
     python analyses/head_effects.py --tasks piqa --n 4 --heldout-n 8 --fractions 0,.1   # a smoke run
 
 Per task in ``--tasks``:
@@ -17,6 +18,10 @@ Per task in ``--tasks``:
    first), on the ranking items (fitted to them) and on ``--heldout-n`` other items (the next items of the same
    seeded draw, so the held-out items are part of the recorded sweep's n=200 sample), drawn over the recorded sweep
    curves of ``figures/sweep_<task>.csv`` where that file exists.
+
+Cost: ablating every head costs about 185 (ARC-Easy) and 187 (PIQA) CPU seconds per ranking item on one thread
+(``benchmarks/bench_effects.py``, docs/benchmarks.md), attribution 1-2 CPU seconds per item, the oracle one
+evaluation of the ranking and held-out items per fraction: the defaults come to about 58 CPU minutes.
 
 Outputs in ``--figures``: ``head_effects_<task>.json`` (model, data, n, seed, weight basis, timings, tables),
 ``head_effects_agreement_<task>.csv``, ``head_effects_<task>.csv`` (per head: mean and size with intervals, both
