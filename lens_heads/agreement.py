@@ -11,6 +11,7 @@ per-item effect). Per score, over the layers x heads:
 - **precision@k** for k = 5, 10, 20, 30% of the heads: of the k heads the score calls most inactive (mean over
   items), the share among the k with the smallest effect size. A random ranking expects k / heads (the chance level).
 
+A task scored row by row (one row per choice for cloze tasks) gives each item the mean of its rows' scores.
 Intervals: percentile bootstrap over items (the items are resampled, both the mean scores and the effect sizes are
 recomputed), 95%. Ties share their average rank.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import torch
 
 KS = (0.05, 0.10, 0.20, 0.30)
 
@@ -90,9 +92,9 @@ def score_agreement(scores, effects, *, metric: str | None = None, names: Sequen
     import pandas as pd
 
     names = list(scores.names if names is None else names)
-    x = scores.values
+    x = item_scores(scores)
     if x.shape[0] != len(effects) or tuple(x.shape[1:3]) != tuple(effects.values.shape[1:3]):
-        raise ValueError(f"the scores cover {x.shape[0]} inputs x {tuple(x.shape[1:3])} heads, the effects "
+        raise ValueError(f"the scores cover {x.shape[0]} items x {tuple(x.shape[1:3])} heads, the effects "
                          f"{len(effects)} items x {tuple(effects.values.shape[1:3])} heads: score the same task "
                          "(score_heads(model, task)) that head_effects measured")
     if n_boot < 1:
@@ -106,7 +108,7 @@ def score_agreement(scores, effects, *, metric: str | None = None, names: Sequen
     rows = []
     for name in names:
         sign = -1.0 if scores.direction[name] == ">" else 1.0
-        activity = sign * scores.score(name).double().numpy()  # [item, layer, head]
+        activity = sign * x[..., scores.all_names.index(name)]  # [item, layer, head]
 
         def statistics(idx) -> list[float]:
             a = activity[idx].mean(0).reshape(-1)
@@ -132,9 +134,23 @@ def score_agreement(scores, effects, *, metric: str | None = None, names: Sequen
                 ks=list(ks), k_heads=counts, precision_chance={f"precision_at_{round(100 * k)}pct": c / heads
                                                                for k, c in zip(ks, counts)},
                 n_boot=n_boot, seed=seed, interval="percentile bootstrap over items, 95%",
+                item_scores="mean over each item's forward rows" if (scores.meta.get("data") or {}).get("row_items")
+                is not None else "one input per item",
                 orientation="activity = score ('<' scores) or -score ('>' scores); positive correlation = the score "
                             "calls inactive the heads whose removal changes little")
     return Agreement(table=pd.DataFrame(rows), meta=meta)
+
+
+def item_scores(scores) -> np.ndarray:
+    """``[item, layer, head, score]``: each item's scores, the mean over its forward rows where a Task was scored
+    row by row (``meta["data"]["row_items"]``, e.g. one row per choice), else the inputs as they are."""
+    parts = [scores.values] + ([scores.extra_values] if scores.extra_values is not None else [])
+    values = torch.cat(parts, -1).double().numpy()
+    row_items = (scores.meta.get("data") or {}).get("row_items")
+    if row_items is None:
+        return values
+    row_items = np.asarray(row_items)
+    return np.stack([values[row_items == i].mean(0) for i in range(int(row_items.max()) + 1)])
 
 
 def _interval(values: np.ndarray) -> tuple[float, float]:

@@ -40,10 +40,11 @@ from torch import Tensor
 from transformer_lens.utils import get_act_name
 
 from lens_heads.ablation import mean_z, zero_heads
-from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, build_rows, evaluate, pad_id, pad_rows,
-                                 paired_values, read_logprobs)
+from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, evaluate, pad_id, pad_rows, paired_values,
+                                 read_logprobs)
 from lens_heads.io import atomic_write_bytes, atomic_write_json
 from lens_heads.models import model_meta
+from lens_heads.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
 from lens_heads.sweep import claim_folder, read_json, run_fingerprint
 
 METHODS = ("ablation", "attribution", "mean")
@@ -141,13 +142,15 @@ class HeadEffects:
 
 
 def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None, batch_size: int = 8,
-                 progress: bool = True, primary: str = "sum") -> HeadEffects:
+                 progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
+                 apply_chat_template: bool = False) -> HeadEffects:
     """The effect of removing each head of ``model`` on ``task`` (see the module docstring for the methods and
     metrics; all three metrics are computed, ``metric`` is the one the result ranks heads by).
 
     ``out_dir`` (ablation and mean): each head's evaluation is written there as it finishes and reused on a rerun
     with the same model, items and settings. ``primary``: the choice scoring (``"sum"``, ``"per_token"``,
-    ``"per_char"``) behind accuracy and the answer distribution. Attribution keeps every layer's activations for
+    ``"per_char"``) behind accuracy and the answer distribution. ``protocol`` and ``apply_chat_template``: the
+    forward rows, as in :func:`lens_heads.evaluate` (:mod:`lens_heads.rows`). Attribution keeps every layer's activations for
     the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long few-shot prompts a
     small ``batch_size``."""
     from lens_heads.evaluate import METRICS
@@ -158,6 +161,7 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
         raise ValueError(f"unknown metric {metric!r}: choose one of {EFFECT_METRICS}")
     if primary not in METRICS:
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
+    check_protocol(protocol)
     items = list(task)
     if not items:
         raise ValueError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
@@ -168,17 +172,19 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
         raise ValueError("this model has no tokenizer, and a text task needs one: load the model with its tokenizer "
                          "(tiny_model(tokenizer=...) for a toy model)")
     start = time.perf_counter()
+    layout = dict(protocol=protocol, apply_chat_template=apply_chat_template)
     if method == "attribution":
-        base, removed, stats = _attribution(model, task, batch_size=batch_size, progress=progress, primary=primary)
+        base, removed, stats = _attribution(model, task, batch_size=batch_size, progress=progress, primary=primary,
+                                            layout=layout)
     else:
         base, removed, stats = _ablation(model, task, method=method, out_dir=out_dir, batch_size=batch_size,
-                                         progress=progress, primary=primary)
+                                         progress=progress, primary=primary, layout=layout)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     values = torch.empty((len(items), L, H, len(EFFECT_METRICS)), dtype=torch.float64)
     for (layer, head), records in removed.items():
         per_item = paired_values(list(zip(records, base.items)), primary)
         values[:, layer, head] = torch.tensor(np.stack([per_item[m] for m in EFFECT_METRICS], axis=1))
-    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, primary=primary,
+    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, primary=primary, **layout,
                 baseline=dict(accuracy=base.accuracy, ci95=list(base.ci95), n=base.n, chance=base.chance),
                 batch_size=batch_size, ci_method=CI_METHOD, wall_s=time.perf_counter() - start, **stats)
     return HeadEffects(values=values, metrics=list(EFFECT_METRICS), metric=metric, method=method,
@@ -188,11 +194,13 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
 # ---------------------------------------------------------------- ablation and mean ablation: one evaluation a head
 
 
-def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: bool, primary: str):
+def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: bool, primary: str, layout: dict):
     from tqdm.auto import tqdm
 
-    means = mean_z(model, task, batch_size=batch_size) if method == "mean" else None
-    settings = dict(method=method, primary=primary)
+    # the mean over the evaluated rows' positions
+    means = mean_z(model, [row.tokens for row in build_rows(model, list(task), **layout)], batch_size=batch_size) \
+        if method == "mean" else None
+    settings = dict(method=method, primary=primary, **layout)
     if means is not None:  # the substituted values are part of what a stored head means
         settings["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
     fingerprint = run_fingerprint(model, task, **settings)
@@ -207,7 +215,7 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
         if stored and stored.get("fingerprint") == fingerprint:
             counts["units_reused"] += 1
             return EvalResult.from_dict(stored["result"])
-        result = evaluate(model, task, hooks=hooks, batch_size=batch_size, progress=False, primary=primary)
+        result = evaluate(model, task, hooks=hooks, batch_size=batch_size, progress=False, primary=primary, **layout)
         if path is not None:
             atomic_write_json(path, {"fingerprint": fingerprint, "result": result.to_dict()})
         counts["units_run"] += 1
@@ -227,13 +235,13 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
 # ---------------------------------------------------------------- attribution patching: one backward a batch
 
 
-def _attribution(model, task, *, batch_size: int, progress: bool, primary: str):
+def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, layout: dict):
     """Intact log-likelihoods and, per head, their linearised values with the head zeroed."""
     from tqdm.auto import tqdm
 
     items = list(task)
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    rows = build_rows(model, items)
+    rows = build_rows(model, items, **layout)
     n_choices = max(len(it.continuations) for it in items)
     n_tokens = [[0] * len(it.continuations) for it in items]
     for row in rows:
@@ -303,7 +311,7 @@ def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRec
 
 def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30),
                  label: str = "oracle", out_dir=None, batch_size: int = 8, progress: bool = True,
-                 primary: str = "sum"):
+                 primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False):
     """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
     first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
@@ -319,7 +327,8 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     if sorted(order) != [(layer, head) for layer in range(L) for head in range(H)]:
         raise ValueError(f"order must list each of the model's {L} x {H} heads once (HeadEffects.order())")
     fractions = sorted({float(p) for p in fractions} | {0.0})
-    fingerprint = run_fingerprint(model, task, primary=primary, oracle_order=[list(h) for h in order])
+    layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
+    fingerprint = run_fingerprint(model, task, primary=primary, oracle_order=[list(h) for h in order], **layout)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         claim_folder(out, fingerprint, marker="oracle.json")
@@ -336,7 +345,7 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
         zeroing = static_zeroing(model, order[:int(round(p * L * H))]) if p else None
         start = time.perf_counter()
         result = evaluate(model, task, hooks=[zeroing] if zeroing else [], batch_size=batch_size, progress=False,
-                          primary=primary)
+                          primary=primary, **layout)
         unit = UnitResult(mode=mode, score=label if p else None, target_fraction=p, threshold=None,
                           realised_fraction=zeroing.share_zeroed() if zeroing else 0.0, result=result,
                           wall_s=time.perf_counter() - start)

@@ -112,3 +112,19 @@ def test_figures_carry_the_numbers_and_escape_the_names():
     fig = ablation_curves(curves, baseline=50.0, chance=0.25)
     drawn = [t.name for t in fig.data]
     assert drawn.count("oracle (held-out items)") == 2 and drawn.count("random") == 2
+
+
+def test_row_scores_are_averaged_per_item():
+    """score_heads on a Task scores each forward row (one per choice for cloze): an item's score is its rows' mean."""
+    scores, effects, effect = constructed(n=4)
+    rows = torch.cat([scores.values, scores.values + 1.0, scores.values[:2] - 3.0])  # items 0-3, 0-3, 0-1
+    row_items = list(range(4)) * 2 + [0, 1]
+    by_rows = HeadScores(values=rows, names=scores.names, direction=scores.direction,
+                         meta={"data": {"row_items": row_items}})
+    from lens_heads.agreement import item_scores
+
+    expected = np.empty(tuple(scores.values.shape))
+    expected[:2] = (scores.values[:2].double().numpy() * 3 + 1.0 - 3.0) / 3
+    expected[2:] = scores.values[2:].double().numpy() + 0.5
+    np.testing.assert_allclose(item_scores(by_rows), expected, atol=1e-6)
+    assert score_agreement(by_rows, effects, n_boot=5).meta["item_scores"] == "mean over each item's forward rows"
