@@ -33,6 +33,7 @@ methods), ``head_effects_agreement_<task>.png`` (correlations with intervals), `
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import replace
@@ -152,12 +153,17 @@ def run_task(model, name: str, args) -> dict:
                                                                                        float_format="%.4g"))
     sweep_csv = figures / f"sweep_{name}.csv"
     recorded = pd.read_csv(sweep_csv) if sweep_csv.exists() else None
+    recorded_meta = json.loads(sweep_csv.with_suffix(".json").read_text()) if recorded is not None and \
+        sweep_csv.with_suffix(".json").exists() else {}
+    # the sweep names its rows' protocol; a sweep that does not ran TransformerLens rows
+    recorded_protocol = recorded_meta.get("sweep_meta", {}).get("fingerprint", {}).get("protocol", "tl")
     curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
     base = recorded[recorded["target_fraction"] == 0].iloc[0] if recorded is not None else oracle_table.iloc[0]
     heldout_base = oracles["oracle (held-out items)"].baseline
     what = (f"{meta['name']} on {name} ({task.split}, {task.format}, weight basis {meta['weight_basis']}, seed "
             f"{args.seed})")
-    title = (f"{what}: recorded sweep (n={int(base['n'])}) with the oracle (heads zeroed in order of measured "
+    title = (f"{what}: recorded sweep (n={int(base['n'])}, {recorded_protocol} rows; the oracle: "
+             f"{effects['ablation'].meta['protocol']} rows) with the oracle (heads zeroed in order of measured "
              f"ablation KL on {len(task)} ranking items; also on {len(heldout)} held-out items, baseline "
              f"{100 * heldout_base.accuracy:.1f}%)")
     write_figure(ablation_curves(curves, baseline=100 * float(base["accuracy"]), chance=float(base["chance"]),
@@ -187,6 +193,7 @@ def run_task(model, name: str, args) -> dict:
         precision_chance=chance, agreement_meta=a.meta, costs=costs, cost_ratio_cpu=cost_ratio,
         attribution_vs_ablation=attribution_vs_ablation,
         baselines={m: effects[m].meta["baseline"] for m in METHODS},
+        recorded_sweep=dict(file=sweep_csv.name, protocol=recorded_protocol) if recorded is not None else None,
         oracle=dict(fractions=args.fractions, order_metric="ablation kl (mean |per-item| over ranking items)",
                     order=[list(h) for h in order],
                     zeroable_within_1_point_pct={k: o.zeroable_within(1.0, mode="static") for k, o in oracles.items()},

@@ -55,8 +55,11 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
     args = script.parse_args(["--n", "3", "--heldout-n", "2", "--fractions", "0,.25", "--n-boot", "20",
                               "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"), "--no-png"])
-    script.run_task(model, "piqa", args)
     fig = tmp_path / "fig"
+    fig.mkdir()
+    for suffix in (".csv", ".json"):  # the recorded sweep the oracle is drawn over
+        (fig / f"sweep_piqa{suffix}").write_text((ROOT / "figures" / f"sweep_piqa{suffix}").read_text())
+    script.run_task(model, "piqa", args)
     names = {p.name for p in fig.iterdir()}
     assert {"head_effects_piqa.json", "head_effects_piqa.csv", "head_effects_agreement_piqa.csv",
             "head_effects_oracle_piqa.html", "head_effects_agreement_piqa.html",
@@ -73,4 +76,7 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     order = [list(h) for h in stored["ablation"].order("kl")]
     assert result["oracle"]["order"] == order
     assert {r["score"] for r in result["oracle"]["table"]} == {"oracle (ranking items)", "oracle (held-out items)"}
+    assert result["recorded_sweep"] == {"file": "sweep_piqa.csv", "protocol": "tl"}
+    html = (fig / "head_effects_oracle_piqa.html").read_text()
+    assert "oracle (held-out items)" in html and "AHON (LN)" in html  # drawn beside the recorded curves
     assert np.isfinite([r["spearman"] for r in result["agreement"]]).any()
