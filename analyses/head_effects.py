@@ -48,6 +48,7 @@ from lens_heads.agreement import kendall, score_agreement, spearman
 from lens_heads.effects import HeadEffects, oracle_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
+from lens_heads.rows import PROTOCOLS
 from lens_heads.report.figures import ablation_curves, agreement_bars, score_vs_effect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks (default arc_easy,piqa)")
     ap.add_argument("--n", type=int, default=8, help="ranking items per task (default 8)")
     ap.add_argument("--heldout-n", type=int, default=32, help="held-out items for the oracle curve (default 32)")
+    ap.add_argument("--protocol", default="lm-eval", choices=PROTOCOLS,
+                    help="forward rows: lm-eval's (default, as the sweep) or TransformerLens's ('tl')")
     ap.add_argument("--fractions", default="0,.05,.1,.2,.3", help="shares of heads the oracle zeroes")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the items (default 1000)")
     ap.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
@@ -79,13 +82,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def effects_of(model, task, method: str, args) -> tuple[HeadEffects, dict]:
     """Each method's effects, kept in --out (ablation resumes per head), with the wall and CPU seconds it took."""
-    folder = Path(args.out) / task.name / f"{method}-n{len(task)}-seed{args.seed}"
+    folder = Path(args.out) / task.name / f"{method}-n{len(task)}-seed{args.seed}-{args.protocol}"
     stored = folder / "effects.safetensors"
     if stored.exists():
         effects = HeadEffects.load(stored)
         return effects, effects.meta["cost"]
     wall, cpu = time.perf_counter(), time.process_time()
-    effects = head_effects(model, task, method=method, metric="kl", batch_size=args.batch_size,
+    effects = head_effects(model, task, method=method, metric="kl", batch_size=args.batch_size, protocol=args.protocol,
                            out_dir=folder / "heads" if method != "attribution" else None)
     cost = dict(wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu,
                 units_run=effects.meta.get("units_run"), threads=torch.get_num_threads())
@@ -113,7 +116,7 @@ def write_figure(fig, path: Path, args) -> None:
 def run_task(model, name: str, args) -> dict:
     figures = Path(args.figures)
     task = load_task(name, n=args.n, seed=args.seed)
-    scores = score_heads(model, task, batch_size=args.batch_size)
+    scores = score_heads(model, task, batch_size=args.batch_size, protocol=args.protocol)
     effects, costs = {}, {}
     for method in METHODS:
         effects[method], costs[method] = effects_of(model, task, method, args)
@@ -139,9 +142,9 @@ def run_task(model, name: str, args) -> dict:
     oracles = {}
     for label, items in (("oracle (ranking items)", task), ("oracle (held-out items)", heldout)):
         oracles[label] = oracle_sweep(model, items, order, fractions=args.fractions, label=label,
-                                      batch_size=args.batch_size,
+                                      batch_size=args.batch_size, protocol=args.protocol,
                                       out_dir=Path(args.out) / name / f"oracle-{'held' if 'held' in label else 'rank'}"
-                                                                      f"-n{len(task)}-seed{args.seed}")
+                                                                      f"-n{len(task)}-seed{args.seed}-{args.protocol}")
     oracle_table = pd.concat([o.to_dataframe() for o in oracles.values()], ignore_index=True)
     oracle_table["score"] = oracle_table["score"].str.replace(" (static)", "", regex=False)
 
@@ -156,7 +159,8 @@ def run_task(model, name: str, args) -> dict:
     recorded_meta = json.loads(sweep_csv.with_suffix(".json").read_text()) if recorded is not None and \
         sweep_csv.with_suffix(".json").exists() else {}
     # the sweep names its rows' protocol; a sweep that does not ran TransformerLens rows
-    recorded_protocol = recorded_meta.get("sweep_meta", {}).get("fingerprint", {}).get("protocol", "tl")
+    recorded_protocol = recorded_meta.get("protocol") or recorded_meta.get("sweep_meta", {}).get(
+        "fingerprint", {}).get("protocol", "tl")
     curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
     base = recorded[recorded["target_fraction"] == 0].iloc[0] if recorded is not None else oracle_table.iloc[0]
     heldout_base = oracles["oracle (held-out items)"].baseline
@@ -188,7 +192,8 @@ def run_task(model, name: str, args) -> dict:
     result = dict(
         what="ground-truth effect of every head (zeroed on hook_z at all positions; attribution patching beside "
              "it) and each score's rank agreement with it; oracle zeroing curve",
-        model=meta, weight_basis=meta["weight_basis"], data=task.meta(), heldout_data=heldout.meta(), n=len(task),
+        model=meta, weight_basis=meta["weight_basis"], protocol=args.protocol, data=task.meta(),
+        heldout_data=heldout.meta(), n=len(task),
         heldout_n=len(heldout), seed=args.seed, chance=task.chance, n_boot=args.n_boot,
         precision_chance=chance, agreement_meta=a.meta, costs=costs, cost_ratio_cpu=cost_ratio,
         attribution_vs_ablation=attribution_vs_ablation,

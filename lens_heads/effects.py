@@ -87,7 +87,8 @@ class HeadEffects:
         """95% interval of :meth:`mean` (or of :meth:`size` with ``absolute=True``), normal approximation."""
         x = self.effect(metric)
         x = x.abs() if absolute else x
-        half = Z95 * x.std(0, correction=1) / math.sqrt(x.shape[0]) if x.shape[0] > 1 else torch.full_like(x[0], math.nan)
+        n = x.shape[0]
+        half = Z95 * x.std(0, correction=1) / math.sqrt(n) if n > 1 else torch.full_like(x[0], math.nan)
         return x.mean(0) - half, x.mean(0) + half
 
     def order(self, metric: str | None = None) -> list[tuple[int, int]]:
@@ -150,9 +151,9 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
     ``out_dir`` (ablation and mean): each head's evaluation is written there as it finishes and reused on a rerun
     with the same model, items and settings. ``primary``: the choice scoring (``"sum"``, ``"per_token"``,
     ``"per_char"``) behind accuracy and the answer distribution. ``protocol`` and ``apply_chat_template``: the
-    forward rows, as in :func:`lens_heads.evaluate` (:mod:`lens_heads.rows`). Attribution keeps every layer's activations for
-    the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long few-shot prompts a
-    small ``batch_size``."""
+    forward rows, as in :func:`lens_heads.evaluate` (:mod:`lens_heads.rows`). Attribution keeps every layer's
+    activations for the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long
+    few-shot prompts a small ``batch_size``."""
     from lens_heads.evaluate import METRICS
 
     if method not in METHODS:

@@ -67,6 +67,7 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     result = json.loads((fig / "head_effects_piqa.json").read_text())
     assert result["n"] == 3 and result["heldout_n"] == 2 and result["seed"] == 0
     assert result["weight_basis"] == "raw (no weight processing)" and result["data"]["task"] == "piqa"
+    assert result["protocol"] == "lm-eval"
     assert len(result["agreement"]) == 12 * 2 * 2  # scores x methods x metrics
     stored = {m: HeadEffects.load(next((tmp_path / "runs" / "piqa").glob(f"{m}-*/effects.safetensors")))
               for m in ("ablation", "attribution")}
