@@ -165,9 +165,9 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
     analysis = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(analysis)
     args = argparse.Namespace(figures=str(tmp_path), seed=1, fractions=[0, 0.2, 0.4], scores=["AHON (LN)", "AWFT"],
-                              static_scores=["AHON (LN)"], no_png=True)
+                              static_scores=["AHON (LN)"], no_png=True, model="tiny/llama")
     analysis.write_outputs(result, task, args, pd.DataFrame(), model)
-    recorded = read_sweep(tmp_path / "sweep_arc_easy.json")
+    recorded = read_sweep(tmp_path / "sweep_llama_arc_easy.json")  # another model than the default: named by it
     assert isinstance(recorded, RecordedSweep)
     for metric in ("accuracy", "kl"):
         got, want = recorded.normalised_auc(metric=metric), result.normalised_auc(metric=metric)
