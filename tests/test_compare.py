@@ -2,7 +2,6 @@
 out by hand on small synthetic sweeps (real EvalResult / UnitResult objects with hand-chosen accuracies), reading
 sweeps back from a run folder and from the analysis JSON, and the report's comparison section."""
 
-import argparse
 import json
 import math
 
@@ -164,8 +163,8 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
     spec = importlib.util.spec_from_file_location("sweep_analysis", "analyses/sweep.py")
     analysis = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(analysis)
-    args = argparse.Namespace(figures=str(tmp_path), seed=1, fractions=[0, 0.2, 0.4], scores=["AHON (LN)", "AWFT"],
-                              static_scores=["AHON (LN)"], no_png=True, model="tiny/llama")
+    args = analysis.parse_args(["--model", "tiny/llama", "--figures", str(tmp_path), "--seed", "1", "--fractions",
+                                "0,.2,.4", "--scores", "AHON (LN),AWFT", "--static-scores", "AHON (LN)", "--no-png"])
     analysis.write_outputs(result, task, args, pd.DataFrame(), model)
     recorded = read_sweep(tmp_path / "sweep_llama_arc_easy.json")  # another model than the default: named by it
     assert isinstance(recorded, RecordedSweep)
