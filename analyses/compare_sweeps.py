@@ -11,6 +11,8 @@ normalised AUC of the paired KL (the low-variance companion). Outputs in ``--fig
 - ``compare_ranks.csv``: per metric, (model, task) and curve: the normalised AUC and its rank (1 = best);
 - ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap, shared curves;
 - ``compare_spearman_<metric>.csv``: the correlation matrix;
+- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.sweep.table2``): per (model, task), AWFT's % of heads
+  zeroable within 1 accuracy point (authors' rule) beside the best other curve's, random included;
 - ``compare_ranks_<metric>.png`` and ``compare_spearman_<metric>.png`` (and ``.html``): the two heatmaps;
 - ``compare_sweeps.json``: what went in (model, task, sample, seed, weight basis, baseline, chance, source file) and
   every number above.
@@ -27,6 +29,7 @@ import pandas as pd
 from lens_heads.compare import METRICS, compare_sweeps, read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.report.figures import correlation_heatmap, png_writer, rank_heatmap
+from lens_heads.sweep import table2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +51,7 @@ def main(argv=None) -> None:
     try:
         sweeps = [read_sweep(p) for p in args.sweeps]
         comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=args.top_k) for m in METRICS}
+        paper_table = table2(sweeps)
     except (OSError, ValueError) as e:
         sys.exit(f"compare_sweeps: {e}")
     out = Path(args.figures)
@@ -56,6 +60,7 @@ def main(argv=None) -> None:
     pairs = pd.concat([c.pairs().assign(metric=m) for m, c in comparisons.items()], ignore_index=True)
     atomic_write_text(out / "compare_ranks.csv", ranks.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(out / "compare_pairs.csv", pairs.to_csv(index=False, float_format="%.4f"))
+    atomic_write_text(out / "compare_table2.csv", paper_table.to_csv(index=False, float_format="%.2f"))
     figs = {}
     for m, c in comparisons.items():
         atomic_write_text(out / f"compare_spearman_{m}.csv", c.spearman_table().to_csv(float_format="%.4f"))
@@ -81,7 +86,12 @@ def main(argv=None) -> None:
         metrics={m: dict(what=METRICS[m], ranks=c.rank_table().reset_index().to_dict(orient="records"),
                          spearman=c.spearman_table().to_dict(), pairs=c.pairs().to_dict(orient="records"))
                  for m, c in comparisons.items()},
+        table2=dict(what="% of heads zeroable within 1 accuracy point, authors' rule (last crossing of baseline - 1 "
+                         "in order of target fraction, 0 if none): AWFT beside the best other curve, random included",
+                    rows=paper_table.to_dict(orient="records")),
         table=ranks.to_dict(orient="records")))
+    print("== the paper's Table 2 (% zeroable within 1 point, authors' rule)")
+    print(paper_table.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     for m, c in comparisons.items():
         print(f"\n== ranks by {METRICS[m]}")
         print(c.rank_table().to_string(float_format=lambda v: f"{v:g}"))

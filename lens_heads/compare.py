@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from lens_heads.sweep import SweepResult, load_sweep, normalised_auc
+from lens_heads.sweep import SweepResult, load_sweep, normalised_auc, zeroable_within
 
 METRICS = {"accuracy": "normalised AUC of accuracy (%), higher is better",
            "kl": "normalised AUC of the paired KL(unablated || ablated) (nats), lower is better"}
@@ -49,9 +49,24 @@ class RecordedSweep:
         """Per curve of per-input zeroing (``"random"`` included, static pruning left out): the normalised AUC
         over realised % zeroed of accuracy (%) or of the paired KL, as :meth:`SweepResult.normalised_auc`."""
         column, scale = {"accuracy": ("accuracy", 100.0), "kl": ("kl", 1.0)}[_check_metric(metric)]
+        return {s: normalised_auc(100 * g["realised_fraction"], scale * g[column]) for s, g in self._curves()}
+
+    def zeroable_within(self, points: float = 1.0, *, rule: str = "authors") -> dict[str, float]:
+        """Per curve: % of heads zeroable within ``points`` accuracy points of the baseline, by ``rule``
+        (:func:`lens_heads.sweep.zeroable_within`), as :meth:`SweepResult.zeroable_within`."""
+        base = 100 * self.baseline_accuracy
+        return {s: zeroable_within(100 * g["realised_fraction"], 100 * g["accuracy"], base, points, rule=rule)
+                for s, g in self._curves()}
+
+    def table2(self, points: float = 1.0) -> dict:
+        """The paper's Table 2 entry for this model and task (:meth:`SweepResult.table2` on the recorded points)."""
+        return SweepResult.table2(self, points)
+
+    def _curves(self):
+        """(curve, its rows in order of target fraction) for every curve of per-input zeroing."""
         rows = self.table[~self.table["score"].astype(str).str.endswith(" (static)")]
-        return {str(s): normalised_auc(100 * g["realised_fraction"], scale * g[column])
-                for s, g in rows.groupby("score", sort=False)}
+        rows = rows.sort_values("target_fraction", kind="stable")
+        return [(str(s), g) for s, g in rows.groupby("score", sort=False)]
 
 
 def read_sweep(path: str | Path) -> SweepResult | RecordedSweep:

@@ -80,8 +80,9 @@ def test_ranks_spearman_and_overlap_by_hand(two):
 def test_kl_ranking_puts_the_smallest_first():
     # a recorded table: KL AUC over [0, 20] of (0, k10, k20) is (2 k10 + k20) / 4
     def recorded(model, task, kls):
-        rows = [dict(score=s, mode="baseline", realised_fraction=0.0, accuracy=0.8, kl=0.0) for s in kls]
-        rows += [dict(score=s, mode="threshold", realised_fraction=p, accuracy=0.8, kl=k[i])
+        rows = [dict(score=s, mode="baseline", target_fraction=0.0, realised_fraction=0.0, accuracy=0.8, kl=0.0)
+                for s in kls]
+        rows += [dict(score=s, mode="threshold", target_fraction=p, realised_fraction=p, accuracy=0.8, kl=k[i])
                  for s, k in kls.items() for i, p in enumerate((0.1, 0.2))]
         return RecordedSweep(table=pd.DataFrame(rows), baseline_accuracy=0.8, chance=0.5,
                              meta={"fingerprint": {"model": {"name": model}, "task": {"task": task}}})
@@ -203,6 +204,10 @@ def test_report_section_from_two_sweeps_escapes_names(tmp_path):
     pairs = out.tables["compare_pairs"]
     assert pairs.loc[pairs["ranking"] == "accuracy", "spearman"].item() == pytest.approx(3 / math.sqrt(22.5))
     assert out.results["compare"]["curves"] == ["S1", "S2", "S3", "random"]
+    t2 = out.tables["compare_table2"].set_index("task")  # no AWFT curve here: NaN beside the best other
+    assert math.isnan(t2.loc["t1", "awft_pct"]) and t2.loc["t1", "best_score"] == "S1"
+    assert t2.loc["t1", "best_pct"] == pytest.approx(11)  # 80 -> 80 -> 70 crosses 79 at 10 + 1/10 * 10
+    assert "Table 2" in page
 
 
 def test_report_cli_checks_compare_paths(tmp_path):
@@ -213,3 +218,22 @@ def test_report_cli_checks_compare_paths(tmp_path):
     assert e.value.code == 2
     (tmp_path / "s.json").write_text("{}")
     assert config_from_args(["--compare", str(tmp_path / "s.json")]).compare == (str(tmp_path / "s.json"),)
+
+
+def test_table2_of_sweeps_and_of_their_records_by_hand():
+    from lens_heads.sweep import table2
+
+    # line = 80 - 1 = 79; authors' rule: last crossing in order of target fraction, 0 if none
+    curves = {"AWFT": (80, 70), "S2": (70, 60), "S3": (80, 80), "random": (60, 40)}
+    # AWFT: 80 at 10% then 70: crosses at 10 + 1/10 * 10 = 11; S2: 80 -> 70 between 0 and 10: 1; S3 never: 0;
+    # random: 80 -> 60: 1/20 * 10 = 0.5
+    full = [synthetic_sweep("m1", "t1", curves), synthetic_sweep("m2", "t1", {**curves, "S3": (80, 60)})]
+    recorded = [RecordedSweep(table=s.to_dataframe(), meta=s.meta, baseline_accuracy=s.baseline.accuracy,
+                              chance=0.5) for s in full]
+    assert recorded[0].zeroable_within() == pytest.approx({"AWFT": 11, "S2": 1, "S3": 0, "random": 0.5})
+    # S3 of m2: 80, 80, 60: crosses at 10 + 1/20 * 10 = 10.5
+    for sweeps in (full, recorded):
+        t = table2(sweeps).set_index("model")
+        assert t.loc["m1", "awft_pct"] == pytest.approx(11) and t.loc["m1", "best_score"] == "S2"
+        assert t.loc["m1", "best_pct"] == pytest.approx(1)
+        assert t.loc["m2", "best_score"] == "S3" and t.loc["m2", "best_pct"] == pytest.approx(10.5)
