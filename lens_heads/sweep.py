@@ -511,3 +511,29 @@ def read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # a unit that can't be read is run again
+
+
+def load_sweep(out_dir) -> SweepResult:
+    """The sweep kept in a ``run_sweep`` output folder, read back without a model: every unit whose fingerprint
+    matches the folder's ``sweep.json`` (a sweep interrupted midway gives the units it finished)."""
+    from lens_heads.scores import SCORE_NAMES
+
+    out = Path(out_dir)
+    stored = _read_json(out / "sweep.json") if (out / "sweep.json").exists() else None
+    if not stored or "fingerprint" not in stored:
+        raise FileNotFoundError(f"{out} holds no sweep (no readable sweep.json): give the out_dir of run_sweep")
+    fingerprint = stored["fingerprint"]
+    units = list(_load_units(out, fingerprint).values())
+    base = [u for u in units if u.mode == "baseline"]
+    if not base:
+        raise ValueError(f"{out} has no finished baseline unit yet: rerun run_sweep with out_dir={str(out)!r}")
+    modes = ("baseline", "random", "threshold", "static")
+    rank = {s: i for i, s in enumerate(SCORE_NAMES)}
+    units.sort(key=lambda u: (u.target_fraction, modes.index(u.mode), rank.get(u.score, -1)))
+    scores = sorted({u.score for u in units if u.mode == "threshold"}, key=lambda s: rank.get(s, len(rank)))
+    static = sorted({u.score for u in units if u.mode == "static"}, key=lambda s: rank.get(s, len(rank)))
+    meta = dict(fingerprint=fingerprint, fractions=sorted({u.target_fraction for u in units}), scores=scores,
+                static_scores=static, random_baseline=any(u.mode == "random" for u in units),
+                seed=fingerprint.get("seed"), out_dir=str(out), calibration=_stored_calibration(out),
+                units_reused=len(units), units_run=0)
+    return SweepResult(baseline=base[0].result, units=units, meta=meta)

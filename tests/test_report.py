@@ -20,7 +20,7 @@ from lens_heads.report.__main__ import main
 from lens_heads.report.attention import pick_heads, script_safe
 from lens_heads.report.config import ALL_SCORES, QUICK
 from lens_heads.report.render import Section, Table, Text, render_page
-from report_run import MARKUP_PROMPT, quick_report, run_cli
+from report_run import COMPARE_WITH, MARKUP_PROMPT, quick_report, run_cli
 
 TASK = "arc_easy"
 
@@ -181,6 +181,27 @@ def test_ablation_baseline_matches_a_fresh_evaluation(results, smollm, task, run
     assert set(QUICK["scores"]) <= set(curves["score"])
 
 
+def test_comparison_ranks_the_report_sweep_beside_the_recorded_one(results, run):
+    assert results["stages"]["compare"]["status"] == "done", results["stages"]["compare"]
+    c = results["compare"]
+    assert [(d["model"], d["task"]) for d in c["inputs"]] == [("smollm2-135m", TASK), ("smollm2-135m", "piqa")]
+    recorded = json.loads(open(COMPARE_WITH).read())
+    assert c["inputs"][1]["n"] == recorded["task"]["n"] and c["inputs"][0]["n"] == QUICK["n"]
+    # by hand: each sweep's AUCs as recorded (report results, the sweep JSON), ranked best first
+    aucs = [results["ablation"][TASK]["normalised_auc"], recorded["normalised_auc_pct"]]
+    common = [s for s in aucs[0] if s in aucs[1]]
+    assert set(common) == set(QUICK["scores"]) | {"random"} and c["curves"] == common
+    ranks = [[1 + sorted((-a[x] for x in common)).index(-a[s]) for s in common] for a in aucs]
+    got = {row["curve"]: row for row in c["accuracy"]["ranks"]}
+    for j, s in enumerate(common):
+        assert [got[s][f"smollm2-135m / {t}"] for t in (TASK, "piqa")] == [ranks[0][j], ranks[1][j]]
+    expected = np.corrcoef(ranks[0], ranks[1])[0, 1]
+    assert c["accuracy"]["pairs"][0]["spearman"] == pytest.approx(expected)
+    page = (run.out / "report.html").read_text()
+    assert "Comparison of sweeps across models and tasks" in page and 'id="compare"' in page
+    assert {"compare_ranks.csv", "compare_pairs.csv", "compare_inputs.csv"} <= set(results["files"])
+
+
 def test_rerun_reuses_the_cached_stages(run, results, tmp_path):
     out = tmp_path / "rerun"
     shutil.copytree(run.out, out)  # a copy: the browser test reads the original
@@ -222,6 +243,7 @@ def test_page_is_self_contained_and_escapes_the_prompt(run):
     (["--batch-size", "-3"], "--batch-size"),
     (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nodevice"], "device"),
     (["--bogus"], "unrecognized arguments"),
+    (["--compare", "no/such/sweep.json"], "neither a sweep folder"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, args, words):
     with pytest.raises(SystemExit) as e:

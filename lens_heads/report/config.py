@@ -36,6 +36,7 @@ class ReportConfig:
     scores: tuple[str, ...] = ALL_SCORES
     prompts: tuple[str, ...] = (DEFAULT_PROMPT,)
     heads_shown: int = 4  # most and least active heads each, in the attention plots
+    compare: tuple[str, ...] = ()  # recorded sweeps (folders or sweep_<task>.json) compared with the report's own
     device: str | None = None
     dtype: str = "float32"
     batch_size: int = 8

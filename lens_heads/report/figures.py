@@ -197,6 +197,37 @@ def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") ->
     return fig
 
 
+def rank_heatmap(ranks, *, title: str = "") -> go.Figure:
+    """Rank of each curve (rows) within each (model, task) (columns), 1 = best; the number is written in the cell.
+
+    ``ranks``: :meth:`lens_heads.compare.SweepComparison.rank_table` (a DataFrame, curves x model / task)."""
+    curves, columns = [str(c) for c in ranks.index], [str(c) for c in ranks.columns]
+    z = ranks.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[esc(c) for c in columns], y=[esc(c) for c in curves], colorscale="Viridis_r", zmin=1,
+        zmax=len(curves), text=[[f"{v:g}" for v in row] for row in z], texttemplate="%{text}",
+        colorbar=dict(title="rank"), hovertemplate="%{y} on %{x}: rank %{z:g}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=dict(text=esc(title), font=dict(size=14)), height=max(360, 32 * len(curves) + 160),
+                      width=max(720, 170 * len(columns) + 300), margin=dict(t=80, l=120, r=20, b=80))
+    return fig
+
+
+def correlation_heatmap(matrix, *, title: str = "", label: str = "Spearman") -> go.Figure:
+    """A symmetric correlation matrix (a square DataFrame) on a diverging -1..1 scale, values in the cells."""
+    names = [esc(str(c)) for c in matrix.columns]
+    z = matrix.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=names, y=names, colorscale="RdBu", zmin=-1, zmax=1, text=[[f"{v:.2f}" for v in row] for row in z],
+        texttemplate="%{text}", colorbar=dict(title=esc(label)),
+        hovertemplate=f"%{{y}} vs %{{x}}: {esc(label)} %{{z:.3f}}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    side = max(560, 150 * len(names) + 260)
+    fig.update_layout(title=dict(text=esc(title), font=dict(size=14)), height=side, width=side + 160,
+                      margin=dict(t=80, l=160, r=20, b=120))
+    return fig
+
+
 @contextmanager
 def png_writer():
     """Yields ``write(fig, path)``; one headless Chromium serves every figure (the first one costs seconds)."""

@@ -1,10 +1,12 @@
 """The report pipeline: load the model, run each analysis stage through the library, write the output folder.
 
 Stages, in order: model card; head scores (``lens_heads.score_heads``) with heatmaps, per-layer distributions and
-thresholds; the ablation sweep (``lens_heads.sweep.run_sweep``) with its random baseline; the attention-rank profile
-(``lens_heads.attention_rank``); attention patterns of the most and least active heads (circuitsvis). Every stage
-only calls the library and formats what comes back. Finished stage outputs are cached in ``<out>/cache`` and reused
-on a rerun with the same settings; a stage whose library module is missing is reported as unavailable, never faked.
+thresholds; the ablation sweep (``lens_heads.sweep.run_sweep``) with its random baseline; where the report holds more
+than one sweep (several tasks, or recorded sweeps given with ``--compare``), their comparison (``lens_heads.compare``);
+the attention-rank profile (``lens_heads.attention_rank``); attention patterns of the most and least active heads
+(circuitsvis). Every stage only calls the library and formats what comes back. Finished stage outputs are cached in
+``<out>/cache`` and reused on a rerun with the same settings; a stage whose library module is missing is reported as
+unavailable, never faked.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lens_heads.compare import read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import load_model, model_meta
 from lens_heads.report import attention, figures
 from lens_heads.report.cache import StageCache
+from lens_heads.report.comparison import stage_compare
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.report.render import Figure, Raw, Section, Table, Text, render_page
 from lens_heads.tasks import load_task
@@ -93,9 +97,14 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     for name, task in tasks.items():
         scores_by_task[name] = run_stage(out, f"scores:{name}", log, lambda: stage_scores(
             out, model, task, config, cache, cache_key))
+    sweeps = []
     for name, task in tasks.items():
-        run_stage(out, f"ablation:{name}", log, lambda: stage_ablation(
-            out, model, task, scores_by_task[name], config, cache, cache_key))
+        sweeps.append(run_stage(out, f"ablation:{name}", log, lambda: stage_ablation(
+            out, model, task, scores_by_task[name], config, cache, cache_key)))
+    sweeps = [s for s in sweeps if s is not None]
+    if len(sweeps) + len(config.compare) > 1:
+        run_stage(out, "compare", log, lambda: stage_compare(
+            out, sweeps + [read_sweep(path) for path in config.compare], config))
     for name, task in tasks.items():
         run_stage(out, f"effects:{name}", log, lambda: stage_effects(
             out, model, task, scores_by_task[name], config, cache, cache_key))
@@ -142,7 +151,7 @@ def run_stage(out: Outputs, name: str, log, fn):
 def _stage_title(name: str) -> str:
     kind, _, task = name.partition(":")
     titles = {"scores": "Head scores", "ablation": "Ablation sweep", "rank": "Attention rank",
-              "attention": "Attention patterns"}
+              "attention": "Attention patterns", "compare": "Comparison of sweeps"}
     return titles.get(kind, kind) + (f" on {task}" if task else "")
 
 
