@@ -312,6 +312,32 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     return result
 
 
+# ---------------------------------------------------------------- zero-shot evaluation
+
+# The paper's zero-shot tasks and the accuracy reported for each (lm-eval names: "sum" = acc, "per_char" =
+# acc_norm, which the paper reports for HellaSwag). Tasks that lens_heads.tasks does not ship are reported as
+# unavailable, so adding one there is all it takes.
+PAPER_TASKS = {"arc_easy": "sum", "piqa": "sum", "hellaswag": "per_char", "lambada": "sum", "sciq": "sum"}
+
+
+def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, n: int | None = None, seed: int = 0,
+              batch_size: int = 16) -> list[dict]:
+    """Zero-shot accuracy of ``model`` on ``tasks`` ({task: metric}, default `PAPER_TASKS`), ``n`` items each
+    (seeded sample); items longer than the model's context are dropped and counted."""
+    from lens_heads.evaluate import evaluate, within_context
+    from lens_heads.tasks import TASKS, load_task
+
+    rows = []
+    for name, metric in (PAPER_TASKS if tasks is None else tasks).items():
+        if name not in TASKS:
+            rows.append({"task": name, "available": False, "note": f"not in lens_heads.tasks.TASKS {TASKS}"})
+            continue
+        fitting, dropped = within_context(model, load_task(name, n=n, seed=seed, shots=0))
+        res = evaluate(model, fitting, batch_size=batch_size, progress=False, primary=metric)
+        rows.append({**res.summary(), "available": True, "dropped_longer_than_context": dropped})
+    return rows
+
+
 def load_result(out_dir: str | Path) -> InherituneResult:
     """Read a finished run's ``result.json``."""
     data = json.loads((Path(out_dir) / "result.json").read_text())

@@ -241,3 +241,17 @@ def test_run_inheritune_stages(corpus, tmp_path):
         assert len(stage.rank["max_rank"]) == stage.n_layers
         assert len(stage.rank_at_init["max_rank"]) == stage.n_layers
     assert (tmp_path / "result.json").exists()
+
+
+def test_zero_shot_reports_the_papers_metric_per_task():
+    from lens_heads.corpus import gpt2_tokenizer
+    from lens_heads.inheritune import zero_shot
+
+    model = gpt2_model(gpt2_config(1, d_model=32, n_heads=2, n_ctx=256), seed=0, tokenizer=gpt2_tokenizer())
+    rows = {r["task"]: r for r in zero_shot(model, {"hellaswag": "per_char", "arc_easy": "sum", "no_such_task": "sum"},
+                                            n=3, seed=0)}
+    assert rows["hellaswag"]["primary"] == "per_char"  # acc_norm, as the paper reports HellaSwag
+    assert rows["hellaswag"]["accuracy"] == rows["hellaswag"]["accuracy_per_char"]
+    assert rows["arc_easy"]["accuracy"] == rows["arc_easy"]["accuracy_sum"]
+    assert rows["hellaswag"]["n"] + rows["hellaswag"]["dropped_longer_than_context"] == 3
+    assert rows["no_such_task"]["available"] is False
