@@ -121,6 +121,35 @@ def stack(source: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedT
     return stacked
 
 
+def same_size_random(reference: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedTransformer:
+    """Any architecture: a fresh TransformerLens initialisation of ``reference``'s configuration at ``n_layers``
+    layers (the same-size random-init baseline)."""
+    _check_depth(n_layers, reference.cfg.n_layers, "the reference's depth")
+    with own_rng():
+        cfg = HookedTransformerConfig(**{**reference.cfg.to_dict(), "n_layers": n_layers, "seed": seed,
+                                         "model_name": f"random-{n_layers}L-like-{reference.cfg.model_name}"})
+        model = HookedTransformer(cfg, tokenizer=reference.tokenizer)
+    model.eval()
+    model.lens_heads_meta = {"name": cfg.model_name, "source": f"fresh init seed {seed} ({cfg.init_mode})",
+                             "weight_basis": "raw (no weight processing)", "dtype": str(cfg.dtype).replace("torch.", "")}
+    return model
+
+
+def inherit_first_layers(reference: HookedTransformer, n_layers: int, *, seed: int = 0,
+                         fresh: tuple[str, ...] = ("ln_final.",)) -> HookedTransformer:
+    """Inheritune for any architecture (the Llama-shaped embedded SmolLM2 included; `inherit` is the GPT-2 one):
+    ``reference``'s configuration at ``n_layers`` layers, taking every tensor of the token embedding, blocks
+    ``0..n_layers-1`` and the unembedding; tensors whose names start with ``fresh`` (default: the final norm, as
+    the authors' code leaves it) keep the fresh init of `same_size_random` with ``seed``."""
+    student = same_size_random(reference, n_layers, seed=seed)
+    student.cfg.model_name = f"inheritune-{n_layers}L-of-{reference.cfg.model_name}"
+    _copy(student, reference, [k for k in student.state_dict() if not k.startswith(fresh)])
+    student.lens_heads_meta.update(name=student.cfg.model_name, source=(
+        f"Inheritune: embedding, blocks 0..{n_layers - 1}, unembedding of {reference.cfg.model_name}; {fresh} "
+        f"fresh init seed {seed}"), weight_basis=getattr(reference, "lens_heads_meta", {}).get("weight_basis", "raw"))
+    return student
+
+
 def grow(reference: HookedTransformer, n_layers: int, *, student: HookedTransformer | None = None,
          seed: int = 0) -> HookedTransformer:
     """A larger student of ``n_layers`` layers (at most the reference's depth).

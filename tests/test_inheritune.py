@@ -255,3 +255,27 @@ def test_zero_shot_reports_the_papers_metric_per_task():
     assert rows["arc_easy"]["accuracy"] == rows["arc_easy"]["accuracy_sum"]
     assert rows["hellaswag"]["n"] + rows["hellaswag"]["dropped_longer_than_context"] == 3
     assert rows["no_such_task"]["available"] is False
+
+
+def test_inherit_first_layers_of_a_llama_shaped_model():
+    from lens_heads import tiny_model
+    from lens_heads.inheritune import inherit_first_layers, same_size_random
+
+    reference = perturbed(tiny_model("llama", seed=0, n_layers=4), seed=1)
+    student = inherit_first_layers(reference, 2, seed=3)
+    fresh = same_size_random(reference, 2, seed=3)
+    ref, stu, new = state(reference), state(student), state(fresh)
+    assert student.cfg.n_layers == 2 and set(stu) == set(new)
+    assert {"blocks.1.attn._W_K", "blocks.1.mlp.W_gate"} & set(stu)  # it is the Llama shape (GQA, gated MLP)
+    for name, tensor in stu.items():
+        if name.startswith("ln_final."):
+            assert torch.equal(tensor, new[name]) and not torch.equal(tensor, ref[name]), name
+        else:
+            assert torch.equal(tensor, ref[name]), name
+    with torch.no_grad():  # the student is the reference cut after block 1 (up to the final norm)
+        tokens = torch.randint(0, reference.cfg.d_vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+        _, cache = reference.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
+        _, mine = student.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
+    torch.testing.assert_close(mine["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"])
+    with pytest.raises(ValueError, match=r"1\.\.4"):
+        inherit_first_layers(reference, 5)
