@@ -220,6 +220,13 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
 # ---------------------------------------------------------------- figures
 
 
+def wrap(text: str, width: int = 150) -> str:
+    """Plotly titles do not wrap: break long lines with <br>."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width))
+
+
 def write_figure(fig, stem: Path) -> list[str]:
     """PNG (kaleido, needs a Chrome such as /usr/bin/chromium) and self-contained HTML."""
     written = []
@@ -280,7 +287,7 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
                       annotation_text=f"uniform causal averaging: rank {uniform['rank']}")
     meta = result.meta["rank"]
     fig.update_layout(title=f"Attention rank per layer at every stage ({meta['n_inputs']} validation windows)<br>"
-                            f"<sup>{meta['definition']}<br>{subtitle}</sup>", margin=dict(t=150),
+                            f"<sup>{wrap(meta['definition'])}<br>{subtitle}</sup>", margin=dict(t=170),
                       template="plotly_white")
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="approximate rank", row=1, col=1)
@@ -293,7 +300,7 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
         fig = go.Figure(go.Heatmap(z=z, x=[r["step"] for r in tracked], y=list(range(z.shape[0])),
                                    colorbar=dict(title="max rank"), colorscale="Viridis"))
         fig.update_layout(title=f"Reference: max attention rank per layer during training<br><sup>"
-                                f"{result.meta['rank']['definition']}<br>{subtitle}</sup>", margin=dict(t=150),
+                                f"{wrap(result.meta['rank']['definition'])}<br>{subtitle}</sup>", margin=dict(t=170),
                           xaxis_title="step", yaxis_title="layer", template="plotly_white")
         written += write_figure(fig, out / "inheritune_rank_during_training")
 
@@ -323,8 +330,8 @@ def smollm_figure(smollm: dict, out: Path) -> list[str]:
     m = paper["meta"]
     fig.update_layout(title=f"SmolLM2-135M-Instruct (embedded): attention rank profile, N={m['n_inputs']} texts of "
                             f"T={m['max_length']} tokens (held-out SOTU text)<br><sup>averaged (paper's): "
-                            f"{paper.get('definition', '')}; per_input: ranks of each input's matrix, averaged"
-                            f"<br>{paper['lazy_rule']}</sup>", margin=dict(t=150), template="plotly_white")
+                            f"{wrap(paper.get('definition', '') + '; per_input: ranks of each input matrix, averaged')}"
+                            f"<br>{wrap(paper['lazy_rule'])}</sup>", margin=dict(t=190), template="plotly_white")
     fig.update_xaxes(title_text="layer")
     return write_figure(fig, out / "smollm2_rank_profile")
 
