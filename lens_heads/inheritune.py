@@ -126,7 +126,9 @@ def same_size_random(reference: HookedTransformer, n_layers: int, *, seed: int =
     layers (the same-size random-init baseline)."""
     _check_depth(n_layers, reference.cfg.n_layers, "the reference's depth")
     with own_rng():
+        # init_weights: a loaded pretrained model's config turns initialisation off (its weights are loaded)
         cfg = HookedTransformerConfig(**{**reference.cfg.to_dict(), "n_layers": n_layers, "seed": seed,
+                                         "init_weights": True,
                                          "model_name": f"random-{n_layers}L-like-{reference.cfg.model_name}"})
         model = HookedTransformer(cfg, tokenizer=reference.tokenizer)
     model.eval()

@@ -262,6 +262,7 @@ def test_inherit_first_layers_of_a_llama_shaped_model():
     from lens_heads.inheritune import inherit_first_layers, same_size_random
 
     reference = perturbed(tiny_model("llama", seed=0, n_layers=4), seed=1)
+    reference.cfg.init_weights = False  # as in a loaded pretrained model's config
     student = inherit_first_layers(reference, 2, seed=3)
     fresh = same_size_random(reference, 2, seed=3)
     ref, stu, new = state(reference), state(student), state(fresh)
@@ -277,5 +278,7 @@ def test_inherit_first_layers_of_a_llama_shaped_model():
         _, cache = reference.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
         _, mine = student.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
     torch.testing.assert_close(mine["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"])
+    for name in ("blocks.0.attn.W_Q", "blocks.1.mlp.W_in"):  # the random baseline is initialised, not empty memory
+        assert new[name].std().item() == pytest.approx(reference.cfg.initializer_range, rel=0.2), name
     with pytest.raises(ValueError, match=r"1\.\.4"):
         inherit_first_layers(reference, 5)
