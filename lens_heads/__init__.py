@@ -17,7 +17,9 @@ from lens_heads.effects import HeadEffects, head_effects
 from lens_heads.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.train import RankTracker, TrainConfig  # train() itself: lens_heads.train.train (keeps the module reachable)
-from lens_heads.inheritune import InherituneConfig, InherituneResult, grow, inherit, run_inheritune
+from lens_heads.gpt2 import GPT2Options, gpt2_config, gpt2_model
+from lens_heads.inheritune import (InherituneConfig, InherituneResult, grow, inherit, inherit_first_layers,
+                                   inherit_later_layers, run_inheritune, stack)
 
 __all__ = [
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
@@ -29,5 +31,7 @@ __all__ = [
     "HeadEffects", "head_effects",
     "RankProfile", "approx_rank", "attention_rank",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
-    "InherituneConfig", "InherituneResult", "grow", "inherit", "run_inheritune",
+    "GPT2Options", "gpt2_config", "gpt2_model",
+    "InherituneConfig", "InherituneResult", "grow", "inherit", "inherit_first_layers", "inherit_later_layers",
+    "run_inheritune", "stack",
 ]

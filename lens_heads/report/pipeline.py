@@ -398,7 +398,8 @@ def stage_rank(out: Outputs, model, task, config: ReportConfig, cache: StageCach
     key = {**base_key, "stage": "rank", "data": task.meta(), "rank_n": len(inputs)}
     profile = cache.load_json("rank", key)
     if profile is None:
-        p = rank.attention_rank(model, inputs, batch_size=config.batch_size, progress=config.progress)
+        # per-input ranks: item prompts differ in length, and the averaged matrix would cut all to the shortest
+        p = rank.attention_rank(model, inputs, average=False, batch_size=config.batch_size, progress=config.progress)
         profile = _jsonable(p.to_dict())
         cache.save_json("rank", key, profile)
     m = profile.get("meta", {})
