@@ -4,6 +4,9 @@
                                     # recorded in figures/ (85 + 49 min on 2 idle CPU cores)
     python analyses/sweep.py --n 64 --fractions 0,.1,.2,.3 --scores "AHON (LN),AWFT"   # a quick look
     python analyses/sweep.py --model gpt2-medium --tasks mmlu --n 1000 --fractions 0,.05,.1,.15,.2,.25,.3
+    torchrun --nproc_per_node=8 analyses/sweep.py --model Qwen/Qwen2.5-0.5B --tasks mmlu ...   # 8 GPUs share the
+                                    # units (rank 0 writes); in a SLURM job array each task runs its share into --out
+                                    # and a final plain run merges them
 
 Steps:
 1. **Baseline against chance** on every task in ``--check-tasks`` (``--check-n`` items each; MMLU in its 5-shot
@@ -31,7 +34,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lens_heads import load_model, load_task
+from lens_heads import distributed, load_model, load_task
+from lens_heads.batching import AUTO
 from lens_heads.evaluate import EvalResult, evaluate
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
@@ -41,6 +45,18 @@ from lens_heads.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+
+
+def _batch_size(text: str) -> int | str:
+    if text == AUTO:
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {value}")
+    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,7 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--force", action="store_true", help="sweep the --tasks even where the baseline is at chance")
     ap.add_argument("--out", default=str(ROOT / "runs" / "sweep"), help="folder of resumable units (default runs/sweep)")
     ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
-    ap.add_argument("--batch-size", type=int, default=16, help="forward rows per batch (default 16)")
+    ap.add_argument("--batch-size", type=_batch_size, default=16,
+                    help="forward rows per batch, or 'auto' (the largest that fits; default 16)")
     ap.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed (default 0)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
@@ -90,8 +107,10 @@ def check_baselines(model, args) -> pd.DataFrame:
         else:
             t = time.perf_counter()
             # 5-shot MMLU rows are ~750 tokens: smaller batches keep the attention patterns' memory in bounds
-            result = evaluate(model, task, batch_size=min(args.batch_size, 4) if name == "mmlu" else args.batch_size)
-            atomic_write_json(path, result.to_dict())
+            small = args.batch_size if args.batch_size == AUTO else min(args.batch_size, 4)
+            result = evaluate(model, task, batch_size=small if name == "mmlu" else args.batch_size)
+            if distributed.is_main():
+                atomic_write_json(path, result.to_dict())
             print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
         low, high = result.ci95
         chosen = pd.Series([it.chosen() for it in result.items]).value_counts(normalize=True)
@@ -150,11 +169,13 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model)
+    model = load_model(args.model)  # under torchrun: on this rank's GPU (cuda:LOCAL_RANK) or the CPU
+    main_process = distributed.is_main()  # only it writes tables and figures
     stored = Path(args.figures) / "sweep_baselines.csv"
     if args.check_tasks:
         baselines = check_baselines(model, args)
-        atomic_write_text(stored, baselines.to_csv(index=False, float_format="%.4g"))
+        if main_process:
+            atomic_write_text(stored, baselines.to_csv(index=False, float_format="%.4g"))
     else:  # a rerun that skips the check keeps the last check's table
         baselines = pd.read_csv(stored) if stored.exists() else pd.DataFrame()
     for name in args.tasks:
@@ -167,9 +188,14 @@ def main(argv=None) -> None:
         result = run_sweep(model, task, scores=args.scores, fractions=args.fractions, out_dir=Path(args.out) / name,
                            seed=args.seed, batch_size=args.batch_size, random_baseline=not args.no_random,
                            static_scores=args.static_scores)
-        print(f"[sweep] {name}: {len(result.units)} units ({result.meta['units_run']} run now) in "
-              f"{time.perf_counter() - t:.0f} s")
-        write_outputs(result, task, args, baselines, model)
+        if result is None:
+            print(f"[sweep] {name}: this job array task's units are done in {Path(args.out) / name}; once every "
+                  "task has finished, run the same command outside the array to merge them and write the figures")
+            continue
+        if main_process:
+            print(f"[sweep] {name}: {len(result.units)} units ({result.meta['units_run']} run now) in "
+                  f"{time.perf_counter() - t:.0f} s")
+            write_outputs(result, task, args, baselines, model)
 
 
 if __name__ == "__main__":

@@ -58,9 +58,14 @@ def load_model(
     (fold_ln, center_writing_weights, center_unembed, fold_value_biases) leaves logits unchanged but changes the
     norms of ``hook_v`` and ``hook_z`` by up to ~20% per head, and those norms are what the head scores measure.
     ``processing=True`` applies all four, as ``HookedTransformer.from_pretrained`` does by default.
+
+    ``device``: default ``cuda`` when available (under torchrun ``cuda:LOCAL_RANK``, and ``"cuda"`` means that
+    too), else the CPU. ``dtype``: float32 (default), bfloat16 or float16 weights and activations; head scores and
+    log-likelihoods are computed in float32 whatever it is. A dtype the device can't compute in is refused.
     """
     dtype = _as_dtype(dtype)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
+    _check_dtype_on(device, dtype)
     key = name.lower()
     if key in EMBEDDED:
         folder = embedded_model_folder(key)
@@ -256,4 +261,41 @@ def _as_dtype(dtype) -> torch.dtype:
                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
         except KeyError:
             raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype {dtype} is not supported: use torch.float32, torch.bfloat16 or torch.float16")
     return dtype
+
+
+def resolve_device(device) -> str:
+    """The device a model is loaded on (see :func:`load_model`); an unknown or unavailable one is refused."""
+    from lens_heads import distributed
+
+    if device is None:
+        return distributed.device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available here: use device='cpu'")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} asked for, but MPS is not available here: use device='cpu'")
+    if dev.type == "cuda" and dev.index is None and distributed.launched():
+        return distributed.device()  # each torchrun rank on its own GPU
+    return str(dev)
+
+
+def _check_dtype_on(device: str, dtype: torch.dtype) -> None:
+    """Refuse a dtype the device can't run a transformer layer's operations in (e.g. bfloat16 on a pre-Ampere
+    GPU), before any weights are read."""
+    if torch.device(device).type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"this GPU ({torch.cuda.get_device_name(device)}) does not support bfloat16: use "
+                         "dtype=torch.float16 or torch.float32")
+    try:
+        x = torch.randn(2, 8, device=device).to(dtype)
+        w = torch.randn(8, 8, device=device).to(dtype)
+        y = torch.nn.functional.layer_norm(x @ w, (8,))
+        torch.nn.functional.gelu(y).softmax(-1).float().sum().item()
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} can't compute in {dtype} ({str(e).splitlines()[0]}): use "
+                         "dtype=torch.float32") from None

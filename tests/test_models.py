@@ -145,3 +145,29 @@ def test_missing_model_package_names_the_install_command(tmp_path, monkeypatch):
 def test_bad_dtype_is_refused():
     with pytest.raises(ValueError, match="dtype"):
         load_model(dtype="float8")
+
+
+def test_reduced_precision_loads_and_unsupported_dtypes_or_devices_are_refused(gpt2_folder, monkeypatch):
+    folder, hf = gpt2_folder
+    model = load_model(str(folder), dtype="bfloat16", device="cpu")  # bfloat16 and float16 both run on this CPU
+    assert model.W_Q.dtype == torch.bfloat16 and model.cfg.dtype == torch.bfloat16
+    tokens = torch.randint(0, 101, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).float().softmax(-1), hf(tokens).logits.softmax(-1), atol=2e-2,
+                                   rtol=0)
+    with pytest.raises(ValueError, match="float64 is not supported"):
+        load_model(str(folder), dtype=torch.float64)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load_model(str(folder), device="cuda")
+
+    real = torch.nn.functional.layer_norm
+
+    def no_half_kernel(x, *args, **kwargs):  # as on a device whose kernels lack float16
+        if x.dtype == torch.float16:
+            raise RuntimeError('"LayerNormKernelImpl" not implemented for \'Half\'')
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", no_half_kernel)
+    with pytest.raises(ValueError, match="can't compute in torch.float16.*LayerNormKernelImpl"):
+        load_model(str(folder), dtype="float16", device="cpu")
