@@ -20,6 +20,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens import loading_from_pretrained as tl_loading
 
+from lens_heads.hf_folder import hooked_config
+
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED = {
     "smollm2-135m": {
@@ -203,8 +205,7 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> Hook
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        cfg = tl_loading.get_pretrained_model_config(str(folder), hf_cfg=hf.config.to_dict(), fold_ln=processing,
-                                                     device=device, dtype=dtype)
+        cfg = hooked_config(folder, hf.config, fold_ln=processing, device=device, dtype=dtype)
         state_dict = tl_loading.get_pretrained_state_dict(str(folder), cfg, hf, dtype=dtype)
         model = HookedTransformer(cfg, tokenizer, move_to_device=False)
         if processing:
@@ -212,6 +213,7 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> Hook
         else:
             # Same result as load_and_process_state_dict with every flag off, which loads key by key (~5 s).
             missing, unexpected = model.load_state_dict(model.fill_missing_keys(state_dict), strict=False)
+            unexpected = [k for k in unexpected if state_dict[k].any()]  # TL's Phi-3 converter adds zero LN biases
             if unexpected or [k for k in missing if not k.endswith(("IGNORE", "mask"))]:
                 raise RuntimeError(f"weights of {folder} don't fit the model: missing {missing}, extra {unexpected}")
     model.move_model_modules_to_device()
