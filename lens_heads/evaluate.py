@@ -35,6 +35,8 @@ from torch import Tensor
 
 from lens_heads import distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.capture import check_hook_names
+from lens_heads.tokenize import check_token_ids
 
 METRICS = ("sum", "per_token", "per_char")
 Z95 = 1.959963984540054
@@ -318,8 +320,10 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
-    pairs, batch_aware = _collect_hooks(hooks)
+    pairs, batch_aware = _collect_hooks(hooks, model)
     rows = build_rows(model, items)
+    check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
+                    [f"item {items[r.item].id}" for r in rows])
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r].tokens))
     logprobs = [[math.nan] * len(it.continuations) for it in items]
     n_tokens = [[0] * len(it.continuations) for it in items]
@@ -406,7 +410,7 @@ def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]
         out[item][choice] = value
 
 
-def _collect_hooks(hooks: Iterable) -> tuple[list, list]:
+def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
     pairs, batch_aware = [], []
     for obj in hooks if not hasattr(hooks, "hooks") else [hooks]:
         if hasattr(obj, "hooks"):
@@ -417,6 +421,7 @@ def _collect_hooks(hooks: Iterable) -> tuple[list, list]:
             pairs.append(obj)
         else:
             raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a Zeroing), got {obj!r}")
+    check_hook_names(model, [name for name, _ in pairs])
     return pairs, batch_aware
 
 

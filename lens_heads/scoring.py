@@ -22,7 +22,7 @@ from transformer_lens import HookedTransformer
 
 from lens_heads import distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
-from lens_heads.capture import LayerCapture
+from lens_heads.capture import LayerCapture, check_hook_names
 from lens_heads.io import atomic_write_bytes
 from lens_heads.models import expand_kv, model_meta
 from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
@@ -132,6 +132,7 @@ def score_heads(
         start = first_size(model.cfg.device, _count(inputs))
         return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
     check_batch_size(batch_size)
+    check_hook_names(model, [h[0] for h in hooks])
     tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
     if attention_mask is not None:
         if not isinstance(inputs, Tensor):
