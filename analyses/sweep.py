@@ -63,7 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded SmolLM2-135M)")
     ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks to sweep (default arc_easy,piqa)")
-    ap.add_argument("--n", type=int, default=200, help="items per swept task, sampled by --seed (default 200)")
+    ap.add_argument("--n", type=lambda t: None if t == "all" else int(t), default=200,
+                    help="items per swept task, sampled by --seed, or 'all' (default 200)")
     ap.add_argument("--scores", default="all", help="comma-separated score names, or 'all' (the twelve)")
     ap.add_argument("--fractions", default="0,.05,.1,.15,.2,.25,.3", help="target shares of heads to zero")
     ap.add_argument("--static-scores", default="AHON (LN)",
@@ -79,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="forward rows per batch, or 'auto' (the largest that fits; default 16)")
     ap.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed (default 0)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="weights and activations (scores and log-likelihoods are float32 anyway; default float32)")
     ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
     args = ap.parse_args(argv)
     args.tasks = [t for t in args.tasks.split(",") if t]
@@ -169,7 +172,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model)  # under torchrun: on this rank's GPU (cuda:LOCAL_RANK) or the CPU
+    model = load_model(args.model, dtype=args.dtype)  # under torchrun: on this rank's GPU (cuda:LOCAL_RANK) or the CPU
     main_process = distributed.is_main()  # only it writes tables and figures
     stored = Path(args.figures) / "sweep_baselines.csv"
     if args.check_tasks:

@@ -4,7 +4,7 @@
 
 CONFIG: ``out`` (the sweep's unit folder), ``result`` (where rank 0 writes what it got), ``n`` (items),
 ``fractions``, ``scores``; optional ``stop_rank``/``stop_after`` (that rank dies before its unit number
-``stop_after + 1``, as a killed process would) and ``disagree_out`` (afterwards, a sweep into that folder where
+``stop_after + 1``, as a killed process would), ``report_out`` (a report into that folder) and ``disagree_out`` (afterwards, a sweep into that folder where
 each rank uses its own seed: every rank must refuse it).
 """
 
@@ -63,6 +63,15 @@ def main(path: str) -> None:
                            units=[u.to_dict() for u in result.units], meta=result.meta,
                            evaluation=evaluated.to_dict(), scores=scores.values.tolist(),
                            scores_meta=scores.meta["data"], world=distributed.world_size()), f)
+    if config.get("report_out"):
+        from lens_heads.report.config import ReportConfig
+        from lens_heads.report.pipeline import build_report
+
+        report = ReportConfig(model="tiny", out=config["report_out"], n=config["n"], rank_n=2, fractions=(0, 0.25),
+                              scores=("AWFT",), png=False, progress=False)
+        results = build_report(report, model=model, log=lambda msg: None)
+        with open(f"{config['result']}.report.rank{rank}", "w") as f:
+            json.dump({k: v["status"] for k, v in results["stages"].items()}, f)
     if config.get("disagree_out"):
         try:
             sweep_module.run_sweep(model, task, out_dir=config["disagree_out"], **{**settings, "seed": rank})

@@ -130,7 +130,8 @@ def test_two_torchrun_ranks_on_gloo_give_the_single_process_numbers_and_a_killed
 
 def test_ranks_without_work_finish_and_disagreeing_ranks_write_nothing(tmp_path):
     out, result, bad = tmp_path / "units", tmp_path / "result.json", tmp_path / "disagree"
-    config = dict(n=2, fractions=[0], scores=["AWFT"], out=str(out), result=str(result), disagree_out=str(bad))
+    config = dict(n=2, fractions=[0], scores=["AWFT"], out=str(out), result=str(result), disagree_out=str(bad),
+                  report_out=str(tmp_path / "report"))
     run = torchrun(3, config, tmp_path, "three")  # one unit (the baseline) and two items for three ranks
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(result.read_text())
@@ -140,3 +141,8 @@ def test_ranks_without_work_finish_and_disagreeing_ranks_write_nothing(tmp_path)
         message = Path(f"{result}.rank{rank}.error").read_text()
         assert "ranks disagree on the sweep fingerprint" in message and "seed" in message
     assert not bad.exists() or not any(bad.iterdir())
+    for rank in range(3):  # the report: every stage ran on every rank; rank 0 wrote it
+        stages = json.loads(Path(f"{result}.report.rank{rank}").read_text())
+        assert set(stages.values()) == {"done"}, stages
+    written = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert written["scores"]["arc_easy"]["n_inputs"] == 2 and (tmp_path / "report" / "report.html").exists()
