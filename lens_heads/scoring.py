@@ -26,10 +26,12 @@ from lens_heads.capture import LayerCapture, check_hook_names
 from lens_heads.io import atomic_write_bytes
 from lens_heads.models import expand_kv, model_meta
 from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
+from lens_heads.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.tasks import Task
 from lens_heads.tokenize import Inputs, tokenize_inputs
 
-DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position (the BOS); "
+DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position of the row "
+               "(the BOS where the protocol adds one, else the first text token); "
                "last token = last non-padding position; means over non-padding positions, first token included; "
                "norms are L2 in the model's weight basis, head outputs before W_O unless marked (full); entropy in nats")
 
@@ -110,14 +112,18 @@ def score_heads(
     extras: Sequence[Score | str] = (),
     hooks: Sequence[tuple] = (),
     max_len: int | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    apply_chat_template: bool = False,
 ) -> HeadScores:
     """The twelve head scores (``lens_heads.scores.SCORE_NAMES``) of every head of ``model`` on every input.
 
-    ``inputs``: strings, a Task (each item's prompt), a token tensor or a list of token sequences (see
-    ``tokenize_inputs``). ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one
-    contiguous run, so right and left padding both work, and padding never counts. ``extras`` adds scores kept
-    apart from the twelve (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra
-    TransformerLens ``(hook_name, fn)`` pairs run before the scoring hooks (e.g. to score an ablated model).
+    ``inputs``: strings, a Task, a token tensor or a list of token sequences (see ``tokenize_inputs``). A Task
+    is scored on exactly the forward rows its evaluation runs under ``protocol`` and ``apply_chat_template``
+    (one input per row, e.g. one per choice for cloze tasks; ``meta["data"]["row_items"]`` maps rows to items).
+    ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one contiguous run, so right
+    and left padding both work, and padding never counts. ``extras`` adds scores kept apart from the twelve
+    (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra TransformerLens ``(hook_name, fn)``
+    pairs run before the scoring hooks (e.g. to score an ablated model).
 
     Inputs are batched by length, so padding costs little; the result keeps the input order. ``batch_size="auto"``:
     the largest that fits (:mod:`lens_heads.batching`). Under torchrun each rank scores a block of the inputs and
@@ -125,7 +131,7 @@ def score_heads(
     model's dtype.
     """
     settings = dict(attention_mask=attention_mask, batch_size=batch_size, progress=progress, extras=extras,
-                    hooks=hooks, max_len=max_len)
+                    hooks=hooks, max_len=max_len, protocol=protocol, apply_chat_template=apply_chat_template)
     if distributed.sharding():
         return _score_shards(model, inputs, settings)
     if batch_size == AUTO:
@@ -133,7 +139,10 @@ def score_heads(
         return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
     check_batch_size(batch_size)
     check_hook_names(model, [h[0] for h in hooks])
-    tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
+    task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \
+        if isinstance(inputs, Task) else None
+    tokens, mask = tokenize_inputs(model, [row.tokens for row in task_rows] if task_rows else inputs,
+                                   max_len=max_len)
     if attention_mask is not None:
         if not isinstance(inputs, Tensor):
             raise ValueError("attention_mask goes with a token tensor; text and tasks are padded for you")
@@ -160,7 +169,8 @@ def score_heads(
         values=out[..., : len(SCORES)].clone(),
         names=list(SCORE_NAMES),
         direction={**DIRECTION, **{s.name: s.direction for s in extras}},
-        meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum())), definitions=DEFINITIONS,
+        meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum()), task_rows, protocol, apply_chat_template),
+                  definitions=DEFINITIONS,
                   batch_size=batch_size,
                   user_hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]),
         extra_values=out[..., len(SCORES) :].clone() if extras else None,
@@ -218,9 +228,10 @@ def _checked_mask(attention_mask: Tensor, shape) -> Bool[Tensor, "b p"]:
     return mask
 
 
-def _describe(inputs, n: int, n_tokens: int) -> dict:
+def _describe(inputs, n: int, n_tokens: int, rows, protocol: str, apply_chat_template: bool) -> dict:
     if isinstance(inputs, Task):
-        return {**inputs.meta(), "n_tokens": n_tokens}
+        return {**inputs.meta(), "n_rows": n, "n_tokens": n_tokens, "protocol": protocol,
+                "apply_chat_template": apply_chat_template, "row_items": [row.item for row in rows]}
     kind = "token tensor" if isinstance(inputs, Tensor) else (
         "strings" if isinstance(inputs, str) or all(isinstance(x, str) for x in inputs) else "token sequences")
     return {"kind": kind, "n": n, "n_tokens": n_tokens}
@@ -236,6 +247,7 @@ def _score_shards(model, inputs: Inputs, settings: dict) -> HeadScores:
     distributed.check_agree(dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
                                  inputs=_digest(inputs), n=n, mask=None if mask is None else _digest(mask),
                                  batch_size=settings["batch_size"], max_len=settings["max_len"],
+                                 protocol=settings["protocol"], apply_chat_template=settings["apply_chat_template"],
                                  extras=[getattr(e, "name", e) for e in settings["extras"]],
                                  hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in settings["hooks"]]),
                             "model, inputs and settings of the scoring pass")
@@ -246,12 +258,18 @@ def _score_shards(model, inputs: Inputs, settings: dict) -> HeadScores:
             local = score_heads(model, _take(inputs, mine), **{
                 **settings, "attention_mask": None if mask is None else torch.as_tensor(mask)[mine.start:mine.stop],
                 "progress": settings["progress"] and distributed.is_main()})
-    parts = [p for p in distributed.all_gather(local) if p is not None]
-    first = parts[0]
-    data = _describe(inputs, sum(len(p) for p in parts), sum(p.meta["data"]["n_tokens"] for p in parts))
-    return HeadScores(values=torch.cat([p.values for p in parts]), names=first.names, direction=first.direction,
+    parts = [p for p in distributed.all_gather(None if local is None else (mine.start, local)) if p is not None]
+    blocks = [scores for _, scores in parts]
+    first = blocks[0]
+    data = {**first.meta["data"], "n_tokens": sum(s.meta["data"]["n_tokens"] for s in blocks)}
+    if isinstance(inputs, Task):  # a Task's rows: count them, and map them to the task's item numbers
+        data.update(inputs.meta(), n_rows=sum(len(s) for s in blocks), n_tokens=data["n_tokens"],
+                    row_items=[start + item for start, s in parts for item in s.meta["data"]["row_items"]])
+    else:
+        data["n"] = sum(len(s) for s in blocks)
+    return HeadScores(values=torch.cat([s.values for s in blocks]), names=first.names, direction=first.direction,
                       meta={**first.meta, "data": data, "ranks": distributed.world_size()},
-                      extra_values=None if first.extra_values is None else torch.cat([p.extra_values for p in parts]),
+                      extra_values=None if first.extra_values is None else torch.cat([s.extra_values for s in blocks]),
                       extra_names=first.extra_names)
 
 
