@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable
 
 import numpy as np
@@ -415,16 +415,17 @@ def _identity(model, items, settings: dict) -> dict:
 
 class _Shifted:
     """A batch-aware hook object (a Zeroing) told the task's item numbers, not the block's: a random zeroing then
-    draws for each item what it draws in a single process."""
+    draws for each item what it draws in a single process. Everything else is the wrapped object's."""
 
     def __init__(self, inner, offset: int):
         self.inner, self.offset = inner, offset
-        self.hooks = inner.hooks
-        self.description = getattr(inner, "description", None) or repr(inner)
 
     def batch(self, attention_mask=None, inputs=None):
         shifted = None if inputs is None else [self.offset + int(i) for i in inputs]
         return self.inner.batch(attention_mask, inputs=shifted)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
     def __repr__(self) -> str:
         return repr(self.inner)
