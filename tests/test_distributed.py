@@ -126,6 +126,7 @@ def test_two_torchrun_ranks_on_gloo_give_the_single_process_numbers_and_a_killed
     assert got["evaluation"]["meta"]["ranks"] == 2 and got["evaluation"]["meta"]["task"]["n"] == CONFIG["n"]
     np.testing.assert_allclose(np.array(got["scores"]), scores.values.numpy(), atol=1e-5, rtol=1e-4)
     assert got["scores_meta"]["n"] == CONFIG["n"] and got["scores_meta"]["n_tokens"] == scores.meta["data"]["n_tokens"]
+    assert got["scores_meta"]["row_items"] == scores.meta["data"]["row_items"]  # rows mapped to the task's items
 
 
 def test_ranks_without_work_finish_and_disagreeing_ranks_write_nothing(tmp_path):
@@ -136,7 +137,9 @@ def test_ranks_without_work_finish_and_disagreeing_ranks_write_nothing(tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(result.read_text())
     assert got["world"] == 3 and [u["mode"] for u in got["units"]] == ["baseline"]
-    assert len(got["evaluation"]["items"]) == 2 and len(got["scores"]) == 2
+    n_rows = len(got["scores"])  # the evaluated rows of the two items (one per choice)
+    assert len(got["evaluation"]["items"]) == 2 and got["scores_meta"]["row_items"] == [0] * (n_rows // 2) + [1] * (
+        n_rows // 2)
     for rank in range(3):
         message = Path(f"{result}.rank{rank}.error").read_text()
         assert "ranks disagree on the sweep fingerprint" in message and "seed" in message
@@ -145,4 +148,4 @@ def test_ranks_without_work_finish_and_disagreeing_ranks_write_nothing(tmp_path)
         stages = json.loads(Path(f"{result}.report.rank{rank}").read_text())
         assert set(stages.values()) == {"done"}, stages
     written = json.loads((tmp_path / "report" / "results.json").read_text())
-    assert written["scores"]["arc_easy"]["n_inputs"] == 2 and (tmp_path / "report" / "report.html").exists()
+    assert written["scores"]["arc_easy"]["data"]["n"] == 2 and (tmp_path / "report" / "report.html").exists()
