@@ -65,8 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded SmolLM2-135M)")
     ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks to sweep (default arc_easy,piqa)")
-    ap.add_argument("--n", type=lambda t: None if t == "all" else int(t), default=200,
-                    help="items per swept task, sampled by --seed, or 'all' (default 200)")
+    ap.add_argument("--n", "--items", dest="n", type=lambda t: None if t == "all" else int(t), default=200,
+                    help="items per swept task, sampled by --seed, or 'all' (default 200; under torchrun say --items: "
+                         "torchrun takes --n for an abbreviation of its own options)")
     ap.add_argument("--scores", default="all", help="comma-separated score names, or 'all' (the twelve)")
     ap.add_argument("--fractions", default="0,.05,.1,.15,.2,.25,.3", help="target shares of heads to zero")
     ap.add_argument("--static-scores", default="AHON (LN)",
@@ -124,7 +125,7 @@ def check_baselines(model, args) -> pd.DataFrame:
                               protocol=args.protocol, apply_chat_template=args.apply_chat_template)
             if distributed.is_main():
                 atomic_write_json(path, result.to_dict())
-            print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
+                print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
         low, high = result.ci95
         chosen = pd.Series([it.chosen() for it in result.items]).value_counts(normalize=True)
         rows.append(dict(task=name, split=task.split, shots=task.shots, format=task.format, n=result.n,
@@ -132,8 +133,9 @@ def check_baselines(model, args) -> pd.DataFrame:
                          accuracy_per_token=result.accuracy_by("per_token"),
                          accuracy_per_char=result.accuracy_by("per_char"),
                          most_chosen_share=float(chosen.iloc[0]), above_chance=bool(low > result.chance)))
-        print(f"[baseline] {name:10s} {100 * result.accuracy:5.1f}% [{100 * low:.1f}, {100 * high:.1f}] "
-              f"chance {100 * result.chance:.1f}%  n={result.n}  above chance: {low > result.chance}")
+        if distributed.is_main():
+            print(f"[baseline] {name:10s} {100 * result.accuracy:5.1f}% [{100 * low:.1f}, {100 * high:.1f}] "
+                  f"chance {100 * result.chance:.1f}%  n={result.n}  above chance: {low > result.chance}")
     return pd.DataFrame(rows)
 
 
