@@ -12,6 +12,7 @@ from lens_heads.distributions import thresholds
 from lens_heads.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.sweep import SweepResult, run_sweep
+from lens_heads.effects import HeadEffects, head_effects
 from lens_heads.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.train import RankTracker, TrainConfig  # train() itself: lens_heads.train.train (keeps the module reachable)
@@ -23,7 +24,7 @@ __all__ = [
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds",
     "EvalResult", "evaluate", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
-    "SweepResult", "run_sweep",
+    "SweepResult", "run_sweep", "HeadEffects", "head_effects",
     "RankProfile", "approx_rank", "attention_rank",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
     "InherituneConfig", "InherituneResult", "grow", "inherit", "run_inheritune",

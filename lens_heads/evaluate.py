@@ -29,6 +29,7 @@ from typing import Iterable
 
 import numpy as np
 import torch
+from jaxtyping import Float64
 from torch import Tensor
 
 from lens_heads import distributed
@@ -193,12 +194,20 @@ def paired_difference(ablated: EvalResult, base: EvalResult, *, metric: str | No
     base_by_id = {it.id: it for it in base.items}
     if set(base_by_id) != {it.id for it in ablated.items}:
         raise ValueError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
-    pairs = [(it, base_by_id[it.id]) for it in ablated.items]
-    correct = np.array([float(a.correct(metric)) - float(b.correct(metric)) for a, b in pairs])
-    gold = np.array([a.gold_logprob - b.gold_logprob for a, b in pairs])
-    kl = np.array([_kl(b.answer_distribution(metric), a.answer_distribution(metric)) for a, b in pairs])
-    acc = _mean_ci(correct)
-    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=_mean_ci(gold), kl=_mean_ci(kl))
+    values = paired_values([(it, base_by_id[it.id]) for it in ablated.items], metric)
+    acc = _mean_ci(values["accuracy"])
+    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=_mean_ci(values["gold_logprob"]),
+                            kl=_mean_ci(values["kl"]))
+
+
+def paired_values(pairs: Sequence[tuple["ItemRecord", "ItemRecord"]], metric: str = "sum") -> dict[str, np.ndarray]:
+    """Per item, for ``(ablated, base)`` record pairs: ``accuracy`` (correct ablated - correct base),
+    ``gold_logprob`` (ablated - base log-likelihood of the gold answer) and ``kl`` (KL(base || ablated) between
+    the answer distributions under ``metric`` scoring)."""
+    return dict(
+        accuracy=np.array([float(a.correct(metric)) - float(b.correct(metric)) for a, b in pairs]),
+        gold_logprob=np.array([a.gold_logprob - b.gold_logprob for a, b in pairs]),
+        kl=np.array([_kl(b.answer_distribution(metric), a.answer_distribution(metric)) for a, b in pairs]))
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -273,19 +282,14 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
             n_tokens[row.item][choice] = len(ids)
     rows_left = np.bincount([r.item for r in rows], minlength=len(items))
     device = model.cfg.device
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    pad = pad_id(model)
     stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
     start_time = time.perf_counter()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
     with model.hooks(fwd_hooks=pairs):
-        for batch in _batches([rows[r] for r in order], batch_size):
-            width = max(len(r.tokens) for r in batch)
-            tokens = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.bool)
-            for b, row in enumerate(batch):
-                tokens[b, :len(row.tokens)] = torch.tensor(row.tokens)
-                mask[b, :len(row.tokens)] = True
+        for batch in batches([rows[r] for r in order], batch_size):
+            tokens, mask = pad_rows(batch, pad)
             with contextlib.ExitStack() as stack:
                 for obj in batch_aware:
                     stack.enter_context(obj.batch(mask.to(device), inputs=[row.item for row in batch]))
@@ -312,7 +316,23 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
                       chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
 
 
-def _batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
+def pad_id(model) -> int:
+    """The token id that fills padding (any id works: padded positions are masked and never read)."""
+    return model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+
+
+def pad_rows(batch: list[Row], pad: int) -> tuple[Tensor, Tensor]:
+    """Right-padded ``[row, pos]`` tokens of a batch of rows and the mask of their real positions."""
+    width = max(len(r.tokens) for r in batch)
+    tokens = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.bool)
+    for b, row in enumerate(batch):
+        tokens[b, :len(row.tokens)] = torch.tensor(row.tokens)
+        mask[b, :len(row.tokens)] = True
+    return tokens, mask
+
+
+def batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
     """Consecutive rows (sorted longest first) in batches of at most ``batch_size``; a row shorter than ``min_fill``
     of the batch's longest starts a new batch, so padding never costs more than a quarter of a batch's tokens."""
     batch: list[Row] = []
@@ -326,7 +346,15 @@ def _batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterab
 
 
 def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]]) -> None:
-    """Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
+    values, owners = read_logprobs(model, resid, batch)
+    for (item, choice), value in zip(owners, values.detach().cpu().tolist()):
+        out[item][choice] = value
+
+
+def read_logprobs(model, resid: Tensor, batch: list[Row]) -> tuple[Float64[Tensor, "read"], list[tuple[int, int]]]:
+    """The summed log-likelihood of every (item, choice) the batch's rows read, differentiable in ``resid``.
+
+    Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
     unembedding is a fifth of a small model's forward FLOPs. (The final norm acts on each position alone, so this
     equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)"""
     where, targets, owners = [], [], []
@@ -344,12 +372,11 @@ def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]
         final = model.ln_final(final)
     logits = apply_softcap(model.unembed(final)[0], model.cfg.output_logits_soft_cap)
     picked = torch.log_softmax(logits.float(), dim=-1)
-    values = picked.gather(1, torch.tensor(targets, device=resid.device)[:, None])[:, 0].cpu().double().tolist()
-    sums: dict[tuple[int, int], float] = {}
-    for owner, value in zip(owners, values):
-        sums[owner] = sums.get(owner, 0.0) + value
-    for (item, choice), value in sums.items():
-        out[item][choice] = value
+    values = picked.gather(1, torch.tensor(targets, device=resid.device)[:, None])[:, 0].double()
+    index = {owner: i for i, owner in enumerate(dict.fromkeys(owners))}
+    keys = list(index)
+    where_key = torch.tensor([index[o] for o in owners], device=resid.device)
+    return torch.zeros(len(keys), dtype=values.dtype, device=values.device).index_add(0, where_key, values), keys
 
 
 def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:

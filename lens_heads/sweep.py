@@ -333,7 +333,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     workers = distributed.unit_workers()
     progress = progress and distributed.is_main()
     if out is not None:
-        _claim(out, fingerprint)
+        claim_folder(out, fingerprint)
 
     plan = [("baseline", None, 0.0)]
     for p in fractions[1:]:
@@ -404,7 +404,7 @@ class _Calibration:
         self._fingerprint = fingerprint
         self._path = out / "calibration.json" if out is not None else None
         self._scores = None
-        self._stored = _read_json(self._path) if self._path is not None and self._path.exists() else None
+        self._stored = read_json(self._path) if self._path is not None and self._path.exists() else None
         if self._stored and self._stored.get("fingerprint") != fingerprint:
             self._stored = None
 
@@ -463,7 +463,13 @@ class _Calibration:
 
 def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, apply_chat_template: bool
                  ) -> dict:
-    """What must match for a stored unit to be reused: model, data (item ids), rows, seed, scoring, calibration."""
+    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=_calibration_id(calibration),
+                           protocol=protocol, apply_chat_template=apply_chat_template)
+
+
+def run_fingerprint(model, task, **settings) -> dict:
+    """What must match for a stored unit of a resumable run to be reused: model, data (item ids) and ``settings``
+    (plain JSON values: seed, scoring, calibration, rows, ...)."""
     from lens_heads.models import model_meta
 
     m = model_meta(model)
@@ -473,8 +479,7 @@ def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: st
                 model={k: m.get(k) for k in ("name", "source", "weight_basis", "dtype", "n_layers", "n_heads",
                                              "n_kv_heads", "d_model", "d_head")},
                 task={k: meta.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}, item_ids=ids,
-                seed=seed, primary=primary, calibration=_calibration_id(calibration), protocol=protocol,
-                apply_chat_template=apply_chat_template)
+                **settings)
 
 
 def _calibration_id(calibration) -> str:
@@ -486,12 +491,14 @@ def _calibration_id(calibration) -> str:
     return "inputs " + hashlib.sha256(repr(calibration).encode()).hexdigest()[:16]
 
 
-def _claim(out: Path, fingerprint: dict) -> None:
-    path = out / "sweep.json"
+def claim_folder(out: Path, fingerprint: dict, marker: str = "sweep.json") -> None:
+    """Mark ``out`` as the folder of the run ``fingerprint`` (in ``out/marker``), or refuse a folder that holds
+    another configuration's run."""
+    path = out / marker
     if path.exists():
-        stored = _read_json(path)
+        stored = read_json(path)
         if stored and stored.get("fingerprint") != fingerprint:
-            raise ValueError(f"{out} holds a sweep of another configuration "
+            raise ValueError(f"{out} holds a run of another configuration "
                              f"({_diff(stored['fingerprint'], fingerprint)}): pass a new out_dir, or delete the folder "
                              "to start over")
         return
@@ -506,7 +513,7 @@ def _diff(a: dict, b: dict) -> str:
 def _load_units(out: Path, fingerprint: dict) -> dict[str, UnitResult]:
     units = {}
     for path in sorted(out.glob("*__*__*.json")):
-        d = _read_json(path)
+        d = read_json(path)
         if d and d.get("fingerprint") == fingerprint:
             unit = UnitResult.from_dict(d)
             units[unit.key] = unit
@@ -515,11 +522,12 @@ def _load_units(out: Path, fingerprint: dict) -> dict[str, UnitResult]:
 
 def _stored_calibration(out: Path | None) -> dict | None:
     path = out / "calibration.json" if out is not None else None
-    d = _read_json(path) if path is not None and path.exists() else None
+    d = read_json(path) if path is not None and path.exists() else None
     return d.get("inputs") if d else None
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A stored unit's JSON, or None where it can't be read (the unit is then run again)."""
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

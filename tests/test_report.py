@@ -105,7 +105,8 @@ def task_scores(smollm, task):
 
 def test_mean_scores_match_a_fresh_scoring_pass(results, task_scores, run):
     r = results["scores"][TASK]
-    assert r["names"] == list(ALL_SCORES) and r["n_inputs"] == QUICK["n"]
+    # the scoring pass reads the evaluation's rows: one per choice of each cloze item
+    assert r["names"] == list(ALL_SCORES) and r["n_inputs"] == len(task_scores) > QUICK["n"]
     for i, name in enumerate(task_scores.names):
         fresh = task_scores.values[..., i].double().mean(0).numpy()
         np.testing.assert_allclose(np.array(r["mean_per_head"][name]), fresh, rtol=1e-4, atol=1e-5, err_msg=name)
@@ -287,3 +288,34 @@ def test_pick_heads_by_direction():
     assert low_inactive == {"most active": [(0, 1), (1, 1)], "least active": [(1, 0), (0, 0)]}
     high_inactive = pick_heads(mean, ">", 2)  # AWFT: a high score is the inactive side
     assert high_inactive == {"most active": [(1, 0), (0, 0)], "least active": [(0, 1), (1, 1)]}
+
+
+def test_effects_stage_matches_the_library_and_is_skipped_under_quick(tmp_path):
+    """The report's head-effects stage on a tiny model: its effects and agreement table are the library's, a rerun
+    reads them from the cache, and --quick leaves a note instead."""
+    from transformers import AutoTokenizer
+
+    from lens_heads import head_effects, load_task, score_heads
+    from lens_heads.agreement import score_agreement
+    from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.report.cache import StageCache
+    from lens_heads.report.config import ReportConfig
+    from lens_heads.report.pipeline import Outputs, stage_effects
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
+    task = load_task("piqa", n=4, seed=0)
+    scores = score_heads(model, task, progress=False)
+    cache, key = StageCache(tmp_path), {"model": "tiny-llama"}
+    out = Outputs(results={})
+    effects = stage_effects(out, model, task, scores, ReportConfig(n=4, progress=False), cache, key)
+    fresh = head_effects(model, task, method="attribution", progress=False)
+    assert torch.allclose(effects.values, fresh.values, atol=1e-6)
+    expected = score_agreement(scores, fresh, n_boot=200, seed=0).to_dataframe()
+    np.testing.assert_allclose(out.tables["effects_agreement_piqa"]["spearman"], expected["spearman"], atol=1e-6)
+    assert out.results["effects"]["piqa"]["status"] == "done" and out.sections[-1].title == "Head effects on piqa"
+    again = stage_effects(Outputs(results={}), model, task, scores, ReportConfig(n=4, progress=False), cache, key)
+    assert torch.equal(again.values, effects.values)
+    quick = Outputs(results={})
+    assert stage_effects(quick, model, task, scores, ReportConfig(n=4, quick=True), cache, key) is None
+    assert quick.results["effects"]["piqa"]["status"] == "skipped" and "--quick" in str(quick.sections[-1].blocks[0])

@@ -98,6 +98,9 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     for name, task in tasks.items():
         run_stage(out, f"ablation:{name}", log, lambda: stage_ablation(
             out, model, task, scores_by_task[name], config, cache, cache_key))
+    for name, task in tasks.items():
+        run_stage(out, f"effects:{name}", log, lambda: stage_effects(
+            out, model, task, scores_by_task[name], config, cache, cache_key))
     first = next(iter(tasks.values()))
     run_stage(out, "rank", log, lambda: stage_rank(out, model, first, config, cache, cache_key))
     first_scores = next((s for s in scores_by_task.values() if s is not None), None)
@@ -220,8 +223,10 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
     out.pngs[f"score_heatmaps_{t}"] = heat
     out.pngs[f"score_distributions_{t}"] = distfig
     blocks = [
-        Text(f"Each of the twelve scores of every attention head, averaged over {n_in} {t} items "
-             f"({task.split} split, seed {task.seed}), in the {out.results['weight_basis']} weight basis. Colours "
+        Text(f"Each of the twelve scores of every attention head, averaged over the {n_in} forward rows of "
+             f"{len(task)} {t} items ({task.split} split, seed {task.seed}; "
+             f"{scores.meta.get('data', {}).get('protocol', 'lm-eval')} rows, the tokens the evaluation runs), in "
+             f"the {out.results['weight_basis']} weight basis. Colours "
              "run so that the inactive side is dark for every score (high AWFT, low for the rest). Hover for values."),
         Figure(heat),
         Text("Per-layer spread of each score over all (input, head) values: whiskers are min and max, the box the "
@@ -264,7 +269,9 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
     out.tables[f"ablation_summary_{t}"] = summary
     out.results.setdefault("ablation", {})[t] = {
         "data": task.meta(), "baseline": baseline, "chance": chance,
-        "zeroable_within_1_point": zeroable, "normalised_auc": auc, "auc_ranking": ranking,
+        "protocol": result.meta["protocol"], "zeroable_rule": "authors",
+        "zeroable_within_1_point": zeroable, "zeroable_within_1_point_censored": result.zeroable_within(
+            1.0, rule="censored"), "table2": result.table2(1.0), "normalised_auc": auc, "auc_ranking": ranking,
         "normalised_auc_kl": result.normalised_auc(metric="kl"),
         "curves": _jsonable(df.to_dict(orient="records")), "meta": _jsonable(getattr(result, "meta", {})),
     }
@@ -274,13 +281,17 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
     lo, hi = baseline.get("ci95") or (math.nan, math.nan)
     out.sections.append(Section(f"Ablation sweep on {t}", [
         Text(f"Baseline accuracy {100 * baseline['accuracy']:.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}, "
-             f"n={baseline.get('n', len(task))}) beside chance {100 * chance:.1f}%. Heads whose score for an input "
+             f"n={baseline.get('n', len(task))}) beside chance {100 * chance:.1f}%, on {result.meta['protocol']} "
+             f"rows; thresholds from an unablated pass over the same rows. Heads whose score for a row "
              f"crosses the threshold of the target fraction are zeroed (z := 0 before W_O) in the same forward pass; "
              f"the random baseline zeroes each (input, layer, head) with the same probability. The x axis is the "
              f"realised share zeroed."),
         Figure(fig),
-        Table(summary, caption="% of heads zeroable within 1 accuracy point (last crossing of baseline - 1, "
-                               "interpolated) and the normalised AUC of accuracy (%) over realised % zeroed, ranked; "
+        Table(summary, caption="% of heads zeroable within 1 accuracy point by the authors' rule (last crossing of "
+                               "baseline - 1 in order of target fraction, interpolated; 0 where a curve never meets "
+                               "it) and by the censored rule (the measured range's end where the curve never drops, "
+                               "a lower bound: never_drops), the normalised AUC of accuracy (%) over realised % "
+                               "zeroed, ranked; "
                                "beside it the normalised AUC of the paired KL from the unablated answers (nats, "
                                "lower is better), the low-variance ranking",
               float_format="{:.3g}"),
@@ -308,6 +319,69 @@ def _points_table(df: pd.DataFrame) -> pd.DataFrame:
     if "gold_logprob_change" in rows:
         out["gold log-prob change"] = rows["gold_logprob_change"]
     return out
+
+
+# ---------------------------------------------------------------- head effects and each score's agreement
+
+
+def stage_effects(out: Outputs, model, task, scores, config: ReportConfig, cache: StageCache, base_key: dict):
+    """Attribution-patching effect of every head on the task's items and each score's rank agreement with it;
+    skipped with a note under --quick."""
+    t = task.name
+    if config.quick:
+        out.sections.append(Section(f"Head effects on {t}", [Text(
+            "Skipped under --quick. The full report measures every head's effect on the task (attribution "
+            "patching) and how well each score ranks the heads by it; analyses/head_effects.py does the same with "
+            "one ablation per head.", "note")], anchor=f"effects-{t}"))
+        out.results.setdefault("effects", {})[t] = {"status": "skipped", "reason": "--quick"}
+        return None
+    if scores is None:
+        raise StageUnavailable("it needs the head scores, which did not run")
+    effects_mod = library("lens_heads.effects")
+    agreement_mod = library("lens_heads.agreement")
+    key = {**base_key, "stage": "effects", "data": task.meta(), "method": "attribution"}
+    path = cache.path("effects", key, ".safetensors")
+    if cache.load_json("effects", key) is not None and path.exists():
+        effects = effects_mod.HeadEffects.load(path)
+    else:
+        effects = effects_mod.head_effects(model, task, method="attribution", metric="kl",
+                                           batch_size=config.batch_size, progress=config.progress)
+        effects.save(path)
+        cache.save_json("effects", key, {"file": path.name})
+    agreement = agreement_mod.score_agreement(scores, effects, n_boot=200, seed=config.seed)
+    table = agreement.to_dataframe()
+    out.tables[f"effects_agreement_{t}"] = table
+    out.tables[f"effects_{t}"] = effects.to_dataframe()
+    size = effects.size().numpy()
+    mean = {name: scores.mean(name).numpy() for name in scores.names}
+    scatter = figures.score_vs_effect(mean, size, dict(scores.direction),
+                                      effect_label="KL when zeroed (attribution)",
+                                      title=f"Mean score vs measured effect of each head on {t} (n={len(task)})")
+    bars = figures.agreement_bars(table, title=f"Rank agreement of each score with the head effects on {t}")
+    out.pngs[f"effects_scatter_{t}"], out.pngs[f"effects_agreement_{t}"] = scatter, bars
+    out.results.setdefault("effects", {})[t] = {
+        "status": "done", "method": "attribution", "metric": "kl", "agreement": _jsonable(table.to_dict("records")),
+        "agreement_meta": _jsonable(agreement.meta), "size_per_head": size.tolist(),
+        "meta": _jsonable(effects.meta)}
+    shown = table[["score", "spearman", "spearman_low", "spearman_high", "kendall", "spearman_per_input",
+                   "precision_at_10pct", "precision_at_30pct"]]
+    chance = agreement.meta["precision_chance"]
+    out.sections.append(Section(f"Head effects on {t}", [
+        Text(f"The effect of each head on these {len(task)} items, estimated by attribution patching (first-order "
+             "Taylor expansion of zeroing the head's output, from one forward and backward pass per batch): KL "
+             "from the intact answer distribution, mean of the absolute per-item values. Each score's Spearman and "
+             "Kendall correlation between its activity (the score, negated where high means inactive) and that "
+             "effect; positive = the score calls inactive the heads whose removal changes little. Precision@k: of "
+             f"the k heads a score calls most inactive, the share among the k with the smallest effect (chance "
+             f"{chance['precision_at_10pct']:.2f} at 10%, {chance['precision_at_30pct']:.2f} at 30%). Intervals: "
+             "bootstrap over items, 95%."),
+        Figure(bars), Table(shown, caption="Agreement with the head effects (every column in "
+                                           f"effects_agreement_{t}.csv)", float_format="{:.3g}"),
+        Figure(scatter),
+        Text("Attribution is a linear estimate: analyses/head_effects.py measures the same with one ablation per "
+             "head and compares the two.", "note"),
+    ], anchor=f"effects-{t}"))
+    return effects
 
 
 # ---------------------------------------------------------------- attention rank
