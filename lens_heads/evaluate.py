@@ -21,9 +21,10 @@ normal approximation (mean +- 1.96 sd / sqrt(n)) for paired differences on the s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable
 
 import numpy as np
@@ -31,7 +32,11 @@ import torch
 from jaxtyping import Float64
 from torch import Tensor
 
+from lens_heads import distributed
+from lens_heads.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.capture import check_hook_names
 from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol, encode, within_context  # noqa: F401
+from lens_heads.tokenize import check_token_ids
 
 METRICS = ("sum", "per_token", "per_char")
 Z95 = 1.959963984540054
@@ -233,7 +238,7 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress: bool = True,
+def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False) -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.tasks.Task`) by log-likelihood.
 
@@ -241,9 +246,21 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     :class:`lens_heads.ablation.Zeroing`); objects with a ``batch(attention_mask, inputs)`` context manager are told
     each batch's padding mask and which item each row belongs to. ``primary``: the scoring behind ``.accuracy``
     (``"sum"``, ``"per_token"`` or ``"per_char"``). ``protocol`` (``"lm-eval"`` or ``"tl"``) and
-    ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`).
+    ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`). ``batch_size="auto"``: the largest
+    that fits (:mod:`lens_heads.batching`). Under torchrun each rank evaluates a block of the items and every rank
+    returns all the records (:mod:`lens_heads.distributed`).
     """
     from tqdm.auto import tqdm
+
+    settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
+                    apply_chat_template=apply_chat_template)
+    if distributed.sharding():
+        return _evaluate_shards(model, task, hooks, settings)
+    if batch_size == AUTO:
+        start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
+        return halving(lambda size: evaluate(model, task, hooks=hooks, **{**settings, "batch_size": size}), start,
+                       _describe(hooks))
+    check_batch_size(batch_size)
 
     if primary not in METRICS:
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
@@ -252,9 +269,11 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
-    pairs, batch_aware = _collect_hooks(hooks)
+    pairs, batch_aware = _collect_hooks(hooks, model)
     check_protocol(protocol)
     rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
+    check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
+                    [f"item {items[r.item].id}" for r in rows])
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r].tokens))
     logprobs = [[math.nan] * len(it.continuations) for it in items]
     n_tokens = [[0] * len(it.continuations) for it in items]
@@ -360,7 +379,7 @@ def read_logprobs(model, resid: Tensor, batch: list[Row]) -> tuple[Float64[Tenso
     return torch.zeros(len(keys), dtype=values.dtype, device=values.device).index_add(0, where_key, values), keys
 
 
-def _collect_hooks(hooks: Iterable) -> tuple[list, list]:
+def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
     pairs, batch_aware = [], []
     for obj in hooks if not hasattr(hooks, "hooks") else [hooks]:
         if hasattr(obj, "hooks"):
@@ -371,6 +390,7 @@ def _collect_hooks(hooks: Iterable) -> tuple[list, list]:
             pairs.append(obj)
         else:
             raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a Zeroing), got {obj!r}")
+    check_hook_names(model, [name for name, _ in pairs])
     return pairs, batch_aware
 
 
@@ -382,3 +402,57 @@ def _model_meta(model) -> dict:
     from lens_heads.models import model_meta
 
     return model_meta(model)
+
+
+# ---------------------------------------------------------------- under torchrun
+
+
+def _evaluate_shards(model, task, hooks, settings: dict) -> EvalResult:
+    """``evaluate`` on this rank's block of the items; the blocks' records gathered in order on every rank."""
+    items = list(task)
+    if not items:
+        raise ValueError("the task has no items")
+    distributed.check_agree(_identity(model, items, settings), "model, items and settings of the evaluation")
+    mine = distributed.block(len(items), distributed.rank(), distributed.world_size())
+    local = None
+    if len(mine):
+        part = replace(task, items=items[mine.start:mine.stop]) if hasattr(task, "items") else items[mine.start:mine.stop]
+        with distributed.local():
+            local = evaluate(model, part, hooks=[_Shifted(h, mine.start) if hasattr(h, "batch") else h
+                                                 for h in ([hooks] if hasattr(hooks, "hooks") else hooks)],
+                             **{**settings, "progress": settings["progress"] and distributed.is_main()})
+    parts = [p for p in distributed.all_gather(None if local is None else (local.items, local.meta)) if p]
+    metas = [meta for _, meta in parts]
+    meta = dict(metas[0], task=task.meta() if hasattr(task, "meta") else {}, ranks=distributed.world_size(),
+                wall_s=max(m["wall_s"] for m in metas),
+                **{k: sum(m[k] for m in metas) for k in ("rows", "forward_passes", "forward_tokens", "padded_tokens")})
+    return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
+                      items=[record for records, _ in parts for record in records],
+                      chance=float(getattr(task, "chance", float("nan"))), primary=settings["primary"], meta=meta)
+
+
+def _identity(model, items, settings: dict) -> dict:
+    from lens_heads.models import model_meta
+
+    ids = "\n".join(item.id for item in items).encode()
+    return dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
+                items=hashlib.sha256(ids).hexdigest()[:16], n=len(items),
+                **{k: v for k, v in settings.items() if k != "progress"})
+
+
+class _Shifted:
+    """A batch-aware hook object (a Zeroing) told the task's item numbers, not the block's: a random zeroing then
+    draws for each item what it draws in a single process. Everything else is the wrapped object's."""
+
+    def __init__(self, inner, offset: int):
+        self.inner, self.offset = inner, offset
+
+    def batch(self, attention_mask=None, inputs=None):
+        shifted = None if inputs is None else [self.offset + int(i) for i in inputs]
+        return self.inner.batch(attention_mask, inputs=shifted)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)

@@ -21,6 +21,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens import loading_from_pretrained as tl_loading
 
+from lens_heads.hf_folder import hooked_config
+
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED = {
     "smollm2-135m": {
@@ -40,7 +42,6 @@ EMBEDDED = {
                    for i in range(4)],
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "hf_name": "google/gemma-3-270m",
-        "tl_name": "google/gemma-3-270m",  # TransformerLens builds Gemma 3's config from its official name
         "quant": "Q4_K_M",
         "architecture": "Gemma3ForCausalLM",
     },
@@ -75,15 +76,19 @@ def load_model(
     (fold_ln, center_writing_weights, center_unembed, fold_value_biases) leaves logits unchanged but changes the
     norms of ``hook_v`` and ``hook_z`` by up to ~20% per head, and those norms are what the head scores measure.
     ``processing=True`` applies all four, as ``HookedTransformer.from_pretrained`` does by default.
+
+    ``device``: default ``cuda`` when available (under torchrun ``cuda:LOCAL_RANK``, and ``"cuda"`` means that
+    too), else the CPU. ``dtype``: float32 (default), bfloat16 or float16 weights and activations; head scores and
+    log-likelihoods are computed in float32 whatever it is. A dtype the device can't compute in is refused.
     """
     dtype = _as_dtype(dtype)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
+    _check_dtype_on(device, dtype)
     key = name.lower()
     if key in EMBEDDED:
         spec = EMBEDDED[key]
         folder = embedded_model_folder(key)
-        model = _from_local_folder(folder, processing=processing, device=device, dtype=dtype,
-                                   tl_name=spec.get("tl_name"))
+        model = _from_local_folder(folder, processing=processing, device=device, dtype=dtype)
         source = f"embedded: {spec['hf_name']} (GGUF {spec['quant']} from PyPI {spec['package']}, dequantised)"
     elif Path(name).is_dir():
         if not (Path(name) / "config.json").exists():
@@ -248,10 +253,8 @@ def _dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCaus
     os.replace(tmp, folder)
 
 
-def _from_local_folder(folder: Path, *, processing: bool, device, dtype,
-                       tl_name: str | None = None) -> HookedTransformer:
-    """``tl_name``: the TransformerLens name whose config fits the folder's weights, for architectures whose config
-    TransformerLens derives from the official name rather than from the folder's config.json (Gemma 3)."""
+def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> HookedTransformer:
+    """A HookedTransformer of a local Hugging Face folder, its architecture read from ``config.json``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True,
@@ -259,16 +262,15 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype,
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        name = tl_name or str(folder)
-        cfg = tl_loading.get_pretrained_model_config(name, hf_cfg=hf.config.to_dict(), fold_ln=processing,
-                                                     device=device, dtype=dtype)
-        state_dict = tl_loading.get_pretrained_state_dict(name, cfg, hf, dtype=dtype)
+        cfg = hooked_config(folder, hf.config, fold_ln=processing, device=device, dtype=dtype)
+        state_dict = tl_loading.get_pretrained_state_dict(str(folder), cfg, hf, dtype=dtype)
         model = HookedTransformer(cfg, tokenizer, move_to_device=False)
         if processing:
             model.load_and_process_state_dict(state_dict, **{flag: True for flag in PROCESSING_FLAGS})
         else:
             # Same result as load_and_process_state_dict with every flag off, which loads key by key (~5 s).
             missing, unexpected = model.load_state_dict(model.fill_missing_keys(state_dict), strict=False)
+            unexpected = [k for k in unexpected if state_dict[k].any()]  # TL's Phi-3 converter adds zero LN biases
             if unexpected or [k for k in missing if not k.endswith(("IGNORE", "mask"))]:
                 raise RuntimeError(f"weights of {folder} don't fit the model: missing {missing}, extra {unexpected}")
     model.move_model_modules_to_device()
@@ -318,4 +320,41 @@ def _as_dtype(dtype) -> torch.dtype:
                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
         except KeyError:
             raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype {dtype} is not supported: use torch.float32, torch.bfloat16 or torch.float16")
     return dtype
+
+
+def resolve_device(device) -> str:
+    """The device a model is loaded on (see :func:`load_model`); an unknown or unavailable one is refused."""
+    from lens_heads import distributed
+
+    if device is None:
+        return distributed.device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available here: use device='cpu'")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} asked for, but MPS is not available here: use device='cpu'")
+    if dev.type == "cuda" and dev.index is None and distributed.launched():
+        return distributed.device()  # each torchrun rank on its own GPU
+    return str(dev)
+
+
+def _check_dtype_on(device: str, dtype: torch.dtype) -> None:
+    """Refuse a dtype the device can't run a transformer layer's operations in (e.g. bfloat16 on a pre-Ampere
+    GPU), before any weights are read."""
+    if torch.device(device).type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"this GPU ({torch.cuda.get_device_name(device)}) does not support bfloat16: use "
+                         "dtype=torch.float16 or torch.float32")
+    try:
+        x = torch.randn(2, 8, device=device).to(dtype)
+        w = torch.randn(8, 8, device=device).to(dtype)
+        y = torch.nn.functional.layer_norm(x @ w, (8,))
+        torch.nn.functional.gelu(y).softmax(-1).float().sum().item()
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} can't compute in {dtype} ({str(e).splitlines()[0]}): use "
+                         "dtype=torch.float32") from None

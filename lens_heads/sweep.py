@@ -33,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from lens_heads import distributed
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing
 from lens_heads.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.io import atomic_write_json
@@ -291,10 +292,12 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0):
 CALIBRATIONS = ("rows", "prompts")
 
 
+@distributed.local()  # each unit is evaluated whole by the worker that owns it
 def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-              calibration="rows", out_dir=None, seed: int = 0, batch_size: int = 8, random_baseline: bool = True,
-              static_scores: Sequence[str] = (), progress: bool = True, primary: str = "sum",
-              protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False) -> SweepResult:
+              calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
+              random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
+              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
+              apply_chat_template: bool = False) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``) and the static pruning view for ``static_scores``.
 
@@ -303,6 +306,11 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     alone, as its rows begin), a :class:`lens_heads.scoring.HeadScores` already computed, or any inputs
     ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.rows`).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
+    ``batch_size``: rows per forward pass, or ``"auto"``.
+
+    Several workers (:mod:`lens_heads.distributed`) share the units: torchrun ranks gather them all, so every rank
+    returns the whole result (only rank 0 should write it); the tasks of a job array each run their share into the
+    shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
     """
     from tqdm.auto import tqdm
 
@@ -321,6 +329,9 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         raise ValueError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
                          "'prompts', a HeadScores, or inputs to score")
     fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template)
+    distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
+    workers = distributed.unit_workers()
+    progress = progress and distributed.is_main()
     if out is not None:
         claim_folder(out, fingerprint)
 
@@ -330,17 +341,20 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         plan += [("threshold", s, p) for s in scores]
         plan += [("static", s, p) for s in static_scores]
     done = {key: unit for key, unit in _load_units(out, fingerprint).items()} if out is not None else {}
-    pending = [u for u in plan if unit_key(*u) not in done]
+    mine = set(workers.share(len(plan)))
+    pending = [u for i, u in enumerate(plan) if unit_key(*u) not in done and i in mine]
 
     calib = _Calibration(model, task, calibration, out, fingerprint, batch_size, progress,
                          dict(protocol=protocol, apply_chat_template=apply_chat_template)) if any(
         mode in ("threshold", "static") for mode, _, _ in pending) else None
     units: dict[str, UnitResult] = {}
     bar = tqdm(plan, desc=f"sweep {getattr(task, 'name', '')} units", unit="unit", disable=not progress)
-    for mode, score, p in bar:
+    for index, (mode, score, p) in enumerate(bar):
         key = unit_key(mode, score, p)
         if key in done:
             units[key] = done[key]
+            continue
+        if index not in mine:
             continue
         bar.set_postfix_str(f"{mode} {score or ''} {p:g}".replace("  ", " "))
         zeroing, threshold = None, None
@@ -363,12 +377,19 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         if out is not None:
             atomic_write_json(out / f"{key}.json", {"fingerprint": fingerprint, **unit.to_dict()})
     bar.close()
+    gathered = distributed.all_gather((units, len(pending)))
+    units = {key: unit for part, _ in gathered for key, unit in part.items()}
+    n_run = sum(n for _, n in gathered)
+    if out is not None and len(units) < len(plan):  # a job array task: the others may have finished meanwhile
+        units = {**_load_units(out, fingerprint), **units}
+    if len(units) < len(plan):
+        return None
     ordered = [units[unit_key(*u)] for u in plan]
     meta = dict(fingerprint=fingerprint, protocol=protocol, apply_chat_template=apply_chat_template,
                 fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=str(out) if out else None,
                 calibration=calib.describe() if calib else _stored_calibration(out),
-                units_reused=len(plan) - len(pending), units_run=len(pending))
+                units_reused=len(plan) - n_run, units_run=n_run, workers=workers.to_dict())
     return SweepResult(baseline=ordered[0].result, units=ordered, meta=meta)
 
 

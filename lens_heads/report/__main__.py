@@ -165,16 +165,12 @@ def config_from_args(argv: list[str] | None = None) -> ReportConfig:
 
 
 def _check_device(device: str) -> None:
-    import torch
+    from lens_heads.models import resolve_device
 
     try:
-        dev = torch.device(device)
-    except RuntimeError:
-        _fail(2, f"unknown device {device!r}: use cpu, cuda, cuda:N or mps")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        _fail(2, f"device {device!r} asked for but CUDA is not available here: use --device cpu")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        _fail(2, f"device {device!r} asked for but MPS is not available here: use --device cpu")
+        resolve_device(device)
+    except ValueError as e:
+        _fail(2, str(e))
 
 
 def _fail(code: int, message: str):
@@ -199,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: stage(s) {', '.join(failed)} failed (see the report and results.json in "
               f"{config.out_dir}); the other stages' results were written", file=sys.stderr)
         return 1
-    print(f"{config.out_dir}/report.html")
+    from lens_heads import distributed
+
+    if distributed.is_main():  # under torchrun: rank 0 wrote the report
+        print(f"{config.out_dir}/report.html")
     return 0
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lens_heads import distributed
 from lens_heads.compare import read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import load_model, model_meta
@@ -62,7 +63,8 @@ class Outputs:
 
 def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     """Run every stage for ``config`` and write the report folder; returns the ``results.json`` content."""
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    main_process = distributed.is_main()  # under torchrun every rank computes, rank 0 alone writes
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if main_process else None)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = StageCache(out_dir)
@@ -113,10 +115,12 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     first_scores = next((s for s in scores_by_task.values() if s is not None), None)
     run_stage(out, "attention", log, lambda: stage_attention(out, model, first_scores, config))
 
-    write_outputs(out, out_dir, config, log)
+    if main_process:
+        write_outputs(out, out_dir, config, log)
     out.results["stages"]["total"] = {"status": "done", "seconds": round(time.perf_counter() - started, 1),
                                       "cpu_seconds": round(time.process_time() - cpu_started, 1)}
-    atomic_write_json(out_dir / "results.json", out.results)
+    if main_process:
+        atomic_write_json(out_dir / "results.json", out.results)
     log(f"[report] done in {time.perf_counter() - started:.0f} s: {out_dir / 'report.html'}")
     return out.results
 
@@ -191,8 +195,9 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
         scores = scoring.HeadScores.load(path)
     else:
         scores = scoring.score_heads(model, task, batch_size=config.batch_size, progress=config.progress)
-        scores.save(path)
-        cache.save_json("scores", key, {"file": path.name})  # written last: marks the stage as finished
+        if distributed.is_main():
+            scores.save(path)
+            cache.save_json("scores", key, {"file": path.name})  # written last: marks the stage as finished
 
     values = scores.values.float()  # [input, layer, head, score]
     names = list(scores.names)
@@ -401,7 +406,8 @@ def stage_rank(out: Outputs, model, task, config: ReportConfig, cache: StageCach
         # per-input ranks: item prompts differ in length, and the averaged matrix would cut all to the shortest
         p = rank.attention_rank(model, inputs, average=False, batch_size=config.batch_size, progress=config.progress)
         profile = _jsonable(p.to_dict())
-        cache.save_json("rank", key, profile)
+        if distributed.is_main():
+            cache.save_json("rank", key, profile)
     m = profile.get("meta", {})
     profile = {**profile, "inputs": {"task": task.name, "n": len(inputs), "what": "item prompts",
                                      "mean_length": m.get("mean_length"), "min_length": m.get("min_length"),
