@@ -56,7 +56,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
     ``cache``: see the module docstring (what zeroing means at each step)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    pairs, batch_aware = _collect_hooks(hooks)
+    pairs, batch_aware = _collect_hooks(hooks, model)
     if cache and batch_aware:
         raise ValueError("cache=True runs only the new token at each step, so a per-input Zeroing would decide on "
                          "that one position: use cache=False (reruns the sequence), or zero_heads(...) pairs for a "
