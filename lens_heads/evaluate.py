@@ -32,7 +32,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lens_heads.fused_attention import AttentionCalls, fused_attention
+
 METRICS = ("sum", "per_token", "per_char")
+ATTENTION = ("fused", "eager")
 Z95 = 1.959963984540054
 
 
@@ -287,13 +290,15 @@ def _split_whitespace(context: str, continuation: str) -> tuple[str, str]:
 
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress: bool = True,
-             primary: str = "sum") -> EvalResult:
+             primary: str = "sum", attention: str = "fused") -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.tasks.Task`) by log-likelihood.
 
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
     :class:`lens_heads.ablation.Zeroing`); objects with a ``batch(attention_mask, inputs)`` context manager are told
     each batch's padding mask and which item each row belongs to. ``primary``: the scoring behind ``.accuracy``
-    (``"sum"``, ``"per_token"`` or ``"per_char"``).
+    (``"sum"``, ``"per_token"`` or ``"per_char"``). ``attention="fused"`` runs fused SDPA attention in every
+    layer whose pattern no hook reads (:mod:`lens_heads.fused_attention`; same log-likelihoods to float rounding);
+    ``"eager"`` materialises every pattern.
     """
     from tqdm.auto import tqdm
 
@@ -301,6 +306,8 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
@@ -319,7 +326,8 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     start_time = time.perf_counter()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
-    with model.hooks(fwd_hooks=pairs):
+    attention_calls = AttentionCalls()
+    with _attention(model, attention, attention_calls), model.hooks(fwd_hooks=pairs):
         for batch in _batches([rows[r] for r in order], batch_size):
             width = max(len(r.tokens) for r in batch)
             tokens = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -347,9 +355,17 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
                for it, lp, nt in zip(items, logprobs, n_tokens)]
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
-                rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%", **stats)
+                rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
+                attention=attention_calls.describe() if attention == "fused" else "eager", **stats)
     return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), items=records,
                       chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
+
+
+def _attention(model, attention: str, calls: AttentionCalls):
+    """The fused-attention block (counting into ``calls``), or nothing for eager attention."""
+    if attention == "eager":
+        return contextlib.nullcontext()
+    return fused_attention(model, calls)
 
 
 def _batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
