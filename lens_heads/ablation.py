@@ -25,6 +25,7 @@ from torch import Tensor
 from transformer_lens.utils import get_act_name
 
 from lens_heads.capture import LayerCapture
+from lens_heads.fused_attention import fused_attention
 from lens_heads.models import expand_kv
 
 HookFn = Callable[..., Tensor | None]
@@ -268,11 +269,12 @@ def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: i
         return hook
 
     hooks = [(get_act_name("z", layer), make(layer)) for layer in range(cfg.n_layers)]
-    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="mean z", disable=not progress, leave=False):
-        batch_tokens, batch_mask = tokens[start:start + batch_size], mask[start:start + batch_size]
-        model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),
-                             fwd_hooks=hooks, return_type=None)
-        count += int(batch_mask.sum())
+    with fused_attention(model):  # only hook_z is read
+        for start in tqdm(range(0, tokens.shape[0], batch_size), desc="mean z", disable=not progress, leave=False):
+            batch_tokens, batch_mask = tokens[start:start + batch_size], mask[start:start + batch_size]
+            model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),
+                                 fwd_hooks=hooks, return_type=None)
+            count += int(batch_mask.sum())
     return (total / max(count, 1)).to(cfg.dtype)
 
 
