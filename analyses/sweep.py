@@ -9,8 +9,9 @@ Steps:
 1. **Baseline against chance** on every task in ``--check-tasks`` (``--check-n`` items each; MMLU in its 5-shot
    letter format): a model at chance has nothing to lose, so the sweep runs only on tasks whose 95% Wilson interval
    lies above chance (``--force`` overrides).
-2. **The sweep** (``lens_heads.sweep.run_sweep``) on each remaining task in ``--tasks``: thresholds from the
-   unablated pooled CDF of each score on the task's prompts, per-input threshold zeroing at each target fraction,
+2. **The sweep** (``lens_heads.sweep.run_sweep``) on each remaining task in ``--tasks``, rows laid out by
+   ``--protocol`` (lm-eval's by default): thresholds from the unablated pooled CDF of each score on the evaluated
+   rows (``--calibration``), per-input threshold zeroing at each target fraction,
    the random baseline, and the static pruning view for ``--static-scores``. Units are kept under ``--out`` and a
    rerun skips the finished ones (interrupt and rerun freely).
 3. **Outputs** in ``--figures`` (default ``figures/``): ``sweep_<task>.csv`` (every curve point: realised % zeroed,
@@ -37,7 +38,8 @@ from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
 from lens_heads.report.figures import ablation_curves
 from lens_heads.scores import SCORE_NAMES
-from lens_heads.sweep import run_sweep
+from lens_heads.rows import PROTOCOLS
+from lens_heads.sweep import CALIBRATIONS, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
@@ -59,6 +61,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--force", action="store_true", help="sweep the --tasks even where the baseline is at chance")
     ap.add_argument("--out", default=str(ROOT / "runs" / "sweep"), help="folder of resumable units (default runs/sweep)")
     ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
+    ap.add_argument("--protocol", default="lm-eval", choices=PROTOCOLS,
+                    help="forward rows: lm-eval's (the paper's, default) or TransformerLens's ('tl')")
+    ap.add_argument("--apply-chat-template", action="store_true",
+                    help="render prompts with the tokenizer's chat template, as lm-eval's --apply_chat_template")
+    ap.add_argument("--calibration", default="rows", choices=CALIBRATIONS,
+                    help="thresholds from the evaluated rows (the paper's, default) or the item prompts")
     ap.add_argument("--batch-size", type=int, default=16, help="forward rows per batch (default 16)")
     ap.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed (default 0)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -84,13 +92,15 @@ def check_baselines(model, args) -> pd.DataFrame:
     for name in args.check_tasks:
         n = args.check_n_mmlu if name == "mmlu" else args.check_n
         task = load_task(name, n=n, seed=args.seed)
-        path = Path(args.out) / "baselines" / f"{name}-n{len(task)}-shots{task.shots}-seed{args.seed}.json"
+        path = Path(args.out) / "baselines" / (f"{name}-n{len(task)}-shots{task.shots}-seed{args.seed}-"
+                                               f"{args.protocol}{'-chat' if args.apply_chat_template else ''}.json")
         if path.exists():
             result = EvalResult.from_dict(json.loads(path.read_text()))
         else:
             t = time.perf_counter()
             # 5-shot MMLU rows are ~750 tokens: smaller batches keep the attention patterns' memory in bounds
-            result = evaluate(model, task, batch_size=min(args.batch_size, 4) if name == "mmlu" else args.batch_size)
+            result = evaluate(model, task, batch_size=min(args.batch_size, 4) if name == "mmlu" else args.batch_size,
+                              protocol=args.protocol, apply_chat_template=args.apply_chat_template)
             atomic_write_json(path, result.to_dict())
             print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
         low, high = result.ci95
@@ -120,20 +130,26 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     atomic_write_json(f"{stem}.json", dict(
         what="inactive-heads sweep: per-input threshold zeroing of heads on hook_z (z := 0 before W_O), random "
              "baseline, static pruning view",
-        model=model_meta(model), task=task.meta(), seed=args.seed, fractions=args.fractions, scores=args.scores,
+        model=model_meta(model), task=task.meta(), protocol=args.protocol,
+        apply_chat_template=args.apply_chat_template, calibration=args.calibration,
+        seed=args.seed, fractions=args.fractions, scores=args.scores,
         static_scores=args.static_scores,
         baseline=dict(accuracy=result.baseline.accuracy, ci95=[low, high], n=result.baseline.n,
                       chance=result.baseline.chance, ci_method="wilson 95%"),
         primary_metric="argmax of summed continuation log-likelihood (lm-eval acc)",
         paired_method="normal approximation on per-item paired differences, 95%",
-        zeroable_within_1_point_pct=result.zeroable_within(1.0), normalised_auc_pct=result.normalised_auc(),
+        zeroable_within_1_point_pct=result.zeroable_within(1.0),
+        zeroable_rule="authors: last crossing of baseline - 1 in order of target fraction, 0 if none",
+        zeroable_within_1_point_censored_pct=result.zeroable_within(1.0, rule="censored"),
+        table2=result.table2(1.0), normalised_auc_pct=result.normalised_auc(),
         normalised_auc_kl=result.normalised_auc(metric="kl"),
         static_zeroable_within_1_point_pct=static, summary=summary.to_dict(orient="records"),
         baselines_vs_chance=baselines.to_dict(orient="records"), sweep_meta=result.meta,
         table=table.to_dict(orient="records")))
     meta = model_meta(model)
     title = (f"{meta['name']} on {task.name} ({task.split}, {task.shots}-shot {task.format}, n={len(task)}, seed "
-             f"{args.seed}; weight basis {meta['weight_basis']}): baseline {100 * result.baseline.accuracy:.1f}% "
+             f"{args.seed}; {args.protocol} rows{', chat template' if args.apply_chat_template else ''}; weight "
+             f"basis {meta['weight_basis']}): baseline {100 * result.baseline.accuracy:.1f}% "
              f"[{100 * low:.1f}, {100 * high:.1f}], chance {100 * result.baseline.chance:.0f}%")
     fig = ablation_curves(table, baseline=100 * result.baseline.accuracy, chance=result.baseline.chance,
                           title=title)
@@ -166,7 +182,8 @@ def main(argv=None) -> None:
         t = time.perf_counter()
         result = run_sweep(model, task, scores=args.scores, fractions=args.fractions, out_dir=Path(args.out) / name,
                            seed=args.seed, batch_size=args.batch_size, random_baseline=not args.no_random,
-                           static_scores=args.static_scores)
+                           static_scores=args.static_scores, protocol=args.protocol,
+                           apply_chat_template=args.apply_chat_template, calibration=args.calibration)
         print(f"[sweep] {name}: {len(result.units)} units ({result.meta['units_run']} run now) in "
               f"{time.perf_counter() - t:.0f} s")
         write_outputs(result, task, args, baselines, model)

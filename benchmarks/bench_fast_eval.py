@@ -271,7 +271,7 @@ def main(argv=None) -> None:
     lines3 = ["3. achieved FLOP/s (useful FLOPs, formula in the script's docstring) / dense matmul FLOP/s:",
               f"  evaluation (above, fused, logits where read): {eval_flops / 1e9:7.1f} GFLOP in {t_read:5.1f} s = "
               f"{eval_flops / t_read / 1e9:5.1f} GFLOP/s = {100 * eval_flops / t_read / peak:4.1f}%",
-              f"  scoring pass (score_heads, eager attention, on the {len(arc)} prompts): {score_flops / 1e9:7.1f} "
+              f"  scoring pass (score_heads, eager attention, on the same rows): {score_flops / 1e9:7.1f} "
               f"GFLOP in {t_score:5.1f} s = {score_flops / t_score / 1e9:5.1f} GFLOP/s = "
               f"{100 * score_flops / t_score / peak:4.1f}%"]
     print("\n".join(lines3))

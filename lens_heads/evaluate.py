@@ -1,12 +1,10 @@
 """Multiple-choice evaluation by log-likelihood, batched, with any TransformerLens hooks in the forward pass.
 
 Each item's choice ``i`` is scored as log P(continuations[i] | contexts[i]) summed over the continuation's tokens.
-How the forward passes are laid out:
-
-- **one forward per question** when all choices share the context and every continuation is one token (MMLU's
-  letter format: " A".." D"): the context is run once and the four letter tokens are read at its last position;
-- otherwise **one row per choice** (context + continuation): cloze tasks (ARC-Easy, PIQA, HellaSwag) and
-  WinoGrande's partial scoring (contexts differ per choice, the continuation is shared).
+The forward rows (which tokens run, where each continuation is read) come from :mod:`lens_heads.rows` under a
+named protocol (``"lm-eval"`` by default, as the paper's authors ran it; ``"tl"``): one row per question when
+all choices share the context and every continuation is one token (MMLU's " A".." D"), otherwise one row per
+choice (cloze tasks; WinoGrande's partial scoring, whose contexts differ per choice).
 
 Rows are sorted by length, right-padded into batches of at most ``batch_size`` rows (a new batch starts where a row
 is shorter than 3/4 of the batch's longest, which bounds the padding) and run with their attention mask.
@@ -25,14 +23,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from lens_heads.fused_attention import AttentionCalls, fused_attention
+from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol, encode, within_context  # noqa: F401
 
 METRICS = ("sum", "per_token", "per_char")
 ATTENTION = ("fused", "eager")
@@ -223,82 +222,22 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
     return float(np.sum(p * (np.log(p) - np.log(q))))
 
 
-# ---------------------------------------------------------------- requests: what each forward row reads
-
-
-@dataclass
-class Row:
-    """One forward row: ``tokens``; for each choice it scores, the positions whose logits predict its tokens."""
-
-    item: int
-    tokens: list[int]
-    reads: list[tuple[int, int, list[int]]]  # (choice, first logit position, continuation token ids)
-
-
-def encode(model, text: str) -> list[int]:
-    """Token ids of ``text`` without special tokens (BOS is added once per row by :func:`build_rows`)."""
-    if model.tokenizer is None:
-        raise ValueError("this model has no tokenizer: evaluating text tasks needs one (tiny_model(tokenizer=...))")
-    return list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def build_rows(model, items: Sequence) -> list[Row]:
-    """Lay the items out as forward rows (see the module docstring). Contexts' trailing whitespace moves to the
-    continuation, as in lm-eval, so a word's leading space stays with the word."""
-    rows = [row for index, item in enumerate(items) for row in _item_rows(model, index, item)]
-    too_long = [r for r in rows if len(r.tokens) > model.cfg.n_ctx]
-    if too_long:
-        raise ValueError(f"{len(too_long)} rows are longer than the model's context of {model.cfg.n_ctx} tokens "
-                         f"(longest {max(len(r.tokens) for r in too_long)}): use fewer shots, a longer-context model, "
-                         "or lens_heads.evaluate.within_context(model, task) to drop those items")
-    return rows
-
-
-def within_context(model, task):
-    """``task`` without the items that need a forward row longer than the model's context, and how many were
-    dropped (for toy models whose ``n_ctx`` is shorter than a few prompts; say the count beside the result)."""
-    kept = [item for item in task if all(len(r.tokens) <= model.cfg.n_ctx for r in _item_rows(model, 0, item))]
-    return replace(task, items=kept), len(task) - len(kept)
-
-
-def _item_rows(model, index: int, item) -> list[Row]:
-    bos = [model.tokenizer.bos_token_id] if model.cfg.default_prepend_bos and model.tokenizer.bos_token_id is not None \
-        else []
-    pairs = [_split_whitespace(c, x) for c, x in zip(item.contexts, item.continuations)]
-    encoded = [(encode(model, c), encode(model, x)) for c, x in pairs]
-    if any(not x for _, x in encoded):
-        raise ValueError(f"item {item.id}: a continuation encodes to no tokens")
-    if len({c for c, _ in pairs}) == 1 and all(len(x) == 1 for _, x in encoded):  # shared context, one-token answers
-        ctx = bos + encoded[0][0]
-        return [Row(index, ctx, [(choice, len(ctx) - 1, x) for choice, (_, x) in enumerate(encoded)])]
-    rows = []
-    for choice, (c, x) in enumerate(encoded):
-        ctx = bos + c
-        if not ctx:
-            raise ValueError(f"item {item.id}: empty context and no BOS token to condition on")
-        rows.append(Row(index, ctx + x, [(choice, len(ctx) - 1, x)]))
-    return rows
-
-
-def _split_whitespace(context: str, continuation: str) -> tuple[str, str]:
-    stripped = context.rstrip()
-    return stripped, context[len(stripped):] + continuation
-
-
 # ---------------------------------------------------------------- the evaluator
 
 
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress: bool = True,
-             primary: str = "sum", attention: str = "fused") -> EvalResult:
+             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
+             attention: str = "fused") -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.tasks.Task`) by log-likelihood.
 
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
     :class:`lens_heads.ablation.Zeroing`); objects with a ``batch(attention_mask, inputs)`` context manager are told
     each batch's padding mask and which item each row belongs to. ``primary``: the scoring behind ``.accuracy``
-    (``"sum"``, ``"per_token"`` or ``"per_char"``). ``attention="fused"`` runs fused SDPA attention in every
-    layer whose pattern no hook reads (:mod:`lens_heads.fused_attention`; same log-likelihoods to float rounding);
-    ``"eager"`` materialises every pattern.
+    (``"sum"``, ``"per_token"`` or ``"per_char"``). ``protocol`` (``"lm-eval"`` or ``"tl"``) and
+    ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`). ``attention="fused"`` runs fused
+    SDPA attention in every layer whose pattern no hook reads (:mod:`lens_heads.fused_attention`; same
+    log-likelihoods to float rounding); ``"eager"`` materialises every pattern.
     """
     from tqdm.auto import tqdm
 
@@ -312,7 +251,8 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     if not items:
         raise ValueError("the task has no items")
     pairs, batch_aware = _collect_hooks(hooks)
-    rows = build_rows(model, items)
+    check_protocol(protocol)
+    rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r].tokens))
     logprobs = [[math.nan] * len(it.continuations) for it in items]
     n_tokens = [[0] * len(it.continuations) for it in items]
@@ -355,6 +295,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
                for it, lp, nt in zip(items, logprobs, n_tokens)]
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
+                protocol=protocol, apply_chat_template=apply_chat_template,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=attention_calls.describe() if attention == "fused" else "eager", **stats)
     return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), items=records,

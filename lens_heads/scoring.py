@@ -23,10 +23,12 @@ from lens_heads.capture import LayerCapture
 from lens_heads.io import atomic_write_bytes
 from lens_heads.models import expand_kv, model_meta
 from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
+from lens_heads.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.tasks import Task
 from lens_heads.tokenize import Inputs, tokenize_inputs
 
-DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position (the BOS); "
+DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position of the row "
+               "(the BOS where the protocol adds one, else the first text token); "
                "last token = last non-padding position; means over non-padding positions, first token included; "
                "norms are L2 in the model's weight basis, head outputs before W_O unless marked (full); entropy in nats")
 
@@ -107,20 +109,27 @@ def score_heads(
     extras: Sequence[Score | str] = (),
     hooks: Sequence[tuple] = (),
     max_len: int | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    apply_chat_template: bool = False,
 ) -> HeadScores:
     """The twelve head scores (``lens_heads.scores.SCORE_NAMES``) of every head of ``model`` on every input.
 
-    ``inputs``: strings, a Task (each item's prompt), a token tensor or a list of token sequences (see
-    ``tokenize_inputs``). ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one
-    contiguous run, so right and left padding both work, and padding never counts. ``extras`` adds scores kept
-    apart from the twelve (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra
-    TransformerLens ``(hook_name, fn)`` pairs run before the scoring hooks (e.g. to score an ablated model).
+    ``inputs``: strings, a Task, a token tensor or a list of token sequences (see ``tokenize_inputs``). A Task
+    is scored on exactly the forward rows its evaluation runs under ``protocol`` and ``apply_chat_template``
+    (one input per row, e.g. one per choice for cloze tasks; ``meta["data"]["row_items"]`` maps rows to items).
+    ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one contiguous run, so right
+    and left padding both work, and padding never counts. ``extras`` adds scores kept apart from the twelve
+    (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra TransformerLens ``(hook_name, fn)``
+    pairs run before the scoring hooks (e.g. to score an ablated model).
 
     Inputs are batched by length, so padding costs little; the result keeps the input order.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
+    task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \
+        if isinstance(inputs, Task) else None
+    tokens, mask = tokenize_inputs(model, [row.tokens for row in task_rows] if task_rows else inputs,
+                                   max_len=max_len)
     if attention_mask is not None:
         if not isinstance(inputs, Tensor):
             raise ValueError("attention_mask goes with a token tensor; text and tasks are padded for you")
@@ -147,7 +156,8 @@ def score_heads(
         values=out[..., : len(SCORES)].clone(),
         names=list(SCORE_NAMES),
         direction={**DIRECTION, **{s.name: s.direction for s in extras}},
-        meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum())), definitions=DEFINITIONS,
+        meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum()), task_rows, protocol, apply_chat_template),
+                  definitions=DEFINITIONS,
                   batch_size=batch_size,
                   user_hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]),
         extra_values=out[..., len(SCORES) :].clone() if extras else None,
@@ -205,9 +215,10 @@ def _checked_mask(attention_mask: Tensor, shape) -> Bool[Tensor, "b p"]:
     return mask
 
 
-def _describe(inputs, n: int, n_tokens: int) -> dict:
+def _describe(inputs, n: int, n_tokens: int, rows, protocol: str, apply_chat_template: bool) -> dict:
     if isinstance(inputs, Task):
-        return {**inputs.meta(), "n_tokens": n_tokens}
+        return {**inputs.meta(), "n_rows": n, "n_tokens": n_tokens, "protocol": protocol,
+                "apply_chat_template": apply_chat_template, "row_items": [row.item for row in rows]}
     kind = "token tensor" if isinstance(inputs, Tensor) else (
         "strings" if isinstance(inputs, str) or all(isinstance(x, str) for x in inputs) else "token sequences")
     return {"kind": kind, "n": n, "n_tokens": n_tokens}

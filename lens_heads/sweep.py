@@ -1,20 +1,23 @@
 """The inactive-heads sweep: how much accuracy each head score loses as it zeroes more heads, against random zeroing.
 
-For each score and target fraction p (spec: ``shared/specs/inactive-heads.md``):
+For each score and target fraction p (the paper's protocol, as its authors' code runs it):
 
-1. **Thresholds** from the *unablated* pooled CDF of the score on calibration inputs (default: the task's own
-   prompts), read by :func:`lens_heads.distributions.thresholds`.
+1. **Thresholds** from the *unablated* pooled CDF of the score over exactly the forward rows the evaluation runs
+   (``calibration="rows"``: for cloze tasks one row per choice, context + continuation), read by
+   :func:`lens_heads.distributions.thresholds`; ``calibration="prompts"`` or given inputs stay available.
 2. **Per-input threshold zeroing** (:func:`lens_heads.ablation.threshold_zeroing`) during a full evaluation of the
-   task; the x axis is the *realised* share of heads zeroed (it can miss p: the evaluated rows are not the
-   calibration prompts, and later layers are scored on the ablated stream).
-3. **Random baseline**: each (input, layer, head) zeroed with probability p (one draw per question, shared by its
+   task; the x axis is the *realised* share of heads zeroed (it can still miss p: later layers are scored on the
+   ablated stream, and ties in a score make the CDF step).
+3. **Random baseline**: each (row, layer, head) zeroed with probability p (one draw per question, shared by its
    choices). p = 0 is the unablated baseline, evaluated once and shared by all curves.
 4. Optionally the **static pruning view**: rank heads by their mean score over the calibration inputs and zero the
    most inactive ``round(p x layers x heads)`` heads for every input, as removing them for good would.
 
-Each finished (mode, score, fraction) unit is written at once to ``out_dir`` as JSON (atomic); a rerun with the same
-model, data, seed and calibration skips the finished units. Headline numbers: "% of heads zeroable within 1 point"
-(:func:`zeroable_within`) and the normalised AUC (:func:`normalised_auc`), both on the realised-% axis.
+Rows and tokens follow a named protocol (:mod:`lens_heads.rows`: ``"lm-eval"`` by default, ``"tl"``), recorded in
+the result. Each finished (mode, score, fraction) unit is written at once to ``out_dir`` as JSON (atomic); a rerun
+with the same model, data, protocol, seed and calibration skips the finished units. Headline numbers: "% of heads zeroable
+within 1 point" (:func:`zeroable_within`, the authors' rule or the censored one) and the normalised AUC
+(:func:`normalised_auc`), both on the realised-% axis, and the paper's Table 2 (:func:`table2`).
 """
 
 from __future__ import annotations
@@ -33,22 +36,37 @@ import numpy as np
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing
 from lens_heads.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.io import atomic_write_json
+from lens_heads.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
 
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 RANDOM = "random"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 # ---------------------------------------------------------------- curve summaries (pure)
 
 
-def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0) -> float:
+RULES = ("authors", "censored")
+
+
+def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0, *,
+                    rule: str = "authors") -> float:
     """Share of heads zeroable before accuracy drops ``points`` below ``baseline``.
 
-    ``x``: realised % of heads zeroed, ``y``: accuracy in % (same units as ``baseline`` and ``points``). The answer
-    is the x of the last crossing of the polyline with ``baseline - points``, linearly interpolated; a curve that ends
-    at or above the line (never finally drops within the measured range) gives its largest x, a lower bound.
+    ``x``: realised % of heads zeroed, ``y``: accuracy in % (same units as ``baseline`` and ``points``).
+
+    - ``rule="authors"`` (the paper's Table 2, the authors' ``get_intersection``): walk the points in the order
+      given (the sweep passes them by target fraction), and take the x of the last segment that crosses the line
+      ``baseline - points`` (strict sign change, linearly interpolated) or the last point lying exactly on it;
+      a curve that never meets the line gives 0.
+    - ``rule="censored"``: points sorted by x; the x of the last downward crossing, interpolated; a curve that
+      ends at or above the line gives its largest x, a lower bound ("≥ X%": :func:`ends_above` says when).
     """
+    if rule == "authors":
+        return _last_crossing(np.asarray(x, dtype=float), np.asarray(y, dtype=float) - (baseline - points))
+    if rule != "censored":
+        raise ValueError(f"unknown rule {rule!r}: choose 'authors' (the paper's: last crossing, 0 if none) or "
+                         "'censored' (the measured range's end when the curve never drops, a lower bound)")
     x, y = _sorted_curve(x, y)
     line = baseline - points
     if y[-1] >= line:
@@ -58,6 +76,25 @@ def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, poi
         return float(x[0])
     i = int(above[-1])  # last point at or above the line; every later point is below it
     return float(x[i] + (y[i] - line) / (y[i] - y[i + 1]) * (x[i + 1] - x[i]))
+
+
+def ends_above(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0) -> bool:
+    """Whether the curve ends at or above ``baseline - points``: its censored share is only a lower bound."""
+    x, y = _sorted_curve(x, y)
+    return bool(y[-1] >= baseline - points)
+
+
+def _last_crossing(x: np.ndarray, d: np.ndarray) -> float:
+    """The authors' rule on ``d = y - line``: the last sign change (interpolated) or zero, in the given order."""
+    if x.shape != d.shape or x.size < 2:
+        raise ValueError(f"a curve needs equally many x and y values (at least two), got {x.size} and {d.size}")
+    last = x[0] if d[0] == 0 else None
+    for i in range(x.size - 1):
+        if d[i] * d[i + 1] < 0:
+            last = x[i] + (0 - d[i]) * (x[i + 1] - x[i]) / (d[i + 1] - d[i])
+        if d[i + 1] == 0:
+            last = x[i + 1]
+    return 0.0 if last is None else float(last)
 
 
 def normalised_auc(x: Sequence[float], y: Sequence[float]) -> float:
@@ -135,10 +172,34 @@ class SweepResult:
             "scores", []) and s != RANDOM] + ([RANDOM] if RANDOM in out else [])
         return {s: sorted(out[s], key=lambda u: (u.realised_fraction, u.target_fraction)) for s in order}
 
-    def zeroable_within(self, points: float = 1.0, *, mode: str = "threshold") -> dict[str, float]:
-        """Per score (and ``"random"``): % of heads zeroable within ``points`` accuracy points of the baseline."""
+    def zeroable_within(self, points: float = 1.0, *, mode: str = "threshold", rule: str = "authors"
+                        ) -> dict[str, float]:
+        """Per score (and ``"random"``): % of heads zeroable within ``points`` accuracy points of the baseline, by
+        ``rule`` (:func:`zeroable_within`; the authors' rule walks each curve in order of target fraction)."""
         base = 100 * self.baseline.accuracy
-        return {s: zeroable_within(*self._curve(us, "accuracy"), base, points) for s, us in self.curves(mode).items()}
+        return {s: zeroable_within(*self._curve(self._ordered(us, rule), "accuracy"), base, points, rule=rule)
+                for s, us in self.curves(mode).items()}
+
+    def ends_above(self, points: float = 1.0, *, mode: str = "threshold") -> dict[str, bool]:
+        """Per score: whether its curve ends at or above ``baseline - points`` (its censored share is "≥")."""
+        base = 100 * self.baseline.accuracy
+        return {s: ends_above(*self._curve(us, "accuracy"), base, points) for s, us in self.curves(mode).items()}
+
+    def table2(self, points: float = 1.0) -> dict:
+        """The paper's Table 2 entry for this model and task: % zeroable within ``points`` (authors' rule) of AWFT
+        beside the best of every other curve, random included."""
+        shares = self.zeroable_within(points, rule="authors")
+        others = {s: v for s, v in shares.items() if s != "AWFT"}
+        if not others:
+            raise ValueError("Table 2 compares AWFT with other curves: this sweep has no curve besides AWFT")
+        best = max(others, key=lambda s: others[s])
+        fp = self.meta.get("fingerprint", {})
+        return dict(model=fp.get("model", {}).get("name"), task=fp.get("task", {}).get("task"),
+                    awft_pct=shares.get("AWFT", float("nan")), best_score=best, best_pct=others[best])
+
+    @staticmethod
+    def _ordered(units: list[UnitResult], rule: str) -> list[UnitResult]:
+        return sorted(units, key=lambda u: u.target_fraction) if rule == "authors" else units
 
     def normalised_auc(self, *, mode: str = "threshold", metric: str = "accuracy") -> dict[str, float]:
         """Per score (and ``"random"``): normalised AUC over realised % zeroed of accuracy (%, the paper's
@@ -194,32 +255,53 @@ class SweepResult:
                     **{f"accuracy_{m}": a for m, a in r.accuracies.items()}, n=r.n, chance=r.chance)
 
     def summary(self, points: float = 1.0, share: float = 10.0):
-        """Per score (random included), ranked by the paper's accuracy AUC: % zeroable within ``points``, the
+        """Per score (random included), ranked by the paper's accuracy AUC: % zeroable within ``points`` by the
+        authors' rule and by the censored rule (with whether the curve never dropped, so that share is "≥"), the
         normalised AUC of accuracy and its rank, the normalised AUC of the paired KL and its rank, and the KL at
         ``share`` % zeroed (:meth:`at_share`)."""
         import pandas as pd
 
         zeroable, auc, kl = self.zeroable_within(points), self.normalised_auc(), self.normalised_auc(metric="kl")
+        censored, above = self.zeroable_within(points, rule="censored"), self.ends_above(points)
         kl_at = self.at_share(share)
         ranking = sorted(auc, key=lambda s: -auc[s] if not math.isnan(auc[s]) else math.inf)
         kl_ranking = sorted(kl, key=lambda s: kl[s] if not math.isnan(kl[s]) else math.inf)
         return pd.DataFrame([{"score": s, f"zeroable_within_{points:g}_point_pct": zeroable[s],
+                              f"zeroable_within_{points:g}_point_censored_pct": censored[s],
+                              "never_drops": above[s],
                               "normalised_auc_pct": auc[s], "auc_rank": ranking.index(s) + 1,
                               "normalised_auc_kl": kl[s], "kl_rank": kl_ranking.index(s) + 1,
                               f"kl_at_{share:g}pct": kl_at[s]} for s in ranking])
 
 
+def table2(sweeps: Sequence[SweepResult], points: float = 1.0):
+    """The paper's Table 2 over several sweeps (models x tasks): per sweep, AWFT's % zeroable within ``points``
+    beside the best other curve's (random included), authors' rule."""
+    import pandas as pd
+
+    rows = [sweep.table2(points) for sweep in sweeps]
+    keys = [(r["model"], r["task"]) for r in rows]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"two sweeps of the same model and task in {keys}: give one sweep per (model, task)")
+    return pd.DataFrame(rows)
+
+
 # ---------------------------------------------------------------- the sweep
+
+CALIBRATIONS = ("rows", "prompts")
 
 
 def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-              calibration=None, out_dir=None, seed: int = 0, batch_size: int = 8, random_baseline: bool = True,
-              static_scores: Sequence[str] = (), progress: bool = True, primary: str = "sum") -> SweepResult:
+              calibration="rows", out_dir=None, seed: int = 0, batch_size: int = 8, random_baseline: bool = True,
+              static_scores: Sequence[str] = (), progress: bool = True, primary: str = "sum",
+              protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False) -> SweepResult:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``) and the static pruning view for ``static_scores``.
 
-    ``calibration``: where thresholds and static rankings come from: ``None`` (score the task's prompts unablated),
-    a :class:`lens_heads.scoring.HeadScores` already computed, or any inputs ``score_heads`` accepts.
+    ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
+    unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
+    alone, as its rows begin), a :class:`lens_heads.scoring.HeadScores` already computed, or any inputs
+    ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.rows`).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
     """
     from tqdm.auto import tqdm
@@ -234,7 +316,11 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     if any(not 0.0 <= p < 1.0 for p in fractions):
         raise ValueError(f"target fractions must lie in [0, 1), got {fractions}")
     out = Path(out_dir) if out_dir is not None else None
-    fingerprint = _fingerprint(model, task, seed, primary, calibration)
+    check_protocol(protocol)
+    if isinstance(calibration, str) and calibration not in CALIBRATIONS:
+        raise ValueError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
+                         "'prompts', a HeadScores, or inputs to score")
+    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template)
     if out is not None:
         _claim(out, fingerprint)
 
@@ -246,7 +332,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     done = {key: unit for key, unit in _load_units(out, fingerprint).items()} if out is not None else {}
     pending = [u for u in plan if unit_key(*u) not in done]
 
-    calib = _Calibration(model, task, calibration, out, fingerprint, batch_size, progress) if any(
+    calib = _Calibration(model, task, calibration, out, fingerprint, batch_size, progress,
+                         dict(protocol=protocol, apply_chat_template=apply_chat_template)) if any(
         mode in ("threshold", "static") for mode, _, _ in pending) else None
     units: dict[str, UnitResult] = {}
     bar = tqdm(plan, desc=f"sweep {getattr(task, 'name', '')} units", unit="unit", disable=not progress)
@@ -266,7 +353,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
             zeroing = static_zeroing(model, calib.most_inactive(score, p))
         start = time.perf_counter()
         result = evaluate(model, task, hooks=[zeroing] if zeroing else [], batch_size=batch_size,
-                          progress=progress, primary=primary)
+                          progress=progress, primary=primary, protocol=protocol,
+                          apply_chat_template=apply_chat_template)
         unit = UnitResult(mode=mode, score=score, target_fraction=p, threshold=threshold,
                           realised_fraction=zeroing.share_zeroed() if zeroing else 0.0, result=result,
                           head_share=zeroing.zeroed().float().mean(0).tolist() if zeroing else None,
@@ -276,7 +364,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
             atomic_write_json(out / f"{key}.json", {"fingerprint": fingerprint, **unit.to_dict()})
     bar.close()
     ordered = [units[unit_key(*u)] for u in plan]
-    meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
+    meta = dict(fingerprint=fingerprint, protocol=protocol, apply_chat_template=apply_chat_template,
+                fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=str(out) if out else None,
                 calibration=calib.describe() if calib else _stored_calibration(out),
                 units_reused=len(plan) - len(pending), units_run=len(pending))
@@ -288,8 +377,8 @@ class _Calibration:
     sweep uses exactly the thresholds of the first run without scoring again."""
 
     def __init__(self, model, task, calibration, out: Path | None, fingerprint: dict, batch_size: int,
-                 progress: bool):
-        self._model, self._task, self._calibration = model, task, calibration
+                 progress: bool, rows: dict):
+        self._model, self._task, self._calibration, self._rows = model, task, calibration, rows
         self._batch_size, self._progress = batch_size, progress
         self._fingerprint = fingerprint
         self._path = out / "calibration.json" if out is not None else None
@@ -302,9 +391,16 @@ class _Calibration:
         if self._scores is None:
             from lens_heads.scoring import HeadScores, score_heads
 
-            source = self._task if self._calibration is None else self._calibration
-            self._scores = source if isinstance(source, HeadScores) else score_heads(
-                self._model, source, batch_size=self._batch_size, progress=self._progress)
+            source = self._calibration
+            if isinstance(source, HeadScores):
+                self._scores = source
+                return source
+            if source == "rows":
+                source = self._task
+            elif source == "prompts":
+                source = [context_tokens(self._model, item, **self._rows) for item in self._task]
+            self._scores = score_heads(self._model, source, batch_size=self._batch_size, progress=self._progress,
+                                       **self._rows)
         return self._scores
 
     def _lookup(self, kind: str, score: str, p: float, compute):
@@ -341,11 +437,12 @@ class _Calibration:
             return {"data": self._scores.meta.get("data"), "n_inputs": len(self._scores)}
         if self._stored and self._stored.get("inputs"):
             return self._stored["inputs"]
-        return {"source": "task prompts" if self._calibration is None else type(self._calibration).__name__}
+        return {"source": _calibration_id(self._calibration)}
 
 
-def _fingerprint(model, task, seed: int, primary: str, calibration) -> dict:
-    """What must match for a stored unit to be reused: model, data (item ids), seed, scoring, calibration."""
+def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, apply_chat_template: bool
+                 ) -> dict:
+    """What must match for a stored unit to be reused: model, data (item ids), rows, seed, scoring, calibration."""
     from lens_heads.models import model_meta
 
     m = model_meta(model)
@@ -355,12 +452,13 @@ def _fingerprint(model, task, seed: int, primary: str, calibration) -> dict:
                 model={k: m.get(k) for k in ("name", "source", "weight_basis", "dtype", "n_layers", "n_heads",
                                              "n_kv_heads", "d_model", "d_head")},
                 task={k: meta.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}, item_ids=ids,
-                seed=seed, primary=primary, calibration=_calibration_id(calibration))
+                seed=seed, primary=primary, calibration=_calibration_id(calibration), protocol=protocol,
+                apply_chat_template=apply_chat_template)
 
 
 def _calibration_id(calibration) -> str:
-    if calibration is None:
-        return "task prompts"
+    if isinstance(calibration, str) and calibration in CALIBRATIONS:
+        return {"rows": "evaluated rows", "prompts": "item prompts"}[calibration]
     values = getattr(calibration, "values", None)
     if values is not None:  # a HeadScores: its numbers are its identity
         return "scores " + hashlib.sha256(values.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]

@@ -37,6 +37,7 @@ class Item:
     continuations: tuple[str, ...]
     gold: int
     subject: str | None = None
+    description: str = ""  # the task's description, where the contexts start with one (a chat template's system turn)
 
     @property
     def prompt(self) -> str:
@@ -217,7 +218,8 @@ def _render(name: str, docs: list[dict], i: int, shots: int, seed: int) -> Item:
         examples = [mmlu_question(d) + f" {LETTERS[d['answer']]}\n\n" for d in dev[:shots]]
         context = header + "".join(examples) + mmlu_question(doc)
         return Item(id=f"mmlu/{subject}/{i}", contexts=(context,) * 4,
-                    continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject)
+                    continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject,
+                    description=header)
     contexts, continuations, gold, item_id = _CLOZE[name](doc)
     if shots:
         pool = [j for j in np.random.default_rng(seed + i).permutation(len(docs)).tolist() if j != i][:shots]

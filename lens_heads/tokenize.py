@@ -12,27 +12,30 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from lens_heads.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.tasks import Task
 
 Inputs = Union[str, Sequence[str], Task, Tensor, Sequence[Tensor], Sequence[Sequence[int]]]
 
 
 def tokenize_inputs(
-    model: HookedTransformer, inputs: Inputs, max_len: int | None = None
+    model: HookedTransformer, inputs: Inputs, max_len: int | None = None, *, protocol: str = DEFAULT_PROTOCOL,
+    apply_chat_template: bool = False,
 ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
     """Right-padded ``tokens`` and ``mask`` (True at real tokens) for ``inputs``.
 
-    ``inputs`` is a string, a list of strings, a :class:`~lens_heads.tasks.Task` (each item's ``prompt``), a
-    ``[batch, pos]`` token tensor (taken as is: every position counts), or a list of 1-D token sequences of
-    different lengths. Strings are tokenised by the model's tokenizer with the BOS token prepended when the model
-    expects one (``model.cfg.default_prepend_bos``), exactly as ``model.to_tokens`` does for a single string.
+    ``inputs`` is a string, a list of strings, a :class:`~lens_heads.tasks.Task` (the forward rows its evaluation
+    runs under ``protocol`` and ``apply_chat_template``, see :mod:`lens_heads.rows`), a ``[batch, pos]`` token
+    tensor (taken as is: every position counts), or a list of 1-D token sequences of different lengths. Strings
+    are tokenised by the model's tokenizer with the BOS token prepended when the model expects one
+    (``model.cfg.default_prepend_bos``), exactly as ``model.to_tokens`` does for a single string.
 
     ``max_len`` truncates longer sequences to their first ``max_len`` tokens (the start holds the BOS, which the
     first-token scores read). A sequence longer than the model's context ``n_ctx`` is an error.
     """
     if max_len is not None and max_len < 1:
         raise ValueError(f"max_len must be a positive number of tokens, got {max_len}")
-    sequences = _sequences(model, inputs)
+    sequences = _sequences(model, inputs, protocol, apply_chat_template)
     if not sequences:
         raise ValueError("no inputs to tokenize: pass at least one string, item or token sequence")
     if max_len is not None:
@@ -53,7 +56,7 @@ def tokenize_inputs(
     return tokens, mask
 
 
-def _sequences(model: HookedTransformer, inputs: Inputs) -> list[Tensor]:
+def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_chat_template: bool) -> list[Tensor]:
     if isinstance(inputs, Tensor):
         if inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
             raise TypeError(f"token tensors must hold integer ids, got dtype {inputs.dtype}")
@@ -65,7 +68,8 @@ def _sequences(model: HookedTransformer, inputs: Inputs) -> list[Tensor]:
     if isinstance(inputs, str):
         inputs = [inputs]
     elif isinstance(inputs, Task):
-        inputs = [item.prompt for item in inputs]
+        rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template)
+        return [torch.tensor(row.tokens, dtype=torch.long) for row in rows]
     inputs = list(inputs)
     if not inputs:
         return []

@@ -12,29 +12,38 @@ from lens_heads.evaluate import (EvalResult, ItemRecord, evaluate, paired_differ
 from lens_heads.tasks import Item, Task, load_task
 
 
-def loop_logprobs(model, item, fwd_hooks=()):
-    """Reference: one forward per choice, tokenised by TransformerLens's own to_tokens (context with BOS, then the
-    continuation without), summing the continuation tokens' log-probabilities."""
+def loop_logprobs(model, item, fwd_hooks=(), protocol="lm-eval"):
+    """Reference: one forward per choice over the whole context + continuation, summing the continuation tokens'
+    log-probabilities. ``"tl"``: TransformerLens's own to_tokens (context with BOS, then the continuation without);
+    ``"lm-eval"``: lm-eval 0.4.5's encoding, written out with the tokenizer (no BOS; the continuation is what
+    encoding context + continuation adds after the context's tokens)."""
     out = []
     with torch.no_grad():
         for context, continuation in zip(item.contexts, item.continuations):
             stripped = context.rstrip()  # lm-eval: trailing whitespace belongs to the continuation
-            ctx = model.to_tokens(stripped, prepend_bos=True)[0]
-            cont = model.to_tokens(context[len(stripped):] + continuation, prepend_bos=False)[0]
+            continuation = context[len(stripped):] + continuation
+            if protocol == "tl":
+                ctx = model.to_tokens(stripped, prepend_bos=True)[0]
+                cont = model.to_tokens(continuation, prepend_bos=False)[0]
+            else:
+                whole = model.tokenizer.encode(stripped + continuation, add_special_tokens=False)
+                ctx = torch.tensor(model.tokenizer.encode(stripped, add_special_tokens=False))
+                cont = torch.tensor(whole[len(ctx):])
             logits = model.run_with_hooks(torch.cat([ctx, cont])[None], fwd_hooks=list(fwd_hooks))
             logp = torch.log_softmax(logits[0].double(), dim=-1)
             out.append(sum(logp[len(ctx) - 1 + k, t].item() for k, t in enumerate(cont.tolist())))
     return out
 
 
+@pytest.mark.parametrize("protocol", ["lm-eval", "tl"])
 @pytest.mark.parametrize("name,kwargs,n", [("arc_easy", {}, 4), ("mmlu", {"shots": 0}, 3), ("piqa", {}, 3),
                                            ("winogrande", {}, 3), ("hellaswag", {}, 1)])
-def test_batched_evaluator_matches_a_per_choice_loop_on_the_embedded_model(smollm, name, kwargs, n):
+def test_batched_evaluator_matches_a_per_choice_loop_on_the_embedded_model(smollm, name, kwargs, n, protocol):
     task = load_task(name, n=n, seed=1, **kwargs)
-    result = evaluate(smollm, task, batch_size=3, progress=False)
-    assert result.n == n and result.chance == pytest.approx(task.chance)
+    result = evaluate(smollm, task, batch_size=3, progress=False, protocol=protocol)
+    assert result.n == n and result.chance == pytest.approx(task.chance) and result.meta["protocol"] == protocol
     for item, record in zip(task, result.items):
-        expected = loop_logprobs(smollm, item)
+        expected = loop_logprobs(smollm, item, protocol=protocol)
         np.testing.assert_allclose(record.logprobs, expected, atol=2e-3, rtol=1e-4)
         gap = np.sort(expected)[-1] - np.sort(expected)[-2]
         if gap > 1e-2:  # choices agree wherever the reference is not a near-tie
@@ -46,8 +55,11 @@ def test_letter_format_runs_one_forward_row_per_question(smollm):
     task = load_task("mmlu", n=3, shots=0, seed=2)
     result = evaluate(smollm, task, batch_size=8, progress=False)
     assert result.meta["rows"] == len(task)
-    prompt_tokens = sum(smollm.to_tokens(item.prompt).shape[1] for item in task)
+    # lm-eval: the context alone (the letter is never input), no BOS
+    prompt_tokens = sum(len(smollm.tokenizer.encode(item.prompt.rstrip(), add_special_tokens=False)) for item in task)
     assert result.meta["forward_tokens"] == prompt_tokens  # the four letters are read, not run
+    tl = evaluate(smollm, task, batch_size=8, progress=False, protocol="tl")
+    assert tl.meta["forward_tokens"] == sum(smollm.to_tokens(item.prompt).shape[1] for item in task)
     assert result.meta["padded_tokens"] <= result.meta["forward_tokens"] / 0.75  # padding stays bounded
 
 
@@ -102,9 +114,8 @@ def test_items_longer_than_the_context_are_refused_or_dropped(tiny_text_model):
     model = tiny_text_model
     task = load_task("piqa", n=40, seed=5)
 
-    def longest_row(item):
-        return max(model.to_tokens(c.rstrip(), prepend_bos=True).shape[1]
-                   + model.to_tokens(c[len(c.rstrip()):] + x, prepend_bos=False).shape[1]
+    def longest_row(item):  # lm-eval rows: the whole text's tokens without the last one, no BOS
+        return max(len(model.tokenizer.encode(c + x, add_special_tokens=False)) - 1
                    for c, x in zip(item.contexts, item.continuations))
 
     fits = [longest_row(item) <= model.cfg.n_ctx for item in task]

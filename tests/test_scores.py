@@ -368,13 +368,16 @@ def test_tokenize_strings_prepends_bos_and_right_pads(smollm):
     assert tokens.shape[1] == max(mask.sum(1))
 
 
-def test_tokenize_task_reads_each_items_prompt(smollm):
+def test_tokenize_task_reads_the_rows_its_evaluation_runs(smollm):
+    """lm-eval rows, one per PIQA choice: the tokens of context + answer without the last one, no BOS."""
     from lens_heads import load_task
 
     task = load_task("piqa", n=3)
     tokens, mask = tokenize_inputs(smollm, task)
-    alone, alone_mask = tokenize_inputs(smollm, [item.prompt for item in task])
-    assert torch.equal(tokens, alone) and torch.equal(mask, alone_mask)
+    rows = [smollm.tokenizer.encode(c + x, add_special_tokens=False)[:-1]
+            for item in task for c, x in zip(item.contexts, item.continuations)]
+    alone, alone_mask = tokenize_inputs(smollm, rows)
+    assert tokens.shape[0] == 6 and torch.equal(tokens, alone) and torch.equal(mask, alone_mask)
 
 
 def test_tokenize_limits_and_bad_inputs():

@@ -8,24 +8,45 @@ import pytest
 
 import lens_heads.sweep as sweep_module
 from lens_heads.evaluate import evaluate, paired_difference
-from lens_heads.sweep import normalised_auc, run_sweep, zeroable_within
+from lens_heads.sweep import ends_above, normalised_auc, run_sweep, table2, zeroable_within
 from lens_heads.tasks import load_task
 
 
-def test_zeroable_within_interpolates_the_last_crossing():
+def test_zeroable_within_censored_rule_interpolates_the_last_downward_crossing():
     x, base = [0, 10, 20, 30], 50.0
+
+    def censored(*args, **kwargs):
+        return zeroable_within(*args, **kwargs, rule="censored")
+
     # one clean drop: crosses 49 between x=10 (49.5) and x=20 (48)
-    assert zeroable_within(x, [50, 49.5, 48, 47], base) == pytest.approx(10 + 0.5 / 1.5 * 10)
+    assert censored(x, [50, 49.5, 48, 47], base) == pytest.approx(10 + 0.5 / 1.5 * 10)
     # dips, recovers, drops again: the last crossing counts (between 20 (49.6) and 30 (47))
-    assert zeroable_within(x, [50, 48.5, 49.6, 47], base) == pytest.approx(20 + 0.6 / 2.6 * 10)
-    # never drops a point: the whole measured range (a lower bound)
-    assert zeroable_within(x, [50, 49.9, 49.2, 49.0], base) == 30
+    assert censored(x, [50, 48.5, 49.6, 47], base) == pytest.approx(20 + 0.6 / 2.6 * 10)
+    # never drops a point: the whole measured range (a lower bound, flagged by ends_above)
+    assert censored(x, [50, 49.9, 49.2, 49.0], base) == 30 and ends_above(x, [50, 49.9, 49.2, 49.0], base)
     # ends above the line after a dip: the whole range too
-    assert zeroable_within(x, [50, 48, 49.5, 49.5], base) == 30
+    assert censored(x, [50, 48, 49.5, 49.5], base) == 30
+    assert not ends_above(x, [50, 49.5, 48, 47], base)
     # a wider tolerance and unsorted input
-    assert zeroable_within([20, 0, 10, 30], [45, 50, 47, 40], base, points=4) == pytest.approx(10 + 1 / 2 * 10)
+    assert censored([20, 0, 10, 30], [45, 50, 47, 40], base, points=4) == pytest.approx(10 + 1 / 2 * 10)
     # realised x need not be evenly spaced
-    assert zeroable_within([0, 4, 13], [60, 60, 58], 60.0) == pytest.approx(4 + 1 / 2 * 9)
+    assert censored([0, 4, 13], [60, 60, 58], 60.0) == pytest.approx(4 + 1 / 2 * 9)
+
+
+def test_zeroable_within_authors_rule_takes_the_last_crossing_in_either_direction_or_zero():
+    x, base = [0, 10, 20, 30], 50.0
+    assert zeroable_within(x, [50, 49.5, 48, 47], base) == pytest.approx(10 + 0.5 / 1.5 * 10)
+    assert zeroable_within(x, [50, 48.5, 49.6, 47], base) == pytest.approx(20 + 0.6 / 2.6 * 10)
+    # never meets the line: 0, not the end of the range
+    assert zeroable_within(x, [50, 49.9, 49.5, 49.2], base) == 0.0
+    # dips and comes back: the upward crossing is the last one (10 + 1 / 1.5 * 10)
+    assert zeroable_within(x, [50, 48, 49.5, 49.5], base) == pytest.approx(10 + 1 / 1.5 * 10)
+    # a point exactly on the line counts as a crossing
+    assert zeroable_within([0, 10, 20], [50, 49, 48], base) == 10
+    # the points are walked in the order given (the sweep gives them by target fraction), not sorted by x
+    assert zeroable_within([0, 12, 9], [50, 49.5, 48], base) == pytest.approx(12 + 0.5 * (9 - 12) / 1.5)
+    with pytest.raises(ValueError, match="unknown rule"):
+        zeroable_within(x, [50, 49, 48, 47], base, rule="last")
 
 
 def test_normalised_auc_is_the_trapezoid_mean():
@@ -148,3 +169,69 @@ def test_bad_sweep_arguments_are_explained(tiny_text_model):
         run_sweep(tiny_text_model, task, scores=["AHONN"], progress=False)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         run_sweep(tiny_text_model, task, scores=["AHON"], fractions=(0, 1.0), progress=False)
+
+
+def test_thresholds_come_from_the_evaluated_rows(tiny_text_model, tmp_path):
+    """The default calibration scores exactly the rows the evaluation runs (one per choice here), written out with
+    the tokenizer as lm-eval encodes them; 'prompts' scores each item's context alone."""
+    model, task = tiny_text_model, load_task("piqa", n=4, seed=6)
+    tok = model.tokenizer
+    rows, prompts = [], []
+    for item in task:
+        for context, continuation in zip(item.contexts, item.continuations):
+            stripped = context.rstrip()
+            whole = tok.encode(stripped + context[len(stripped):] + continuation, add_special_tokens=False)
+            rows.append(whole[:-1])
+        prompts.append(tok.encode(item.contexts[0].rstrip(), add_special_tokens=False))
+    settings = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2), random_baseline=False, progress=False)
+    for calibration, inputs in (("rows", rows), ("prompts", prompts)):
+        from lens_heads.scoring import score_heads
+
+        expected = score_heads(model, inputs, progress=False)
+        result = run_sweep(model, task, calibration=calibration, out_dir=tmp_path / calibration, **settings)
+        for unit in result.units[1:]:
+            values = expected.score(unit.score).double().numpy().reshape(-1)
+            q = unit.target_fraction if unit.score == "AHON (LN)" else 1 - unit.target_fraction
+            assert unit.threshold == pytest.approx(np.quantile(values, q), rel=1e-5)
+        assert result.meta["fingerprint"]["protocol"] == "lm-eval"
+    with pytest.raises(ValueError, match="unknown calibration"):
+        run_sweep(model, task, calibration="questions", **settings)
+
+
+def _sweep(model_name, task_name, curves):
+    """A SweepResult from hand-chosen accuracies: ``curves[score] = [(target, realised, accuracy %), ...]``,
+    baseline 50% on 1,000 items."""
+    from lens_heads.evaluate import EvalResult, ItemRecord
+    from lens_heads.sweep import SweepResult, UnitResult
+
+    def result(accuracy):
+        k = round(10 * accuracy)
+        items = [ItemRecord(id=str(i), gold=0, logprobs=[0.0, -1.0] if i < k else [-1.0, 0.0], n_tokens=[1, 1],
+                            n_chars=[1, 1]) for i in range(1000)]
+        return EvalResult(task=task_name, format="cloze", items=items, chance=0.5)
+
+    units = [UnitResult("baseline", None, 0.0, None, 0.0, result(50))]
+    for score, points in curves.items():
+        for target, realised, acc in points:
+            units.append(UnitResult("random" if score == "random" else "threshold", None if score == "random"
+                                    else score, target, 0.0, realised / 100, result(acc)))
+    meta = dict(scores=[s for s in curves if s != "random"],
+                fingerprint=dict(model=dict(name=model_name), task=dict(task=task_name)))
+    return SweepResult(baseline=units[0].result, units=units, meta=meta)
+
+
+def test_table2_puts_awft_beside_the_best_other_curve_random_included():
+    a = _sweep("m1", "piqa", {"AWFT": [(0.1, 10, 49), (0.2, 20, 45)],              # crosses 49 at 10
+                              "AHON (LN)": [(0.1, 10, 50), (0.2, 20, 48)],         # crosses at 15
+                              "random": [(0.1, 10, 46), (0.2, 20, 40)]})           # crosses at 1/4 * 10
+    b = _sweep("m1", "arc_easy", {"AWFT": [(0.1, 10, 50), (0.2, 20, 49.5)],        # never meets the line: 0
+                                  "AEQD": [(0.1, 10, 48), (0.2, 20, 49.5)],        # dips, comes back: 10 + 1/1.5*10
+                                  "random": [(0.1, 10, 45), (0.2, 20, 40)]})
+    table = table2([a, b])
+    assert list(table["task"]) == ["piqa", "arc_easy"]
+    assert table["awft_pct"].tolist() == pytest.approx([10, 0])
+    assert table["best_score"].tolist() == ["AHON (LN)", "AEQD"]
+    assert table["best_pct"].tolist() == pytest.approx([15, 10 + 1 / 1.5 * 10])
+    assert b.zeroable_within(rule="censored")["AWFT"] == 20 and b.ends_above()["AWFT"]
+    with pytest.raises(ValueError, match="same model and task"):
+        table2([a, a])
