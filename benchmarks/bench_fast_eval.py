@@ -198,6 +198,7 @@ def main(argv=None) -> None:
     ap.add_argument("--arc-n", type=int, default=40, help="ARC-Easy items for the evaluator comparisons")
     ap.add_argument("--repeats", type=int, default=1, help="alternating repetitions per comparison (default 1)")
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--hf-eager", action="store_true", help="also time Hugging Face with eager attention")
     ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
     ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)  # the scaling workers
     ap.add_argument("--shards", type=int, default=2, help=argparse.SUPPRESS)
@@ -212,7 +213,7 @@ def main(argv=None) -> None:
     cfg = model.cfg
     folder = embedded_model_folder()
     hf = {impl: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=impl).eval()
-          for impl in ("sdpa", "eager")}
+          for impl in ("sdpa", "eager")[:2 if args.hf_eager else 1]}
     peaks = [matmul_flops_per_s()]
 
     # 1. attention: TL eager vs fused vs HF
@@ -221,8 +222,8 @@ def main(argv=None) -> None:
     lengths = [len(r.tokens) for r in rows]
     tokens = sum(lengths)
     r = alternate({"TL eager": lambda: tl_logits(model, rows, False), "TL fused": lambda: tl_logits(model, rows, True),
-                   "HF SDPA": lambda: hf_logits(hf["sdpa"], rows), "HF eager": lambda: hf_logits(hf["eager"], rows)},
-                  args.repeats)
+                   "HF SDPA": lambda: hf_logits(hf["sdpa"], rows),
+                   **({"HF eager": lambda: hf_logits(hf["eager"], rows)} if args.hf_eager else {})}, args.repeats)
     peaks.append(matmul_flops_per_s())  # measured again: the neighbours' load varies
     peak = max(peaks)
     lines = [f"dense fp32 matmul (2048^3, best of 5, measured before and after the forwards): "
@@ -310,7 +311,7 @@ def main(argv=None) -> None:
     if args.write_docs:
         write_section(HEADING, "\n".join([
             f"`OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --mmlu-n {args.mmlu_n} --arc-n {args.arc_n} "
-            f"--repeats {args.repeats} --write-docs` ({machine}); embedded SmolLM2-135M-Instruct, fp32, raw "
+            f"--repeats {args.repeats}{' --hf-eager' * args.hf_eager} --write-docs` ({machine}); embedded SmolLM2-135M-Instruct, fp32, raw "
             "weight basis; the other agents on this machine make absolute times noisy, so read the ratios.", "",
             "```", *lines, "", *lines2, "", *lines3, "", *lines4, "```"]))
 
