@@ -32,10 +32,8 @@ def pick_heads(mean_score: Float[Tensor, "layer head"], direction: str, k: int) 
 
 def prompt_tokens(model: HookedTransformer, prompt: str) -> Tensor:
     """Tokens of one prompt as the library's scoring pass reads them (BOS as the model expects)."""
-    try:
-        from lens_heads.tokenize import tokenize_inputs
-    except ImportError:  # the shared tokenizer has not landed: TransformerLens's own default
-        return model.to_tokens(prompt)
+    from lens_heads.tokenize import tokenize_inputs
+
     tokens, _ = tokenize_inputs(model, [prompt])
     return tokens
 

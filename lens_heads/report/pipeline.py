@@ -215,8 +215,10 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
     out.pngs[f"score_heatmaps_{t}"] = heat
     out.pngs[f"score_distributions_{t}"] = distfig
     blocks = [
-        Text(f"Each of the twelve scores of every attention head, averaged over {n_in} {t} items "
-             f"({task.split} split, seed {task.seed}), in the {out.results['weight_basis']} weight basis. Colours "
+        Text(f"Each of the twelve scores of every attention head, averaged over the {n_in} forward rows of "
+             f"{len(task)} {t} items ({task.split} split, seed {task.seed}; "
+             f"{scores.meta.get('data', {}).get('protocol', 'lm-eval')} rows, the tokens the evaluation runs), in "
+             f"the {out.results['weight_basis']} weight basis. Colours "
              "run so that the inactive side is dark for every score (high AWFT, low for the rest). Hover for values."),
         Figure(heat),
         Text("Per-layer spread of each score over all (input, head) values: whiskers are min and max, the box the "
@@ -259,7 +261,9 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
     out.tables[f"ablation_summary_{t}"] = summary
     out.results.setdefault("ablation", {})[t] = {
         "data": task.meta(), "baseline": baseline, "chance": chance,
-        "zeroable_within_1_point": zeroable, "normalised_auc": auc, "auc_ranking": ranking,
+        "protocol": result.meta["protocol"], "zeroable_rule": "authors",
+        "zeroable_within_1_point": zeroable, "zeroable_within_1_point_censored": result.zeroable_within(
+            1.0, rule="censored"), "table2": result.table2(1.0), "normalised_auc": auc, "auc_ranking": ranking,
         "normalised_auc_kl": result.normalised_auc(metric="kl"),
         "curves": _jsonable(df.to_dict(orient="records")), "meta": _jsonable(getattr(result, "meta", {})),
     }
@@ -269,13 +273,17 @@ def stage_ablation(out: Outputs, model, task, scores, config: ReportConfig, cach
     lo, hi = baseline.get("ci95") or (math.nan, math.nan)
     out.sections.append(Section(f"Ablation sweep on {t}", [
         Text(f"Baseline accuracy {100 * baseline['accuracy']:.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}, "
-             f"n={baseline.get('n', len(task))}) beside chance {100 * chance:.1f}%. Heads whose score for an input "
+             f"n={baseline.get('n', len(task))}) beside chance {100 * chance:.1f}%, on {result.meta['protocol']} "
+             f"rows; thresholds from an unablated pass over the same rows. Heads whose score for a row "
              f"crosses the threshold of the target fraction are zeroed (z := 0 before W_O) in the same forward pass; "
              f"the random baseline zeroes each (input, layer, head) with the same probability. The x axis is the "
              f"realised share zeroed."),
         Figure(fig),
-        Table(summary, caption="% of heads zeroable within 1 accuracy point (last crossing of baseline - 1, "
-                               "interpolated) and the normalised AUC of accuracy (%) over realised % zeroed, ranked; "
+        Table(summary, caption="% of heads zeroable within 1 accuracy point by the authors' rule (last crossing of "
+                               "baseline - 1 in order of target fraction, interpolated; 0 where a curve never meets "
+                               "it) and by the censored rule (the measured range's end where the curve never drops, "
+                               "a lower bound: never_drops), the normalised AUC of accuracy (%) over realised % "
+                               "zeroed, ranked; "
                                "beside it the normalised AUC of the paired KL from the unablated answers (nats, "
                                "lower is better), the low-variance ranking",
               float_format="{:.3g}"),
