@@ -1,7 +1,15 @@
 """Attention rank collapse and Inheritune, reproduced at CPU scale (or at paper scale on a GPU).
 
-    OMP_NUM_THREADS=2 python analyses/inheritune.py                      # CPU scale, ~35 min on 2 idle cores
+    OMP_NUM_THREADS=1 python analyses/inheritune.py                      # CPU scale on one core
+    OMP_NUM_THREADS=1 python analyses/inheritune.py --preset smollm2     # inherit from the embedded SmolLM2
     python analyses/inheritune.py --preset gpt2-medium --device cuda     # paper scale: 24 -> 12..16 layers, OpenWebText
+
+The GPT-2 is the authors' (lens_heads.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
+50304, scaled residual init; ``--architecture transformer-lens`` for TransformerLens's GPT-2). Rows: reference,
+Inheritune students (growth stages), same-size scratch (1x, 2x steps) and the paper's ablations (later layers,
+attention only, MLP only, stacking). The ``smollm2`` preset skips the GPT-2 runs and inherits the first k layers
+of the embedded SmolLM2-135M (k: its first lazy layer), trains that student and a same-size random init briefly on
+SOTU text in SmolLM2's tokenizer, and compares them with the full model by loss and zero-shot accuracy.
 
 Writes to ``--figures`` (default ``figures/``): ``inheritune_results.csv`` (one row per stage),
 ``inheritune_results.json`` (everything, with settings), and PNG + HTML figures: validation loss curves,
@@ -24,22 +32,30 @@ import pandas as pd
 import torch
 
 from lens_heads.corpus import gpt2_tokenizer, load_corpus
-from lens_heads.inheritune import InherituneConfig, load_result, run_inheritune
+from lens_heads.gpt2 import PADDED_VOCAB, GPT2Options
+from lens_heads.inheritune import ABLATIONS, PAPER_TASKS, InherituneConfig, load_result, run_inheritune
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.rank import approx_rank, attention_rank, mass_columns
 from lens_heads.train import TrainConfig, eval_windows
 
 PRESETS = {
-    # ~35 minutes on 2 idle CPU cores (measured): the GPT-2 vocabulary (50257) dominates the cost at this width
+    # one CPU core (OMP_NUM_THREADS=1): the reference, students, scratch baselines and four ablations, 200 steps of
+    # 8x128 tokens each; the GPT-2 vocabulary (50304) dominates the cost at this width
     "cpu": dict(ref_layers=8, student_layers=4, grow_by=2, max_layers=6, d_model=64, heads=4, seq=128, batch=8,
-                grad_accum=1, steps=600, warmup=60, lr=2e-3, min_lr=2e-4, eval_every=50, eval_batches=8,
-                rank_every=50, rank_inputs=100, rank_len=100, corpus="sotu", amp=False, eval_tasks="arc_easy,piqa",
-                eval_n=200, smollm_inputs=32),
-    # the paper's GPT-2 medium run: 24 layers, student 12 growing by 2 (to 16 in the paper), ~49K tokens a step
+                grad_accum=1, steps=200, warmup=20, lr=2e-3, min_lr=2e-4, eval_every=50, eval_batches=8,
+                rank_every=50, rank_inputs=100, rank_len=100, corpus="sotu", amp=False,
+                eval_tasks=",".join(PAPER_TASKS), eval_n=200, smollm_inputs=32),
+    # the paper's GPT-2 medium run (authors' train_iniheritune.py: lr 2e-4 cosine to 1e-5 over 100K steps, 2000
+    # warm-up steps, 2 sequences x 8 accumulation steps x 3 GPUs of 1024 tokens = 49K tokens a step)
     "gpt2-medium": dict(ref_layers=24, student_layers=12, grow_by=2, max_layers=22, d_model=1024, heads=16, seq=1024,
                         batch=12, grad_accum=4, steps=100_000, warmup=2000, lr=2e-4, min_lr=1e-5, eval_every=1000,
                         eval_batches=50, rank_every=5000, rank_inputs=100, rank_len=100, corpus="openwebtext", amp=True,
-                        eval_tasks="arc_easy,piqa,hellaswag", eval_n=1000, smollm_inputs=100),
+                        eval_tasks=",".join(PAPER_TASKS), eval_n=1000, smollm_inputs=100),
+    # part 3 of the collapse story on a real model: the embedded SmolLM2-135M's first k layers as a student
+    "smollm2": dict(ref_layers=30, student_layers=0, grow_by=0, max_layers=30, d_model=576, heads=9, seq=128, batch=4,
+                    grad_accum=1, steps=100, warmup=10, lr=3e-4, min_lr=3e-5, eval_every=25, eval_batches=8,
+                    rank_every=0, rank_inputs=32, rank_len=100, corpus="sotu", amp=False,
+                    eval_tasks=",".join(PAPER_TASKS), eval_n=100, smollm_inputs=32),
 }
 
 
@@ -51,13 +67,22 @@ def parse_args(argv=None):
                       ("steps", int), ("warmup", int), ("lr", float), ("min-lr", float), ("eval-every", int),
                       ("eval-batches", int), ("rank-every", int), ("corpus", str)]:
         ap.add_argument(f"--{name}", type=typ, default=None)
+    ap.add_argument("--architecture", choices=["authors", "transformer-lens"], default="authors",
+                    help="GPT-2 as the Inheritune authors build it (default) or TransformerLens's GPT-2")
+    ap.add_argument("--vocab", type=int, default=PADDED_VOCAB, help="vocabulary rows (GPT-2's 50257 padded to 50304)")
+    ap.add_argument("--decay-embeddings", action="store_true", help="weight decay on embeddings too (not the authors')")
+    ap.add_argument("--rank-per-input", action="store_true",
+                    help="rank as the mean of per-input ranks instead of the paper's rank of the averaged matrix")
+    ap.add_argument("--ablations", default=",".join(ABLATIONS), help=f"comma list of {ABLATIONS} ('' for none)")
+    ap.add_argument("--smollm-k", type=int, default=None, help="smollm2 preset: student layers (default: first lazy)")
     ap.add_argument("--grow-from", choices=["reference", "student"], default="reference",
                     help="growth: fresh re-inheritance from the reference (default) or keep the trained student")
     ap.add_argument("--rank-inputs", type=int, default=None, help="validation windows for attention rank (N)")
     ap.add_argument("--rank-len", type=int, default=None, help="tokens per window (T, at most --seq)")
     ap.add_argument("--smollm-inputs", type=int, default=None, help="SmolLM2 rank profile: N texts (0 to skip)")
     ap.add_argument("--smollm-len", type=int, default=100, help="SmolLM2 rank profile: T tokens each")
-    ap.add_argument("--eval-tasks", default=None, help="zero-shot tasks for the trained models ('' to skip)")
+    ap.add_argument("--eval-tasks", default=None, help="zero-shot tasks for the trained models ('' to skip); each is "
+                    f"scored by the paper's metric {PAPER_TASKS}, tasks lens_heads does not ship are listed as such")
     ap.add_argument("--eval-n", type=int, default=None, help="items per zero-shot task")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (CUDA)")
@@ -75,13 +100,19 @@ def parse_args(argv=None):
     return a
 
 
+def train_config(a) -> TrainConfig:
+    return TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, grad_accum=a.grad_accum, lr=a.lr,
+                       min_lr=a.min_lr, warmup_steps=a.warmup, eval_every=a.eval_every, eval_batches=a.eval_batches,
+                       checkpoint_every=a.eval_every, seed=a.seed, amp=a.amp, decay_embeddings=a.decay_embeddings)
+
+
 def build_config(a) -> InherituneConfig:
-    train = TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, grad_accum=a.grad_accum, lr=a.lr,
-                        min_lr=a.min_lr, warmup_steps=a.warmup, eval_every=a.eval_every, eval_batches=a.eval_batches,
-                        checkpoint_every=a.eval_every, seed=a.seed, amp=a.amp)
+    train = train_config(a)
+    options = GPT2Options() if a.architecture == "authors" else GPT2Options.transformer_lens()
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
                             max_layers=a.max_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, train=train,
-                            grow_from=a.grow_from, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
+                            d_vocab=a.vocab, rank_average=not a.rank_per_input, options=options, grow_from=a.grow_from, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
+                            ablations=tuple(x for x in a.ablations.split(",") if x),
                             rank_every=a.rank_every, seed=a.seed, device=a.device)
 
 
@@ -122,34 +153,78 @@ def smollm_profile(corpus, tokenizer, n: int, length: int) -> dict:
     return out
 
 
-def zero_shot(a, stages_dir: Path, result, tokenizer) -> list[dict]:
-    """Zero-shot accuracy of the reference, the final student and the scratch baselines (lens_heads.evaluate)."""
-    tasks = [t for t in a.eval_tasks.split(",") if t]
-    if not tasks:
-        return []
-    from lens_heads.evaluate import evaluate, within_context
-    from lens_heads.tasks import load_task
+def eval_tasks(a) -> dict[str, str]:
+    """The ``--eval-tasks`` with the paper's metric for each (acc; acc_norm for HellaSwag)."""
+    return {t: PAPER_TASKS.get(t, "sum") for t in a.eval_tasks.split(",") if t}
+
+
+def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
+    from lens_heads.inheritune import zero_shot
+
+    rows = [{"stage": stage_name, **r} for r in zero_shot(model, eval_tasks(a), n=a.eval_n, seed=a.seed)]
+    for r in rows:
+        print(f"zero-shot {r['task']} {stage_name}: " + (f"{r['accuracy']:.3f} ({r['primary']}) on n={r['n']} "
+              f"({r['dropped_longer_than_context']} items longer than the context dropped; chance {r['chance']:.2f})"
+              if r["available"] else "not available (" + r["note"] + ")"))
+    return rows
+
+
+def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> list[dict]:
+    """Zero-shot accuracy of the reference, the final student, the scratch baselines and the ablations."""
     from lens_heads.inheritune import gpt2_config, gpt2_model
     from lens_heads.train import load_model_state
 
     rows = []
-    for task_name in tasks:
-        task = load_task(task_name, n=a.eval_n, seed=a.seed)
-        for stage in result.stages:
-            if stage.name.startswith("student") and stage.n_layers != result.final_layers:
-                continue
-            cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq)
-            model = gpt2_model(cfg, seed=0, tokenizer=tokenizer, device=a.device)
-            load_model_state(model, stages_dir / stage.name / "final" / "model.safetensors")
-            fitting, dropped = within_context(model, task)  # a toy context can be shorter than a few prompts
-            res = evaluate(model, fitting, batch_size=16, progress=False)
-            rows.append({"stage": stage.name, **res.summary(), "dropped_longer_than_context": dropped})
-            print(f"zero-shot {task_name} {stage.name}: {res.accuracy:.3f} on n={res.n} ({dropped} items longer "
-                  f"than the context dropped; chance {res.chance:.2f})")
+    for stage in result.stages:
+        if stage.kind == "stack_source" or (stage.kind == "student" and stage.n_layers != result.final_layers):
+            continue
+        cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=a.vocab)
+        model = gpt2_model(cfg, seed=0, options=options, tokenizer=tokenizer, device=a.device)
+        load_model_state(model, stages_dir / stage.name / "final" / "model.safetensors")
+        rows += zero_shot_rows(a, stage.name, model)
     return rows
 
 
+def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
+    """The embedded SmolLM2's first k layers as a student (k: its first lazy layer by the paper's rank, or
+    ``--smollm-k``) and a same-size random init, each trained ``--steps`` on SOTU text in SmolLM2's tokenizer,
+    against the full model: validation loss and zero-shot accuracy."""
+    from lens_heads import load_model
+    from lens_heads.inheritune import inherit_first_layers, same_size_random
+    from lens_heads.train import train, validation_loss
+
+    full = load_model(device=a.device)
+    paper = smollm_rank["averaged"]
+    lazy = [i for i, flag in enumerate(paper["lazy"]) if flag]
+    k = a.smollm_k or (lazy[0] if lazy else full.cfg.n_layers // 2)
+    k_rule = f"--smollm-k {a.smollm_k}" if a.smollm_k else (f"first lazy layer ({paper['lazy_rule']})" if lazy else
+                                                             "no lazy layer: half the depth")
+    corpus = load_corpus("sotu", tokenizer=full.tokenizer)
+    cfg = train_config(a)
+    print(f"SmolLM2 student: first {k} of {full.cfg.n_layers} layers ({k_rule}); corpus {corpus}")
+    rows = [{"stage": "smollm2_full", "n_layers": full.cfg.n_layers, "steps": 0,
+             "val_loss": validation_loss(full, corpus.val, cfg)}]
+    evals = zero_shot_rows(a, "smollm2_full", full)
+    for name, make in ((f"smollm2_inherit_{k}L", inherit_first_layers), (f"smollm2_random_{k}L", same_size_random)):
+        model = make(full, k, seed=a.seed)
+        before = validation_loss(model, corpus.val, cfg)
+        result = train(model, corpus, cfg, out_dir=runs / "smollm2" / name, progress=not a.no_progress, desc=name)
+        rows.append({"stage": name, "n_layers": k, "steps": result.steps, "val_loss_before": before,
+                     "val_loss": result.val_loss, "tokens_seen": result.tokens_seen, "wall_time_s": result.wall_time_s})
+        evals += zero_shot_rows(a, name, model)
+        del model
+    return {"k": k, "k_rule": k_rule, "rows": rows, "zero_shot": evals, "corpus": corpus.meta,
+            "train": asdict(cfg), "model": full.lens_heads_meta}
+
+
 # ---------------------------------------------------------------- figures
+
+
+def wrap(text: str, width: int = 150) -> str:
+    """Plotly titles do not wrap: break long lines with <br>."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width))
 
 
 def write_figure(fig, stem: Path) -> list[str]:
@@ -169,9 +244,14 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    colors = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4"}
+    kinds = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa"}
+    ablations = {"later_layers": "#ff7f0e", "attention_only": "#2ca02c", "mlp_only": "#9467bd", "stacking": "#8c564b"}
     dashes = {"scratch_1x": "dot", "scratch_2x": "dash"}
     written = []
+
+    def color(stage) -> str:
+        return next(c for k, c in ablations.items() if stage.name.startswith(k)) if stage.kind == "ablation" \
+            else kinds[stage.kind]
 
     def dash(stage) -> str:  # the two scratch baselines (1x and 2x steps) apart, in every figure
         return next((d for k, d in dashes.items() if stage.name.endswith(k.split("_")[1])), "dot") \
@@ -181,12 +261,12 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
     for s in result.stages:
         h = [r for r in s.history if "val_loss" in r]
         fig.add_scatter(x=[r["tokens_seen"] for r in h], y=[r["val_loss"] for r in h], mode="lines+markers",
-                        name=f"{s.name} ({s.n_layers}L)", line=dict(color=colors[s.kind], dash=dash(s),
+                        name=f"{s.name} ({s.n_layers}L)", line=dict(color=color(s), dash=dash(s),
                                                                      width=3 if s.kind == "reference" else 2),
                         opacity=1.0 if s.n_layers == result.final_layers or s.kind == "reference" else 0.5)
     fig.add_hline(y=result.reference_val_loss, line=dict(color="#222222", dash="dot", width=1),
                   annotation_text=f"reference final {result.reference_val_loss:.3f}")
-    fig.update_layout(title=f"Validation loss: reference, Inheritune students, same-size scratch<br><sup>{subtitle}</sup>",
+    fig.update_layout(title=f"Validation loss: reference, Inheritune students, same-size scratch, ablations<br><sup>{subtitle}</sup>",
                       xaxis_title="tokens seen by the model (students: own training only)", yaxis_title="validation loss",
                       template="plotly_white")
     written += write_figure(fig, out / "inheritune_val_loss")
@@ -196,19 +276,18 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
     for s in result.stages:
         for col, key in ((1, "max_rank"), (2, "mean_rank")):
             fig.add_scatter(x=list(range(s.n_layers)), y=s.rank[key], mode="lines+markers", name=s.name,
-                            legendgroup=s.name, showlegend=col == 1, line=dict(color=colors[s.kind], dash=dash(s)),
+                            legendgroup=s.name, showlegend=col == 1, line=dict(color=color(s), dash=dash(s)),
                             row=1, col=col)
         if s.kind in ("student", "reference"):
             fig.add_scatter(x=list(range(s.n_layers)), y=s.rank_at_init["max_rank"], mode="markers",
-                            marker=dict(symbol="x", size=9, color=colors[s.kind]),
+                            marker=dict(symbol="x", size=9, color=color(s)),
                             name=f"{s.name} {'at inheritance' if s.kind == 'student' else 'at init'}", row=1, col=1)
     for col in (1, 2):
         fig.add_hline(y=uniform["rank"], line=dict(color="grey", dash="dot", width=1), row=1, col=col,
                       annotation_text=f"uniform causal averaging: rank {uniform['rank']}")
     meta = result.meta["rank"]
-    fig.update_layout(title=f"Attention rank per layer at every stage<br><sup>90% spectral energy, N={meta['n_inputs']} "
-                            f"validation windows of T={meta['length']} tokens, {meta['mode']}<br>{subtitle}</sup>",
-                      margin=dict(t=150),
+    fig.update_layout(title=f"Attention rank per layer at every stage ({meta['n_inputs']} validation windows)<br>"
+                            f"<sup>{wrap(meta['definition'])}<br>{subtitle}</sup>", margin=dict(t=170),
                       template="plotly_white")
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="approximate rank", row=1, col=1)
@@ -220,32 +299,41 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
         z = np.array([r["max_rank"] for r in tracked]).T
         fig = go.Figure(go.Heatmap(z=z, x=[r["step"] for r in tracked], y=list(range(z.shape[0])),
                                    colorbar=dict(title="max rank"), colorscale="Viridis"))
-        fig.update_layout(title=f"Reference: max attention rank per layer during training<br><sup>{subtitle}</sup>",
+        fig.update_layout(title=f"Reference: max attention rank per layer during training<br><sup>"
+                                f"{wrap(result.meta['rank']['definition'])}<br>{subtitle}</sup>", margin=dict(t=170),
                           xaxis_title="step", yaxis_title="layer", template="plotly_white")
         written += write_figure(fig, out / "inheritune_rank_during_training")
 
     if smollm:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("approximate rank per layer",
-                                                            "key columns holding 90% of the mass (m*)"))
-        for mode, line_dash in (("per_input", "solid"), ("averaged", "dash")):
-            p = smollm[mode]
-            layers = list(range(len(p["max_rank"])))
-            fig.add_scatter(x=layers, y=p["max_rank"], name=f"max over heads ({mode})", line=dict(dash=line_dash, color="#d62728"),
-                            row=1, col=1)
-            fig.add_scatter(x=layers, y=p["mean_rank"], name=f"mean over heads ({mode})", line=dict(dash=line_dash, color="#1f77b4"),
-                            row=1, col=1)
-            fig.add_scatter(x=layers, y=p["mass_columns"], name=f"m* ({mode})", line=dict(dash=line_dash, color="#2ca02c"),
-                            row=1, col=2)
-        lazy = [i for i, flag in enumerate(smollm["per_input"]["lazy"]) if flag]
-        fig.add_scatter(x=lazy, y=[smollm["per_input"]["max_rank"][i] for i in lazy], mode="markers", name="lazy layer",
-                        marker=dict(symbol="circle-open", size=14, color="black"), row=1, col=1)
-        m = smollm["per_input"]["meta"]
-        fig.update_layout(title=f"SmolLM2-135M-Instruct (embedded): attention rank profile, N={m['n_inputs']} texts of "
-                                f"T={m['max_length']} tokens (held-out SOTU text)<br><sup>{smollm['per_input']['lazy_rule']}"
-                                f"</sup>", template="plotly_white")
-        fig.update_xaxes(title_text="layer")
-        written += write_figure(fig, out / "smollm2_rank_profile")
+        written += smollm_figure(smollm, out)
     return written
+
+
+def smollm_figure(smollm: dict, out: Path) -> list[str]:
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("approximate rank per layer",
+                                                        "key columns holding 90% of the mass (m*)"))
+    for mode, line_dash in (("per_input", "solid"), ("averaged", "dash")):
+        p = smollm[mode]
+        layers = list(range(len(p["max_rank"])))
+        fig.add_scatter(x=layers, y=p["max_rank"], name=f"max over heads ({mode})", line=dict(dash=line_dash, color="#d62728"),
+                        row=1, col=1)
+        fig.add_scatter(x=layers, y=p["mean_rank"], name=f"mean over heads ({mode})", line=dict(dash=line_dash, color="#1f77b4"),
+                        row=1, col=1)
+        fig.add_scatter(x=layers, y=p["mass_columns"], name=f"m* ({mode})", line=dict(dash=line_dash, color="#2ca02c"),
+                        row=1, col=2)
+    paper = smollm["averaged"]  # the paper's aggregation marks the lazy layers
+    lazy = [i for i, flag in enumerate(paper["lazy"]) if flag]
+    fig.add_scatter(x=lazy, y=[paper["max_rank"][i] for i in lazy], mode="markers", name="lazy layer",
+                    marker=dict(symbol="circle-open", size=14, color="black"), row=1, col=1)
+    m = paper["meta"]
+    fig.update_layout(title=f"SmolLM2-135M-Instruct (embedded): attention rank profile, N={m['n_inputs']} texts of "
+                            f"T={m['max_length']} tokens (held-out SOTU text)<br><sup>averaged (paper's): "
+                            f"{wrap(paper.get('definition', '') + '; per_input: ranks of each input matrix, averaged')}"
+                            f"<br>{wrap(paper['lazy_rule'])}</sup>", margin=dict(t=190), template="plotly_white")
+    fig.update_xaxes(title_text="layer")
+    return write_figure(fig, out / "smollm2_rank_profile")
 
 
 def main(argv=None):
@@ -257,6 +345,10 @@ def main(argv=None):
     started = time.time()
     corpus = load_corpus(a.corpus)
     tokenizer = gpt2_tokenizer()
+    smollm = cached(runs / "extras" / "smollm2_rank.json", {"n": a.smollm_inputs, "len": a.smollm_len, "with": "definition"},
+                    lambda: smollm_profile(corpus, tokenizer, a.smollm_inputs, a.smollm_len)) if a.smollm_inputs else None
+    if a.preset == "smollm2":
+        return main_smollm(a, runs, out, smollm, started)
     config = build_config(a)
     print(f"corpus: {corpus}\nconfig: {json.dumps(asdict(config))}")
     result = run_inheritune(config, corpus, out_dir=runs, tokenizer=tokenizer, progress=not a.no_progress)
@@ -264,13 +356,9 @@ def main(argv=None):
     table = result.to_dataframe()
     print(table.to_string())
 
-    smollm = cached(runs / "extras" / "smollm2_rank.json", {"n": a.smollm_inputs, "len": a.smollm_len},
-                    lambda: smollm_profile(corpus, tokenizer, a.smollm_inputs, a.smollm_len)) if a.smollm_inputs else None
     evals = cached(runs / "extras" / "zero_shot.json", {"tasks": a.eval_tasks, "n": a.eval_n, "seed": a.seed},
-                   lambda: zero_shot(a, runs, result, tokenizer))
-    if evals:
-        acc = pd.DataFrame(evals).pivot(index="stage", columns="task", values="accuracy").add_prefix("zero_shot_")
-        table = table.merge(acc, left_on="stage", right_index=True, how="left")
+                   lambda: zero_shot(a, runs, result, tokenizer, config.options))
+    table = with_zero_shot(table, evals)
 
     subtitle = (f"{a.preset} preset: GPT-2 d_model {a.d_model}, {a.heads} heads, {a.steps} steps of {a.batch * a.grad_accum}x"
                 f"{a.seq} tokens, corpus {corpus.meta.get('name')}, seed {a.seed}" + (f"; {a.label}" if a.label else ""))
@@ -278,17 +366,49 @@ def main(argv=None):
     written = figures(result, smollm, out, subtitle, uniform)
     atomic_write_text(out / "inheritune_results.csv", table.to_csv(index=False))
     atomic_write_json(out / "inheritune_results.json", {
-        "what": "Inheritune at small scale: reference, students (growth stages), same-size scratch baselines",
+        "what": "Inheritune at small scale: reference, students (growth stages), same-size scratch baselines, ablations",
+        "architecture": config.options.to_dict(),
         "settings": vars(a), "corpus": corpus.meta, "table": table.to_dict(orient="records"),
         "reference_val_loss": result.reference_val_loss, "final_student_layers": result.final_layers,
         "stages": [{k: v for k, v in asdict(s).items() if k != "history"} for s in result.stages],
         "histories": {s.name: s.history for s in result.stages}, "smollm2_rank": smollm, "zero_shot": evals,
-        "rank_method": result.meta["rank"], "lazy_rule": result.stages[0].rank["lazy_rule"],
+        "rank_method": result.meta["rank"], "rank_definition": result.meta["rank"]["definition"],
+        "lazy_rule": result.stages[0].rank["lazy_rule"], "ablations": result.meta["ablations"],
         "uniform_causal_attention": uniform,
         "figures": written, "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "wall_time_s": time.time() - started,
     })
     print(f"wrote {', '.join(written)} and inheritune_results.csv/json to {out} in {time.time() - started:.0f} s")
+
+
+def with_zero_shot(table: pd.DataFrame, evals: list[dict]) -> pd.DataFrame:
+    """``table`` with a ``zero_shot_{task}`` column per available task (the paper's metric for each)."""
+    done = [r for r in evals if r.get("available")]
+    if not done:
+        return table
+    acc = pd.DataFrame(done).pivot(index="stage", columns="task", values="accuracy").add_prefix("zero_shot_")
+    return table.merge(acc, left_on="stage", right_index=True, how="left")
+
+
+def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
+    if smollm is None:
+        raise SystemExit("the smollm2 preset needs the rank profile: --smollm-inputs must be > 0")
+    settings = {k: getattr(a, k) for k in ("smollm_k", "steps", "batch", "seq", "lr", "min_lr", "warmup", "eval_tasks",
+                                            "eval_n", "seed", "smollm_inputs", "smollm_len")}
+    res = cached(runs / "extras" / "smollm2_inheritune.json", settings, lambda: smollm_inheritune(a, runs, smollm))
+    table = with_zero_shot(pd.DataFrame(res["rows"]), res["zero_shot"])
+    print(table.to_string())
+    written = smollm_figure(smollm, out)
+    atomic_write_text(out / "smollm2_inheritune_results.csv", table.to_csv(index=False))
+    atomic_write_json(out / "smollm2_inheritune_results.json", {
+        "what": "Inheritune from the embedded SmolLM2-135M: its first k layers (k from the rank profile) trained "
+                "briefly, against the full model and a same-size random init trained the same way",
+        "settings": vars(a), **res, "table": table.to_dict(orient="records"), "smollm2_rank": smollm,
+        "rank_definition": smollm["averaged"].get("definition"), "lazy_rule": smollm["averaged"]["lazy_rule"],
+        "figures": written, "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "wall_time_s": time.time() - started,
+    })
+    print(f"wrote {', '.join(written)} and smollm2_inheritune_results.csv/json to {out} in {time.time() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
                                     # recorded in figures/ (85 + 49 min on 2 idle CPU cores)
     python analyses/sweep.py --n 64 --fractions 0,.1,.2,.3 --scores "AHON (LN),AWFT"   # a quick look
     python analyses/sweep.py --model gpt2-medium --tasks mmlu --n 1000 --fractions 0,.05,.1,.15,.2,.25,.3
+    torchrun --nproc_per_node=8 analyses/sweep.py --model Qwen/Qwen2.5-0.5B --tasks mmlu ...   # 8 GPUs share the
+                                    # units (rank 0 writes); in a SLURM job array each task runs its share into --out
+                                    # and a final plain run merges them
 
 Steps:
 1. **Baseline against chance** on every task in ``--check-tasks`` (``--check-n`` items each; MMLU in its 5-shot
@@ -18,7 +21,9 @@ Steps:
    accuracy with its Wilson interval, paired difference with the baseline on the same items and its interval, the
    companion metrics: change of the gold answer's log-likelihood and KL from the unablated answer distribution),
    ``sweep_<task>.json`` (table, summary, settings), ``sweep_<task>.png/.html`` (accuracy and the two companions vs
-   % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1).
+   % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1). For a
+   model other than the embedded default the names carry the model: ``sweep_<model>_<task>.*``,
+   ``sweep_<model>_baselines.csv``.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lens_heads import load_model, load_task
+from lens_heads import distributed, load_model, load_task
+from lens_heads.batching import AUTO
 from lens_heads.evaluate import EvalResult, evaluate
 from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.models import model_meta
+from lens_heads.models import DEFAULT_MODEL, model_meta
+from lens_heads.report.config import safe_name
 from lens_heads.report.figures import ablation_curves
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.rows import PROTOCOLS
@@ -45,11 +52,25 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
 
 
+def _batch_size(text: str) -> int | str:
+    if text == AUTO:
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {value}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="model name (default: the embedded SmolLM2-135M)")
     ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks to sweep (default arc_easy,piqa)")
-    ap.add_argument("--n", type=int, default=200, help="items per swept task, sampled by --seed (default 200)")
+    ap.add_argument("--n", "--items", dest="n", type=lambda t: None if t == "all" else int(t), default=200,
+                    help="items per swept task, sampled by --seed, or 'all' (default 200; under torchrun say --items: "
+                         "torchrun takes --n for an abbreviation of its own options)")
     ap.add_argument("--scores", default="all", help="comma-separated score names, or 'all' (the twelve)")
     ap.add_argument("--fractions", default="0,.05,.1,.15,.2,.25,.3", help="target shares of heads to zero")
     ap.add_argument("--static-scores", default="AHON (LN)",
@@ -67,9 +88,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="render prompts with the tokenizer's chat template, as lm-eval's --apply_chat_template")
     ap.add_argument("--calibration", default="rows", choices=CALIBRATIONS,
                     help="thresholds from the evaluated rows (the paper's, default) or the item prompts")
-    ap.add_argument("--batch-size", type=int, default=16, help="forward rows per batch (default 16)")
+    ap.add_argument("--batch-size", type=_batch_size, default=16,
+                    help="forward rows per batch, or 'auto' (the largest that fits; default 16)")
     ap.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed (default 0)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="weights and activations (scores and log-likelihoods are float32 anyway; default float32)")
     ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
     args = ap.parse_args(argv)
     args.tasks = [t for t in args.tasks.split(",") if t]
@@ -99,10 +123,12 @@ def check_baselines(model, args) -> pd.DataFrame:
         else:
             t = time.perf_counter()
             # 5-shot MMLU rows are ~750 tokens: smaller batches keep the attention patterns' memory in bounds
-            result = evaluate(model, task, batch_size=min(args.batch_size, 4) if name == "mmlu" else args.batch_size,
+            small = args.batch_size if args.batch_size == AUTO else min(args.batch_size, 4)
+            result = evaluate(model, task, batch_size=small if name == "mmlu" else args.batch_size,
                               protocol=args.protocol, apply_chat_template=args.apply_chat_template)
-            atomic_write_json(path, result.to_dict())
-            print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
+            if distributed.is_main():
+                atomic_write_json(path, result.to_dict())
+                print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
         low, high = result.ci95
         chosen = pd.Series([it.chosen() for it in result.items]).value_counts(normalize=True)
         rows.append(dict(task=name, split=task.split, shots=task.shots, format=task.format, n=result.n,
@@ -110,8 +136,9 @@ def check_baselines(model, args) -> pd.DataFrame:
                          accuracy_per_token=result.accuracy_by("per_token"),
                          accuracy_per_char=result.accuracy_by("per_char"),
                          most_chosen_share=float(chosen.iloc[0]), above_chance=bool(low > result.chance)))
-        print(f"[baseline] {name:10s} {100 * result.accuracy:5.1f}% [{100 * low:.1f}, {100 * high:.1f}] "
-              f"chance {100 * result.chance:.1f}%  n={result.n}  above chance: {low > result.chance}")
+        if distributed.is_main():
+            print(f"[baseline] {name:10s} {100 * result.accuracy:5.1f}% [{100 * low:.1f}, {100 * high:.1f}] "
+                  f"chance {100 * result.chance:.1f}%  n={result.n}  above chance: {low > result.chance}")
     return pd.DataFrame(rows)
 
 
@@ -121,7 +148,7 @@ def check_baselines(model, args) -> pd.DataFrame:
 def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     figures = Path(args.figures)
     figures.mkdir(parents=True, exist_ok=True)
-    stem = figures / f"sweep_{task.name}"
+    stem = figures / output_name(args.model, task.name)
     table = result.to_dataframe()
     atomic_write_text(f"{stem}.csv", table.to_csv(index=False, float_format="%.6g"))
     summary = result.summary()
@@ -162,15 +189,22 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
+def output_name(model: str, what: str) -> str:
+    """``sweep_<what>`` for the embedded default model, ``sweep_<model>_<what>`` for any other."""
+    return f"sweep_{what}" if model == DEFAULT_MODEL else f"sweep_{safe_name(model)}_{what}"
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model)
+    model = load_model(args.model, dtype=args.dtype)  # under torchrun: on this rank's GPU (cuda:LOCAL_RANK) or the CPU
+    main_process = distributed.is_main()  # only it writes tables and figures
     if args.check_tasks:
         baselines = check_baselines(model, args)
-        atomic_write_text(Path(args.figures) / "sweep_baselines.csv",
-                          baselines.to_csv(index=False, float_format="%.4g"))
+        if main_process:
+            atomic_write_text(Path(args.figures) / f"{output_name(args.model, 'baselines')}.csv",
+                              baselines.to_csv(index=False, float_format="%.4g"))
     else:  # no check this run: the sweep's own baseline unit still says where chance lies
         baselines = pd.DataFrame()
     for name in args.tasks:
@@ -184,9 +218,14 @@ def main(argv=None) -> None:
                            seed=args.seed, batch_size=args.batch_size, random_baseline=not args.no_random,
                            static_scores=args.static_scores, protocol=args.protocol,
                            apply_chat_template=args.apply_chat_template, calibration=args.calibration)
-        print(f"[sweep] {name}: {len(result.units)} units ({result.meta['units_run']} run now) in "
-              f"{time.perf_counter() - t:.0f} s")
-        write_outputs(result, task, args, baselines, model)
+        if result is None:
+            print(f"[sweep] {name}: this job array task's units are done in {Path(args.out) / name}; once every "
+                  "task has finished, run the same command outside the array to merge them and write the figures")
+            continue
+        if main_process:
+            print(f"[sweep] {name}: {len(result.units)} units ({result.meta['units_run']} run now) in "
+                  f"{time.perf_counter() - t:.0f} s")
+            write_outputs(result, task, args, baselines, model)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lens_heads.corpus import load_corpus
-from lens_heads.inheritune import gpt2_config, gpt2_model
+from lens_heads.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
+from lens_heads.gpt2 import gpt2_model as _gpt2_model
 from lens_heads.train import RankTracker, TrainConfig, batch_at, eval_windows, lr_at, train
 
 from docs_section import machine_line, write_section
+
+# the plain baseline below is TransformerLens's GPT-2 layout (biases, untied, 50257 tokens): the hooked model too
+TL_LAYOUT = GPT2Options.transformer_lens()
+
+
+def gpt2_model(cfg, **kw):
+    return _gpt2_model(cfg, options=TL_LAYOUT, **kw)
+
 
 # ---------------------------------------------------------------- the plain baseline (nanoGPT-style)
 
@@ -119,7 +128,7 @@ def main():
     corpus = load_corpus("sotu")
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, warmup_steps=2, eval_every=0, log_every=10 ** 9)
     tok_per_round = a.steps * a.batch * a.seq
-    mcfg = gpt2_config(a.layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq)
+    mcfg = gpt2_config(a.layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=GPT2_VOCAB)
 
     def hooked_round():
         model = gpt2_model(mcfg, seed=0, device=a.device)

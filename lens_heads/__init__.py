@@ -11,11 +11,15 @@ from lens_heads.scoring import HeadScores, score_heads
 from lens_heads.distributions import thresholds
 from lens_heads.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.sweep import SweepResult, run_sweep
+from lens_heads.sweep import SweepResult, load_sweep, run_sweep
+from lens_heads.compare import SweepComparison, compare_sweeps, read_sweep
+from lens_heads.effects import HeadEffects, head_effects
 from lens_heads.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.train import RankTracker, TrainConfig  # train() itself: lens_heads.train.train (keeps the module reachable)
-from lens_heads.inheritune import InherituneConfig, InherituneResult, grow, inherit, run_inheritune
+from lens_heads.gpt2 import GPT2Options, gpt2_config, gpt2_model
+from lens_heads.inheritune import (InherituneConfig, InherituneResult, grow, inherit, inherit_first_layers,
+                                   inherit_later_layers, run_inheritune, stack)
 
 __all__ = [
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
@@ -23,8 +27,11 @@ __all__ = [
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds",
     "EvalResult", "evaluate", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
-    "SweepResult", "run_sweep",
+    "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
+    "HeadEffects", "head_effects",
     "RankProfile", "approx_rank", "attention_rank",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
-    "InherituneConfig", "InherituneResult", "grow", "inherit", "run_inheritune",
+    "GPT2Options", "gpt2_config", "gpt2_model",
+    "InherituneConfig", "InherituneResult", "grow", "inherit", "inherit_first_layers", "inherit_later_layers",
+    "run_inheritune", "stack",
 ]

@@ -104,6 +104,13 @@ class Zeroing:
         """Forget what was counted so far."""
         self._zeroed: list[list[Tensor]] = [[] for _ in range(self.n_layers)]
 
+    def snapshot(self) -> list[int]:
+        """How many batches each layer has counted: :meth:`restore` forgets what came after (a failed attempt)."""
+        return [len(rows) for rows in self._zeroed]
+
+    def restore(self, snapshot: list[int]) -> None:
+        self._zeroed = [rows[:n] for rows, n in zip(self._zeroed, snapshot)]
+
     def zeroed(self) -> Bool[Tensor, "input layer head"]:
         """Which heads were ablated for each input row seen since the last :meth:`reset`, in order of arrival."""
         if not self._zeroed[0]:

@@ -7,6 +7,7 @@ is what keeps both from needing a full activation cache.
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable, Sequence
 
 from torch import Tensor
@@ -49,3 +50,14 @@ class LayerCapture:
             return self._at_z(layer, z, self._held.pop(layer, {}))
 
         return hook
+
+
+def check_hook_names(model, names: Sequence) -> None:
+    """Refuse hook names the model doesn't have, naming them and the closest it does have (TransformerLens would
+    fail with a KeyError from deep inside). Callables (TransformerLens name filters) pass as they are."""
+    unknown = [name for name in names if isinstance(name, str) and name not in model.hook_dict]
+    if unknown:
+        hints = [f"{name!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
+            name, list(model.hook_dict), n=1)) else "") for name in dict.fromkeys(unknown)]
+        raise ValueError(f"this model has no hook {', '.join(hints)}: its {model.cfg.n_layers} layers have hooks "
+                         "such as 'blocks.0.attn.hook_z' (see model.hook_dict)")

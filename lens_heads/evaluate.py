@@ -21,17 +21,23 @@ normal approximation (mean +- 1.96 sd / sqrt(n)) for paired differences on the s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable
 
 import numpy as np
 import torch
+from jaxtyping import Float64
 from torch import Tensor
 
 from lens_heads.fused_attention import AttentionCalls, fused_attention
+from lens_heads import distributed
+from lens_heads.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.capture import check_hook_names
 from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol, encode, within_context  # noqa: F401
+from lens_heads.tokenize import check_token_ids
 
 METRICS = ("sum", "per_token", "per_char")
 ATTENTION = ("fused", "eager")
@@ -190,12 +196,20 @@ def paired_difference(ablated: EvalResult, base: EvalResult, *, metric: str | No
     base_by_id = {it.id: it for it in base.items}
     if set(base_by_id) != {it.id for it in ablated.items}:
         raise ValueError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
-    pairs = [(it, base_by_id[it.id]) for it in ablated.items]
-    correct = np.array([float(a.correct(metric)) - float(b.correct(metric)) for a, b in pairs])
-    gold = np.array([a.gold_logprob - b.gold_logprob for a, b in pairs])
-    kl = np.array([_kl(b.answer_distribution(metric), a.answer_distribution(metric)) for a, b in pairs])
-    acc = _mean_ci(correct)
-    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=_mean_ci(gold), kl=_mean_ci(kl))
+    values = paired_values([(it, base_by_id[it.id]) for it in ablated.items], metric)
+    acc = _mean_ci(values["accuracy"])
+    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=_mean_ci(values["gold_logprob"]),
+                            kl=_mean_ci(values["kl"]))
+
+
+def paired_values(pairs: Sequence[tuple["ItemRecord", "ItemRecord"]], metric: str = "sum") -> dict[str, np.ndarray]:
+    """Per item, for ``(ablated, base)`` record pairs: ``accuracy`` (correct ablated - correct base),
+    ``gold_logprob`` (ablated - base log-likelihood of the gold answer) and ``kl`` (KL(base || ablated) between
+    the answer distributions under ``metric`` scoring)."""
+    return dict(
+        accuracy=np.array([float(a.correct(metric)) - float(b.correct(metric)) for a, b in pairs]),
+        gold_logprob=np.array([a.gold_logprob - b.gold_logprob for a, b in pairs]),
+        kl=np.array([_kl(b.answer_distribution(metric), a.answer_distribution(metric)) for a, b in pairs]))
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -226,7 +240,7 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress: bool = True,
+def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
              attention: str = "fused") -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.tasks.Task`) by log-likelihood.
@@ -235,11 +249,24 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     :class:`lens_heads.ablation.Zeroing`); objects with a ``batch(attention_mask, inputs)`` context manager are told
     each batch's padding mask and which item each row belongs to. ``primary``: the scoring behind ``.accuracy``
     (``"sum"``, ``"per_token"`` or ``"per_char"``). ``protocol`` (``"lm-eval"`` or ``"tl"``) and
-    ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`). ``attention="fused"`` runs fused
-    SDPA attention in every layer whose pattern no hook reads (:mod:`lens_heads.fused_attention`; same
-    log-likelihoods to float rounding); ``"eager"`` materialises every pattern.
+    ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`). ``batch_size="auto"``: the largest
+    that fits (:mod:`lens_heads.batching`). Under torchrun each rank evaluates a block of the items and every rank
+    returns all the records (:mod:`lens_heads.distributed`).
+    ``attention="fused"`` runs fused SDPA attention in every layer whose pattern no hook reads
+    (:mod:`lens_heads.fused_attention`; same log-likelihoods to float rounding); ``"eager"`` materialises every
+    pattern.
     """
     from tqdm.auto import tqdm
+
+    settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
+                    apply_chat_template=apply_chat_template, attention=attention)
+    if distributed.sharding():
+        return _evaluate_shards(model, task, hooks, settings)
+    if batch_size == AUTO:
+        start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
+        return halving(lambda size: evaluate(model, task, hooks=hooks, **{**settings, "batch_size": size}), start,
+                       _describe(hooks))
+    check_batch_size(batch_size)
 
     if primary not in METRICS:
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
@@ -250,9 +277,11 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
-    pairs, batch_aware = _collect_hooks(hooks)
+    pairs, batch_aware = _collect_hooks(hooks, model)
     check_protocol(protocol)
     rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
+    check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
+                    [f"item {items[r.item].id}" for r in rows])
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r].tokens))
     logprobs = [[math.nan] * len(it.continuations) for it in items]
     n_tokens = [[0] * len(it.continuations) for it in items]
@@ -261,20 +290,15 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int = 8, progress
             n_tokens[row.item][choice] = len(ids)
     rows_left = np.bincount([r.item for r in rows], minlength=len(items))
     device = model.cfg.device
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    pad = pad_id(model)
     stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
     start_time = time.perf_counter()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
     attention_calls = AttentionCalls()
     with _attention(model, attention, attention_calls), model.hooks(fwd_hooks=pairs):
-        for batch in _batches([rows[r] for r in order], batch_size):
-            width = max(len(r.tokens) for r in batch)
-            tokens = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.bool)
-            for b, row in enumerate(batch):
-                tokens[b, :len(row.tokens)] = torch.tensor(row.tokens)
-                mask[b, :len(row.tokens)] = True
+        for batch in batches([rows[r] for r in order], batch_size):
+            tokens, mask = pad_rows(batch, pad)
             with contextlib.ExitStack() as stack:
                 for obj in batch_aware:
                     stack.enter_context(obj.batch(mask.to(device), inputs=[row.item for row in batch]))
@@ -309,7 +333,23 @@ def _attention(model, attention: str, calls: AttentionCalls):
     return fused_attention(model, calls)
 
 
-def _batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
+def pad_id(model) -> int:
+    """The token id that fills padding (any id works: padded positions are masked and never read)."""
+    return model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+
+
+def pad_rows(batch: list[Row], pad: int) -> tuple[Tensor, Tensor]:
+    """Right-padded ``[row, pos]`` tokens of a batch of rows and the mask of their real positions."""
+    width = max(len(r.tokens) for r in batch)
+    tokens = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.bool)
+    for b, row in enumerate(batch):
+        tokens[b, :len(row.tokens)] = torch.tensor(row.tokens)
+        mask[b, :len(row.tokens)] = True
+    return tokens, mask
+
+
+def batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
     """Consecutive rows (sorted longest first) in batches of at most ``batch_size``; a row shorter than ``min_fill``
     of the batch's longest starts a new batch, so padding never costs more than a quarter of a batch's tokens."""
     batch: list[Row] = []
@@ -323,7 +363,15 @@ def _batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterab
 
 
 def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]]) -> None:
-    """Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
+    values, owners = read_logprobs(model, resid, batch)
+    for (item, choice), value in zip(owners, values.detach().cpu().tolist()):
+        out[item][choice] = value
+
+
+def read_logprobs(model, resid: Tensor, batch: list[Row]) -> tuple[Float64[Tensor, "read"], list[tuple[int, int]]]:
+    """The summed log-likelihood of every (item, choice) the batch's rows read, differentiable in ``resid``.
+
+    Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
     unembedding is a fifth of a small model's forward FLOPs. (The final norm acts on each position alone, so this
     equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)"""
     where, targets, owners = [], [], []
@@ -341,15 +389,14 @@ def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]
         final = model.ln_final(final)
     logits = apply_softcap(model.unembed(final)[0], model.cfg.output_logits_soft_cap)
     picked = torch.log_softmax(logits.float(), dim=-1)
-    values = picked.gather(1, torch.tensor(targets, device=resid.device)[:, None])[:, 0].cpu().double().tolist()
-    sums: dict[tuple[int, int], float] = {}
-    for owner, value in zip(owners, values):
-        sums[owner] = sums.get(owner, 0.0) + value
-    for (item, choice), value in sums.items():
-        out[item][choice] = value
+    values = picked.gather(1, torch.tensor(targets, device=resid.device)[:, None])[:, 0].double()
+    index = {owner: i for i, owner in enumerate(dict.fromkeys(owners))}
+    keys = list(index)
+    where_key = torch.tensor([index[o] for o in owners], device=resid.device)
+    return torch.zeros(len(keys), dtype=values.dtype, device=values.device).index_add(0, where_key, values), keys
 
 
-def _collect_hooks(hooks: Iterable) -> tuple[list, list]:
+def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
     pairs, batch_aware = [], []
     for obj in hooks if not hasattr(hooks, "hooks") else [hooks]:
         if hasattr(obj, "hooks"):
@@ -360,6 +407,7 @@ def _collect_hooks(hooks: Iterable) -> tuple[list, list]:
             pairs.append(obj)
         else:
             raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a Zeroing), got {obj!r}")
+    check_hook_names(model, [name for name, _ in pairs])
     return pairs, batch_aware
 
 
@@ -371,3 +419,57 @@ def _model_meta(model) -> dict:
     from lens_heads.models import model_meta
 
     return model_meta(model)
+
+
+# ---------------------------------------------------------------- under torchrun
+
+
+def _evaluate_shards(model, task, hooks, settings: dict) -> EvalResult:
+    """``evaluate`` on this rank's block of the items; the blocks' records gathered in order on every rank."""
+    items = list(task)
+    if not items:
+        raise ValueError("the task has no items")
+    distributed.check_agree(_identity(model, items, settings), "model, items and settings of the evaluation")
+    mine = distributed.block(len(items), distributed.rank(), distributed.world_size())
+    local = None
+    if len(mine):
+        part = replace(task, items=items[mine.start:mine.stop]) if hasattr(task, "items") else items[mine.start:mine.stop]
+        with distributed.local():
+            local = evaluate(model, part, hooks=[_Shifted(h, mine.start) if hasattr(h, "batch") else h
+                                                 for h in ([hooks] if hasattr(hooks, "hooks") else hooks)],
+                             **{**settings, "progress": settings["progress"] and distributed.is_main()})
+    parts = [p for p in distributed.all_gather(None if local is None else (local.items, local.meta)) if p]
+    metas = [meta for _, meta in parts]
+    meta = dict(metas[0], task=task.meta() if hasattr(task, "meta") else {}, ranks=distributed.world_size(),
+                wall_s=max(m["wall_s"] for m in metas),
+                **{k: sum(m[k] for m in metas) for k in ("rows", "forward_passes", "forward_tokens", "padded_tokens")})
+    return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
+                      items=[record for records, _ in parts for record in records],
+                      chance=float(getattr(task, "chance", float("nan"))), primary=settings["primary"], meta=meta)
+
+
+def _identity(model, items, settings: dict) -> dict:
+    from lens_heads.models import model_meta
+
+    ids = "\n".join(item.id for item in items).encode()
+    return dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
+                items=hashlib.sha256(ids).hexdigest()[:16], n=len(items),
+                **{k: v for k, v in settings.items() if k != "progress"})
+
+
+class _Shifted:
+    """A batch-aware hook object (a Zeroing) told the task's item numbers, not the block's: a random zeroing then
+    draws for each item what it draws in a single process. Everything else is the wrapped object's."""
+
+    def __init__(self, inner, offset: int):
+        self.inner, self.offset = inner, offset
+
+    def batch(self, attention_mask=None, inputs=None):
+        shifted = None if inputs is None else [self.offset + int(i) for i in inputs]
+        return self.inner.batch(attention_mask, inputs=shifted)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)

@@ -9,9 +9,7 @@ GPT-2 ties them. Both are copied, so a student starts with the reference's tie o
 
 from __future__ import annotations
 
-import contextlib
 import json
-import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,107 +18,172 @@ import pandas as pd
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from lens_heads.gpt2 import GPT2_SIZES, PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model, gpt2_options, own_rng  # noqa: F401
 from lens_heads.io import atomic_write_json
 from lens_heads.rank import RankProfile, attention_rank
 from lens_heads.train import RankTracker, TrainConfig, TrainResult, eval_windows, train
 
 BLOCK_PARTS = ("ln1", "ln2", "attn", "mlp")
+# what "inheriting attention only / MLP only / both" copies of a block: each sub-layer with the LayerNorm before it
+PARTS = {"both": BLOCK_PARTS, "attention": ("ln1", "attn"), "mlp": ("ln2", "mlp")}
 
 
-@contextlib.contextmanager
-def _own_rng():
-    """TransformerLens seeds torch, numpy and random globally when a config has a seed: restore them after."""
-    py, npy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        yield
-    random.setstate(py)
-    np.random.set_state(npy)
+def _check_gpt2(model: HookedTransformer, role: str) -> GPT2Options:
+    try:
+        return gpt2_options(model)
+    except ValueError as err:
+        raise ValueError(f"the {role} must be GPT-2-shaped: {err}") from None
 
 
-def gpt2_config(n_layers: int, *, d_model: int = 768, n_heads: int = 12, n_ctx: int = 1024,
-                d_vocab: int = 50257, d_mlp: int | None = None, seed: int = 0) -> HookedTransformerConfig:
-    """A GPT-2 architecture (pre-LayerNorm, learned positions, GELU MLP of width 4 d_model, GPT-2 init 0.02)."""
-    if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
-    with _own_rng():
-        return HookedTransformerConfig(
-            n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads, n_ctx=n_ctx,
-            d_mlp=d_mlp or 4 * d_model, d_vocab=d_vocab, act_fn="gelu_new", normalization_type="LN",
-            positional_embedding_type="standard", init_mode="gpt2", initializer_range=0.02, seed=seed,
-            default_prepend_bos=True, model_name=f"gpt2-{n_layers}L-{d_model}d",
-        )
+def _check_depth(n_layers: int, limit: int, what: str) -> None:
+    if not 0 < n_layers <= limit:
+        raise ValueError(f"n_layers must be in 1..{limit} ({what}), got {n_layers}: a student cannot have more "
+                         "layers than its reference")
 
 
-# GPT-2 sizes of the paper (the reference models it trains from scratch)
-GPT2_SIZES = {"gpt2": dict(d_model=768, n_heads=12, n_layers=12), "gpt2-medium": dict(d_model=1024, n_heads=16, n_layers=24),
-              "gpt2-large": dict(d_model=1280, n_heads=20, n_layers=36), "gpt2-xl": dict(d_model=1600, n_heads=25, n_layers=48)}
+def inherited_names(model: HookedTransformer, n_layers: int, *, parts: str = "both") -> list[str]:
+    """State-dict names of ``model`` that a student of ``n_layers`` layers takes (layer by layer, ``parts`` of each
+    block): the token embedding (with a tied model also its unembedding), the unembedding (``W_U``, ``b_U``) where
+    it is a tensor of its own, and blocks ``0..n_layers-1``."""
+    if parts not in PARTS:
+        raise ValueError(f"parts must be one of {sorted(PARTS)}, got {parts!r}")
+    state = model.state_dict()
+    names = [k for k in ("embed.W_E", "unembed.W_U", "unembed.b_U") if k in state]
+    names += [k for k in state for layer in range(n_layers)
+              if any(k.startswith(f"blocks.{layer}.{part}.") for part in PARTS[parts])]
+    return names
 
 
-def gpt2_model(cfg: HookedTransformerConfig, *, seed: int, tokenizer=None, device=None) -> HookedTransformer:
-    """A freshly initialised GPT-2 HookedTransformer; the init depends on ``seed`` only (global RNG untouched)."""
-    with _own_rng():  # the init depends on cfg.seed, set here; the caller's generators are left as they were
-        cfg = HookedTransformerConfig(**{**cfg.to_dict(), "seed": seed, "device": device or cfg.device})
-        model = HookedTransformer(cfg, tokenizer=tokenizer)
+def _copy(target: HookedTransformer, source: HookedTransformer, names: list[str],
+          rename=lambda name: name) -> None:
+    """``target[name] = source[rename(name)]`` for each state-dict ``name``."""
+    src, dst = source.state_dict(), target.state_dict()
+    with torch.no_grad():
+        for name in names:
+            dst[name].copy_(src[rename(name)])
+
+
+def _block_from(mapping: dict[int, int]):
+    """Rename ``blocks.{i}.x`` to ``blocks.{mapping[i]}.x`` (other names unchanged)."""
+    def rename(name: str) -> str:
+        if not name.startswith("blocks."):
+            return name
+        _, i, rest = name.split(".", 2)
+        return f"blocks.{mapping[int(i)]}.{rest}"
+    return rename
+
+
+def _sized_like(model: HookedTransformer, n_layers: int, name: str, seed: int) -> HookedTransformer:
+    with own_rng():
+        cfg = HookedTransformerConfig(**{**model.cfg.to_dict(), "n_layers": n_layers, "model_name": name})
+    return gpt2_model(cfg, seed=seed, options=gpt2_options(model), tokenizer=model.tokenizer, device=model.cfg.device)
+
+
+def inherit(reference: HookedTransformer, n_layers: int, *, seed: int = 0, layers: list[int] | None = None,
+            parts: str = "both") -> HookedTransformer:
+    """A GPT-2 student of ``n_layers`` layers: the reference's token embedding (and unembedding), its first
+    ``n_layers`` blocks, with position embedding and final LayerNorm at fresh init (seed ``seed``), as the
+    authors' code does. Built with the reference's `GPT2Options`.
+
+    Ablations: ``layers`` picks the reference blocks that student blocks ``0..n-1`` take (default: the first n);
+    ``parts="attention"`` / ``"mlp"`` copies only that sub-layer (with its LayerNorm) of each block.
+    """
+    _check_gpt2(reference, "reference")
+    _check_depth(n_layers, reference.cfg.n_layers, "the reference's depth")
+    layers = list(range(n_layers)) if layers is None else list(layers)
+    if len(layers) != n_layers or not all(0 <= l < reference.cfg.n_layers for l in layers):
+        raise ValueError(f"layers must name {n_layers} reference blocks in 0..{reference.cfg.n_layers - 1}, got {layers}")
+    student = _sized_like(reference, n_layers, f"inheritune-{n_layers}L-of-{reference.cfg.n_layers}L", seed)
+    _copy(student, reference, inherited_names(student, n_layers, parts=parts), _block_from(dict(enumerate(layers))))
+    student.lens_heads_meta["source"] = (f"Inheritune: {PARTS[parts]} of blocks {layers} (as blocks 0..{n_layers - 1}), "
+                                         f"token embedding and unembedding of {reference.cfg.model_name}; "
+                                         f"rest fresh init seed {seed}")
+    return student
+
+
+def inherit_later_layers(reference: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedTransformer:
+    """Ablation: the student takes the reference's last ``n_layers`` blocks (the lazy ones) instead of the first."""
+    _check_depth(n_layers, reference.cfg.n_layers, "the reference's depth")
+    return inherit(reference, n_layers, seed=seed, layers=list(range(reference.cfg.n_layers - n_layers,
+                                                                       reference.cfg.n_layers)))
+
+
+def stack(source: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedTransformer:
+    """Stacking baseline: a deeper model whose block i starts as the trained ``source`` block ``i % depth``
+    (the shallow stack repeated), every other tensor (embeddings, final LayerNorm) taken from ``source``."""
+    _check_gpt2(source, "source")
+    depth = source.cfg.n_layers
+    if n_layers <= depth:
+        raise ValueError(f"stacking grows a model: n_layers must exceed the source's {depth} layers, got {n_layers}")
+    stacked = _sized_like(source, n_layers, f"stacked-{n_layers}L-of-{depth}L", seed)
+    _copy(stacked, source, list(stacked.state_dict()), _block_from({i: i % depth for i in range(n_layers)}))
+    stacked.lens_heads_meta["source"] = f"stacking: blocks 0..{depth - 1} of {source.cfg.model_name} repeated"
+    return stacked
+
+
+def same_size_random(reference: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedTransformer:
+    """Any architecture: a fresh TransformerLens initialisation of ``reference``'s configuration at ``n_layers``
+    layers (the same-size random-init baseline)."""
+    _check_depth(n_layers, reference.cfg.n_layers, "the reference's depth")
+    with own_rng():
+        # init_weights: a loaded pretrained model's config turns initialisation off (its weights are loaded)
+        cfg = HookedTransformerConfig(**{**reference.cfg.to_dict(), "n_layers": n_layers, "seed": seed,
+                                         "init_weights": True,
+                                         "model_name": f"random-{n_layers}L-like-{reference.cfg.model_name}"})
+        model = HookedTransformer(cfg, tokenizer=reference.tokenizer)
     model.eval()
-    model.lens_heads_meta = {"name": cfg.model_name, "source": f"GPT-2 architecture, fresh init seed {seed}",
+    model.lens_heads_meta = {"name": cfg.model_name, "source": f"fresh init seed {seed} ({cfg.init_mode})",
                              "weight_basis": "raw (no weight processing)", "dtype": str(cfg.dtype).replace("torch.", "")}
     return model
 
 
-def inherited_names(model: HookedTransformer, n_layers: int) -> list[str]:
-    """State-dict names a student of ``n_layers`` layers takes from its reference."""
-    names = ["embed.W_E", "unembed.W_U", "unembed.b_U"]
-    names += [k for k, _ in model.named_parameters() for layer in range(n_layers)
-              if any(k.startswith(f"blocks.{layer}.{part}.") for part in BLOCK_PARTS)]
-    return names
-
-
-def _copy_blocks(target: HookedTransformer, source: HookedTransformer, names: list[str]) -> None:
-    src, dst = source.state_dict(), target.state_dict()
-    with torch.no_grad():
-        for name in names:
-            dst[name].copy_(src[name])
-
-
-def inherit(reference: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedTransformer:
-    """A GPT-2 student of ``n_layers`` layers: the reference's token embedding, first ``n_layers`` blocks and
-    unembedding, with position embedding and final LayerNorm at fresh init (seed ``seed``)."""
-    if not 0 < n_layers <= reference.cfg.n_layers:
-        raise ValueError(f"n_layers must be in 1..{reference.cfg.n_layers} (the reference's depth), got {n_layers}")
-    with _own_rng():
-        cfg = HookedTransformerConfig(**{**reference.cfg.to_dict(), "n_layers": n_layers,
-                                         "model_name": f"inheritune-{n_layers}L-of-{reference.cfg.n_layers}L"})
-    student = gpt2_model(cfg, seed=seed, tokenizer=reference.tokenizer, device=reference.cfg.device)
-    _copy_blocks(student, reference, inherited_names(reference, n_layers))
-    student.lens_heads_meta["source"] = (f"Inheritune: blocks 0..{n_layers - 1}, W_E, W_U, b_U of "
-                                         f"{reference.cfg.model_name}; rest fresh init seed {seed}")
+def inherit_first_layers(reference: HookedTransformer, n_layers: int, *, seed: int = 0,
+                         fresh: tuple[str, ...] = ("ln_final.",)) -> HookedTransformer:
+    """Inheritune for any architecture (the Llama-shaped embedded SmolLM2 included; `inherit` is the GPT-2 one):
+    ``reference``'s configuration at ``n_layers`` layers, taking every tensor of the token embedding, blocks
+    ``0..n_layers-1`` and the unembedding; tensors whose names start with ``fresh`` (default: the final norm, as
+    the authors' code leaves it) keep the fresh init of `same_size_random` with ``seed``."""
+    student = same_size_random(reference, n_layers, seed=seed)
+    student.cfg.model_name = f"inheritune-{n_layers}L-of-{reference.cfg.model_name}"
+    _copy(student, reference, [k for k in student.state_dict() if not k.startswith(fresh)])
+    student.lens_heads_meta.update(name=student.cfg.model_name, source=(
+        f"Inheritune: embedding, blocks 0..{n_layers - 1}, unembedding of {reference.cfg.model_name}; {fresh} "
+        f"fresh init seed {seed}"), weight_basis=getattr(reference, "lens_heads_meta", {}).get("weight_basis", "raw"))
     return student
 
 
 def grow(reference: HookedTransformer, n_layers: int, *, student: HookedTransformer | None = None,
          seed: int = 0) -> HookedTransformer:
-    """A larger student of ``n_layers`` layers.
+    """A larger student of ``n_layers`` layers (at most the reference's depth).
 
     Without ``student``: a fresh re-inheritance of ``n_layers`` reference layers (what the authors' logs fit).
     With ``student``: keep the trained student (all its tensors) and append reference blocks
     ``student.n_layers..n_layers-1``.
     """
+    _check_depth(n_layers, reference.cfg.n_layers, "growing cannot pass the reference's depth")
     grown = inherit(reference, n_layers, seed=seed)
     if student is not None:
         if student.cfg.n_layers >= n_layers:
             raise ValueError(f"grow to {n_layers} layers needs a student with fewer layers, got {student.cfg.n_layers}")
-        keep = [k for k, _ in student.named_parameters() if not k.startswith("blocks.")]
-        _copy_blocks(grown, student, keep + inherited_names(student, student.cfg.n_layers))
+        _copy(grown, student, [k for k in student.state_dict()])
         grown.lens_heads_meta["source"] += f"; blocks 0..{student.cfg.n_layers - 1} and embeddings from the trained student"
     return grown
 
 
 # ---------------------------------------------------------------- the whole procedure
 
+ABLATIONS = ("later_layers", "attention_only", "mlp_only", "stacking")
+
 
 @dataclass
 class InherituneConfig:
-    """Sizes and schedule of an Inheritune run. ``train`` is used for every stage (same steps for each)."""
+    """Sizes and schedule of an Inheritune run. ``train`` is used for every stage (same steps for each).
+
+    ``ablations``: the paper's baselines at the final student size, each one stage (a row of the table):
+    ``"later_layers"`` (inherit the reference's last blocks), ``"attention_only"``, ``"mlp_only"`` (inherit one
+    sub-layer of each of the first blocks) and ``"stacking"`` (a scratch model of half the depth, trained, then
+    stacked to the full student depth and trained again). ``options``: the GPT-2 architecture (authors' default).
+    """
 
     ref_layers: int = 8
     student_layers: int = 4
@@ -129,13 +192,16 @@ class InherituneConfig:
     d_model: int = 128
     n_heads: int = 4
     n_ctx: int = 128
-    d_vocab: int = 50257
+    d_vocab: int = PADDED_VOCAB
+    options: GPT2Options = field(default_factory=GPT2Options)
     train: TrainConfig = field(default_factory=TrainConfig)
     grow_from: str = "reference"  # "reference": fresh re-inheritance; "student": keep the trained student
     baselines: bool = True  # same-size scratch models for 1x and 2x steps
+    ablations: tuple[str, ...] = ABLATIONS
     rank_inputs: int = 32  # N validation windows for attention rank
     rank_len: int = 64  # T tokens each
     rank_every: int | None = None  # also track rank during training every this many steps
+    rank_average: bool = True  # the paper's rank: of the input-averaged matrix (False: mean of per-input ranks)
     seed: int = 0
     device: str | None = None
 
@@ -143,7 +209,7 @@ class InherituneConfig:
 @dataclass
 class Stage:
     name: str
-    kind: str  # "reference" | "student" | "scratch"
+    kind: str  # "reference" | "student" | "scratch" | "ablation" (incl. stacking) | "stack_source"
     n_layers: int
     steps: int
     tokens_seen: int
@@ -183,38 +249,58 @@ def rank_tokens(corpus, n: int, length: int) -> torch.Tensor:
     return eval_windows(corpus.val, n, length - 1)
 
 
-def _rank(model, tokens) -> dict:
-    profile: RankProfile = attention_rank(model, tokens, average=False, progress=False)
+def _rank(model, tokens, average: bool) -> dict:
+    profile: RankProfile = attention_rank(model, tokens, average=average, progress=False)
     return profile.to_dict()
+
+
+def _check_config(c: InherituneConfig) -> int:
+    """The largest student size; errors for sizes the reference cannot provide."""
+    max_layers = c.max_layers or c.ref_layers - 1
+    if max_layers > c.ref_layers:
+        raise ValueError(f"max_layers={max_layers} exceeds the reference's {c.ref_layers} layers: growing cannot "
+                         "pass the reference")
+    if not 0 < c.student_layers <= max_layers:
+        raise ValueError(f"student_layers={c.student_layers} must be in 1..{max_layers} (max_layers)")
+    unknown = set(c.ablations) - set(ABLATIONS)
+    if unknown:
+        raise ValueError(f"unknown ablations {sorted(unknown)}: choose from {ABLATIONS}")
+    return max_layers
 
 
 def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tokenizer=None,
                    progress: bool = True) -> InherituneResult:
-    """Train a reference, inherit its first layers, train, grow while worse than the reference, and train
-    same-size scratch baselines for 1x and 2x the steps; attention rank of every layer at every stage.
+    """Train a reference, inherit its first layers, train, grow while worse than the reference, then the
+    baselines at the final student size: same-size scratch for 1x and 2x the steps and ``config.ablations``;
+    attention rank of every layer at every stage.
 
     Every stage trains in its own folder under ``out_dir`` and resumes; a finished run only reloads."""
-    out = Path(out_dir)
     c = config
-    max_layers = c.max_layers or c.ref_layers - 1
-    cfg = gpt2_config(c.ref_layers, d_model=c.d_model, n_heads=c.n_heads, n_ctx=c.n_ctx, d_vocab=c.d_vocab)
+    max_layers = _check_config(c)
+    out = Path(out_dir)
+    size = dict(d_model=c.d_model, n_heads=c.n_heads, n_ctx=c.n_ctx, d_vocab=c.d_vocab)
     tokens = rank_tokens(corpus, c.rank_inputs, c.rank_len)
-    callbacks = [RankTracker(tokens, every=c.rank_every)] if c.rank_every else []
+    callbacks = [RankTracker(tokens, every=c.rank_every, average=c.rank_average)] if c.rank_every else []
     stages: list[Stage] = []
 
-    def run_stage(name, kind, model, train_cfg) -> Stage:
-        at_init = _rank(model, tokens)  # fresh init, or for students: just inherited
+    def fresh(n_layers: int, seed: int) -> HookedTransformer:
+        return gpt2_model(gpt2_config(n_layers, **size), seed=seed, options=c.options, tokenizer=tokenizer,
+                          device=c.device)
+
+    def run_stage(name, kind, model, train_cfg=c.train) -> Stage:
+        at_init = _rank(model, tokens, c.rank_average)  # fresh init, or for students: just inherited
         result: TrainResult = train(model, corpus, train_cfg, out_dir=out / name, callbacks=callbacks,
                                     progress=progress, desc=name)
         stage = Stage(name=name, kind=kind, n_layers=model.cfg.n_layers, steps=result.steps,
-                      tokens_seen=result.tokens_seen, val_loss=result.val_loss, rank=_rank(model, tokens),
-                      rank_at_init=at_init, history=result.history, wall_time_s=result.wall_time_s)
+                      tokens_seen=result.tokens_seen, val_loss=result.val_loss,
+                      rank=_rank(model, tokens, c.rank_average), rank_at_init=at_init, history=result.history,
+                      wall_time_s=result.wall_time_s)
         stages.append(stage)
         atomic_write_json(out / "stages.json", [asdict(s) for s in stages])
         return stage
 
-    reference = gpt2_model(cfg, seed=c.seed, tokenizer=tokenizer, device=c.device)
-    ref = run_stage(f"reference_{c.ref_layers}L", "reference", reference, c.train)
+    reference = fresh(c.ref_layers, c.seed)
+    ref = run_stage(f"reference_{c.ref_layers}L", "reference", reference)
 
     n, student, prev = c.student_layers, None, None
     while True:
@@ -222,25 +308,65 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
             student = grow(reference, n, student=student, seed=c.seed + n)
         else:
             student = inherit(reference, n, seed=c.seed + n)
-        prev = run_stage(f"student_{n}L", "student", student, c.train)
+        prev = run_stage(f"student_{n}L", "student", student)
         if prev.val_loss <= ref.val_loss or n + c.grow_by > max_layers:
             break
         n += c.grow_by
 
     if c.baselines:
-        scratch_cfg = gpt2_config(n, d_model=c.d_model, n_heads=c.n_heads, n_ctx=c.n_ctx, d_vocab=c.d_vocab)
         for mult in (1, 2):
             train_cfg = TrainConfig(**{**asdict(c.train), "steps": mult * c.train.steps})
-            run_stage(f"scratch_{n}L_{mult}x", "scratch", gpt2_model(scratch_cfg, seed=c.seed + 1000 + n,
-                                                                      tokenizer=tokenizer, device=c.device), train_cfg)
+            run_stage(f"scratch_{n}L_{mult}x", "scratch", fresh(n, c.seed + 1000 + n), train_cfg)
+    for ablation in c.ablations:
+        seed = c.seed + n
+        if ablation == "later_layers":
+            run_stage(f"later_layers_{n}L", "ablation", inherit_later_layers(reference, n, seed=seed))
+        elif ablation in ("attention_only", "mlp_only"):
+            parts = ablation.removesuffix("_only")
+            run_stage(f"{ablation}_{n}L", "ablation", inherit(reference, n, seed=seed, parts=parts))
+        elif ablation == "stacking" and n >= 2:
+            source = fresh(n // 2, c.seed + 2000 + n)
+            run_stage(f"stack_source_{n // 2}L", "stack_source", source)
+            run_stage(f"stacking_{n}L", "ablation", stack(source, n, seed=seed))
 
     result = InherituneResult(stages=stages, reference_val_loss=ref.val_loss, final_layers=n,
                               meta={"config": asdict(c), "corpus": dict(getattr(corpus, "meta", {})),
                                     "rank": {"n_inputs": c.rank_inputs, "length": c.rank_len,
-                                             "mode": "mean over inputs of per-input ranks (not averaged first)"},
-                                    "student_rule": "grow while student val loss > reference val loss"})
+                                             "mode": ref.rank["meta"]["mode"], "definition": ref.rank["definition"],
+                                             "lazy_rule": ref.rank["lazy_rule"]},
+                                    "student_rule": "grow while student val loss > reference val loss",
+                                    "ablations": {"later_layers": "inherit the reference's last n blocks",
+                                                  "attention_only": "inherit ln1 + attention of the first n blocks",
+                                                  "mlp_only": "inherit ln2 + MLP of the first n blocks",
+                                                  "stacking": "scratch n/2 layers trained, repeated to n, trained"}})
     atomic_write_json(out / "result.json", result.to_dict())
     return result
+
+
+# ---------------------------------------------------------------- zero-shot evaluation
+
+# The paper's zero-shot tasks and the accuracy reported for each (lm-eval names: "sum" = acc, "per_char" =
+# acc_norm, which the paper reports for HellaSwag). Tasks that lens_heads.tasks does not ship are reported as
+# unavailable, so adding one there is all it takes.
+PAPER_TASKS = {"arc_easy": "sum", "piqa": "sum", "hellaswag": "per_char", "lambada": "sum", "sciq": "sum"}
+
+
+def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, n: int | None = None, seed: int = 0,
+              batch_size: int = 16) -> list[dict]:
+    """Zero-shot accuracy of ``model`` on ``tasks`` ({task: metric}, default `PAPER_TASKS`), ``n`` items each
+    (seeded sample); items longer than the model's context are dropped and counted."""
+    from lens_heads.evaluate import evaluate, within_context
+    from lens_heads.tasks import TASKS, load_task
+
+    rows = []
+    for name, metric in (PAPER_TASKS if tasks is None else tasks).items():
+        if name not in TASKS:
+            rows.append({"task": name, "available": False, "note": f"not in lens_heads.tasks.TASKS {TASKS}"})
+            continue
+        fitting, dropped = within_context(model, load_task(name, n=n, seed=seed, shots=0))
+        res = evaluate(model, fitting, batch_size=batch_size, progress=False, primary=metric)
+        rows.append({**res.summary(), "available": True, "dropped_longer_than_context": dropped})
+    return rows
 
 
 def load_result(out_dir: str | Path) -> InherituneResult:

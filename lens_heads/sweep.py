@@ -33,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from lens_heads import distributed
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing
 from lens_heads.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.io import atomic_write_json
@@ -291,10 +292,12 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0):
 CALIBRATIONS = ("rows", "prompts")
 
 
+@distributed.local()  # each unit is evaluated whole by the worker that owns it
 def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-              calibration="rows", out_dir=None, seed: int = 0, batch_size: int = 8, random_baseline: bool = True,
-              static_scores: Sequence[str] = (), progress: bool = True, primary: str = "sum",
-              protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False) -> SweepResult:
+              calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
+              random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
+              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
+              apply_chat_template: bool = False) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``) and the static pruning view for ``static_scores``.
 
@@ -303,6 +306,11 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     alone, as its rows begin), a :class:`lens_heads.scoring.HeadScores` already computed, or any inputs
     ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.rows`).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
+    ``batch_size``: rows per forward pass, or ``"auto"``.
+
+    Several workers (:mod:`lens_heads.distributed`) share the units: torchrun ranks gather them all, so every rank
+    returns the whole result (only rank 0 should write it); the tasks of a job array each run their share into the
+    shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
     """
     from tqdm.auto import tqdm
 
@@ -321,8 +329,11 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         raise ValueError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
                          "'prompts', a HeadScores, or inputs to score")
     fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template)
+    distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
+    workers = distributed.unit_workers()
+    progress = progress and distributed.is_main()
     if out is not None:
-        _claim(out, fingerprint)
+        claim_folder(out, fingerprint)
 
     plan = [("baseline", None, 0.0)]
     for p in fractions[1:]:
@@ -330,17 +341,20 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         plan += [("threshold", s, p) for s in scores]
         plan += [("static", s, p) for s in static_scores]
     done = {key: unit for key, unit in _load_units(out, fingerprint).items()} if out is not None else {}
-    pending = [u for u in plan if unit_key(*u) not in done]
+    mine = set(workers.share(len(plan)))
+    pending = [u for i, u in enumerate(plan) if unit_key(*u) not in done and i in mine]
 
     calib = _Calibration(model, task, calibration, out, fingerprint, batch_size, progress,
                          dict(protocol=protocol, apply_chat_template=apply_chat_template)) if any(
         mode in ("threshold", "static") for mode, _, _ in pending) else None
     units: dict[str, UnitResult] = {}
     bar = tqdm(plan, desc=f"sweep {getattr(task, 'name', '')} units", unit="unit", disable=not progress)
-    for mode, score, p in bar:
+    for index, (mode, score, p) in enumerate(bar):
         key = unit_key(mode, score, p)
         if key in done:
             units[key] = done[key]
+            continue
+        if index not in mine:
             continue
         bar.set_postfix_str(f"{mode} {score or ''} {p:g}".replace("  ", " "))
         zeroing, threshold = None, None
@@ -363,12 +377,19 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         if out is not None:
             atomic_write_json(out / f"{key}.json", {"fingerprint": fingerprint, **unit.to_dict()})
     bar.close()
+    gathered = distributed.all_gather((units, len(pending)))
+    units = {key: unit for part, _ in gathered for key, unit in part.items()}
+    n_run = sum(n for _, n in gathered)
+    if out is not None and len(units) < len(plan):  # a job array task: the others may have finished meanwhile
+        units = {**_load_units(out, fingerprint), **units}
+    if len(units) < len(plan):
+        return None
     ordered = [units[unit_key(*u)] for u in plan]
     meta = dict(fingerprint=fingerprint, protocol=protocol, apply_chat_template=apply_chat_template,
                 fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=str(out) if out else None,
                 calibration=calib.describe() if calib else _stored_calibration(out),
-                units_reused=len(plan) - len(pending), units_run=len(pending))
+                units_reused=len(plan) - n_run, units_run=n_run, workers=workers.to_dict())
     return SweepResult(baseline=ordered[0].result, units=ordered, meta=meta)
 
 
@@ -383,7 +404,7 @@ class _Calibration:
         self._fingerprint = fingerprint
         self._path = out / "calibration.json" if out is not None else None
         self._scores = None
-        self._stored = _read_json(self._path) if self._path is not None and self._path.exists() else None
+        self._stored = read_json(self._path) if self._path is not None and self._path.exists() else None
         if self._stored and self._stored.get("fingerprint") != fingerprint:
             self._stored = None
 
@@ -442,7 +463,13 @@ class _Calibration:
 
 def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, apply_chat_template: bool
                  ) -> dict:
-    """What must match for a stored unit to be reused: model, data (item ids), rows, seed, scoring, calibration."""
+    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=_calibration_id(calibration),
+                           protocol=protocol, apply_chat_template=apply_chat_template)
+
+
+def run_fingerprint(model, task, **settings) -> dict:
+    """What must match for a stored unit of a resumable run to be reused: model, data (item ids) and ``settings``
+    (plain JSON values: seed, scoring, calibration, rows, ...)."""
     from lens_heads.models import model_meta
 
     m = model_meta(model)
@@ -452,8 +479,7 @@ def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: st
                 model={k: m.get(k) for k in ("name", "source", "weight_basis", "dtype", "n_layers", "n_heads",
                                              "n_kv_heads", "d_model", "d_head")},
                 task={k: meta.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}, item_ids=ids,
-                seed=seed, primary=primary, calibration=_calibration_id(calibration), protocol=protocol,
-                apply_chat_template=apply_chat_template)
+                **settings)
 
 
 def _calibration_id(calibration) -> str:
@@ -465,12 +491,14 @@ def _calibration_id(calibration) -> str:
     return "inputs " + hashlib.sha256(repr(calibration).encode()).hexdigest()[:16]
 
 
-def _claim(out: Path, fingerprint: dict) -> None:
-    path = out / "sweep.json"
+def claim_folder(out: Path, fingerprint: dict, marker: str = "sweep.json") -> None:
+    """Mark ``out`` as the folder of the run ``fingerprint`` (in ``out/marker``), or refuse a folder that holds
+    another configuration's run."""
+    path = out / marker
     if path.exists():
-        stored = _read_json(path)
+        stored = read_json(path)
         if stored and stored.get("fingerprint") != fingerprint:
-            raise ValueError(f"{out} holds a sweep of another configuration "
+            raise ValueError(f"{out} holds a run of another configuration "
                              f"({_diff(stored['fingerprint'], fingerprint)}): pass a new out_dir, or delete the folder "
                              "to start over")
         return
@@ -485,7 +513,7 @@ def _diff(a: dict, b: dict) -> str:
 def _load_units(out: Path, fingerprint: dict) -> dict[str, UnitResult]:
     units = {}
     for path in sorted(out.glob("*__*__*.json")):
-        d = _read_json(path)
+        d = read_json(path)
         if d and d.get("fingerprint") == fingerprint:
             unit = UnitResult.from_dict(d)
             units[unit.key] = unit
@@ -494,12 +522,39 @@ def _load_units(out: Path, fingerprint: dict) -> dict[str, UnitResult]:
 
 def _stored_calibration(out: Path | None) -> dict | None:
     path = out / "calibration.json" if out is not None else None
-    d = _read_json(path) if path is not None and path.exists() else None
+    d = read_json(path) if path is not None and path.exists() else None
     return d.get("inputs") if d else None
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A stored unit's JSON, or None where it can't be read (the unit is then run again)."""
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # a unit that can't be read is run again
+
+
+def load_sweep(out_dir) -> SweepResult:
+    """The sweep kept in a ``run_sweep`` output folder, read back without a model: every unit whose fingerprint
+    matches the folder's ``sweep.json`` (a sweep interrupted midway gives the units it finished)."""
+    from lens_heads.scores import SCORE_NAMES
+
+    out = Path(out_dir)
+    stored = _read_json(out / "sweep.json") if (out / "sweep.json").exists() else None
+    if not stored or "fingerprint" not in stored:
+        raise FileNotFoundError(f"{out} holds no sweep (no readable sweep.json): give the out_dir of run_sweep")
+    fingerprint = stored["fingerprint"]
+    units = list(_load_units(out, fingerprint).values())
+    base = [u for u in units if u.mode == "baseline"]
+    if not base:
+        raise ValueError(f"{out} has no finished baseline unit yet: rerun run_sweep with out_dir={str(out)!r}")
+    modes = ("baseline", "random", "threshold", "static")
+    rank = {s: i for i, s in enumerate(SCORE_NAMES)}
+    units.sort(key=lambda u: (u.target_fraction, modes.index(u.mode), rank.get(u.score, -1)))
+    scores = sorted({u.score for u in units if u.mode == "threshold"}, key=lambda s: rank.get(s, len(rank)))
+    static = sorted({u.score for u in units if u.mode == "static"}, key=lambda s: rank.get(s, len(rank)))
+    meta = dict(fingerprint=fingerprint, fractions=sorted({u.target_fraction for u in units}), scores=scores,
+                static_scores=static, random_baseline=any(u.mode == "random" for u in units),
+                seed=fingerprint.get("seed"), out_dir=str(out), calibration=_stored_calibration(out),
+                units_reused=len(units), units_run=0)
+    return SweepResult(baseline=base[0].result, units=units, meta=meta)

@@ -40,6 +40,7 @@ def tokenize_inputs(
         raise ValueError("no inputs to tokenize: pass at least one string, item or token sequence")
     if max_len is not None:
         sequences = [s[:max_len] for s in sequences]
+    check_token_ids(model, sequences)
     for i, s in enumerate(sequences):
         if len(s) == 0:
             raise ValueError(f"input {i} has no tokens: pass non-empty text (or set prepend_bos on the model)")
@@ -54,6 +55,25 @@ def tokenize_inputs(
         tokens[i, : len(s)] = s
         mask[i, : len(s)] = True
     return tokens, mask
+
+
+def check_token_ids(model: HookedTransformer, sequences: Sequence[Sequence[int] | Tensor],
+                    labels: Sequence[str] | None = None) -> None:
+    """Refuse token ids outside the model's vocabulary ``[0, d_vocab)``, naming the inputs and the ids (an embedding
+    lookup would fail deep inside the forward, or a wrong tokenizer would read garbage)."""
+    vocab = model.cfg.d_vocab
+    bad = []
+    for i, seq in enumerate(sequences):
+        ids = torch.as_tensor(seq, dtype=torch.long).reshape(-1)
+        outside = ids[(ids < 0) | (ids >= vocab)]
+        if outside.numel():
+            name = labels[i] if labels is not None else f"input {i}"
+            bad.append(f"{name}: {', '.join(str(t) for t in outside.unique().tolist()[:5])}")
+    if bad:
+        more = f" (and {len(bad) - 5} more inputs)" if len(bad) > 5 else ""
+        raise ValueError(f"token ids outside the model's vocabulary of {vocab} (0 to {vocab - 1}): "
+                         f"{'; '.join(bad[:5])}{more}. Use the model's own tokenizer (model.to_tokens) or ids below "
+                         f"{vocab}")
 
 
 def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_chat_template: bool) -> list[Tensor]:

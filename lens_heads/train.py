@@ -34,7 +34,14 @@ Callback = Callable[[HookedTransformer, int], "dict | None"]
 
 @dataclass
 class TrainConfig:
-    """Training hyper-parameters (defaults: the Inheritune authors' AdamW settings at toy scale)."""
+    """Training hyper-parameters.
+
+    The optimiser is the Inheritune authors' (AdamW, betas (0.9, 0.95), weight decay 0.1 on weight matrices only,
+    gradient clip 1.0, linear warm-up then cosine decay to ``min_lr`` at the last step). The step counts and rates
+    here are toy-scale defaults; the authors train 100K steps at lr 2e-4 (cosine to 1e-5, 2000 warm-up steps).
+    ``decay_embeddings=True`` also decays the embeddings (TransformerLens ``W_E``, ``W_pos``), the rule before the
+    authors' was adopted.
+    """
 
     steps: int = 1000
     batch_size: int = 16
@@ -54,6 +61,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     amp: bool = False  # bfloat16 autocast (CUDA only)
+    decay_embeddings: bool = False
 
     @property
     def tokens_per_step(self) -> int:
@@ -61,7 +69,10 @@ class TrainConfig:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate of (0-based) step ``step``: linear warmup to ``lr``, cosine decay to ``min_lr`` at the end."""
+    """Learning rate of (0-based) step ``step``: linear warmup to ``lr``, cosine decay to ``min_lr`` at the end.
+
+    (The authors' nanoGPT loop warms up as ``lr * step / warmup``, so its step 0 does not move the weights; here
+    step 0 already takes ``lr / warmup``. Otherwise the same schedule.)"""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
@@ -108,10 +119,22 @@ def _autocast(model: HookedTransformer, cfg: TrainConfig):
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp and device_type == "cuda")
 
 
+EMBEDDINGS = ("W_E", "W_pos")
+
+
+def decays(name: str, cfg: TrainConfig) -> bool:
+    """Whether parameter ``name`` gets weight decay: the weight matrices of linear maps (TransformerLens ``W_*``:
+    attention, MLP and an untied unembedding), not embeddings, LayerNorm weights or biases, as the authors'
+    nanoGPT ``configure_optimizers`` (Linear weights decay; Embedding, LayerNorm and biases do not)."""
+    last = name.rsplit(".", 1)[-1]
+    return last.startswith("W_") and (cfg.decay_embeddings or last not in EMBEDDINGS)
+
+
 def make_optimizer(model: HookedTransformer, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on weight matrices (TransformerLens ``W_*``) only, as nanoGPT does."""
-    decay = [p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1].startswith("W_")]
-    no_decay = [p for n, p in model.named_parameters() if not n.rsplit(".", 1)[-1].startswith("W_")]
+    """AdamW over the trainable parameters, weight decay on `decays` ones only (frozen biases are left out)."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trainable if decays(n, cfg)]
+    no_decay = [p for n, p in trainable if not decays(n, cfg)]
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
@@ -319,7 +342,7 @@ class RankTracker:
 
     tokens: Int[Tensor, "n pos"]
     every: int = 100
-    average: bool = False
+    average: bool = True  # the paper's: rank of the input-averaged matrix
 
     def __call__(self, model: HookedTransformer, step: int) -> dict | None:
         if step % self.every:

@@ -93,7 +93,8 @@ approx_rank(torch.stack([every_query_alike, sink, identity]))"""),
 prompts = ["The State of the Union is strong, and the economy has grown in every region of the country.",
            "Photosynthesis converts light energy into chemical energy that plants store as sugar.",
            "When Mary and John went to the store, John gave a drink to Mary because she was thirsty."]
-profile = attention_rank(model, prompts)
+profile = attention_rank(model, prompts)  # the paper's: rank of the prompt-averaged matrix (cut to the shortest)
+print(profile.definition)
 print("lazy layers:", profile.lazy_layers(), "| rule:", profile.lazy_rule)
 figures.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
                      title="SmolLM2-135M attention rank per layer (3 prompts)")"""),
@@ -101,14 +102,15 @@ figures.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, 
 
 A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown
 by one layer at a time while its validation loss is worse than the reference's, and same-size models from scratch
-for the same and twice the steps. Sixteen steps of 4 x 32 tokens each: nothing is learnt or collapses at this
+for the same and twice the steps (the paper's ablations, `ablations=`, are left to `analyses/inheritune.py`). The
+GPT-2 is the authors' (`lens_heads.gpt2.GPT2Options`). Sixteen steps of 4 x 32 tokens each: nothing is learnt or collapses at this
 scale; the point is the procedure (`analyses/inheritune.py` runs it for real)."""),
     new_code_cell("""import tempfile
 corpus = load_corpus("sotu")
 config = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=64, n_heads=4, n_ctx=32,
                           train=TrainConfig(steps=16, batch_size=4, seq_len=32, warmup_steps=2, eval_every=8,
                                             eval_batches=1, checkpoint_every=16, log_every=4),
-                          rank_inputs=4, rank_len=32, seed=0)
+                          rank_inputs=4, rank_len=32, ablations=(), seed=0)
 result = run_inheritune(config, corpus, out_dir=tempfile.mkdtemp(), tokenizer=gpt2_tokenizer(), progress=False)
 result.to_dataframe()[["stage", "n_layers", "steps", "tokens_seen", "val_loss", "val_loss_minus_reference",
                        "mean_max_rank", "n_lazy_layers"]]"""),

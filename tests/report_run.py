@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKUP_PROMPT = "<b>bold</b><script>alert(1)</script> The capital of France is"
-QUICK_ARGS = ["--quick", "--prompt", MARKUP_PROMPT, "--no-progress"]
+# A recorded sweep of another task beside the report's own: the comparison section runs too.
+COMPARE_WITH = "figures/sweep_piqa.json"
+QUICK_ARGS = ["--quick", "--prompt", MARKUP_PROMPT, "--no-progress", "--compare", COMPARE_WITH]
 
 
 @dataclass

@@ -62,3 +62,10 @@ def test_any_hf_text_dataset_through_the_same_path(tmp_path):
     assert 10 < len(val_text) < 80 and len(train_text) + len(val_text) == 400
     assert sorted(train_text + val_text) == sorted(texts) and not set(train_text) & set(val_text)
     assert corpus.meta["n_val_documents"] == len(val_text)
+
+
+def test_tokenize_documents_with_another_end_of_text(tmp_path, tokenizer):
+    docs = [Document("One two.", False, "a"), Document("Three.", True, "b")]
+    corpus = tokenize_documents(docs, tokenizer, tmp_path, {"name": "toy", "tokenizer": "x"}, eot_id=7)
+    assert list(corpus.train) == tokenizer("One two.")["input_ids"] + [7]
+    assert corpus.meta["eot_id"] == 7 and corpus.meta["tokenizer"] == "x"

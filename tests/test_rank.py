@@ -95,7 +95,7 @@ def test_attention_rank_per_input_matches_explicit_svd(arch, monkeypatch):
         patterns = _explicit_patterns(model, tokens)  # [n, L, H, T, T]
     # the analysis must stream through hooks, never through a full cache
     monkeypatch.setattr(model, "run_with_cache", lambda *a, **k: pytest.fail("attention_rank used run_with_cache"))
-    profile = attention_rank(model, tokens, batch_size=2, progress=False)
+    profile = attention_rank(model, tokens, average=False, batch_size=2, progress=False)
     n, L, H = patterns.shape[:3]
     ranks = np.array([[[numpy_rank(patterns[i, l, h]) for h in range(H)] for l in range(L)] for i in range(n)])
     masses = np.array([[[numpy_mass_columns(patterns[i, l, h]) for h in range(H)] for l in range(L)] for i in range(n)])
@@ -115,18 +115,40 @@ def test_attention_rank_of_batch_average_matches_explicit_svd():
     tokens = torch.randint(0, model.cfg.d_vocab, (6, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         mean_patterns = _explicit_patterns(model, tokens).astype(np.float64).mean(0)  # [L, H, T, T]
-    profile = attention_rank(model, tokens, average=True, batch_size=4, progress=False)
+    profile = attention_rank(model, tokens, batch_size=4, progress=False)  # the default: the paper's aggregation
     L, H = mean_patterns.shape[:2]
     expected = np.array([[numpy_rank(mean_patterns[l, h]) for h in range(H)] for l in range(L)])
     np.testing.assert_array_equal(profile.per_head, expected)
+    np.testing.assert_array_equal(profile.max_rank, expected.max(1))  # "max rank": max over the layer's heads
+    masses = np.array([[numpy_mass_columns(mean_patterns[l, h]) for h in range(H)] for l in range(L)])
+    np.testing.assert_allclose(profile.mass_columns, masses.mean(1))
     assert profile.per_input is None and profile.meta["average"] is True
+    assert "averaged over N=6 inputs" in profile.definition and "max over the heads" in profile.definition
+    assert profile.to_dict()["definition"] == profile.definition
+
+
+def test_uniform_attention_is_not_lazy_by_default():
+    """Queries and keys at zero: every head averages its prefix uniformly, a matrix built here by hand."""
+    model = tiny_model("gpt2", seed=4)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_Q.zero_()
+            block.attn.b_Q.zero_()
+    T = 64
+    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, T), generator=torch.Generator().manual_seed(0))
+    profile = attention_rank(model, tokens, progress=False)
+    assert numpy_rank(uniform) == 5
+    np.testing.assert_array_equal(profile.max_rank, [numpy_rank(uniform)] * model.cfg.n_layers)
+    assert not profile.lazy.any()
+    assert attention_rank(model, tokens, lazy_rank=5, progress=False).lazy.all()
 
 
 def test_padding_does_not_change_the_rank():
     model = tiny_model("gpt2", seed=3)
     g = torch.Generator().manual_seed(2)
     short, long = torch.randint(0, model.cfg.d_vocab, (9,), generator=g), torch.randint(0, model.cfg.d_vocab, (15,), generator=g)
-    together = attention_rank(model, [short, long], progress=False)  # short is right-padded to 15 tokens
+    together = attention_rank(model, [short, long], average=False, progress=False)  # short is right-padded to 15 tokens
     with torch.no_grad():
         alone = _explicit_patterns(model, short[None])[0]  # [L, H, 9, 9]
     L, H = alone.shape[:2]
@@ -137,7 +159,7 @@ def test_padding_does_not_change_the_rank():
 
 def test_embedded_model_profile(smollm):
     tokens = torch.randint(100, 40000, (2, 12), generator=torch.Generator().manual_seed(0))
-    profile = attention_rank(smollm, tokens, progress=False)
+    profile = attention_rank(smollm, tokens, average=False, progress=False)
     assert profile.per_head.shape == (smollm.cfg.n_layers, smollm.cfg.n_heads)
     with torch.no_grad():
         _, cache = smollm.run_with_cache(tokens, names_filter="blocks.5.attn.hook_pattern", stop_at_layer=6)

@@ -20,7 +20,7 @@ from lens_heads.report.__main__ import main
 from lens_heads.report.attention import pick_heads, script_safe
 from lens_heads.report.config import ALL_SCORES, QUICK
 from lens_heads.report.render import Section, Table, Text, render_page
-from report_run import MARKUP_PROMPT, quick_report, run_cli
+from report_run import COMPARE_WITH, MARKUP_PROMPT, quick_report, run_cli
 
 TASK = "arc_easy"
 
@@ -105,7 +105,8 @@ def task_scores(smollm, task):
 
 def test_mean_scores_match_a_fresh_scoring_pass(results, task_scores, run):
     r = results["scores"][TASK]
-    assert r["names"] == list(ALL_SCORES) and r["n_inputs"] == QUICK["n"]
+    # the scoring pass reads the evaluation's rows: one per choice of each cloze item
+    assert r["names"] == list(ALL_SCORES) and r["n_inputs"] == len(task_scores) > QUICK["n"]
     for i, name in enumerate(task_scores.names):
         fresh = task_scores.values[..., i].double().mean(0).numpy()
         np.testing.assert_allclose(np.array(r["mean_per_head"][name]), fresh, rtol=1e-4, atol=1e-5, err_msg=name)
@@ -152,7 +153,7 @@ def test_rank_profile_matches_the_library(results, smollm, task):
     r = results["rank"]
     n = r["inputs"]["n"]
     assert n == QUICK["rank_n"]
-    fresh = attention_rank(smollm, [item.prompt for item in task][:n], batch_size=5, progress=False)
+    fresh = attention_rank(smollm, [item.prompt for item in task][:n], average=False, batch_size=5, progress=False)
     np.testing.assert_allclose(r["max_rank"], fresh.max_rank, atol=1e-6)
     np.testing.assert_allclose(r["mean_rank"], fresh.mean_rank, rtol=1e-6)
     assert r["lazy"] == fresh.lazy.tolist() and r["lazy_rule"] == fresh.lazy_rule
@@ -178,6 +179,27 @@ def test_ablation_baseline_matches_a_fresh_evaluation(results, smollm, task, run
     assert ranked == sorted(ranked, reverse=True)
     curves = pd.read_csv(run.out / f"ablation_{TASK}.csv")
     assert set(QUICK["scores"]) <= set(curves["score"])
+
+
+def test_comparison_ranks_the_report_sweep_beside_the_recorded_one(results, run):
+    assert results["stages"]["compare"]["status"] == "done", results["stages"]["compare"]
+    c = results["compare"]
+    assert [(d["model"], d["task"]) for d in c["inputs"]] == [("smollm2-135m", TASK), ("smollm2-135m", "piqa")]
+    recorded = json.loads(open(COMPARE_WITH).read())
+    assert c["inputs"][1]["n"] == recorded["task"]["n"] and c["inputs"][0]["n"] == QUICK["n"]
+    # by hand: each sweep's AUCs as recorded (report results, the sweep JSON), ranked best first
+    aucs = [results["ablation"][TASK]["normalised_auc"], recorded["normalised_auc_pct"]]
+    common = [s for s in aucs[0] if s in aucs[1]]
+    assert set(common) == set(QUICK["scores"]) | {"random"} and c["curves"] == common
+    ranks = [[1 + sorted((-a[x] for x in common)).index(-a[s]) for s in common] for a in aucs]
+    got = {row["curve"]: row for row in c["accuracy"]["ranks"]}
+    for j, s in enumerate(common):
+        assert [got[s][f"smollm2-135m / {t}"] for t in (TASK, "piqa")] == [ranks[0][j], ranks[1][j]]
+    expected = np.corrcoef(ranks[0], ranks[1])[0, 1]
+    assert c["accuracy"]["pairs"][0]["spearman"] == pytest.approx(expected)
+    page = (run.out / "report.html").read_text()
+    assert "Comparison of sweeps across models and tasks" in page and 'id="compare"' in page
+    assert {"compare_ranks.csv", "compare_pairs.csv", "compare_inputs.csv"} <= set(results["files"])
 
 
 def test_rerun_reuses_the_cached_stages(run, results, tmp_path):
@@ -221,6 +243,7 @@ def test_page_is_self_contained_and_escapes_the_prompt(run):
     (["--batch-size", "-3"], "--batch-size"),
     (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nodevice"], "device"),
     (["--bogus"], "unrecognized arguments"),
+    (["--compare", "no/such/sweep.json"], "neither a sweep folder"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, args, words):
     with pytest.raises(SystemExit) as e:
@@ -287,3 +310,34 @@ def test_pick_heads_by_direction():
     assert low_inactive == {"most active": [(0, 1), (1, 1)], "least active": [(1, 0), (0, 0)]}
     high_inactive = pick_heads(mean, ">", 2)  # AWFT: a high score is the inactive side
     assert high_inactive == {"most active": [(1, 0), (0, 0)], "least active": [(0, 1), (1, 1)]}
+
+
+def test_effects_stage_matches_the_library_and_is_skipped_under_quick(tmp_path):
+    """The report's head-effects stage on a tiny model: its effects and agreement table are the library's, a rerun
+    reads them from the cache, and --quick leaves a note instead."""
+    from transformers import AutoTokenizer
+
+    from lens_heads import head_effects, load_task, score_heads
+    from lens_heads.agreement import score_agreement
+    from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.report.cache import StageCache
+    from lens_heads.report.config import ReportConfig
+    from lens_heads.report.pipeline import Outputs, stage_effects
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
+    task = load_task("piqa", n=4, seed=0)
+    scores = score_heads(model, task, progress=False)
+    cache, key = StageCache(tmp_path), {"model": "tiny-llama"}
+    out = Outputs(results={})
+    effects = stage_effects(out, model, task, scores, ReportConfig(n=4, progress=False), cache, key)
+    fresh = head_effects(model, task, method="attribution", progress=False)
+    assert torch.allclose(effects.values, fresh.values, atol=1e-6)
+    expected = score_agreement(scores, fresh, n_boot=200, seed=0).to_dataframe()
+    np.testing.assert_allclose(out.tables["effects_agreement_piqa"]["spearman"], expected["spearman"], atol=1e-6)
+    assert out.results["effects"]["piqa"]["status"] == "done" and out.sections[-1].title == "Head effects on piqa"
+    again = stage_effects(Outputs(results={}), model, task, scores, ReportConfig(n=4, progress=False), cache, key)
+    assert torch.equal(again.values, effects.values)
+    quick = Outputs(results={})
+    assert stage_effects(quick, model, task, scores, ReportConfig(n=4, quick=True), cache, key) is None
+    assert quick.results["effects"]["piqa"]["status"] == "skipped" and "--quick" in str(quick.sections[-1].blocks[0])

@@ -79,6 +79,16 @@ def _prompt(text: str) -> str:
     return text
 
 
+def _sweep_path(text: str) -> str:
+    from pathlib import Path
+
+    path = Path(text)
+    if not (path / "sweep.json").is_file() and not (path.is_file() and path.suffix == ".json"):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a sweep folder (run_sweep's out_dir, with a "
+                                         "sweep.json) nor a sweep_<task>.json written by analyses/sweep.py")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     d = DEFAULTS
     p = OneLineParser(
@@ -118,6 +128,11 @@ def parser() -> argparse.ArgumentParser:
                    help=f"example prompt for the attention plots; repeat for several (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--heads-shown", type=_positive_int, default=None, metavar="K",
                    help=f"how many most- and least-active heads the attention plots show (default: {d['heads_shown']})")
+    p.add_argument("--compare", type=_sweep_path, nargs="+", default=None, metavar="PATH",
+                   help="recorded sweeps to compare with this report's own (run_sweep output folders or "
+                        "sweep_<task>.json files of analyses/sweep.py, each a different model or task): a section "
+                        "ranks the scores per (model, task) and compares the rankings; it also appears, without "
+                        "--compare, when --tasks names more than one task")
     p.add_argument("--device", default=None,
                    help="torch device, e.g. cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -139,6 +154,7 @@ def config_from_args(argv: list[str] | None = None) -> ReportConfig:
     given = {"model": args.model, "tasks": args.tasks, "n": args.n, "rank_n": args.rank_n,
              "fractions": args.fractions, "scores": args.scores, "out": args.out,
              "prompts": tuple(args.prompt) if args.prompt else None, "heads_shown": args.heads_shown,
+             "compare": tuple(args.compare) if args.compare else None,
              "device": args.device, "dtype": args.dtype, "batch_size": args.batch_size, "seed": args.seed}
     explicit = {k for k, v in given.items() if v is not None}
     config = ReportConfig(**{k: v for k, v in given.items() if v is not None}, png=not args.no_png,
@@ -149,16 +165,12 @@ def config_from_args(argv: list[str] | None = None) -> ReportConfig:
 
 
 def _check_device(device: str) -> None:
-    import torch
+    from lens_heads.models import resolve_device
 
     try:
-        dev = torch.device(device)
-    except RuntimeError:
-        _fail(2, f"unknown device {device!r}: use cpu, cuda, cuda:N or mps")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        _fail(2, f"device {device!r} asked for but CUDA is not available here: use --device cpu")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        _fail(2, f"device {device!r} asked for but MPS is not available here: use --device cpu")
+        resolve_device(device)
+    except ValueError as e:
+        _fail(2, str(e))
 
 
 def _fail(code: int, message: str):
@@ -183,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: stage(s) {', '.join(failed)} failed (see the report and results.json in "
               f"{config.out_dir}); the other stages' results were written", file=sys.stderr)
         return 1
-    print(f"{config.out_dir}/report.html")
+    from lens_heads import distributed
+
+    if distributed.is_main():  # under torchrun: rank 0 wrote the report
+        print(f"{config.out_dir}/report.html")
     return 0
 
 

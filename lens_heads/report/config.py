@@ -3,7 +3,9 @@
 The sizes are chosen so that the default report of the embedded SmolLM2-135M finishes within 15 minutes on an idle
 2-core CPU and ``--quick`` within 3. Cost is set by the sweep: (1 + (fractions - 1) x (scores + 1)) evaluations of
 ``n`` ARC-Easy items, about 0.36 s an item on 2 idle cores: default 40 units x 40 items = 1,600 item evaluations
-(~10 min), quick 7 x 16 = 112 (~1 min). Each run records its wall and CPU seconds per stage in results.json.
+(~10 min), quick 7 x 16 = 112 (~1 min). The head-effects stage (attribution patching on the same items, about
+1.9 CPU seconds an ARC-Easy item: a forward and a backward pass) adds about a minute; --quick skips it. Each run
+records its wall and CPU seconds per stage in results.json.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class ReportConfig:
     scores: tuple[str, ...] = ALL_SCORES
     prompts: tuple[str, ...] = (DEFAULT_PROMPT,)
     heads_shown: int = 4  # most and least active heads each, in the attention plots
+    compare: tuple[str, ...] = ()  # recorded sweeps (folders or sweep_<task>.json) compared with the report's own
     device: str | None = None
     dtype: str = "float32"
     batch_size: int = 8

@@ -79,11 +79,12 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
     curve, ``"random"`` is drawn dashed black with its 95% intervals). ``baseline`` and ``chance`` are in %. With
     more than six curves, base scores and their "(LN)" variants get a row each, the random baseline in both."""
     labels = list(dict.fromkeys(str(s) for s in table["score"]))
-    scored = [s for s in labels if s != "random"]
+    references = [s for s in labels if s == "random" or s.startswith("oracle")]  # drawn in every row
+    scored = [s for s in labels if s not in references]
     split = len(scored) > 6
     groups = {"base scores": [s for s in scored if "(LN)" not in s],
               "layer-normalised (LN) scores": [s for s in scored if "(LN)" in s]} if split else {"": scored}
-    groups = {g: r + ["random"] if "random" in labels else r for g, r in groups.items() if r}
+    groups = {g: r + references for g, r in groups.items() if r} or {"": references}
     panels = [p for p in PANELS if p[0] in table.columns]
     fig = make_subplots(rows=len(groups), cols=len(panels), horizontal_spacing=0.06, vertical_spacing=0.12,
                         subplot_titles=[p[1] for _ in groups for p in panels])
@@ -96,6 +97,8 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
             x = 100 * g["realised_fraction"]
             if label == "random":
                 style = dict(color="black", width=2.5, dash="dash")
+            elif label.startswith("oracle"):  # the reference from measured head effects; held-out items dotted
+                style = dict(color="#555", width=3, dash="dot" if "held-out" in label else "solid")
             else:
                 # a score and its (LN) variant share a colour: solid LN, dash-dot base, dotted static
                 style = dict(color=PALETTE[roots.index(_root(label)) % len(PALETTE)], width=2,
@@ -109,7 +112,7 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
                     if label == "random" and high in g else None
                 fig.add_trace(go.Scatter(
                     x=x, y=y, mode="lines+markers", name=esc(label), legendgroup=esc(label), line=style,
-                    marker=dict(size=5), error_y=err, showlegend=c == 1 and (label != "random" or r == 1),
+                    marker=dict(size=5), error_y=err, showlegend=c == 1 and (label not in references or r == 1),
                     hovertemplate=f"{esc(label)}<br>%{{x:.1f}}% zeroed: %{{y:.3g}}<extra></extra>"), row=r, col=c)
         fig.add_hline(y=baseline, line=dict(color="black", width=1), annotation_text=f"baseline {baseline:.1f}%",
                       row=r, col=1)
@@ -120,6 +123,51 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
     fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(groups))
     fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=1500, legend=dict(font=dict(size=11)),
                       margin=dict(t=90, l=60, r=20, b=50))
+    return fig
+
+
+def score_vs_effect(mean_scores: dict[str, np.ndarray], size: np.ndarray, direction: dict[str, str], *,
+                    effect_label: str, title: str = "") -> go.Figure:
+    """One scatter per score: each head's mean score (x) against its measured effect size (y, log scale where all
+    are positive). The inactive side of each score is named under its panel."""
+    names = list(mean_scores)
+    cols = 4 if len(names) > 3 else len(names)
+    rows = math.ceil(len(names) / cols)
+    size = np.asarray(size, dtype=float)
+    layers, heads = np.meshgrid(range(size.shape[0]), range(size.shape[1]), indexing="ij")
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.05, vertical_spacing=0.12 if rows > 1 else 0.2,
+                        subplot_titles=[f"{esc(n)} (inactive: {'low' if direction.get(n) == '<' else 'high'})"
+                                        for n in names])
+    for i, name in enumerate(names):
+        fig.add_trace(go.Scatter(
+            x=np.asarray(mean_scores[name], dtype=float).reshape(-1), y=size.reshape(-1), mode="markers",
+            marker=dict(size=5, color=layers.reshape(-1), colorscale="Viridis", opacity=0.75,
+                        showscale=i == 0, colorbar=dict(title="layer", len=0.5)),
+            customdata=np.stack([layers.reshape(-1), heads.reshape(-1)], -1), showlegend=False,
+            hovertemplate=f"{esc(name)} %{{x:.4g}}<br>L%{{customdata[0]}}H%{{customdata[1]}}: effect %{{y:.3g}}"
+                          "<extra></extra>"), row=i // cols + 1, col=i % cols + 1)
+    fig.update_yaxes(type="log" if bool((size > 0).all()) else "linear")
+    fig.update_yaxes(title_text=esc(effect_label), col=1)
+    fig.update_layout(title=esc(title), height=300 * rows + 90, width=1300, margin=dict(t=90, l=70, r=20, b=40))
+    return fig
+
+
+def agreement_bars(table, *, title: str = "") -> go.Figure:
+    """Per score: Spearman and Kendall correlation with the effect size (mean over items) and the per-input
+    Spearman, each with its 95% interval (``table``: :meth:`lens_heads.agreement.Agreement.to_dataframe`)."""
+    fig = go.Figure()
+    labels = [esc(s) for s in table["score"]]
+    for k, (column, name) in enumerate((("spearman", "Spearman (means over items)"),
+                                        ("kendall", "Kendall tau-b (means over items)"),
+                                        ("spearman_per_input", "Spearman per input (mean)"))):
+        y = np.asarray(table[column], dtype=float)
+        fig.add_trace(go.Bar(
+            x=labels, y=y, name=name, marker_color=PALETTE[k],
+            error_y=dict(type="data", symmetric=False, array=np.asarray(table[f"{column}_high"]) - y,
+                         arrayminus=y - np.asarray(table[f"{column}_low"]))))
+    fig.add_hline(y=0, line=dict(color="black", width=1))
+    fig.update_layout(title=esc(title), barmode="group", height=460, width=1300, yaxis_title="rank correlation",
+                      yaxis_range=[-1, 1], margin=dict(t=80, l=60, r=20, b=90), legend=dict(orientation="h", y=1.08))
     return fig
 
 
@@ -146,6 +194,37 @@ def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") ->
         fig.add_vrect(x0=l - 0.5, x1=l + 0.5, fillcolor="#d62728", opacity=0.08, line_width=0)
     fig.update_layout(title=esc(title), xaxis_title="layer", yaxis_title="approximate rank (90% energy)",
                       height=430, width=1200, margin=dict(t=70, l=60, r=20, b=40))
+    return fig
+
+
+def rank_heatmap(ranks, *, title: str = "") -> go.Figure:
+    """Rank of each curve (rows) within each (model, task) (columns), 1 = best; the number is written in the cell.
+
+    ``ranks``: :meth:`lens_heads.compare.SweepComparison.rank_table` (a DataFrame, curves x model / task)."""
+    curves, columns = [str(c) for c in ranks.index], [str(c) for c in ranks.columns]
+    z = ranks.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[esc(c) for c in columns], y=[esc(c) for c in curves], colorscale="Viridis_r", zmin=1,
+        zmax=len(curves), text=[[f"{v:g}" for v in row] for row in z], texttemplate="%{text}",
+        colorbar=dict(title="rank"), hovertemplate="%{y} on %{x}: rank %{z:g}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=dict(text=esc(title), font=dict(size=14)), height=max(360, 32 * len(curves) + 160),
+                      width=max(720, 170 * len(columns) + 300), margin=dict(t=80, l=120, r=20, b=80))
+    return fig
+
+
+def correlation_heatmap(matrix, *, title: str = "", label: str = "Spearman") -> go.Figure:
+    """A symmetric correlation matrix (a square DataFrame) on a diverging -1..1 scale, values in the cells."""
+    names = [esc(str(c)) for c in matrix.columns]
+    z = matrix.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=names, y=names, colorscale="RdBu", zmin=-1, zmax=1, text=[[f"{v:.2f}" for v in row] for row in z],
+        texttemplate="%{text}", colorbar=dict(title=esc(label)),
+        hovertemplate=f"%{{y}} vs %{{x}}: {esc(label)} %{{z:.3f}}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    side = max(560, 150 * len(names) + 260)
+    fig.update_layout(title=dict(text=esc(title), font=dict(size=14)), height=side, width=side + 160,
+                      margin=dict(t=80, l=160, r=20, b=120))
     return fig
 
 

@@ -1,10 +1,12 @@
 """The report pipeline: load the model, run each analysis stage through the library, write the output folder.
 
 Stages, in order: model card; head scores (``lens_heads.score_heads``) with heatmaps, per-layer distributions and
-thresholds; the ablation sweep (``lens_heads.sweep.run_sweep``) with its random baseline; the attention-rank profile
-(``lens_heads.attention_rank``); attention patterns of the most and least active heads (circuitsvis). Every stage
-only calls the library and formats what comes back. Finished stage outputs are cached in ``<out>/cache`` and reused
-on a rerun with the same settings; a stage whose library module is missing is reported as unavailable, never faked.
+thresholds; the ablation sweep (``lens_heads.sweep.run_sweep``) with its random baseline; where the report holds more
+than one sweep (several tasks, or recorded sweeps given with ``--compare``), their comparison (``lens_heads.compare``);
+the attention-rank profile (``lens_heads.attention_rank``); attention patterns of the most and least active heads
+(circuitsvis). Every stage only calls the library and formats what comes back. Finished stage outputs are cached in
+``<out>/cache`` and reused on a rerun with the same settings; a stage whose library module is missing is reported as
+unavailable, never faked.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lens_heads import distributed
+from lens_heads.compare import read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import load_model, model_meta
 from lens_heads.report import attention, figures
 from lens_heads.report.cache import StageCache
+from lens_heads.report.comparison import stage_compare
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.report.render import Figure, Raw, Section, Table, Text, render_page
 from lens_heads.tasks import load_task
@@ -58,7 +63,8 @@ class Outputs:
 
 def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     """Run every stage for ``config`` and write the report folder; returns the ``results.json`` content."""
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    main_process = distributed.is_main()  # under torchrun every rank computes, rank 0 alone writes
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if main_process else None)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = StageCache(out_dir)
@@ -93,18 +99,28 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     for name, task in tasks.items():
         scores_by_task[name] = run_stage(out, f"scores:{name}", log, lambda: stage_scores(
             out, model, task, config, cache, cache_key))
+    sweeps = []
     for name, task in tasks.items():
-        run_stage(out, f"ablation:{name}", log, lambda: stage_ablation(
+        sweeps.append(run_stage(out, f"ablation:{name}", log, lambda: stage_ablation(
+            out, model, task, scores_by_task[name], config, cache, cache_key)))
+    sweeps = [s for s in sweeps if s is not None]
+    if len(sweeps) + len(config.compare) > 1:
+        run_stage(out, "compare", log, lambda: stage_compare(
+            out, sweeps + [read_sweep(path) for path in config.compare], config))
+    for name, task in tasks.items():
+        run_stage(out, f"effects:{name}", log, lambda: stage_effects(
             out, model, task, scores_by_task[name], config, cache, cache_key))
     first = next(iter(tasks.values()))
     run_stage(out, "rank", log, lambda: stage_rank(out, model, first, config, cache, cache_key))
     first_scores = next((s for s in scores_by_task.values() if s is not None), None)
     run_stage(out, "attention", log, lambda: stage_attention(out, model, first_scores, config))
 
-    write_outputs(out, out_dir, config, log)
+    if main_process:
+        write_outputs(out, out_dir, config, log)
     out.results["stages"]["total"] = {"status": "done", "seconds": round(time.perf_counter() - started, 1),
                                       "cpu_seconds": round(time.process_time() - cpu_started, 1)}
-    atomic_write_json(out_dir / "results.json", out.results)
+    if main_process:
+        atomic_write_json(out_dir / "results.json", out.results)
     log(f"[report] done in {time.perf_counter() - started:.0f} s: {out_dir / 'report.html'}")
     return out.results
 
@@ -139,7 +155,7 @@ def run_stage(out: Outputs, name: str, log, fn):
 def _stage_title(name: str) -> str:
     kind, _, task = name.partition(":")
     titles = {"scores": "Head scores", "ablation": "Ablation sweep", "rank": "Attention rank",
-              "attention": "Attention patterns"}
+              "attention": "Attention patterns", "compare": "Comparison of sweeps"}
     return titles.get(kind, kind) + (f" on {task}" if task else "")
 
 
@@ -179,8 +195,9 @@ def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCa
         scores = scoring.HeadScores.load(path)
     else:
         scores = scoring.score_heads(model, task, batch_size=config.batch_size, progress=config.progress)
-        scores.save(path)
-        cache.save_json("scores", key, {"file": path.name})  # written last: marks the stage as finished
+        if distributed.is_main():
+            scores.save(path)
+            cache.save_json("scores", key, {"file": path.name})  # written last: marks the stage as finished
 
     values = scores.values.float()  # [input, layer, head, score]
     names = list(scores.names)
@@ -313,6 +330,69 @@ def _points_table(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# ---------------------------------------------------------------- head effects and each score's agreement
+
+
+def stage_effects(out: Outputs, model, task, scores, config: ReportConfig, cache: StageCache, base_key: dict):
+    """Attribution-patching effect of every head on the task's items and each score's rank agreement with it;
+    skipped with a note under --quick."""
+    t = task.name
+    if config.quick:
+        out.sections.append(Section(f"Head effects on {t}", [Text(
+            "Skipped under --quick. The full report measures every head's effect on the task (attribution "
+            "patching) and how well each score ranks the heads by it; analyses/head_effects.py does the same with "
+            "one ablation per head.", "note")], anchor=f"effects-{t}"))
+        out.results.setdefault("effects", {})[t] = {"status": "skipped", "reason": "--quick"}
+        return None
+    if scores is None:
+        raise StageUnavailable("it needs the head scores, which did not run")
+    effects_mod = library("lens_heads.effects")
+    agreement_mod = library("lens_heads.agreement")
+    key = {**base_key, "stage": "effects", "data": task.meta(), "method": "attribution"}
+    path = cache.path("effects", key, ".safetensors")
+    if cache.load_json("effects", key) is not None and path.exists():
+        effects = effects_mod.HeadEffects.load(path)
+    else:
+        effects = effects_mod.head_effects(model, task, method="attribution", metric="kl",
+                                           batch_size=config.batch_size, progress=config.progress)
+        effects.save(path)
+        cache.save_json("effects", key, {"file": path.name})
+    agreement = agreement_mod.score_agreement(scores, effects, n_boot=200, seed=config.seed)
+    table = agreement.to_dataframe()
+    out.tables[f"effects_agreement_{t}"] = table
+    out.tables[f"effects_{t}"] = effects.to_dataframe()
+    size = effects.size().numpy()
+    mean = {name: scores.mean(name).numpy() for name in scores.names}
+    scatter = figures.score_vs_effect(mean, size, dict(scores.direction),
+                                      effect_label="KL when zeroed (attribution)",
+                                      title=f"Mean score vs measured effect of each head on {t} (n={len(task)})")
+    bars = figures.agreement_bars(table, title=f"Rank agreement of each score with the head effects on {t}")
+    out.pngs[f"effects_scatter_{t}"], out.pngs[f"effects_agreement_{t}"] = scatter, bars
+    out.results.setdefault("effects", {})[t] = {
+        "status": "done", "method": "attribution", "metric": "kl", "agreement": _jsonable(table.to_dict("records")),
+        "agreement_meta": _jsonable(agreement.meta), "size_per_head": size.tolist(),
+        "meta": _jsonable(effects.meta)}
+    shown = table[["score", "spearman", "spearman_low", "spearman_high", "kendall", "spearman_per_input",
+                   "precision_at_10pct", "precision_at_30pct"]]
+    chance = agreement.meta["precision_chance"]
+    out.sections.append(Section(f"Head effects on {t}", [
+        Text(f"The effect of each head on these {len(task)} items, estimated by attribution patching (first-order "
+             "Taylor expansion of zeroing the head's output, from one forward and backward pass per batch): KL "
+             "from the intact answer distribution, mean of the absolute per-item values. Each score's Spearman and "
+             "Kendall correlation between its activity (the score, negated where high means inactive) and that "
+             "effect; positive = the score calls inactive the heads whose removal changes little. Precision@k: of "
+             f"the k heads a score calls most inactive, the share among the k with the smallest effect (chance "
+             f"{chance['precision_at_10pct']:.2f} at 10%, {chance['precision_at_30pct']:.2f} at 30%). Intervals: "
+             "bootstrap over items, 95%."),
+        Figure(bars), Table(shown, caption="Agreement with the head effects (every column in "
+                                           f"effects_agreement_{t}.csv)", float_format="{:.3g}"),
+        Figure(scatter),
+        Text("Attribution is a linear estimate: analyses/head_effects.py measures the same with one ablation per "
+             "head and compares the two.", "note"),
+    ], anchor=f"effects-{t}"))
+    return effects
+
+
 # ---------------------------------------------------------------- attention rank
 
 
@@ -323,9 +403,11 @@ def stage_rank(out: Outputs, model, task, config: ReportConfig, cache: StageCach
     key = {**base_key, "stage": "rank", "data": task.meta(), "rank_n": len(inputs)}
     profile = cache.load_json("rank", key)
     if profile is None:
-        p = rank.attention_rank(model, inputs, batch_size=config.batch_size, progress=config.progress)
+        # per-input ranks: item prompts differ in length, and the averaged matrix would cut all to the shortest
+        p = rank.attention_rank(model, inputs, average=False, batch_size=config.batch_size, progress=config.progress)
         profile = _jsonable(p.to_dict())
-        cache.save_json("rank", key, profile)
+        if distributed.is_main():
+            cache.save_json("rank", key, profile)
     m = profile.get("meta", {})
     profile = {**profile, "inputs": {"task": task.name, "n": len(inputs), "what": "item prompts",
                                      "mean_length": m.get("mean_length"), "min_length": m.get("min_length"),

@@ -1,0 +1,103 @@
+"""Compare recorded sweeps across models and tasks: rank of every score per (model, task), Spearman correlation of
+the rankings and top-5 overlap between every pair (``lens_heads.compare.compare_sweeps``).
+
+    python analyses/compare_sweeps.py figures/sweep_arc_easy.json figures/sweep_piqa.json   # the recorded run
+    python analyses/compare_sweeps.py runs/sweep/arc_easy runs/sweep/piqa runs/gemma/arc_easy --top-k 3
+
+Each input is a ``sweep_<task>.json`` written by ``analyses/sweep.py`` or a ``run_sweep`` output folder; each must
+be a different (model, task). Both rankings are computed: by the normalised AUC of accuracy (the paper's) and by the
+normalised AUC of the paired KL (the low-variance companion). Outputs in ``--figures`` (default ``figures/``):
+
+- ``compare_ranks.csv``: per metric, (model, task) and curve: the normalised AUC and its rank (1 = best);
+- ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap, shared curves;
+- ``compare_spearman_<metric>.csv``: the correlation matrix;
+- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.sweep.table2``): per (model, task), AWFT's % of heads
+  zeroable within 1 accuracy point (authors' rule) beside the best other curve's, random included;
+- ``compare_ranks_<metric>.png`` and ``compare_spearman_<metric>.png`` (and ``.html``): the two heatmaps;
+- ``compare_sweeps.json``: what went in (model, task, sample, seed, weight basis, baseline, chance, source file) and
+  every number above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from lens_heads.compare import METRICS, compare_sweeps, read_sweep
+from lens_heads.io import atomic_write_json, atomic_write_text
+from lens_heads.report.figures import correlation_heatmap, png_writer, rank_heatmap
+from lens_heads.sweep import table2
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweeps", nargs="+", help="sweep_<task>.json files or run_sweep output folders (at least two)")
+    ap.add_argument("--top-k", type=int, default=5, help="size of the top sets compared (default 5)")
+    ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
+    ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
+    args = ap.parse_args(argv)
+    if len(args.sweeps) < 2:
+        ap.error("give at least two sweeps (one per model and task)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        sweeps = [read_sweep(p) for p in args.sweeps]
+        comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=args.top_k) for m in METRICS}
+        paper_table = table2(sweeps)
+    except (OSError, ValueError) as e:
+        sys.exit(f"compare_sweeps: {e}")
+    out = Path(args.figures)
+    first = next(iter(comparisons.values()))
+    ranks = pd.concat([c.to_dataframe().assign(metric=m) for m, c in comparisons.items()], ignore_index=True)
+    pairs = pd.concat([c.pairs().assign(metric=m) for m, c in comparisons.items()], ignore_index=True)
+    atomic_write_text(out / "compare_ranks.csv", ranks.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / "compare_pairs.csv", pairs.to_csv(index=False, float_format="%.4f"))
+    atomic_write_text(out / "compare_table2.csv", paper_table.to_csv(index=False, float_format="%.2f"))
+    figs = {}
+    for m, c in comparisons.items():
+        atomic_write_text(out / f"compare_spearman_{m}.csv", c.spearman_table().to_csv(float_format="%.4f"))
+        what = f"normalised AUC of {'accuracy' if m == 'accuracy' else 'the paired KL'}"
+        figs[f"compare_ranks_{m}"] = rank_heatmap(
+            c.rank_table(), title=f"Rank by {what} per (model, task), 1 = best")
+        figs[f"compare_spearman_{m}"] = correlation_heatmap(
+            c.spearman_table(), title=f"Spearman correlation of the rankings by {what} ({len(c.curves)} curves)")
+    for name, fig in figs.items():
+        fig.write_html(out / f"{name}.html", include_plotlyjs=True)
+    if not args.no_png:
+        try:
+            with png_writer() as write:
+                for name, fig in figs.items():
+                    write(fig, out / f"{name}.png")
+        except Exception as e:  # kaleido needs a Chrome: say so, keep the HTML
+            print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
+    atomic_write_json(out / "compare_sweeps.json", dict(
+        what="ranking of the head scores (and random zeroing) by normalised AUC per (model, task), Spearman "
+             "correlation of the rankings and top-k overlap between every pair (lens_heads.compare)",
+        inputs=[str(p) for p in args.sweeps], sweeps=list(first.sweeps), curves=list(first.curves),
+        dropped=first.dropped, top_k=first.top_k,
+        metrics={m: dict(what=METRICS[m], ranks=c.rank_table().reset_index().to_dict(orient="records"),
+                         spearman=c.spearman_table().to_dict(), pairs=c.pairs().to_dict(orient="records"))
+                 for m, c in comparisons.items()},
+        table2=dict(what="% of heads zeroable within 1 accuracy point, authors' rule (last crossing of baseline - 1 "
+                         "in order of target fraction, 0 if none): AWFT beside the best other curve, random included",
+                    rows=paper_table.to_dict(orient="records")),
+        table=ranks.to_dict(orient="records")))
+    print("== the paper's Table 2 (% zeroable within 1 point, authors' rule)")
+    print(paper_table.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    for m, c in comparisons.items():
+        print(f"\n== ranks by {METRICS[m]}")
+        print(c.rank_table().to_string(float_format=lambda v: f"{v:g}"))
+        print(c.pairs()[["model_a", "task_a", "model_b", "task_b", "spearman", "top_k_overlap", "shared_top_k"]]
+              .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+if __name__ == "__main__":
+    main()

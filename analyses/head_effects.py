@@ -1,0 +1,228 @@
+"""Does a score find the heads that do nothing? Ground-truth effect of every head, and each score's agreement with it.
+
+    python analyses/head_effects.py --threads 1           # embedded SmolLM2-135M, ARC-Easy and PIQA, n=8 each:
+                                                          # about 1 hour of one idle core (projected below)
+    python analyses/head_effects.py --tasks piqa --n 4 --heldout-n 8 --fractions 0,.1   # a smoke run
+
+Per task in ``--tasks``:
+
+1. **Ranking items**: ``--n`` items (seed ``--seed``); the twelve scores of every head on them
+   (``lens_heads.score_heads``).
+2. **Head effects** on the same items (``lens_heads.head_effects``): ``ablation`` (zero one head, evaluate again:
+   30 x 9 = 270 evaluations, resumable under ``--out``) and ``attribution`` (attribution patching, one forward and
+   backward pass per batch); wall and CPU seconds of each are recorded side by side.
+3. **Agreement** of each score with the ablation effects and with the attribution estimates, for the KL and the gold
+   log-likelihood metrics (``lens_heads.agreement.score_agreement``: Spearman, Kendall, precision@k, bootstrap 95%
+   intervals over items), and the rank correlation of attribution with ablation.
+4. **Oracle curve**: heads zeroed for every input in the order of their measured ablation effect (KL, smallest
+   first), on the ranking items (fitted to them) and on ``--heldout-n`` other items (the next items of the same
+   seeded draw, so the held-out items are part of the recorded sweep's n=200 sample), drawn over the recorded sweep
+   curves of ``figures/sweep_<task>.csv`` where that file exists.
+
+Cost: ablating every head costs about 185 (ARC-Easy) and 187 (PIQA) CPU seconds per ranking item on one thread
+(``benchmarks/bench_effects.py``, docs/benchmarks.md), attribution 1-2 CPU seconds per item, the oracle one
+evaluation of the ranking and held-out items per fraction: the defaults come to about 58 CPU minutes.
+
+Outputs in ``--figures``: ``head_effects_<task>.json`` (model, data, n, seed, weight basis, timings, tables),
+``head_effects_agreement_<task>.csv``, ``head_effects_<task>.csv`` (per head: mean and size with intervals, both
+methods), ``head_effects_agreement_<task>.png`` (correlations with intervals), ``head_effects_scatter_<task>.png``
+(score vs effect per score), ``head_effects_attribution_<task>.png`` (attribution vs ablation per head),
+``head_effects_oracle_<task>.png/.html`` (the sweep figure with the oracle curves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lens_heads import head_effects, load_model, load_task, score_heads
+from lens_heads.agreement import kendall, score_agreement, spearman
+from lens_heads.effects import HeadEffects, oracle_sweep
+from lens_heads.io import atomic_write_json, atomic_write_text
+from lens_heads.models import model_meta
+from lens_heads.rows import PROTOCOLS
+from lens_heads.report.figures import ablation_curves, agreement_bars, score_vs_effect
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("ablation", "attribution")
+AGREEMENT_METRICS = ("kl", "gold_logprob")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks (default arc_easy,piqa)")
+    ap.add_argument("--n", type=int, default=8, help="ranking items per task (default 8)")
+    ap.add_argument("--heldout-n", type=int, default=32, help="held-out items for the oracle curve (default 32)")
+    ap.add_argument("--protocol", default="lm-eval", choices=PROTOCOLS,
+                    help="forward rows: lm-eval's (default, as the sweep) or TransformerLens's ('tl')")
+    ap.add_argument("--fractions", default="0,.05,.1,.2,.3", help="shares of heads the oracle zeroes")
+    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the items (default 1000)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
+    ap.add_argument("--batch-size", type=int, default=16, help="forward rows per batch (default 16)")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "head_effects"), help="resumable units (runs/head_effects)")
+    ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
+    args = ap.parse_args(argv)
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    args.fractions = [float(x) for x in args.fractions.split(",") if x]
+    if args.n < 2 or args.heldout_n < 1:
+        ap.error("--n must be at least 2 (intervals need two items) and --heldout-n at least 1")
+    return args
+
+
+def effects_of(model, task, method: str, args) -> tuple[HeadEffects, dict]:
+    """Each method's effects, kept in --out (ablation resumes per head), with the wall and CPU seconds it took."""
+    folder = Path(args.out) / task.name / f"{method}-n{len(task)}-seed{args.seed}-{args.protocol}"
+    stored = folder / "effects.safetensors"
+    if stored.exists():
+        effects = HeadEffects.load(stored)
+        return effects, effects.meta["cost"]
+    wall, cpu = time.perf_counter(), time.process_time()
+    effects = head_effects(model, task, method=method, metric="kl", batch_size=args.batch_size, protocol=args.protocol,
+                           out_dir=folder / "heads" if method != "attribution" else None)
+    cost = dict(wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu,
+                units_run=effects.meta.get("units_run"), threads=torch.get_num_threads())
+    effects.meta["cost"] = cost
+    effects.save(stored)
+    return effects, cost
+
+
+def heldout_items(task, n: int, heldout_n: int, seed: int):
+    """The next ``heldout_n`` items of the same seeded draw: disjoint from the first ``n``."""
+    wider = load_task(task.name, n=n + heldout_n, seed=seed)
+    ranked = {it.id for it in task}
+    return replace(wider, items=[it for it in wider if it.id not in ranked])
+
+
+def write_figure(fig, path: Path, args) -> None:
+    fig.write_html(path.with_suffix(".html"), include_plotlyjs="cdn")
+    if not args.no_png:
+        try:
+            fig.write_image(path.with_suffix(".png"), scale=1)
+        except Exception as e:  # kaleido needs a Chrome: say so, keep the HTML
+            print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
+
+
+def run_task(model, name: str, args) -> dict:
+    figures = Path(args.figures)
+    task = load_task(name, n=args.n, seed=args.seed)
+    scores = score_heads(model, task, batch_size=args.batch_size, protocol=args.protocol)
+    effects, costs = {}, {}
+    for method in METHODS:
+        effects[method], costs[method] = effects_of(model, task, method, args)
+        print(f"[{name}] {method}: {costs[method]['wall_s']:.0f} s wall, {costs[method]['cpu_s']:.0f} s CPU")
+
+    tables = []
+    for method in METHODS:
+        for metric in AGREEMENT_METRICS:
+            a = score_agreement(scores, effects[method], metric=metric, n_boot=args.n_boot, seed=args.seed)
+            tables.append(a.to_dataframe().assign(method=method, metric=metric))
+    agreement = pd.concat(tables, ignore_index=True)
+    chance = a.meta["precision_chance"]
+    attribution_vs_ablation = {
+        metric: dict(spearman=float(spearman(effects["attribution"].size(metric).reshape(-1).numpy(),
+                                             effects["ablation"].size(metric).reshape(-1).numpy())),
+                     kendall=kendall(effects["attribution"].size(metric).reshape(-1).numpy(),
+                                     effects["ablation"].size(metric).reshape(-1).numpy()))
+        for metric in AGREEMENT_METRICS}
+    cost_ratio = costs["ablation"]["cpu_s"] / max(costs["attribution"]["cpu_s"], 1e-9)
+
+    order = effects["ablation"].order("kl")
+    heldout = heldout_items(task, args.n, args.heldout_n, args.seed)
+    oracles = {}
+    for label, items in (("oracle (ranking items)", task), ("oracle (held-out items)", heldout)):
+        oracles[label] = oracle_sweep(model, items, order, fractions=args.fractions, label=label,
+                                      batch_size=args.batch_size, protocol=args.protocol,
+                                      out_dir=Path(args.out) / name / f"oracle-{'held' if 'held' in label else 'rank'}"
+                                                                      f"-n{len(task)}-seed{args.seed}-{args.protocol}")
+    oracle_table = pd.concat([o.to_dataframe() for o in oracles.values()], ignore_index=True)
+    oracle_table["score"] = oracle_table["score"].str.replace(" (static)", "", regex=False)
+
+    meta = model_meta(model)
+    per_head = pd.concat([effects[m].to_dataframe() for m in METHODS], ignore_index=True)
+    stem = f"head_effects_{name}"
+    atomic_write_text(figures / f"{stem}.csv", per_head.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(figures / f"head_effects_agreement_{name}.csv", agreement.to_csv(index=False,
+                                                                                       float_format="%.4g"))
+    sweep_csv = figures / f"sweep_{name}.csv"
+    recorded = pd.read_csv(sweep_csv) if sweep_csv.exists() else None
+    recorded_meta = json.loads(sweep_csv.with_suffix(".json").read_text()) if recorded is not None and \
+        sweep_csv.with_suffix(".json").exists() else {}
+    # the sweep names its rows' protocol; a sweep that does not ran TransformerLens rows
+    recorded_protocol = recorded_meta.get("protocol") or recorded_meta.get("sweep_meta", {}).get(
+        "fingerprint", {}).get("protocol", "tl")
+    curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
+    base = recorded[recorded["target_fraction"] == 0].iloc[0] if recorded is not None else oracle_table.iloc[0]
+    heldout_base = oracles["oracle (held-out items)"].baseline
+    what = (f"{meta['name']} on {name} ({task.split}, {task.format}, weight basis {meta['weight_basis']}, seed "
+            f"{args.seed})")
+    title = (f"{what}: recorded sweep (n={int(base['n'])}, {recorded_protocol} rows; the oracle: "
+             f"{effects['ablation'].meta['protocol']} rows) with the oracle (heads zeroed in order of measured "
+             f"ablation KL on {len(task)} ranking items; also on {len(heldout)} held-out items, baseline "
+             f"{100 * heldout_base.accuracy:.1f}%)")
+    write_figure(ablation_curves(curves, baseline=100 * float(base["accuracy"]), chance=float(base["chance"]),
+                                 title=title), figures / f"head_effects_oracle_{name}", args)
+    shown = agreement[(agreement["method"] == "ablation") & (agreement["metric"] == "kl")]
+    write_figure(agreement_bars(shown, title=f"{what}: rank agreement of each score with the ablation KL of each "
+                                             f"head (n={len(task)} items, bootstrap 95%)"),
+                 figures / f"head_effects_agreement_{name}", args)
+    write_figure(score_vs_effect({s: scores.mean(s).numpy() for s in scores.names},
+                                 effects["ablation"].size("kl").numpy(), dict(scores.direction),
+                                 effect_label="ablation KL (mean over items)",
+                                 title=f"{what}: mean score vs ablation effect per head (n={len(task)})"),
+                 figures / f"head_effects_scatter_{name}", args)
+    write_figure(score_vs_effect({f"attribution ({m})": effects["attribution"].size(m).numpy()
+                                  for m in AGREEMENT_METRICS[:1]}, effects["ablation"].size("kl").numpy(),
+                                 {}, effect_label="ablation KL",
+                                 title=f"{what}: attribution estimate vs ablation per head (Spearman "
+                                       f"{attribution_vs_ablation['kl']['spearman']:.2f}; ablation cost "
+                                       f"{cost_ratio:.0f}x attribution in CPU time)"),
+                 figures / f"head_effects_attribution_{name}", args)
+
+    result = dict(
+        what="ground-truth effect of every head (zeroed on hook_z at all positions; attribution patching beside "
+             "it) and each score's rank agreement with it; oracle zeroing curve",
+        model=meta, weight_basis=meta["weight_basis"], protocol=args.protocol, data=task.meta(),
+        heldout_data=heldout.meta(), n=len(task),
+        heldout_n=len(heldout), seed=args.seed, chance=task.chance, n_boot=args.n_boot,
+        precision_chance=chance, agreement_meta=a.meta, costs=costs, cost_ratio_cpu=cost_ratio,
+        attribution_vs_ablation=attribution_vs_ablation,
+        baselines={m: effects[m].meta["baseline"] for m in METHODS},
+        recorded_sweep=dict(file=sweep_csv.name, protocol=recorded_protocol) if recorded is not None else None,
+        oracle=dict(fractions=args.fractions, order_metric="ablation kl (mean |per-item| over ranking items)",
+                    order=[list(h) for h in order],
+                    zeroable_within_1_point_pct={k: o.zeroable_within(1.0, mode="static") for k, o in oracles.items()},
+                    normalised_auc_pct={k: o.normalised_auc(mode="static") for k, o in oracles.items()},
+                    table=oracle_table.to_dict(orient="records")),
+        agreement=agreement.to_dict(orient="records"))
+    atomic_write_json(figures / f"{stem}.json", result)
+    cols = ["score", "spearman", "spearman_low", "spearman_high", "kendall", "precision_at_10pct"]
+    print(shown[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    print(f"[{name}] attribution vs ablation (KL sizes): Spearman {attribution_vs_ablation['kl']['spearman']:.2f}; "
+          f"cost ratio (CPU) {cost_ratio:.0f}x")
+    return result
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    start = time.perf_counter()
+    for name in args.tasks:
+        run_task(model, name, args)
+    print(f"done in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Comparing sweeps across models and tasks: ranks, Spearman correlations and top-k overlaps against values worked
+out by hand on small synthetic sweeps (real EvalResult / UnitResult objects with hand-chosen accuracies), reading
+sweeps back from a run folder and from the analysis JSON, and the report's comparison section."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lens_heads.compare import RecordedSweep, average_ranks, compare_sweeps, read_sweep, spearman
+from lens_heads.evaluate import EvalResult, ItemRecord
+from lens_heads.sweep import SweepResult, UnitResult, load_sweep, run_sweep
+
+N = 10  # items per synthetic evaluation
+
+
+def evaluation(accuracy_pct: float, task: str) -> EvalResult:
+    """N two-choice items, the first round(accuracy x N) answered right (choice 0 more likely and gold)."""
+    k = round(accuracy_pct / 100 * N)
+    items = [ItemRecord(id=f"q{i}", gold=0 if i < k else 1, logprobs=[-1.0, -2.0], n_tokens=[1, 1], n_chars=[3, 3])
+             for i in range(N)]
+    return EvalResult(task=task, format="cloze", items=items, chance=0.5)
+
+
+def synthetic_sweep(model: str, task: str, curves: dict[str, tuple[float, float]], baseline: float = 80.0):
+    """A sweep whose curve ``name`` has accuracy ``curves[name]`` (%) at 10% and 20% of heads zeroed."""
+    units = [UnitResult("baseline", None, 0.0, None, 0.0, evaluation(baseline, task))]
+    for i, p in enumerate((0.1, 0.2)):
+        for name, accuracies in curves.items():
+            mode, score = ("random", None) if name == "random" else ("threshold", name)
+            units.append(UnitResult(mode, score, p, None if mode == "random" else 0.5, p,
+                                    evaluation(accuracies[i], task)))
+    fingerprint = {"model": {"name": model, "weight_basis": "raw"}, "task": {"task": task, "n": N, "seed": 0}}
+    return SweepResult(baseline=units[0].result, units=units,
+                       meta={"fingerprint": fingerprint, "scores": [c for c in curves if c != "random"]})
+
+
+# Normalised AUC over [0, 20] of (80, y10, y20) is (80 + 2 y10 + y20) / 4.
+A = {"S1": (80, 70), "S2": (70, 60), "S3": (80, 80), "random": (60, 40)}  # AUC 77.5, 70, 80, 60
+B = {"S1": (80, 80), "S2": (70, 60), "S3": (70, 60), "random": (60, 60)}  # AUC 80, 70, 70, 65 (S2, S3 tied)
+
+
+@pytest.fixture
+def two():
+    return [synthetic_sweep("m1", "t1", A), synthetic_sweep("m1", "t2", B)]
+
+
+def test_average_ranks_and_spearman_by_hand():
+    assert average_ranks([10, 20, 20, 5]).tolist() == [2, 3.5, 3.5, 1]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [9, 4, 1]) == pytest.approx(-1.0)
+    # ranks [1, 2, 3] vs [1, 3, 2]: centred [-1, 0, 1] . [-1, 1, 0] = 1, norms 2 and 2
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert math.isnan(spearman([1, 2, 3], [5, 5, 5]))
+
+
+def test_ranks_spearman_and_overlap_by_hand(two):
+    c = compare_sweeps(two, top_k=1)
+    assert c.labels == ("m1 / t1", "m1 / t2") and c.curves == ("S1", "S2", "S3", "random")
+    assert c.auc[0] == pytest.approx((77.5, 70, 80, 60)) and c.auc[1] == pytest.approx((80, 70, 70, 65))
+    assert c.rank == ((2, 3, 1, 4), (1, 2.5, 2.5, 4))
+    # centred ranks [-.5, .5, -1.5, 1.5] and [-1.5, 0, 0, 1.5]: covariance 3, squared norms 5 and 4.5
+    expected = 3 / math.sqrt(5 * 4.5)
+    pairs = c.pairs()
+    assert pairs["spearman"].item() == pytest.approx(expected)
+    assert c.spearman_table().loc["m1 / t1", "m1 / t2"] == pytest.approx(expected)
+    assert np.allclose(np.diag(c.spearman_table()), 1.0)
+    assert pairs["top_k_overlap"].item() == 0  # best: S3 vs S1
+    assert compare_sweeps(two, top_k=3).pairs()["top_k_overlap"].item() == 3
+    # ties in B broken by curve order: top 2 of B are S1, S2; of A S3, S1
+    two_best = compare_sweeps(two, top_k=2).pairs().iloc[0]
+    assert (two_best["top_k_overlap"], two_best["shared_top_k"]) == (1, "S1")
+    long = c.to_dataframe()
+    assert len(long) == 8 and long.set_index(["task", "curve"]).loc[("t2", "random"), "rank"] == 4
+    assert list(c.rank_table().index) == ["S1", "S3", "S2", "random"]  # mean ranks 1.5, 1.75, 2.75, 4
+
+
+def test_kl_ranking_puts_the_smallest_first():
+    # a recorded table: KL AUC over [0, 20] of (0, k10, k20) is (2 k10 + k20) / 4
+    def recorded(model, task, kls):
+        rows = [dict(score=s, mode="baseline", target_fraction=0.0, realised_fraction=0.0, accuracy=0.8, kl=0.0)
+                for s in kls]
+        rows += [dict(score=s, mode="threshold", target_fraction=p, realised_fraction=p, accuracy=0.8, kl=k[i])
+                 for s, k in kls.items() for i, p in enumerate((0.1, 0.2))]
+        return RecordedSweep(table=pd.DataFrame(rows), baseline_accuracy=0.8, chance=0.5,
+                             meta={"fingerprint": {"model": {"name": model}, "task": {"task": task}}})
+
+    a = recorded("m1", "t1", {"S1": (0.1, 0.2), "S2": (0.4, 0.4), "S3": (0.0, 0.1)})  # 0.1, 0.3, 0.025
+    b = recorded("m2", "t1", {"S1": (0.0, 0.0), "S2": (0.4, 0.8), "S3": (0.1, 0.1)})  # 0, 0.4, 0.075
+    c = compare_sweeps([a, b], metric="kl")
+    assert c.auc[0] == pytest.approx((0.1, 0.3, 0.025)) and c.rank == ((2, 3, 1), (1, 3, 2))
+    assert c.pairs()["spearman"].item() == pytest.approx(0.5)
+
+
+def test_curves_not_in_every_sweep_are_left_out(two):
+    c = compare_sweeps(two + [synthetic_sweep("m2", "t1", {"S1": (80, 80), "S3": (70, 70), "S9": (80, 80)})])
+    assert c.curves == ("S1", "S3") and c.dropped == {"m1 / t1": ["S2", "random"], "m1 / t2": ["S2", "random"],
+                                                      "m2 / t1": ["S9"]}
+    assert c.rank[0] == (2, 1) and c.rank[2] == (1, 2) and len(c.pairs()) == 3
+    assert c.top_k == 2  # five asked, two curves in common
+
+
+def test_bad_input_is_explained(two):
+    with pytest.raises(ValueError, match="at least two sweeps"):
+        compare_sweeps(two[:1])
+    with pytest.raises(ValueError, match="at least two sweeps"):
+        compare_sweeps(two[0])
+    with pytest.raises(ValueError, match=r"same \(model, task\): m1 / t1"):
+        compare_sweeps([two[0], synthetic_sweep("m1", "t1", B)])
+    with pytest.raises(ValueError, match="0 curve.*in common.*m2 / t9: X1, X2"):
+        compare_sweeps([two[0], synthetic_sweep("m2", "t9", {"X1": (80, 80), "X2": (80, 70)})])
+    with pytest.raises(ValueError, match="unknown metric 'auc'"):
+        compare_sweeps(two, metric="auc")
+    with pytest.raises(ValueError, match="top_k"):
+        compare_sweeps(two, top_k=0)
+    bare = SweepResult(baseline=two[0].baseline, units=two[0].units, meta={})
+    with pytest.raises(ValueError, match="without a fingerprint"):
+        compare_sweeps([bare, two[1]])
+
+
+# ---------------------------------------------------------------- reading sweeps back
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.tasks import load_task
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    model = tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
+                       default_prepend_bos=True)
+    task = load_task("arc_easy", n=4, seed=1)
+    out = tmp_path_factory.mktemp("sweep") / "arc_easy"
+    result = run_sweep(model, task, scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2, 0.4), out_dir=out,
+                       static_scores=["AHON (LN)"], seed=1, batch_size=4, progress=False)
+    return model, task, result, out
+
+
+def test_a_run_folder_reads_back_as_the_sweep_that_wrote_it(tiny_sweep, tmp_path):
+    _, _, result, out = tiny_sweep
+    loaded = read_sweep(out)
+    assert isinstance(loaded, SweepResult) and loaded.meta["fingerprint"] == result.meta["fingerprint"]
+    # the folder does not keep the order the scores were asked in: compare the rows in one order
+    def rows(df):
+        return df.sort_values(["score", "target_fraction"], kind="stable").reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(rows(loaded.to_dataframe()), rows(result.to_dataframe()))
+    assert loaded.normalised_auc(metric="kl") == result.normalised_auc(metric="kl")
+    assert loaded.zeroable_within(mode="static") == result.zeroable_within(mode="static")
+    with pytest.raises(FileNotFoundError, match="no readable sweep.json"):
+        load_sweep(tmp_path)
+
+
+def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
+    import importlib.util
+
+    from lens_heads.evaluate import evaluate
+
+    model, task, result, _ = tiny_sweep
+    spec = importlib.util.spec_from_file_location("sweep_analysis", "analyses/sweep.py")
+    analysis = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(analysis)
+    args = analysis.parse_args(["--model", "tiny/llama", "--figures", str(tmp_path), "--seed", "1", "--fractions",
+                                "0,.2,.4", "--scores", "AHON (LN),AWFT", "--static-scores", "AHON (LN)", "--no-png"])
+    analysis.write_outputs(result, task, args, pd.DataFrame(), model)
+    recorded = read_sweep(tmp_path / "sweep_llama_arc_easy.json")  # another model than the default: named by it
+    assert isinstance(recorded, RecordedSweep)
+    for metric in ("accuracy", "kl"):
+        got, want = recorded.normalised_auc(metric=metric), result.normalised_auc(metric=metric)
+        assert list(got) == list(want) and np.allclose(list(got.values()), list(want.values()), equal_nan=True)
+    assert recorded.baseline_accuracy == evaluate(model, task, progress=False).accuracy
+
+    (tmp_path / "other.json").write_text(json.dumps({"table": []}))
+    with pytest.raises(ValueError, match="not a sweep record"):
+        read_sweep(tmp_path / "other.json")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_sweep(tmp_path / "missing.json")
+
+
+# ---------------------------------------------------------------- the report section
+
+
+def test_report_section_from_two_sweeps_escapes_names(tmp_path):
+    from lens_heads.report.comparison import stage_compare
+    from lens_heads.report.config import ReportConfig
+    from lens_heads.report.pipeline import Outputs
+    from lens_heads.report.render import render_page
+
+    evil = "<script>alert(1)</script>"
+    sweeps = [synthetic_sweep(evil, "t1", A), synthetic_sweep("m1", "t&2", B)]
+    out = Outputs(results={})
+    stage_compare(out, sweeps, ReportConfig())
+    page = render_page("report", "", out.sections)
+    assert evil not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "t&amp;2" in page
+    section = out.sections[0]
+    assert section.anchor == "compare" and {"compare_ranks", "compare_spearman"} <= set(out.pngs)
+    heat = out.pngs["compare_ranks"].data[0]
+    assert list(heat.y) == ["S1", "S3", "S2", "random"] and "&lt;script&gt;" in heat.x[0]
+    assert np.array(heat.z).tolist() == [[2, 1], [1, 2.5], [3, 2.5], [4, 4]]
+    pairs = out.tables["compare_pairs"]
+    assert pairs.loc[pairs["ranking"] == "accuracy", "spearman"].item() == pytest.approx(3 / math.sqrt(22.5))
+    assert out.results["compare"]["curves"] == ["S1", "S2", "S3", "random"]
+    t2 = out.tables["compare_table2"].set_index("task")  # no AWFT curve here: NaN beside the best other
+    assert math.isnan(t2.loc["t1", "awft_pct"]) and t2.loc["t1", "best_score"] == "S1"
+    assert t2.loc["t1", "best_pct"] == pytest.approx(11)  # 80 -> 80 -> 70 crosses 79 at 10 + 1/10 * 10
+    assert "Table 2" in page
+
+
+def test_report_cli_checks_compare_paths(tmp_path):
+    from lens_heads.report.__main__ import config_from_args
+
+    with pytest.raises(SystemExit) as e:
+        config_from_args(["--compare", str(tmp_path / "nope.json")])
+    assert e.value.code == 2
+    (tmp_path / "s.json").write_text("{}")
+    assert config_from_args(["--compare", str(tmp_path / "s.json")]).compare == (str(tmp_path / "s.json"),)
+
+
+def test_table2_of_sweeps_and_of_their_records_by_hand():
+    from lens_heads.sweep import table2
+
+    # line = 80 - 1 = 79; authors' rule: last crossing in order of target fraction, 0 if none
+    curves = {"AWFT": (80, 70), "S2": (70, 60), "S3": (80, 80), "random": (60, 40)}
+    # AWFT: 80 at 10% then 70: crosses at 10 + 1/10 * 10 = 11; S2: 80 -> 70 between 0 and 10: 1; S3 never: 0;
+    # random: 80 -> 60: 1/20 * 10 = 0.5
+    full = [synthetic_sweep("m1", "t1", curves), synthetic_sweep("m2", "t1", {**curves, "S3": (80, 60)})]
+    recorded = [RecordedSweep(table=s.to_dataframe(), meta=s.meta, baseline_accuracy=s.baseline.accuracy,
+                              chance=0.5) for s in full]
+    assert recorded[0].zeroable_within() == pytest.approx({"AWFT": 11, "S2": 1, "S3": 0, "random": 0.5})
+    # S3 of m2: 80, 80, 60: crosses at 10 + 1/20 * 10 = 10.5
+    for sweeps in (full, recorded):
+        t = table2(sweeps).set_index("model")
+        assert t.loc["m1", "awft_pct"] == pytest.approx(11) and t.loc["m1", "best_score"] == "S2"
+        assert t.loc["m1", "best_pct"] == pytest.approx(1)
+        assert t.loc["m2", "best_score"] == "S3" and t.loc["m2", "best_pct"] == pytest.approx(10.5)
