@@ -25,6 +25,7 @@ from torch import Tensor
 from transformer_lens.utils import get_act_name
 
 from lens_heads.capture import LayerCapture
+from lens_heads.fused_attention import fused_attention
 from lens_heads.models import expand_kv
 
 HookFn = Callable[..., Tensor | None]
@@ -185,27 +186,30 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
 def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",
                       means: Tensor | None = None) -> Zeroing:
     """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` for every
-    head of every input from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z``, and ablate
+    head of every input from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z`` (capturing only
+    those the score reads, so that scores that don't read the pattern leave attention fused), and ablate
     the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
     strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
     positions count (give the mask with :meth:`Zeroing.batch`)."""
-    from lens_heads.scores import DIRECTION, SCORE_NAMES, inactive, layer_scores
+    from lens_heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores
 
     if score_name not in SCORE_NAMES:
         raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES}")
     direction, n_heads = DIRECTION[score_name], model.cfg.n_heads
     threshold = float(threshold)
+    capture = tuple(name for name in ("v", "pattern") if name in get_score(score_name).reads)
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
-        if "pattern" not in acts or "v" not in acts:
-            raise RuntimeError(f"layer {layer}: hook_pattern/hook_v were not captured before hook_z; pass all of "
-                               "Zeroing.hooks to the model")
+        if any(name not in acts for name in capture):
+            raise RuntimeError(f"layer {layer}: hook_{'/hook_'.join(capture)} were not captured before hook_z; pass "
+                               "all of Zeroing.hooks to the model")
         # float32 as in score_heads, so thresholds read off its CDF mean the same here
-        v = expand_kv(acts["v"], n_heads).float()
-        scores = layer_scores(acts["pattern"].float(), v, z.float(), acts["mask"], [score_name])[..., 0]
+        v = expand_kv(acts["v"], n_heads).float() if "v" in acts else None
+        pattern = acts["pattern"].float() if "pattern" in acts else None
+        scores = layer_scores(pattern, v, z.float(), acts["mask"], [score_name])[..., 0]
         return inactive(scores, direction, threshold)
 
-    return Zeroing(model.cfg.n_layers, n_heads, rule, capture=("v", "pattern"), mode=mode, means=means,
+    return Zeroing(model.cfg.n_layers, n_heads, rule, capture=capture, mode=mode, means=means,
                    description=f"threshold: {score_name} {direction} {threshold:.6g}")
 
 
@@ -272,11 +276,12 @@ def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: i
         return hook
 
     hooks = [(get_act_name("z", layer), make(layer)) for layer in range(cfg.n_layers)]
-    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="mean z", disable=not progress, leave=False):
-        batch_tokens, batch_mask = tokens[start:start + batch_size], mask[start:start + batch_size]
-        model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),
-                             fwd_hooks=hooks, return_type=None)
-        count += int(batch_mask.sum())
+    with fused_attention(model):  # only hook_z is read
+        for start in tqdm(range(0, tokens.shape[0], batch_size), desc="mean z", disable=not progress, leave=False):
+            batch_tokens, batch_mask = tokens[start:start + batch_size], mask[start:start + batch_size]
+            model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),
+                                 fwd_hooks=hooks, return_type=None)
+            count += int(batch_mask.sum())
     return (total / max(count, 1)).to(cfg.dtype)
 
 

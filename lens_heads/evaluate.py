@@ -36,6 +36,7 @@ import torch
 from jaxtyping import Float, Float64
 from torch import Tensor
 
+from lens_heads.fused_attention import AttentionCalls, fused_attention
 from lens_heads import distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.capture import check_hook_names
@@ -43,6 +44,7 @@ from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol, e
 from lens_heads.tokenize import check_token_ids
 
 METRICS = ("sum", "per_token", "per_char")
+ATTENTION = ("fused", "eager")
 Z95 = 1.959963984540054
 
 
@@ -264,7 +266,8 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
 
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
-             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False) -> EvalResult:
+             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
+             attention: str = "fused") -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.tasks.Task`) by log-likelihood.
 
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
@@ -274,11 +277,14 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`). ``batch_size="auto"``: the largest
     that fits (:mod:`lens_heads.batching`). Under torchrun each rank evaluates a block of the items and every rank
     returns all the records (:mod:`lens_heads.distributed`).
+    ``attention="fused"`` runs fused SDPA attention in every layer whose pattern no hook reads
+    (:mod:`lens_heads.fused_attention`; same log-likelihoods to float rounding); ``"eager"`` materialises every
+    pattern.
     """
     from tqdm.auto import tqdm
 
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
-                    apply_chat_template=apply_chat_template)
+                    apply_chat_template=apply_chat_template, attention=attention)
     if distributed.sharding():
         return _evaluate_shards(model, task, hooks, settings)
     if batch_size == AUTO:
@@ -291,6 +297,8 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
@@ -313,7 +321,8 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     start_time = time.perf_counter()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
-    with model.hooks(fwd_hooks=pairs):
+    attention_calls = AttentionCalls()
+    with _attention(model, attention, attention_calls), model.hooks(fwd_hooks=pairs):
         for batch in batches([rows[r] for r in order], batch_size):
             tokens, mask = pad_rows(batch, pad)
             with contextlib.ExitStack() as stack:
@@ -338,9 +347,17 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
                 protocol=protocol, apply_chat_template=apply_chat_template,
-                rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%", **stats)
+                rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
+                attention=attention_calls.describe() if attention == "fused" else "eager", **stats)
     return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), items=records,
                       chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
+
+
+def _attention(model, attention: str, calls: AttentionCalls):
+    """The fused-attention block (counting into ``calls``), or nothing for eager attention."""
+    if attention == "eager":
+        return contextlib.nullcontext()
+    return fused_attention(model, calls)
 
 
 def pad_id(model) -> int:

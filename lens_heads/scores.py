@@ -23,7 +23,9 @@ by :func:`layer_normalised`, not written again. Where a whole layer scores 0 (AE
 taken as 1: all heads tie at the layer mean.
 
 A score is a :class:`Score`; a new one is a few lines (``Score("MY", "<", lambda layer: ...)``) passed to
-:func:`layer_scores` or ``score_heads(..., extras=[...])``; the streaming pass needs no change.
+:func:`layer_scores` or ``score_heads(..., extras=[...])``; the streaming pass needs no change. ``Score.reads``
+names the activations it needs: a per-input zeroing on a score that doesn't read the pattern lets the evaluator
+run fused attention (:mod:`lens_heads.fused_attention`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+ACTIVATIONS = ("pattern", "v", "z")
+
 # ---------------------------------------------------------------- one layer's activations
 
 
@@ -42,8 +46,8 @@ from torch import Tensor
 class Layer:
     """One layer's activations and the score values computed on them so far (each score is computed once)."""
 
-    pattern: Float[Tensor, "batch head q k"]
-    v: Float[Tensor, "batch k head d_head"]
+    pattern: Float[Tensor, "batch head q k"] | None
+    v: Float[Tensor, "batch k head d_head"] | None
     z: Float[Tensor, "batch q head d_head"]
     mask: Bool[Tensor, "batch pos"]
     W_O: Float[Tensor, "head d_head d_model"] | None = None
@@ -73,12 +77,14 @@ class Layer:
 
 @dataclass(frozen=True)
 class Score:
-    """A named head score: ``fn(layer) -> [batch, head]``; ``direction`` is the inactive side ('<' or '>')."""
+    """A named head score: ``fn(layer) -> [batch, head]``; ``direction`` is the inactive side ('<' or '>');
+    ``reads``: which of the layer's ``pattern``, ``v``, ``z`` it uses (the mask is always there)."""
 
     name: str
     direction: str
     fn: Callable[[Layer], Float[Tensor, "batch head"]]
     description: str = ""
+    reads: frozenset[str] = frozenset(ACTIVATIONS)
 
     def __post_init__(self):
         if self.direction not in ("<", ">"):
@@ -130,12 +136,17 @@ def average_head_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
     return layer.mean_over_positions(layer.z.norm(dim=-1).transpose(1, 2))
 
 
-AWFT = Score("AWFT", ">", average_weight_of_first_token, "average attention weight on the first token")
-AEQD = Score("AEQD", "<", average_entropy_of_query_distributions, "average entropy of the query distributions (nats)")
-FTVVN = Score("FTVVN", "<", first_token_value_vector_norm, "L2 norm of the first token's value vector")
-AVVN = Score("AVVN", "<", average_value_vector_norm, "average L2 norm of the value vectors")
-LTHON = Score("LTHON", "<", last_token_head_output_norm, "L2 norm of the head output (before W_O) at the last token")
-AHON = Score("AHON", "<", average_head_output_norm, "average L2 norm of the head output (before W_O)")
+AWFT = Score("AWFT", ">", average_weight_of_first_token, "average attention weight on the first token",
+             frozenset({"pattern"}))
+AEQD = Score("AEQD", "<", average_entropy_of_query_distributions, "average entropy of the query distributions (nats)",
+             frozenset({"pattern"}))
+FTVVN = Score("FTVVN", "<", first_token_value_vector_norm, "L2 norm of the first token's value vector",
+              frozenset({"v"}))
+AVVN = Score("AVVN", "<", average_value_vector_norm, "average L2 norm of the value vectors", frozenset({"v"}))
+LTHON = Score("LTHON", "<", last_token_head_output_norm, "L2 norm of the head output (before W_O) at the last token",
+              frozenset({"z"}))
+AHON = Score("AHON", "<", average_head_output_norm, "average L2 norm of the head output (before W_O)",
+             frozenset({"z"}))
 BASE_SCORES = (AWFT, AEQD, FTVVN, AVVN, LTHON, AHON)
 
 
@@ -153,13 +164,13 @@ def layer_normalised(score: Score, denominator: Score | None = None, *, name: st
 
     by = "" if denominator is score else f" of {denominator.name}"
     return Score(name or f"{score.name} (LN)", score.direction, fn,
-                 f"{score.name} divided by the layer's mean{by} over heads")
+                 f"{score.name} divided by the layer's mean{by} over heads", score.reads | denominator.reads)
 
 
 def head_normalised(score: Score, denominator: Score, *, name: str) -> Score:
     """``score`` divided by ``denominator`` of the same head."""
     return Score(name, score.direction, lambda layer: layer.value(score) / layer.value(denominator),
-                 f"{score.name} divided by the same head's {denominator.name}")
+                 f"{score.name} divided by the same head's {denominator.name}", score.reads | denominator.reads)
 
 
 LN_SCORES = tuple(layer_normalised(s, AHON if s is LTHON else None) for s in BASE_SCORES)
@@ -195,9 +206,10 @@ def average_full_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
 
 
 LTHON_FULL = Score("LTHON (full)", "<", last_token_full_output_norm,
-                   "L2 norm of the head's output after its slice of W_O (d_model space) at the last token")
+                   "L2 norm of the head's output after its slice of W_O (d_model space) at the last token",
+                   frozenset({"z"}))
 AHON_FULL = Score("AHON (full)", "<", average_full_output_norm,
-                  "average L2 norm of the head's output after its slice of W_O (d_model space)")
+                  "average L2 norm of the head's output after its slice of W_O (d_model space)", frozenset({"z"}))
 EXTRA_SCORES: tuple[Score, ...] = (
     head_normalised(LTHON, AHON, name="LTHON (HN)"),
     LTHON_FULL,
@@ -229,8 +241,8 @@ def as_scores(scores: Sequence[Score | str]) -> tuple[Score, ...]:
 
 
 def layer_scores(
-    pattern: Float[Tensor, "batch head q k"],
-    v: Float[Tensor, "batch k head d_head"],
+    pattern: Float[Tensor, "batch head q k"] | None,
+    v: Float[Tensor, "batch k head d_head"] | None,
     z: Float[Tensor, "batch q head d_head"],
     mask: Bool[Tensor, "batch pos"],
     scores: Sequence[Score | str] = SCORES,
@@ -240,19 +252,27 @@ def layer_scores(
 ) -> Float[Tensor, "batch head n_scores"]:
     """All ``scores`` (default: the twelve, in SCORE_NAMES order) of one layer, for every input and head.
 
-    ``v`` must already be expanded to query heads (``lens_heads.models.expand_kv``). Every input needs at least
-    one non-padding position. ``W_O`` is needed only by the full-head-output extras. ``causal=True`` promises a
+    ``v`` must already be expanded to query heads (``lens_heads.models.expand_kv``). ``pattern`` or ``v`` may be
+    None where no score reads it (``Score.reads``). Every input needs at least one non-padding position. ``W_O`` is needed only by the full-head-output extras. ``causal=True`` promises a
     causal pattern (no weight on later keys) and lets the entropy skip the upper triangle (~1.8x faster).
     """
-    b, h, q, k = pattern.shape
-    if v.shape[:3] != (b, k, h) or z.shape[:3] != (b, q, h) or mask.shape != (b, q):
-        raise ValueError(f"shapes disagree: pattern {tuple(pattern.shape)}, v {tuple(v.shape)} (expand KV heads "
-                         f"first), z {tuple(z.shape)}, mask {tuple(mask.shape)}")
-    mask = mask.to(device=pattern.device, dtype=torch.bool)
+    scores = as_scores(scores)
+    given = {"pattern": pattern, "v": v, "z": z}
+    missing = sorted({name for s in scores for name in s.reads if given[name] is None})
+    if missing:
+        raise ValueError(f"the scores {[s.name for s in scores]} read {missing}: pass them to layer_scores")
+    b, q, h = z.shape[:3]
+    k = pattern.shape[-1] if pattern is not None else (v.shape[1] if v is not None else q)
+    if ((pattern is not None and tuple(pattern.shape) != (b, h, q, k))
+            or (v is not None and v.shape[:3] != (b, k, h)) or tuple(mask.shape) != (b, q)):
+        shape = lambda x: None if x is None else tuple(x.shape)  # noqa: E731
+        raise ValueError(f"shapes disagree: pattern {shape(pattern)}, v {shape(v)} (expand KV heads "
+                         f"first), z {shape(z)}, mask {shape(mask)}")
+    mask = mask.to(device=z.device, dtype=torch.bool)
     if not bool(mask.any(dim=1).all()):
         raise ValueError("every input needs at least one non-padding position in mask")
     layer = Layer(pattern, v, z, mask, W_O, causal)
-    return torch.stack([layer.value(s) for s in as_scores(scores)], dim=-1)
+    return torch.stack([layer.value(s) for s in scores], dim=-1)
 
 
 def inactive(values: Tensor, direction: str, threshold: float) -> Bool[Tensor, "..."]:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lens_heads.models import embedded_model_folder, tiny_model
-from lens_heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, layer_scores
+from lens_heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, layer_scores
 from lens_heads.scoring import HeadScores, score_heads
 from lens_heads.tokenize import tokenize_inputs
 
@@ -393,3 +393,23 @@ def test_tokenize_limits_and_bad_inputs():
         tokenize_inputs(model, torch.rand(2, 3))
     with pytest.raises(ValueError, match="no inputs"):
         tokenize_inputs(model, [])
+
+
+def test_scores_declare_what_they_read_and_run_on_just_that():
+    """``reads`` is honest: each score computes on only its declared activations (the others None), to the same
+    values as with all three; asking for one that isn't given is an error naming it."""
+    g = torch.Generator().manual_seed(1)
+    A = torch.rand(2, 3, 4, 4, generator=g).tril()
+    A = A / A.sum(-1, keepdim=True)
+    v, z = torch.randn(2, 4, 3, 5, generator=g), torch.randn(2, 4, 3, 5, generator=g)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    full = layer_scores(A, v, z, mask)
+    expected_reads = {"AWFT": {"pattern"}, "AEQD": {"pattern"}, "FTVVN": {"v"}, "AVVN": {"v"}, "LTHON": {"z"},
+                      "AHON": {"z"}, "LTHON (LN)": {"z"}}
+    for k, name in enumerate(SCORE_NAMES):
+        score = get_score(name)
+        assert score.reads == expected_reads.get(name, expected_reads.get(name.removesuffix(" (LN)"))), name
+        kept = {key: (x if key in score.reads else None) for key, x in (("pattern", A), ("v", v))}
+        torch.testing.assert_close(layer_scores(kept["pattern"], kept["v"], z, mask, [name])[..., 0], full[..., k])
+    with pytest.raises(ValueError, match=r"read \['pattern'\]"):
+        layer_scores(None, v, z, mask, ["AWFT"])

@@ -1,0 +1,320 @@
+"""Benchmark the evaluator at the compute limit: every comparison runs in one process, alternating, on this machine.
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --write-docs      # ~5-10 min on 2 CPU cores
+
+1. Attention: a plain forward (logits at every position, batch 1) over MMLU 5-shot prompts (the evaluator's rows:
+   one per question) with TransformerLens eager attention, with :func:`lens_heads.fused_attention.fused_attention`,
+   and with the same weights in Hugging Face (SDPA and eager attention). Target: fused >= 0.8x HF SDPA throughput;
+   fused logits within 1e-4 of eager.
+2. Logits only where read: ``evaluate`` on ARC-Easy as it is (final norm + unembedding at the read positions)
+   against the same evaluator computing the full logits at every position and then reading them. The
+   log-likelihoods are asserted equal (to 1e-4). Target: >= 1.15x throughput.
+3. Achieved FLOP/s of an evaluation, of the scoring pass (``score_heads``) and of the plain forwards above, as a
+   fraction of this machine's dense fp32 matmul FLOP/s measured in the same process (best of a few 2048^3 matmuls).
+   Useful FLOPs are counted from the config, a multiply-add being 2 FLOPs, real tokens only (padding is waste):
+
+       per token, trunk:  2 * n_layers * (d_model*H*d_head + 2*d_model*KV*d_head + H*d_head*d_model
+                                          + (3 if gated else 2) * d_model*d_mlp)
+       per row of L tokens, attention (causal QK^T and AV):  n_layers * 2 * H * d_head * L * (L + 1)
+       per position whose logits are computed:  2 * d_model * d_vocab
+
+   (H query heads, KV key/value heads; norms, softmax, rotary and the head scores are left out: a few percent.)
+4. Scaling: the same sweep units (baseline, random p=0.1, threshold AHON (LN) at the calibrated 10% threshold) on
+   the same ARC-Easy items with 1 process x 2 threads against 2 processes x 1 thread (two plain subprocesses, each
+   evaluating half of the items with ``torch.set_num_threads(1)``; item-by-item log-likelihoods checked equal),
+   and the paper's full experiment projected in GPU-hours from the measured FLOP/s fraction (assumptions printed).
+
+``--write-docs`` writes the printed figures into docs/benchmarks.md under "Evaluator at the compute limit".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+
+from lens_heads import load_model, load_task
+from lens_heads.ablation import random_zeroing, threshold_zeroing
+from lens_heads.distributions import thresholds
+from lens_heads.evaluate import build_rows, evaluate
+from lens_heads.fused_attention import fused_attention
+from lens_heads.models import embedded_model_folder
+from lens_heads.scoring import score_heads
+from lens_heads.tokenize import tokenize_inputs
+
+from docs_section import machine_line, write_section
+
+HEADING = "Evaluator at the compute limit"
+# The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
+# parameters; the split of the Llama and Qwen entries is our assumption (the spec names the families and range).
+PAPER_MODELS_B = [3.2, 3.2, 8.0, 8.0, 7.3, 7.3, 7.3, 7.3, 0.49, 1.5, 3.1, 7.6, 7.6, 14.7]
+MMLU_QUESTIONS = 14_042
+EVALUATIONS_PER_MODEL = 12 * 6 + 6 + 1  # 12 scores x 6 fractions, random at 6 fractions, the baseline
+GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
+
+
+# ---------------------------------------------------------------- FLOP counting
+
+
+def trunk_flops_per_token(cfg) -> float:
+    """2 x the weights each token's trunk forward multiplies by (attention projections and MLP, all layers)."""
+    kv = cfg.n_key_value_heads or cfg.n_heads
+    attn = cfg.d_model * cfg.n_heads * cfg.d_head * 2 + 2 * cfg.d_model * kv * cfg.d_head
+    mlp = (3 if cfg.gated_mlp else 2) * cfg.d_model * cfg.d_mlp
+    return 2.0 * cfg.n_layers * (attn + mlp)
+
+
+def forward_flops(cfg, lengths, logit_positions: int) -> float:
+    """Useful FLOPs of forwards over rows of ``lengths`` real tokens with logits at ``logit_positions`` positions."""
+    lengths = np.asarray(lengths, dtype=float)
+    attention = cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * float((lengths * (lengths + 1)).sum())
+    return trunk_flops_per_token(cfg) * lengths.sum() + attention + 2.0 * cfg.d_model * cfg.d_vocab * logit_positions
+
+
+def evaluation_flops(model, task) -> float:
+    rows = build_rows(model, list(task))
+    reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
+    return forward_flops(model.cfg, [len(row.tokens) for row in rows], reads)
+
+
+def projected_gpu_hours(tokens_per_question: float, fraction_of_peak: float) -> float:
+    """GPU-hours of the paper's experiment: 2 x params FLOPs per token, one forward per question and evaluation."""
+    flops = sum(2 * n * 1e9 * tokens_per_question * MMLU_QUESTIONS * EVALUATIONS_PER_MODEL for n in PAPER_MODELS_B)
+    return flops / (GPU_PEAK * fraction_of_peak) / 3600
+
+
+def matmul_flops_per_s(n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-``repeats`` fp32 FLOP/s of an n x n x n matmul (2 n^3 FLOPs) with the process's threads."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
+    a @ b
+    best = min(timed(lambda: a @ b)[0] for _ in range(repeats))
+    return 2.0 * n**3 / best
+
+
+# ---------------------------------------------------------------- the compared runs
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def alternate(fns: dict, repeats: int) -> dict:
+    """Run the functions in turn ``repeats`` times: per name, the median wall time and the last output."""
+    times, outs = {name: [] for name in fns}, {}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t, outs[name] = timed(fn)
+            times[name].append(t)
+    return {name: (statistics.median(times[name]), outs[name]) for name in fns}
+
+
+@torch.no_grad()
+def tl_logits(model, rows, fused: bool) -> list[torch.Tensor]:
+    with fused_attention(model) if fused else contextlib.nullcontext():
+        return [model(torch.tensor([row.tokens]))[0] for row in rows]
+
+
+@torch.no_grad()
+def hf_logits(hf, rows) -> list[torch.Tensor]:
+    return [hf(input_ids=torch.tensor([row.tokens]), use_cache=False).logits[0] for row in rows]
+
+
+def read_from_full_logits(model, resid, batch, out) -> None:
+    """The baseline reader: final norm, unembedding and log_softmax at every position, then the read ones."""
+    final = model.ln_final(resid) if model.cfg.normalization_type is not None else resid
+    logp = torch.log_softmax(model.unembed(final).float(), dim=-1)
+    for b, row in enumerate(batch):
+        for choice, first, ids in row.reads:
+            out[row.item][choice] = float(sum(logp[b, first + k, t] for k, t in enumerate(ids)))
+
+
+def sweep_units(model, threshold: float) -> dict:
+    return {"baseline": lambda: [], "random p=0.1": lambda: [random_zeroing(model, 0.1, seed=0)],
+            "threshold AHON (LN) 10%": lambda: [threshold_zeroing(model, "AHON (LN)", threshold)]}
+
+
+def run_units(model, task, threshold: float, batch_size: int) -> dict[str, list[list[float]]]:
+    return {name: [it.logprobs for it in evaluate(model, task, hooks=hooks(), batch_size=batch_size,
+                                                  progress=False).items]
+            for name, hooks in sweep_units(model, threshold).items()}
+
+
+def worker(args) -> None:
+    """One shard of the scaling comparison: items[shard::shards] of every unit, one thread; prints JSON."""
+    torch.set_num_threads(1)
+    model = load_model()
+    task = load_task("arc_easy", n=args.arc_n, seed=0)
+    shard = replace(task, items=list(task)[args.shard::args.shards])
+    wall, logprobs = timed(lambda: run_units(model, shard, args.threshold, args.batch_size))
+    print(json.dumps(dict(wall_s=wall, logprobs=logprobs)))
+
+
+def two_processes(args, threshold: float) -> tuple[float, float, dict]:
+    """Two 1-thread subprocesses on interleaved halves: end-to-end wall (loading included), the slower shard's
+    evaluation wall, and the log-likelihoods put back in item order."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--arc-n", str(args.arc_n), "--batch-size",
+           str(args.batch_size), "--threshold", repr(threshold), "--shards", "2"]
+    start = time.perf_counter()
+    procs = [subprocess.Popen(cmd + ["--shard", str(k)], env=env, stdout=subprocess.PIPE, text=True)
+             for k in range(2)]
+    outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    end_to_end = time.perf_counter() - start
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a scaling worker failed: see its output above")
+    merged = {}
+    for name in outs[0]["logprobs"]:
+        merged[name] = [None] * args.arc_n
+        for k, out in enumerate(outs):
+            merged[name][k::2] = out["logprobs"][name]
+    return end_to_end, max(out["wall_s"] for out in outs), merged
+
+
+def max_difference(a: dict, b: dict) -> dict[str, float]:
+    return {n: float(np.max(np.abs(np.asarray(a[n], float) - np.asarray(b[n], float)))) for n in a}
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mmlu-n", type=int, default=8, help="MMLU 5-shot prompts for the attention comparison")
+    ap.add_argument("--arc-n", type=int, default=40, help="ARC-Easy items for the evaluator comparisons")
+    ap.add_argument("--repeats", type=int, default=1, help="alternating repetitions per comparison (default 1)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--hf-eager", action="store_true", help="also time Hugging Face with eager attention")
+    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
+    ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)  # the scaling workers
+    ap.add_argument("--shards", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--threshold", type=float, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.shard is not None:
+        return worker(args)
+    started_load = os.getloadavg()[0]
+    from transformers import AutoModelForCausalLM
+
+    model = load_model()
+    cfg = model.cfg
+    folder = embedded_model_folder()
+    hf = {impl: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=impl).eval()
+          for impl in ("sdpa", "eager")[:2 if args.hf_eager else 1]}
+    peaks = [matmul_flops_per_s()]
+
+    # 1. attention: TL eager vs fused vs HF
+    mmlu = load_task("mmlu", n=args.mmlu_n, seed=0)
+    rows = build_rows(model, list(mmlu))
+    lengths = [len(r.tokens) for r in rows]
+    tokens = sum(lengths)
+    r = alternate({"TL eager": lambda: tl_logits(model, rows, False), "TL fused": lambda: tl_logits(model, rows, True),
+                   "HF SDPA": lambda: hf_logits(hf["sdpa"], rows),
+                   **({"HF eager": lambda: hf_logits(hf["eager"], rows)} if args.hf_eager else {})}, args.repeats)
+    peaks.append(matmul_flops_per_s())  # measured again: the neighbours' load varies
+    peak = max(peaks)
+    lines = [f"dense fp32 matmul (2048^3, best of 5, measured before and after the forwards): "
+             f"{', '.join(f'{p / 1e9:.1f}' for p in peaks)} GFLOP/s; the higher is the reference"]
+    flops = forward_flops(cfg, lengths, tokens)
+    fused_vs_eager = max(float((a - b).abs().max()) for a, b in zip(r["TL fused"][1], r["TL eager"][1]))
+    tl_vs_hf = max(float((a - b).abs().max()) for a, b in zip(r["TL fused"][1], r["HF SDPA"][1]))
+    lines += ["", f"1. plain forward, logits at every position, batch 1: {len(rows)} MMLU 5-shot prompts (seed 0), "
+                  f"{min(lengths)}-{max(lengths)} tokens, {tokens} in all"]
+    for name, (t, _) in r.items():
+        lines.append(f"  {name:9s} {t:6.1f} s  {tokens / t:6.0f} tok/s  {flops / t / 1e9:5.1f} GFLOP/s "
+                     f"({100 * flops / t / peak:4.1f}% of matmul)")
+    hf_sdpa = r["HF SDPA"][0]
+    lines += [f"  -> TL fused / HF SDPA throughput {hf_sdpa / r['TL fused'][0]:.2f}x (target >= 0.8x); TL eager / "
+              f"HF SDPA {hf_sdpa / r['TL eager'][0]:.2f}x; fused vs eager {r['TL eager'][0] / r['TL fused'][0]:.2f}x",
+              f"  max |logit difference|: TL fused vs TL eager {fused_vs_eager:.1e} (target <= 1e-4), "
+              f"TL fused vs HF SDPA {tl_vs_hf:.1e}"]
+    print("\n".join(lines))
+
+    # 2. logits only where read
+    arc = load_task("arc_easy", n=args.arc_n, seed=0)
+
+    def full_logits():
+        # the package exports the function evaluate under the module's name: patch the module itself
+        with mock.patch.object(importlib.import_module("lens_heads.evaluate"), "_read_logprobs",
+                               read_from_full_logits):
+            return evaluate(model, arc, batch_size=args.batch_size, progress=False)
+
+    r2 = alternate({"read": lambda: evaluate(model, arc, batch_size=args.batch_size, progress=False),
+                    "full": full_logits}, args.repeats)
+    (t_read, read), (t_full, full) = r2["read"], r2["full"]
+    difference = max(abs(a - b) for x, y in zip(read.items, full.items) for a, b in zip(x.logprobs, y.logprobs))
+    assert difference < 1e-4, f"reading at the read positions changed a log-likelihood by {difference}"
+    eval_flops = evaluation_flops(model, arc)
+    lines2 = [f"2. evaluator on ARC-Easy, {len(arc)} items (seed 0, {read.meta['rows']} rows, "
+              f"{read.meta['forward_tokens']} tokens), batch size {args.batch_size}, fused attention:",
+              f"  logits at the read positions {t_read:6.1f} s; full logits at every position {t_full:6.1f} s "
+              f"-> {t_full / t_read:.2f}x throughput (target >= 1.15x); max |log-likelihood difference| "
+              f"{difference:.1e}"]
+    print("\n".join(lines2))
+
+    # 3. achieved FLOP/s of an evaluation and of the scoring pass
+    t_score, calib = timed(lambda: score_heads(model, arc, batch_size=args.batch_size, progress=False))
+    _, mask = tokenize_inputs(model, arc)
+    score_flops = forward_flops(cfg, mask.sum(1).tolist(), 0)
+    lines3 = ["3. achieved FLOP/s (useful FLOPs, formula in the script's docstring) / dense matmul FLOP/s:",
+              f"  evaluation (above, fused, logits where read): {eval_flops / 1e9:7.1f} GFLOP in {t_read:5.1f} s = "
+              f"{eval_flops / t_read / 1e9:5.1f} GFLOP/s = {100 * eval_flops / t_read / peak:4.1f}%",
+              f"  scoring pass (score_heads, eager attention, on the same rows): {score_flops / 1e9:7.1f} "
+              f"GFLOP in {t_score:5.1f} s = {score_flops / t_score / 1e9:5.1f} GFLOP/s = "
+              f"{100 * score_flops / t_score / peak:4.1f}%"]
+    print("\n".join(lines3))
+
+    # 4. scaling: 1 process x 2 threads vs 2 processes x 1 thread, and the paper's experiment
+    threshold = thresholds(calib, "AHON (LN)", [0.1])[0.1]
+    threads = torch.get_num_threads()
+    t_one, single = timed(lambda: run_units(model, arc, threshold, args.batch_size))
+    end_to_end, t_shard, sharded = two_processes(args, threshold)
+    differences = max_difference(single, sharded)
+    # random zeroing draws by item index within the evaluated task, so a half of the task draws other heads
+    same = max(d for name, d in differences.items() if not name.startswith("random"))
+    assert same < 1e-4, f"the sharded run changed a log-likelihood by {same}"
+    mean_tokens = tokens / len(rows)
+    fraction = eval_flops / t_read / peak
+    gpu_hours = projected_gpu_hours(mean_tokens, fraction)
+    lines4 = [f"4. scaling, {len(sweep_units(model, threshold))} sweep units on the {len(arc)} ARC-Easy items:",
+              f"  1 process x {threads} threads: {t_one:6.1f} s",
+              f"  2 processes x 1 thread: {t_shard:6.1f} s evaluating (slower shard), {end_to_end:6.1f} s end to end "
+              f"with model loading; max |log-likelihood difference| vs 1 process {same:.1e} (baseline, threshold; "
+              "random zeroing draws by item index within the task a process evaluates, so the halves draw other "
+              "heads: same work, other draws)",
+              f"  -> 2x1 / 1x{threads} throughput: {t_one / t_shard:.2f}x evaluating, {t_one / end_to_end:.2f}x "
+              "end to end",
+              f"  paper's full experiment: {len(PAPER_MODELS_B)} models ({sum(PAPER_MODELS_B):.0f}B parameters in "
+              f"all) x {MMLU_QUESTIONS:,} MMLU 5-shot questions x {EVALUATIONS_PER_MODEL} evaluations (12 scores x 6 "
+              f"fractions + 6 random + baseline), one forward of {mean_tokens:.0f} tokens per question (mean of the "
+              f"sample above), 2 x params FLOPs per token (attention terms left out: ~1% at this length for 7B): "
+              f"{gpu_hours:,.0f} GPU-hours on H100/H200-class GPUs at {GPU_PEAK / 1e12:.0f} TFLOP/s bf16 peak, "
+              f"assuming they reach the same {100 * fraction:.0f}% of peak that the evaluation reaches here "
+              f"({gpu_hours / len(PAPER_MODELS_B):,.0f} per model on average; calibration passes add ~1/79)"]
+    print("\n".join(lines4))
+
+    machine = machine_line(started_load)
+    print(f"machine: {machine}")
+    if args.write_docs:
+        write_section(HEADING, "\n".join([
+            f"`OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --mmlu-n {args.mmlu_n} --arc-n {args.arc_n} "
+            f"--repeats {args.repeats}{' --hf-eager' * args.hf_eager} --write-docs` ({machine}); embedded SmolLM2-135M-Instruct, fp32, raw "
+            "weight basis; the other agents on this machine make absolute times noisy, so read the ratios.", "",
+            "```", *lines, "", *lines2, "", *lines3, "", *lines4, "```"]))
+
+
+if __name__ == "__main__":
+    main()
