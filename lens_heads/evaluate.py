@@ -29,7 +29,7 @@ import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch

@@ -540,7 +540,7 @@ def load_sweep(out_dir) -> SweepResult:
     from lens_heads.scores import SCORE_NAMES
 
     out = Path(out_dir)
-    stored = _read_json(out / "sweep.json") if (out / "sweep.json").exists() else None
+    stored = read_json(out / "sweep.json") if (out / "sweep.json").exists() else None
     if not stored or "fingerprint" not in stored:
         raise FileNotFoundError(f"{out} holds no sweep (no readable sweep.json): give the out_dir of run_sweep")
     fingerprint = stored["fingerprint"]
