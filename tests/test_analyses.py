@@ -77,7 +77,8 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     order = [list(h) for h in stored["ablation"].order("kl")]
     assert result["oracle"]["order"] == order
     assert {r["score"] for r in result["oracle"]["table"]} == {"oracle (ranking items)", "oracle (held-out items)"}
-    assert result["recorded_sweep"] == {"file": "sweep_piqa.csv", "protocol": "tl"}
+    recorded = json.loads((ROOT / "figures" / "sweep_piqa.json").read_text())
+    assert result["recorded_sweep"] == {"file": "sweep_piqa.csv", "protocol": recorded.get("protocol", "tl")}
     html = (fig / "head_effects_oracle_piqa.html").read_text()
     assert "oracle (held-out items)" in html and "AHON (LN)" in html  # drawn beside the recorded curves
     assert np.isfinite([r["spearman"] for r in result["agreement"]]).any()
