@@ -1,7 +1,7 @@
 """The inactive-heads sweep on the embedded model: zero heads per input by each score, against random zeroing.
 
-    python analyses/sweep.py        # embedded SmolLM2-135M on ARC-Easy and PIQA, n=200, all twelve scores: the run
-                                    # recorded in figures/ (85 + 49 min on 2 idle CPU cores)
+    python analyses/sweep.py        # embedded SmolLM2-135M on ARC-Easy and PIQA, n=200, all twelve scores, shares
+                                    # 5-30%; figures/ holds a smaller run of it (command in figures/README.md)
     python analyses/sweep.py --n 64 --fractions 0,.1,.2,.3 --scores "AHON (LN),AWFT"   # a quick look
     python analyses/sweep.py --model gpt2-medium --tasks mmlu --n 1000 --fractions 0,.05,.1,.15,.2,.25,.3
     torchrun --nproc_per_node=8 analyses/sweep.py --model Qwen/Qwen2.5-0.5B --tasks mmlu ...   # 8 GPUs share the
