@@ -96,10 +96,7 @@ def within_context(model, task, *, protocol: str = DEFAULT_PROTOCOL, apply_chat_
 
 def item_rows(model, index: int, item, protocol: str, apply_chat_template: bool = False) -> list[Row]:
     """The rows of one item (``index`` is the item's position, kept in each row)."""
-    contexts = [chat_context(model, c, getattr(item, "description", "")) if apply_chat_template else c
-                for c in item.contexts]
-    pairs = [_split_whitespace(c, x) for c, x in zip(contexts, item.continuations)]
-    encoded = _encode_lm_eval(model, pairs) if protocol == "lm-eval" else _encode_tl(model, pairs)
+    encoded = _encode(model, item, len(item.contexts), protocol, apply_chat_template)
     if any(not x for _, x in encoded):
         raise ValueError(f"item {item.id}: a continuation encodes to no tokens")
     if any(not c for c, _ in encoded):
@@ -144,9 +141,15 @@ def context_tokens(model, item, protocol: str = DEFAULT_PROTOCOL, apply_chat_tem
     """The tokens of an item's (first) context alone, as its rows begin under ``protocol``: what a calibration on
     prompts reads instead of the evaluated rows."""
     check_protocol(protocol)
-    context = item.contexts[0]
-    if apply_chat_template:
-        context = chat_context(model, context, getattr(item, "description", ""))
-    pair = [_split_whitespace(context, item.continuations[0])]
-    ctx, _ = (_encode_lm_eval(model, pair) if protocol == "lm-eval" else _encode_tl(model, pair))[0]
-    return ctx
+    return _encode(model, item, 1, protocol, apply_chat_template)[0][0]
+
+
+def _encode(model, item, n_choices: int, protocol: str, apply_chat_template: bool
+            ) -> list[tuple[list[int], list[int]]]:
+    """(context tokens, continuation tokens) of the item's first ``n_choices`` choices under ``protocol``."""
+    pairs = []
+    for context, continuation in list(zip(item.contexts, item.continuations))[:n_choices]:
+        if apply_chat_template:
+            context = chat_context(model, context, getattr(item, "description", ""))
+        pairs.append(_split_whitespace(context, continuation))
+    return _encode_lm_eval(model, pairs) if protocol == "lm-eval" else _encode_tl(model, pairs)
