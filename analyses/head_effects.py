@@ -39,7 +39,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 

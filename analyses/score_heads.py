@@ -17,7 +17,6 @@ Scores of each data set are kept in ``--cache`` (outside the repository) and reu
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -26,24 +25,20 @@ import pandas as pd
 
 from lens_heads import load_model, load_task
 from lens_heads.distributions import layer_summary, stability_table, thresholds
-from lens_heads.io import atomic_write_json, atomic_write_text
+from lens_heads.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.models import cache_dir, model_meta
 from lens_heads.scores import SCORE_NAMES
-from lens_heads.scoring import HeadScores, score_heads
+from lens_heads.head_scores import HeadScores, score_heads
 
 FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def scores_for(model, model_name: str, task_name: str, n: int, shots: int | None, seed: int, batch_size: int,
                cache: Path) -> HeadScores:
     """Scores of one data set sample, from the cache when this exact run was done before."""
     task = load_task(task_name, n=n, seed=seed, shots=shots)
-    path = cache / f"scores-{slug(model_name)}-{task_name}-n{len(task)}-shots{task.shots}-seed{seed}.safetensors"
+    path = cache / f"scores-{slug(model_name.lower())}-{task_name}-n{len(task)}-shots{task.shots}-seed{seed}.safetensors"
     if path.exists():
         print(f"[{task_name}] reusing {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         return HeadScores.load(path)
@@ -127,8 +122,8 @@ def _figures(means: dict, scores: HeadScores, data: str, meta: dict, out: Path, 
                 fig = score_heatmaps({name: m}, scores.direction, title=f"{name}: mean over {len(scores)} {data} inputs")
                 fig.update_traces(showscale=True, colorbar=dict(thickness=14))
                 fig.update_layout(width=560, height=560)
-                write(fig, out / f"heatmap_{slug(name)}.png")
-                written.append(f"heatmap_{slug(name)}.png")
+                write(fig, out / f"heatmap_{slug(name.lower())}.png")
+                written.append(f"heatmap_{slug(name.lower())}.png")
     except Exception as err:  # no Chromium: keep the HTML and tables, say how to get the PNGs
         print(f"PNG figures skipped ({type(err).__name__}: {err}); install Chromium (apt-get install chromium) "
               "or pass --no-png", file=sys.stderr)

@@ -26,7 +26,7 @@ import torch
 from lens_heads import load_model, load_task
 from lens_heads.ablation import random_zeroing, threshold_zeroing
 from lens_heads.evaluate import evaluate
-from lens_heads.scoring import score_heads
+from lens_heads.head_scores import score_heads
 from lens_heads.sweep import DEFAULT_FRACTIONS
 
 from docs_section import machine_line, write_section

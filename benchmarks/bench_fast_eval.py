@@ -51,8 +51,8 @@ from lens_heads.distributions import thresholds
 from lens_heads.evaluate import build_rows, evaluate
 from lens_heads.fused_attention import fused_attention
 from lens_heads.models import embedded_model_folder
-from lens_heads.scoring import score_heads
-from lens_heads.tokenize import tokenize_inputs
+from lens_heads.head_scores import score_heads
+from lens_heads.inputs import tokenize_inputs
 
 from docs_section import machine_line, write_section
 

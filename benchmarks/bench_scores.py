@@ -54,7 +54,7 @@ def runner(model, tokens, method: str):
 
     from lens_heads.models import expand_kv
     from lens_heads.scores import layer_scores
-    from lens_heads.scoring import score_heads
+    from lens_heads.head_scores import score_heads
 
     L = model.cfg.n_layers
     mask = torch.ones(tokens.shape, dtype=torch.bool)

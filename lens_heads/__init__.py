@@ -7,7 +7,7 @@ The names below are the public API; each lives in a module of its own (``lens_he
 from lens_heads.models import DEFAULT_MODEL, ModelUnavailableError, load_model, model_meta, tiny_model, weight_basis
 from lens_heads.tasks import Item, Task, TaskDataUnavailableError, load_task
 from lens_heads.scores import SCORE_NAMES
-from lens_heads.scoring import HeadScores, score_heads
+from lens_heads.head_scores import HeadScores, score_heads
 from lens_heads.distributions import thresholds
 from lens_heads.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing, zero_heads

@@ -258,7 +258,7 @@ def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: i
     ``mode="mean"`` substitutes). ``inputs``: strings, a Task (its prompts) or a token tensor."""
     from tqdm.auto import tqdm
 
-    from lens_heads.tokenize import tokenize_inputs
+    from lens_heads.inputs import tokenize_inputs
 
     if attention_mask is None:
         tokens, mask = tokenize_inputs(model, inputs)

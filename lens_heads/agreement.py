@@ -87,7 +87,7 @@ class Agreement:
 
 def score_agreement(scores, effects, *, metric: str | None = None, names: Sequence[str] | None = None,
                     ks: Sequence[float] = KS, n_boot: int = 1000, seed: int = 0) -> Agreement:
-    """Agreement of each score in ``scores`` (a :class:`lens_heads.scoring.HeadScores` of the same items, in the
+    """Agreement of each score in ``scores`` (a :class:`lens_heads.head_scores.HeadScores` of the same items, in the
     same order, as ``effects``) with the effect sizes of ``effects`` under ``metric`` (default: its own)."""
     import pandas as pd
 

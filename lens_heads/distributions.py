@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from lens_heads.scores import SCORE_NAMES
-from lens_heads.scoring import HeadScores
+from lens_heads.head_scores import HeadScores
 
 SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 

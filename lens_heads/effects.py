@@ -40,8 +40,9 @@ from torch import Tensor
 from transformer_lens.utils import get_act_name
 
 from lens_heads.ablation import mean_z, zero_heads
-from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, evaluate, pad_id, pad_rows, paired_values,
+from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, evaluate, pad_rows, paired_values,
                                  read_logprobs)
+from lens_heads.inputs import pad_id
 from lens_heads.io import atomic_write_bytes, atomic_write_json
 from lens_heads.models import model_meta
 from lens_heads.rows import DEFAULT_PROTOCOL, build_rows, check_protocol

@@ -41,7 +41,7 @@ from lens_heads import distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.capture import check_hook_names
 from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol, encode, within_context  # noqa: F401
-from lens_heads.tokenize import check_token_ids
+from lens_heads.inputs import check_token_ids, pad_id, right_pad
 
 METRICS = ("sum", "per_token", "per_char")
 ATTENTION = ("fused", "eager")
@@ -360,20 +360,9 @@ def _attention(model, attention: str, calls: AttentionCalls):
     return fused_attention(model, calls)
 
 
-def pad_id(model) -> int:
-    """The token id that fills padding (any id works: padded positions are masked and never read)."""
-    return model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-
-
 def pad_rows(batch: list[Row], pad: int) -> tuple[Tensor, Tensor]:
     """Right-padded ``[row, pos]`` tokens of a batch of rows and the mask of their real positions."""
-    width = max(len(r.tokens) for r in batch)
-    tokens = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.bool)
-    for b, row in enumerate(batch):
-        tokens[b, :len(row.tokens)] = torch.tensor(row.tokens)
-        mask[b, :len(row.tokens)] = True
-    return tokens, mask
+    return right_pad([r.tokens for r in batch], pad)
 
 
 def batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,3 +48,10 @@ def _nan_to_none(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_nan_to_none(v) for v in obj]
     return obj
+
+
+def slug(text: str, keep: str = "") -> str:
+    """``text`` as a file-name fragment: each run of characters other than ASCII letters, digits and ``keep``
+    becomes one ``_`` (``"AHON (LN)"`` -> ``"AHON_LN"``)."""
+    allowed = re.escape(keep)
+    return re.sub(rf"[^A-Za-z0-9{allowed}]+", "_", text).strip("_") or "_"

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.utils import get_act_name
 
-from lens_heads.tokenize import tokenize_inputs
+from lens_heads.inputs import tokenize_inputs
 
 # Cumulative energies are compared with this slack so that exact ties (identity: k/T == e) count as reached.
 _ENERGY_TOL = 1e-6
@@ -122,7 +122,7 @@ def attention_rank(
 ) -> RankProfile:
     """Approximate attention rank of every head (hooks on ``hook_pattern`` only; no activation cache).
 
-    ``inputs``: anything `lens_heads.tokenize.tokenize_inputs` accepts (a token tensor [N, T], lists of token
+    ``inputs``: anything `lens_heads.inputs.tokenize_inputs` accepts (a token tensor [N, T], lists of token
     sequences of different lengths, strings, a Task). ``average=False``: the rank of each input's T x T
     matrix (padding excluded), averaged over inputs. ``average=True`` (the paper's): the rank of the mean matrix
     over inputs, all cut to the shortest input's length.

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 from lens_heads import distributed
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing
 from lens_heads.evaluate import EvalResult, evaluate, paired_difference
-from lens_heads.io import atomic_write_json
+from lens_heads.io import atomic_write_json, slug
 from lens_heads.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
 
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
@@ -148,8 +147,7 @@ class UnitResult:
 
 
 def unit_key(mode: str, score: str | None, fraction: float) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", score or "none").strip("_")
-    return f"{mode}__{slug}__{fraction:.4f}"
+    return f"{mode}__{slug(score or 'none')}__{fraction:.4f}"
 
 
 @dataclass
@@ -303,7 +301,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
 
     ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
     unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
-    alone, as its rows begin), a :class:`lens_heads.scoring.HeadScores` already computed, or any inputs
+    alone, as its rows begin), a :class:`lens_heads.head_scores.HeadScores` already computed, or any inputs
     ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.rows`).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
     ``batch_size``: rows per forward pass, or ``"auto"``.
@@ -410,7 +408,7 @@ class _Calibration:
 
     def _head_scores(self):
         if self._scores is None:
-            from lens_heads.scoring import HeadScores, score_heads
+            from lens_heads.head_scores import HeadScores, score_heads
 
             source = self._calibration
             if isinstance(source, HeadScores):

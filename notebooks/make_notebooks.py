@@ -26,7 +26,7 @@ zero heads per input against a random baseline on the same items."""),
     new_code_cell("""import torch
 import lens_heads
 from lens_heads import load_model, load_task
-from lens_heads.scoring import score_heads
+from lens_heads.head_scores import score_heads
 from lens_heads.distributions import thresholds, layer_summary
 from lens_heads.ablation import threshold_zeroing, random_zeroing
 from lens_heads.evaluate import evaluate, paired_difference
@@ -126,7 +126,7 @@ score's mean over some prompts, then draw their attention on a prompt of your ow
 is inlined, so this works offline)."""),
     new_code_cell("""from IPython.display import HTML
 from lens_heads import load_model
-from lens_heads.scoring import score_heads
+from lens_heads.head_scores import score_heads
 from lens_heads.report.attention import pick_heads, prompt_tokens, head_patterns, str_tokens, render_attention
 
 model = load_model()

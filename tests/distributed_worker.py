@@ -35,7 +35,7 @@ def main(path: str) -> None:
     from lens_heads import distributed
     from lens_heads.ablation import random_zeroing
     from lens_heads.evaluate import evaluate
-    from lens_heads.scoring import score_heads
+    from lens_heads.head_scores import score_heads
     from lens_heads.tasks import load_task
 
     config = json.loads(open(path).read())

@@ -67,13 +67,13 @@ def test_mean_ablation_replaces_z_with_its_calibration_mean(arch):
 
 
 def test_static_zeroing_counts_its_share_and_composes_with_the_scoring_pass():
-    from lens_heads import scoring
+    from lens_heads.head_scores import score_heads
 
     model = tiny_model("llama", seed=3)
     tokens, mask = _tokens(model, n=4)
     heads = [(0, 1), (1, 0), (1, 3)]
     zeroing = static_zeroing(model, heads)
-    scores = scoring.score_heads(model, tokens, attention_mask=mask, hooks=zeroing.hooks, progress=False)
+    scores = score_heads(model, tokens, attention_mask=mask, hooks=zeroing.hooks, progress=False)
     ahon = scores.score("AHON")  # the zeroing runs before the scoring hook on hook_z: zeroed heads output nothing
     for layer, head in heads:
         assert torch.all(ahon[:, layer, head] == 0)

@@ -9,7 +9,7 @@ import torch
 
 from lens_heads.agreement import kendall, precision_at_k, score_agreement, spearman
 from lens_heads.effects import EFFECT_METRICS, HeadEffects
-from lens_heads.scoring import HeadScores
+from lens_heads.head_scores import HeadScores
 
 
 def kendall_by_pairs(x, y):

@@ -8,7 +8,7 @@ from lens_heads.ablation import random_zeroing
 from lens_heads.evaluate import evaluate
 from lens_heads.models import tiny_model
 from lens_heads.scores import SCORE_NAMES
-from lens_heads.scoring import score_heads
+from lens_heads.head_scores import score_heads
 from lens_heads.tasks import load_task
 
 

@@ -16,7 +16,7 @@ from distributed_worker import sweep_settings, tiny_text_model
 from lens_heads import distributed
 from lens_heads.ablation import random_zeroing
 from lens_heads.evaluate import evaluate
-from lens_heads.scoring import score_heads
+from lens_heads.head_scores import score_heads
 from lens_heads.sweep import run_sweep
 from lens_heads.tasks import load_task
 

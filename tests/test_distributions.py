@@ -15,7 +15,7 @@ from lens_heads.distributions import (
     thresholds,
 )
 from lens_heads.scores import DIRECTION, SCORE_NAMES, inactive
-from lens_heads.scoring import HeadScores
+from lens_heads.head_scores import HeadScores
 
 FRACTIONS = (0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 

@@ -254,7 +254,7 @@ def test_single_continuation_accuracy_is_greedy_match_and_bits_per_byte_by_hand(
 
 def test_token_ids_outside_the_vocabulary_and_unknown_hooks_are_named(tiny_text_model):
     from lens_heads.models import tiny_model
-    from lens_heads.scoring import score_heads
+    from lens_heads.head_scores import score_heads
 
     small = tiny_model("llama", seed=0, d_vocab=97, tokenizer=tiny_text_model.tokenizer)  # 49k-token tokenizer
     task = Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,

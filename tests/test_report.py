@@ -98,7 +98,7 @@ def task():
 
 @pytest.fixture(scope="module")
 def task_scores(smollm, task):
-    from lens_heads.scoring import score_heads
+    from lens_heads.head_scores import score_heads
 
     return score_heads(smollm, task, batch_size=3, progress=False)  # another batch size: another padding layout
 
@@ -127,7 +127,7 @@ def test_thresholds_match_the_library(results, task_scores):
 
 
 def test_attention_heads_and_prompt_scores_match_the_library(results, smollm, task_scores):
-    from lens_heads.scoring import score_heads
+    from lens_heads.head_scores import score_heads
 
     a = results["attention"]
     assert a["score"] == "AHON (LN)" and a["direction"] == "<"

@@ -6,7 +6,7 @@ import torch
 
 from lens_heads.evaluate import evaluate
 from lens_heads.rows import build_rows, context_tokens
-from lens_heads.scoring import score_heads
+from lens_heads.head_scores import score_heads
 from lens_heads.tasks import load_task
 
 

@@ -106,7 +106,7 @@ def test_interrupted_sweep_resumes_to_the_same_table(tiny_text_model, tmp_path, 
 
 
 def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
-    from lens_heads.scoring import score_heads
+    from lens_heads.head_scores import score_heads
 
     model, task = tiny_text_model, load_task("piqa", n=4, seed=2)
     calibration = score_heads(model, task, progress=False)
@@ -185,7 +185,7 @@ def test_thresholds_come_from_the_evaluated_rows(tiny_text_model, tmp_path):
         prompts.append(tok.encode(item.contexts[0].rstrip(), add_special_tokens=False))
     settings = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2), random_baseline=False, progress=False)
     for calibration, inputs in (("rows", rows), ("prompts", prompts)):
-        from lens_heads.scoring import score_heads
+        from lens_heads.head_scores import score_heads
 
         expected = score_heads(model, inputs, progress=False)
         result = run_sweep(model, task, calibration=calibration, out_dir=tmp_path / calibration, **settings)

@@ -32,7 +32,7 @@ def pick_heads(mean_score: Float[Tensor, "layer head"], direction: str, k: int) 
 
 def prompt_tokens(model: HookedTransformer, prompt: str) -> Tensor:
     """Tokens of one prompt as the library's scoring pass reads them (BOS as the model expects)."""
-    from lens_heads.tokenize import tokenize_inputs
+    from lens_heads.inputs import tokenize_inputs
 
     tokens, _ = tokenize_inputs(model, [prompt])
     return tokens

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from lens_heads.io import slug
 from lens_heads.models import DEFAULT_MODEL
 
 ALL_SCORES = ("AWFT", "AEQD", "FTVVN", "AVVN", "LTHON", "AHON", "AWFT (LN)", "AEQD (LN)", "FTVVN (LN)", "AVVN (LN)",
@@ -67,5 +68,4 @@ def quick(config: ReportConfig, explicit: set[str] = frozenset()) -> ReportConfi
 
 def safe_name(model: str) -> str:
     """A folder name for a model name or path (``gpt2-medium``, ``/path/to/folder`` -> ``folder``)."""
-    base = model.rstrip("/").split("/")[-1] or "model"
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in base)
+    return slug(model.rstrip("/").split("/")[-1] or "model", keep="-_.")

@@ -186,7 +186,7 @@ def model_card(out: Outputs, meta: dict, config: ReportConfig) -> None:
 def stage_scores(out: Outputs, model, task, config: ReportConfig, cache: StageCache, base_key: dict):
     """Score every head on the task's items (cached), then heatmaps, per-layer distributions and thresholds."""
     scores_mod = library("lens_heads.scores")
-    scoring = library("lens_heads.scoring")
+    scoring = library("lens_heads.head_scores")
     distributions = library("lens_heads.distributions")
     key = {**base_key, "stage": "scores", "data": task.meta(), "score_names": list(scores_mod.SCORE_NAMES)}
     path = cache.path("scores", key, ".safetensors")
@@ -439,7 +439,7 @@ def stage_attention(out: Outputs, model, scores, config: ReportConfig):
     """circuitsvis patterns of the most and least active heads (by mean AHON (LN)) on each example prompt."""
     if scores is None:
         raise StageUnavailable("it needs the head scores, which did not run")
-    scoring = library("lens_heads.scoring")
+    scoring = library("lens_heads.head_scores")
     names = list(scores.names)
     activity = ACTIVITY_SCORE if ACTIVITY_SCORE in names else names[0]
     idx = names.index(activity)

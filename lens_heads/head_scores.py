@@ -28,7 +28,7 @@ from lens_heads.models import expand_kv, model_meta
 from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
 from lens_heads.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.tasks import Task
-from lens_heads.tokenize import Inputs, tokenize_inputs
+from lens_heads.inputs import Inputs, tokenize_inputs
 
 DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position of the row "
                "(the BOS where the protocol adds one, else the first text token); "

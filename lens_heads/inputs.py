@@ -47,12 +47,17 @@ def tokenize_inputs(
         if len(s) > model.cfg.n_ctx:
             raise ValueError(f"input {i} has {len(s)} tokens, more than the model's context of {model.cfg.n_ctx}: "
                              "shorten it (fewer shots, shorter text) or pass max_len to truncate")
-    pad = _pad_id(model)
+    return right_pad(sequences, pad_id(model))
+
+
+def right_pad(sequences: Sequence[Sequence[int] | Tensor], pad: int
+              ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
+    """Sequences right-padded with ``pad`` into one ``[batch, pos]`` tensor, and the mask of their real tokens."""
     width = max(len(s) for s in sequences)
     tokens = torch.full((len(sequences), width), pad, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.bool)
     for i, s in enumerate(sequences):
-        tokens[i, : len(s)] = s
+        tokens[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
         mask[i, : len(s)] = True
     return tokens, mask
 
@@ -106,7 +111,9 @@ def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_ch
                     f"of token sequences; got {type(inputs).__name__} of {sorted({type(x).__name__ for x in inputs})}")
 
 
-def _pad_id(model: HookedTransformer) -> int:
+def pad_id(model: HookedTransformer) -> int:
+    """The id that fills padding: the tokenizer's pad or end-of-text token, else 0 (padded positions are masked and
+    never read, so any id gives the same numbers)."""
     tok = model.tokenizer
     if tok is not None:
         for candidate in (tok.pad_token_id, tok.eos_token_id):
