@@ -3,14 +3,16 @@
 Every ablation replaces a head's output ``z`` (``blocks.{l}.attn.hook_z``, before ``W_O``) with zeros (or with its
 mean over calibration data), so the head's contribution ``z_h @ W_O[h]`` leaves the residual stream; ``b_O`` stays.
 
-Hooks are TransformerLens ``(hook_name, fn)`` pairs. Modes that decide per input are :class:`Zeroing` objects: their
-``.hooks`` go wherever hooks go (``model.run_with_hooks``, ``model.hooks(...)``, :func:`lens_heads.evaluate`), and
-they count what they zeroed (``share_zeroed()``). The threshold mode needs to know which positions are padding: the
-caller that pads says so per batch with ``with zeroing.batch(attention_mask): model(tokens)`` (the evaluator does
-this for you); outside such a block every position counts.
+Hooks are TransformerLens ``(hook_name, fn)`` pairs. Modes that decide per input are :class:`HeadAblation`
+objects: their ``.hooks`` go wherever hooks go (``model.run_with_hooks``, ``model.hooks(...)``,
+:func:`lens_heads.evaluate`), and they count what they ablated (``share_zeroed()``). The caller says, per batch,
+which inputs its rows are and which positions are real: ``with ablation.batch(attention_mask, first=i):
+model(tokens)`` (rows are inputs ``i, i+1, ...``) or ``batch(attention_mask, inputs=[...])`` (one id per row; the
+evaluator does this for you). Outside such a block every position counts, and the random mode refuses to run (it
+draws per input, so it must know which input each row is).
 
-Composition: hooks on the same hook point run in the order given. List a zeroing before scoring hooks to score the
-ablated output; two zeroings compose (a head zeroed by either stays zero).
+Composition: hooks on the same hook point run in the order given. List an ablation before scoring hooks to score the
+ablated output; two ablations compose (a head ablated by either stays ablated).
 """
 
 from __future__ import annotations
@@ -58,12 +60,14 @@ def zero_heads(
     return [(get_act_name("z", layer), make(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
 
 
-class Zeroing:
-    """Hooks that ablate, in every layer, the heads a rule picks for each input, and count what they ablated.
+class HeadAblation:
+    """Hooks that zero or mean-ablate (``mode``), in every layer, the heads a rule picks for each input, and count
+    what they ablated.
 
     Built by :func:`static_zeroing`, :func:`threshold_zeroing` or :func:`random_zeroing`. ``rule(layer, z, acts)``
     returns ``Bool[batch, head]`` (True = ablate); ``acts`` holds the layer's captured ``pattern``/``v`` (when the
-    rule needs them), the batch's ``mask`` and the ``inputs`` (global input indices of the batch rows).
+    rule needs them), the batch's ``mask`` and the ``inputs`` (input ids of the batch rows, None outside
+    :meth:`batch`).
     """
 
     def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str, capture: Sequence[str] = (),
@@ -76,8 +80,6 @@ class Zeroing:
         self._capture = LayerCapture(n_layers, self._ablate, capture)
         self._mask: Tensor | None = None
         self._inputs: Tensor | None = None
-        self._seen = 0  # inputs seen outside batch(): they are numbered in arrival order
-        self._last_layer = n_layers
         self.reset()
 
     # ------------------------------------------------------------ what the caller sees
@@ -88,13 +90,18 @@ class Zeroing:
         return self._capture.hooks
 
     @contextlib.contextmanager
-    def batch(self, attention_mask: Bool[Tensor, "batch pos"] | None = None,
-              inputs: Int[Tensor, "batch"] | Sequence[int] | None = None) -> Iterator["Zeroing"]:
-        """Tell the hooks, for the forward passes inside the block, which positions are real (``attention_mask``)
-        and which input each batch row is (``inputs``: the random mode draws per input, so rows of the same input,
-        e.g. the choices of one question, get the same draw)."""
+    def batch(self, attention_mask: Bool[Tensor, "batch pos"] | None = None, *, first: int | None = None,
+              inputs: Int[Tensor, "batch"] | Sequence[int] | None = None) -> Iterator["HeadAblation"]:
+        """Tell the hooks, for the forward passes inside the block, which positions are real (``attention_mask``;
+        None: all) and which input each batch row is: ``first`` (rows are inputs ``first, first+1, ...``) or
+        ``inputs`` (one id per row; the random mode draws per input, so rows of the same input, e.g. the choices of
+        one question, get the same draw). Give exactly one of ``first`` and ``inputs``."""
+        if (first is None) == (inputs is None):
+            raise ValueError("HeadAblation.batch() needs the batch's first input index (first=) or one input id per "
+                             "row (inputs=), not both")
         self._mask = None if attention_mask is None else attention_mask.bool()
-        self._inputs = None if inputs is None else torch.as_tensor(inputs, dtype=torch.long).reshape(-1)
+        self._inputs = (torch.as_tensor(inputs, dtype=torch.long).reshape(-1) if inputs is not None else
+                        None if first is None else int(first))
         try:
             yield self
         finally:
@@ -118,7 +125,7 @@ class Zeroing:
         return torch.stack([torch.cat(rows) for rows in self._zeroed], dim=1)
 
     def share_zeroed(self) -> float:
-        """Realised share of heads ablated: zeroed (input, head) pairs / (inputs x heads), averaged over layers."""
+        """Realised share of heads ablated: ablated (input, head) pairs / (inputs x heads), averaged over layers."""
         counts = [sum(int(m.sum()) for m in rows) for rows in self._zeroed]
         seen = [sum(m.shape[0] for m in rows) for rows in self._zeroed]
         if not all(seen):
@@ -126,16 +133,16 @@ class Zeroing:
         return sum(c / (s * self.n_heads) for c, s in zip(counts, seen)) / self.n_layers
 
     def __repr__(self) -> str:
-        return f"Zeroing({self.description}, mode={self.mode!r})"
+        return f"HeadAblation({self.description}, mode={self.mode!r})"
 
     # ------------------------------------------------------------ the hooks
 
     def _ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict[str, Tensor]) -> Tensor:
         acts["mask"] = self._batch_mask(z)
-        acts["inputs"] = self._batch_inputs(z, layer)
+        acts["inputs"] = self._batch_inputs(z)
         ablate = self._rule(layer, z, acts).to(torch.bool)
         if ablate.shape != (z.shape[0], self.n_heads):
-            raise RuntimeError(f"zeroing rule returned shape {tuple(ablate.shape)}, expected "
+            raise RuntimeError(f"ablation rule returned shape {tuple(ablate.shape)}, expected "
                                f"{(z.shape[0], self.n_heads)}")
         self._zeroed[layer].append(ablate.detach().cpu())
         if not ablate.any():
@@ -146,28 +153,25 @@ class Zeroing:
         if self._mask is None:
             return torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
         if tuple(self._mask.shape) != tuple(z.shape[:2]):
-            raise ValueError(f"the attention mask given to Zeroing.batch() has shape {tuple(self._mask.shape)} but "
-                             f"the forward pass has [batch, pos] = {tuple(z.shape[:2])}: pass the mask of the tokens "
-                             "being run")
+            raise ValueError(f"the attention mask given to HeadAblation.batch() has shape {tuple(self._mask.shape)} "
+                             f"but the forward pass has [batch, pos] = {tuple(z.shape[:2])}: pass the mask of the "
+                             "tokens being run")
         return self._mask.to(z.device)
 
-    def _batch_inputs(self, z: Tensor, layer: int) -> Int[Tensor, "batch"]:
-        if self._inputs is not None:
-            if self._inputs.numel() != z.shape[0]:
-                raise ValueError(f"Zeroing.batch() was given {self._inputs.numel()} input ids for a batch of "
-                                 f"{z.shape[0]} rows")
-            return self._inputs
-        if layer <= self._last_layer:  # a new forward pass began: number its rows after the ones seen
-            self._seen += z.shape[0]
-        self._last_layer = layer
-        return torch.arange(self._seen - z.shape[0], self._seen)
+    def _batch_inputs(self, z: Tensor) -> Int[Tensor, "batch"] | None:
+        if isinstance(self._inputs, int):
+            return torch.arange(self._inputs, self._inputs + z.shape[0])
+        if self._inputs is not None and self._inputs.numel() != z.shape[0]:
+            raise ValueError(f"HeadAblation.batch() was given {self._inputs.numel()} input ids for a batch of "
+                             f"{z.shape[0]} rows")
+        return self._inputs
 
 
 # ---------------------------------------------------------------- the three modes
 
 
 def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero",
-                   means: Tensor | None = None) -> Zeroing:
+                   means: Tensor | None = None) -> HeadAblation:
     """Ablate a fixed set of ``(layer, head)`` pairs for every input, counting the share like the other modes
     (the static pruning view: what removing these heads for good would do)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
@@ -180,17 +184,17 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         return chosen[layer].to(z.device).expand(z.shape[0], -1)
 
-    return Zeroing(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode, means=means)
+    return HeadAblation(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode, means=means)
 
 
 def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",
-                      means: Tensor | None = None) -> Zeroing:
+                      means: Tensor | None = None) -> HeadAblation:
     """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` for every
     head of every input from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z`` (capturing only
     those the score reads, so that scores that don't read the pattern leave attention fused), and ablate
     the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
     strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
-    positions count (give the mask with :meth:`Zeroing.batch`)."""
+    positions count (give the mask with :meth:`HeadAblation.batch`)."""
     from lens_heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores
 
     if score_name not in SCORE_NAMES:
@@ -202,44 +206,46 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         if any(name not in acts for name in capture):
             raise RuntimeError(f"layer {layer}: hook_{'/hook_'.join(capture)} were not captured before hook_z; pass "
-                               "all of Zeroing.hooks to the model")
+                               "all of HeadAblation.hooks to the model")
         # float32 as in score_heads, so thresholds read off its CDF mean the same here
         v = expand_kv(acts["v"], n_heads).float() if "v" in acts else None
         pattern = acts["pattern"].float() if "pattern" in acts else None
         scores = layer_scores(pattern, v, z.float(), acts["mask"], [score_name])[..., 0]
         return inactive(scores, direction, threshold)
 
-    return Zeroing(model.cfg.n_layers, n_heads, rule, capture=capture, mode=mode, means=means,
+    return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, mode=mode, means=means,
                    description=f"threshold: {score_name} {direction} {threshold:.6g}")
 
 
-def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero", means: Tensor | None = None) -> Zeroing:
+def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
+                   means: Tensor | None = None) -> HeadAblation:
     """The random baseline: ablate each (input, layer, head) independently with probability ``p``.
 
     Input ``i`` draws ``u ~ U[0, 1)`` of shape [layer, head] from a ``torch.Generator`` seeded with
     :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or order,
     the same input gets the same heads in every run, and the zeroed sets are nested as ``p`` grows. Input ids come
-    from :meth:`Zeroing.batch` (the evaluator passes item indices, so all choices of a question share one draw),
-    else inputs are numbered in order of arrival."""
+    from :meth:`HeadAblation.batch` (the evaluator passes item indices, so all choices of a question share one
+    draw)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be a probability in [0, 1], got {p}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    drawn: dict[int, Tensor] = {}  # input index -> [layer, head] uniforms, for the rows of the current batch
-
-    def uniforms(i: int) -> Tensor:
-        if i not in drawn:
-            gen = torch.Generator().manual_seed(input_seed(seed, i))
-            drawn[i] = torch.rand(n_layers, n_heads, generator=gen)
-        return drawn[i]
+    batch: dict = {}  # the current batch's input ids and their [row, layer, head] uniforms
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
-        ids = acts["inputs"].tolist()
-        if layer == 0:  # keep only this batch's draws
-            for key in set(drawn) - set(ids):
-                del drawn[key]
-        return torch.stack([uniforms(i)[layer] for i in ids]).to(z.device) < p
+        if acts["inputs"] is None:
+            raise ValueError("random ablation draws per input: run the forward inside "
+                             "`with ablation.batch(attention_mask, first=...)` (or inputs=...), or use evaluate()")
+        ids = tuple(acts["inputs"].tolist())
+        if batch.get("ids") != ids:
+            batch.update(ids=ids, uniforms=torch.stack([_uniforms(seed, i, n_layers, n_heads) for i in ids]))
+        return batch["uniforms"][:, layer].to(z.device) < p
 
-    return Zeroing(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", mode=mode, means=means)
+    return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", mode=mode,
+                        means=means)
+
+
+def _uniforms(seed: int, i: int, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]:
+    return torch.rand(n_layers, n_heads, generator=torch.Generator().manual_seed(input_seed(seed, i)))
 
 
 def input_seed(seed: int, i: int) -> int:

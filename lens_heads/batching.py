@@ -42,7 +42,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 def halving(run: Callable[[int], T], start: int, hook_objects: Iterable = ()) -> T:
     """``run(size)`` from ``size = start``, halved after each out-of-memory error until it fits (at 1 the error is
-    raised). Hook objects that count what they see (a ``Zeroing``) are rewound to before the failed attempt."""
+    raised). Hook objects that count what they see (a ``HeadAblation``) are rewound to before the failed attempt."""
     objects = [obj for obj in hook_objects if hasattr(obj, "snapshot")]
     size = start
     while True:

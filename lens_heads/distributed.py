@@ -11,7 +11,7 @@ of a scheduler's job array.
   its share of a sweep's units into the shared ``out_dir``, and a final plain run reuses them all.
 
 Without either, the world is one process and nothing changes. Only the main process (:func:`is_main`) writes
-results, figures and reports. Hooks passed to a split ``evaluate`` see only their rank's items (a ``Zeroing``'s
+results, figures and reports. Hooks passed to a split ``evaluate`` see only their rank's items (a ``HeadAblation``'s
 counts included); a sweep's units are whole, so theirs are complete.
 """
 

@@ -267,12 +267,13 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
-             attention: str = "fused") -> EvalResult:
+             attention: str = "fused", first_input: int = 0) -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.tasks.Task`) by log-likelihood.
 
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
-    :class:`lens_heads.ablation.Zeroing`); objects with a ``batch(attention_mask, inputs)`` context manager are told
-    each batch's padding mask and which item each row belongs to. ``primary``: the scoring behind ``.accuracy``
+    :class:`lens_heads.ablation.HeadAblation`); objects with a ``batch(attention_mask, inputs=)`` context manager are
+    told each batch's padding mask and which item each row belongs to, numbered from ``first_input`` (the index of
+    ``task``'s first item when it is a block of a larger task, so a random ablation draws what it draws on the whole). ``primary``: the scoring behind ``.accuracy``
     (``"sum"``, ``"per_token"`` or ``"per_char"``). ``protocol`` (``"lm-eval"`` or ``"tl"``) and
     ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`). ``batch_size="auto"``: the largest
     that fits (:mod:`lens_heads.batching`). Under torchrun each rank evaluates a block of the items and every rank
@@ -284,7 +285,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     from tqdm.auto import tqdm
 
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
-                    apply_chat_template=apply_chat_template, attention=attention)
+                    apply_chat_template=apply_chat_template, attention=attention, first_input=first_input)
     if distributed.sharding():
         return _evaluate_shards(model, task, hooks, settings)
     if batch_size == AUTO:
@@ -327,7 +328,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
             tokens, mask = pad_rows(batch, pad)
             with contextlib.ExitStack() as stack:
                 for obj in batch_aware:
-                    stack.enter_context(obj.batch(mask.to(device), inputs=[row.item for row in batch]))
+                    stack.enter_context(obj.batch(mask.to(device), inputs=[first_input + row.item for row in batch]))
                 resid = model(tokens.to(device), attention_mask=mask.to(device).long(),
                               stop_at_layer=model.cfg.n_layers)
                 _read_logprobs(model, resid, batch, logprobs, greedy)
@@ -436,7 +437,7 @@ def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
         elif isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and callable(obj[1]):
             pairs.append(obj)
         else:
-            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a Zeroing), got {obj!r}")
+            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a HeadAblation), got {obj!r}")
     check_hook_names(model, [name for name, _ in pairs])
     return pairs, batch_aware
 
@@ -465,9 +466,9 @@ def _evaluate_shards(model, task, hooks, settings: dict) -> EvalResult:
     if len(mine):
         part = replace(task, items=items[mine.start:mine.stop]) if hasattr(task, "items") else items[mine.start:mine.stop]
         with distributed.local():
-            local = evaluate(model, part, hooks=[_Shifted(h, mine.start) if hasattr(h, "batch") else h
-                                                 for h in ([hooks] if hasattr(hooks, "hooks") else hooks)],
-                             **{**settings, "progress": settings["progress"] and distributed.is_main()})
+            shard = dict(first_input=settings["first_input"] + mine.start,
+                         progress=settings["progress"] and distributed.is_main())
+            local = evaluate(model, part, hooks=hooks, **{**settings, **shard})
     parts = [p for p in distributed.all_gather(None if local is None else (local.items, local.meta)) if p]
     metas = [meta for _, meta in parts]
     meta = dict(metas[0], task=task.meta() if hasattr(task, "meta") else {}, ranks=distributed.world_size(),
@@ -485,21 +486,3 @@ def _identity(model, items, settings: dict) -> dict:
     return dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
                 items=hashlib.sha256(ids).hexdigest()[:16], n=len(items),
                 **{k: v for k, v in settings.items() if k != "progress"})
-
-
-class _Shifted:
-    """A batch-aware hook object (a Zeroing) told the task's item numbers, not the block's: a random zeroing then
-    draws for each item what it draws in a single process. Everything else is the wrapped object's."""
-
-    def __init__(self, inner, offset: int):
-        self.inner, self.offset = inner, offset
-
-    def batch(self, attention_mask=None, inputs=None):
-        shifted = None if inputs is None else [self.offset + int(i) for i in inputs]
-        return self.inner.batch(attention_mask, inputs=shifted)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-    def __repr__(self) -> str:
-        return repr(self.inner)

@@ -11,7 +11,7 @@ zeroing counts one input row per step, so ``share_zeroed()`` is the share over s
 is told the same input id (``input_id``), so a random zeroing draws once per generation. ``cache=True`` keeps
 TransformerLens's key-value cache (fast: each step runs only the new token); hooks then see only the new
 position, so it takes plain ``(hook_name, fn)`` pairs that act position by position (such as
-:func:`lens_heads.ablation.zero_heads` for a fixed set of heads) and refuses per-input Zeroing objects.
+:func:`lens_heads.ablation.zero_heads` for a fixed set of heads) and refuses per-input HeadAblation objects.
 
 GSM8K: :func:`evaluate_generation` generates for each item of ``load_task("gsm8k")`` (the shipped 8-shot
 chain-of-thought prompt, stops "\\n\\n" and "Question:") and compares :func:`extract_answer` of the text with the
@@ -58,7 +58,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     pairs, batch_aware = _collect_hooks(hooks, model)
     if cache and batch_aware:
-        raise ValueError("cache=True runs only the new token at each step, so a per-input Zeroing would decide on "
+        raise ValueError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "
                          "that one position: use cache=False (reruns the sequence), or zero_heads(...) pairs for a "
                          "fixed set of heads")
     tokens = _prompt_tokens(model, prompt, protocol)
@@ -77,7 +77,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
         for _ in range(max_new_tokens):
             with contextlib.ExitStack() as stack:
                 for obj in batch_aware:
-                    stack.enter_context(obj.batch(None, inputs=[input_id]))
+                    stack.enter_context(obj.batch(None, first=input_id))
                 ids = torch.tensor([step_input if cache else tokens + new], device=model.cfg.device)
                 resid = model(ids, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
             next_token = int(final_logits(model, resid[:, -1:])[0, -1].argmax())
@@ -185,7 +185,7 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
                         stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
                         apply_chat_template: bool = False, progress: bool = True) -> GenerationResult:
     """Greedy-generate for every item of ``task`` (items need a ``target``, as GSM8K's do) and score exact match
-    of :func:`extract_answer` against the normalised target. Hooks and Zeroing objects act as in :func:`generate`;
+    of :func:`extract_answer` against the normalised target. Hooks and HeadAblation objects act as in :func:`generate`;
     item ``i`` is input ``i`` to them. ``apply_chat_template`` renders each prompt as lm-eval does
     (:func:`lens_heads.rows.chat_context`)."""
     from tqdm.auto import tqdm

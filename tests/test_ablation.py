@@ -129,7 +129,7 @@ def test_threshold_zeroing_matches_a_layer_by_layer_explicit_computation(arch, n
     seen_z = {}
     check = [(get_act_name("z", l), lambda z, hook: seen_z.__setitem__(hook.layer(), z.detach().clone()))
              for l in range(L)]
-    with zeroing.batch(mask), torch.no_grad():
+    with zeroing.batch(mask, first=0), torch.no_grad():
         model.run_with_hooks(tokens, attention_mask=mask.long(), fwd_hooks=zeroing.hooks + check, return_type=None)
     got = zeroing.zeroed()
     assert 0 < int(decided.sum()) < decided.numel()
@@ -148,7 +148,7 @@ def test_threshold_zeroing_ignores_padding():
     runs = []
     for t in (tokens, junk):
         zeroing = threshold_zeroing(model, "AHON (LN)", 1.0)
-        with zeroing.batch(mask), torch.no_grad():
+        with zeroing.batch(mask, first=0), torch.no_grad():
             model.run_with_hooks(t, attention_mask=mask.long(), fwd_hooks=zeroing.hooks, return_type=None)
         runs.append(zeroing.zeroed())
     assert torch.equal(runs[0], runs[1])
@@ -165,7 +165,7 @@ def test_batch_mask_of_the_wrong_shape_is_an_error():
     tokens, mask = _tokens(model, n=3)
     zeroing = threshold_zeroing(model, "AHON", 0.5)
     with pytest.raises(ValueError, match="attention mask"):
-        with zeroing.batch(mask[:, :-1]), torch.no_grad():
+        with zeroing.batch(mask[:, :-1], first=0), torch.no_grad():
             model.run_with_hooks(tokens, fwd_hooks=zeroing.hooks, return_type=None)
 
 
@@ -177,7 +177,8 @@ def test_random_zeroing_rate_determinism_batch_independence_and_nesting():
         zeroing = random_zeroing(model, p, seed)
         with torch.no_grad():
             for start in range(0, tokens.shape[0], batch):
-                model.run_with_hooks(tokens[start:start + batch], fwd_hooks=zeroing.hooks, return_type=None)
+                with zeroing.batch(first=start):
+                    model.run_with_hooks(tokens[start:start + batch], fwd_hooks=zeroing.hooks, return_type=None)
         return zeroing
 
     a, b, c = run(0.3, 1, 8), run(0.3, 1, 5), run(0.3, 2, 8)
@@ -202,6 +203,17 @@ def test_random_zeroing_uses_the_given_input_ids():
     seed_9 = int(np.random.SeedSequence([3, 9]).generate_state(1)[0])  # the documented per-input seed
     expected = torch.rand(model.cfg.n_layers, model.cfg.n_heads, generator=torch.Generator().manual_seed(seed_9)) < 0.5
     assert torch.equal(got[2], expected)
+
+    numbered = random_zeroing(model, 0.5, 3)  # first=8: rows are inputs 8..11, drawn as inputs=[8, 9, 10, 11]
+    with numbered.batch(first=8), torch.no_grad():
+        model.run_with_hooks(tokens, fwd_hooks=numbered.hooks, return_type=None)
+    assert torch.equal(numbered.zeroed()[1], expected)
+    with pytest.raises(ValueError, match="first="):  # outside a batch block the rows' inputs are unknown
+        with torch.no_grad():
+            model.run_with_hooks(tokens, fwd_hooks=numbered.hooks, return_type=None)
+    with pytest.raises(ValueError, match="not both"):
+        with numbered.batch(first=0, inputs=[0, 1, 2, 3]):
+            pass
 
 
 def test_bad_arguments_say_what_to_do():
