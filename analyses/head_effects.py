@@ -145,7 +145,6 @@ def run_task(model, name: str, args) -> dict:
                                       out_dir=Path(args.out) / name / f"oracle-{'held' if 'held' in label else 'rank'}"
                                                                       f"-n{len(task)}-seed{args.seed}-{args.protocol}")
     oracle_table = pd.concat([o.to_dataframe() for o in oracles.values()], ignore_index=True)
-    oracle_table["score"] = oracle_table["score"].str.replace(" (static)", "", regex=False)
 
     meta = model_meta(model)
     per_head = pd.concat([effects[m].to_dataframe() for m in METHODS], ignore_index=True)

@@ -184,7 +184,8 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         return chosen[layer].to(z.device).expand(z.shape[0], -1)
 
-    return HeadAblation(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode, means=means)
+    return HeadAblation(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode,
+                        means=means)
 
 
 def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",

@@ -25,7 +25,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from lens_heads.sweep import SweepResult, load_sweep, normalised_auc, zeroable_within
+from lens_heads.curves import normalised_auc, zeroable_within
+from lens_heads.sweep import SweepResult, load_sweep
 
 METRICS = {"accuracy": "normalised AUC of accuracy (%), higher is better",
            "kl": "normalised AUC of the paired KL(unablated || ablated) (nats), lower is better"}
@@ -53,7 +54,7 @@ class RecordedSweep:
 
     def zeroable_within(self, points: float = 1.0, *, rule: str = "authors") -> dict[str, float]:
         """Per curve: % of heads zeroable within ``points`` accuracy points of the baseline, by ``rule``
-        (:func:`lens_heads.sweep.zeroable_within`), as :meth:`SweepResult.zeroable_within`."""
+        (:func:`lens_heads.curves.zeroable_within`), as :meth:`SweepResult.zeroable_within`."""
         base = 100 * self.baseline_accuracy
         return {s: zeroable_within(100 * g["realised_fraction"], 100 * g["accuracy"], base, points, rule=rule)
                 for s, g in self._curves()}
@@ -63,8 +64,10 @@ class RecordedSweep:
         return SweepResult.table2(self, points)
 
     def _curves(self):
-        """(curve, its rows in order of target fraction) for every curve of per-input zeroing."""
-        rows = self.table[~self.table["score"].astype(str).str.endswith(" (static)")]
+        """(curve, its rows in order of target fraction) for every curve of per-input zeroing, named by its
+        ``score`` column. Tables without a ``curve`` column (recorded before curves were typed) hold no static
+        curves; their ``mode`` marks the fraction-0 rows ``"baseline"``."""
+        rows = self.table[self.table["mode"] != "static"]
         rows = rows.sort_values("target_fraction", kind="stable")
         return [(str(s), g) for s, g in rows.groupby("score", sort=False)]
 

@@ -14,8 +14,9 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
-from lens_heads.scores import SCORE_NAMES
+from lens_heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.head_scores import HeadScores
 
 SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -130,11 +131,8 @@ def stability_table(score_sets: Mapping[str, HeadScores], names: Sequence[str] =
     return pd.DataFrame(rows)
 
 
-def _most_inactive(means: np.ndarray, direction: str, fraction: float) -> set[int]:
-    k = max(1, round(fraction * means.size))
-    order = np.argsort(means.reshape(-1), kind="stable")
-    chosen = order[:k] if direction == "<" else order[::-1][:k]
-    return set(chosen.tolist())
+def _most_inactive(means: np.ndarray, direction: str, fraction: float) -> set[tuple[int, int]]:
+    return set(most_inactive(torch.from_numpy(means), direction, max(1, round(fraction * means.size))))
 
 
 def _jaccard(a: set, b: set) -> float:

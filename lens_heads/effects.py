@@ -43,10 +43,11 @@ from lens_heads.ablation import mean_z, zero_heads
 from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, evaluate, pad_rows, paired_values,
                                  read_logprobs)
 from lens_heads.inputs import pad_id
-from lens_heads.io import atomic_write_bytes, atomic_write_json
+from lens_heads.io import atomic_write_bytes
 from lens_heads.models import model_meta
 from lens_heads.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
-from lens_heads.sweep import claim_folder, read_json, run_fingerprint
+from lens_heads.cache import claim_folder, load_keyed, save_keyed
+from lens_heads.sweep import run_fingerprint
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
@@ -211,15 +212,15 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
         claim_folder(out, fingerprint, marker="effects.json")
     counts = dict(units_run=0, units_reused=0)
 
-    def unit(key: str, hooks) -> EvalResult:
-        path = out / f"{key}.json" if out is not None else None
-        stored = read_json(path) if path is not None and path.exists() else None
-        if stored and stored.get("fingerprint") == fingerprint:
+    def unit(name: str, hooks) -> EvalResult:
+        path = out / f"{name}.json" if out is not None else None
+        stored = load_keyed(path, dict(run=fingerprint, unit=name)) if path is not None else None
+        if stored is not None:
             counts["units_reused"] += 1
-            return EvalResult.from_dict(stored["result"])
+            return EvalResult.from_dict(stored)
         result = evaluate(model, task, hooks=hooks, batch_size=batch_size, progress=False, primary=primary, **layout)
         if path is not None:
-            atomic_write_json(path, {"fingerprint": fingerprint, "result": result.to_dict()})
+            save_keyed(path, dict(run=fingerprint, unit=name), result.to_dict())
         counts["units_run"] += 1
         return result
 
@@ -321,8 +322,8 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     kept and reused like the sweep's units."""
     from tqdm.auto import tqdm
 
-    from lens_heads.ablation import static_zeroing
-    from lens_heads.sweep import SweepResult, UnitResult, unit_key
+    from lens_heads.ablation_specs import StaticAblation, Unablated
+    from lens_heads.sweep import SweepResult, UnitStore, run_unit
 
     L, H = model.cfg.n_layers, model.cfg.n_heads
     order = [(int(layer), int(head)) for layer, head in order]
@@ -331,28 +332,16 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     fractions = sorted({float(p) for p in fractions} | {0.0})
     layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
     fingerprint = run_fingerprint(model, task, primary=primary, oracle_order=[list(h) for h in order], **layout)
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        claim_folder(out, fingerprint, marker="oracle.json")
+    store = UnitStore(out_dir, fingerprint, marker="oracle.json")
+    plan = [StaticAblation(heads=order[:int(round(p * L * H))], score=label, fraction=p) if p else Unablated()
+            for p in fractions]
     units = []
-    for p in tqdm(fractions, desc=f"{label} on {getattr(task, 'name', 'task')}", unit="fraction",
-                  disable=not progress):
-        mode = "baseline" if p == 0 else "static"
-        key = unit_key(mode, label if p else None, p)
-        path = out / f"{key}.json" if out is not None else None
-        stored = read_json(path) if path is not None and path.exists() else None
-        if stored and stored.get("fingerprint") == fingerprint:
-            units.append(UnitResult.from_dict(stored))
-            continue
-        zeroing = static_zeroing(model, order[:int(round(p * L * H))]) if p else None
-        start = time.perf_counter()
-        result = evaluate(model, task, hooks=[zeroing] if zeroing else [], batch_size=batch_size, progress=False,
-                          primary=primary, **layout)
-        unit = UnitResult(mode=mode, score=label if p else None, target_fraction=p, threshold=None,
-                          realised_fraction=zeroing.share_zeroed() if zeroing else 0.0, result=result,
-                          wall_s=time.perf_counter() - start)
-        if path is not None:
-            atomic_write_json(path, {"fingerprint": fingerprint, **unit.to_dict()})
+    for spec in tqdm(plan, desc=f"{label} on {getattr(task, 'name', 'task')}", unit="fraction", disable=not progress):
+        unit = store.load(spec)
+        if unit is None:
+            unit = run_unit(model, task, spec, batch_size=batch_size, progress=False, primary=primary, **layout)
+            unit.head_share = None  # the heads are the first ones of the order: the spec says which
+            store.save(spec, unit)
         units.append(unit)
     return SweepResult(baseline=units[0].result, units=units,
                        meta=dict(fingerprint=fingerprint, fractions=fractions, scores=[], static_scores=[label]))

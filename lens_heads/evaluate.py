@@ -273,7 +273,8 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
     :class:`lens_heads.ablation.HeadAblation`); objects with a ``batch(attention_mask, inputs=)`` context manager are
     told each batch's padding mask and which item each row belongs to, numbered from ``first_input`` (the index of
-    ``task``'s first item when it is a block of a larger task, so a random ablation draws what it draws on the whole). ``primary``: the scoring behind ``.accuracy``
+    ``task``'s first item when it is a block of a larger task, so a random ablation draws what it draws on the
+    whole). ``primary``: the scoring behind ``.accuracy``
     (``"sum"``, ``"per_token"`` or ``"per_char"``). ``protocol`` (``"lm-eval"`` or ``"tl"``) and
     ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.rows`). ``batch_size="auto"``: the largest
     that fits (:mod:`lens_heads.batching`). Under torchrun each rank evaluates a block of the items and every rank
@@ -437,7 +438,8 @@ def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
         elif isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and callable(obj[1]):
             pairs.append(obj)
         else:
-            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a HeadAblation), got {obj!r}")
+            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a HeadAblation), "
+                            f"got {obj!r}")
     check_hook_names(model, [name for name, _ in pairs])
     return pairs, batch_aware
 

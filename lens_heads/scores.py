@@ -282,3 +282,14 @@ def inactive(values: Tensor, direction: str, threshold: float) -> Bool[Tensor, "
     if direction == ">":
         return values > threshold
     raise ValueError(f"direction must be '<' or '>', got {direction!r}")
+
+
+def most_inactive(mean: Float[Tensor, "layer head"], direction: str, k: int) -> list[tuple[int, int]]:
+    """The ``k`` most inactive ``(layer, head)`` pairs by a score's per-head ``mean``, most inactive first: lowest
+    first for a ``"<"`` score, highest first for ``">"``; equal means keep layer-head order."""
+    if direction not in ("<", ">"):
+        raise ValueError(f"direction must be '<' or '>', got {direction!r}")
+    values = torch.as_tensor(mean).double()
+    n_heads = values.shape[1]
+    order = torch.argsort((values if direction == "<" else -values).reshape(-1), stable=True)
+    return [(int(i) // n_heads, int(i) % n_heads) for i in order[:k].tolist()]

@@ -218,6 +218,6 @@ def test_oracle_zeroes_the_heads_with_the_smallest_effect_first(tokenizer, tmp_p
             np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
     again = oracle_sweep(model, task, order, fractions=(0.25, 0.5), out_dir=tmp_path, progress=False)
     assert [u.result.items for u in again.units] == [u.result.items for u in sweep.units]
-    assert set(sweep.to_dataframe()["score"]) == {"oracle (static)"}
+    assert set(sweep.to_dataframe()["curve"]) == {"oracle (static)"} and set(sweep.to_dataframe()["mode"]) == {"static"}
     with pytest.raises(ValueError, match="each of the model's"):
         oracle_sweep(model, task, order[:-1], progress=False)

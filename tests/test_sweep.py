@@ -8,7 +8,8 @@ import pytest
 
 import lens_heads.sweep as sweep_module
 from lens_heads.evaluate import evaluate, paired_difference
-from lens_heads.sweep import ends_above, normalised_auc, run_sweep, table2, zeroable_within
+from lens_heads.curves import ends_above, normalised_auc, zeroable_within
+from lens_heads.sweep import run_sweep, table2
 from lens_heads.tasks import load_task
 
 
@@ -133,10 +134,12 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
             assert 0.0 <= unit.realised_fraction <= 1.0
             assert unit.realised_fraction == pytest.approx(np.mean(unit.head_share))
     table = result.to_dataframe()
-    assert set(table["score"]) == {"AHON (LN)", "AWFT", "random", "AHON (LN) (static)"}
-    assert (table[table["mode"] == "baseline"]["paired_diff"] == 0).all()
-    assert (table[table["mode"] == "baseline"]["kl"].abs() < 1e-12).all()
-    stored = json.loads((tmp_path / "calibration.json").read_text())
+    assert set(table["curve"]) == {"AHON (LN)", "AWFT", "random", "AHON (LN) (static)"}
+    assert set(zip(table["mode"], table["score"])) == {("threshold", "AHON (LN)"), ("threshold", "AWFT"),
+                                                       ("random", "random"), ("static", "AHON (LN)")}
+    assert (table[table["target_fraction"] == 0]["paired_diff"] == 0).all()
+    assert (table[table["target_fraction"] == 0]["kl"].abs() < 1e-12).all()
+    stored = json.loads((tmp_path / "calibration.json").read_text())["value"]
     assert len(stored["thresholds"]) == 4 and len(stored["static_heads"]) == 2
     assert set(result.zeroable_within()) == {"AHON (LN)", "AWFT", "random"}
     # the KL ranking integrates the KL of each curve's units, recomputed here from the per-item answer scores
