@@ -1,0 +1,79 @@
+"""Ablation specs: a plan survives JSON and rebuilds hooks with the same effect; calibration resolves a spec to the
+threshold and heads worked out here from the scores by numpy; the one most-inactive rule on hand-made means."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformer_lens.utils import get_act_name
+
+from lens_heads.ablation_specs import (RandomAblation, ScoreCalibration, StaticAblation, ThresholdAblation,
+                                       Unablated, from_dict)
+from lens_heads.head_scores import score_heads
+from lens_heads.models import tiny_model
+from lens_heads.scores import most_inactive
+
+
+def _run(model, tokens, mask, spec):
+    """Logits with the spec's hooks, one batch told its inputs explicitly."""
+    ablation = spec.build(model)
+    if ablation is None:
+        return model(tokens, attention_mask=mask.long())
+    with ablation.batch(mask, first=0), torch.no_grad():
+        return model.run_with_hooks(tokens, attention_mask=mask.long(), fwd_hooks=ablation.hooks)
+
+
+@torch.no_grad()
+def test_a_plan_round_trips_through_json_and_rebuilds_the_same_ablation():
+    model = tiny_model("llama", seed=2, n_layers=2)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, 7), generator=g)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    calibration = ScoreCalibration(score_heads(model, tokens, attention_mask=mask, progress=False))
+    plan = [Unablated(), RandomAblation(0.4, seed=5), ThresholdAblation("AHON (LN)", 0.3),
+            StaticAblation(score="AWFT", fraction=0.25), StaticAblation(heads=[(0, 1), (1, 2)], score="hand")]
+    resolved = [spec.resolve(calibration) for spec in plan]
+    stored = json.loads(json.dumps([spec.to_dict() for spec in resolved]))
+    again = [from_dict(d) for d in stored]
+    assert again == resolved and [from_dict(json.loads(json.dumps(s.to_dict()))) for s in plan] == plan
+    for spec, copy in zip(resolved, again):
+        torch.testing.assert_close(_run(model, tokens, mask, copy), _run(model, tokens, mask, spec), rtol=0, atol=0)
+
+    # the static set's effect, worked out without the hooks: zero z of those heads by hand
+    def zero(z, hook):
+        layer = int(hook.name.split(".")[1])
+        z = z.clone()
+        z[:, :, [h for (l, h) in again[-1].heads if l == layer]] = 0
+        return z
+
+    by_hand = model.run_with_hooks(tokens, attention_mask=mask.long(),
+                                   fwd_hooks=[(get_act_name("z", layer), zero) for layer in range(2)])
+    torch.testing.assert_close(_run(model, tokens, mask, again[-1]), by_hand)
+    with pytest.raises(ValueError, match="resolve it"):
+        ThresholdAblation("AWFT", 0.1).build(model)
+    with pytest.raises(ValueError, match="unknown ablation kind"):
+        from_dict({"kind": "prune"})
+
+
+def test_calibration_resolves_thresholds_and_heads_as_numpy_reads_them():
+    model = tiny_model("gpt2", seed=1, n_layers=2)
+    tokens = torch.randint(0, model.cfg.d_vocab, (4, 6), generator=torch.Generator().manual_seed(1))
+    scores = score_heads(model, tokens, progress=False)
+    calibration = ScoreCalibration(scores)
+    awft = scores.score("AWFT").double().numpy()  # '>' score: high is inactive
+    spec = ThresholdAblation("AWFT", 0.2).resolve(calibration)
+    assert spec.threshold == pytest.approx(np.quantile(awft.reshape(-1), 0.8))
+    k = round(0.25 * awft[0].size)
+    highest = np.argsort(-awft.mean(0).reshape(-1), kind="stable")[:k]
+    heads = StaticAblation(score="AWFT", fraction=0.25).resolve(calibration).heads
+    assert [layer * awft.shape[2] + head for layer, head in heads] == highest.tolist()
+
+
+def test_most_inactive_orders_by_the_inactive_side_and_keeps_layer_head_order_among_equals():
+    mean = torch.tensor([[0.5, 0.1, 0.9], [0.1, 0.7, 0.9]])
+    assert most_inactive(mean, "<", 3) == [(0, 1), (1, 0), (0, 0)]
+    assert most_inactive(mean, ">", 3) == [(0, 2), (1, 2), (1, 1)]
+    assert most_inactive(mean, ">", 0) == []
+    with pytest.raises(ValueError, match="direction"):
+        most_inactive(mean, "=", 1)
