@@ -32,6 +32,7 @@ class AblationSpec:
     """What every spec has: its ``kind`` (the name :func:`from_dict` reads) and ``mode``."""
 
     kind: ClassVar[str] = ""
+    calibrated: ClassVar[str | None] = None  # the field a calibration fills in, where it is None
     mode: str = field(default="zero", kw_only=True)
 
     def __post_init__(self):
@@ -54,7 +55,20 @@ class AblationSpec:
 
     def resolve(self, calibration) -> "AblationSpec":
         """The spec with what calibration decides filled in (itself where nothing is left to decide)."""
-        return self
+        if self.calibrated is None or getattr(self, self.calibrated) is not None:
+            return self
+        return replace(self, **{self.calibrated: self._calibrate(calibration)})
+
+    def _calibrate(self, calibration):
+        raise NotImplementedError
+
+    def _decided(self):
+        """The calibrated field's value, or a clear error where it was never resolved."""
+        value = getattr(self, self.calibrated)
+        if value is None:
+            raise ValueError(f"{self} has no {self.calibrated} yet: resolve it with a calibration first "
+                             "(spec.resolve(...))")
+        return value
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation | None:
         """The hooks object for ``model`` (``means`` from :func:`lens_heads.ablation.mean_z` for ``mode="mean"``)."""
@@ -79,20 +93,17 @@ class ThresholdAblation(AblationSpec):
     threshold: float | None = None
 
     kind: ClassVar[str] = "threshold"
+    calibrated: ClassVar[str] = "threshold"
 
     @property
     def curve(self) -> CurveKey:
         return CurveKey("threshold", self.score)
 
-    def resolve(self, calibration) -> "ThresholdAblation":
-        if self.threshold is not None:
-            return self
-        return replace(self, threshold=float(calibration.threshold(self.score, self.fraction)))
+    def _calibrate(self, calibration) -> float:
+        return float(calibration.threshold(self.score, self.fraction))
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
-        if self.threshold is None:
-            raise ValueError(f"{self} has no threshold yet: resolve it with a calibration first (spec.resolve(...))")
-        return threshold_zeroing(model, self.score, self.threshold, mode=self.mode, means=means)
+        return threshold_zeroing(model, self.score, self._decided(), mode=self.mode, means=means)
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,7 @@ class StaticAblation(AblationSpec):
     fraction: float | None = None
 
     kind: ClassVar[str] = "static"
+    calibrated: ClassVar[str] = "heads"
 
     def __post_init__(self):
         super().__post_init__()
@@ -130,15 +142,11 @@ class StaticAblation(AblationSpec):
     def curve(self) -> CurveKey:
         return CurveKey("static", self.score)
 
-    def resolve(self, calibration) -> "StaticAblation":
-        if self.heads is not None:
-            return self
-        return replace(self, heads=tuple(calibration.most_inactive(self.score, self.fraction)))
+    def _calibrate(self, calibration) -> tuple[tuple[int, int], ...]:
+        return tuple(calibration.most_inactive(self.score, self.fraction))
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
-        if self.heads is None:
-            raise ValueError(f"{self} has no heads yet: resolve it with a calibration first (spec.resolve(...))")
-        return static_zeroing(model, self.heads, mode=self.mode, means=means)
+        return static_zeroing(model, self._decided(), mode=self.mode, means=means)
 
 
 SPECS: dict[str, type[AblationSpec]] = {cls.kind: cls for cls in (Unablated, ThresholdAblation, RandomAblation,

@@ -50,7 +50,7 @@ def test_a_plan_round_trips_through_json_and_rebuilds_the_same_ablation():
     by_hand = model.run_with_hooks(tokens, attention_mask=mask.long(),
                                    fwd_hooks=[(get_act_name("z", layer), zero) for layer in range(2)])
     torch.testing.assert_close(_run(model, tokens, mask, again[-1]), by_hand)
-    with pytest.raises(ValueError, match="resolve it"):
+    with pytest.raises(ValueError, match="no threshold yet"):
         ThresholdAblation("AWFT", 0.1).build(model)
     with pytest.raises(ValueError, match="unknown ablation kind"):
         from_dict({"kind": "prune"})
