@@ -112,6 +112,61 @@ def write_figure(fig, path: Path, args) -> None:
             print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
 
 
+def agreement_of(scores, effects: dict, args) -> tuple[pd.DataFrame, dict, dict]:
+    """Each score's rank agreement with each method's per-head effects (one table, with its meta), and how well
+    attribution's effect sizes agree with ablation's."""
+    tables = []
+    for method in METHODS:
+        for metric in AGREEMENT_METRICS:
+            a = score_agreement(scores, effects[method], metric=metric, n_boot=args.n_boot, seed=args.seed)
+            tables.append(a.to_dataframe().assign(method=method, metric=metric))
+    sizes = {m: {metric: effects[m].size(metric).reshape(-1).numpy() for metric in AGREEMENT_METRICS}
+             for m in ("attribution", "ablation")}
+    attribution_vs_ablation = {
+        metric: dict(spearman=float(spearman(sizes["attribution"][metric], sizes["ablation"][metric])),
+                     kendall=kendall(sizes["attribution"][metric], sizes["ablation"][metric]))
+        for metric in AGREEMENT_METRICS}
+    return pd.concat(tables, ignore_index=True), a.meta, attribution_vs_ablation
+
+
+def recorded_sweep(sweep_csv: Path) -> tuple[pd.DataFrame | None, str]:
+    """The recorded sweep's curve table beside the oracle's (None where there is none) and its rows' protocol."""
+    if not sweep_csv.exists():
+        return None, "tl"
+    meta_path = sweep_csv.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    # the sweep names its rows' protocol; a sweep that does not ran TransformerLens rows
+    return pd.read_csv(sweep_csv), meta.get("protocol") or meta.get("sweep_meta", {}).get("fingerprint", {}).get(
+        "protocol", "tl")
+
+
+def oracle_curves(model, name: str, task, heldout, order, args) -> dict:
+    """The oracle's static curve on the ranking items and on the held-out ones, each resumable in its folder."""
+    oracles = {}
+    for label, items in (("oracle (ranking items)", task), ("oracle (held-out items)", heldout)):
+        oracles[label] = oracle_sweep(model, items, order, fractions=args.fractions, label=label,
+                                      batch_size=args.batch_size, protocol=args.protocol,
+                                      out_dir=Path(args.out) / name / f"oracle-{'held' if 'held' in label else 'rank'}"
+                                                                      f"-n{len(task)}-seed{args.seed}-{args.protocol}")
+    return oracles
+
+
+def write_scatters(scores, effects: dict, what: str, spearman_kl: str, cost_ratio: float, scatter: Path,
+                   attribution: Path, args) -> None:
+    """Per head: each score's mean against its ablation KL, and attribution's estimate against ablation's."""
+    n = len(effects["ablation"])
+    write_figure(score_vs_effect({s: scores.mean(s).numpy() for s in scores.names},
+                                 effects["ablation"].size("kl").numpy(), dict(scores.direction),
+                                 effect_label="ablation KL (mean over items)",
+                                 title=f"{what}: mean score vs ablation effect per head (n={n})"), scatter, args)
+    write_figure(score_vs_effect({f"attribution ({m})": effects["attribution"].size(m).numpy()
+                                  for m in AGREEMENT_METRICS[:1]}, effects["ablation"].size("kl").numpy(),
+                                 {}, effect_label="ablation KL",
+                                 title=f"{what}: attribution estimate vs ablation per head (Spearman "
+                                       f"{spearman_kl}; ablation cost {cost_ratio:.0f}x attribution in CPU time)"),
+                 attribution, args)
+
+
 def run_task(model, name: str, args) -> dict:
     figures = Path(args.figures)
     task = load_task(name, n=args.n, seed=args.seed)
@@ -121,29 +176,13 @@ def run_task(model, name: str, args) -> dict:
         effects[method], costs[method] = effects_of(model, task, method, args)
         print(f"[{name}] {method}: {costs[method]['wall_s']:.0f} s wall, {costs[method]['cpu_s']:.0f} s CPU")
 
-    tables = []
-    for method in METHODS:
-        for metric in AGREEMENT_METRICS:
-            a = score_agreement(scores, effects[method], metric=metric, n_boot=args.n_boot, seed=args.seed)
-            tables.append(a.to_dataframe().assign(method=method, metric=metric))
-    agreement = pd.concat(tables, ignore_index=True)
-    chance = a.meta["precision_chance"]
-    attribution_vs_ablation = {
-        metric: dict(spearman=float(spearman(effects["attribution"].size(metric).reshape(-1).numpy(),
-                                             effects["ablation"].size(metric).reshape(-1).numpy())),
-                     kendall=kendall(effects["attribution"].size(metric).reshape(-1).numpy(),
-                                     effects["ablation"].size(metric).reshape(-1).numpy()))
-        for metric in AGREEMENT_METRICS}
+    agreement, agreement_meta, attribution_vs_ablation = agreement_of(scores, effects, args)
+    chance = agreement_meta["precision_chance"]
     cost_ratio = costs["ablation"]["cpu_s"] / max(costs["attribution"]["cpu_s"], 1e-9)
 
     order = effects["ablation"].order("kl")
     heldout = heldout_items(task, args.n, args.heldout_n, args.seed)
-    oracles = {}
-    for label, items in (("oracle (ranking items)", task), ("oracle (held-out items)", heldout)):
-        oracles[label] = oracle_sweep(model, items, order, fractions=args.fractions, label=label,
-                                      batch_size=args.batch_size, protocol=args.protocol,
-                                      out_dir=Path(args.out) / name / f"oracle-{'held' if 'held' in label else 'rank'}"
-                                                                      f"-n{len(task)}-seed{args.seed}-{args.protocol}")
+    oracles = oracle_curves(model, name, task, heldout, order, args)
     oracle_table = pd.concat([o.to_dataframe() for o in oracles.values()], ignore_index=True)
 
     meta = model_meta(model)
@@ -153,12 +192,7 @@ def run_task(model, name: str, args) -> dict:
     atomic_write_text(figures / f"head_effects_agreement_{name}.csv", agreement.to_csv(index=False,
                                                                                        float_format="%.4g"))
     sweep_csv = figures / f"sweep_{name}.csv"
-    recorded = pd.read_csv(sweep_csv) if sweep_csv.exists() else None
-    recorded_meta = json.loads(sweep_csv.with_suffix(".json").read_text()) if recorded is not None and \
-        sweep_csv.with_suffix(".json").exists() else {}
-    # the sweep names its rows' protocol; a sweep that does not ran TransformerLens rows
-    recorded_protocol = recorded_meta.get("protocol") or recorded_meta.get("sweep_meta", {}).get(
-        "fingerprint", {}).get("protocol", "tl")
+    recorded, recorded_protocol = recorded_sweep(sweep_csv)
     curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
     base = recorded[recorded["target_fraction"] == 0].iloc[0] if recorded is not None else oracle_table.iloc[0]
     heldout_base = oracles["oracle (held-out items)"].baseline
@@ -174,18 +208,8 @@ def run_task(model, name: str, args) -> dict:
     write_figure(agreement_bars(shown, title=f"{what}: rank agreement of each score with the ablation KL of each "
                                              f"head (n={len(task)} items, bootstrap 95%)"),
                  figures / f"head_effects_agreement_{name}", args)
-    write_figure(score_vs_effect({s: scores.mean(s).numpy() for s in scores.names},
-                                 effects["ablation"].size("kl").numpy(), dict(scores.direction),
-                                 effect_label="ablation KL (mean over items)",
-                                 title=f"{what}: mean score vs ablation effect per head (n={len(task)})"),
-                 figures / f"head_effects_scatter_{name}", args)
-    write_figure(score_vs_effect({f"attribution ({m})": effects["attribution"].size(m).numpy()
-                                  for m in AGREEMENT_METRICS[:1]}, effects["ablation"].size("kl").numpy(),
-                                 {}, effect_label="ablation KL",
-                                 title=f"{what}: attribution estimate vs ablation per head (Spearman "
-                                       f"{attribution_vs_ablation['kl']['spearman']:.2f}; ablation cost "
-                                       f"{cost_ratio:.0f}x attribution in CPU time)"),
-                 figures / f"head_effects_attribution_{name}", args)
+    write_scatters(scores, effects, what, f"{attribution_vs_ablation['kl']['spearman']:.2f}", cost_ratio,
+                   figures / f"head_effects_scatter_{name}", figures / f"head_effects_attribution_{name}", args)
 
     result = dict(
         what="ground-truth effect of every head (zeroed on hook_z at all positions; attribution patching beside "
@@ -193,7 +217,7 @@ def run_task(model, name: str, args) -> dict:
         model=meta, weight_basis=meta["weight_basis"], protocol=args.protocol, data=task.meta(),
         heldout_data=heldout.meta(), n=len(task),
         heldout_n=len(heldout), seed=args.seed, chance=task.chance, n_boot=args.n_boot,
-        precision_chance=chance, agreement_meta=a.meta, costs=costs, cost_ratio_cpu=cost_ratio,
+        precision_chance=chance, agreement_meta=agreement_meta, costs=costs, cost_ratio_cpu=cost_ratio,
         attribution_vs_ablation=attribution_vs_ablation,
         baselines={m: effects[m].meta["baseline"] for m in METHODS},
         recorded_sweep=dict(file=sweep_csv.name, protocol=recorded_protocol) if recorded is not None else None,
