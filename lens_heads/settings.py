@@ -1,0 +1,97 @@
+"""Command-line settings: one dataclass describes a command; its flags, defaults, help and presets derive from it.
+
+As in nanoGPT's ``train.py``, a run is its settings plus overrides: a named preset (``--quick``) overrides the
+defaults, and flags given on the command line override both. Each field of the dataclass becomes ``--field-name``
+(``positional=True`` makes it an optional positional argument); a tuple field reads a comma-separated list; a bool
+field gets ``--name/--no-name``. Field metadata, set with :func:`option`, holds the help text, the parser of the
+text (which raises ``ValueError`` or ``argparse.ArgumentTypeError`` with a message saying what to pass), choices
+and the metavar. Used by the report, the analyses and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, parse: Callable[[str], Any] | None = None,
+           choices: Sequence[str] | None = None, metavar: str | None = None, positional: bool = False,
+           cli: bool = True, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with what its command-line flag needs (``cli=False``: settable from Python only)."""
+    meta = dict(help=help, parse=parse, choices=choices, metavar=metavar, positional=positional, cli=cli)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _parser_for(default: Any, parse: Callable | None) -> Callable[[str], Any]:
+    if parse is not None:
+        return parse
+    if isinstance(default, tuple):
+        item = type(default[0]) if default else str
+        return lambda text: tuple(item(t.strip()) for t in text.split(",") if t.strip())
+    if default is None or isinstance(default, str):
+        return str
+    return type(default)
+
+
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Turn a ValueError of ``parse`` into argparse's one-line usage error."""
+    def run(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    run.__name__ = getattr(parse, "__name__", "value")
+    return run
+
+
+def build_parser(cls, *, presets: Mapping[str, Mapping[str, Any]] | None = None,
+                 parser: argparse.ArgumentParser | None = None, **parser_kwargs) -> argparse.ArgumentParser:
+    """The argparse parser of the settings dataclass ``cls`` (flags left unset are absent from the namespace)."""
+    p = parser or argparse.ArgumentParser(argument_default=argparse.SUPPRESS, **parser_kwargs)
+    p.argument_default = argparse.SUPPRESS
+    for name, overrides in (presets or {}).items():  # ``--quick`` selects the preset named "quick"
+        p.add_argument("--" + name.replace("_", "-"), dest="preset", action="store_const", const=name,
+                       help=f"preset: {_describe(overrides)} (flags given explicitly still win)")
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if not meta.get("cli", True) or not f.init:
+            continue
+        default = default_of(f)
+        help_text = f"{meta.get('help', '')} (default: {_show(default)})".strip()
+        kwargs = dict(help=help_text.replace("%", "%%"), default=argparse.SUPPRESS)
+        if meta.get("choices"):
+            kwargs["choices"] = list(meta["choices"])
+        if meta.get("metavar"):
+            kwargs["metavar"] = meta["metavar"]
+        if meta.get("positional"):
+            p.add_argument(f.name, nargs="?", type=_checked(_parser_for(default, meta.get("parse"))), **kwargs)
+        elif isinstance(default, bool):
+            p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, **kwargs)
+        else:
+            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                           type=_checked(_parser_for(default, meta.get("parse"))), **kwargs)
+    return p
+
+
+def from_args(cls, argv: Sequence[str] | None = None, *, presets: Mapping[str, Mapping[str, Any]] | None = None,
+              parser: argparse.ArgumentParser | None = None, **parser_kwargs):
+    """Settings from the command line: the dataclass's defaults, then the preset, then the flags given."""
+    args = vars(build_parser(cls, presets=presets, parser=parser, **parser_kwargs).parse_args(argv))
+    preset = dict((presets or {}).get(args.pop("preset", None), {}))
+    return cls(**{**preset, **args})
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "none"
+    return str(value)
+
+
+def _describe(overrides: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_show(v)}" for k, v in overrides.items())

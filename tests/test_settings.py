@@ -1,0 +1,42 @@
+"""Command-line flags derived from a settings dataclass: defaults, then a preset, then explicit flags."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from lens_heads.settings import from_args, option
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise ValueError(f"a fraction lies in [0, 1), got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Demo:
+    model: str = option("tiny", "model name", positional=True)
+    n: int = option(40, "items")
+    fractions: tuple[float, ...] = option((0.0, 0.1), "shares")
+    target: float = option(0.5, "a fraction", parse=_fraction)
+    protocol: str = option("lm-eval", "rows", choices=("lm-eval", "tl"))
+    png: bool = option(True, "write PNG")
+    note: dict = option(cli=False, default_factory=dict)
+
+
+PRESETS = {"quick": dict(n=8, fractions=(0.0, 0.3))}
+
+
+def test_defaults_preset_and_explicit_flags():
+    assert from_args(Demo, [], presets=PRESETS) == Demo()
+    assert from_args(Demo, ["--quick"], presets=PRESETS) == Demo(n=8, fractions=(0.0, 0.3))
+    got = from_args(Demo, ["gpt2", "--quick", "--n", "3", "--no-png", "--fractions", "0,.2,.25"], presets=PRESETS)
+    assert got == Demo(model="gpt2", n=3, fractions=(0.0, 0.2, 0.25), png=False)
+
+
+def test_bad_values_are_one_line_errors(capsys):
+    for argv in (["--target", "2"], ["--protocol", "hf"], ["--n", "many"], ["--note", "x"]):
+        with pytest.raises(SystemExit):
+            from_args(Demo, argv)
+    assert "a fraction lies in [0, 1)" in capsys.readouterr().err
