@@ -49,7 +49,7 @@ from lens_heads.rows import PROTOCOLS
 from lens_heads.sweep import CALIBRATIONS, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+CHECK_TASKS = INACTIVE_HEADS_TASKS
 
 
 def _batch_size(text: str) -> int | str:
