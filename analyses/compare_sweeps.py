@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -29,21 +30,29 @@ import pandas as pd
 from lens_heads.compare import METRICS, compare_sweeps, read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.report.figures import correlation_heatmap, png_writer, rank_heatmap
+from lens_heads.settings import from_args, option
 from lens_heads.sweep import table2
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sweeps", nargs="+", help="sweep_<task>.json files or run_sweep output folders (at least two)")
-    ap.add_argument("--top-k", type=int, default=5, help="size of the top sets compared (default 5)")
-    ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
-    ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
-    args = ap.parse_args(argv)
-    if len(args.sweeps) < 2:
-        ap.error("give at least two sweeps (one per model and task)")
-    return args
+@dataclass(frozen=True)
+class CompareSettings:
+    """The sweeps compared and where the comparison goes."""
+
+    sweeps: tuple[str, ...] = option((), "sweep_<task>.json files or run_sweep output folders (at least two)",
+                                     positional=True, metavar="SWEEP")
+    top_k: int = option(5, "size of the top sets compared")
+    figures: str = option(str(ROOT / "figures"), "where tables and figures go")
+    no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
+
+    def __post_init__(self):
+        if len(self.sweeps) < 2:
+            raise ValueError("give at least two sweeps (one per model and task)")
+
+
+def parse_args(argv=None) -> CompareSettings:
+    return from_args(CompareSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def main(argv=None) -> None:

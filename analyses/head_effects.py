@@ -36,7 +36,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -48,6 +48,7 @@ from lens_heads.effects import HeadEffects, oracle_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
 from lens_heads.rows import PROTOCOLS
+from lens_heads.settings import from_args, option
 from lens_heads.report.figures import ablation_curves, agreement_bars, score_vs_effect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,28 +56,39 @@ METHODS = ("ablation", "attribution")
 AGREEMENT_METRICS = ("kl", "gold_logprob")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded SmolLM2-135M)")
-    ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks (default arc_easy,piqa)")
-    ap.add_argument("--n", type=int, default=8, help="ranking items per task (default 8)")
-    ap.add_argument("--heldout-n", type=int, default=32, help="held-out items for the oracle curve (default 32)")
-    ap.add_argument("--protocol", default="lm-eval", choices=PROTOCOLS,
-                    help="forward rows: lm-eval's (default, as the sweep) or TransformerLens's ('tl')")
-    ap.add_argument("--fractions", default="0,.05,.1,.2,.3", help="shares of heads the oracle zeroes")
-    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the items (default 1000)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
-    ap.add_argument("--batch-size", type=int, default=16, help="forward rows per batch (default 16)")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "head_effects"), help="resumable units (runs/head_effects)")
-    ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
-    args = ap.parse_args(argv)
-    args.tasks = [t for t in args.tasks.split(",") if t]
-    args.fractions = [float(x) for x in args.fractions.split(",") if x]
-    if args.n < 2 or args.heldout_n < 1:
-        ap.error("--n must be at least 2 (intervals need two items) and --heldout-n at least 1")
-    return args
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError(f"expected at least {low} (intervals need two ranking items, the oracle one held-out "
+                             f"item), got {value}")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class EffectsSettings:
+    """What one run measures and writes (each field is a ``--flag``)."""
+
+    model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
+    tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
+    n: int = option(8, "ranking items per task", parse=_at_least(2))
+    heldout_n: int = option(32, "held-out items for the oracle curve", parse=_at_least(1))
+    protocol: str = option("lm-eval", "forward rows: lm-eval's (as the sweep) or TransformerLens's ('tl')",
+                           choices=PROTOCOLS)
+    fractions: tuple[float, ...] = option((0.0, .05, .1, .2, .3), "shares of heads the oracle zeroes")
+    n_boot: int = option(1000, "bootstrap resamples of the items")
+    seed: int = option(0, "sampling and bootstrap seed")
+    batch_size: int = option(16, "forward rows per batch")
+    out: str = option(str(ROOT / "runs" / "head_effects"), "resumable units")
+    figures: str = option(str(ROOT / "figures"), "where tables and figures go")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
+    no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
+
+
+def parse_args(argv=None) -> EffectsSettings:
+    return from_args(EffectsSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def effects_of(model, task, method: str, args) -> tuple[HeadEffects, dict]:

@@ -24,80 +24,97 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from lens_heads.cache import keyed
 from lens_heads.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.inheritune import ABLATIONS, PAPER_TASKS, InherituneConfig, load_result, run_inheritune
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.rank import approx_rank, attention_rank, mass_columns
+from lens_heads.settings import from_args, option
 from lens_heads.train import TrainConfig, eval_windows
 
+@dataclass(frozen=True)
+class InherituneSettings:
+    """One run's settings; the defaults are the ``cpu`` preset (one CPU core, OMP_NUM_THREADS=1: the reference,
+    students, scratch baselines and four ablations, 200 steps of 8x128 tokens each; the GPT-2 vocabulary (50304)
+    dominates the cost at this width)."""
+
+    preset: str = option("cpu", "base settings; flags given explicitly override them", choices=("cpu", "gpt2-medium",
+                                                                                                "smollm2"))
+    ref_layers: int = option(8, "reference depth")
+    student_layers: int = option(4, "first student depth")
+    grow_by: int = option(2, "layers added per growth stage")
+    max_layers: int = option(6, "deepest student")
+    d_model: int = option(64, "width")
+    heads: int = option(4, "attention heads")
+    seq: int = option(128, "context length (tokens per window)")
+    batch: int = option(8, "windows per micro-batch")
+    grad_accum: int = option(1, "micro-batches per step")
+    steps: int = option(200, "optimizer steps")
+    warmup: int = option(20, "linear warm-up steps")
+    lr: float = option(2e-3, "peak learning rate")
+    min_lr: float = option(2e-4, "cosine floor")
+    eval_every: int = option(50, "steps between validation losses (and checkpoints)")
+    eval_batches: int = option(8, "validation batches")
+    rank_every: int = option(50, "steps between rank measurements of the reference (0: never)")
+    corpus: str = option("sotu", "training text: sotu or openwebtext")
+    architecture: str = option("authors", "GPT-2 as the Inheritune authors build it or TransformerLens's GPT-2",
+                               choices=("authors", "transformer-lens"))
+    vocab: int = option(PADDED_VOCAB, "vocabulary rows (GPT-2's 50257 padded to 50304)")
+    decay_embeddings: bool = option(False, "weight decay on embeddings too (not the authors')")
+    rank_per_input: bool = option(False, "rank as the mean of per-input ranks instead of the paper's rank of the "
+                                  "averaged matrix")
+    ablations: str = option(",".join(ABLATIONS), f"comma list of {ABLATIONS} ('' for none)")
+    smollm_k: int | None = option(None, "smollm2 preset: student layers (default: first lazy)", parse=int)
+    grow_from: str = option("reference", "growth: fresh re-inheritance from the reference or keep the trained "
+                            "student", choices=("reference", "student"))
+    rank_inputs: int = option(100, "validation windows for attention rank (N)")
+    rank_len: int = option(100, "tokens per window (T, at most --seq)")
+    smollm_inputs: int = option(32, "SmolLM2 rank profile: N texts (0 to skip)")
+    smollm_len: int = option(100, "SmolLM2 rank profile: T tokens each")
+    eval_tasks: str = option(",".join(PAPER_TASKS), "zero-shot tasks for the trained models ('' to skip); each is "
+                             f"scored by the paper's metric {PAPER_TASKS}, tasks lens_heads does not ship are listed "
+                             "as such")
+    eval_n: int = option(200, "items per zero-shot task")
+    device: str = option(help="torch device", default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
+    amp: bool = option(False, "bf16 autocast (CUDA)")
+    seed: int = option(0, "seed")
+    runs: str = option("runs/inheritune", "training runs (resumable) and cached extra measurements")
+    figures: str = option("figures", "where tables and figures go")
+    label: str = option("", "note written into the figures, e.g. 'reduced settings'")
+    no_progress: bool = option(False, "no progress bars")
+
+    def __post_init__(self):
+        if self.rank_len > self.seq:
+            raise ValueError(f"--rank-len {self.rank_len} is longer than the models' context --seq {self.seq}")
+
+
 PRESETS = {
-    # one CPU core (OMP_NUM_THREADS=1): the reference, students, scratch baselines and four ablations, 200 steps of
-    # 8x128 tokens each; the GPT-2 vocabulary (50304) dominates the cost at this width
-    "cpu": dict(ref_layers=8, student_layers=4, grow_by=2, max_layers=6, d_model=64, heads=4, seq=128, batch=8,
-                grad_accum=1, steps=200, warmup=20, lr=2e-3, min_lr=2e-4, eval_every=50, eval_batches=8,
-                rank_every=50, rank_inputs=100, rank_len=100, corpus="sotu", amp=False,
-                eval_tasks=",".join(PAPER_TASKS), eval_n=200, smollm_inputs=32),
+    "cpu": dict(preset="cpu"),  # the defaults
     # the paper's GPT-2 medium run (authors' train_iniheritune.py: lr 2e-4 cosine to 1e-5 over 100K steps, 2000
     # warm-up steps, 2 sequences x 8 accumulation steps x 3 GPUs of 1024 tokens = 49K tokens a step)
-    "gpt2-medium": dict(ref_layers=24, student_layers=12, grow_by=2, max_layers=22, d_model=1024, heads=16, seq=1024,
-                        batch=12, grad_accum=4, steps=100_000, warmup=2000, lr=2e-4, min_lr=1e-5, eval_every=1000,
-                        eval_batches=50, rank_every=5000, rank_inputs=100, rank_len=100, corpus="openwebtext", amp=True,
-                        eval_tasks=",".join(PAPER_TASKS), eval_n=1000, smollm_inputs=100),
+    "gpt2-medium": dict(preset="gpt2-medium", ref_layers=24, student_layers=12, grow_by=2, max_layers=22,
+                        d_model=1024, heads=16, seq=1024, batch=12, grad_accum=4, steps=100_000, warmup=2000, lr=2e-4,
+                        min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext",
+                        amp=True, eval_n=1000, smollm_inputs=100),
     # part 3 of the collapse story on a real model: the embedded SmolLM2-135M's first k layers as a student
-    "smollm2": dict(ref_layers=30, student_layers=0, grow_by=0, max_layers=30, d_model=576, heads=9, seq=128, batch=4,
-                    grad_accum=1, steps=100, warmup=10, lr=3e-4, min_lr=3e-5, eval_every=25, eval_batches=8,
-                    rank_every=0, rank_inputs=32, rank_len=100, corpus="sotu", amp=False,
-                    eval_tasks=",".join(PAPER_TASKS), eval_n=100, smollm_inputs=32),
+    "smollm2": dict(preset="smollm2", ref_layers=30, student_layers=0, grow_by=0, max_layers=30, d_model=576,
+                    heads=9, batch=4, steps=100, warmup=10, lr=3e-4, min_lr=3e-5, eval_every=25, rank_every=0,
+                    rank_inputs=32, eval_n=100),
 }
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="base settings; flags below override")
-    for name, typ in [("ref-layers", int), ("student-layers", int), ("grow-by", int), ("max-layers", int),
-                      ("d-model", int), ("heads", int), ("seq", int), ("batch", int), ("grad-accum", int),
-                      ("steps", int), ("warmup", int), ("lr", float), ("min-lr", float), ("eval-every", int),
-                      ("eval-batches", int), ("rank-every", int), ("corpus", str)]:
-        ap.add_argument(f"--{name}", type=typ, default=None)
-    ap.add_argument("--architecture", choices=["authors", "transformer-lens"], default="authors",
-                    help="GPT-2 as the Inheritune authors build it (default) or TransformerLens's GPT-2")
-    ap.add_argument("--vocab", type=int, default=PADDED_VOCAB, help="vocabulary rows (GPT-2's 50257 padded to 50304)")
-    ap.add_argument("--decay-embeddings", action="store_true", help="weight decay on embeddings too (not the authors')")
-    ap.add_argument("--rank-per-input", action="store_true",
-                    help="rank as the mean of per-input ranks instead of the paper's rank of the averaged matrix")
-    ap.add_argument("--ablations", default=",".join(ABLATIONS), help=f"comma list of {ABLATIONS} ('' for none)")
-    ap.add_argument("--smollm-k", type=int, default=None, help="smollm2 preset: student layers (default: first lazy)")
-    ap.add_argument("--grow-from", choices=["reference", "student"], default="reference",
-                    help="growth: fresh re-inheritance from the reference (default) or keep the trained student")
-    ap.add_argument("--rank-inputs", type=int, default=None, help="validation windows for attention rank (N)")
-    ap.add_argument("--rank-len", type=int, default=None, help="tokens per window (T, at most --seq)")
-    ap.add_argument("--smollm-inputs", type=int, default=None, help="SmolLM2 rank profile: N texts (0 to skip)")
-    ap.add_argument("--smollm-len", type=int, default=100, help="SmolLM2 rank profile: T tokens each")
-    ap.add_argument("--eval-tasks", default=None, help="zero-shot tasks for the trained models ('' to skip); each is "
-                    f"scored by the paper's metric {PAPER_TASKS}, tasks lens_heads does not ship are listed as such")
-    ap.add_argument("--eval-n", type=int, default=None, help="items per zero-shot task")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (CUDA)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--runs", default="runs/inheritune")
-    ap.add_argument("--figures", default="figures")
-    ap.add_argument("--label", default="", help="note written into the figures, e.g. 'reduced settings'")
-    ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
-    for key, value in PRESETS[a.preset].items():
-        if getattr(a, key) is None:
-            setattr(a, key, value)
-    if a.rank_len > a.seq:
-        ap.error(f"--rank-len {a.rank_len} is longer than the models' context --seq {a.seq}")
-    return a
+def parse_args(argv=None) -> InherituneSettings:
+    """The settings: ``--preset NAME`` (or ``--NAME``) picks a preset, flags given explicitly override it."""
+    return from_args(InherituneSettings, argv, presets=PRESETS, description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def train_config(a) -> TrainConfig:
@@ -125,17 +142,6 @@ def uniform_causal_levels(length: int) -> dict:
     U = torch.ones(length, length).tril()
     U = U / U.sum(-1, keepdim=True)
     return {"length": length, "rank": int(approx_rank(U)), "mass_columns": int(mass_columns(U))}
-
-
-def cached(path: Path, settings: dict, compute):
-    """``compute()`` once per ``settings``: results of slow extra measurements are kept beside the runs."""
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.get("settings") == settings:
-            return saved["value"]
-    value = compute()
-    atomic_write_json(path, {"settings": settings, "value": value})
-    return value
 
 
 def smollm_profile(corpus, tokenizer, n: int, length: int) -> dict:
@@ -240,22 +246,33 @@ def write_figure(fig, stem: Path) -> list[str]:
     return written
 
 
+STAGE_COLORS = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa"}
+ABLATION_COLORS = {"later_layers": "#ff7f0e", "attention_only": "#2ca02c", "mlp_only": "#9467bd",
+                   "stacking": "#8c564b"}
+SCRATCH_DASHES = {"scratch_1x": "dot", "scratch_2x": "dash"}
+
+
+def color(stage) -> str:
+    return next(c for k, c in ABLATION_COLORS.items() if stage.name.startswith(k)) if stage.kind == "ablation" \
+        else STAGE_COLORS[stage.kind]
+
+
+def dash(stage) -> str:  # the two scratch baselines (1x and 2x steps) apart, in every figure
+    return next((d for k, d in SCRATCH_DASHES.items() if stage.name.endswith(k.split("_")[1])), "dot") \
+        if stage.kind == "scratch" else "solid"
+
+
 def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict) -> list[str]:
+    """Validation loss curves, rank per layer at every stage, the reference's rank during training and the SmolLM2
+    rank profile, each as HTML and PNG."""
+    written = val_loss_figure(result, out, subtitle) + rank_figures(result, out, subtitle, uniform)
+    if smollm:
+        written += smollm_figure(smollm, out)
+    return written
+
+
+def val_loss_figure(result, out: Path, subtitle: str) -> list[str]:
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    kinds = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa"}
-    ablations = {"later_layers": "#ff7f0e", "attention_only": "#2ca02c", "mlp_only": "#9467bd", "stacking": "#8c564b"}
-    dashes = {"scratch_1x": "dot", "scratch_2x": "dash"}
-    written = []
-
-    def color(stage) -> str:
-        return next(c for k, c in ablations.items() if stage.name.startswith(k)) if stage.kind == "ablation" \
-            else kinds[stage.kind]
-
-    def dash(stage) -> str:  # the two scratch baselines (1x and 2x steps) apart, in every figure
-        return next((d for k, d in dashes.items() if stage.name.endswith(k.split("_")[1])), "dot") \
-            if stage.kind == "scratch" else "solid"
 
     fig = go.Figure()
     for s in result.stages:
@@ -269,7 +286,12 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
     fig.update_layout(title=f"Validation loss: reference, Inheritune students, same-size scratch, ablations<br><sup>{subtitle}</sup>",
                       xaxis_title="tokens seen by the model (students: own training only)", yaxis_title="validation loss",
                       template="plotly_white")
-    written += write_figure(fig, out / "inheritune_val_loss")
+    return write_figure(fig, out / "inheritune_val_loss")
+
+
+def rank_figures(result, out: Path, subtitle: str, uniform: dict) -> list[str]:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("max rank over heads (after training)",
                                                         "mean rank over heads (after training)"))
@@ -291,7 +313,7 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
                       template="plotly_white")
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="approximate rank", row=1, col=1)
-    written += write_figure(fig, out / "inheritune_rank_per_layer")
+    written = write_figure(fig, out / "inheritune_rank_per_layer")
 
     ref = result.stages[0]
     tracked = [r for r in ref.history if "max_rank" in r]
@@ -303,9 +325,6 @@ def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict
                                 f"{wrap(result.meta['rank']['definition'])}<br>{subtitle}</sup>", margin=dict(t=170),
                           xaxis_title="step", yaxis_title="layer", template="plotly_white")
         written += write_figure(fig, out / "inheritune_rank_during_training")
-
-    if smollm:
-        written += smollm_figure(smollm, out)
     return written
 
 
@@ -345,7 +364,7 @@ def main(argv=None):
     started = time.time()
     corpus = load_corpus(a.corpus)
     tokenizer = gpt2_tokenizer()
-    smollm = cached(runs / "extras" / "smollm2_rank.json", {"n": a.smollm_inputs, "len": a.smollm_len, "with": "definition"},
+    smollm = keyed(runs / "extras" / "smollm2_rank.json", {"n": a.smollm_inputs, "len": a.smollm_len, "with": "definition"},
                     lambda: smollm_profile(corpus, tokenizer, a.smollm_inputs, a.smollm_len)) if a.smollm_inputs else None
     if a.preset == "smollm2":
         return main_smollm(a, runs, out, smollm, started)
@@ -356,7 +375,7 @@ def main(argv=None):
     table = result.to_dataframe()
     print(table.to_string())
 
-    evals = cached(runs / "extras" / "zero_shot.json", {"tasks": a.eval_tasks, "n": a.eval_n, "seed": a.seed},
+    evals = keyed(runs / "extras" / "zero_shot.json", {"tasks": a.eval_tasks, "n": a.eval_n, "seed": a.seed},
                    lambda: zero_shot(a, runs, result, tokenizer, config.options))
     table = with_zero_shot(table, evals)
 
@@ -368,7 +387,7 @@ def main(argv=None):
     atomic_write_json(out / "inheritune_results.json", {
         "what": "Inheritune at small scale: reference, students (growth stages), same-size scratch baselines, ablations",
         "architecture": config.options.to_dict(),
-        "settings": vars(a), "corpus": corpus.meta, "table": table.to_dict(orient="records"),
+        "settings": asdict(a), "corpus": corpus.meta, "table": table.to_dict(orient="records"),
         "reference_val_loss": result.reference_val_loss, "final_student_layers": result.final_layers,
         "stages": [{k: v for k, v in asdict(s).items() if k != "history"} for s in result.stages],
         "histories": {s.name: s.history for s in result.stages}, "smollm2_rank": smollm, "zero_shot": evals,
@@ -395,7 +414,7 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
         raise SystemExit("the smollm2 preset needs the rank profile: --smollm-inputs must be > 0")
     settings = {k: getattr(a, k) for k in ("smollm_k", "steps", "batch", "seq", "lr", "min_lr", "warmup", "eval_tasks",
                                             "eval_n", "seed", "smollm_inputs", "smollm_len")}
-    res = cached(runs / "extras" / "smollm2_inheritune.json", settings, lambda: smollm_inheritune(a, runs, smollm))
+    res = keyed(runs / "extras" / "smollm2_inheritune.json", settings, lambda: smollm_inheritune(a, runs, smollm))
     table = with_zero_shot(pd.DataFrame(res["rows"]), res["zero_shot"])
     print(table.to_string())
     written = smollm_figure(smollm, out)
@@ -403,7 +422,7 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
     atomic_write_json(out / "smollm2_inheritune_results.json", {
         "what": "Inheritune from the embedded SmolLM2-135M: its first k layers (k from the rank profile) trained "
                 "briefly, against the full model and a same-size random init trained the same way",
-        "settings": vars(a), **res, "table": table.to_dict(orient="records"), "smollm2_rank": smollm,
+        "settings": asdict(a), **res, "table": table.to_dict(orient="records"), "smollm2_rank": smollm,
         "rank_definition": smollm["averaged"].get("definition"), "lazy_rule": smollm["averaged"]["lazy_rule"],
         "figures": written, "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "wall_time_s": time.time() - started,

@@ -37,20 +37,21 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import platform
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lens_heads import load_model, load_task
+from lens_heads.cache import load_keyed, save_keyed
 from lens_heads.evaluate import evaluate
 from lens_heads.io import atomic_write_json
 from lens_heads.models import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
+from lens_heads.settings import from_args, option
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1e-3
@@ -130,16 +131,17 @@ def lm_eval_logprobs(lm, task, apply_chat_template: bool) -> list[list[float]]:
 
 
 def cached(path: Path, task, compute) -> list[list[float]]:
-    """``compute()``'s per-choice log-likelihoods of ``task``'s items, kept at ``path`` (with the item ids) so that a
+    """``compute()``'s per-choice log-likelihoods of ``task``'s items, kept at ``path`` under the item ids so that a
     rerun resumes after a finished side."""
-    ids = [item.id for item in task]
-    if path.exists() and json.loads(path.read_text())["ids"] == ids:
+    key = {"ids": [item.id for item in task]}
+    stored = load_keyed(path, key)
+    if stored is not None:
         print(f"reusing {path}")
-        return json.loads(path.read_text())["logprobs"]
+        return stored
     t = time.perf_counter()
     logprobs = compute()
     print(f"{path.stem}: {time.perf_counter() - t:.0f} s")
-    atomic_write_json(path, dict(ids=ids, logprobs=logprobs))
+    save_keyed(path, key, logprobs)
     return logprobs
 
 
@@ -190,26 +192,42 @@ def write_report(path: Path, args, model, results: list[dict]) -> None:
     print(f"wrote {path}")
 
 
+AGREEMENT_TASKS = ("arc_easy", "mmlu")
+
+
+def _agreement_tasks(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.replace(" ", ",").split(",") if t.strip())
+    for name in names:
+        if name not in AGREEMENT_TASKS:
+            raise ValueError(f"unknown task {name!r}: choose from {', '.join(AGREEMENT_TASKS)}")
+    return names
+
+
+@dataclass(frozen=True)
+class AgreementSettings:
+    """The compared items, both harnesses' batch sizes, and where the comparison and its cache go."""
+
+    tasks: tuple[str, ...] = option(AGREEMENT_TASKS, "comma-separated tasks compared", parse=_agreement_tasks)
+    per_subject: int = option(2, "MMLU test questions per subject (first in order)")
+    subjects: int | None = option(None, "only the first N MMLU subjects (alphabetical; a quick variant): default all "
+                                  "57", parse=int)
+    n_arc: int = option(100, "ARC-Easy items")
+    seed: int = option(0, "seed of the ARC-Easy sample")
+    batch_size: int = option(8, "rows per forward of lens_heads")
+    lm_eval_batch_size: int = option(1, "HFLM's batch size (its default; HFLM holds [batch, pos, vocab] logits and "
+                                     "log-probs: ~8 GB at 8 rows of 2.7k tokens)")
+    apply_chat_template: bool = option(False, "render contexts with the chat template")
+    out: Path = option(ROOT / "figures" / "lm_eval_agreement.json", "the report (JSON)", parse=Path)
+    cache: Path = option(help="each finished side of each task is kept here; a rerun with the same settings reuses it",
+                         parse=Path, default_factory=lambda: cache_dir() / "lm_eval_agreement")
+    side: str = option("both", "compute only one harness's log-likelihoods into --cache (two processes can run the "
+                       "sides in parallel); a later run with both reuses them and writes the report",
+                       choices=("both", "lens_heads", "lm_eval"))
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", nargs="+", default=["arc_easy", "mmlu"], choices=["mmlu", "arc_easy"])
-    ap.add_argument("--per-subject", type=int, default=2, help="MMLU test questions per subject (first in order)")
-    ap.add_argument("--subjects", type=int, default=None,
-                    help="only the first N MMLU subjects (alphabetical; a quick variant): default all 57")
-    ap.add_argument("--n-arc", type=int, default=100, help="ARC-Easy items")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the ARC-Easy sample")
-    ap.add_argument("--batch-size", type=int, default=8, help="rows per forward of lens_heads")
-    ap.add_argument("--lm-eval-batch-size", type=int, default=1,
-                    help="HFLM's batch size (its default; HFLM holds [batch, pos, vocab] logits and log-probs: "
-                         "~8 GB at 8 rows of 2.7k tokens)")
-    ap.add_argument("--apply-chat-template", action="store_true", help="render contexts with the chat template")
-    ap.add_argument("--out", type=Path, default=ROOT / "figures" / "lm_eval_agreement.json")
-    ap.add_argument("--cache", type=Path, default=cache_dir() / "lm_eval_agreement",
-                    help="each finished side of each task is kept here; a rerun with the same settings reuses it")
-    ap.add_argument("--side", choices=("both", "lens_heads", "lm_eval"), default="both",
-                    help="compute only one harness's log-likelihoods into --cache (two processes can run the sides "
-                         "in parallel); a later run with both reuses them and writes the report")
-    args = ap.parse_args(argv)
+    args = from_args(AgreementSettings, argv, description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     HFLM = import_hflm()
 
     torch.manual_seed(0)

@@ -19,53 +19,61 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from lens_heads import load_model, load_task
+from lens_heads.cache import Cache
 from lens_heads.distributions import layer_summary, stability_table, thresholds
 from lens_heads.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.models import cache_dir, model_meta
 from lens_heads.scores import SCORE_NAMES
+from lens_heads.settings import from_args, option
 from lens_heads.head_scores import HeadScores, score_heads
 
 FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@dataclass(frozen=True)
+class ScoreSettings:
+    """The model, the samples scored and where the outputs go."""
+
+    model: str = option("smollm2-135m", "embedded default, TransformerLens name or HF folder")
+    n_mmlu: int = option(8, "MMLU test items (5-shot prompts: ~800 tokens on average)")
+    n_piqa: int = option(128, "PIQA items")
+    n_winogrande: int = option(128, "WinoGrande items")
+    mmlu_shots: int = option(5, "MMLU few-shot examples")
+    seed: int = option(0, "seed of the item samples")
+    batch_size: int = option(4, "MMLU inputs per forward (batches are grouped by length)")
+    batch_size_short: int = option(32, "PIQA/WinoGrande inputs per forward (short)")
+    out: Path = option(ROOT / "figures", "where tables and figures go", parse=Path)
+    cache: Path = option(help="where per-data-set scores are kept for reruns (LENS_HEADS_CACHE/scores)", parse=Path,
+                         default_factory=lambda: cache_dir() / "scores")
+    no_png: bool = option(False, "skip PNGs (kaleido needs Chromium)")
+
+
 def scores_for(model, model_name: str, task_name: str, n: int, shots: int | None, seed: int, batch_size: int,
                cache: Path) -> HeadScores:
-    """Scores of one data set sample, from the cache when this exact run was done before."""
+    """Scores of one data set sample, from the cache when this exact sample was scored before."""
     task = load_task(task_name, n=n, seed=seed, shots=shots)
-    path = cache / f"scores-{slug(model_name.lower())}-{task_name}-n{len(task)}-shots{task.shots}-seed{seed}.safetensors"
-    if path.exists():
-        print(f"[{task_name}] reusing {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-        return HeadScores.load(path)
-    t = time.perf_counter()
-    result = score_heads(model, task, batch_size=batch_size)
-    print(f"[{task_name}] {len(task)} items ({task.shots}-shot), {result.meta['data']['n_tokens']} tokens, "
-          f"{time.perf_counter() - t:.0f} s")
-    result.save(path)
-    return result
+    key = dict(model=model_name, task=task_name, n=len(task), shots=task.shots, seed=seed)
+
+    def compute(path: Path) -> None:
+        t = time.perf_counter()
+        result = score_heads(model, task, batch_size=batch_size)
+        print(f"[{task_name}] {len(task)} items ({task.shots}-shot), {result.meta['data']['n_tokens']} tokens, "
+              f"{time.perf_counter() - t:.0f} s")
+        result.save(path)
+
+    return Cache(cache).file(f"scores-{slug(model_name.lower())}-{task_name}", key, ".safetensors", compute,
+                             HeadScores.load)
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m", help="embedded default, TransformerLens name or HF folder")
-    ap.add_argument("--n-mmlu", type=int, default=8, help="MMLU test items (5-shot prompts: ~800 tokens on average)")
-    ap.add_argument("--n-piqa", type=int, default=128)
-    ap.add_argument("--n-winogrande", type=int, default=128)
-    ap.add_argument("--mmlu-shots", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0, help="seed of the item samples")
-    ap.add_argument("--batch-size", type=int, default=4, help="MMLU inputs per forward (batches are grouped by length)")
-    ap.add_argument("--batch-size-short", type=int, default=32, help="PIQA/WinoGrande inputs per forward (short)")
-    ap.add_argument("--out", type=Path, default=ROOT / "figures")
-    ap.add_argument("--cache", type=Path, default=cache_dir() / "scores",
-                    help="where per-data-set scores are kept for reruns (default: LENS_HEADS_CACHE/scores)")
-    ap.add_argument("--no-png", action="store_true", help="skip PNGs (kaleido needs Chromium)")
-    args = ap.parse_args(argv)
-
+    args = from_args(ScoreSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model = load_model(args.model)
     sizes = {"mmlu": (args.n_mmlu, args.mmlu_shots), "piqa": (args.n_piqa, None),
              "winogrande": (args.n_winogrande, None)}

@@ -26,12 +26,12 @@ Steps:
    ``sweep_<model>_baselines.csv``.
 """
 
-from __future__ import annotations
 
 import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -46,10 +46,12 @@ from lens_heads.report.config import safe_name
 from lens_heads.report.figures import ablation_curves
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.rows import PROTOCOLS
+from lens_heads.settings import from_args, option
 from lens_heads.sweep import CALIBRATIONS, run_sweep
+from lens_heads.tasks import INACTIVE_HEADS_TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECK_TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+CHECK_TASKS = INACTIVE_HEADS_TASKS
 
 
 def _batch_size(text: str) -> int | str:
@@ -58,53 +60,58 @@ def _batch_size(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
+        raise ValueError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {value}")
+        raise ValueError(f"expected a whole number >= 1 or 'auto', got {value}")
     return value
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="model name (default: the embedded SmolLM2-135M)")
-    ap.add_argument("--tasks", default="arc_easy,piqa", help="comma-separated tasks to sweep (default arc_easy,piqa)")
-    ap.add_argument("--n", "--items", dest="n", type=lambda t: None if t == "all" else int(t), default=200,
-                    help="items per swept task, sampled by --seed, or 'all' (default 200; under torchrun say --items: "
-                         "torchrun takes --n for an abbreviation of its own options)")
-    ap.add_argument("--scores", default="all", help="comma-separated score names, or 'all' (the twelve)")
-    ap.add_argument("--fractions", default="0,.05,.1,.15,.2,.25,.3", help="target shares of heads to zero")
-    ap.add_argument("--static-scores", default="AHON (LN)",
-                    help="comma-separated scores for the static pruning view ('' for none)")
-    ap.add_argument("--no-random", action="store_true", help="skip the random baseline")
-    ap.add_argument("--check-tasks", default=",".join(CHECK_TASKS), help="tasks whose baseline is checked vs chance")
-    ap.add_argument("--check-n", type=int, default=100, help="items per task for the baseline check (default 100)")
-    ap.add_argument("--check-n-mmlu", type=int, default=60, help="items for MMLU's check (5-shot prompts are long)")
-    ap.add_argument("--force", action="store_true", help="sweep the --tasks even where the baseline is at chance")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "sweep"), help="folder of resumable units (default runs/sweep)")
-    ap.add_argument("--figures", default=str(ROOT / "figures"), help="where tables and figures go (default figures/)")
-    ap.add_argument("--protocol", default="lm-eval", choices=PROTOCOLS,
-                    help="forward rows: lm-eval's (the paper's, default) or TransformerLens's ('tl')")
-    ap.add_argument("--apply-chat-template", action="store_true",
-                    help="render prompts with the tokenizer's chat template, as lm-eval's --apply_chat_template")
-    ap.add_argument("--calibration", default="rows", choices=CALIBRATIONS,
-                    help="thresholds from the evaluated rows (the paper's, default) or the item prompts")
-    ap.add_argument("--batch-size", type=_batch_size, default=16,
-                    help="forward rows per batch, or 'auto' (the largest that fits; default 16)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed (default 0)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                    help="weights and activations (scores and log-likelihoods are float32 anyway; default float32)")
-    ap.add_argument("--no-png", action="store_true", help="write HTML figures only (PNG needs Chromium)")
-    args = ap.parse_args(argv)
-    args.tasks = [t for t in args.tasks.split(",") if t]
-    args.check_tasks = [t for t in args.check_tasks.split(",") if t]
-    args.scores = list(SCORE_NAMES) if args.scores == "all" else [s.strip() for s in args.scores.split(",") if s]
-    args.static_scores = [s.strip() for s in args.static_scores.split(",") if s.strip()]
-    args.fractions = [float(x) for x in args.fractions.split(",") if x]
-    for s in args.scores + args.static_scores:
-        if s not in SCORE_NAMES:
-            ap.error(f"unknown score {s!r}: choose from {', '.join(SCORE_NAMES)}")
-    return args
+def _score_names(text: str) -> tuple[str, ...]:
+    """Comma-separated score names ('all': the twelve)."""
+    names = list(SCORE_NAMES) if text == "all" else [s.strip() for s in text.split(",") if s.strip()]
+    for name in names:
+        if name not in SCORE_NAMES:
+            raise ValueError(f"unknown score {name!r}: choose from {', '.join(SCORE_NAMES)}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What one run sweeps, checks and writes (each field is a ``--flag``)."""
+
+    model: str = option(DEFAULT_MODEL, "model name (the embedded SmolLM2-135M by default)")
+    tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks to sweep")
+    n: int | None = option(200, "items per swept task, sampled by --seed, or 'all' (under torchrun say --items: "
+                           "torchrun takes --n for an abbreviation of its own options)",
+                           parse=lambda t: None if t == "all" else int(t), aliases=("--items",))
+    scores: tuple[str, ...] = option(tuple(SCORE_NAMES), "comma-separated score names, or 'all' (the twelve)",
+                                     parse=_score_names)
+    fractions: tuple[float, ...] = option((0.0, .05, .1, .15, .2, .25, .3), "target shares of heads to zero")
+    static_scores: tuple[str, ...] = option(("AHON (LN)",), "comma-separated scores for the static pruning view "
+                                            "('' for none)", parse=_score_names)
+    no_random: bool = option(False, "skip the random baseline")
+    check_tasks: tuple[str, ...] = option(CHECK_TASKS, "tasks whose baseline is checked vs chance ('' for none)")
+    check_n: int = option(100, "items per task for the baseline check")
+    check_n_mmlu: int = option(60, "items for MMLU's check (5-shot prompts are long)")
+    force: bool = option(False, "sweep the --tasks even where the baseline is at chance")
+    out: str = option(str(ROOT / "runs" / "sweep"), "folder of resumable units")
+    figures: str = option(str(ROOT / "figures"), "where tables and figures go")
+    protocol: str = option("lm-eval", "forward rows: lm-eval's (the paper's) or TransformerLens's ('tl')",
+                           choices=PROTOCOLS)
+    apply_chat_template: bool = option(False, "render prompts with the tokenizer's chat template, as lm-eval's "
+                                       "--apply_chat_template")
+    calibration: str = option("rows", "thresholds from the evaluated rows (the paper's) or the item prompts",
+                              choices=CALIBRATIONS)
+    batch_size: int | str = option(16, "forward rows per batch, or 'auto' (the largest that fits)", parse=_batch_size)
+    seed: int = option(0, "sampling and random-baseline seed")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
+    dtype: str = option("float32", "weights and activations (scores and log-likelihoods are float32 anyway)",
+                        choices=("float32", "bfloat16", "float16"))
+    no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
+
+
+def parse_args(argv=None) -> SweepSettings:
+    return from_args(SweepSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 # ---------------------------------------------------------------- step 1: baselines against chance

@@ -21,6 +21,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from lens_heads.gpt2 import GPT2_SIZES, PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model, gpt2_options, own_rng  # noqa: F401
 from lens_heads.io import atomic_write_json
 from lens_heads.rank import RankProfile, attention_rank
+from lens_heads.tasks import INHERITUNE_METRICS
 from lens_heads.train import RankTracker, TrainConfig, TrainResult, eval_windows, train
 
 BLOCK_PARTS = ("ln1", "ln2", "attn", "mlp")
@@ -346,9 +347,9 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
 # ---------------------------------------------------------------- zero-shot evaluation
 
 # The paper's zero-shot tasks and the accuracy reported for each (lm-eval names: "sum" = acc, "per_char" =
-# acc_norm, which the paper reports for HellaSwag). Tasks that lens_heads.tasks does not ship are reported as
-# unavailable, so adding one there is all it takes.
-PAPER_TASKS = {"arc_easy": "sum", "piqa": "sum", "hellaswag": "per_char", "lambada": "sum", "sciq": "sum"}
+# acc_norm, which the paper reports for HellaSwag), from the task registry (TaskSpec.inheritune_metric). A task
+# asked for that lens_heads.tasks does not ship is reported as unavailable.
+PAPER_TASKS = INHERITUNE_METRICS
 
 
 def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, n: int | None = None, seed: int = 0,

@@ -2,10 +2,12 @@
 
 As in nanoGPT's ``train.py``, a run is its settings plus overrides: a named preset (``--quick``) overrides the
 defaults, and flags given on the command line override both. Each field of the dataclass becomes ``--field-name``
-(``positional=True`` makes it an optional positional argument); a tuple field reads a comma-separated list; a bool
-field gets ``--name/--no-name``. Field metadata, set with :func:`option`, holds the help text, the parser of the
-text (which raises ``ValueError`` or ``argparse.ArgumentTypeError`` with a message saying what to pass), choices
-and the metavar. Used by the report, the analyses and the benchmarks.
+(``positional=True`` makes it an optional positional argument, or, for a tuple field, any number of them;
+``aliases`` adds other spellings of the flag); a tuple field reads a comma-separated list; a bool field gets
+``--name/--no-name`` (one named ``no_x`` only ``--no-x``). A ``__post_init__`` that refuses a combination of values
+with a ``ValueError`` gives argparse's usage error. Field metadata, set with :func:`option`, holds the help text, the
+parser of the text (which raises ``ValueError`` or ``argparse.ArgumentTypeError`` with a message saying what to
+pass), choices and the metavar. Used by the report, the analyses and the benchmarks.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, parse: Callable[[str], Any] | None = None,
            choices: Sequence[str] | None = None, metavar: str | None = None, positional: bool = False,
-           cli: bool = True, default_factory: Any = dataclasses.MISSING) -> Any:
+           cli: bool = True, default_factory: Any = dataclasses.MISSING, aliases: Sequence[str] = ()) -> Any:
     """A dataclass field with what its command-line flag needs (``cli=False``: settable from Python only)."""
-    meta = dict(help=help, parse=parse, choices=choices, metavar=metavar, positional=positional, cli=cli)
+    meta = dict(help=help, parse=parse, choices=choices, metavar=metavar, positional=positional, cli=cli,
+                aliases=tuple(aliases))
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -69,12 +72,17 @@ def build_parser(cls, *, presets: Mapping[str, Mapping[str, Any]] | None = None,
             kwargs["choices"] = list(meta["choices"])
         if meta.get("metavar"):
             kwargs["metavar"] = meta["metavar"]
-        if meta.get("positional"):
+        if meta.get("positional") and isinstance(default, tuple):  # several values, one per argument
+            item = meta.get("parse") or (type(default[0]) if default else str)
+            p.add_argument(f.name, nargs="*", type=_checked(item), **kwargs)
+        elif meta.get("positional"):
             p.add_argument(f.name, nargs="?", type=_checked(_parser_for(default, meta.get("parse"))), **kwargs)
+        elif isinstance(default, bool) and f.name.startswith("no_"):  # argparse reads --no-x as "x off"
+            p.add_argument("--" + f.name.replace("_", "-"), action="store_const", const=not default, **kwargs)
         elif isinstance(default, bool):
             p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, **kwargs)
         else:
-            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+            p.add_argument("--" + f.name.replace("_", "-"), *meta.get("aliases", ()), dest=f.name,
                            type=_checked(_parser_for(default, meta.get("parse"))), **kwargs)
     return p
 
@@ -82,9 +90,13 @@ def build_parser(cls, *, presets: Mapping[str, Mapping[str, Any]] | None = None,
 def from_args(cls, argv: Sequence[str] | None = None, *, presets: Mapping[str, Mapping[str, Any]] | None = None,
               parser: argparse.ArgumentParser | None = None, **parser_kwargs):
     """Settings from the command line: the dataclass's defaults, then the preset, then the flags given."""
-    args = vars(build_parser(cls, presets=presets, parser=parser, **parser_kwargs).parse_args(argv))
+    parser = build_parser(cls, presets=presets, parser=parser, **parser_kwargs)
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
     preset = dict((presets or {}).get(args.pop("preset", None), {}))
-    return cls(**{**preset, **args})
+    try:
+        return cls(**{**preset, **args})
+    except ValueError as error:  # a combination the settings refuse (their __post_init__)
+        parser.error(str(error))
 
 
 def _show(value: Any) -> str:

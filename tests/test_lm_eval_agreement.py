@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def load_script():
     spec = importlib.util.spec_from_file_location("lm_eval_agreement", ROOT / "analyses" / "lm_eval_agreement.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses of the script look their module up
     spec.loader.exec_module(module)
     return module
 

