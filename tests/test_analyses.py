@@ -18,7 +18,7 @@ def load_script(name: str):
 
 
 def test_gpt2_medium_preset_is_the_papers_run():
-    """shared/specs/inheritune.md: GPT-2 medium 24 layers (d 1024, 16 heads), students from 12 layers growing by 2,
+    """The paper (Sanyal et al.) and its authors' config: GPT-2 medium 24 layers (d 1024, 16 heads), students from 12 layers growing by 2,
     AdamW lr 2e-4 cosine to 1e-5, warmup 2000, weight decay 0.1, betas (0.9, 0.95), clip 1.0, block 1024, about 49K
     tokens a step, 100K steps, on OpenWebText."""
     script = load_script("inheritune")

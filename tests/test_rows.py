@@ -93,7 +93,7 @@ def test_chat_template_renders_description_as_system_turn(model, tokenizer):
          {"role": "user", "content": item.contexts[0][len(item.description):]}],
         tokenize=False, add_generation_prompt=True)
     rows = build_rows(model, [item], apply_chat_template=True)
-    assert len(rows) == 4  # the answers are two tokens now, so each choice has its row, as in lm-eval
+    assert len(rows) == 4  # each answer is two tokens under the chat template, so each choice has its row, as in lm-eval
     for row, letter in zip(rows, " A B C D".split(" ")[1:]):
         ctx, cont = lm_eval_pair(tokenizer, rendered, " " + letter)
         assert row.tokens == (ctx + cont)[:-1] and row.reads[0][1:] == (len(ctx) - 1, cont)
