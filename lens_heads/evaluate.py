@@ -294,13 +294,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
         return halving(lambda size: evaluate(model, task, hooks=hooks, **{**settings, "batch_size": size}), start,
                        _describe(hooks))
     check_batch_size(batch_size)
-
-    if primary not in METRICS:
-        raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    _check_settings(primary, attention)
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
@@ -309,50 +303,64 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
     check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
                     [f"item {items[r.item].id}" for r in rows])
-    order = sorted(range(len(rows)), key=lambda r: -len(rows[r].tokens))
-    logprobs = [[math.nan] * len(it.continuations) for it in items]
-    greedy = [[False] * len(it.continuations) for it in items]
-    n_tokens = [[0] * len(it.continuations) for it in items]
-    for row in rows:
-        for choice, _, ids in row.reads:
-            n_tokens[row.item][choice] = len(ids)
-    rows_left = np.bincount([r.item for r in rows], minlength=len(items))
-    device = model.cfg.device
-    pad = pad_id(model)
-    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
     start_time = time.perf_counter()
+    attention_calls = AttentionCalls()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
-    attention_calls = AttentionCalls()
     with _attention(model, attention, attention_calls), model.hooks(fwd_hooks=pairs):
-        for batch in batches([rows[r] for r in order], batch_size):
-            tokens, mask = pad_rows(batch, pad)
-            with contextlib.ExitStack() as stack:
-                for obj in batch_aware:
-                    stack.enter_context(obj.batch(mask.to(device), inputs=[first_input + row.item for row in batch]))
-                resid = model(tokens.to(device), attention_mask=mask.to(device).long(),
-                              stop_at_layer=model.cfg.n_layers)
-                _read_logprobs(model, resid, batch, logprobs, greedy)
-            stats["forward_passes"] += 1
-            stats["forward_tokens"] += int(mask.sum())
-            stats["padded_tokens"] += int(mask.numel())
-            done = 0
-            for row in batch:
-                rows_left[row.item] -= 1
-                done += int(rows_left[row.item] == 0)
-            bar.update(done)
+        logprobs, greedy, stats = _run_rows(model, items, rows, batch_size, batch_aware, first_input, bar)
     bar.close()
-    records = [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
-                          n_chars=[len(x) for x in it.continuations], greedy=gr,
-                          n_bytes=[len(x.encode("utf-8")) for x in it.continuations])
-               for it, lp, nt, gr in zip(items, logprobs, n_tokens, greedy)]
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
                 protocol=protocol, apply_chat_template=apply_chat_template,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=attention_calls.describe() if attention == "fused" else "eager", **stats)
-    return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), items=records,
+    return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
+                      items=_records(items, rows, logprobs, greedy),
                       chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
+
+
+def _check_settings(primary: str, attention: str) -> None:
+    if primary not in METRICS:
+        raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+
+
+def _run_rows(model, items, rows: list[Row], batch_size: int, batch_aware: list, first_input: int, bar
+              ) -> tuple[list[list[float]], list[list[bool]], dict]:
+    """Forward every row (longest first, in batches) and read each (item, choice)'s log-likelihood and whether
+    its continuation is the greedy one; ``bar`` advances as each item's last row is read."""
+    logprobs = [[math.nan] * len(it.continuations) for it in items]
+    greedy = [[False] * len(it.continuations) for it in items]
+    rows_left = np.bincount([r.item for r in rows], minlength=len(items))
+    device, pad = model.cfg.device, pad_id(model)
+    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
+    for batch in batches(sorted(rows, key=lambda r: -len(r.tokens)), batch_size):
+        tokens, mask = pad_rows(batch, pad)
+        with contextlib.ExitStack() as stack:
+            for obj in batch_aware:
+                stack.enter_context(obj.batch(mask.to(device), inputs=[first_input + row.item for row in batch]))
+            resid = model(tokens.to(device), attention_mask=mask.to(device).long(), stop_at_layer=model.cfg.n_layers)
+            _read_logprobs(model, resid, batch, logprobs, greedy)
+        stats["forward_passes"] += 1
+        stats["forward_tokens"] += int(mask.sum())
+        stats["padded_tokens"] += int(mask.numel())
+        for row in batch:
+            rows_left[row.item] -= 1
+        bar.update(sum(int(rows_left[row.item] == 0) for row in {r.item: r for r in batch}.values()))
+    return logprobs, greedy, stats
+
+
+def _records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
+    n_tokens = [[0] * len(it.continuations) for it in items]
+    for row in rows:
+        for choice, _, ids in row.reads:
+            n_tokens[row.item][choice] = len(ids)
+    return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
+                       n_chars=[len(x) for x in it.continuations], greedy=gr,
+                       n_bytes=[len(x.encode("utf-8")) for x in it.continuations])
+            for it, lp, nt, gr in zip(items, logprobs, n_tokens, greedy)]
 
 
 def _attention(model, attention: str, calls: AttentionCalls):
