@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lens_heads.compare import METRICS, compare_sweeps
-from lens_heads.report import figures
+from lens_heads import plots as figures
 from lens_heads.report.render import Figure, Section, Table, Text
 from lens_heads.sweep import table2
 

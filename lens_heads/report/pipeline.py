@@ -30,7 +30,8 @@ from lens_heads import distributed
 from lens_heads.compare import read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import load_model, model_meta
-from lens_heads.report import attention, figures
+from lens_heads import plots as figures
+from lens_heads.report import attention
 from lens_heads.report.cache import StageCache
 from lens_heads.report.comparison import stage_compare
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
