@@ -29,7 +29,7 @@ import pandas as pd
 
 from lens_heads.compare import METRICS, compare_sweeps, read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.report.figures import correlation_heatmap, png_writer, rank_heatmap
+from lens_heads.plots import correlation_heatmap, png_writer, rank_heatmap
 from lens_heads.settings import from_args, option
 from lens_heads.sweep import table2
 

@@ -48,8 +48,8 @@ from lens_heads.effects import HeadEffects, oracle_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
 from lens_heads.rows import PROTOCOLS
+from lens_heads.plots import ablation_curves, agreement_bars, score_vs_effect
 from lens_heads.settings import from_args, option
-from lens_heads.report.figures import ablation_curves, agreement_bars, score_vs_effect
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ablation", "attribution")
@@ -196,6 +196,7 @@ def run_task(model, name: str, args) -> dict:
     heldout = heldout_items(task, args.n, args.heldout_n, args.seed)
     oracles = oracle_curves(model, name, task, heldout, order, args)
     oracle_table = pd.concat([o.to_dataframe() for o in oracles.values()], ignore_index=True)
+    oracle_table["mode"] = oracle_table["mode"].replace("static", "oracle")  # drawn as a reference, not a score
 
     meta = model_meta(model)
     per_head = pd.concat([effects[m].to_dataframe() for m in METHODS], ignore_index=True)

@@ -43,7 +43,7 @@ from lens_heads.evaluate import EvalResult, evaluate
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import DEFAULT_MODEL, model_meta
 from lens_heads.report.config import safe_name
-from lens_heads.report.figures import ablation_curves
+from lens_heads.plots import ablation_curves
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.rows import PROTOCOLS
 from lens_heads.settings import from_args, option

@@ -40,7 +40,7 @@ from lens_heads.fused_attention import AttentionCalls, fused_attention
 from lens_heads import distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.capture import check_hook_names
-from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol, encode, within_context  # noqa: F401
+from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.inputs import check_token_ids, pad_id, right_pad
 
 METRICS = ("sum", "per_token", "per_char")

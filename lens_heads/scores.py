@@ -220,6 +220,17 @@ EXTRA_SCORES: tuple[Score, ...] = (
 EXTRA_NAMES: list[str] = [s.name for s in EXTRA_SCORES]
 
 
+# Each variant's base score: "AHON (LN)" -> "AHON". Curves of one family share a colour in the figures.
+_FAMILY = {**{ln.name: s.name for s, ln in zip(BASE_SCORES, LN_SCORES)},
+           **{extra.name: base.name for extra, base in zip(EXTRA_SCORES, (LTHON, LTHON, AHON, LTHON, AHON))}}
+LN_NAMES = frozenset(s.name for s in LN_SCORES)
+
+
+def base_score(name: str) -> str:
+    """The base score a score belongs to ("AHON (LN)" -> "AHON"); any other name is its own base."""
+    return _FAMILY.get(name, name)
+
+
 def get_score(name: str) -> Score:
     """The registered score called ``name`` (one of SCORE_NAMES or EXTRA_NAMES)."""
     for s in SCORES + EXTRA_SCORES:

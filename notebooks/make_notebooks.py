@@ -30,7 +30,7 @@ from lens_heads.head_scores import score_heads
 from lens_heads.distributions import thresholds, layer_summary
 from lens_heads.ablation import threshold_zeroing, random_zeroing
 from lens_heads.evaluate import evaluate, paired_difference
-from lens_heads.report import figures
+from lens_heads import plots
 
 torch.manual_seed(0)
 model = load_model()  # raw weight basis: the norms the scores read are not changed by weight processing
@@ -40,7 +40,7 @@ print(lens_heads.weight_basis(model), model.cfg.n_layers, "layers x", model.cfg.
 scores = score_heads(model, task, batch_size=8)
 scores.values.shape  # [input, layer, head, score]"""),
     new_code_cell("""mean = {name: scores.mean(name).numpy() for name in scores.names}
-figures.score_heatmaps(mean, scores.direction, title="Mean head scores on 16 ARC-Easy prompts (dark = inactive side)")"""),
+plots.score_heatmaps(mean, scores.direction, title="Mean head scores on 16 ARC-Easy prompts (dark = inactive side)")"""),
     new_code_cell("""summary = layer_summary(scores, ["AHON (LN)"])
 summary[["layer", "mean", "q05", "q50", "q95"]].head(10)"""),
     new_markdown_cell("""## Zero heads per input, against random zeroing
@@ -81,7 +81,7 @@ from lens_heads.rank import approx_rank, attention_rank
 from lens_heads.corpus import load_corpus, gpt2_tokenizer
 from lens_heads.inheritune import InherituneConfig, run_inheritune
 from lens_heads.train import TrainConfig
-from lens_heads.report import figures"""),
+from lens_heads import plots"""),
     new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
     new_code_cell("""T = 16
 every_query_alike = torch.full((T, T), 1.0 / T)      # uniform averaging: rank one
@@ -96,7 +96,7 @@ prompts = ["The State of the Union is strong, and the economy has grown in every
 profile = attention_rank(model, prompts)  # the paper's: rank of the prompt-averaged matrix (cut to the shortest)
 print(profile.definition)
 print("lazy layers:", profile.lazy_layers(), "| rule:", profile.lazy_rule)
-figures.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
+plots.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
                      title="SmolLM2-135M attention rank per layer (3 prompts)")"""),
     new_markdown_cell("""## Inheritune on a tiny GPT-2
 

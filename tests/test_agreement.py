@@ -87,9 +87,7 @@ def test_mismatched_items_are_refused():
 
 
 def test_figures_carry_the_numbers_and_escape_the_names():
-    import pandas as pd
-
-    from lens_heads.report.figures import ablation_curves, agreement_bars, score_vs_effect
+    from lens_heads.plots import agreement_bars, score_vs_effect
 
     scores, effects, effect = constructed()
     table = score_agreement(scores, effects, n_boot=20).to_dataframe()
@@ -104,14 +102,6 @@ def test_figures_carry_the_numbers_and_escape_the_names():
     for trace, name in zip(scatter.data, scores.names):
         assert list(trace.x) == pytest.approx(mean[name].reshape(-1).tolist())
         assert list(trace.y) == pytest.approx(size.reshape(-1).tolist())
-    # oracle and random curves are drawn in both rows when base and (LN) scores get a row each
-    names = ["AWFT", "AEQD", "FTVVN", "AVVN", "AWFT (LN)", "AEQD (LN)", "FTVVN (LN)", "random",
-             "oracle (held-out items)"]
-    curves = pd.DataFrame([dict(score=s, realised_fraction=f, target_fraction=f, accuracy=0.5, ci_low=0.4,
-                                ci_high=0.6) for s in names for f in (0.0, 0.1)])
-    fig = ablation_curves(curves, baseline=50.0, chance=0.25)
-    drawn = [t.name for t in fig.data]
-    assert drawn.count("oracle (held-out items)") == 2 and drawn.count("random") == 2
 
 
 def test_row_scores_are_averaged_per_item():

@@ -185,25 +185,23 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
 
 
 def test_report_section_from_two_sweeps_escapes_names(tmp_path):
-    from lens_heads.report.comparison import stage_compare
-    from lens_heads.report.config import ReportConfig
-    from lens_heads.report.pipeline import Outputs
+    from lens_heads.report import sections
     from lens_heads.report.render import render_page
+    from lens_heads.report.stages import compare_stage
 
     evil = "<script>alert(1)</script>"
     sweeps = [synthetic_sweep(evil, "t1", A), synthetic_sweep("m1", "t&2", B)]
-    out = Outputs(results={})
-    stage_compare(out, sweeps, ReportConfig())
-    page = render_page("report", "", out.sections)
+    out = compare_stage(sweeps)
+    section = sections.compare(out)
+    page = render_page("report", "", [section])
     assert evil not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "t&amp;2" in page
-    section = out.sections[0]
-    assert section.anchor == "compare" and {"compare_ranks", "compare_spearman"} <= set(out.pngs)
-    heat = out.pngs["compare_ranks"].data[0]
+    assert section.anchor == "compare" and {"compare_ranks", "compare_spearman"} <= set(out.figures)
+    heat = out.figures["compare_ranks"].data[0]
     assert list(heat.y) == ["S1", "S3", "S2", "random"] and "&lt;script&gt;" in heat.x[0]
     assert np.array(heat.z).tolist() == [[2, 1], [1, 2.5], [3, 2.5], [4, 4]]
     pairs = out.tables["compare_pairs"]
     assert pairs.loc[pairs["ranking"] == "accuracy", "spearman"].item() == pytest.approx(3 / math.sqrt(22.5))
-    assert out.results["compare"]["curves"] == ["S1", "S2", "S3", "random"]
+    assert out.numbers["curves"] == ["S1", "S2", "S3", "random"]
     t2 = out.tables["compare_table2"].set_index("task")  # no AWFT curve here: NaN beside the best other
     assert math.isnan(t2.loc["t1", "awft_pct"]) and t2.loc["t1", "best_score"] == "S1"
     assert t2.loc["t1", "best_pct"] == pytest.approx(11)  # 80 -> 80 -> 70 crosses 79 at 10 + 1/10 * 10

@@ -1,12 +1,12 @@
-"""The report command end to end (``--quick`` on the embedded model) and its building blocks.
+"""The report command end to end (the ``--quick`` sizes on the embedded model, every stage run) and its building
+blocks.
 
 Numbers in results.json are checked against the library run again here, independently of the report's own
 pipeline: the scores of the task sample and of the example prompt, the heads picked as most/least active, the
-rank profile, and (when the sweep module exists) the baseline accuracy. Bad arguments and unreachable models must
-end with one line and no traceback.
+rank profile and the baseline accuracy. Bad arguments and unreachable models must end with one line and no
+traceback.
 """
 
-import importlib.util
 import json
 import re
 import shutil
@@ -20,7 +20,7 @@ from lens_heads.report.__main__ import main
 from lens_heads.report.attention import pick_heads, script_safe
 from lens_heads.report.config import ALL_SCORES, QUICK
 from lens_heads.report.render import Section, Table, Text, render_page
-from report_run import COMPARE_WITH, MARKUP_PROMPT, quick_report, run_cli
+from report_run import COMPARE_WITH, MARKUP_PROMPT, QUICK_ARGS, quick_report, run_cli
 
 TASK = "arc_easy"
 
@@ -50,9 +50,9 @@ def test_output_folder_contents(run, results):
     expected = {"report.html", "results.json", "model_card.csv", f"head_scores_{TASK}.csv",
                 f"layer_distributions_{TASK}.csv", f"thresholds_{TASK}.csv", "rank_profile.csv",
                 "attention_heads.csv", f"score_heatmaps_{TASK}.png", f"score_distributions_{TASK}.png",
-                "rank_profile.png", "cache"}
-    if results["stages"][f"ablation:{TASK}"]["status"] == "done":
-        expected |= {f"ablation_{TASK}.csv", f"ablation_summary_{TASK}.csv", f"ablation_{TASK}.png"}
+                "rank_profile.png", "cache", f"ablation_{TASK}.csv", f"ablation_summary_{TASK}.csv",
+                f"ablation_{TASK}.png", f"effects_{TASK}.csv", f"effects_agreement_{TASK}.csv",
+                f"effects_scatter_{TASK}.png", "compare_ranks.png"}
     assert expected <= names, expected - names
     assert set(results["files"]) <= names
     for png in run.out.glob("*.png"):
@@ -63,7 +63,7 @@ def test_output_folder_contents(run, results):
 
 def test_results_say_what_they_are(results):
     s = results["settings"]
-    assert s["model"] == "smollm2-135m" and s["quick"] is True and s["seed"] == 0
+    assert s["model"] == "smollm2-135m" and s["quick"] is False and s["seed"] == 0
     assert s["n"] == QUICK["n"] and list(s["fractions"]) == list(QUICK["fractions"])
     assert s["prompts"] == [MARKUP_PROMPT]
     assert results["weight_basis"].startswith("raw")
@@ -72,7 +72,9 @@ def test_results_say_what_they_are(results):
     assert 0 < data["chance"] < 1
     for pkg in ("torch", "transformer_lens", "transformers", "plotly", "circuitsvis", "lens_heads"):
         assert results["versions"][pkg] != "not installed"
-    assert all(v["status"] in ("done", "unavailable") for v in results["stages"].values()), results["stages"]
+    stages = {f"{kind}:{TASK}" for kind in ("scores", "ablation", "effects")} | {"compare", "rank", "attention", "png"}
+    assert stages <= set(results["stages"])
+    assert all(v["status"] == "done" for v in results["stages"].values()), results["stages"]
 
 
 def test_model_card_matches_the_model(results, smollm):
@@ -160,13 +162,9 @@ def test_rank_profile_matches_the_library(results, smollm, task):
 
 
 def test_ablation_baseline_matches_a_fresh_evaluation(results, smollm, task, run):
-    stage = results["stages"][f"ablation:{TASK}"]
-    if importlib.util.find_spec("lens_heads.sweep") is None:
-        # Not faked: the report must say the stage is unavailable, in results.json and on the page.
-        assert stage["status"] == "unavailable" and "lens_heads.sweep" in stage["reason"]
-        assert "Ablation sweep on arc_easy (unavailable)" in (run.out / "report.html").read_text()
-        return
     from lens_heads.evaluate import evaluate
+
+    stage = results["stages"][f"ablation:{TASK}"]
 
     assert stage["status"] == "done", stage
     a = results["ablation"][TASK]
@@ -206,14 +204,14 @@ def test_rerun_reuses_the_cached_stages(run, results, tmp_path):
     out = tmp_path / "rerun"
     shutil.copytree(run.out, out)  # a copy: the browser test reads the original
     stamp = {p.name: p.stat().st_mtime_ns for p in (out / "cache").rglob("*") if p.is_file()}
-    proc = run_cli(["--quick", "--prompt", MARKUP_PROMPT, "--no-progress", "--no-png", "--out", str(out)])
+    proc = run_cli([*QUICK_ARGS, "--no-png", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = json.loads((out / "results.json").read_text())
     assert again["scores"][TASK]["reused_from_cache"] is True
     assert again["scores"][TASK]["mean_per_head"] == results["scores"][TASK]["mean_per_head"]
     assert again["rank"]["max_rank"] == results["rank"]["max_rank"]
-    if "ablation" in results:
-        assert again["ablation"][TASK]["curves"] == results["ablation"][TASK]["curves"]
+    assert again["ablation"][TASK]["curves"] == results["ablation"][TASK]["curves"]
+    assert again["effects"][TASK]["size_per_head"] == results["effects"][TASK]["size_per_head"]
     after = {p.name: p.stat().st_mtime_ns for p in (out / "cache").rglob("*") if p.is_file()}
     rewritten = [k for k in stamp if after[k] != stamp[k] and not k.endswith("key.json")]
     assert rewritten == []  # nothing recomputed: no score, rank or sweep unit written again
@@ -280,7 +278,9 @@ def test_score_names_parse_loosely():
     assert cfg.scores == ("AHON (LN)", "AWFT", "AWFT (LN)")
     assert cfg.fractions == (0.0, 0.1, 0.3)
     assert config_from_args(["--quick", "--n", "5"]).n == 5  # explicit values beat the preset
-    assert config_from_args(["--quick"]).n == QUICK["n"]
+    quick = config_from_args(["--quick"])
+    assert quick.n == QUICK["n"] and quick.quick is True and quick.to_dict()["quick"] is True  # results say so
+    assert config_from_args([]).quick is False
 
 
 # ---------------------------------------------------------------- building blocks
@@ -312,32 +312,28 @@ def test_pick_heads_by_direction():
     assert high_inactive == {"most active": [(1, 0), (0, 0)], "least active": [(0, 1), (1, 1)]}
 
 
-def test_effects_stage_matches_the_library_and_is_skipped_under_quick(tmp_path):
-    """The report's head-effects stage on a tiny model: its effects and agreement table are the library's, a rerun
-    reads them from the cache, and --quick leaves a note instead."""
+def test_effects_stage_matches_the_library(tmp_path):
+    """The report's head-effects stage on a tiny model: its effects and agreement table are the library's, and a
+    rerun reads them from the cache."""
     from transformers import AutoTokenizer
 
     from lens_heads import head_effects, load_task, score_heads
     from lens_heads.agreement import score_agreement
+    from lens_heads.cache import Cache
     from lens_heads.models import embedded_model_folder, tiny_model
-    from lens_heads.report.cache import StageCache
     from lens_heads.report.config import ReportConfig
-    from lens_heads.report.pipeline import Outputs, stage_effects
+    from lens_heads.report.stages import effects_stage
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
     task = load_task("piqa", n=4, seed=0)
     scores = score_heads(model, task, progress=False)
-    cache, key = StageCache(tmp_path), {"model": "tiny-llama"}
-    out = Outputs(results={})
-    effects = stage_effects(out, model, task, scores, ReportConfig(n=4, progress=False), cache, key)
+    cache, key, config = Cache(tmp_path), {"model": "tiny-llama"}, ReportConfig(n=4, progress=False)
+    result = effects_stage(model, task, scores, config, cache, key)
     fresh = head_effects(model, task, method="attribution", progress=False)
-    assert torch.allclose(effects.values, fresh.values, atol=1e-6)
+    np.testing.assert_allclose(result.numbers["size_per_head"], fresh.size().numpy(), atol=1e-6)
     expected = score_agreement(scores, fresh, n_boot=200, seed=0).to_dataframe()
-    np.testing.assert_allclose(out.tables["effects_agreement_piqa"]["spearman"], expected["spearman"], atol=1e-6)
-    assert out.results["effects"]["piqa"]["status"] == "done" and out.sections[-1].title == "Head effects on piqa"
-    again = stage_effects(Outputs(results={}), model, task, scores, ReportConfig(n=4, progress=False), cache, key)
-    assert torch.equal(again.values, effects.values)
-    quick = Outputs(results={})
-    assert stage_effects(quick, model, task, scores, ReportConfig(n=4, quick=True), cache, key) is None
-    assert quick.results["effects"]["piqa"]["status"] == "skipped" and "--quick" in str(quick.sections[-1].blocks[0])
+    np.testing.assert_allclose(result.tables["effects_agreement_piqa"]["spearman"], expected["spearman"], atol=1e-6)
+    assert list(tmp_path.glob("effects-*.safetensors"))
+    again = effects_stage(model, task, scores, config, cache, key)
+    assert again.numbers["size_per_head"] == result.numbers["size_per_head"]

@@ -16,18 +16,16 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.utils import get_act_name
 
+from lens_heads.scores import most_inactive
 
 
 def pick_heads(mean_score: Float[Tensor, "layer head"], direction: str, k: int) -> dict[str, list[tuple[int, int]]]:
     """The ``k`` most active and ``k`` least active (layer, head) pairs by a score's mean over inputs.
 
     ``direction`` is the score's inactive side ('<': low means inactive, '>': high means inactive)."""
-    n_heads = mean_score.shape[1]
-    flat = mean_score.flatten()
-    k = min(k, flat.numel() // 2)
-    inactive_first = torch.argsort(flat, descending=direction == ">", stable=True)
-    as_pairs = lambda idx: [(int(i) // n_heads, int(i) % n_heads) for i in idx]  # noqa: E731
-    return {"most active": as_pairs(inactive_first[-k:].flip(0)), "least active": as_pairs(inactive_first[:k])}
+    order = most_inactive(mean_score, direction, mean_score.numel())
+    k = min(k, len(order) // 2)
+    return {"most active": order[::-1][:k], "least active": order[:k]}
 
 
 def prompt_tokens(model: HookedTransformer, prompt: str) -> Tensor:

@@ -1,4 +1,5 @@
-"""What a report run is asked to do: one dataclass of plain values, with the default and the ``--quick`` preset.
+"""What a report run is asked to do: one settings dataclass (its fields are the command-line flags) and the
+``quick`` preset.
 
 The sizes are chosen so that the default report of the embedded SmolLM2-135M finishes within 15 minutes on an idle
 2-core CPU and ``--quick`` within 3. Cost is set by the sweep: (1 + (fractions - 1) x (scores + 1)) evaluations of
@@ -10,42 +11,129 @@ records its wall and CPU seconds per stage in results.json.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import argparse
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from lens_heads.io import slug
 from lens_heads.models import DEFAULT_MODEL
+from lens_heads.scores import SCORE_NAMES
+from lens_heads.settings import option
+from lens_heads.tasks import INACTIVE_HEADS_TASKS
 
-ALL_SCORES = ("AWFT", "AEQD", "FTVVN", "AVVN", "LTHON", "AHON", "AWFT (LN)", "AEQD (LN)", "FTVVN (LN)", "AVVN (LN)",
-              "LTHON (LN)", "AHON (LN)")
+ALL_SCORES = tuple(SCORE_NAMES)
 # The score the paper found most robust; it picks the "most/least active" heads shown in the attention plots.
 ACTIVITY_SCORE = "AHON (LN)"
 DEFAULT_PROMPT = "When Mary and John went to the store, John gave a drink to"
-TASK_NAMES = ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
+TASK_NAMES = INACTIVE_HEADS_TASKS  # the inactive-heads paper's multiple-choice benchmarks
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
+    return value
+
+
+def task_names(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in names if t not in TASK_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown task {', '.join(map(repr, bad)) or repr(text)}: choose from "
+                                         f"{', '.join(TASK_NAMES)} (comma-separated)")
+    return tuple(dict.fromkeys(names))
+
+
+def fractions(text: str) -> tuple[float, ...]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,0.1,0.2, got {text!r}") from None
+    if not values or any(not 0 <= v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"fractions must lie in [0, 1), got {text!r}")
+    return tuple(sorted({0.0, *values}))  # 0 is the unablated baseline every curve starts from
+
+
+def score_names(text: str) -> tuple[str, ...]:
+    """Score names as in the paper, case, spaces and punctuation ignored ("ahon_ln" is "AHON (LN)"), or "all"."""
+    if text.strip().lower() == "all":
+        return ALL_SCORES
+    key = lambda name: re.sub(r"[^a-z0-9]", "", name.lower())  # noqa: E731
+    by_key = {key(s): s for s in ALL_SCORES}
+    wanted = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in wanted if key(s) not in by_key]
+    if bad or not wanted:
+        raise argparse.ArgumentTypeError(f"unknown score {', '.join(map(repr, bad)) or repr(text)}: choose from "
+                                         f"{', '.join(ALL_SCORES)} or 'all' (comma-separated)")
+    return tuple(dict.fromkeys(by_key[key(s)] for s in wanted))
+
+
+def prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a prompt must contain some text")
+    return text
+
+
+def sweep_path(text: str) -> str:
+    path = Path(text)
+    if not (path / "sweep.json").is_file() and not (path.is_file() and path.suffix == ".json"):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a sweep folder (run_sweep's out_dir, with a "
+                                         "sweep.json) nor a sweep_<task>.json written by analyses/sweep.py")
+    return text
+
+
+def device(text: str) -> str:
+    from lens_heads.models import resolve_device
+
+    resolve_device(text)  # its ValueError says which devices exist
+    return text
 
 
 @dataclass(frozen=True)
 class ReportConfig:
     """Settings of one report; every field is written to ``results.json``."""
 
-    model: str = DEFAULT_MODEL
-    out: str | None = None  # default: report/<model>
-    tasks: tuple[str, ...] = ("arc_easy",)
-    n: int = 40  # evaluated (and scored) items per task
-    rank_n: int = 32  # inputs for the attention-rank profile
-    fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
+    model: str = option(DEFAULT_MODEL, "model to report on: the embedded default (no network needed), a "
+                        "TransformerLens model name such as gpt2-medium (needs the hub or its cache), or a local "
+                        "Hugging Face model folder", positional=True)
+    tasks: tuple[str, ...] = option(("arc_easy",), f"comma-separated benchmarks to score and ablate on, from "
+                                    f"{', '.join(TASK_NAMES)}; pick tasks where the model is above chance",
+                                    parse=task_names, metavar="T1,T2")
+    n: int = option(40, "items sampled per task (by --seed) for scoring and for every evaluation of the sweep",
+                    parse=positive_int, metavar="N")
+    rank_n: int = option(32, "prompts of the first task used for the attention-rank profile", parse=positive_int,
+                         metavar="N")
+    fractions: tuple[float, ...] = option((0.0, 0.1, 0.2, 0.3), "comma-separated target shares of heads to zero "
+                                          "in the sweep, in [0, 1); 0 (the baseline) is always added (the paper: "
+                                          "0,.05,.1,.15,.2,.25,.3)", parse=fractions, metavar="F1,F2")
     # All twelve choose heads in the sweep: ranking them is the paper's question (--scores picks fewer).
-    scores: tuple[str, ...] = ALL_SCORES
-    prompts: tuple[str, ...] = (DEFAULT_PROMPT,)
-    heads_shown: int = 4  # most and least active heads each, in the attention plots
-    compare: tuple[str, ...] = ()  # recorded sweeps (folders or sweep_<task>.json) compared with the report's own
-    device: str | None = None
-    dtype: str = "float32"
-    batch_size: int = 8
-    seed: int = 0
-    quick: bool = False
-    png: bool = True
-    progress: bool = True
-    extra: dict = field(default_factory=dict)
+    scores: tuple[str, ...] = option(ALL_SCORES, "comma-separated scores that choose the heads to zero in the "
+                                     "sweep, or 'all' (all twelve are always computed and shown); names as in the "
+                                     "paper, case and spaces ignored, e.g. 'AHON (LN)' or ahon_ln",
+                                     parse=score_names, metavar="S1,S2")
+    out: str | None = option(None, "output folder (None: report/<model>); reruns into the same folder reuse its "
+                             "cached stages", metavar="DIR")
+    # --prompt (repeatable) and --compare (several paths) are added by the command line itself
+    prompts: tuple[str, ...] = option((DEFAULT_PROMPT,), cli=False)
+    heads_shown: int = option(4, "how many most- and least-active heads the attention plots show",
+                              parse=positive_int, metavar="K")
+    compare: tuple[str, ...] = option((), cli=False)
+    device: str | None = option(None, "torch device, e.g. cpu, cuda, cuda:1, mps (None: cuda if available, else "
+                                "cpu)", parse=device)
+    dtype: str = option("float32", "weights and activations dtype", choices=("float32", "bfloat16", "float16"))
+    batch_size: int = option(8, "inputs per forward pass", parse=positive_int, metavar="B")
+    seed: int = option(0, "seed of the data samples and the random-zeroing baseline")
+    quick: bool = option(False, cli=False)  # set by the "quick" preset, so results.json says it was used
+    png: bool = option(True, "write the PNG figures (they need Chromium for kaleido)")
+    progress: bool = option(True, "show progress bars")
+
+    def __post_init__(self):
+        for name in ("tasks", "fractions", "scores", "prompts", "compare"):  # lists from argparse or callers
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def out_dir(self) -> str:
@@ -57,13 +145,9 @@ class ReportConfig:
         return d
 
 
-# Applied by --quick unless the user set the value explicitly.
-QUICK = dict(n=16, rank_n=8, fractions=(0.0, 0.15, 0.3), scores=("AWFT", "AHON (LN)"))
-
-
-def quick(config: ReportConfig, explicit: set[str] = frozenset()) -> ReportConfig:
-    """The ``--quick`` preset: small samples, two scores, three fractions; explicitly given values win."""
-    return replace(config, quick=True, **{k: v for k, v in QUICK.items() if k not in explicit})
+# ``--quick``: small samples, two scores, three fractions; flags given explicitly still win.
+QUICK = dict(quick=True, n=16, rank_n=8, fractions=(0.0, 0.15, 0.3), scores=("AWFT", "AHON (LN)"))
+PRESETS = {"quick": QUICK}
 
 
 def safe_name(model: str) -> str:

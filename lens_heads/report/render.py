@@ -8,17 +8,13 @@ once in the head, and the page links to nothing outside itself.
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 
 import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-
-def esc(text) -> str:
-    """Escape any value for HTML text or attribute context."""
-    return html.escape(str(text), quote=True)
+from lens_heads.plots import esc
 
 
 @dataclass

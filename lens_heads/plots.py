@@ -1,14 +1,17 @@
-"""Plotly figures of the report: pure functions from result numbers to ``go.Figure``, plus PNG export.
+"""Plotly figures of lens_heads results: pure functions from result numbers to ``go.Figure``, plus PNG export.
 
-No text from data enters a figure unescaped: plotly reads a subset of HTML in labels, so any label that could
-come from data goes through ``esc`` first.
+Used by the report, the analyses and the notebooks. No text from data enters a figure unescaped: plotly reads a
+subset of HTML in labels, so any label that could come from data goes through ``esc`` first. Sweep curves are told
+apart by the table's columns (``curve``, ``score``, ``mode``), never by parsing a curve's label.
 """
 
 from __future__ import annotations
 
+import html
 import math
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +20,16 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from lens_heads.io import atomic_write_bytes
-from lens_heads.report.render import esc
+from lens_heads.scores import LN_NAMES, base_score
+from lens_heads.sweep import RANDOM
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#7f7f7f", "#393b79", "#ad494a")
+
+
+def esc(text) -> str:
+    """Escape any value for HTML text or attribute context."""
+    return html.escape(str(text), quote=True)
 
 
 def score_heatmaps(mean_scores: dict[str, np.ndarray], direction: dict[str, str], title: str = "") -> go.Figure:
@@ -70,60 +79,115 @@ def layer_distributions(summary: dict[str, dict[str, np.ndarray]], title: str = 
 PANELS = (("accuracy", "accuracy (%)", 100.0),
           ("gold_logprob_change", "change of log P(gold) (nats, paired)", 1.0),
           ("kl", "KL(unablated || ablated) over the choices (nats)", 1.0))
+INTERVALS = {"accuracy": ("ci_low", "ci_high"), "gold_logprob_change": ("gold_logprob_low", "gold_logprob_high"),
+             "kl": ("kl_low", "kl_high")}
+REFERENCE_MODES = ("random", "oracle")  # curves that no score chooses: drawn in every row of the figure
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One curve of a sweep table: its label, the score that chose its heads, and how it zeroes them."""
+
+    label: str
+    score: str
+    mode: str  # "threshold" | "static" | "random" | "oracle"
+
+    @property
+    def reference(self) -> bool:
+        return self.mode in REFERENCE_MODES
+
+
+def sweep_curves(table) -> list[Curve]:
+    """The curves of a sweep table (:meth:`lens_heads.sweep.SweepResult.to_dataframe`), in order of appearance.
+
+    ``curve`` is the label (``score`` where the table has no ``curve`` column); a curve's mode is that of its
+    ablated points (the point at 0 is the shared unablated baseline). A table without ``mode`` holds threshold
+    curves and the random one."""
+    labels = table["curve"] if "curve" in table.columns else table["score"]
+    modes = table["mode"] if "mode" in table.columns else [
+        "random" if score == RANDOM else "threshold" for score in table["score"]]
+    found: dict[str, Curve] = {}
+    for label, score, mode in zip(labels.astype(str), table["score"].astype(str), modes):
+        if label not in found or (found[label].mode == "baseline" and mode != "baseline"):
+            found[label] = Curve(label, score, str(mode))
+    return list(found.values())
+
+
+def curve_style(curve: Curve, families: list[str], oracle_index: int = 0) -> dict:
+    """Line style of a curve: random dashed black; oracle curves grey (solid, then dotted); a score and its (LN)
+    variant share their family's colour: solid LN, dash-dot base, dotted static."""
+    if curve.mode == "random":
+        return dict(color="black", width=2.5, dash="dash")
+    if curve.mode == "oracle":
+        return dict(color="#555", width=3, dash=("solid", "dot", "dash")[oracle_index % 3])
+    colour = PALETTE[families.index(base_score(curve.score)) % len(PALETTE)]
+    dash = "dot" if curve.mode == "static" else ("solid" if curve.score in LN_NAMES else "dashdot")
+    return dict(color=colour, width=2, dash=dash)
+
+
+def _curve_rows(curves: list[Curve]) -> dict[str, list[Curve]]:
+    """Figure rows: with more than six scored curves, base scores and (LN) scores get a row each; the reference
+    curves (random, oracle) appear in every row."""
+    references = [c for c in curves if c.reference]
+    scored = [c for c in curves if not c.reference]
+    groups = {"": scored}
+    if len(scored) > 6:
+        groups = {"base scores": [c for c in scored if c.score not in LN_NAMES],
+                  "layer-normalised (LN) scores": [c for c in scored if c.score in LN_NAMES]}
+    return {g: cs + references for g, cs in groups.items() if cs} or {"": references}
 
 
 def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -> go.Figure:
     """Accuracy and the two paired companions (gold log-prob change, KL) against the realised % of heads zeroed.
 
-    ``table``: :meth:`lens_heads.sweep.SweepResult.to_dataframe` (one row per curve point; ``score`` names the
-    curve, ``"random"`` is drawn dashed black with its 95% intervals). ``baseline`` and ``chance`` are in %. With
-    more than six curves, base scores and their "(LN)" variants get a row each, the random baseline in both."""
-    labels = list(dict.fromkeys(str(s) for s in table["score"]))
-    references = [s for s in labels if s == "random" or s.startswith("oracle")]  # drawn in every row
-    scored = [s for s in labels if s not in references]
-    split = len(scored) > 6
-    groups = {"base scores": [s for s in scored if "(LN)" not in s],
-              "layer-normalised (LN) scores": [s for s in scored if "(LN)" in s]} if split else {"": scored}
-    groups = {g: r + references for g, r in groups.items() if r} or {"": references}
+    ``table``: :meth:`lens_heads.sweep.SweepResult.to_dataframe` (one row per curve point). The random curve is
+    drawn with its 95% intervals. ``baseline`` and ``chance`` are in %."""
+    curves = sweep_curves(table)
+    labels = table["curve"] if "curve" in table.columns else table["score"]
+    groups = _curve_rows(curves)
+    families = list(dict.fromkeys(base_score(c.score) for c in curves if not c.reference))
+    oracles = [c.label for c in curves if c.mode == "oracle"]
     panels = [p for p in PANELS if p[0] in table.columns]
     fig = make_subplots(rows=len(groups), cols=len(panels), horizontal_spacing=0.06, vertical_spacing=0.12,
                         subplot_titles=[p[1] for _ in groups for p in panels])
-    roots = list(dict.fromkeys(_root(s) for s in scored))
-    for r, (group, curves) in enumerate(groups.items(), start=1):
+    for r, (group, members) in enumerate(groups.items(), start=1):
         if group:
             fig.update_yaxes(title_text=group, row=r, col=1)
-        for label in curves:
-            g = table[table["score"] == label].sort_values(["realised_fraction", "target_fraction"])
-            x = 100 * g["realised_fraction"]
-            if label == "random":
-                style = dict(color="black", width=2.5, dash="dash")
-            elif label.startswith("oracle"):  # the reference from measured head effects; held-out items dotted
-                style = dict(color="#555", width=3, dash="dot" if "held-out" in label else "solid")
-            else:
-                # a score and its (LN) variant share a colour: solid LN, dash-dot base, dotted static
-                style = dict(color=PALETTE[roots.index(_root(label)) % len(PALETTE)], width=2,
-                             dash="dot" if "(static)" in label else ("solid" if "(LN)" in label else "dashdot"))
-            for c, (column, _, scale) in enumerate(panels, start=1):
-                low, high = {"accuracy": ("ci_low", "ci_high"), "gold_logprob_change": ("gold_logprob_low",
-                             "gold_logprob_high"), "kl": ("kl_low", "kl_high")}[column]
-                y = scale * g[column]
-                err = dict(type="data", symmetric=False, array=(scale * g[high] - y).tolist(),
-                           arrayminus=(y - scale * g[low]).tolist(), thickness=1, width=2) \
-                    if label == "random" and high in g else None
-                fig.add_trace(go.Scatter(
-                    x=x, y=y, mode="lines+markers", name=esc(label), legendgroup=esc(label), line=style,
-                    marker=dict(size=5), error_y=err, showlegend=c == 1 and (label not in references or r == 1),
-                    hovertemplate=f"{esc(label)}<br>%{{x:.1f}}% zeroed: %{{y:.3g}}<extra></extra>"), row=r, col=c)
-        fig.add_hline(y=baseline, line=dict(color="black", width=1), annotation_text=f"baseline {baseline:.1f}%",
-                      row=r, col=1)
-        fig.add_hline(y=baseline - 1, line=dict(color="black", width=1, dash="dot"), annotation_text="baseline - 1",
-                      annotation_position="bottom right", row=r, col=1)
-        fig.add_hline(y=100 * chance, line=dict(color="#c00", width=1, dash="dot"),
-                      annotation_text=f"chance {100 * chance:.1f}%", row=r, col=1)
+        for curve in members:
+            points = table[labels.astype(str) == curve.label].sort_values(["realised_fraction", "target_fraction"])
+            style = curve_style(curve, families, oracles.index(curve.label) if curve.label in oracles else 0)
+            for c, panel in enumerate(panels, start=1):
+                fig.add_trace(_curve_trace(points, curve, panel, style, legend=c == 1 and (
+                    not curve.reference or r == 1)), row=r, col=c)
+        _reference_lines(fig, r, baseline, chance)
     fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(groups))
     fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=1500, legend=dict(font=dict(size=11)),
                       margin=dict(t=90, l=60, r=20, b=50))
     return fig
+
+
+def _curve_trace(points, curve: Curve, panel, style: dict, legend: bool) -> go.Scatter:
+    """One curve in one panel; the random curve carries its 95% intervals as error bars."""
+    column, _, scale = panel
+    low, high = INTERVALS[column]
+    y = scale * points[column]
+    err = dict(type="data", symmetric=False, array=(scale * points[high] - y).tolist(),
+               arrayminus=(y - scale * points[low]).tolist(), thickness=1, width=2) \
+        if curve.mode == "random" and high in points else None
+    name = esc(curve.label)
+    return go.Scatter(x=100 * points["realised_fraction"], y=y, mode="lines+markers", name=name, legendgroup=name,
+                      line=style, marker=dict(size=5), error_y=err, showlegend=legend,
+                      hovertemplate=f"{name}<br>%{{x:.1f}}% zeroed: %{{y:.3g}}<extra></extra>")
+
+
+def _reference_lines(fig: go.Figure, row: int, baseline: float, chance: float) -> None:
+    """The unablated baseline, the 1-point line below it and chance, in the accuracy panel of ``row``."""
+    fig.add_hline(y=baseline, line=dict(color="black", width=1), annotation_text=f"baseline {baseline:.1f}%",
+                  row=row, col=1)
+    fig.add_hline(y=baseline - 1, line=dict(color="black", width=1, dash="dot"), annotation_text="baseline - 1",
+                  annotation_position="bottom right", row=row, col=1)
+    fig.add_hline(y=100 * chance, line=dict(color="#c00", width=1, dash="dot"),
+                  annotation_text=f"chance {100 * chance:.1f}%", row=row, col=1)
 
 
 def score_vs_effect(mean_scores: dict[str, np.ndarray], size: np.ndarray, direction: dict[str, str], *,
@@ -169,11 +233,6 @@ def agreement_bars(table, *, title: str = "") -> go.Figure:
     fig.update_layout(title=esc(title), barmode="group", height=460, width=1300, yaxis_title="rank correlation",
                       yaxis_range=[-1, 1], margin=dict(t=80, l=60, r=20, b=90), legend=dict(orientation="h", y=1.08))
     return fig
-
-
-def _root(label: str) -> str:
-    """The base score a curve belongs to: "AHON (LN) (static)" -> "AHON"."""
-    return label.replace(" (static)", "").replace(" (LN)", "")
 
 
 def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") -> go.Figure:

@@ -1,0 +1,313 @@
+"""The report's stages: each computes through the library and returns a frozen result (numbers for results.json,
+CSV tables, figures). Nothing here writes the page: ``sections`` renders results; ``pipeline`` runs the stages.
+
+Finished work is kept in the report folder's ``cache/`` (:class:`lens_heads.cache.Cache`), keyed by everything its
+numbers depend on, so a rerun with the same settings reuses it. Under torchrun every rank computes and rank 0 alone
+writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lens_heads import distributed, plots
+from lens_heads.cache import Cache
+from lens_heads.compare import METRICS, compare_sweeps
+from lens_heads.distributions import layer_summary, thresholds
+from lens_heads.head_scores import HeadScores, score_heads
+from lens_heads.report import attention
+from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
+from lens_heads.scores import SCORE_NAMES
+from lens_heads.sweep import run_sweep, table2
+
+COMPARE_TOP_K = 5
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage computed: its part of results.json, its CSV tables and its figures (by file stem)."""
+
+    numbers: dict
+    tables: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+
+
+def jsonable(obj):
+    """Plain JSON types for results.json (tensors and arrays become lists, unknown objects strings)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return jsonable(obj.tolist())
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+def cached_file(cache: Cache, label: str, key: dict, suffix: str, compute, load) -> tuple[object, bool]:
+    """``(value, reused)``: the value kept under ``key`` (read by ``load(path)``), or ``compute()`` saved there by
+    rank 0 (the value's own ``.save(path)``)."""
+    fresh = []
+
+    def write(path):
+        fresh.append(compute())
+        if distributed.is_main():
+            fresh[0].save(path)
+
+    value = cache.file(label, key, suffix, write, lambda path: fresh[0] if fresh else load(path))
+    return value, not fresh
+
+
+# ---------------------------------------------------------------- model card
+
+
+def model_card(meta: dict, config: ReportConfig) -> StageResult:
+    """The model's shape, size and weight basis as one table."""
+    rows = [("model", meta.get("name")), ("source", meta.get("source")), ("layers", meta["n_layers"]),
+            ("query heads per layer", meta["n_heads"]), ("key/value heads per layer", meta["n_kv_heads"]),
+            ("attention heads in all", meta["n_layers"] * meta["n_heads"]), ("d_model", meta["d_model"]),
+            ("d_head", meta["d_head"]), ("context length", meta["n_ctx"]),
+            ("parameters (a tied unembedding counted once)", f"{meta['n_params']:,}"),
+            ("weight basis", meta.get("weight_basis")), ("dtype", meta.get("dtype", config.dtype))]
+    df = pd.DataFrame(rows, columns=["property", "value"])
+    df["value"] = df["value"].astype(str)
+    return StageResult(numbers={}, tables={"model_card": df})
+
+
+# ---------------------------------------------------------------- head scores
+
+
+@dataclass(frozen=True)
+class ScoresResult(StageResult):
+    scores: HeadScores = None
+    task: object = None
+    reused: bool = False
+
+
+def score_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) -> ScoresResult:
+    """Every head's twelve scores on the task's rows (cached), per-layer distributions and the thresholds of the
+    target fractions."""
+    key = {**base_key, "stage": "scores", "data": task.meta(), "score_names": list(SCORE_NAMES)}
+    scores, reused = cached_file(cache, "scores", key, ".safetensors", lambda: score_heads(
+        model, task, batch_size=config.batch_size, progress=config.progress), HeadScores.load)
+    values = scores.values.float()  # [input, layer, head, score]
+    names = list(scores.names)
+    mean = values.mean(0)  # [layer, head, score]
+    dist = layer_summary(scores, names)
+    summary = {name: {"q0": g["min"].to_numpy(), "q25": g["q25"].to_numpy(), "q50": g["q50"].to_numpy(),
+                      "q75": g["q75"].to_numpy(), "q100": g["max"].to_numpy(), "mean": g["mean"].to_numpy()}
+               for name, g in ((n, dist[dist["score"] == n].sort_values("layer")) for n in names)}
+    cuts = {name: {float(f): float(t) for f, t in thresholds(scores, name, list(config.fractions)).items()}
+            for name in names}
+    t, (n_in, n_layers, n_heads) = task.name, values.shape[:3]
+    numbers = {"data": task.meta(), "n_inputs": n_in, "names": names, "direction": dict(scores.direction),
+               "meta": jsonable(scores.meta), "reused_from_cache": reused,
+               "mean_per_head": {name: mean[..., i].tolist() for i, name in enumerate(names)},
+               "per_layer": {name: {k: v.tolist() for k, v in s.items()} for name, s in summary.items()},
+               "thresholds": {name: {str(f): v for f, v in th.items()} for name, th in cuts.items()}}
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    table = pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(),
+                          **{name: mean[..., i].reshape(-1).numpy() for i, name in enumerate(names)}})
+    th = pd.DataFrame([{"score": n, **{f"{100 * f:g}%": v for f, v in cuts[n].items()}} for n in names])
+    figures = {
+        f"score_heatmaps_{t}": plots.score_heatmaps(
+            {n: mean[..., i].numpy() for i, n in enumerate(names)}, dict(scores.direction),
+            title=f"Mean head scores on {t} (n={n_in}); dark = inactive side"),
+        f"score_distributions_{t}": plots.layer_distributions(
+            summary, title=f"Per-layer distribution over inputs and heads ({t})")}
+    tables = {f"head_scores_{t}": table, f"layer_distributions_{t}": dist, f"thresholds_{t}": th}
+    return ScoresResult(numbers, tables, figures, scores=scores, task=task, reused=reused)
+
+
+# ---------------------------------------------------------------- ablation sweep
+
+
+@dataclass(frozen=True)
+class AblationResult(StageResult):
+    sweep: object = None
+    task: object = None
+
+
+def ablation_stage(model, task, scores: HeadScores | None, config: ReportConfig, cache: Cache,
+                   base_key: dict) -> AblationResult:
+    """Zero the heads each score picks at each target fraction, beside random zeroing (``run_sweep``, which keeps
+    each finished unit in its folder and resumes from it)."""
+    folder = cache.path(f"sweep-{task.name}", {**base_key, "data": task.meta()})
+    result = run_sweep(model, task, scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder,
+                       seed=config.seed, batch_size=config.batch_size, progress=config.progress,
+                       **({"calibration": scores} if scores is not None else {}))
+    df, summary, t = result.to_dataframe(), result.summary(1.0), task.name
+    base = result.baseline
+    baseline = {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95], "n": int(base.n)}
+    numbers = {
+        "data": task.meta(), "baseline": baseline, "chance": task.chance,
+        "protocol": result.meta["protocol"], "zeroable_rule": "authors",
+        "zeroable_within_1_point": result.zeroable_within(1.0),
+        "zeroable_within_1_point_censored": result.zeroable_within(1.0, rule="censored"),
+        "table2": result.table2(1.0), "normalised_auc": result.normalised_auc(),
+        "auc_ranking": [str(s) for s in summary["score"]], "normalised_auc_kl": result.normalised_auc(metric="kl"),
+        "curves": jsonable(df.to_dict(orient="records")), "meta": jsonable(result.meta)}
+    fig = plots.ablation_curves(df, baseline=100 * baseline["accuracy"], chance=task.chance,
+                                title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
+    tables = {f"ablation_{t}": df, f"ablation_summary_{t}": summary}
+    return AblationResult(numbers, tables, {f"ablation_{t}": fig}, sweep=result, task=task)
+
+
+def points_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's curve points as read on the page: accuracies and paired differences in points, with intervals."""
+    rows = df[df["target_fraction"] > 0]
+    out = pd.DataFrame({
+        "curve": rows["curve"] if "curve" in rows else rows["score"], "target %": 100 * rows["target_fraction"],
+        "realised %": 100 * rows["realised_fraction"], "accuracy %": 100 * rows["accuracy"],
+        "paired diff (points)": 100 * rows["paired_diff"],
+        "95% CI": [f"{100 * a:+.1f} .. {100 * b:+.1f}" for a, b in zip(rows["paired_low"], rows["paired_high"])]})
+    if "gold_logprob_change" in rows:
+        out["gold log-prob change"] = rows["gold_logprob_change"]
+    return out
+
+
+# ---------------------------------------------------------------- head effects and each score's agreement
+
+
+@dataclass(frozen=True)
+class EffectsResult(StageResult):
+    task: object = None
+    precision_chance: dict = None
+
+
+def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: Cache,
+                  base_key: dict) -> EffectsResult:
+    """Attribution-patching effect (KL) of every head on the task's items (cached), and each score's rank agreement
+    with it."""
+    from lens_heads.agreement import score_agreement
+    from lens_heads.effects import HeadEffects, head_effects
+
+    key = {**base_key, "stage": "effects", "data": task.meta(), "method": "attribution"}
+    effects, _ = cached_file(cache, "effects", key, ".safetensors", lambda: head_effects(
+        model, task, method="attribution", metric="kl", batch_size=config.batch_size, progress=config.progress),
+        HeadEffects.load)
+    agreement = score_agreement(scores, effects, n_boot=200, seed=config.seed)
+    table, t = agreement.to_dataframe(), task.name
+    size = effects.size().numpy()
+    scatter = plots.score_vs_effect({name: scores.mean(name).numpy() for name in scores.names}, size,
+                                    dict(scores.direction), effect_label="KL when zeroed (attribution)",
+                                    title=f"Mean score vs measured effect of each head on {t} (n={len(task)})")
+    bars = plots.agreement_bars(table, title=f"Rank agreement of each score with the head effects on {t}")
+    numbers = {"status": "done", "method": "attribution", "metric": "kl",
+               "agreement": jsonable(table.to_dict("records")), "agreement_meta": jsonable(agreement.meta),
+               "size_per_head": size.tolist(), "meta": jsonable(effects.meta)}
+    return EffectsResult(numbers, {f"effects_agreement_{t}": table, f"effects_{t}": effects.to_dataframe()},
+                         {f"effects_agreement_{t}": bars, f"effects_scatter_{t}": scatter}, task=task,
+                         precision_chance=agreement.meta["precision_chance"])
+
+
+# ---------------------------------------------------------------- attention rank
+
+
+@dataclass(frozen=True)
+class RankResult(StageResult):
+    task: object = None
+
+
+def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) -> RankResult:
+    """Approximate rank (90% energy) of every head's attention on the first task's item prompts, per layer; lazy
+    layers marked by the library's rule."""
+    from lens_heads.rank import attention_rank
+
+    inputs = [item.prompt for item in task][: config.rank_n]
+    key = {**base_key, "stage": "rank", "data": task.meta(), "rank_n": len(inputs)}
+
+    def compute():
+        # per-input ranks: item prompts differ in length, and the averaged matrix would cut all to the shortest
+        profile = attention_rank(model, inputs, average=False, batch_size=config.batch_size,
+                                 progress=config.progress)
+        return jsonable(profile.to_dict())
+
+    profile = cache.json("rank", key, compute) if distributed.is_main() else compute()
+    m = profile.get("meta", {})
+    profile = {**profile, "inputs": {"task": task.name, "n": len(inputs), "what": "item prompts",
+                                     "mean_length": m.get("mean_length"), "min_length": m.get("min_length"),
+                                     "max_length": m.get("max_length")}}
+    df = pd.DataFrame({"layer": range(len(profile["max_rank"])), "max_rank": profile["max_rank"],
+                       "mean_rank": profile["mean_rank"], "mass_columns": profile["mass_columns"],
+                       "lazy": profile["lazy"]})
+    fig = plots.rank_profile(profile["max_rank"], profile["mean_rank"], profile["mass_columns"], profile["lazy"],
+                             title=f"Attention rank per layer ({len(inputs)} {task.name} prompts)")
+    return RankResult(profile, {"rank_profile": df}, {"rank_profile": fig}, task=task)
+
+
+# ---------------------------------------------------------------- attention patterns
+
+
+@dataclass(frozen=True)
+class AttentionResult(StageResult):
+    renders: tuple = ()  # per prompt: its circuitsvis HTML (built here from escaped-safe props)
+
+
+def attention_stage(model, scores: HeadScores, config: ReportConfig) -> AttentionResult:
+    """circuitsvis patterns of the most and least active heads (by mean AHON (LN)) on each example prompt."""
+    names = list(scores.names)
+    activity = ACTIVITY_SCORE if ACTIVITY_SCORE in names else names[0]
+    idx = names.index(activity)
+    mean = scores.values[..., idx].float().mean(0)
+    picked = attention.pick_heads(mean, scores.direction[activity], config.heads_shown)
+    heads = [(head, role) for role in ("most active", "least active") for head in picked[role]]
+    prompts, rows, renders = [], [], []
+    for p, prompt in enumerate(config.prompts):
+        tokens = attention.prompt_tokens(model, prompt)
+        toks = attention.str_tokens(model, tokens)
+        patterns = attention.head_patterns(model, tokens, [head for head, _ in heads])
+        on_prompt = score_heads(model, [prompt], progress=False).values[0, ..., idx]
+        shown = [{"layer": l, "head": h, "role": role, "mean_score": float(mean[l, h]),
+                  "prompt_score": float(on_prompt[l, h])} for (l, h), role in heads]
+        rows += [{"prompt": p, "layer": d["layer"], "head": d["head"], "role": d["role"],
+                  f"mean {activity}": d["mean_score"], f"{activity} on prompt": d["prompt_score"]} for d in shown]
+        prompts.append({"text": prompt, "tokens": toks, "heads": shown})
+        labels = [f"L{d['layer']}H{d['head']} {d['role']} ({activity} {d['prompt_score']:.3g})" for d in shown]
+        renders.append(attention.render_attention(toks, patterns, labels))
+    numbers = {"score": activity, "direction": scores.direction[activity], "k": config.heads_shown,
+               "prompts": prompts}
+    return AttentionResult(numbers, {"attention_heads": pd.DataFrame(rows)}, renders=tuple(renders))
+
+
+# ---------------------------------------------------------------- comparison of sweeps
+
+
+@dataclass(frozen=True)
+class CompareResult(StageResult):
+    comparisons: dict = None  # by metric: lens_heads.compare.SweepComparison
+
+
+def compare_stage(sweeps: list) -> CompareResult:
+    """Rank the curves of every sweep (SweepResults or RecordedSweeps, one per (model, task)) by the AUC of
+    accuracy and by the AUC of the paired KL, and compare the rankings between sweeps."""
+    comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=COMPARE_TOP_K) for m in METRICS}
+    acc = comparisons["accuracy"]
+    inputs = pd.DataFrame([{k: d[k] for k in ("model", "task", "split", "shots", "n", "seed", "weight_basis",
+                                              "baseline_accuracy", "chance", "source")} for d in acc.sweeps])
+    paper_table = table2(sweeps)
+    tables = {
+        "compare_ranks": pd.concat([c.to_dataframe().assign(ranking=m) for m, c in comparisons.items()],
+                                   ignore_index=True),
+        "compare_pairs": pd.concat([c.pairs().assign(ranking=m) for m, c in comparisons.items()], ignore_index=True),
+        "compare_inputs": inputs, "compare_table2": paper_table}
+    figures = {"compare_ranks": plots.rank_heatmap(acc.rank_table(), title="Rank by normalised AUC of accuracy, "
+                                                                           "1 = best"),
+               "compare_spearman": plots.correlation_heatmap(acc.spearman_table(), title=(
+                   f"Spearman correlation of the rankings ({len(acc.curves)} curves)"))}
+    numbers = {
+        "inputs": inputs.to_dict(orient="records"), "curves": list(acc.curves), "dropped": acc.dropped,
+        "top_k": acc.top_k, "table2": paper_table.to_dict(orient="records"),
+        **{m: {"what": METRICS[m], "ranks": c.rank_table().reset_index().to_dict(orient="records"),
+               "spearman": c.spearman_table().to_dict(), "pairs": c.pairs().to_dict(orient="records")}
+           for m, c in comparisons.items()}}
+    return CompareResult(numbers, tables, figures, comparisons=comparisons)
