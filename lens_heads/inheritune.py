@@ -356,7 +356,8 @@ def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, 
               batch_size: int = 16) -> list[dict]:
     """Zero-shot accuracy of ``model`` on ``tasks`` ({task: metric}, default `PAPER_TASKS`), ``n`` items each
     (seeded sample); items longer than the model's context are dropped and counted."""
-    from lens_heads.evaluate import evaluate, within_context
+    from lens_heads.evaluate import evaluate
+    from lens_heads.rows import within_context
     from lens_heads.tasks import TASKS, load_task
 
     rows = []
