@@ -12,7 +12,6 @@ of a one-thread run are the time it would take on an idle core. The last line si
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
@@ -20,28 +19,25 @@ import torch
 from lens_heads import head_effects, load_model, load_task
 from lens_heads.ablation import zero_heads
 from lens_heads.evaluate import evaluate
-from lens_heads.settings import from_args, option
+from lens_heads.settings import option
 
-from timing import alternate, load_average, machine_line, set_threads, write_printed
+from timing import (
+    Comparison, alternate, batch_size_option, load_average, parse_settings, print_machine, set_threads, threads_option,
+    write_printed)
 
 HEADING = "Head effects: attribution vs ablation"
 
 
 @dataclass(frozen=True)
-class EffectsBench:
+class EffectsBench(Comparison):
     """What the benchmark times."""
 
     tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "tasks to time")
     n: int = option(8, "items per task")
     heads: int = option(5, "single-head ablations timed per repeat")
-    repeats: int = option(2, "alternating repetitions")
-    batch_size: int = option(16, "rows per forward")
-    threads: int | None = option(None, "torch threads (unset: torch's choice)", parse=int)
-    write_docs: bool = option(False, "write the figures into docs/benchmarks.md")
+    batch_size: int = batch_size_option(16)
+    threads: int | None = threads_option()
 
-
-def parse_args(argv=None) -> EffectsBench:
-    return from_args(EffectsBench, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def spread_heads(n_layers: int, n_heads: int, count: int) -> list[tuple[int, int]]:
@@ -72,7 +68,7 @@ def time_task(model, name: str, picked: list[tuple[int, int]], s: EffectsBench) 
 
 
 def main(argv=None) -> None:
-    s = parse_args(argv)
+    s = parse_settings(EffectsBench, argv, __doc__)
     set_threads(s.threads)
     started_load = load_average()
     model = load_model()
@@ -86,8 +82,7 @@ def main(argv=None) -> None:
     lines.append(f"ablation of every head costs {', '.join(f'{k} {v:.0f} s' for k, v in per_item.items())} of CPU "
                  f"per item: one hour of one core buys n = {hour:.0f} items of each task")
     print(lines[-1])
-    machine = machine_line(started_load)
-    print(f"machine: {machine}")
+    machine = print_machine(started_load)
     if s.write_docs:
         write_printed(HEADING, f"python benchmarks/bench_effects.py --n {s.n} --heads {s.heads} --repeats "
                       f"{s.repeats} --threads {torch.get_num_threads()} --write-docs", machine,

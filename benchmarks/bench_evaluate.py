@@ -16,7 +16,6 @@ Timings alternate the compared runs (A B A B ...) and report medians, so a neigh
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
@@ -26,28 +25,24 @@ from lens_heads.ablation import random_zeroing, threshold_zeroing
 from lens_heads.distributions import thresholds
 from lens_heads.evaluate import evaluate
 from lens_heads.head_scores import score_heads
-from lens_heads.settings import from_args, option
+from lens_heads.settings import option
 from lens_heads.sweep import DEFAULT_FRACTIONS
 
-from timing import alternate, load_average, machine_line, set_threads, timed, write_printed
+from timing import (
+    Comparison, alternate, load_average, parse_settings, print_machine, set_threads, threads_option, timed,
+    write_printed)
 
 HEADING = "Evaluation and sweep"
 
 
 @dataclass(frozen=True)
-class EvaluateBench:
+class EvaluateBench(Comparison):
     """What the benchmark times."""
 
     mmlu_n: int = option(6, "MMLU 5-shot questions")
     arc_n: int = option(32, "ARC-Easy items for the sweep cost")
-    repeats: int = option(2, "alternating repetitions per comparison")
-    batch_size: int = option(8, "rows per forward")
-    threads: int | None = option(None, "torch threads (unset: torch's choice)", parse=int)
-    write_docs: bool = option(False, "write the figures into docs/benchmarks.md")
+    threads: int | None = threads_option()
 
-
-def parse_args(argv=None) -> EvaluateBench:
-    return from_args(EvaluateBench, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def per_choice_loop(model, task) -> dict:
@@ -120,7 +115,7 @@ def sweep_cost(model, s: EvaluateBench) -> list[str]:
 
 
 def main(argv=None) -> None:
-    s = parse_args(argv)
+    s = parse_settings(EvaluateBench, argv, __doc__)
     set_threads(s.threads)
     started_load = load_average()
     model = load_model()
@@ -128,8 +123,7 @@ def main(argv=None) -> None:
     print("\n".join(mmlu_lines))
     sweep_lines = sweep_cost(model, s)
     print("\n".join(sweep_lines))
-    machine = machine_line(started_load)
-    print(f"machine: {machine}")
+    machine = print_machine(started_load)
     if s.write_docs:
         write_printed(HEADING, f"python benchmarks/bench_evaluate.py --mmlu-n {s.mmlu_n} --arc-n {s.arc_n} "
                       f"--repeats {s.repeats} --write-docs", machine, "; embedded SmolLM2-135M-Instruct, fp32, raw "

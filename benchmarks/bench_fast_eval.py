@@ -29,7 +29,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
@@ -52,9 +51,10 @@ from lens_heads.fused_attention import fused_attention
 from lens_heads.head_scores import score_heads
 from lens_heads.inputs import tokenize_inputs
 from lens_heads.models import embedded_model_folder
-from lens_heads.settings import from_args, option
+from lens_heads.settings import option
 
-from timing import alternate, load_average, machine_line, repeated, timed, write_printed
+from timing import (
+    Comparison, alternate, load_average, parse_settings, print_machine, repeated, repeats_option, timed, write_printed)
 
 HEADING = "Evaluator at the compute limit"
 # The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
@@ -66,22 +66,18 @@ GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
 
 
 @dataclass(frozen=True)
-class FastEvalBench:
-    """What the benchmark times; the hidden flags are what the scaling comparison passes to its worker processes."""
+class FastEvalBench(Comparison):
+    """What the benchmark times; the hidden flags are what the scaling comparison passes to its worker
+    processes."""
 
     mmlu_n: int = option(8, "MMLU 5-shot prompts for the attention comparison")
     arc_n: int = option(40, "ARC-Easy items for the evaluator comparisons")
-    repeats: int = option(1, "alternating repetitions per comparison")
-    batch_size: int = option(8, "rows per forward")
+    repeats: int = repeats_option(1)
     hf_eager: bool = option(False, "also time Hugging Face with eager attention")
-    write_docs: bool = option(False, "write the figures into docs/benchmarks.md")
     shard: int | None = option(None, "this worker's share of the items", parse=int, hidden=True)
     shards: int = option(2, "workers the items are shared among", hidden=True)
     threshold: float | None = option(None, "the calibrated threshold the workers zero at", parse=float, hidden=True)
 
-
-def parse_args(argv=None) -> FastEvalBench:
-    return from_args(FastEvalBench, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 # ---------------------------------------------------------------- FLOP counting
@@ -304,7 +300,7 @@ def load_models(hf_eager: bool) -> tuple:
 
 
 def main(argv=None) -> None:
-    s = parse_args(argv)
+    s = parse_settings(FastEvalBench, argv, __doc__)
     if s.shard is not None:
         return worker(s)
     started_load = load_average()
@@ -320,8 +316,7 @@ def main(argv=None) -> None:
     mean_tokens = sum(len(row.tokens) for row in rows) / len(rows)
     lines4 = scaling(model, arc, s, calib, mean_tokens, fraction)
     print("\n".join(lines4))
-    machine = machine_line(started_load)
-    print(f"machine: {machine}")
+    machine = print_machine(started_load)
     if s.write_docs:
         write_printed(HEADING, f"OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --mmlu-n {s.mmlu_n} "
                       f"--arc-n {s.arc_n} --repeats {s.repeats}{' --hf-eager' * s.hf_eager} --write-docs", machine,

@@ -8,6 +8,7 @@ ratios (``.walls``). On a shared machine the CPU seconds of a one-thread run are
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
@@ -20,8 +21,49 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from lens_heads.io import atomic_write_text
+from lens_heads.settings import from_args, option
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+# ---------------------------------------------------------------- settings: the flags the scripts share
+
+
+def repeats_option(default: int) -> Any:
+    return option(default, "alternating repetitions per comparison")
+
+
+def rounds_option(default: int) -> Any:
+    return option(default, "interleaved timing rounds (median reported)")
+
+
+def batch_size_option(default: int) -> Any:
+    return option(default, "rows per forward")
+
+
+def threads_option() -> Any:
+    return option(None, "torch threads (unset: torch's choice)", parse=int)
+
+
+def write_docs_option(section: str) -> Any:
+    return option(False, f"replace the '{section}' section of docs/benchmarks.md")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Settings of a benchmark of compared runs on the embedded model."""
+
+    repeats: int = repeats_option(2)
+    batch_size: int = batch_size_option(8)
+    write_docs: bool = option(False, "write the figures into docs/benchmarks.md")
+
+
+def parse_settings(cls, argv, doc: str):
+    """The settings dataclass ``cls`` from the command line; ``--help`` shows the script's docstring ``doc``."""
+    return from_args(cls, argv, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# ---------------------------------------------------------------- timing
 
 
 def set_threads(threads: int | None) -> None:
@@ -94,11 +136,21 @@ def alternate(fns: Mapping[str, Callable[[], Any]], repeats: int, *, prepared: b
     return timings
 
 
+# ---------------------------------------------------------------- the machine and the docs
+
+
 def machine_line(started_load: float | None = None) -> str:
     """Where and how loaded the numbers were made: the load average says whether absolute times can be read."""
     start = f"{started_load:.1f} at the start, " if started_load is not None else ""
     return (f"{time.strftime('%Y-%m-%d')}; {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads; load average {start}{load_average():.1f} at the end")
+
+
+def print_machine(started_load: float) -> str:
+    """Print the machine line (load at the start and now) and return it."""
+    machine = machine_line(started_load)
+    print(f"machine: {machine}")
+    return machine
 
 
 def write_section(heading: str, body: str, path: Path = DOCS) -> None:
