@@ -12,79 +12,82 @@ of a one-thread run are the time it would take on an idle core. The last line si
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import time
+from dataclasses import dataclass
 
 import torch
 
 from lens_heads import head_effects, load_model, load_task
 from lens_heads.ablation import zero_heads
 from lens_heads.evaluate import evaluate
+from lens_heads.settings import option
 
-from docs_section import machine_line, write_section
+from timing import (
+    Comparison, alternate, batch_size_option, load_average, parse_settings, print_machine, set_threads, threads_option,
+    write_printed)
 
 HEADING = "Head effects: attribution vs ablation"
 
 
-def timed(fn) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
+@dataclass(frozen=True)
+class EffectsBench(Comparison):
+    """What the benchmark times."""
+
+    tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "tasks to time")
+    n: int = option(8, "items per task")
+    heads: int = option(5, "single-head ablations timed per repeat")
+    batch_size: int = batch_size_option(16)
+    threads: int | None = threads_option()
+
+
+
+def spread_heads(n_layers: int, n_heads: int, count: int) -> list[tuple[int, int]]:
+    """``count`` heads spread over the depth: early layers are no cheaper to ablate than late ones."""
+    return [(int(round(i * (n_layers - 1) / max(count - 1, 1))), i % n_heads) for i in range(count)]
+
+
+def time_task(model, name: str, picked: list[tuple[int, int]], s: EffectsBench) -> tuple[list[str], float]:
+    """One task: attribution against the timed single-head ablations; its printed lines and the projected CPU
+    seconds per item of ablating every head."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    task = load_task(name, n=s.n, seed=0)
+    r = alternate({
+        "attribution": lambda: head_effects(model, task, method="attribution", batch_size=s.batch_size,
+                                            progress=False),
+        "ablation": lambda: [evaluate(model, task, hooks=zero_heads([h]), batch_size=s.batch_size, progress=False)
+                             for h in picked]}, s.repeats)
+    attr = [r["attribution"].wall, r["attribution"].cpu]
+    head = [r["ablation"].wall / len(picked), r["ablation"].cpu / len(picked)]
+    full = [(L * H + 1) * h for h in head]  # every head plus the unablated baseline
+    return [
+        f"{name}, {len(task)} items (seed 0), batch size {s.batch_size}:",
+        f"  attribution, all {L * H} heads: {attr[0]:7.1f} s wall, {attr[1]:7.1f} s CPU",
+        f"  ablation, one head ({len(picked)} timed: {picked}): {head[0]:6.1f} s wall, {head[1]:6.1f} s CPU",
+        f"  ablation, all {L * H} heads + baseline (projected): {full[0]:7.0f} s wall, {full[1]:7.0f} s CPU",
+        f"  -> ablation costs {full[1] / attr[1]:.0f}x attribution (CPU; {full[0] / attr[0]:.0f}x wall)",
+    ], full[1] / len(task)
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="arc_easy,piqa")
-    ap.add_argument("--n", type=int, default=8, help="items per task (default 8)")
-    ap.add_argument("--heads", type=int, default=5, help="single-head ablations timed per repeat (default 5)")
-    ap.add_argument("--repeats", type=int, default=2, help="alternating repetitions (default 2)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    started_load = os.getloadavg()[0]
+    s = parse_settings(EffectsBench, argv, __doc__)
+    set_threads(s.threads)
+    started_load = load_average()
     model = load_model()
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    # heads spread over the depth: early layers are no cheaper to ablate than late ones, but say which were timed
-    picked = [(int(round(i * (L - 1) / max(args.heads - 1, 1))), i % H) for i in range(args.heads)]
+    picked = spread_heads(model.cfg.n_layers, model.cfg.n_heads, s.heads)
     lines, per_item = [], {}
-    for name in [t for t in args.tasks.split(",") if t]:
-        task = load_task(name, n=args.n, seed=0)
-        times = {"attribution": [], "ablation": []}
-        for _ in range(args.repeats):
-            times["attribution"].append(timed(lambda: head_effects(model, task, method="attribution",
-                                                                   batch_size=args.batch_size, progress=False)))
-            times["ablation"].append(timed(lambda: [evaluate(model, task, hooks=zero_heads([h]),
-                                                             batch_size=args.batch_size, progress=False)
-                                                    for h in picked]))
-        attr = [statistics.median(t[k] for t in times["attribution"]) for k in (0, 1)]
-        head = [statistics.median(t[k] for t in times["ablation"]) / len(picked) for k in (0, 1)]
-        full = [(L * H + 1) * h for h in head]  # every head plus the unablated baseline
-        per_item[name] = full[1] / len(task)
-        lines += [
-            f"{name}, {len(task)} items (seed 0), batch size {args.batch_size}:",
-            f"  attribution, all {L * H} heads: {attr[0]:7.1f} s wall, {attr[1]:7.1f} s CPU",
-            f"  ablation, one head ({len(picked)} timed: {picked}): {head[0]:6.1f} s wall, {head[1]:6.1f} s CPU",
-            f"  ablation, all {L * H} heads + baseline (projected): {full[0]:7.0f} s wall, {full[1]:7.0f} s CPU",
-            f"  -> ablation costs {full[1] / attr[1]:.0f}x attribution (CPU; {full[0] / attr[0]:.0f}x wall)",
-        ]
-        print("\n".join(lines[-5:]), flush=True)
+    for name in s.tasks:
+        task_lines, per_item[name] = time_task(model, name, picked, s)
+        print("\n".join(task_lines), flush=True)
+        lines += task_lines
     hour = 3600 / sum(per_item.values())
     lines.append(f"ablation of every head costs {', '.join(f'{k} {v:.0f} s' for k, v in per_item.items())} of CPU "
                  f"per item: one hour of one core buys n = {hour:.0f} items of each task")
     print(lines[-1])
-    machine = machine_line(started_load)
-    print(f"machine: {machine}")
-    if args.write_docs:
-        write_section(HEADING, "\n".join([
-            f"`python benchmarks/bench_effects.py --n {args.n} --heads {args.heads} --repeats {args.repeats} "
-            f"--threads {torch.get_num_threads()} --write-docs` ({machine}); embedded SmolLM2-135M-Instruct, fp32, "
-            "raw weight basis. Medians of alternating runs; CPU seconds are what an idle core would take.", "",
-            "```", *lines, "```"]))
+    machine = print_machine(started_load)
+    if s.write_docs:
+        write_printed(HEADING, f"python benchmarks/bench_effects.py --n {s.n} --heads {s.heads} --repeats "
+                      f"{s.repeats} --threads {torch.get_num_threads()} --write-docs", machine,
+                      "; embedded SmolLM2-135M-Instruct, fp32, raw weight basis. Medians of alternating runs; CPU "
+                      "seconds are what an idle core would take.", [lines])
 
 
 if __name__ == "__main__":

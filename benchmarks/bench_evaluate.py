@@ -16,22 +16,33 @@ Timings alternate the compared runs (A B A B ...) and report medians, so a neigh
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import time
+from dataclasses import dataclass
 
 import torch
 
 from lens_heads import load_model, load_task
 from lens_heads.ablation import random_zeroing, threshold_zeroing
+from lens_heads.distributions import thresholds
 from lens_heads.evaluate import evaluate
 from lens_heads.head_scores import score_heads
+from lens_heads.settings import option
 from lens_heads.sweep import DEFAULT_FRACTIONS
 
-from docs_section import machine_line, write_section
+from timing import (
+    Comparison, alternate, load_average, parse_settings, print_machine, set_threads, threads_option, timed,
+    write_printed)
 
 HEADING = "Evaluation and sweep"
+
+
+@dataclass(frozen=True)
+class EvaluateBench(Comparison):
+    """What the benchmark times."""
+
+    mmlu_n: int = option(6, "MMLU 5-shot questions")
+    arc_n: int = option(32, "ARC-Easy items for the sweep cost")
+    threads: int | None = threads_option()
+
 
 
 def per_choice_loop(model, task) -> dict:
@@ -51,85 +62,48 @@ def per_choice_loop(model, task) -> dict:
     return dict(tokens=tokens, accuracy=correct / len(task))
 
 
-def timed(fn, repeats: int) -> tuple[list[float], object]:
-    times, out = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return times, out
-
-
-def alternate(fns: dict, repeats: int) -> dict:
-    """Run the functions in turn ``repeats`` times; per name the list of wall times and the last output."""
-    times = {name: [] for name in fns}
-    outs = {}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t, outs[name] = timed(fn, 1)
-            times[name] += t
-    return {name: (times[name], outs[name]) for name in fns}
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mmlu-n", type=int, default=6, help="MMLU 5-shot questions (default 6)")
-    ap.add_argument("--arc-n", type=int, default=32, help="ARC-Easy items for the sweep cost (default 32)")
-    ap.add_argument("--repeats", type=int, default=2, help="alternating repetitions per comparison (default 2)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    started_load = os.getloadavg()[0]
-    model = load_model()
-
-    # 1. MMLU letter format: one forward per question vs one per choice
-    mmlu = load_task("mmlu", n=args.mmlu_n, seed=0)
-    r = alternate({"evaluator": lambda: evaluate(model, mmlu, batch_size=args.batch_size, progress=False),
-                   "loop": lambda: per_choice_loop(model, mmlu)}, args.repeats)
-    ev_t, ev = r["evaluator"]
-    loop_t, loop = r["loop"]
+def mmlu_comparison(model, s: EvaluateBench) -> list[str]:
+    """1. MMLU letter format: one forward per question against one per choice."""
+    mmlu = load_task("mmlu", n=s.mmlu_n, seed=0)
+    r = alternate({"evaluator": lambda: evaluate(model, mmlu, batch_size=s.batch_size, progress=False),
+                   "loop": lambda: per_choice_loop(model, mmlu)}, s.repeats)
+    ev, loop = r["evaluator"].out, r["loop"].out
     ev_tokens = ev.meta["forward_tokens"]
-    mmlu_lines = [
-        f"MMLU 5-shot letter format, {len(mmlu)} questions (seed 0), batch size {args.batch_size}:",
+    return [
+        f"MMLU 5-shot letter format, {len(mmlu)} questions (seed 0), batch size {s.batch_size}:",
         f"  evaluator      {ev_tokens:7d} forward tokens ({ev.meta['padded_tokens']} incl. padding), "
-        f"{statistics.median(ev_t):6.1f} s, accuracy {ev.accuracy:.3f}",
-        f"  per-choice loop {loop['tokens']:6d} forward tokens, {statistics.median(loop_t):6.1f} s, "
+        f"{r['evaluator'].wall:6.1f} s, accuracy {ev.accuracy:.3f}",
+        f"  per-choice loop {loop['tokens']:6d} forward tokens, {r['loop'].wall:6.1f} s, "
         f"accuracy {loop['accuracy']:.3f}",
         f"  -> {loop['tokens'] / ev_tokens:.2f}x fewer tokens (target >= 3x), "
-        f"{statistics.median(loop_t) / statistics.median(ev_t):.2f}x less wall time",
+        f"{r['loop'].wall / r['evaluator'].wall:.2f}x less wall time",
     ]
-    print("\n".join(mmlu_lines))
 
-    # 2. the sweep's cost in units of one unablated evaluation
-    arc = load_task("arc_easy", n=args.arc_n, seed=0)
-    calib_t, calib = timed(lambda: score_heads(model, arc, batch_size=args.batch_size, progress=False), 1)
-    from lens_heads.distributions import thresholds
 
-    thr = thresholds(calib, "AHON (LN)", [0.1])[0.1]
+def sweep_cost(model, s: EvaluateBench) -> list[str]:
+    """2. The sweep's cost in units of one unablated evaluation."""
+    arc = load_task("arc_easy", n=s.arc_n, seed=0)
+    calib = timed(lambda: score_heads(model, arc, batch_size=s.batch_size, progress=False))
+    thr = thresholds(calib.out, "AHON (LN)", [0.1])[0.1]
     shares = {}
 
     def run_with(make):
         def run():
             zeroing = make()
-            out = evaluate(model, arc, hooks=[zeroing], batch_size=args.batch_size, progress=False)
+            out = evaluate(model, arc, hooks=[zeroing], batch_size=s.batch_size, progress=False)
             shares[zeroing.description] = zeroing.share_zeroed()
             return out
         return run
 
-    r = alternate({"plain": lambda: evaluate(model, arc, batch_size=args.batch_size, progress=False),
+    r = alternate({"plain": lambda: evaluate(model, arc, batch_size=s.batch_size, progress=False),
                    "threshold": run_with(lambda: threshold_zeroing(model, "AHON (LN)", thr)),
-                   "random": run_with(lambda: random_zeroing(model, 0.1, 0))}, args.repeats)
-    base = statistics.median(r["plain"][0])
-    thr_ratio = statistics.median(r["threshold"][0]) / base
-    rnd_ratio = statistics.median(r["random"][0]) / base
-    calib_ratio = calib_t[0] / base
+                   "random": run_with(lambda: random_zeroing(model, 0.1, 0))}, s.repeats)
+    base = r["plain"].wall
+    thr_ratio, rnd_ratio, calib_ratio = r["threshold"].wall / base, r["random"].wall / base, calib.walls[0] / base
     n_fractions = len(DEFAULT_FRACTIONS) - 1
     full = 1 + calib_ratio + 12 * n_fractions * thr_ratio + n_fractions * rnd_ratio
-    sweep_lines = [
-        f"ARC-Easy, {len(arc)} items (seed 0), batch size {args.batch_size}; one unablated evaluation "
+    return [
+        f"ARC-Easy, {len(arc)} items (seed 0), batch size {s.batch_size}; one unablated evaluation "
         f"{base:.1f} s ({base / len(arc):.2f} s/item):",
         f"  threshold zeroing (AHON (LN), p=.1, realised {100 * list(shares.values())[0]:.1f}%): "
         f"{thr_ratio:.2f}x one unablated evaluation",
@@ -138,16 +112,23 @@ def main(argv=None) -> None:
         f"= {full:.0f}x one unablated evaluation (at this machine's speed, ~{full * base / len(arc) / 60:.1f} min "
         f"per ARC-Easy item in the sample)",
     ]
-    print("\n".join(sweep_lines))
 
-    machine = machine_line(started_load)
-    print(f"machine: {machine}")
-    if args.write_docs:
-        write_section(HEADING, "\n".join([
-            f"`python benchmarks/bench_evaluate.py --mmlu-n {args.mmlu_n} --arc-n {args.arc_n} --repeats "
-            f"{args.repeats} --write-docs` ({machine}); embedded SmolLM2-135M-Instruct, fp32, raw weight basis. "
-            "Wall times are medians of alternating runs (A B A B ...).", "",
-            "```", *mmlu_lines, "", *sweep_lines, "```"]))
+
+def main(argv=None) -> None:
+    s = parse_settings(EvaluateBench, argv, __doc__)
+    set_threads(s.threads)
+    started_load = load_average()
+    model = load_model()
+    mmlu_lines = mmlu_comparison(model, s)
+    print("\n".join(mmlu_lines))
+    sweep_lines = sweep_cost(model, s)
+    print("\n".join(sweep_lines))
+    machine = print_machine(started_load)
+    if s.write_docs:
+        write_printed(HEADING, f"python benchmarks/bench_evaluate.py --mmlu-n {s.mmlu_n} --arc-n {s.arc_n} "
+                      f"--repeats {s.repeats} --write-docs", machine, "; embedded SmolLM2-135M-Instruct, fp32, raw "
+                      "weight basis. Wall times are medians of alternating runs (A B A B ...).",
+                      [mmlu_lines, sweep_lines])
 
 
 if __name__ == "__main__":

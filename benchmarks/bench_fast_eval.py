@@ -29,16 +29,14 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest import mock
 
@@ -50,11 +48,13 @@ from lens_heads.ablation import random_zeroing, threshold_zeroing
 from lens_heads.distributions import thresholds
 from lens_heads.evaluate import build_rows, evaluate
 from lens_heads.fused_attention import fused_attention
-from lens_heads.models import embedded_model_folder
 from lens_heads.head_scores import score_heads
 from lens_heads.inputs import tokenize_inputs
+from lens_heads.models import embedded_model_folder
+from lens_heads.settings import option
 
-from docs_section import machine_line, write_section
+from timing import (
+    Comparison, alternate, load_average, parse_settings, print_machine, repeated, repeats_option, timed, write_printed)
 
 HEADING = "Evaluator at the compute limit"
 # The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
@@ -63,6 +63,21 @@ PAPER_MODELS_B = [3.2, 3.2, 8.0, 8.0, 7.3, 7.3, 7.3, 7.3, 0.49, 1.5, 3.1, 7.6, 7
 MMLU_QUESTIONS = 14_042
 EVALUATIONS_PER_MODEL = 12 * 6 + 6 + 1  # 12 scores x 6 fractions, random at 6 fractions, the baseline
 GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
+
+
+@dataclass(frozen=True)
+class FastEvalBench(Comparison):
+    """What the benchmark times; the hidden flags are what the scaling comparison passes to its worker
+    processes."""
+
+    mmlu_n: int = option(8, "MMLU 5-shot prompts for the attention comparison")
+    arc_n: int = option(40, "ARC-Easy items for the evaluator comparisons")
+    repeats: int = repeats_option(1)
+    hf_eager: bool = option(False, "also time Hugging Face with eager attention")
+    shard: int | None = option(None, "this worker's share of the items", parse=int, hidden=True)
+    shards: int = option(2, "workers the items are shared among", hidden=True)
+    threshold: float | None = option(None, "the calibrated threshold the workers zero at", parse=float, hidden=True)
+
 
 
 # ---------------------------------------------------------------- FLOP counting
@@ -100,27 +115,10 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 5) -> float:
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
     a @ b
-    best = min(timed(lambda: a @ b)[0] for _ in range(repeats))
-    return 2.0 * n**3 / best
+    return 2.0 * n**3 / repeated(lambda: a @ b, repeats).best
 
 
 # ---------------------------------------------------------------- the compared runs
-
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
-def alternate(fns: dict, repeats: int) -> dict:
-    """Run the functions in turn ``repeats`` times: per name, the median wall time and the last output."""
-    times, outs = {name: [] for name in fns}, {}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t, outs[name] = timed(fn)
-            times[name].append(t)
-    return {name: (statistics.median(times[name]), outs[name]) for name in fns}
 
 
 @torch.no_grad()
@@ -160,8 +158,8 @@ def worker(args) -> None:
     model = load_model()
     task = load_task("arc_easy", n=args.arc_n, seed=0)
     shard = replace(task, items=list(task)[args.shard::args.shards])
-    wall, logprobs = timed(lambda: run_units(model, shard, args.threshold, args.batch_size))
-    print(json.dumps(dict(wall_s=wall, logprobs=logprobs)))
+    run = timed(lambda: run_units(model, shard, args.threshold, args.batch_size))
+    print(json.dumps(dict(wall_s=run.wall, logprobs=run.out)))
 
 
 def two_processes(args, threshold: float) -> tuple[float, float, dict]:
@@ -192,128 +190,138 @@ def max_difference(a: dict, b: dict) -> dict[str, float]:
 # ---------------------------------------------------------------- the benchmark
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mmlu-n", type=int, default=8, help="MMLU 5-shot prompts for the attention comparison")
-    ap.add_argument("--arc-n", type=int, default=40, help="ARC-Easy items for the evaluator comparisons")
-    ap.add_argument("--repeats", type=int, default=1, help="alternating repetitions per comparison (default 1)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--hf-eager", action="store_true", help="also time Hugging Face with eager attention")
-    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
-    ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)  # the scaling workers
-    ap.add_argument("--shards", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--threshold", type=float, default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.shard is not None:
-        return worker(args)
-    started_load = os.getloadavg()[0]
-    from transformers import AutoModelForCausalLM
-
-    model = load_model()
-    cfg = model.cfg
-    folder = embedded_model_folder()
-    hf = {impl: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=impl).eval()
-          for impl in ("sdpa", "eager")[:2 if args.hf_eager else 1]}
-    peaks = [matmul_flops_per_s()]
-
-    # 1. attention: TL eager vs fused vs HF
-    mmlu = load_task("mmlu", n=args.mmlu_n, seed=0)
+def attention_comparison(model, hf: dict, s: FastEvalBench, peaks: list[float]) -> tuple[list[str], list]:
+    """1. TL eager vs fused vs HF on MMLU prompts; appends the matmul FLOP/s measured after them to ``peaks``.
+    Returns the printed lines and the evaluator's rows."""
+    mmlu = load_task("mmlu", n=s.mmlu_n, seed=0)
     rows = build_rows(model, list(mmlu))
     lengths = [len(r.tokens) for r in rows]
     tokens = sum(lengths)
     r = alternate({"TL eager": lambda: tl_logits(model, rows, False), "TL fused": lambda: tl_logits(model, rows, True),
                    "HF SDPA": lambda: hf_logits(hf["sdpa"], rows),
-                   **({"HF eager": lambda: hf_logits(hf["eager"], rows)} if args.hf_eager else {})}, args.repeats)
+                   **({"HF eager": lambda: hf_logits(hf["eager"], rows)} if s.hf_eager else {})}, s.repeats)
     peaks.append(matmul_flops_per_s())  # measured again: the neighbours' load varies
     peak = max(peaks)
     lines = [f"dense fp32 matmul (2048^3, best of 5, measured before and after the forwards): "
              f"{', '.join(f'{p / 1e9:.1f}' for p in peaks)} GFLOP/s; the higher is the reference"]
-    flops = forward_flops(cfg, lengths, tokens)
-    fused_vs_eager = max(float((a - b).abs().max()) for a, b in zip(r["TL fused"][1], r["TL eager"][1]))
-    tl_vs_hf = max(float((a - b).abs().max()) for a, b in zip(r["TL fused"][1], r["HF SDPA"][1]))
+    flops = forward_flops(model.cfg, lengths, tokens)
+    fused_vs_eager = max(float((a - b).abs().max()) for a, b in zip(r["TL fused"].out, r["TL eager"].out))
+    tl_vs_hf = max(float((a - b).abs().max()) for a, b in zip(r["TL fused"].out, r["HF SDPA"].out))
     lines += ["", f"1. plain forward, logits at every position, batch 1: {len(rows)} MMLU 5-shot prompts (seed 0), "
                   f"{min(lengths)}-{max(lengths)} tokens, {tokens} in all"]
-    for name, (t, _) in r.items():
+    for name, timing in r.items():
+        t = timing.wall
         lines.append(f"  {name:9s} {t:6.1f} s  {tokens / t:6.0f} tok/s  {flops / t / 1e9:5.1f} GFLOP/s "
                      f"({100 * flops / t / peak:4.1f}% of matmul)")
-    hf_sdpa = r["HF SDPA"][0]
-    lines += [f"  -> TL fused / HF SDPA throughput {hf_sdpa / r['TL fused'][0]:.2f}x (target >= 0.8x); TL eager / "
-              f"HF SDPA {hf_sdpa / r['TL eager'][0]:.2f}x; fused vs eager {r['TL eager'][0] / r['TL fused'][0]:.2f}x",
+    hf_sdpa, fused, eager = r["HF SDPA"].wall, r["TL fused"].wall, r["TL eager"].wall
+    lines += [f"  -> TL fused / HF SDPA throughput {hf_sdpa / fused:.2f}x (target >= 0.8x); TL eager / "
+              f"HF SDPA {hf_sdpa / eager:.2f}x; fused vs eager {eager / fused:.2f}x",
               f"  max |logit difference|: TL fused vs TL eager {fused_vs_eager:.1e} (target <= 1e-4), "
               f"TL fused vs HF SDPA {tl_vs_hf:.1e}"]
-    print("\n".join(lines))
+    return lines, rows
 
-    # 2. logits only where read
-    arc = load_task("arc_easy", n=args.arc_n, seed=0)
+
+def logits_where_read(model, arc, s: FastEvalBench) -> tuple[list[str], float]:
+    """2. The evaluator as it is against the same evaluator reading from full logits; the lines and the former's
+    wall seconds."""
 
     def full_logits():
         # the package exports the function evaluate under the module's name: patch the module itself
         with mock.patch.object(importlib.import_module("lens_heads.evaluate"), "_read_logprobs",
                                read_from_full_logits):
-            return evaluate(model, arc, batch_size=args.batch_size, progress=False)
+            return evaluate(model, arc, batch_size=s.batch_size, progress=False)
 
-    r2 = alternate({"read": lambda: evaluate(model, arc, batch_size=args.batch_size, progress=False),
-                    "full": full_logits}, args.repeats)
-    (t_read, read), (t_full, full) = r2["read"], r2["full"]
+    r = alternate({"read": lambda: evaluate(model, arc, batch_size=s.batch_size, progress=False),
+                   "full": full_logits}, s.repeats)
+    (t_read, read), (t_full, full) = (r["read"].wall, r["read"].out), (r["full"].wall, r["full"].out)
     difference = max(abs(a - b) for x, y in zip(read.items, full.items) for a, b in zip(x.logprobs, y.logprobs))
     assert difference < 1e-4, f"reading at the read positions changed a log-likelihood by {difference}"
+    return [f"2. evaluator on ARC-Easy, {len(arc)} items (seed 0, {read.meta['rows']} rows, "
+            f"{read.meta['forward_tokens']} tokens), batch size {s.batch_size}, fused attention:",
+            f"  logits at the read positions {t_read:6.1f} s; full logits at every position {t_full:6.1f} s "
+            f"-> {t_full / t_read:.2f}x throughput (target >= 1.15x); max |log-likelihood difference| "
+            f"{difference:.1e}"], t_read
+
+
+def achieved_flops(model, arc, s: FastEvalBench, t_read: float, peak: float) -> tuple[list[str], object, float]:
+    """3. FLOP/s of the evaluation (timed in step 2) and of the scoring pass; the lines, the scores (the sweep's
+    calibration) and the evaluation's fraction of the matmul FLOP/s."""
     eval_flops = evaluation_flops(model, arc)
-    lines2 = [f"2. evaluator on ARC-Easy, {len(arc)} items (seed 0, {read.meta['rows']} rows, "
-              f"{read.meta['forward_tokens']} tokens), batch size {args.batch_size}, fused attention:",
-              f"  logits at the read positions {t_read:6.1f} s; full logits at every position {t_full:6.1f} s "
-              f"-> {t_full / t_read:.2f}x throughput (target >= 1.15x); max |log-likelihood difference| "
-              f"{difference:.1e}"]
-    print("\n".join(lines2))
-
-    # 3. achieved FLOP/s of an evaluation and of the scoring pass
-    t_score, calib = timed(lambda: score_heads(model, arc, batch_size=args.batch_size, progress=False))
+    scoring = timed(lambda: score_heads(model, arc, batch_size=s.batch_size, progress=False))
+    t_score = scoring.wall
     _, mask = tokenize_inputs(model, arc)
-    score_flops = forward_flops(cfg, mask.sum(1).tolist(), 0)
-    lines3 = ["3. achieved FLOP/s (useful FLOPs, formula in the script's docstring) / dense matmul FLOP/s:",
-              f"  evaluation (above, fused, logits where read): {eval_flops / 1e9:7.1f} GFLOP in {t_read:5.1f} s = "
-              f"{eval_flops / t_read / 1e9:5.1f} GFLOP/s = {100 * eval_flops / t_read / peak:4.1f}%",
-              f"  scoring pass (score_heads, eager attention, on the same rows): {score_flops / 1e9:7.1f} "
-              f"GFLOP in {t_score:5.1f} s = {score_flops / t_score / 1e9:5.1f} GFLOP/s = "
-              f"{100 * score_flops / t_score / peak:4.1f}%"]
-    print("\n".join(lines3))
+    score_flops = forward_flops(model.cfg, mask.sum(1).tolist(), 0)
+    return ["3. achieved FLOP/s (useful FLOPs, formula in the script's docstring) / dense matmul FLOP/s:",
+            f"  evaluation (above, fused, logits where read): {eval_flops / 1e9:7.1f} GFLOP in {t_read:5.1f} s = "
+            f"{eval_flops / t_read / 1e9:5.1f} GFLOP/s = {100 * eval_flops / t_read / peak:4.1f}%",
+            f"  scoring pass (score_heads, eager attention, on the same rows): {score_flops / 1e9:7.1f} "
+            f"GFLOP in {t_score:5.1f} s = {score_flops / t_score / 1e9:5.1f} GFLOP/s = "
+            f"{100 * score_flops / t_score / peak:4.1f}%"], scoring.out, eval_flops / t_read / peak
 
-    # 4. scaling: 1 process x 2 threads vs 2 processes x 1 thread, and the paper's experiment
+
+def scaling(model, arc, s: FastEvalBench, calib, mean_tokens: float, fraction: float) -> list[str]:
+    """4. 1 process x N threads against 2 processes x 1 thread, and the paper's experiment in GPU-hours."""
     threshold = thresholds(calib, "AHON (LN)", [0.1])[0.1]
     threads = torch.get_num_threads()
-    t_one, single = timed(lambda: run_units(model, arc, threshold, args.batch_size))
-    end_to_end, t_shard, sharded = two_processes(args, threshold)
+    one = timed(lambda: run_units(model, arc, threshold, s.batch_size))
+    t_one, single = one.wall, one.out
+    end_to_end, t_shard, sharded = two_processes(s, threshold)
     differences = max_difference(single, sharded)
     # random zeroing draws by item index within the evaluated task, so a half of the task draws other heads
     same = max(d for name, d in differences.items() if not name.startswith("random"))
     assert same < 1e-4, f"the sharded run changed a log-likelihood by {same}"
-    mean_tokens = tokens / len(rows)
-    fraction = eval_flops / t_read / peak
     gpu_hours = projected_gpu_hours(mean_tokens, fraction)
-    lines4 = [f"4. scaling, {len(sweep_units(model, threshold))} sweep units on the {len(arc)} ARC-Easy items:",
-              f"  1 process x {threads} threads: {t_one:6.1f} s",
-              f"  2 processes x 1 thread: {t_shard:6.1f} s evaluating (slower shard), {end_to_end:6.1f} s end to end "
-              f"with model loading; max |log-likelihood difference| vs 1 process {same:.1e} (baseline, threshold; "
-              "random zeroing draws by item index within the task a process evaluates, so the halves draw other "
-              "heads: same work, other draws)",
-              f"  -> 2x1 / 1x{threads} throughput: {t_one / t_shard:.2f}x evaluating, {t_one / end_to_end:.2f}x "
-              "end to end",
-              f"  paper's full experiment: {len(PAPER_MODELS_B)} models ({sum(PAPER_MODELS_B):.0f}B parameters in "
-              f"all) x {MMLU_QUESTIONS:,} MMLU 5-shot questions x {EVALUATIONS_PER_MODEL} evaluations (12 scores x 6 "
-              f"fractions + 6 random + baseline), one forward of {mean_tokens:.0f} tokens per question (mean of the "
-              f"sample above), 2 x params FLOPs per token (attention terms left out: ~1% at this length for 7B): "
-              f"{gpu_hours:,.0f} GPU-hours on H100/H200-class GPUs at {GPU_PEAK / 1e12:.0f} TFLOP/s bf16 peak, "
-              f"assuming they reach the same {100 * fraction:.0f}% of peak that the evaluation reaches here "
-              f"({gpu_hours / len(PAPER_MODELS_B):,.0f} per model on average; calibration passes add ~1/79)"]
-    print("\n".join(lines4))
+    return [f"4. scaling, {len(sweep_units(model, threshold))} sweep units on the {len(arc)} ARC-Easy items:",
+            f"  1 process x {threads} threads: {t_one:6.1f} s",
+            f"  2 processes x 1 thread: {t_shard:6.1f} s evaluating (slower shard), {end_to_end:6.1f} s end to end "
+            f"with model loading; max |log-likelihood difference| vs 1 process {same:.1e} (baseline, threshold; "
+            "random zeroing draws by item index within the task a process evaluates, so the halves draw other "
+            "heads: same work, other draws)",
+            f"  -> 2x1 / 1x{threads} throughput: {t_one / t_shard:.2f}x evaluating, {t_one / end_to_end:.2f}x "
+            "end to end",
+            f"  paper's full experiment: {len(PAPER_MODELS_B)} models ({sum(PAPER_MODELS_B):.0f}B parameters in "
+            f"all) x {MMLU_QUESTIONS:,} MMLU 5-shot questions x {EVALUATIONS_PER_MODEL} evaluations (12 scores x 6 "
+            f"fractions + 6 random + baseline), one forward of {mean_tokens:.0f} tokens per question (mean of the "
+            f"sample above), 2 x params FLOPs per token (attention terms left out: ~1% at this length for 7B): "
+            f"{gpu_hours:,.0f} GPU-hours on H100/H200-class GPUs at {GPU_PEAK / 1e12:.0f} TFLOP/s bf16 peak, "
+            f"assuming they reach the same {100 * fraction:.0f}% of peak that the evaluation reaches here "
+            f"({gpu_hours / len(PAPER_MODELS_B):,.0f} per model on average; calibration passes add ~1/79)"]
 
-    machine = machine_line(started_load)
-    print(f"machine: {machine}")
-    if args.write_docs:
-        write_section(HEADING, "\n".join([
-            f"`OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --mmlu-n {args.mmlu_n} --arc-n {args.arc_n} "
-            f"--repeats {args.repeats}{' --hf-eager' * args.hf_eager} --write-docs` ({machine}); embedded SmolLM2-135M-Instruct, fp32, raw "
-            "weight basis; the other agents on this machine make absolute times noisy, so read the ratios.", "",
-            "```", *lines, "", *lines2, "", *lines3, "", *lines4, "```"]))
+
+def load_models(hf_eager: bool) -> tuple:
+    """The embedded model in TransformerLens and, from the same weights, in Hugging Face (SDPA, and eager)."""
+    from transformers import AutoModelForCausalLM
+
+    model = load_model()
+    folder = embedded_model_folder()
+    hf = {impl: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=impl).eval()
+          for impl in ("sdpa", "eager")[:2 if hf_eager else 1]}
+    return model, hf
+
+
+def main(argv=None) -> None:
+    s = parse_settings(FastEvalBench, argv, __doc__)
+    if s.shard is not None:
+        return worker(s)
+    started_load = load_average()
+    model, hf = load_models(s.hf_eager)
+    peaks = [matmul_flops_per_s()]
+    lines, rows = attention_comparison(model, hf, s, peaks)
+    print("\n".join(lines))
+    arc = load_task("arc_easy", n=s.arc_n, seed=0)
+    lines2, t_read = logits_where_read(model, arc, s)
+    print("\n".join(lines2))
+    lines3, calib, fraction = achieved_flops(model, arc, s, t_read, max(peaks))
+    print("\n".join(lines3))
+    mean_tokens = sum(len(row.tokens) for row in rows) / len(rows)
+    lines4 = scaling(model, arc, s, calib, mean_tokens, fraction)
+    print("\n".join(lines4))
+    machine = print_machine(started_load)
+    if s.write_docs:
+        write_printed(HEADING, f"OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --mmlu-n {s.mmlu_n} "
+                      f"--arc-n {s.arc_n} --repeats {s.repeats}{' --hf-eager' * s.hf_eager} --write-docs", machine,
+                      "; embedded SmolLM2-135M-Instruct, fp32, raw weight basis; the other agents on this machine "
+                      "make absolute times noisy, so read the ratios.", [lines, lines2, lines3, lines4])
 
 
 if __name__ == "__main__":

@@ -5,77 +5,84 @@
 Cold load dequantises the GGUF into a fresh cache folder; warm load reads the cached safetensors.
 """
 
-import argparse
+from __future__ import annotations
+
 import os
-import statistics
 import tempfile
-import time
+from dataclasses import dataclass
 
 import torch
 
-from docs_section import machine_line, write_section
+from lens_heads.settings import option
+
+from timing import load_average, parse_settings, print_machine, repeated, timed, write_docs_option, write_printed
 
 
-def timed(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+@dataclass(frozen=True)
+class LoadBench:
+    """What the benchmark times: the load, then forwards of one random batch in HookedTransformer and in
+    Hugging Face."""
+
+    batch: int = option(4, "inputs per forward")
+    seq: int = option(128, "tokens per input")
+    repeats: int = option(3, "forwards timed (median reported)")
+    skip_cold: bool = option(False, "skip the ~30-60 s dequantisation")
+    write_docs: bool = write_docs_option("Loading and forward throughput")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--skip-cold", action="store_true", help="skip the ~30-60 s dequantisation")
-    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/benchmarks.md")
-    args = ap.parse_args()
-    started_load = os.getloadavg()[0]
 
+def cold_load() -> float:
+    """Seconds to load the embedded model into an empty cache folder (dequantisation, cache write, build)."""
+    from lens_heads import load_model
+
+    with tempfile.TemporaryDirectory() as cache:
+        old = os.environ.get("LENS_HEADS_CACHE")
+        os.environ["LENS_HEADS_CACHE"] = cache
+        seconds = timed(load_model).wall
+        if old is None:
+            del os.environ["LENS_HEADS_CACHE"]
+        else:
+            os.environ["LENS_HEADS_CACHE"] = old
+    return seconds
+
+
+def forward_throughput(model, s: LoadBench) -> str:
+    """HookedTransformer against plain Hugging Face on the same random batch."""
     from transformers import AutoModelForCausalLM
 
-    from lens_heads import load_model
     from lens_heads.models import embedded_model_folder
 
-    lines = []
-    if not args.skip_cold:
-        with tempfile.TemporaryDirectory() as cache:
-            old = os.environ.get("LENS_HEADS_CACHE")
-            os.environ["LENS_HEADS_CACHE"] = cache
-            t = time.perf_counter()
-            load_model()
-            cold = time.perf_counter() - t
-            if old is None:
-                del os.environ["LENS_HEADS_CACHE"]
-            else:
-                os.environ["LENS_HEADS_CACHE"] = old
-        lines.append(f"cold load (GGUF dequantisation + cache write + build): {cold:6.1f} s")
-    load_model()  # make sure the default cache exists
-    t = time.perf_counter()
-    model = load_model()
-    warm = time.perf_counter() - t
-    lines.append(f"warm load (cached safetensors -> HookedTransformer):     {warm:6.1f} s")
-
     hf = AutoModelForCausalLM.from_pretrained(embedded_model_folder(), dtype=torch.float32).eval()
-    tokens = torch.randint(0, model.cfg.d_vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, model.cfg.d_vocab, (s.batch, s.seq), generator=torch.Generator().manual_seed(0))
     n_tokens = tokens.numel()
     with torch.no_grad():
         model(tokens), hf(tokens)  # warm-up
-        t_tl = timed(lambda: model(tokens), args.repeats)
-        t_hf = timed(lambda: hf(tokens), args.repeats)
-    lines.append(f"forward {args.batch}x{args.seq}: HookedTransformer {n_tokens / t_tl:8.0f} tok/s, "
-                 f"plain HF {n_tokens / t_hf:8.0f} tok/s, ratio TL/HF throughput {t_hf / t_tl:.2f}x")
-    machine = machine_line(started_load)
-    print("\n".join(lines + [f"machine: {machine}"]))
-    if args.write_docs:
-        write_section("Loading and forward throughput", "\n".join([
-            f"`python benchmarks/bench_load.py --batch {args.batch} --seq {args.seq} --repeats {args.repeats}` "
-            f"({machine}); forward times are medians of {args.repeats}.", "", "```", *lines, "```", "",
-            "The warm path loads the state dict in one `load_state_dict` call; TransformerLens's "
-            "`load_and_process_state_dict` loads key by key (~5 s more) and is used only with `processing=True`."]))
+        t_tl = repeated(lambda: model(tokens), s.repeats).wall
+        t_hf = repeated(lambda: hf(tokens), s.repeats).wall
+    return (f"forward {s.batch}x{s.seq}: HookedTransformer {n_tokens / t_tl:8.0f} tok/s, "
+            f"plain HF {n_tokens / t_hf:8.0f} tok/s, ratio TL/HF throughput {t_hf / t_tl:.2f}x")
+
+
+def main(argv=None) -> None:
+    s = parse_settings(LoadBench, argv, __doc__)
+    started_load = load_average()
+    from lens_heads import load_model
+
+    lines = []
+    if not s.skip_cold:
+        lines.append(f"cold load (GGUF dequantisation + cache write + build): {cold_load():6.1f} s")
+    load_model()  # make sure the default cache exists
+    warm = timed(load_model)
+    lines.append(f"warm load (cached safetensors -> HookedTransformer):     {warm.wall:6.1f} s")
+    lines.append(forward_throughput(warm.out, s))
+    print("\n".join(lines))
+    machine = print_machine(started_load)
+    if s.write_docs:
+        write_printed("Loading and forward throughput", f"python benchmarks/bench_load.py --batch {s.batch} --seq "
+                      f"{s.seq} --repeats {s.repeats}", machine, f"; forward times are medians of {s.repeats}.",
+                      [lines], after=["The warm path loads the state dict in one `load_state_dict` call; "
+                                      "TransformerLens's `load_and_process_state_dict` loads key by key (~5 s more) "
+                                      "and is used only with `processing=True`."])
 
 
 if __name__ == "__main__":

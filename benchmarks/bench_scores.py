@@ -20,24 +20,38 @@ tracemalloc does not see torch's allocations, hence this set-up.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import json
-import os
-import statistics
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from docs_section import machine_line, write_section
+from lens_heads.settings import option
+
+from timing import (
+    alternate, load_average, machine_line, parse_settings, rounds_option, write_docs_option, write_section)
 
 METHODS = ("plain", "plain-trunk", "scoring", "naive")
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "Scoring pass"
+
+
+@dataclass(frozen=True)
+class ScoresBench:
+    """What the benchmark times; ``--memory-child`` is what the memory measurement passes to its fresh
+    processes."""
+
+    batch: int = option(8, "inputs in the batch")
+    seq: int = option(512, "tokens per input")
+    rounds: int = rounds_option(2)
+    write_docs: bool = write_docs_option(SECTION)
+    memory_child: str | None = option(None, "the method whose peak memory this process measures", parse=str,
+                                      choices=METHODS, hidden=True)
+
 
 
 def make_tokens(model, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
@@ -116,61 +130,51 @@ def measure_memory(method: str, batch: int, seq: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median reported)")
-    ap.add_argument("--write-docs", action="store_true", help=f"replace the '{SECTION}' section of docs/benchmarks.md")
-    ap.add_argument("--memory-child", choices=METHODS, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.memory_child:
-        memory_child(args.memory_child, args.batch, args.seq)
-        return
+def time_methods(model, tokens, rounds: int) -> dict[str, float]:
+    """Median wall seconds of each method over interleaved rounds, after checking scoring against naive."""
+    alternate({m: runner(model, tokens[:1, :64], m) for m in METHODS}, 1, keep=())  # first-call allocations
+    r = alternate({m: (lambda m=m: runner(model, tokens, m)) for m in METHODS}, rounds, prepared=True,
+                  keep=("scoring", "naive"), show=True)
+    # The scoring pass must agree with the naive computation for its time to mean anything.
+    torch.testing.assert_close(r["scoring"].out, r["naive"].out.float(), atol=1e-4, rtol=1e-4)
+    print("  scoring pass == naive cache-then-compute (atol/rtol 1e-4)", flush=True)
+    return {m: r[m].wall for m in METHODS}
 
+
+def summary(times: dict[str, float], memory: dict[str, dict]) -> tuple[str, str]:
+    """The table of methods relative to the plain forward, and the verdict against the targets."""
+    rows = []
+    t0, p0 = times["plain"], memory["plain"]
+    for m in METHODS:
+        t, mem = times[m], memory[m]
+        rows.append(dict(method=m, time_s=t, time_x=t / t0, peak_mb=mem["peak_mb"], peak_x=mem["peak_mb"] / p0["peak_mb"],
+                         delta_mb=mem["peak_mb"] - mem["rss_before_mb"]))
+    s, n = next(r for r in rows if r["method"] == "scoring"), next(r for r in rows if r["method"] == "naive")
+    verdict = (f"scoring vs plain forward: {s['time_x']:.2f}x time (target <= 1.3x), {s['peak_x']:.2f}x peak memory "
+               f"(target <= 1.2x); naive cache / scoring peak memory: {n['peak_mb'] / s['peak_mb']:.2f}x "
+               f"(target >= 2x); activation memory (delta) naive / scoring: "
+               f"{n['delta_mb'] / max(s['delta_mb'], 1):.1f}x")
+    return _table(rows), verdict
+
+
+def main(argv=None) -> None:
+    args = parse_settings(ScoresBench, argv, __doc__)
+    if args.memory_child:
+        return memory_child(args.memory_child, args.batch, args.seq)
     from lens_heads import load_model
 
     model = load_model()
     tokens = make_tokens(model, args.batch, args.seq)
-    started_load = os.getloadavg()[0]
+    started_load = load_average()
     print(f"embedded model, batch {args.batch} x {args.seq} tokens; {machine_line(started_load)}", flush=True)
-
-    for m in METHODS:  # warm-up: first-call allocations and lazy initialisation
-        runner(model, tokens[:1, :64], m)()
-    times = {m: [] for m in METHODS}
-    for r in range(args.rounds):
-        for m in METHODS:
-            fn = runner(model, tokens, m)
-            t = time.perf_counter()
-            result = fn()
-            times[m].append(time.perf_counter() - t)
-            print(f"  round {r + 1}: {m:12s} {times[m][-1]:6.1f} s", flush=True)
-            if r == 0 and m in ("scoring", "naive"):
-                times.setdefault("_scores", {})[m] = result
-            del result
-    # The scoring pass must agree with the naive computation for its time to mean anything.
-    got = times.pop("_scores")
-    torch.testing.assert_close(got["scoring"], got["naive"].float(), atol=1e-4, rtol=1e-4)
-    print("  scoring pass == naive cache-then-compute (atol/rtol 1e-4)", flush=True)
+    times = time_methods(model, tokens, args.rounds)
     del model
     gc.collect()
     memory = {}
     for m in METHODS:
         memory[m] = measure_memory(m, args.batch, args.seq)
         print(f"  memory: {m:12s} peak {memory[m]['peak_mb']:7.0f} MB", flush=True)
-
-    rows = []
-    t0, p0 = statistics.median(times["plain"]), memory["plain"]
-    for m in METHODS:
-        t, mem = statistics.median(times[m]), memory[m]
-        rows.append(dict(method=m, time_s=t, time_x=t / t0, peak_mb=mem["peak_mb"], peak_x=mem["peak_mb"] / p0["peak_mb"],
-                         delta_mb=mem["peak_mb"] - mem["rss_before_mb"]))
-    table = _table(rows)
-    s, n = next(r for r in rows if r["method"] == "scoring"), next(r for r in rows if r["method"] == "naive")
-    verdict = (f"scoring vs plain forward: {s['time_x']:.2f}x time (target <= 1.3x), {s['peak_x']:.2f}x peak memory "
-               f"(target <= 1.2x); naive cache / scoring peak memory: {n['peak_mb'] / s['peak_mb']:.2f}x "
-               f"(target >= 2x); activation memory (delta) naive / scoring: "
-               f"{n['delta_mb'] / max(s['delta_mb'], 1):.1f}x")
+    table, verdict = summary(times, memory)
     print()
     print(table)
     print(verdict)

@@ -10,12 +10,10 @@ docs/benchmarks.md under "Training and rank tracking".
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import platform
 import statistics
-import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -24,9 +22,11 @@ import torch.nn.functional as F
 from lens_heads.corpus import load_corpus
 from lens_heads.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
 from lens_heads.gpt2 import gpt2_model as _gpt2_model
+from lens_heads.settings import option
 from lens_heads.train import RankTracker, TrainConfig, batch_at, eval_windows, lr_at, train
 
-from docs_section import machine_line, write_section
+from timing import (
+    alternate, load_average, machine_line, parse_settings, repeated, rounds_option, timed, write_docs_option, write_section)
 
 # the plain baseline below is TransformerLens's GPT-2 layout (biases, untied, 50257 tokens): the hooked model too
 TL_LAYOUT = GPT2Options.transformer_lens()
@@ -82,13 +82,15 @@ class PlainGPT2(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def plain_train(model, corpus, cfg: TrainConfig, steps: int, device) -> float:
-    """The same loop as lens_heads.train, written plainly; returns wall seconds."""
+def plain_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
-    t0 = time.perf_counter()
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+def plain_train(model, opt, corpus, cfg: TrainConfig, steps: int, device) -> None:
+    """The same loop as lens_heads.train, written plainly."""
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
@@ -100,7 +102,6 @@ def plain_train(model, corpus, cfg: TrainConfig, steps: int, device) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
     _sync(device)
-    return time.perf_counter() - t0
 
 
 def _sync(device):
@@ -108,84 +109,81 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=4, help="steps per timed round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rank-every", type=int, default=50, help="rank tracking interval the overhead refers to")
-    ap.add_argument("--rank-inputs", type=int, default=32)
-    ap.add_argument("--rank-len", type=int, default=64)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--write", action="store_true", help="write the figures into docs/benchmarks.md")
-    a = ap.parse_args()
-    started_load = os.getloadavg()[0]
+@dataclass(frozen=True)
+class TrainBench:
+    """The model trained and how the runs are timed."""
 
-    corpus = load_corpus("sotu")
-    cfg = TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, warmup_steps=2, eval_every=0, log_every=10 ** 9)
-    tok_per_round = a.steps * a.batch * a.seq
-    mcfg = gpt2_config(a.layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=GPT2_VOCAB)
+    layers: int = option(4, "layers")
+    d_model: int = option(128, "width")
+    heads: int = option(4, "attention heads")
+    seq: int = option(64, "tokens per window")
+    batch: int = option(8, "windows per step")
+    steps: int = option(4, "steps per timed round")
+    rounds: int = rounds_option(5)
+    rank_every: int = option(50, "rank tracking interval the overhead refers to")
+    rank_inputs: int = option(32, "validation windows the rank is measured on")
+    rank_len: int = option(64, "tokens per rank window")
+    device: str = option("cpu", "torch device")
+    write: bool = write_docs_option("Training and rank tracking")
 
-    def hooked_round():
+
+
+REF = "plain PyTorch, SDPA attention"
+HOOKED = "hooked (lens_heads.train)"
+
+
+def loop_rounds(a: TrainBench, corpus, cfg: TrainConfig, mcfg) -> dict:
+    """Each loop's timings over interleaved rounds (after one warm-up round), a fresh model each round."""
+
+    def hooked():
         model = gpt2_model(mcfg, seed=0, device=a.device)
-        t0 = time.perf_counter()
-        train(model, corpus, cfg, progress=False)
-        _sync(a.device)
-        return time.perf_counter() - t0
+        return lambda: (train(model, corpus, cfg, progress=False), _sync(a.device))
 
-    def plain_round(sdpa):
+    def plain(sdpa):
         torch.manual_seed(0)
         model = PlainGPT2(a.layers, a.d_model, a.heads, a.seq, 50257, sdpa=sdpa).to(a.device)
-        return plain_train(model, corpus, cfg, a.steps, a.device)
+        opt = plain_optimizer(model, cfg)
+        return lambda: plain_train(model, opt, corpus, cfg, a.steps, a.device)
 
-    n_hooked = sum(p.numel() for p in gpt2_model(mcfg, seed=0).parameters())
-    n_plain = sum(p.numel() for p in PlainGPT2(a.layers, a.d_model, a.heads, a.seq, 50257).parameters())
-    assert n_hooked == n_plain, (n_hooked, n_plain)
+    runs = {HOOKED: hooked, REF: lambda: plain(True), "plain PyTorch, explicit attention": lambda: plain(False)}
+    alternate(runs, 1, prepared=True, keep=())  # warm-up
+    # interleaved so that load from other processes hits all alike
+    return alternate(runs, a.rounds, prepared=True, keep=())
 
-    runs = {"hooked (lens_heads.train)": hooked_round, "plain PyTorch, SDPA attention": lambda: plain_round(True),
-            "plain PyTorch, explicit attention": lambda: plain_round(False)}
-    for fn in runs.values():  # warm-up
-        fn()
-    times = {k: [] for k in runs}
-    for _ in range(a.rounds):  # interleaved so that load from other processes hits all alike
-        for k, fn in runs.items():
-            times[k].append(fn())
-    # on a machine shared with other jobs, the fastest round is the least disturbed estimate of each loop's cost;
-    # ratios are also taken round by round (the rounds of one loop and its baseline run back to back)
-    tps = {k: tok_per_round / min(v) for k, v in times.items()}
-    ref_times = times["plain PyTorch, SDPA attention"]
-    round_ratio = {k: statistics.median(r / t for r, t in zip(ref_times, v)) for k, v in times.items()}
 
-    # rank tracking: the cost of one call against a training step
+def rank_overhead(a: TrainBench, corpus, cfg: TrainConfig, mcfg, step_s: float) -> tuple[float, float, int, float]:
+    """One RankTracker call's seconds, its share of training time every ``rank_every`` steps, and the overhead
+    measured directly: a run with two tracker calls against one without."""
     model = gpt2_model(mcfg, seed=0, device=a.device)
     tracker = RankTracker(eval_windows(corpus.val, a.rank_inputs, a.rank_len - 1), every=1)
-    rank_times = []
-    for _ in range(a.rounds):
-        t0 = time.perf_counter()
-        tracker(model, 0)
-        _sync(a.device)
-        rank_times.append(time.perf_counter() - t0)
-    step_s = min(times["hooked (lens_heads.train)"]) / a.steps
-    rank_s = min(rank_times)
-    overhead = rank_s / (a.rank_every * step_s)
-
-    # and measured directly: a training run with tracking vs one without
+    rank_s = repeated(lambda: (tracker(model, 0), _sync(a.device)), a.rounds).best
     direct_steps = 2 * a.steps * 2
     dcfg = TrainConfig(**{**cfg.__dict__, "steps": direct_steps})
     direct = {}
     for label, cbs in (("without", []), ("with", [RankTracker(tracker.tokens, every=direct_steps)])):
         m = gpt2_model(mcfg, seed=0, device=a.device)
-        t0 = time.perf_counter()
-        train(m, corpus, dcfg, callbacks=cbs, progress=False)
-        _sync(a.device)
-        direct[label] = time.perf_counter() - t0
-    direct_overhead = direct["with"] / direct["without"] - 1
+        direct[label] = timed(lambda: (train(m, corpus, dcfg, callbacks=cbs, progress=False), _sync(a.device))).wall
+    return rank_s, rank_s / (a.rank_every * step_s), direct_steps, direct["with"] / direct["without"] - 1
 
-    ref = "plain PyTorch, SDPA attention"
+
+def main(argv=None) -> None:
+    a = parse_settings(TrainBench, argv, __doc__)
+    started_load = load_average()
+    corpus = load_corpus("sotu")
+    cfg = TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, warmup_steps=2, eval_every=0, log_every=10 ** 9)
+    tok_per_round = a.steps * a.batch * a.seq
+    mcfg = gpt2_config(a.layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=GPT2_VOCAB)
+    n_hooked = sum(p.numel() for p in gpt2_model(mcfg, seed=0).parameters())
+    n_plain = sum(p.numel() for p in PlainGPT2(a.layers, a.d_model, a.heads, a.seq, 50257).parameters())
+    assert n_hooked == n_plain, (n_hooked, n_plain)
+
+    times = loop_rounds(a, corpus, cfg, mcfg)
+    # on a machine shared with other jobs, the fastest round is the least disturbed estimate of each loop's cost;
+    # ratios are also taken round by round (the rounds of one loop and its baseline run back to back)
+    tps = {k: tok_per_round / v.best for k, v in times.items()}
+    round_ratio = {k: statistics.median(r / t for r, t in zip(times[REF].walls, v.walls)) for k, v in times.items()}
+    step_s = times[HOOKED].best / a.steps
+    rank_s, overhead, direct_steps, direct_overhead = rank_overhead(a, corpus, cfg, mcfg, step_s)
     lines = [
         f"Setup: GPT-2 architecture {a.layers} layers, d_model {a.d_model}, {a.heads} heads, vocab 50257 "
         f"({n_hooked / 1e6:.1f}M parameters), batch {a.batch} x {a.seq} tokens, AdamW + cosine + grad clip, "
@@ -194,10 +192,10 @@ def main():
         "",
         "| training loop | tokens/s (best round) | ratio to plain (SDPA), best rounds | median of per-round ratios |",
         "|---|---:|---:|---:|",
-        *[f"| {k} | {v:,.0f} | {v / tps[ref]:.2f}x | {round_ratio[k]:.2f}x |" for k, v in tps.items()],
+        *[f"| {k} | {v:,.0f} | {v / tps[REF]:.2f}x | {round_ratio[k]:.2f}x |" for k, v in tps.items()],
         "",
-        f"Hooked GPT-2 vs plain PyTorch: **{tps['hooked (lens_heads.train)'] / tps[ref]:.2f}x** (best rounds), "
-        f"{round_ratio['hooked (lens_heads.train)']:.2f}x (median per-round ratio); target >= 0.8x.",
+        f"Hooked GPT-2 vs plain PyTorch: **{tps[HOOKED] / tps[REF]:.2f}x** (best rounds), "
+        f"{round_ratio[HOOKED]:.2f}x (median per-round ratio); target >= 0.8x.",
         "",
         f"Rank tracking (`RankTracker`, {a.rank_inputs} validation windows of {a.rank_len} tokens, per-input ranks): "
         f"{rank_s:.2f} s a call = {rank_s / step_s:.2f} training steps; every {a.rank_every} steps that is "
@@ -211,7 +209,6 @@ def main():
         write_section("Training and rank tracking",
                       f"Made by `OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/bench_train.py --write` "
                       f"({machine_line(started_load)}).\n\n" + text)
-
 
 
 if __name__ == "__main__":

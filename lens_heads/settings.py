@@ -7,7 +7,8 @@ defaults, and flags given on the command line override both. Each field of the d
 ``--name/--no-name`` (one named ``no_x`` only ``--no-x``). A ``__post_init__`` that refuses a combination of values
 with a ``ValueError`` gives argparse's usage error. Field metadata, set with :func:`option`, holds the help text, the
 parser of the text (which raises ``ValueError`` or ``argparse.ArgumentTypeError`` with a message saying what to
-pass), choices and the metavar. Used by the report, the analyses and the benchmarks.
+pass), choices and the metavar; ``hidden=True`` keeps a flag out of ``--help`` (one a script passes to its own
+worker processes). Used by the report, the analyses and the benchmarks.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, parse: Callable[[str], Any] | None = None,
            choices: Sequence[str] | None = None, metavar: str | None = None, positional: bool = False,
-           cli: bool = True, default_factory: Any = dataclasses.MISSING, aliases: Sequence[str] = ()) -> Any:
+           cli: bool = True, default_factory: Any = dataclasses.MISSING, aliases: Sequence[str] = (), hidden: bool = False) -> Any:
     """A dataclass field with what its command-line flag needs (``cli=False``: settable from Python only)."""
     meta = dict(help=help, parse=parse, choices=choices, metavar=metavar, positional=positional, cli=cli,
-                aliases=tuple(aliases))
+                aliases=tuple(aliases), hidden=hidden)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -67,7 +68,8 @@ def build_parser(cls, *, presets: Mapping[str, Mapping[str, Any]] | None = None,
             continue
         default = default_of(f)
         help_text = f"{meta.get('help', '')} (default: {_show(default)})".strip()
-        kwargs = dict(help=help_text.replace("%", "%%"), default=argparse.SUPPRESS)
+        kwargs = dict(help=argparse.SUPPRESS if meta.get("hidden") else help_text.replace("%", "%%"),
+                      default=argparse.SUPPRESS)
         if meta.get("choices"):
             kwargs["choices"] = list(meta["choices"])
         if meta.get("metavar"):

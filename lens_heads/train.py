@@ -214,6 +214,16 @@ class TrainResult:
         return asdict(self)
 
 
+@dataclass
+class _Run:
+    """Where a run stands: what a checkpoint's ``state.json`` holds besides the settings."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    history: list[dict] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+
 def train(
     model: HookedTransformer,
     corpus,
@@ -231,91 +241,131 @@ def train(
     dict is logged at that step (e.g. `RankTracker`).
     """
     cfg = config
+    _check_fits(model, corpus, cfg)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:  # the folder holds this run only: another configuration is refused before anything is read
+        claim_folder(out, run_key(model, cfg))
+        if (out / "final" / "result.json").exists():
+            load_model_state(model, out / "final" / "model.safetensors")
+            return TrainResult(**json.loads((out / "final" / "result.json").read_text()))
+
+    optimizer = make_optimizer(model, cfg)
+    ckpt = latest_checkpoint(out) if out is not None else None
+    run = _resume(model, optimizer, ckpt) if ckpt is not None else _first_record(model, corpus, cfg, callbacks)
+    model.train()
+    log = _Log(cfg, run, tqdm(total=cfg.steps, initial=run.step, desc=desc, disable=not progress, unit="step"))
+    for step in range(run.step, cfg.steps):
+        t0 = time.perf_counter()
+        lr, loss, grad_norm = _train_step(model, optimizer, corpus, cfg, step)
+        run.step, run.tokens_seen = step + 1, run.tokens_seen + cfg.tokens_per_step
+        run.wall_time_s += time.perf_counter() - t0
+        log(loss, lr, grad_norm, _measurements(model, corpus, cfg, callbacks, run.step))
+        if out is not None and (run.step % cfg.checkpoint_every == 0 or run.step == cfg.steps):
+            state = {**asdict(run), "config": asdict(cfg)}
+            save_checkpoint(out / "checkpoints" / f"step_{run.step:07d}", model, optimizer, state)
+            _prune_checkpoints(out, cfg.keep_checkpoints)
+    log.bar.close()
+    model.eval()
+    return _finish(model, corpus, cfg, run, out)
+
+
+def _check_fits(model: HookedTransformer, corpus, cfg: TrainConfig) -> None:
     if cfg.seq_len > model.cfg.n_ctx:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
     if int(np.max(corpus.train[: 1 << 20])) >= model.cfg.d_vocab:
         raise ValueError(f"the corpus has token ids >= the model's d_vocab={model.cfg.d_vocab}")
-    out = Path(out_dir) if out_dir is not None else None
-    config_json = asdict(cfg)
-    if out is not None:  # the folder holds this run only: another configuration is refused before anything is read
-        claim_folder(out, run_key(model, cfg))
-    if out is not None and (out / "final" / "result.json").exists():
-        load_model_state(model, out / "final" / "model.safetensors")
-        return TrainResult(**json.loads((out / "final" / "result.json").read_text()))
 
-    optimizer = make_optimizer(model, cfg)
-    start, tokens_seen, history, elapsed = 0, 0, [], 0.0
-    ckpt = latest_checkpoint(out) if out is not None else None
-    if ckpt is not None:
-        state = json.loads((ckpt / "state.json").read_text())
-        load_model_state(model, ckpt / "model.safetensors")
-        load_optimizer_state(optimizer, (ckpt / "optimizer.safetensors").read_bytes(),
-                             json.loads((ckpt / "optimizer.json").read_text()))
-        start, tokens_seen, history, elapsed = state["step"], state["tokens_seen"], state["history"], state["wall_time_s"]
-    else:  # the starting point of the curves
-        first = {"val_loss": validation_loss(model, corpus.val, cfg)} if cfg.eval_every else {}
-        first.update(_run_callbacks(callbacks, model, 0))
-        if first:
-            history.append({"step": 0, "tokens_seen": 0, **first})
 
-    model.train()
-    bar = tqdm(total=cfg.steps, initial=start, desc=desc, disable=not progress, unit="step")
-    losses: list[float] = []
-    t_last, tokens_last = time.perf_counter(), tokens_seen
-    for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
-        lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = 0.0
-        for micro in range(cfg.grad_accum):
-            windows = batch_at(corpus.train, step, micro, cfg).to(model.cfg.device)
-            with _autocast(model, cfg):
-                loss = lm_loss(model, windows) / cfg.grad_accum
-            loss.backward()
-            loss_sum += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        done = step + 1
-        tokens_seen += cfg.tokens_per_step
-        losses.append(loss_sum)
-        elapsed += time.perf_counter() - t0
+def _resume(model: HookedTransformer, optimizer, ckpt: Path) -> _Run:
+    """Weights, optimizer state and the run's position from the checkpoint folder ``ckpt``."""
+    state = json.loads((ckpt / "state.json").read_text())
+    load_model_state(model, ckpt / "model.safetensors")
+    load_optimizer_state(optimizer, (ckpt / "optimizer.safetensors").read_bytes(),
+                         json.loads((ckpt / "optimizer.json").read_text()))
+    return _Run(state["step"], state["tokens_seen"], state["history"], state["wall_time_s"])
 
-        record: dict = {}
-        if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
-            record["val_loss"] = validation_loss(model, corpus.val, cfg)
-            model.train()
-        extra = _run_callbacks(callbacks, model, done)
-        record.update(extra)
-        if record or done % cfg.log_every == 0 or done == cfg.steps:
-            record = {"step": done, "tokens_seen": tokens_seen, "train_loss": float(np.mean(losses)), "lr": lr,
-                      "grad_norm": grad_norm, "wall_time_s": elapsed, **record}
-            history.append(record)
+
+def _first_record(model: HookedTransformer, corpus, cfg: TrainConfig, callbacks: Sequence[Callback]) -> _Run:
+    """A fresh run, its history starting with the measurements at step 0 (the starting point of the curves)."""
+    run = _Run()
+    first = {"val_loss": validation_loss(model, corpus.val, cfg)} if cfg.eval_every else {}
+    first.update(_run_callbacks(callbacks, model, 0))
+    if first:
+        run.history.append({"step": 0, "tokens_seen": 0, **first})
+    return run
+
+
+def _train_step(model: HookedTransformer, optimizer, corpus, cfg: TrainConfig, step: int) -> tuple[float, float, float]:
+    """One optimizer step (``grad_accum`` micro-batches); its learning rate, training loss and gradient norm."""
+    lr = lr_at(step, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = 0.0
+    for micro in range(cfg.grad_accum):
+        windows = batch_at(corpus.train, step, micro, cfg).to(model.cfg.device)
+        with _autocast(model, cfg):
+            loss = lm_loss(model, windows) / cfg.grad_accum
+        loss.backward()
+        loss_sum += loss.item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return lr, loss_sum, grad_norm
+
+
+def _measurements(model: HookedTransformer, corpus, cfg: TrainConfig, callbacks: Sequence[Callback],
+                  done: int) -> dict:
+    """The validation loss when one is due after ``done`` steps, and what the callbacks return."""
+    record: dict = {}
+    if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+        record["val_loss"] = validation_loss(model, corpus.val, cfg)
+        model.train()
+    record.update(_run_callbacks(callbacks, model, done))
+    return record
+
+
+@dataclass
+class _Log:
+    """Appends a record to the run's history when there are measurements or a log is due; drives the bar."""
+
+    cfg: TrainConfig
+    run: _Run
+    bar: tqdm
+    losses: list[float] = field(default_factory=list)
+    t_last: float = field(default_factory=time.perf_counter)
+    tokens_last: int = field(init=False)
+
+    def __post_init__(self):
+        self.tokens_last = self.run.tokens_seen
+
+    def __call__(self, loss: float, lr: float, grad_norm: float, measured: dict) -> None:
+        run, done = self.run, self.run.step
+        self.losses.append(loss)
+        if measured or done % self.cfg.log_every == 0 or done == self.cfg.steps:
+            record = {"step": done, "tokens_seen": run.tokens_seen, "train_loss": float(np.mean(self.losses)),
+                      "lr": lr, "grad_norm": grad_norm, "wall_time_s": run.wall_time_s, **measured}
+            run.history.append(record)
             now = time.perf_counter()
-            bar.set_postfix(loss=f"{np.mean(losses):.3f}", tok_s=f"{(tokens_seen - tokens_last) / (now - t_last):,.0f}",
-                            **({"val": f"{record['val_loss']:.3f}"} if "val_loss" in record else {}))
-            t_last, tokens_last, losses = now, tokens_seen, []
-        bar.update(1)
-        if out is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-            state = {"step": done, "tokens_seen": tokens_seen, "history": history, "wall_time_s": elapsed,
-                     "config": config_json}
-            save_checkpoint(out / "checkpoints" / f"step_{done:07d}", model, optimizer, state)
-            _prune_checkpoints(out, cfg.keep_checkpoints)
-    bar.close()
-    model.eval()
+            self.bar.set_postfix(loss=f"{np.mean(self.losses):.3f}",
+                                 tok_s=f"{(run.tokens_seen - self.tokens_last) / (now - self.t_last):,.0f}",
+                                 **({"val": f"{record['val_loss']:.3f}"} if "val_loss" in record else {}))
+            self.t_last, self.tokens_last, self.losses = now, run.tokens_seen, []
+        self.bar.update(1)
 
-    val_losses = [h["val_loss"] for h in history if "val_loss" in h]
+
+def _finish(model: HookedTransformer, corpus, cfg: TrainConfig, run: _Run, out: Path | None) -> TrainResult:
+    """The run's result; with ``out``, the final weights and then the result, which marks the run finished."""
+    val_losses = [h["val_loss"] for h in run.history if "val_loss" in h]
     result = TrainResult(
-        history=history, val_loss=val_losses[-1] if val_losses else float("nan"), steps=cfg.steps,
-        tokens_seen=tokens_seen, wall_time_s=elapsed,
-        meta={"config": config_json, "corpus": dict(getattr(corpus, "meta", {})),
+        history=run.history, val_loss=val_losses[-1] if val_losses else float("nan"), steps=cfg.steps,
+        tokens_seen=run.tokens_seen, wall_time_s=run.wall_time_s,
+        meta={"config": asdict(cfg), "corpus": dict(getattr(corpus, "meta", {})),
               "n_params": sum(p.numel() for p in model.parameters()),
               "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model},
     )
     if out is not None:
         atomic_write_bytes(out / "final" / "model.safetensors", model_state_bytes(model))
-        atomic_write_json(out / "final" / "result.json", result.to_dict())  # last: marks the run finished
+        atomic_write_json(out / "final" / "result.json", result.to_dict())
     return result
 
 

@@ -71,3 +71,16 @@ def test_a_field_named_no_x_is_switched_on_by_its_flag():
     assert from_args(Negative, ["--no-png"]) == Negative(no_png=True)
     assert from_args(Negative, []) == Negative(no_png=False)
     assert from_args(Negative, ["--no-png-scale"]).png_scale is False
+
+
+def test_hidden_flags_parse_but_stay_out_of_the_help():
+    from lens_heads.settings import build_parser
+
+    @dataclass(frozen=True)
+    class Worker:
+        n: int = option(4, "items")
+        shard: int | None = option(None, "which half", parse=int, hidden=True)
+
+    assert from_args(Worker, ["--shard", "1"]) == Worker(shard=1)
+    text = build_parser(Worker).format_help()
+    assert "--n" in text and "--shard" not in text
