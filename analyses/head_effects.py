@@ -179,6 +179,20 @@ def write_scatters(scores, effects: dict, what: str, spearman_kl: str, cost_rati
                  attribution, args)
 
 
+def write_oracle_figure(what: str, name: str, task, heldout, effects: dict, oracles: dict, oracle_table,
+                        recorded, recorded_protocol, args) -> None:
+    """The recorded sweep's curves (where figures/ holds one for the task) with the oracle curves beside them."""
+    curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
+    base = recorded[recorded["target_fraction"] == 0].iloc[0] if recorded is not None else oracle_table.iloc[0]
+    heldout_base = oracles["oracle (held-out items)"].baseline
+    title = (f"{what}: recorded sweep (n={int(base['n'])}, {recorded_protocol} rows; the oracle: "
+             f"{effects['ablation'].meta['protocol']} rows) with the oracle (heads zeroed in order of measured "
+             f"ablation KL on {len(task)} ranking items; also on {len(heldout)} held-out items, baseline "
+             f"{100 * heldout_base.accuracy:.1f}%)")
+    write_figure(ablation_curves(curves, baseline=100 * float(base["accuracy"]), chance=float(base["chance"]),
+                                 title=title), Path(args.figures) / f"head_effects_oracle_{name}", args)
+
+
 def run_task(model, name: str, args) -> dict:
     figures = Path(args.figures)
     task = load_task(name, n=args.n, seed=args.seed)
@@ -204,19 +218,11 @@ def run_task(model, name: str, args) -> dict:
     atomic_write_text(figures / f"{stem}.csv", per_head.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(figures / f"head_effects_agreement_{name}.csv", agreement.to_csv(index=False,
                                                                                        float_format="%.4g"))
-    sweep_csv = figures / f"sweep_{name}.csv"
-    recorded, recorded_protocol = recorded_sweep(sweep_csv)
-    curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
-    base = recorded[recorded["target_fraction"] == 0].iloc[0] if recorded is not None else oracle_table.iloc[0]
-    heldout_base = oracles["oracle (held-out items)"].baseline
     what = (f"{meta['name']} on {name} ({task.split}, {task.format}, weight basis {meta['weight_basis']}, seed "
             f"{args.seed})")
-    title = (f"{what}: recorded sweep (n={int(base['n'])}, {recorded_protocol} rows; the oracle: "
-             f"{effects['ablation'].meta['protocol']} rows) with the oracle (heads zeroed in order of measured "
-             f"ablation KL on {len(task)} ranking items; also on {len(heldout)} held-out items, baseline "
-             f"{100 * heldout_base.accuracy:.1f}%)")
-    write_figure(ablation_curves(curves, baseline=100 * float(base["accuracy"]), chance=float(base["chance"]),
-                                 title=title), figures / f"head_effects_oracle_{name}", args)
+    sweep_csv = figures / f"sweep_{name}.csv"
+    recorded, recorded_protocol = recorded_sweep(sweep_csv)
+    write_oracle_figure(what, name, task, heldout, effects, oracles, oracle_table, recorded, recorded_protocol, args)
     shown = agreement[(agreement["method"] == "ablation") & (agreement["metric"] == "kl")]
     write_figure(agreement_bars(shown, title=f"{what}: rank agreement of each score with the ablation KL of each "
                                              f"head (n={len(task)} items, bootstrap 95%)"),

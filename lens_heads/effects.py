@@ -40,8 +40,8 @@ from torch import Tensor
 from transformer_lens.utils import get_act_name
 
 from lens_heads.ablation import mean_z, zero_heads
-from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, evaluate, pad_rows, paired_values,
-                                 read_logprobs)
+from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, continuation_tokens,
+                                 evaluate, pad_rows, paired_values, read_logprobs)
 from lens_heads.inputs import pad_id
 from lens_heads.io import atomic_write_bytes
 from lens_heads.models import model_meta
@@ -156,14 +156,11 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
     forward rows, as in :func:`lens_heads.evaluate` (:mod:`lens_heads.rows`). Attribution keeps every layer's
     activations for the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long
     few-shot prompts a small ``batch_size``."""
-    from lens_heads.evaluate import METRICS
-
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: choose one of {METHODS}")
     if metric not in EFFECT_METRICS:
         raise ValueError(f"unknown metric {metric!r}: choose one of {EFFECT_METRICS}")
-    if primary not in METRICS:
-        raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
+    check_primary(primary)
     check_protocol(protocol)
     items = list(task)
     if not items:
@@ -246,10 +243,7 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
     L, H = model.cfg.n_layers, model.cfg.n_heads
     rows = build_rows(model, items, **layout)
     n_choices = max(len(it.continuations) for it in items)
-    n_tokens = [[0] * len(it.continuations) for it in items]
-    for row in rows:
-        for choice, _, ids in row.reads:
-            n_tokens[row.item][choice] = len(ids)
+    n_tokens = continuation_tokens(items, rows)
     logprobs = torch.full((len(items), n_choices), math.nan, dtype=torch.float64)
     change = torch.zeros((len(items), n_choices, L, H), dtype=torch.float64)
     device = model.cfg.device

@@ -294,7 +294,9 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
         return halving(lambda size: evaluate(model, task, hooks=hooks, **{**settings, "batch_size": size}), start,
                        _describe(hooks))
     check_batch_size(batch_size)
-    _check_settings(primary, attention)
+    check_primary(primary)
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
@@ -320,11 +322,10 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
                       chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
 
 
-def _check_settings(primary: str, attention: str) -> None:
+def check_primary(primary: str) -> None:
+    """Refuse a scoring of the choices that :class:`ItemRecord` does not know."""
     if primary not in METRICS:
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
 
 
 def _run_rows(model, items, rows: list[Row], batch_size: int, batch_aware: list, first_input: int, bar
@@ -352,11 +353,17 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, batch_aware: list,
     return logprobs, greedy, stats
 
 
-def _records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
+def continuation_tokens(items, rows: list[Row]) -> list[list[int]]:
+    """How many tokens each (item, choice)'s continuation has, as its rows read them."""
     n_tokens = [[0] * len(it.continuations) for it in items]
     for row in rows:
         for choice, _, ids in row.reads:
             n_tokens[row.item][choice] = len(ids)
+    return n_tokens
+
+
+def _records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
+    n_tokens = continuation_tokens(items, rows)
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
                        n_chars=[len(x) for x in it.continuations], greedy=gr,
                        n_bytes=[len(x.encode("utf-8")) for x in it.continuations])

@@ -278,70 +278,91 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     Every stage trains in its own folder under ``out_dir`` and resumes; a finished run only reloads."""
     c = config
     max_layers = _check_config(c)
-    out = Path(out_dir)
-    size = dict(d_model=c.d_model, n_heads=c.n_heads, n_ctx=c.n_ctx, d_vocab=c.d_vocab)
-    tokens = rank_tokens(corpus, c.rank_inputs, c.rank_len)
-    callbacks = [RankTracker(tokens, every=c.rank_every, average=c.rank_average)] if c.rank_every else []
-    stages: list[Stage] = []
+    run = _Stages(c, corpus, Path(out_dir), tokenizer, progress)
+    reference = run.fresh(c.ref_layers, c.seed)
+    ref = run.train(f"reference_{c.ref_layers}L", "reference", reference)
+    n = _students(run, reference, ref.val_loss, max_layers)
+    if c.baselines:
+        for mult in (1, 2):
+            train_cfg = TrainConfig(**{**asdict(c.train), "steps": mult * c.train.steps})
+            run.train(f"scratch_{n}L_{mult}x", "scratch", run.fresh(n, c.seed + 1000 + n), train_cfg)
+    for ablation in c.ablations:
+        _ablation(run, reference, ablation, n)
+    result = InherituneResult(stages=run.stages, reference_val_loss=ref.val_loss, final_layers=n,
+                              meta=_meta(c, corpus, ref))
+    atomic_write_json(run.out / "result.json", result.to_dict())
+    return result
 
-    def fresh(n_layers: int, seed: int) -> HookedTransformer:
-        return gpt2_model(gpt2_config(n_layers, **size), seed=seed, options=c.options, tokenizer=tokenizer,
-                          device=c.device)
 
-    def run_stage(name, kind, model, train_cfg=c.train) -> Stage:
-        at_init = _rank(model, tokens, c.rank_average)  # fresh init, or for students: just inherited
-        result: TrainResult = train(model, corpus, train_cfg, out_dir=out / name, callbacks=callbacks,
-                                    progress=progress, desc=name)
+class _Stages:
+    """The stages of one run, trained in order, each in its own resumable folder under ``out``; ``stages.json``
+    is rewritten as each finishes."""
+
+    def __init__(self, config: InherituneConfig, corpus, out: Path, tokenizer, progress: bool):
+        self.c, self.corpus, self.out, self.tokenizer, self.progress = config, corpus, out, tokenizer, progress
+        self.tokens = rank_tokens(corpus, config.rank_inputs, config.rank_len)
+        self.callbacks = ([RankTracker(self.tokens, every=config.rank_every, average=config.rank_average)]
+                          if config.rank_every else [])
+        self.stages: list[Stage] = []
+
+    def fresh(self, n_layers: int, seed: int) -> HookedTransformer:
+        c = self.c
+        return gpt2_model(gpt2_config(n_layers, d_model=c.d_model, n_heads=c.n_heads, n_ctx=c.n_ctx,
+                                      d_vocab=c.d_vocab),
+                          seed=seed, options=c.options, tokenizer=self.tokenizer, device=c.device)
+
+    def train(self, name: str, kind: str, model: HookedTransformer, train_cfg: TrainConfig | None = None) -> Stage:
+        average = self.c.rank_average
+        at_init = _rank(model, self.tokens, average)  # fresh init, or for students: just inherited
+        result: TrainResult = train(model, self.corpus, train_cfg or self.c.train, out_dir=self.out / name,
+                                    callbacks=self.callbacks, progress=self.progress, desc=name)
         stage = Stage(name=name, kind=kind, n_layers=model.cfg.n_layers, steps=result.steps,
                       tokens_seen=result.tokens_seen, val_loss=result.val_loss,
-                      rank=_rank(model, tokens, c.rank_average), rank_at_init=at_init, history=result.history,
+                      rank=_rank(model, self.tokens, average), rank_at_init=at_init, history=result.history,
                       wall_time_s=result.wall_time_s)
-        stages.append(stage)
-        atomic_write_json(out / "stages.json", [asdict(s) for s in stages])
+        self.stages.append(stage)
+        atomic_write_json(self.out / "stages.json", [asdict(s) for s in self.stages])
         return stage
 
-    reference = fresh(c.ref_layers, c.seed)
-    ref = run_stage(f"reference_{c.ref_layers}L", "reference", reference)
 
+def _students(run: _Stages, reference: HookedTransformer, reference_loss: float, max_layers: int) -> int:
+    """Inherit the first n layers and train; grow by ``grow_by`` while worse than the reference. The final n."""
+    c = run.c
     n, student, prev = c.student_layers, None, None
     while True:
         if c.grow_from == "student" and prev is not None:
             student = grow(reference, n, student=student, seed=c.seed + n)
         else:
             student = inherit(reference, n, seed=c.seed + n)
-        prev = run_stage(f"student_{n}L", "student", student)
-        if prev.val_loss <= ref.val_loss or n + c.grow_by > max_layers:
-            break
+        prev = run.train(f"student_{n}L", "student", student)
+        if prev.val_loss <= reference_loss or n + c.grow_by > max_layers:
+            return n
         n += c.grow_by
 
-    if c.baselines:
-        for mult in (1, 2):
-            train_cfg = TrainConfig(**{**asdict(c.train), "steps": mult * c.train.steps})
-            run_stage(f"scratch_{n}L_{mult}x", "scratch", fresh(n, c.seed + 1000 + n), train_cfg)
-    for ablation in c.ablations:
-        seed = c.seed + n
-        if ablation == "later_layers":
-            run_stage(f"later_layers_{n}L", "ablation", inherit_later_layers(reference, n, seed=seed))
-        elif ablation in ("attention_only", "mlp_only"):
-            parts = ablation.removesuffix("_only")
-            run_stage(f"{ablation}_{n}L", "ablation", inherit(reference, n, seed=seed, parts=parts))
-        elif ablation == "stacking" and n >= 2:
-            source = fresh(n // 2, c.seed + 2000 + n)
-            run_stage(f"stack_source_{n // 2}L", "stack_source", source)
-            run_stage(f"stacking_{n}L", "ablation", stack(source, n, seed=seed))
 
-    result = InherituneResult(stages=stages, reference_val_loss=ref.val_loss, final_layers=n,
-                              meta={"config": asdict(c), "corpus": dict(getattr(corpus, "meta", {})),
-                                    "rank": {"n_inputs": c.rank_inputs, "length": c.rank_len,
-                                             "mode": ref.rank["meta"]["mode"], "definition": ref.rank["definition"],
-                                             "lazy_rule": ref.rank["lazy_rule"]},
-                                    "student_rule": "grow while student val loss > reference val loss",
-                                    "ablations": {"later_layers": "inherit the reference's last n blocks",
-                                                  "attention_only": "inherit ln1 + attention of the first n blocks",
-                                                  "mlp_only": "inherit ln2 + MLP of the first n blocks",
-                                                  "stacking": "scratch n/2 layers trained, repeated to n, trained"}})
-    atomic_write_json(out / "result.json", result.to_dict())
-    return result
+def _ablation(run: _Stages, reference: HookedTransformer, ablation: str, n: int) -> None:
+    """One of the paper's ablations at the final student size ``n``."""
+    seed = run.c.seed + n
+    if ablation == "later_layers":
+        run.train(f"later_layers_{n}L", "ablation", inherit_later_layers(reference, n, seed=seed))
+    elif ablation in ("attention_only", "mlp_only"):
+        parts = ablation.removesuffix("_only")
+        run.train(f"{ablation}_{n}L", "ablation", inherit(reference, n, seed=seed, parts=parts))
+    elif ablation == "stacking" and n >= 2:
+        source = run.fresh(n // 2, run.c.seed + 2000 + n)
+        run.train(f"stack_source_{n // 2}L", "stack_source", source)
+        run.train(f"stacking_{n}L", "ablation", stack(source, n, seed=seed))
+
+
+def _meta(c: InherituneConfig, corpus, ref: Stage) -> dict:
+    return {"config": asdict(c), "corpus": dict(getattr(corpus, "meta", {})),
+            "rank": {"n_inputs": c.rank_inputs, "length": c.rank_len, "mode": ref.rank["meta"]["mode"],
+                     "definition": ref.rank["definition"], "lazy_rule": ref.rank["lazy_rule"]},
+            "student_rule": "grow while student val loss > reference val loss",
+            "ablations": {"later_layers": "inherit the reference's last n blocks",
+                          "attention_only": "inherit ln1 + attention of the first n blocks",
+                          "mlp_only": "inherit ln2 + MLP of the first n blocks",
+                          "stacking": "scratch n/2 layers trained, repeated to n, trained"}}
 
 
 # ---------------------------------------------------------------- zero-shot evaluation

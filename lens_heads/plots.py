@@ -97,13 +97,19 @@ class Curve:
         return self.mode in REFERENCE_MODES
 
 
+def curve_labels(table):
+    """Each row's curve label: its ``curve``, or its ``score`` where the table (or a recorded table concatenated
+    with newer rows) has none."""
+    return table["curve"].fillna(table["score"]) if "curve" in table.columns else table["score"]
+
+
 def sweep_curves(table) -> list[Curve]:
     """The curves of a sweep table (:meth:`lens_heads.sweep.SweepResult.to_dataframe`), in order of appearance.
 
     ``curve`` is the label (``score`` where the table has no ``curve`` column); a curve's mode is that of its
     ablated points (the point at 0 is the shared unablated baseline). A table without ``mode`` holds threshold
     curves and the random one."""
-    labels = table["curve"] if "curve" in table.columns else table["score"]
+    labels = curve_labels(table)
     modes = table["mode"] if "mode" in table.columns else [
         "random" if score == RANDOM else "threshold" for score in table["score"]]
     found: dict[str, Curve] = {}
@@ -143,7 +149,7 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
     ``table``: :meth:`lens_heads.sweep.SweepResult.to_dataframe` (one row per curve point). The random curve is
     drawn with its 95% intervals. ``baseline`` and ``chance`` are in %."""
     curves = sweep_curves(table)
-    labels = table["curve"] if "curve" in table.columns else table["score"]
+    labels = curve_labels(table)
     groups = _curve_rows(curves)
     families = list(dict.fromkeys(base_score(c.score) for c in curves if not c.reference))
     oracles = [c.label for c in curves if c.mode == "oracle"]

@@ -1,11 +1,35 @@
 """Shared fixtures: the embedded model is loaded once per test session (it takes seconds, not minutes)."""
 
+import importlib.util
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_grad_enabled(True)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def text_model(n_layers: int | None = None):
+    """A tiny random llama that speaks the embedded model's tokenizer (fast: tests the plumbing, not the numbers)."""
+    from transformers import AutoTokenizer
+
+    from lens_heads.models import embedded_model_folder, tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    size = {} if n_layers is None else {"n_layers": n_layers}
+    return tiny_model("llama", seed=0, d_vocab=len(tokenizer), tokenizer=tokenizer, default_prepend_bos=True, **size)
+
+
+def load_script(name: str):
+    """An ``analyses/`` script as a module (registered first: the script's dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "analyses" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -14,15 +14,11 @@ import sys
 
 import torch
 
+from conftest import text_model
+
 
 def tiny_text_model():
-    from transformers import AutoTokenizer
-
-    from lens_heads.models import embedded_model_folder, tiny_model
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    return tiny_model("llama", seed=0, n_layers=3, d_vocab=len(tokenizer), tokenizer=tokenizer,
-                      default_prepend_bos=True)
+    return text_model(n_layers=3)
 
 
 def sweep_settings(config: dict) -> dict:

@@ -1,26 +1,14 @@
 """The analyses' paper-scale presets say what the specs say (they can't be run here: no GPU, no hub)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "analyses" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses of the script look their module up
-    spec.loader.exec_module(module)
-    return module
+from conftest import ROOT, load_script
 
 
 def test_gpt2_medium_preset_is_the_papers_run():
-    """The paper (Sanyal et al.) and its authors' config: GPT-2 medium 24 layers (d 1024, 16 heads), students from 12 layers growing by 2,
-    AdamW lr 2e-4 cosine to 1e-5, warmup 2000, weight decay 0.1, betas (0.9, 0.95), clip 1.0, block 1024, about 49K
-    tokens a step, 100K steps, on OpenWebText."""
+    """The paper (Sanyal et al.) and its authors' config: GPT-2 medium 24 layers (d 1024, 16 heads), students
+    from 12 layers growing by 2, AdamW lr 2e-4 cosine to 1e-5, warmup 2000, weight decay 0.1, betas (0.9, 0.95),
+    clip 1.0, block 1024, about 49K tokens a step, 100K steps, on OpenWebText."""
     script = load_script("inheritune")
     config = script.build_config(script.parse_args(["--preset", "gpt2-medium", "--device", "cpu"]))
     assert (config.ref_layers, config.d_model, config.n_heads, config.n_ctx) == (24, 1024, 16, 1024)

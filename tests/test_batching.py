@@ -11,16 +11,12 @@ from lens_heads.scores import SCORE_NAMES
 from lens_heads.head_scores import score_heads
 from lens_heads.tasks import load_task
 
+from conftest import text_model
+
 
 @pytest.fixture(scope="module")
 def tiny_text_model():
-    from transformers import AutoTokenizer
-
-    from lens_heads.models import embedded_model_folder
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    return tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
-                      default_prepend_bos=True)
+    return text_model(n_layers=2)
 
 
 def memory_limit(max_rows: int, tried: list, error=lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to "

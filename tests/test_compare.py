@@ -156,14 +156,11 @@ def test_a_run_folder_reads_back_as_the_sweep_that_wrote_it(tiny_sweep, tmp_path
 
 
 def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
-    import importlib.util
-
+    from conftest import load_script
     from lens_heads.evaluate import evaluate
 
     model, task, result, _ = tiny_sweep
-    spec = importlib.util.spec_from_file_location("sweep_analysis", "analyses/sweep.py")
-    analysis = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(analysis)
+    analysis = load_script("sweep")
     args = analysis.parse_args(["--model", "tiny/llama", "--figures", str(tmp_path), "--seed", "1", "--fractions",
                                 "0,.2,.4", "--scores", "AHON (LN),AWFT", "--static-scores", "AHON (LN)", "--no-png"])
     analysis.write_outputs(result, task, args, pd.DataFrame(), model)

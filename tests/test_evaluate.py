@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from lens_heads.ablation import static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.evaluate import (EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval,
-                                 within_context)
+from lens_heads.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
+from lens_heads.rows import within_context
 from lens_heads.tasks import Item, Task, load_task
+
+from conftest import text_model
 
 
 def loop_logprobs(model, item, fwd_hooks=(), protocol="lm-eval"):
@@ -65,13 +67,7 @@ def test_letter_format_runs_one_forward_row_per_question(smollm):
 
 @pytest.fixture(scope="module")
 def tiny_text_model():
-    """A tiny random llama that speaks the embedded model's tokenizer (fast, tests the plumbing)."""
-    from transformers import AutoTokenizer
-
-    from lens_heads.models import embedded_model_folder, tiny_model
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    return tiny_model("llama", seed=0, d_vocab=len(tokenizer), tokenizer=tokenizer, default_prepend_bos=True)
+    return text_model()
 
 
 def test_user_hooks_and_zeroings_reach_every_forward(tiny_text_model):

@@ -13,6 +13,8 @@ from lens_heads.evaluate import evaluate
 from lens_heads.fused_attention import eager_reason, fused_attention, sdpa_z
 from lens_heads.tasks import load_task
 
+from conftest import text_model
+
 ARCHS = {
     "gpt2": dict(scale_attn_by_inverse_layer_idx=True),  # GPT-2's per-layer score scaling folds into attn_scale
     "llama": {},  # RMSNorm, rotary, grouped-query attention (2 KV heads for 4 query heads)
@@ -133,13 +135,7 @@ def test_sdpa_z_against_a_hand_written_masked_softmax():
 
 @pytest.fixture(scope="module")
 def tiny_text_model():
-    from transformers import AutoTokenizer
-
-    from lens_heads.models import embedded_model_folder
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    return tiny_model("llama", seed=0, n_layers=3, d_vocab=len(tokenizer), tokenizer=tokenizer,
-                      default_prepend_bos=True)
+    return text_model(n_layers=3)
 
 
 def test_evaluate_fuses_unless_a_zeroing_reads_the_pattern(tiny_text_model):

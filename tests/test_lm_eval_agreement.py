@@ -1,28 +1,18 @@
 """analyses/lm_eval_agreement.py without lm-eval: the message when it is missing, and the comparison it reports."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
 from lens_heads.tasks import Item, Task
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("lm_eval_agreement", ROOT / "analyses" / "lm_eval_agreement.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses of the script look their module up
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_script
 
 
 def test_missing_lm_eval_exits_saying_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
     with pytest.raises(SystemExit) as exit_:
-        load_script().main(["--out", str(tmp_path / "never.json")])
+        load_script("lm_eval_agreement").main(["--out", str(tmp_path / "never.json")])
     assert "pip install" in str(exit_.value) and "--target" in str(exit_.value) and "PYTHONPATH" in str(exit_.value)
     assert not (tmp_path / "never.json").exists()
 
@@ -32,7 +22,7 @@ def test_comparison_counts_disagreements_and_the_largest_difference():
     task = Task(name="t", split="test", shots=0, format="cloze", items=items, n_total=3, seed=0)
     ours = [[-1.0, -2.0], [-3.0, -2.5], [-1.0, -1.0004]]
     theirs = [[-1.0, -2.0002], [-2.4, -2.5], [-1.0005, -1.0]]  # item 1 flips; in item 2, 5e-4 flips a near-tie
-    result = load_script().compare(task, ours, theirs)
+    result = load_script("lm_eval_agreement").compare(task, ours, theirs)
     assert result["predictions_equal"] == 1 and result["disagreeing"] == ["t/1", "t/2"]
     assert result["max_abs_logprob_diff"] == pytest.approx(0.6) and result["worst_item"] == "t/1"
     assert not result["within_target"]

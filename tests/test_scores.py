@@ -245,12 +245,17 @@ def test_a_thirteenth_score_needs_no_change_to_the_pass(model):
             torch.testing.assert_close(r.score("MAX")[i, l], want, atol=ATOL, rtol=RTOL)
 
 
-def test_layer_scores_is_pure_and_checks_shapes():
-    g = torch.Generator().manual_seed(0)
-    A = torch.rand(2, 3, 4, 4, generator=g).tril()
+def random_layer(seed: int, batch: int = 2, heads: int = 3, pos: int = 4, d_head: int = 5):
+    """A random causal pattern [batch, head, pos, pos] with v and z [batch, pos, head, d_head], no padding."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.rand(batch, heads, pos, pos, generator=g).tril()
     A = A / A.sum(-1, keepdim=True)
-    v, z = torch.randn(2, 4, 3, 5, generator=g), torch.randn(2, 4, 3, 5, generator=g)
-    mask = torch.ones(2, 4, dtype=torch.bool)
+    v, z = torch.randn(batch, pos, heads, d_head, generator=g), torch.randn(batch, pos, heads, d_head, generator=g)
+    return A, v, z, torch.ones(batch, pos, dtype=torch.bool)
+
+
+def test_layer_scores_is_pure_and_checks_shapes():
+    A, v, z, mask = random_layer(seed=0)
     before = [t.clone() for t in (A, v, z)]
     out = layer_scores(A, v, z, mask)
     assert out.shape == (2, 3, 12)
@@ -259,10 +264,7 @@ def test_layer_scores_is_pure_and_checks_shapes():
     for i in range(2):
         torch.testing.assert_close(out[i], reference_twelve(A[i], v[i], z[i]).float(), atol=ATOL, rtol=RTOL)
     # The causal shortcut (entropy over past keys only, in row chunks) changes nothing on a causal pattern.
-    big = torch.rand(1, 2, 150, 150, generator=g).tril()
-    big = big / big.sum(-1, keepdim=True)
-    vb, zb = torch.randn(1, 150, 2, 5, generator=g), torch.randn(1, 150, 2, 5, generator=g)
-    mb = torch.ones(1, 150, dtype=torch.bool)
+    big, vb, zb, mb = random_layer(seed=2, batch=1, heads=2, pos=150)
     torch.testing.assert_close(layer_scores(big, vb, zb, mb, causal=True)[0],
                                reference_twelve(big[0], vb[0], zb[0]).float(), atol=ATOL, rtol=RTOL)
     with pytest.raises(ValueError, match="expand KV heads"):
@@ -398,11 +400,7 @@ def test_tokenize_limits_and_bad_inputs():
 def test_scores_declare_what_they_read_and_run_on_just_that():
     """``reads`` is honest: each score computes on only its declared activations (the others None), to the same
     values as with all three; asking for one that isn't given is an error naming it."""
-    g = torch.Generator().manual_seed(1)
-    A = torch.rand(2, 3, 4, 4, generator=g).tril()
-    A = A / A.sum(-1, keepdim=True)
-    v, z = torch.randn(2, 4, 3, 5, generator=g), torch.randn(2, 4, 3, 5, generator=g)
-    mask = torch.ones(2, 4, dtype=torch.bool)
+    A, v, z, mask = random_layer(seed=1)
     full = layer_scores(A, v, z, mask)
     expected_reads = {"AWFT": {"pattern"}, "AEQD": {"pattern"}, "FTVVN": {"v"}, "AVVN": {"v"}, "LTHON": {"z"},
                       "AHON": {"z"}, "LTHON (LN)": {"z"}}

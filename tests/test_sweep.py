@@ -12,6 +12,8 @@ from lens_heads.curves import ends_above, normalised_auc, zeroable_within
 from lens_heads.sweep import run_sweep, table2
 from lens_heads.tasks import load_task
 
+from conftest import text_model
+
 
 def test_zeroable_within_censored_rule_interpolates_the_last_downward_crossing():
     x, base = [0, 10, 20, 30], 50.0
@@ -58,13 +60,7 @@ def test_normalised_auc_is_the_trapezoid_mean():
 
 @pytest.fixture(scope="module")
 def tiny_text_model():
-    from transformers import AutoTokenizer
-
-    from lens_heads.models import embedded_model_folder, tiny_model
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    return tiny_model("llama", seed=0, n_layers=3, d_vocab=len(tokenizer), tokenizer=tokenizer,
-                      default_prepend_bos=True)
+    return text_model(n_layers=3)
 
 
 SETTINGS = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.25, 0.5), static_scores=["AHON (LN)"], seed=3,
