@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -306,11 +307,17 @@ def png_writer():
         pass
 
     def write(fig: go.Figure, path: str | Path) -> Path:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
-            data = pio.to_image(fig, format="png", width=fig.layout.width or 1200,
-                                height=fig.layout.height or 500, scale=1)
-        return atomic_write_bytes(path, data)
+        for attempt in range(3):  # the first figure can race Chromium's page load on a busy machine
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
+                    data = pio.to_image(fig, format="png", width=fig.layout.width or 1200,
+                                        height=fig.layout.height or 500, scale=1)
+                return atomic_write_bytes(path, data)
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(2.0 * (attempt + 1))
 
     try:
         yield write
