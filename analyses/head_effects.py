@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,7 +47,7 @@ from lens_heads.effects import HeadEffects, oracle_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
 from lens_heads.rows import PROTOCOLS
-from lens_heads.plots import ablation_curves, agreement_bars, score_vs_effect
+from lens_heads.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
 from lens_heads.settings import from_args, option
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,12 +115,7 @@ def heldout_items(task, n: int, heldout_n: int, seed: int):
 
 
 def write_figure(fig, path: Path, args) -> None:
-    fig.write_html(path.with_suffix(".html"), include_plotlyjs="cdn")
-    if not args.no_png:
-        try:
-            fig.write_image(path.with_suffix(".png"), scale=1)
-        except Exception as e:  # kaleido needs a Chrome: say so, keep the HTML
-            print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
+    save_figure(fig, path, png=not args.no_png, plotlyjs="cdn")
 
 
 def agreement_of(scores, effects: dict, args) -> tuple[pd.DataFrame, dict, dict]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from lens_heads.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.inheritune import ABLATIONS, PAPER_TASKS, InherituneConfig, load_result, run_inheritune
 from lens_heads.io import atomic_write_json, atomic_write_text
+from lens_heads.plots import save_figure
 from lens_heads.rank import approx_rank, attention_rank, mass_columns
 from lens_heads.settings import from_args, option
 from lens_heads.train import TrainConfig, eval_windows
@@ -234,16 +234,7 @@ def wrap(text: str, width: int = 150) -> str:
 
 
 def write_figure(fig, stem: Path) -> list[str]:
-    """PNG (kaleido, needs a Chrome such as /usr/bin/chromium) and self-contained HTML."""
-    written = []
-    fig.write_html(str(stem.with_suffix(".html")), include_plotlyjs=True)
-    written.append(stem.with_suffix(".html").name)
-    try:
-        fig.write_image(str(stem.with_suffix(".png")), width=1100, height=600, scale=1.5)
-        written.append(stem.with_suffix(".png").name)
-    except Exception as err:  # noqa: BLE001 - a missing Chrome must not lose the run's numbers
-        print(f"PNG for {stem.name} not written ({type(err).__name__}: {err}); install chromium", file=sys.stderr)
-    return written
+    return save_figure(fig, stem, width=1100, height=600, scale=1.5)
 
 
 STAGE_COLORS = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa"}

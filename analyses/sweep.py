@@ -29,7 +29,6 @@ Steps:
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from lens_heads.evaluate import EvalResult, evaluate
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import DEFAULT_MODEL, model_meta
 from lens_heads.report.config import safe_name
-from lens_heads.plots import ablation_curves
+from lens_heads.plots import ablation_curves, save_figure
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.rows import PROTOCOLS
 from lens_heads.settings import from_args, option
@@ -187,12 +186,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
              f"[{100 * low:.1f}, {100 * high:.1f}], chance {100 * result.baseline.chance:.0f}%")
     fig = ablation_curves(table, baseline=100 * result.baseline.accuracy, chance=result.baseline.chance,
                           title=title)
-    fig.write_html(f"{stem}.html", include_plotlyjs=True)
-    if not args.no_png:
-        try:
-            fig.write_image(f"{stem}.png", scale=1)
-        except Exception as e:  # kaleido needs a Chrome: say so, keep the HTML
-            print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
+    save_figure(fig, stem, png=not args.no_png)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 

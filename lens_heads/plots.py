@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from lens_heads.io import atomic_write_bytes
+from lens_heads.io import atomic_write_bytes, atomic_write_text
 from lens_heads.scores import LN_NAMES, base_score
 from lens_heads.sweep import RANDOM
 
@@ -307,20 +308,42 @@ def png_writer():
         pass
 
     def write(fig: go.Figure, path: str | Path) -> Path:
-        for attempt in range(3):  # the first figure can race Chromium's page load on a busy machine
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
-                    data = pio.to_image(fig, format="png", width=fig.layout.width or 1200,
-                                        height=fig.layout.height or 500, scale=1)
-                return atomic_write_bytes(path, data)
-            except Exception:
-                if attempt == 2:
-                    raise
-                time.sleep(2.0 * (attempt + 1))
+        return atomic_write_bytes(path, png_bytes(fig))
 
     try:
         yield write
     finally:
         if started:
             kaleido.stop_sync_server(silence_warnings=True)
+
+
+def png_bytes(fig: go.Figure, *, width: int | None = None, height: int | None = None, scale: float = 1) -> bytes:
+    """The figure as PNG (kaleido, which drives a headless Chromium)."""
+    for attempt in range(3):  # the first figure can race Chromium's page load on a busy machine
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
+                return pio.to_image(fig, format="png", width=width or fig.layout.width or 1200,
+                                    height=height or fig.layout.height or 500, scale=scale)
+        except Exception:
+            if attempt == 2:
+                raise
+            time.sleep(2.0 * (attempt + 1))
+
+
+def save_figure(fig: go.Figure, stem: str | Path, *, png: bool = True, plotlyjs: bool | str = True,
+                **image) -> list[str]:
+    """``stem.html`` (self-contained with ``plotlyjs=True``) and, with ``png``, ``stem.png`` (``image``: width,
+    height, scale), each written atomically. A PNG that cannot be drawn (no Chromium) is reported on stderr and
+    skipped, so a run never loses its numbers to a figure. The names written."""
+    stem = Path(stem)
+    atomic_write_text(stem.with_suffix(".html"), fig.to_html(include_plotlyjs=plotlyjs, full_html=True))
+    written = [stem.with_suffix(".html").name]
+    if png:
+        try:
+            atomic_write_bytes(stem.with_suffix(".png"), png_bytes(fig, **image))
+            written.append(stem.with_suffix(".png").name)
+        except Exception as e:
+            print(f"PNG for {stem.name} not written ({type(e).__name__}: {e}); install chromium or pass --no-png",
+                  file=sys.stderr)
+    return written
