@@ -43,7 +43,7 @@ from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import DEFAULT_MODEL, model_meta
 from lens_heads.report.config import safe_name
 from lens_heads.plots import ablation_curves, save_figure
-from lens_heads.scores import SCORE_NAMES
+from lens_heads.scores import SCORE_NAMES, score_names
 from lens_heads.rows import PROTOCOLS
 from lens_heads.settings import from_args, option
 from lens_heads.sweep import CALIBRATIONS, run_sweep
@@ -65,15 +65,6 @@ def _batch_size(text: str) -> int | str:
     return value
 
 
-def _score_names(text: str) -> tuple[str, ...]:
-    """Comma-separated score names ('all': the twelve)."""
-    names = list(SCORE_NAMES) if text == "all" else [s.strip() for s in text.split(",") if s.strip()]
-    for name in names:
-        if name not in SCORE_NAMES:
-            raise ValueError(f"unknown score {name!r}: choose from {', '.join(SCORE_NAMES)}")
-    return tuple(names)
-
-
 @dataclass(frozen=True)
 class SweepSettings:
     """What one run sweeps, checks and writes (each field is a ``--flag``)."""
@@ -84,10 +75,10 @@ class SweepSettings:
                            "torchrun takes --n for an abbreviation of its own options)",
                            parse=lambda t: None if t == "all" else int(t), aliases=("--items",))
     scores: tuple[str, ...] = option(tuple(SCORE_NAMES), "comma-separated score names, or 'all' (the twelve)",
-                                     parse=_score_names)
+                                     parse=score_names)
     fractions: tuple[float, ...] = option((0.0, .05, .1, .15, .2, .25, .3), "target shares of heads to zero")
     static_scores: tuple[str, ...] = option(("AHON (LN)",), "comma-separated scores for the static pruning view "
-                                            "('' for none)", parse=_score_names)
+                                            "('' for none)", parse=score_names)
     no_random: bool = option(False, "skip the random baseline")
     check_tasks: tuple[str, ...] = option(CHECK_TASKS, "tasks whose baseline is checked vs chance ('' for none)")
     check_n: int = option(100, "items per task for the baseline check")

@@ -176,6 +176,21 @@ def head_normalised(score: Score, denominator: Score, *, name: str) -> Score:
 LN_SCORES = tuple(layer_normalised(s, AHON if s is LTHON else None) for s in BASE_SCORES)
 SCORES: tuple[Score, ...] = BASE_SCORES + LN_SCORES
 SCORE_NAMES: list[str] = [s.name for s in SCORES]
+
+
+def score_names(text: str) -> tuple[str, ...]:
+    """Comma-separated score names as in the paper, case, spaces and punctuation ignored ("ahon_ln" is "AHON (LN)");
+    "all" for the twelve, "" for none."""
+    if text.strip().lower() == "all":
+        return tuple(SCORE_NAMES)
+    key = lambda name: "".join(c for c in name.lower() if c.isalnum())  # noqa: E731
+    by_key = {key(name): name for name in SCORE_NAMES}
+    wanted = [name.strip() for name in text.split(",") if name.strip()]
+    bad = [name for name in wanted if key(name) not in by_key]
+    if bad:
+        raise ValueError(f"unknown score {', '.join(map(repr, bad))}: choose from {', '.join(SCORE_NAMES)} or 'all' "
+                         "(comma-separated)")
+    return tuple(dict.fromkeys(by_key[key(name)] for name in wanted))
 DIRECTION: dict[str, str] = {s.name: s.direction for s in SCORES}
 
 

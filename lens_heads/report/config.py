@@ -12,13 +12,12 @@ records its wall and CPU seconds per stage in results.json.
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lens_heads.io import slug
 from lens_heads.models import DEFAULT_MODEL
-from lens_heads.scores import SCORE_NAMES
+from lens_heads.scores import SCORE_NAMES, score_names
 from lens_heads.settings import option
 from lens_heads.tasks import INACTIVE_HEADS_TASKS
 
@@ -58,18 +57,12 @@ def fractions(text: str) -> tuple[float, ...]:
     return tuple(sorted({0.0, *values}))  # 0 is the unablated baseline every curve starts from
 
 
-def score_names(text: str) -> tuple[str, ...]:
-    """Score names as in the paper, case, spaces and punctuation ignored ("ahon_ln" is "AHON (LN)"), or "all"."""
-    if text.strip().lower() == "all":
-        return ALL_SCORES
-    key = lambda name: re.sub(r"[^a-z0-9]", "", name.lower())  # noqa: E731
-    by_key = {key(s): s for s in ALL_SCORES}
-    wanted = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in wanted if key(s) not in by_key]
-    if bad or not wanted:
-        raise argparse.ArgumentTypeError(f"unknown score {', '.join(map(repr, bad)) or repr(text)}: choose from "
-                                         f"{', '.join(ALL_SCORES)} or 'all' (comma-separated)")
-    return tuple(dict.fromkeys(by_key[key(s)] for s in wanted))
+def scores_to_sweep(text: str) -> tuple[str, ...]:
+    """At least one score name (:func:`lens_heads.scores.score_names`)."""
+    names = score_names(text)
+    if not names:
+        raise ValueError(f"name at least one score, or 'all': got {text!r}")
+    return names
 
 
 def prompt(text: str) -> str:
@@ -114,7 +107,7 @@ class ReportConfig:
     scores: tuple[str, ...] = option(ALL_SCORES, "comma-separated scores that choose the heads to zero in the "
                                      "sweep, or 'all' (all twelve are always computed and shown); names as in the "
                                      "paper, case and spaces ignored, e.g. 'AHON (LN)' or ahon_ln",
-                                     parse=score_names, metavar="S1,S2")
+                                     parse=scores_to_sweep, metavar="S1,S2")
     out: str | None = option(None, "output folder (None: report/<model>); reruns into the same folder reuse its "
                              "cached stages", metavar="DIR")
     # --prompt (repeatable) and --compare (several paths) are added by the command line itself
