@@ -132,13 +132,15 @@ def hf_logits(hf, rows) -> list[torch.Tensor]:
     return [hf(input_ids=torch.tensor([row.tokens]), use_cache=False).logits[0] for row in rows]
 
 
-def read_from_full_logits(model, resid, batch, out) -> None:
-    """The baseline reader: final norm, unembedding and log_softmax at every position, then the read ones."""
+def read_from_full_logits(model, resid, batch, out, greedy) -> None:
+    """The baseline reader: final norm, unembedding and log_softmax at every position, then the read ones (and
+    whether each continuation is the greedy one, as the evaluator records)."""
     final = model.ln_final(resid) if model.cfg.normalization_type is not None else resid
     logp = torch.log_softmax(model.unembed(final).float(), dim=-1)
     for b, row in enumerate(batch):
         for choice, first, ids in row.reads:
             out[row.item][choice] = float(sum(logp[b, first + k, t] for k, t in enumerate(ids)))
+            greedy[row.item][choice] = all(int(logp[b, first + k].argmax()) == t for k, t in enumerate(ids))
 
 
 def sweep_units(model, threshold: float) -> dict:
