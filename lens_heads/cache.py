@@ -72,7 +72,9 @@ def claim_folder(folder: str | Path, key: Any, marker: str = "key.json") -> Path
 
 
 class Cache:
-    """A folder of keyed entries, each named by a label and the digest of its key (``<root>/<label>-<digest>``)."""
+    """A folder of keyed entries, each named by a label and the digest of its key (``<root>/<label>-<digest>``).
+    Work that keeps its own resumable units (a sweep, head effects, a training run) claims a folder of its own
+    instead (:func:`claim_folder`)."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -86,18 +88,15 @@ class Cache:
 
     def file(self, label: str, key: Any, suffix: str, write: Callable[[Path], None], read: Callable[[Path], Any]):
         """A value kept in its own file (safetensors, ...): ``write(path)`` where no finished entry exists, then
-        ``read(path)``. The key is stored last, so it marks the file as complete."""
+        ``read(path)``. The key is stored last, and only once the file exists (a ``write`` may leave the saving to
+        another process), so it marks the file as complete."""
         path, marker = self.path(label, key, suffix), self.path(label, key, ".json")
         if load_keyed(marker, key) is None or not path.exists():
             write(path)
-            save_keyed(marker, key, {"file": path.name})
+            if path.exists():
+                save_keyed(marker, key, {"file": path.name})
         return read(path)
 
-    def folder(self, label: str, key: Any) -> Path:
-        """A claimed folder for work that keeps its own resumable units (a sweep, head effects, a training run)."""
-        path = self.path(label, key)
-        path.mkdir(parents=True, exist_ok=True)
-        return claim_folder(path, key)
 
 
 def _diff(a: Any, b: Any) -> str:

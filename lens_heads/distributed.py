@@ -21,7 +21,7 @@ import contextlib
 import contextvars
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -140,11 +140,6 @@ def check_agree(value: Any, what: str) -> None:
             detail = f" (they differ in {', '.join(map(str, keys))})"
         raise ValueError(f"the ranks disagree on the {what}: rank(s) {differ} differ from rank 0{detail}. Every "
                          "rank must load the same model and data with the same settings; nothing was written")
-
-
-def gather_blocks(local_items: Sequence) -> list:
-    """Concatenate every rank's block of items in rank order: with blocks from :func:`block`, the full list."""
-    return [x for part in all_gather(list(local_items)) for x in part]
 
 
 # ---------------------------------------------------------------- who runs which sweep unit
