@@ -41,7 +41,7 @@ from transformer_lens.utils import get_act_name
 
 from lens_heads.ablation import mean_z, zero_heads
 from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, continuation_tokens,
-                                 evaluate, pad_rows, paired_values, read_logprobs)
+                                 evaluate, evaluate_each, pad_rows, paired_values, read_logprobs)
 from lens_heads.inputs import pad_id
 from lens_heads.io import atomic_write_bytes
 from lens_heads.models import model_meta
@@ -209,26 +209,39 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
         claim_folder(out, fingerprint, marker="effects.json")
     counts = dict(units_run=0, units_reused=0)
 
-    def unit(name: str, hooks) -> EvalResult:
-        path = out / f"{name}.json" if out is not None else None
-        stored = load_keyed(path, dict(run=fingerprint, unit=name)) if path is not None else None
-        if stored is not None:
-            counts["units_reused"] += 1
-            return EvalResult.from_dict(stored)
-        result = evaluate(model, task, hooks=hooks, batch_size=batch_size, progress=False, primary=primary, **layout)
-        if path is not None:
-            save_keyed(path, dict(run=fingerprint, unit=name), result.to_dict())
-        counts["units_run"] += 1
-        return result
+    def stored(name: str) -> EvalResult | None:
+        found = load_keyed(out / f"{name}.json", dict(run=fingerprint, unit=name)) if out is not None else None
+        counts["units_reused" if found is not None else "units_run"] += 1
+        return None if found is None else EvalResult.from_dict(found)
 
-    base = unit("baseline", [])
-    heads = [(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
+    def store(name: str, result: EvalResult) -> None:
+        if out is not None:
+            save_keyed(out / f"{name}.json", dict(run=fingerprint, unit=name), result.to_dict())
+
+    base = stored("baseline")
+    if base is None:
+        base = evaluate(model, task, batch_size=batch_size, progress=False, primary=primary, **layout)
+        store("baseline", base)
     removed = {}
     mode = "mean" if method == "mean" else "zero"
-    for layer, head in tqdm(heads, desc=f"{method} of each head on {getattr(task, 'name', 'task')}", unit="head",
-                            disable=not progress):
-        removed[(layer, head)] = unit(f"L{layer:02d}H{head:02d}",
-                                      zero_heads([(layer, head)], mode=mode, means=means)).items
+    bar = tqdm(total=model.cfg.n_layers * model.cfg.n_heads, desc=f"{method} of each head on "
+               f"{getattr(task, 'name', 'task')}", unit="head", disable=not progress)
+    for layer in range(model.cfg.n_layers):  # a layer's heads share the forward below it (evaluate_each)
+        names = {head: f"L{layer:02d}H{head:02d}" for head in range(model.cfg.n_heads)}
+        todo = []
+        for head, name in names.items():
+            found = stored(name)
+            if found is None:
+                todo.append(head)
+            else:
+                removed[(layer, head)] = found.items
+        results = evaluate_each(model, task, [zero_heads([(layer, head)], mode=mode, means=means) for head in todo],
+                                batch_size=batch_size, progress=False, primary=primary, **layout) if todo else []
+        for head, result in zip(todo, results):
+            store(names[head], result)
+            removed[(layer, head)] = result.items
+        bar.update(len(names))
+    bar.close()
     return base, removed, dict(fingerprint=fingerprint, out_dir=str(out) if out else None, **counts)
 
 

@@ -283,16 +283,31 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     (:mod:`lens_heads.fused_attention`; same log-likelihoods to float rounding); ``"eager"`` materialises every
     pattern.
     """
+    return evaluate_each(model, task, [hooks], batch_size=batch_size, progress=progress, primary=primary,
+                         protocol=protocol, apply_chat_template=apply_chat_template, attention=attention,
+                         first_input=first_input)[0]
+
+
+def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8, progress: bool = True,
+                  primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
+                  attention: str = "fused", first_input: int = 0) -> list[EvalResult]:
+    """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set.
+
+    The sets share the forward below the layers they hook: per batch the unhooked trunk runs once, and each set
+    runs only the blocks from the first one it hooks (read from its hook names, ``blocks.{layer}.``...). Removing
+    one head at a time (:func:`lens_heads.head_effects`) thus costs about half of one full evaluation per head.
+    Each result equals ``evaluate`` under that set alone (the same operations on the same batches)."""
     from tqdm.auto import tqdm
 
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
                     apply_chat_template=apply_chat_template, attention=attention, first_input=first_input)
     if distributed.sharding():
-        return _evaluate_shards(model, task, hooks, settings)
+        return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:
         start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
-        return halving(lambda size: evaluate(model, task, hooks=hooks, **{**settings, "batch_size": size}), start,
-                       _describe(hooks))
+        described = [obj for hooks in hook_sets for obj in _describe(hooks)]
+        return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
+                       described)
     check_batch_size(batch_size)
     check_primary(primary)
     if attention not in ATTENTION:
@@ -300,7 +315,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
-    pairs, batch_aware = _collect_hooks(hooks, model)
+    sets = [_hook_set(model, hooks) for hooks in hook_sets]
     check_protocol(protocol)
     rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
     check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
@@ -309,17 +324,21 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     attention_calls = AttentionCalls()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
-    with _attention(model, attention, attention_calls), model.hooks(fwd_hooks=pairs):
-        logprobs, greedy, stats = _run_rows(model, items, rows, batch_size, batch_aware, first_input, bar)
+    with _attention(model, attention, attention_calls):
+        outputs, stats = _run_rows(model, items, rows, batch_size, sets, first_input, bar)
     bar.close()
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
-                hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
                 protocol=protocol, apply_chat_template=apply_chat_template,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=attention_calls.describe() if attention == "fused" else "eager", **stats)
-    return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
-                      items=_records(items, rows, logprobs, greedy),
-                      chance=float(getattr(task, "chance", float("nan"))), primary=primary, meta=meta)
+    if len(sets) > 1:
+        meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
+    return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
+                       items=_records(items, rows, logprobs, greedy),
+                       chance=float(getattr(task, "chance", float("nan"))), primary=primary,
+                       meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj)
+                                              for obj in _describe(hooks)]))
+            for hooks, (logprobs, greedy) in zip(hook_sets, outputs)]
 
 
 def check_primary(primary: str) -> None:
@@ -328,29 +347,73 @@ def check_primary(primary: str) -> None:
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
 
 
-def _run_rows(model, items, rows: list[Row], batch_size: int, batch_aware: list, first_input: int, bar
-              ) -> tuple[list[list[float]], list[list[bool]], dict]:
-    """Forward every row (longest first, in batches) and read each (item, choice)'s log-likelihood and whether
-    its continuation is the greedy one; ``bar`` advances as each item's last row is read."""
-    logprobs = [[math.nan] * len(it.continuations) for it in items]
-    greedy = [[False] * len(it.continuations) for it in items]
+@dataclass
+class _HookSet:
+    """One set of hooks as the forward loop uses it: the (name, fn) pairs, the objects told about each batch, and
+    the first block they touch (None: something before the blocks, so the forward starts from the tokens)."""
+
+    pairs: list
+    batch_aware: list
+    first_layer: int | None
+
+
+def _hook_set(model, hooks) -> _HookSet:
+    pairs, batch_aware = _collect_hooks(hooks, model)
+    layers = [_layer_of(name, model.cfg.n_layers) for name, _ in pairs]
+    first = None if None in layers or model.cfg.positional_embedding_type == "shortformer" \
+        else min(layers, default=model.cfg.n_layers)
+    return _HookSet(pairs, batch_aware, first)
+
+
+def _layer_of(name: str, n_layers: int) -> int | None:
+    """The block a hook point belongs to (``n_layers`` after the last block), None before the first."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1])
+    return n_layers if name.startswith(("ln_final.", "unembed.")) else None
+
+
+def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[_HookSet], first_input: int, bar
+              ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
+    """Forward every row (longest first, in batches) under each hook set and read each (item, choice)'s
+    log-likelihood and whether its continuation is the greedy one; ``bar`` advances as each item's last row is
+    read. Per batch, the unhooked trunk is run once, as far as the sets share it."""
+    outputs = [([[math.nan] * len(it.continuations) for it in items], [[False] * len(it.continuations) for it in items])
+               for _ in sets]
     rows_left = np.bincount([r.item for r in rows], minlength=len(items))
-    device, pad = model.cfg.device, pad_id(model)
+    device, pad, L = model.cfg.device, pad_id(model), model.cfg.n_layers
+    order = sorted(range(len(sets)), key=lambda i: -1 if sets[i].first_layer is None else sets[i].first_layer)
     stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
     for batch in batches(sorted(rows, key=lambda r: -len(r.tokens)), batch_size):
-        tokens, mask = pad_rows(batch, pad)
-        with contextlib.ExitStack() as stack:
-            for obj in batch_aware:
-                stack.enter_context(obj.batch(mask.to(device), inputs=[first_input + row.item for row in batch]))
-            resid = model(tokens.to(device), attention_mask=mask.to(device).long(), stop_at_layer=model.cfg.n_layers)
-            _read_logprobs(model, resid, batch, logprobs, greedy)
+        tokens, mask = (t.to(device) for t in pad_rows(batch, pad))
+        mask = mask.long()
+        trunk, trunk_layer = None, None  # the unhooked residual stream before block trunk_layer
+        for i in order:
+            hook_set = sets[i]
+            if hook_set.first_layer is not None:
+                trunk = _advance(model, tokens if trunk is None else trunk, mask, trunk_layer, hook_set.first_layer)
+                trunk_layer = hook_set.first_layer
+            with contextlib.ExitStack() as stack:
+                for obj in hook_set.batch_aware:
+                    stack.enter_context(obj.batch(mask, inputs=[first_input + row.item for row in batch]))
+                stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
+                start = None if hook_set.first_layer is None else hook_set.first_layer
+                resid = model(tokens if start is None else trunk, attention_mask=mask, start_at_layer=start,
+                              stop_at_layer=L)
+                _read_logprobs(model, resid, batch, *outputs[i])
         stats["forward_passes"] += 1
         stats["forward_tokens"] += int(mask.sum())
         stats["padded_tokens"] += int(mask.numel())
         for row in batch:
             rows_left[row.item] -= 1
         bar.update(sum(int(rows_left[row.item] == 0) for row in {r.item: r for r in batch}.values()))
-    return logprobs, greedy, stats
+    return outputs, stats
+
+
+def _advance(model, resid: Tensor, mask: Tensor, start: int | None, stop: int) -> Tensor:
+    """The unhooked forward from before block ``start`` (None: from the tokens in ``resid``) to before ``stop``."""
+    if start == stop:
+        return resid
+    return model(resid, attention_mask=mask, start_at_layer=start, stop_at_layer=stop)
 
 
 def continuation_tokens(items, rows: list[Row]) -> list[list[int]]:
@@ -472,8 +535,8 @@ def _model_meta(model) -> dict:
 # ---------------------------------------------------------------- under torchrun
 
 
-def _evaluate_shards(model, task, hooks, settings: dict) -> EvalResult:
-    """``evaluate`` on this rank's block of the items; the blocks' records gathered in order on every rank."""
+def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[EvalResult]:
+    """``evaluate_each`` on this rank's block of the items; the blocks' records gathered in order on every rank."""
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
@@ -485,15 +548,20 @@ def _evaluate_shards(model, task, hooks, settings: dict) -> EvalResult:
         with distributed.local():
             shard = dict(first_input=settings["first_input"] + mine.start,
                          progress=settings["progress"] and distributed.is_main())
-            local = evaluate(model, part, hooks=hooks, **{**settings, **shard})
-    parts = [p for p in distributed.all_gather(None if local is None else (local.items, local.meta)) if p]
-    metas = [meta for _, meta in parts]
-    meta = dict(metas[0], task=task.meta() if hasattr(task, "meta") else {}, ranks=distributed.world_size(),
-                wall_s=max(m["wall_s"] for m in metas),
-                **{k: sum(m[k] for m in metas) for k in ("rows", "forward_passes", "forward_tokens", "padded_tokens")})
-    return EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
-                      items=[record for records, _ in parts for record in records],
-                      chance=float(getattr(task, "chance", float("nan"))), primary=settings["primary"], meta=meta)
+            local = [(r.items, r.meta) for r in evaluate_each(model, part, hook_sets, **{**settings, **shard})]
+    parts = [p for p in distributed.all_gather(local) if p]
+    results = []
+    for k in range(len(hook_sets)):
+        metas = [part[k][1] for part in parts]
+        meta = dict(metas[0], task=task.meta() if hasattr(task, "meta") else {}, ranks=distributed.world_size(),
+                    wall_s=max(m["wall_s"] for m in metas),
+                    **{key: sum(m[key] for m in metas) for key in ("rows", "forward_passes", "forward_tokens",
+                                                                   "padded_tokens")})
+        results.append(EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
+                                  items=[record for part in parts for record in part[k][0]],
+                                  chance=float(getattr(task, "chance", float("nan"))), primary=settings["primary"],
+                                  meta=meta))
+    return results
 
 
 def _identity(model, items, settings: dict) -> dict:

@@ -88,6 +88,27 @@ def test_user_hooks_and_zeroings_reach_every_forward(tiny_text_model):
     assert zeroing.share_zeroed() == pytest.approx(len(heads) / (model.cfg.n_layers * model.cfg.n_heads))
 
 
+def test_hook_sets_share_the_forward_below_them_and_each_equals_its_own_forward(tiny_text_model):
+    """evaluate_each runs the unhooked trunk once per batch and each set from its first hooked block: every set's
+    log-likelihoods must equal one plain forward per choice under that set alone (padded batches, sets at the
+    first, a middle and the last block, one after the blocks and one before them)."""
+    from lens_heads.evaluate import evaluate_each
+
+    model = tiny_text_model
+    task = load_task("arc_easy", n=4, seed=5)
+    last = model.cfg.n_layers - 1
+    scale = lambda x, hook: 0.5 * x
+    sets = [zero_heads([(1, 0)]), zero_heads([(0, 2)]), zero_heads([(last, 1), (1, 1)]), [],
+            [("ln_final.hook_normalized", scale)], [("hook_embed", scale)]]
+    results = evaluate_each(model, task, sets, batch_size=3, progress=False)
+    assert results[0].meta["padded_tokens"] > results[0].meta["forward_tokens"]
+    for hooks, result in zip(sets, results):
+        for record, item in zip(result.items, task):
+            np.testing.assert_allclose(record.logprobs, loop_logprobs(model, item, hooks), atol=1e-4)
+    for a, b in zip(results[0].items, evaluate(model, task, hooks=sets[0], batch_size=3, progress=False).items):
+        assert a.logprobs == b.logprobs  # the same operations on the same batches
+
+
 def test_threshold_zeroing_in_the_evaluator_sees_each_batch_mask(tiny_text_model):
     """Padding must not change what the per-input mode decides: batch sizes 1 (no padding) and 3 agree."""
     model = tiny_text_model
