@@ -29,6 +29,7 @@ from transformer_lens.utils import get_act_name
 from lens_heads.capture import LayerCapture
 from lens_heads.fused_attention import fused_attention
 from lens_heads.models import expand_kv
+from lens_heads.packed_weights import packed_weights
 
 HookFn = Callable[..., Tensor | None]
 HookPair = tuple[str, HookFn]
@@ -283,7 +284,7 @@ def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: i
         return hook
 
     hooks = [(get_act_name("z", layer), make(layer)) for layer in range(cfg.n_layers)]
-    with fused_attention(model):  # only hook_z is read
+    with fused_attention(model), packed_weights(model):  # only hook_z is read
         for start in tqdm(range(0, tokens.shape[0], batch_size), desc="mean z", disable=not progress, leave=False):
             batch_tokens, batch_mask = tokens[start:start + batch_size], mask[start:start + batch_size]
             model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),

@@ -37,6 +37,7 @@ from jaxtyping import Float, Float64
 from torch import Tensor
 
 from lens_heads.fused_attention import AttentionCalls, fused_attention
+from lens_heads.packed_weights import packed_weights
 from lens_heads import distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.capture import check_hook_names
@@ -433,11 +434,12 @@ def _records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
             for it, lp, nt, gr in zip(items, logprobs, n_tokens, greedy)]
 
 
+@contextlib.contextmanager
 def _attention(model, attention: str, calls: AttentionCalls):
-    """The fused-attention block (counting into ``calls``), or nothing for eager attention."""
-    if attention == "eager":
-        return contextlib.nullcontext()
-    return fused_attention(model, calls)
+    """Weights laid out once (:mod:`lens_heads.packed_weights`: the same outputs) and, unless ``attention`` is
+    ``"eager"``, the fused-attention block (counting into ``calls``)."""
+    with packed_weights(model), (contextlib.nullcontext() if attention == "eager" else fused_attention(model, calls)):
+        yield
 
 
 def pad_rows(batch: list[Row], pad: int) -> tuple[Tensor, Tensor]:

@@ -29,6 +29,7 @@ from lens_heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, 
 from lens_heads.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.tasks import Task
 from lens_heads.inputs import Inputs, tokenize_inputs
+from lens_heads.packed_weights import packed_weights
 
 DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position of the row "
                "(the BOS where the protocol adds one, else the first text token); "
@@ -197,7 +198,7 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, 
     left_tokenizer = model.tokenizer is not None and model.tokenizer.padding_side == "left"
     # Without padding, no mask is needed; a left-padding tokenizer would make TL guess one, so give it explicitly.
     attention_mask = mask_dev.long() if (padded or left_tokenizer) else None
-    with model.hooks(fwd_hooks=list(user_hooks) + capture.hooks):
+    with packed_weights(model), model.hooks(fwd_hooks=list(user_hooks) + capture.hooks):
         model(tokens.to(device), attention_mask=attention_mask, stop_at_layer=cfg.n_layers)
     if capture.leftover():
         raise RuntimeError(f"hooks {capture.leftover()} fired without a hook_z after them: is this a standard "

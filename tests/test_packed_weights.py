@@ -1,0 +1,67 @@
+"""Packed weights: the unembedding and gated MLPs give TransformerLens's own outputs and hook values, follow weights
+changed in place, and leave gradients to the weights intact."""
+
+import torch
+
+from lens_heads import tiny_model
+from lens_heads.packed_weights import packed_weights
+
+
+def model_with_bias(seed=0):
+    """A tiny llama (gated MLP) whose unembedding has a non-zero bias, and one whose bias stays zero."""
+    plain = tiny_model("llama", seed=seed, d_vocab=97)
+    biased = tiny_model("llama", seed=seed, d_vocab=97)
+    with torch.no_grad():
+        biased.unembed.b_U.copy_(torch.randn(97, generator=torch.Generator().manual_seed(1)))
+    return plain, biased
+
+
+def run(model, tokens):
+    seen = {}
+    names = ("blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_pre_linear", "blocks.1.mlp.hook_post", "unembed.hook_in",
+             "unembed.hook_out")
+    hooks = [(name, lambda x, hook: seen.__setitem__(hook.name, x.clone())) for name in names]
+    return model.run_with_hooks(tokens, fwd_hooks=hooks), seen
+
+
+def test_outputs_and_hooks_equal_the_plain_modules():
+    tokens = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(2))
+    for model in model_with_bias():
+        with torch.no_grad():
+            plain, plain_seen = run(model, tokens)
+            with packed_weights(model):
+                packed, packed_seen = run(model, tokens)
+                assert "forward" in vars(model.unembed) and "forward" in vars(model.blocks[0].mlp)
+        torch.testing.assert_close(packed, plain, rtol=0, atol=1e-6)
+        assert packed_seen.keys() == plain_seen.keys() and len(plain_seen) == 5
+        for name in plain_seen:
+            torch.testing.assert_close(packed_seen[name], plain_seen[name], rtol=0, atol=1e-6)
+        assert "forward" not in vars(model.unembed)  # restored
+
+
+def test_a_weight_changed_in_place_is_laid_out_again():
+    model, _ = model_with_bias()
+    tokens = torch.randint(0, 97, (2, 7))
+    with torch.no_grad(), packed_weights(model):
+        before = model(tokens)
+        model.blocks[0].mlp.W_in.mul_(2.0)
+        model.unembed.b_U.add_(1.0)  # a bias that was zero is no longer left out
+        after = model(tokens)
+    with torch.no_grad():
+        expected = model(tokens)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, expected, rtol=0, atol=1e-6)
+
+
+def test_gradients_reach_the_weights_as_without_packing():
+    model, _ = model_with_bias()
+    tokens = torch.randint(0, 97, (2, 7))
+    grads = []
+    for packed in (False, True):
+        model.zero_grad()
+        with packed_weights(model) if packed else torch.enable_grad():
+            model(tokens).logsumexp(-1).sum().backward()
+        grads.append([p.grad.clone() for p in (model.unembed.W_U, model.blocks[1].mlp.W_gate)])
+    for a, b in zip(*grads):
+        assert a.abs().sum() > 0
+        torch.testing.assert_close(b, a)
