@@ -223,9 +223,9 @@ def paired_difference(ablated: EvalResult, base: EvalResult, *, metric: str | No
     if set(base_by_id) != {it.id for it in ablated.items}:
         raise ValueError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
     values = paired_values([(it, base_by_id[it.id]) for it in ablated.items], metric)
-    acc = _mean_ci(values["accuracy"])
-    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=_mean_ci(values["gold_logprob"]),
-                            kl=_mean_ci(values["kl"]))
+    acc = mean_ci(values["accuracy"])
+    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=mean_ci(values["gold_logprob"]),
+                            kl=mean_ci(values["kl"]))
 
 
 def paired_values(pairs: Sequence[tuple["ItemRecord", "ItemRecord"]], metric: str = "sum") -> dict[str, np.ndarray]:
@@ -248,7 +248,8 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _mean_ci(x: np.ndarray) -> Estimate:
+def mean_ci(x: np.ndarray) -> Estimate:
+    """The mean of per-item values with its 95% interval (normal approximation)."""
     n = len(x)
     if n == 0:
         return Estimate(float("nan"), (float("nan"), float("nan")), 0)

@@ -80,9 +80,10 @@ def layer_distributions(summary: dict[str, dict[str, np.ndarray]], title: str = 
 
 PANELS = (("accuracy", "accuracy (%)", 100.0),
           ("gold_logprob_change", "change of log P(gold) (nats, paired)", 1.0),
-          ("kl", "KL(unablated || ablated) over the choices (nats)", 1.0))
+          ("kl", "KL(unablated || ablated) over the choices (nats)", 1.0),
+          ("bits_per_byte_change", "change of the gold answer's bits per byte (paired)", 1.0))
 INTERVALS = {"accuracy": ("ci_low", "ci_high"), "gold_logprob_change": ("gold_logprob_low", "gold_logprob_high"),
-             "kl": ("kl_low", "kl_high")}
+             "kl": ("kl_low", "kl_high"), "bits_per_byte_change": ("bits_per_byte_low", "bits_per_byte_high")}
 REFERENCE_MODES = ("random", "oracle")  # curves that no score chooses: drawn in every row of the figure
 
 
@@ -148,8 +149,9 @@ def _curve_rows(curves: list[Curve]) -> dict[str, list[Curve]]:
 def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -> go.Figure:
     """Accuracy and the two paired companions (gold log-prob change, KL) against the realised % of heads zeroed.
 
-    ``table``: :meth:`lens_heads.sweep.SweepResult.to_dataframe` (one row per curve point). The random curve is
-    drawn with its 95% intervals. ``baseline`` and ``chance`` are in %."""
+    ``table``: :meth:`lens_heads.sweep.SweepResult.to_dataframe` (one row per curve point); a panel is drawn for
+    each of :data:`PANELS` whose column the table has. The random curve is drawn with its 95% intervals.
+    ``baseline`` and ``chance`` are in % (lines in the accuracy panel, where there is one)."""
     curves = sweep_curves(table)
     labels = curve_labels(table)
     groups = _curve_rows(curves)
@@ -167,9 +169,10 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
             for c, panel in enumerate(panels, start=1):
                 fig.add_trace(_curve_trace(points, curve, panel, style, legend=c == 1 and (
                     not curve.reference or r == 1)), row=r, col=c)
-        _reference_lines(fig, r, baseline, chance)
+        if panels[0][0] == "accuracy":
+            _reference_lines(fig, r, baseline, chance)
     fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(groups))
-    fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=1500, legend=dict(font=dict(size=11)),
+    fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=max(800, 500 * len(panels)), legend=dict(font=dict(size=11)),
                       margin=dict(t=90, l=60, r=20, b=50))
     return fig
 

@@ -72,3 +72,45 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     html = (fig / "head_effects_oracle_piqa.html").read_text()
     assert "oracle (held-out items)" in html and "AHON (LN)" in html  # drawn beside the recorded curves
     assert np.isfinite([r["spearman"] for r in result["agreement"]]).any()
+
+
+def test_gsm8k_analysis_on_a_tiny_model(tmp_path):
+    """Exact match and the bits-per-byte table on a tiny llama and 2 items: the intact bits per byte is the gold
+    answer's, read by hand from a plain forward over each item's row, and every zeroed point is paired with it."""
+    import json
+
+    import math
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.rows import build_rows
+    from lens_heads.tasks import load_task
+
+    script = load_script("gsm8k")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=2048)
+    args = script.parse_args(["--n", "2", "--max-new-tokens", "3", "--fractions", "0,.25", "--out",
+                              str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"), "--no-png"])
+    table = script.run(model, args)
+    result = json.loads((tmp_path / "fig" / "gsm8k.json").read_text())
+    assert {p.name for p in (tmp_path / "fig").iterdir()} == {"gsm8k.json", "gsm8k.csv", "gsm8k.html"}
+    assert result["exact_match"]["n"] == 2 and result["model"]["weight_basis"] == "raw (no weight processing)"
+    assert all(a["n_new_tokens"] <= 3 for a in result["generated_answers"])
+    task = load_task("gsm8k", n=2, seed=0)
+    by_hand = []
+    with torch.no_grad():
+        for item, row in zip(task, build_rows(model, list(task))):
+            (choice, first, ids), = row.reads
+            logp = torch.log_softmax(model(torch.tensor([row.tokens]))[0].double(), dim=-1)
+            gold = sum(logp[first + k, t].item() for k, t in enumerate(ids))
+            by_hand.append(-gold / math.log(2) / len(item.continuations[0].encode("utf-8")))
+    assert result["intact_bits_per_byte"] == pytest.approx(sum(by_hand) / 2, abs=1e-4)
+    assert set(table["curve"]) == {"AHON (LN)", "random"}
+    zeroed = table[table["target_fraction"] > 0]
+    assert len(zeroed) == 2 and (zeroed["realised_fraction"] > 0).all()
+    intact = table[table["target_fraction"] == 0]
+    assert (intact["bits_per_byte_change"] == 0).all()
+    again = script.run(model, args)  # every unit and the generations come from --out
+    assert again["bits_per_byte"].tolist() == table["bits_per_byte"].tolist()
