@@ -9,7 +9,7 @@ from lens_heads.tasks import Item, Task, TaskDataUnavailableError, load_task
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.head_scores import HeadScores, score_heads
 from lens_heads.distributions import thresholds
-from lens_heads.evaluate import EvalResult, evaluate, paired_difference
+from lens_heads.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
 from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.sweep import SweepResult, load_sweep, run_sweep
 from lens_heads.compare import SweepComparison, compare_sweeps, read_sweep
@@ -25,7 +25,7 @@ __all__ = [
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
     "Item", "Task", "TaskDataUnavailableError", "load_task",
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds",
-    "EvalResult", "evaluate", "paired_difference",
+    "EvalResult", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
     "HeadEffects", "head_effects",
