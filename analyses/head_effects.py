@@ -1,7 +1,7 @@
 """Does a score find the heads that do nothing? Ground-truth effect of every head, and each score's agreement with it.
 
-    python analyses/head_effects.py --threads 1           # embedded SmolLM2-135M, ARC-Easy and PIQA, n=8 each:
-                                                          # about 1 hour of one idle core (projected below)
+    python analyses/head_effects.py --threads 1           # embedded SmolLM2-135M, ARC-Easy and PIQA, n=20 each:
+                                                          # about 65 CPU-minutes (measured; below)
     python analyses/head_effects.py --tasks piqa --n 4 --heldout-n 8 --fractions 0,.1   # a smoke run
 
 Per task in ``--tasks``:
@@ -19,9 +19,10 @@ Per task in ``--tasks``:
    seeded draw, so the held-out items are part of the recorded sweep's n=200 sample), drawn over the recorded sweep
    curves of ``figures/sweep_<task>.csv`` where that file exists.
 
-Cost: ablating every head costs about 185 (ARC-Easy) and 187 (PIQA) CPU seconds per ranking item on one thread
-(``benchmarks/bench_effects.py``, docs/benchmarks.md), attribution 1-2 CPU seconds per item, the oracle one
-evaluation of the ranking and held-out items per fraction: the defaults come to about 58 CPU minutes.
+Cost: ablating every head costs about 100 (ARC-Easy) and 80 (PIQA) CPU seconds per ranking item on one thread (a
+layer's heads share the forward below them; ``benchmarks/bench_effects.py``, docs/benchmarks.md), attribution 1-2
+CPU seconds per item, the oracle one evaluation of the ranking and held-out items per fraction: the defaults came to
+65 CPU minutes for both tasks; two hours of 2 cores allow about n=60.
 
 Outputs in ``--figures``: ``head_effects_<task>.json`` (model, data, n, seed, weight basis, timings, tables),
 ``head_effects_agreement_<task>.csv``, ``head_effects_<task>.csv`` (per head: mean and size with intervals, both
@@ -72,7 +73,7 @@ class EffectsSettings:
 
     model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
     tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
-    n: int = option(8, "ranking items per task", parse=_at_least(2))
+    n: int = option(20, "ranking items per task", parse=_at_least(2))
     heldout_n: int = option(32, "held-out items for the oracle curve", parse=_at_least(1))
     protocol: str = option("lm-eval", "forward rows: lm-eval's (as the sweep) or TransformerLens's ('tl')",
                            choices=PROTOCOLS)
