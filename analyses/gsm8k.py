@@ -114,9 +114,9 @@ def write_outputs(model, task, generations: GenerationResult, sweep, table: pd.D
                                 n_new_tokens=it.n_new_tokens, stop=it.stop) for it in generations.items],
         intact_bits_per_byte=base_bpb, paired_method="normal approximation on per-item paired differences, 95%",
         sweep_meta=sweep.meta, table=table.to_dict(orient="records")))
-    title = (f"{meta['name']} on GSM8K ({task.split}, {task.shots}-shot chain of thought, n={len(task)}, seed "
-             f"{args.seed}; weight basis {meta['weight_basis']}): exact match {100 * em:.1f}% [{100 * low:.1f}, "
-             f"{100 * high:.1f}], gold answer {base_bpb:.3f} bits/byte intact")
+    title = (f"{meta['name']}, GSM8K {task.split} {task.shots}-shot CoT, n={len(task)}, seed {args.seed}, "
+             f"{meta['weight_basis'].split(' ')[0]} weights: exact match {100 * em:.1f}% [{100 * low:.1f}, "
+             f"{100 * high:.1f}]; intact {base_bpb:.3f} bits/byte")
     save_figure(ablation_curves(table, baseline=float("nan"), chance=0.0, title=title), figures / "gsm8k",
                 png=not args.no_png)
 
