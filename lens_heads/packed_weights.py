@@ -54,7 +54,7 @@ def packed_weights(model) -> Iterator[None]:
         model.unembed.forward = functools.partial(_unembed, model.unembed, packed)
         swapped.append(model.unembed)
     for block in model.blocks:
-        mlp = block.mlp
+        mlp = getattr(block, "mlp", None)  # attention-only models have none
         if type(mlp) is GatedMLP and not mlp.cfg.is_layer_norm_activation() and "forward" not in vars(mlp):
             packed = Packed(lambda *ws: tuple(w.T.contiguous() for w in ws), mlp.W_gate, mlp.W_in, mlp.W_out)
             mlp.forward = functools.partial(_gated_mlp, mlp, packed)
