@@ -88,9 +88,9 @@ def bits_per_byte_table(sweep) -> pd.DataFrame:
     rows = []
     for _, row in table.iterrows():
         unit = by_point.get((row["curve"], row["target_fraction"]))
-        items = unit.result.items if unit is not None else sweep.baseline.items
-        change = mean_ci(np.array([it.gold_bits_per_byte - base[it.id] for it in items]))
-        rows.append(dict(bits_per_byte=float(np.mean([it.gold_bits_per_byte for it in items])),
+        result = unit.result if unit is not None else sweep.baseline
+        change = mean_ci(np.array([it.gold_bits_per_byte - base[it.id] for it in result.items]))
+        rows.append(dict(bits_per_byte=result.bits_per_byte,
                          bits_per_byte_change=change.mean, bits_per_byte_low=change.ci95[0],
                          bits_per_byte_high=change.ci95[1]))
     keep = ["curve", "score", "mode", "target_fraction", "threshold", "realised_fraction", "gold_logprob_change",
@@ -103,7 +103,7 @@ def write_outputs(model, task, generations: GenerationResult, sweep, table: pd.D
     figures.mkdir(parents=True, exist_ok=True)
     meta = model_meta(model)
     em, (low, high) = generations.accuracy, generations.ci95
-    base_bpb = float(np.mean([it.gold_bits_per_byte for it in sweep.baseline.items]))
+    base_bpb = sweep.baseline.bits_per_byte
     atomic_write_text(figures / "gsm8k.csv", table.to_csv(index=False, float_format="%.6g"))
     atomic_write_json(figures / "gsm8k.json", dict(
         what="GSM8K: exact match of greedy generation (intact model), and the gold answer's bits per byte with heads "

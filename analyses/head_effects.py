@@ -19,9 +19,9 @@ Per task in ``--tasks``:
    seeded draw, so the held-out items are part of the recorded sweep's n=200 sample), drawn over the recorded sweep
    curves of ``figures/sweep_<task>.csv`` where that file exists.
 
-Cost: ablating every head costs about 100 (ARC-Easy) and 80 (PIQA) CPU seconds per ranking item on one thread (a
-layer's heads share the forward below them; ``benchmarks/bench_effects.py``, docs/benchmarks.md), attribution 1-2
-CPU seconds per item, the oracle one evaluation of the ranking and held-out items per fraction: the defaults came to
+Cost: ablating every head cost 99 (ARC-Easy) and 80 (PIQA) CPU seconds per ranking item on one thread in the
+recorded run (a layer's heads share the forward below them; ``benchmarks/bench_effects.py`` times it beside
+attribution, docs/benchmarks.md), attribution 1-2 CPU seconds per item, the oracle one evaluation of the ranking and held-out items per fraction: the defaults came to
 65 CPU minutes for both tasks; two hours of 2 cores allow about n=60.
 
 Outputs in ``--figures``: ``head_effects_<task>.json`` (model, data, n, seed, weight basis, timings, tables),

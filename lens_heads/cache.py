@@ -98,7 +98,6 @@ class Cache:
         return read(path)
 
 
-
 def _diff(a: Any, b: Any) -> str:
     if not (isinstance(a, dict) and isinstance(b, dict)):
         return "differs"

@@ -398,7 +398,7 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[_HookSe
                 for obj in hook_set.batch_aware:
                     stack.enter_context(obj.batch(mask, inputs=[first_input + row.item for row in batch]))
                 stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
-                start = None if hook_set.first_layer is None else hook_set.first_layer
+                start = hook_set.first_layer
                 resid = model(tokens if start is None else trunk, attention_mask=mask, start_at_layer=start,
                               stop_at_layer=L)
                 _read_logprobs(model, resid, batch, *outputs[i])

@@ -172,8 +172,8 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
         if panels[0][0] == "accuracy":
             _reference_lines(fig, r, baseline, chance)
     fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(groups))
-    fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=max(800, 500 * len(panels)), legend=dict(font=dict(size=11)),
-                      margin=dict(t=90, l=60, r=20, b=50))
+    fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=max(800, 500 * len(panels)),
+                      legend=dict(font=dict(size=11)), margin=dict(t=90, l=60, r=20, b=50))
     return fig
 
 

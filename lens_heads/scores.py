@@ -176,6 +176,7 @@ def head_normalised(score: Score, denominator: Score, *, name: str) -> Score:
 LN_SCORES = tuple(layer_normalised(s, AHON if s is LTHON else None) for s in BASE_SCORES)
 SCORES: tuple[Score, ...] = BASE_SCORES + LN_SCORES
 SCORE_NAMES: list[str] = [s.name for s in SCORES]
+DIRECTION: dict[str, str] = {s.name: s.direction for s in SCORES}
 
 
 def score_names(text: str) -> tuple[str, ...]:
@@ -191,7 +192,6 @@ def score_names(text: str) -> tuple[str, ...]:
         raise ValueError(f"unknown score {', '.join(map(repr, bad))}: choose from {', '.join(SCORE_NAMES)} or 'all' "
                          "(comma-separated)")
     return tuple(dict.fromkeys(by_key[key(name)] for name in wanted))
-DIRECTION: dict[str, str] = {s.name: s.direction for s in SCORES}
 
 
 # ---------------------------------------------------------------- optional extras (kept apart from the twelve)
