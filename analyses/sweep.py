@@ -20,8 +20,9 @@ Steps:
 3. **Outputs** in ``--figures`` (default ``figures/``): ``sweep_<task>.csv`` (every curve point: realised % zeroed,
    accuracy with its Wilson interval, paired difference with the baseline on the same items and its interval, the
    companion metrics: change of the gold answer's log-likelihood and KL from the unablated answer distribution),
-   ``sweep_<task>.json`` (table, summary, settings), ``sweep_<task>.png/.html`` (accuracy and the two companions vs
-   % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1). For a
+   ``sweep_<task>.json`` (table, summary, settings, and the target check: how far each threshold unit's realised
+   share lands from its target, and whether ties or the cascade moved it), ``sweep_<task>.png/.html`` (accuracy
+   and the two companions vs % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1). For a
    model other than the embedded default the names carry the model: ``sweep_<model>_<task>.*``,
    ``sweep_<model>_baselines.csv``.
 """
@@ -51,6 +52,7 @@ from lens_heads.tasks import INACTIVE_HEADS_TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = INACTIVE_HEADS_TASKS
+TOLERANCE = 2.0  # points: the realised share of heads zeroed should land this close to its target
 
 
 def _batch_size(text: str) -> int | str:
@@ -168,6 +170,10 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         table2=result.table2(1.0), normalised_auc_pct=result.normalised_auc(),
         normalised_auc_kl=result.normalised_auc(metric="kl"),
         static_zeroable_within_1_point_pct=static, summary=summary.to_dict(orient="records"),
+        target_check=result.target_check(TOLERANCE).to_dict(orient="records"),
+        target_check_rule=f"realised share within {TOLERANCE:g} points of the target; otherwise the cause is "
+                          "the larger of 'ties' (the unablated share already misses) and 'cascade' (scoring "
+                          "on the ablated stream moves it)",
         baselines_vs_chance=baselines.to_dict(orient="records"), sweep_meta=result.meta,
         table=table.to_dict(orient="records")))
     meta = model_meta(model)
@@ -179,6 +185,17 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
                           title=title)
     save_figure(fig, stem, png=not args.no_png)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    print(target_misses(result.target_check(TOLERANCE)))
+
+
+def target_misses(check: pd.DataFrame) -> str:
+    """One line per score: its largest miss of the target share, and the cause where it exceeds the tolerance."""
+    lines = [f"realised vs target share (tolerance {TOLERANCE:g} points):"]
+    for score, rows in check.groupby("score", sort=False):
+        worst = rows.loc[rows["miss_points"].abs().idxmax()]
+        verdict = "within" if rows["within"].all() else f"misses ({worst['cause']})"
+        lines.append(f"  {score:<12} largest miss {worst['miss_points']:+.1f} at {worst['target_pct']:g}%: {verdict}")
+    return "\n".join(lines)
 
 
 def output_name(model: str, what: str) -> str:

@@ -134,6 +134,30 @@ class SweepResult:
         return dict(model=fp.get("model", {}).get("name"), task=fp.get("task", {}).get("task"),
                     **curves.table2_entry(self.zeroable_within(points, rule="authors")))
 
+    def target_check(self, tolerance: float = 2.0):
+        """Per threshold unit, how far the realised share of heads zeroed lands from its target, and why: ``ties``
+        (the threshold already misses on the unablated scores, whose CDF steps where many values are equal) or
+        ``cascade`` (later layers are scored on the ablated stream, which moves their scores across the
+        threshold); the larger of the two gaps names the cause. Shares in percent; ``within`` is |miss| <=
+        ``tolerance`` points."""
+        import pandas as pd
+
+        unablated = self.meta.get("unablated_shares") or {}
+        rows = []
+        for u in self.units:
+            if u.mode != "threshold":
+                continue
+            target, realised = 100 * u.target_fraction, 100 * u.realised_fraction
+            before = 100 * unablated.get(f"{u.score}|{u.target_fraction:.6f}", float("nan"))
+            ties, cascade = before - target, realised - before
+            within = abs(realised - target) <= tolerance
+            cause = ("" if within else "unknown" if math.isnan(before) else
+                     "ties" if abs(ties) >= abs(cascade) else "cascade")
+            rows.append(dict(score=u.score, target_pct=target, unablated_pct=before, realised_pct=realised,
+                             miss_points=realised - target, ties_points=ties, cascade_points=cascade,
+                             within=within, cause=cause))
+        return pd.DataFrame(rows)
+
     @staticmethod
     def _ordered(units: list[UnitResult], rule: str) -> list[UnitResult]:
         return sorted(units, key=lambda u: u.target_fraction) if rule == "authors" else units
@@ -257,9 +281,11 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
                               desc=f"sweep {getattr(task, 'name', '')} units")
     if len(units) < len(plan):
         return None
+    unablated = {f"{s.score}|{s.fraction:.6f}": calib.unablated_share(s.score, s.fraction)
+                 for s in plan if isinstance(s, ThresholdAblation)}
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
-                calibration=calib.describe(), units_reused=len(plan) - n_run, units_run=n_run,
+                calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run, units_run=n_run,
                 workers=workers.to_dict(), **rows)
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
 
@@ -412,6 +438,14 @@ class _Calibration:
         return float(self._lookup("thresholds", score, p,
                                   lambda: ScoreCalibration(self._head_scores()).threshold(score, p)))
 
+    def unablated_share(self, score: str, p: float) -> float:
+        """The share of (row, layer, head) values the threshold for ``p`` puts on the inactive side of the
+        unablated scores: what ties alone leave of the target, before the ablation's cascade."""
+        from lens_heads.distributions import pooled_cdf
+
+        return float(self._lookup("unablated_shares", score, p, lambda: pooled_cdf(
+            self._head_scores(), score).inactive_fraction(self.threshold(score, p))))
+
     def most_inactive(self, score: str, p: float) -> list[tuple[int, int]]:
         heads = self._lookup("static_heads", score, p, lambda: [
             list(h) for h in ScoreCalibration(self._head_scores()).most_inactive(score, p)])
@@ -484,5 +518,6 @@ def load_sweep(out_dir) -> SweepResult:
                 static_scores=static, random_baseline=any(u.mode == "random" for u in units),
                 seed=fingerprint.get("seed"), out_dir=str(out),
                 calibration=calibration.get("inputs") if calibration else None,
+                unablated_shares=calibration.get("unablated_shares", {}) if calibration else {},
                 units_reused=len(units), units_run=0)
     return SweepResult(baseline=base[0].result, units=units, meta=meta)

@@ -137,6 +137,19 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
     assert (table[table["target_fraction"] == 0]["kl"].abs() < 1e-12).all()
     stored = json.loads((tmp_path / "calibration.json").read_text())["value"]
     assert len(stored["thresholds"]) == 4 and len(stored["static_heads"]) == 2
+    # before the cascade: the share of unablated values strictly on the inactive side, counted here; layer 0 is
+    # scored on the unablated stream, so its realised share is that count over layer 0's values exactly
+    check = result.target_check()
+    for unit in result.units:
+        if unit.mode != "threshold":
+            continue
+        values = calibration.score(unit.score).double().numpy()
+        side = values < unit.threshold if unit.score == "AHON (LN)" else values > unit.threshold
+        row = check[(check["score"] == unit.score) & (check["target_pct"] == 100 * unit.target_fraction)].iloc[0]
+        assert row["unablated_pct"] == pytest.approx(100 * side.mean())
+        assert np.mean(unit.head_share[0]) == pytest.approx(side[:, 0].mean())
+        assert row["miss_points"] == pytest.approx(100 * (unit.realised_fraction - unit.target_fraction))
+    assert len(check) == 4
     assert set(result.zeroable_within()) == {"AHON (LN)", "AWFT", "random"}
     # the KL ranking integrates the KL of each curve's units, recomputed here from the per-item answer scores
     for score, units in result.curves().items():
@@ -217,6 +230,18 @@ def _sweep(model_name, task_name, curves):
     meta = dict(scores=[s for s in curves if s != "random"],
                 fingerprint=dict(model=dict(name=model_name), task=dict(task=task_name)))
     return SweepResult(baseline=units[0].result, units=units, meta=meta)
+
+
+def test_target_check_names_ties_or_the_cascade_by_the_larger_gap():
+    sweep = _sweep("m", "t", {"A": [(0.1, 10.5, 50), (0.3, 37.0, 40)], "B": [(0.3, 24.0, 50)]})
+    sweep.meta["unablated_shares"] = {"A|0.100000": 0.1, "A|0.300000": 0.301, "B|0.300000": 0.25}
+    check = sweep.target_check(tolerance=2.0).set_index(["score", "target_pct"])
+    assert check.loc[("A", 10.0), "within"] and check.loc[("A", 10.0), "cause"] == ""
+    assert check.loc[("A", 30.0), "cause"] == "cascade"  # 30.1% before the ablation, 37% with it
+    assert check.loc[("A", 30.0), "cascade_points"] == pytest.approx(6.9)
+    assert check.loc[("B", 30.0), "cause"] == "ties"  # 25% already before: -5 from ties, -1 from the cascade
+    del sweep.meta["unablated_shares"]
+    assert sweep.target_check().set_index(["score", "target_pct"]).loc[("B", 30.0), "cause"] == "unknown"
 
 
 def test_table2_puts_awft_beside_the_best_other_curve_random_included():
