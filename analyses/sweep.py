@@ -22,9 +22,9 @@ Steps:
    companion metrics: change of the gold answer's log-likelihood and KL from the unablated answer distribution),
    ``sweep_<task>.json`` (table, summary, settings, and the target check: how far each threshold unit's realised
    share lands from its target, and whether ties or the cascade moved it), ``sweep_<task>.png/.html`` (accuracy
-   and the two companions vs % zeroed per score, random baseline dashed with its 95% intervals), and ``sweep_baselines.csv`` (step 1). For a
-   model other than the embedded default the names carry the model: ``sweep_<model>_<task>.*``,
-   ``sweep_<model>_baselines.csv``.
+   and the two companions vs % zeroed per score, random baseline dashed with its 95% intervals), and
+   ``sweep_baselines.csv`` (step 1). For a model other than the embedded default the names carry the model:
+   ``sweep_<model>_<task>.*``, ``sweep_<model>_baselines.csv``.
 """
 
 
@@ -150,7 +150,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     stem = figures / output_name(args.model, task.name)
     table = result.to_dataframe()
     atomic_write_text(f"{stem}.csv", table.to_csv(index=False, float_format="%.6g"))
-    summary = result.summary()
+    summary, check = result.summary(), result.target_check(TOLERANCE)
     static = result.zeroable_within(mode="static") if args.static_scores else {}
     low, high = result.baseline.ci95
     atomic_write_json(f"{stem}.json", dict(
@@ -170,7 +170,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         table2=result.table2(1.0), normalised_auc_pct=result.normalised_auc(),
         normalised_auc_kl=result.normalised_auc(metric="kl"),
         static_zeroable_within_1_point_pct=static, summary=summary.to_dict(orient="records"),
-        target_check=result.target_check(TOLERANCE).to_dict(orient="records"),
+        target_check=check.to_dict(orient="records"),
         target_check_rule=f"realised share within {TOLERANCE:g} points of the target; otherwise the cause is "
                           "the larger of 'ties' (the unablated share already misses) and 'cascade' (scoring "
                           "on the ablated stream moves it)",
@@ -185,7 +185,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
                           title=title)
     save_figure(fig, stem, png=not args.no_png)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    print(target_misses(result.target_check(TOLERANCE)))
+    print(target_misses(check))
 
 
 def target_misses(check: pd.DataFrame) -> str:

@@ -81,6 +81,11 @@ class UnitResult:
                    head_share=d.get("head_share"), wall_s=d.get("wall_s") or float("nan"))
 
 
+def calibration_key(score: str, fraction: float) -> str:
+    """How calibration.json (and ``SweepResult.meta["unablated_shares"]``) name a (score, target fraction)."""
+    return f"{score}|{fraction:.6f}"
+
+
 def unit_key(mode: str, score: str | None, fraction: float) -> str:
     """A unit's readable name: ``threshold__ahon-ln__0.1000``."""
     return f"{mode}__{slug(score or 'none')}__{fraction:.4f}"
@@ -148,7 +153,7 @@ class SweepResult:
             if u.mode != "threshold":
                 continue
             target, realised = 100 * u.target_fraction, 100 * u.realised_fraction
-            before = 100 * unablated.get(f"{u.score}|{u.target_fraction:.6f}", float("nan"))
+            before = 100 * unablated.get(calibration_key(u.score, u.target_fraction), float("nan"))
             ties, cascade = before - target, realised - before
             within = abs(realised - target) <= tolerance
             cause = ("" if within else "unknown" if math.isnan(before) else
@@ -281,12 +286,12 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
                               desc=f"sweep {getattr(task, 'name', '')} units")
     if len(units) < len(plan):
         return None
-    unablated = {f"{s.score}|{s.fraction:.6f}": calib.unablated_share(s.score, s.fraction)
+    unablated = {calibration_key(s.score, s.fraction): calib.unablated_share(s.score, s.fraction)
                  for s in plan if isinstance(s, ThresholdAblation)}
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
-                calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run, units_run=n_run,
-                workers=workers.to_dict(), **rows)
+                calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
+                units_run=n_run, workers=workers.to_dict(), **rows)
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
 
 
@@ -422,7 +427,7 @@ class _Calibration:
         return self._scores
 
     def _lookup(self, kind: str, score: str, p: float, compute):
-        key = f"{score}|{p:.6f}"
+        key = calibration_key(score, p)
         if self._stored and key in self._stored.get(kind, {}):
             return self._stored[kind][key]
         value = compute()
