@@ -111,6 +111,7 @@ class HeadAblation:
     def reset(self) -> None:
         """Forget what was counted so far."""
         self._zeroed: list[list[Tensor]] = [[] for _ in range(self.n_layers)]
+        self._zeroed_inputs: list[Tensor | None] = []  # per batch counted in layer 0: its input ids (None: unknown)
 
     def snapshot(self) -> list[int]:
         """How many batches each layer has counted: :meth:`restore` forgets what came after (a failed attempt)."""
@@ -118,6 +119,7 @@ class HeadAblation:
 
     def restore(self, snapshot: list[int]) -> None:
         self._zeroed = [rows[:n] for rows, n in zip(self._zeroed, snapshot)]
+        self._zeroed_inputs = self._zeroed_inputs[:snapshot[0]]
 
     def zeroed(self) -> Bool[Tensor, "input layer head"]:
         """Which heads were ablated for each input row seen since the last :meth:`reset`, in order of arrival."""
@@ -133,6 +135,20 @@ class HeadAblation:
             return float("nan")
         return sum(c / (s * self.n_heads) for c, s in zip(counts, seen)) / self.n_layers
 
+    def zeroed_by_input(self) -> dict[int, tuple[int, int]]:
+        """Per input id: (rows counted, (layer, head) pairs ablated over those rows). The realised share of any
+        subset of inputs is its summed pairs / (its rows x layers x heads), which is what a bootstrap over items
+        resamples. Empty where the batches were not told their inputs."""
+        if not self._zeroed[0] or any(ids is None for ids in self._zeroed_inputs):
+            return {}
+        ids = torch.cat(self._zeroed_inputs)
+        pairs = self.zeroed().flatten(1).sum(1)
+        out: dict[int, tuple[int, int]] = {}
+        for i, n in zip(ids.tolist(), pairs.tolist()):
+            rows, total = out.get(i, (0, 0))
+            out[i] = (rows + 1, total + int(n))
+        return out
+
     def __repr__(self) -> str:
         return f"HeadAblation({self.description}, mode={self.mode!r})"
 
@@ -146,6 +162,8 @@ class HeadAblation:
             raise RuntimeError(f"ablation rule returned shape {tuple(ablate.shape)}, expected "
                                f"{(z.shape[0], self.n_heads)}")
         self._zeroed[layer].append(ablate.detach().cpu())
+        if layer == 0:
+            self._zeroed_inputs.append(None if acts["inputs"] is None else acts["inputs"].detach().cpu())
         if not ablate.any():
             return z
         return _replace(z, ablate.to(z.device), None if self.means is None else self.means[layer])

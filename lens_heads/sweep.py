@@ -59,6 +59,9 @@ class UnitResult:
     result: EvalResult
     head_share: list[list[float]] | None = None  # [layer][head]: share of inputs for which the head was zeroed
     wall_s: float = float("nan")
+    # per item of ``result.items``: [rows, (row, layer, head) triples zeroed], so that a bootstrap over items
+    # resamples the realised share with the outcomes (None: not recorded, the share is then held fixed)
+    item_zeroed: list[list[int]] | None = None
 
     @property
     def key(self) -> str:
@@ -72,13 +75,14 @@ class UnitResult:
     def to_dict(self) -> dict:
         return dict(key=self.key, mode=self.mode, score=self.score, target_fraction=self.target_fraction,
                     threshold=self.threshold, realised_fraction=self.realised_fraction, wall_s=self.wall_s,
-                    head_share=self.head_share, result=self.result.to_dict())
+                    head_share=self.head_share, item_zeroed=self.item_zeroed, result=self.result.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> "UnitResult":
         return cls(mode=d["mode"], score=d["score"], target_fraction=d["target_fraction"], threshold=d["threshold"],
                    realised_fraction=d["realised_fraction"], result=EvalResult.from_dict(d["result"]),
-                   head_share=d.get("head_share"), wall_s=d.get("wall_s") or float("nan"))
+                   head_share=d.get("head_share"), wall_s=d.get("wall_s") or float("nan"),
+                   item_zeroed=d.get("item_zeroed"))
 
 
 def calibration_key(score: str, fraction: float) -> str:
@@ -318,7 +322,15 @@ def run_unit(model, task, spec: AblationSpec, **settings) -> UnitResult:
                       threshold=getattr(spec, "threshold", None),
                       realised_fraction=ablation.share_zeroed() if ablation else 0.0, result=result,
                       head_share=ablation.zeroed().float().mean(0).tolist() if ablation else None,
-                      wall_s=time.perf_counter() - start)
+                      wall_s=time.perf_counter() - start, item_zeroed=_item_zeroed(ablation, result))
+
+
+def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
+    """Per item of ``result`` (inputs are numbered by item, as ``evaluate`` numbers them): [rows, triples zeroed]."""
+    by_input = ablation.zeroed_by_input() if ablation is not None and hasattr(ablation, "zeroed_by_input") else {}
+    if len(by_input) != result.n:
+        return None
+    return [list(by_input[i]) for i in range(result.n)]
 
 
 def _check_settings(scores, fractions, static_scores, calibration, protocol) -> tuple[list[str], list[float]]:

@@ -129,6 +129,10 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
         if unit.mode in ("threshold", "random"):
             assert 0.0 <= unit.realised_fraction <= 1.0
             assert unit.realised_fraction == pytest.approx(np.mean(unit.head_share))
+        if unit.mode != "baseline":  # per item: its rows (one per choice) and triples zeroed, summing to the share
+            rows, zeroed = np.array(unit.item_zeroed).T
+            assert rows.tolist() == [len(it.logprobs) for it in unit.result.items]
+            assert zeroed.sum() / (rows.sum() * L * H) == pytest.approx(unit.realised_fraction)
     table = result.to_dataframe()
     assert set(table["curve"]) == {"AHON (LN)", "AWFT", "random", "AHON (LN) (static)"}
     assert set(zip(table["mode"], table["score"])) == {("threshold", "AHON (LN)"), ("threshold", "AWFT"),
