@@ -21,7 +21,11 @@ Steps:
    accuracy with its Wilson interval, paired difference with the baseline on the same items and its interval, the
    companion metrics: change of the gold answer's log-likelihood and KL from the unablated answer distribution),
    ``sweep_<task>.json`` (table, summary, settings, and the target check: how far each threshold unit's realised
-   share lands from its target, and whether ties or the cascade moved it), ``sweep_<task>.png/.html`` (accuracy
+   share lands from its target, and whether ties or the cascade moved it), ``sweep_<task>_summary.csv`` (every
+   curve's summaries with 95% bootstrap intervals over items, paired across curves), ``sweep_<task>_tests.csv``
+   (every curve against random and against the best: paired difference, interval, permutation p-value, verdict),
+   ``sweep_<task>_units.json.gz`` (every unit with its per-item records: the summaries and intervals recompute
+   from it through ``lens_heads.read_sweep``), ``sweep_<task>.png/.html`` (accuracy
    and the two companions vs % zeroed per score, random baseline dashed with its 95% intervals), and
    ``sweep_baselines.csv`` (step 1). For a model other than the embedded default the names carry the model:
    ``sweep_<model>_<task>.*``, ``sweep_<model>_baselines.csv``.
@@ -47,12 +51,14 @@ from lens_heads.plots import ablation_curves, save_figure
 from lens_heads.scores import SCORE_NAMES, score_names
 from lens_heads.rows import PROTOCOLS
 from lens_heads.settings import from_args, option
-from lens_heads.sweep import CALIBRATIONS, run_sweep
+from lens_heads.compare import UNITS_SUFFIX
+from lens_heads.sweep import CALIBRATIONS, run_sweep, save_units
 from lens_heads.tasks import INACTIVE_HEADS_TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = INACTIVE_HEADS_TASKS
 TOLERANCE = 2.0  # points: the realised share of heads zeroed should land this close to its target
+TESTED = ("accuracy_auc", "kl_auc", "zeroable_authors")  # summaries tested curve against curve
 
 
 def _batch_size(text: str) -> int | str:
@@ -100,6 +106,8 @@ class SweepSettings:
     dtype: str = option("float32", "weights and activations (scores and log-likelihoods are float32 anyway)",
                         choices=("float32", "bfloat16", "float16"))
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
+    n_resamples: int = option(2000, "bootstrap replicates (and permutations) for the summaries' intervals and the "
+                              "paired tests; seeded by --seed")
 
 
 def parse_args(argv=None) -> SweepSettings:
@@ -150,7 +158,13 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     stem = figures / output_name(args.model, task.name)
     table = result.to_dataframe()
     atomic_write_text(f"{stem}.csv", table.to_csv(index=False, float_format="%.6g"))
-    summary, check = result.summary(), result.target_check(TOLERANCE)
+    save_units(result, f"{stem}{UNITS_SUFFIX}")
+    intervals = result.intervals(n_resamples=args.n_resamples, seed=args.seed)
+    summary, check = result.summary(intervals=intervals), result.target_check(TOLERANCE)
+    tests = pd.concat([intervals.versus(ref, TESTED).assign(reference=ref) for ref in ("random", "best")],
+                      ignore_index=True)
+    atomic_write_text(f"{stem}_summary.csv", summary.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(f"{stem}_tests.csv", tests.to_csv(index=False, float_format="%.6g"))
     static = result.zeroable_within(mode="static") if args.static_scores else {}
     low, high = result.baseline.ci95
     atomic_write_json(f"{stem}.json", dict(
@@ -170,6 +184,12 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         table2=result.table2(1.0), normalised_auc_pct=result.normalised_auc(),
         normalised_auc_kl=result.normalised_auc(metric="kl"),
         static_zeroable_within_1_point_pct=static, summary=summary.to_dict(orient="records"),
+        intervals=dict(intervals.meta, table=intervals.to_dataframe().to_dict(orient="records")),
+        tests=dict(what="every curve against random and against the best curve of each summary: paired "
+                        "difference (curve - reference) with its bootstrap interval, permutation p-value and "
+                        "Benjamini-Hochberg adjusted p over the table; the verdict is what the interval supports",
+                   table=tests.to_dict(orient="records")),
+        units_file=Path(f"{stem}{UNITS_SUFFIX}").name,
         target_check=check.to_dict(orient="records"),
         target_check_rule=f"realised share within {TOLERANCE:g} points of the target; otherwise the cause is "
                           "the larger of 'ties' (the unablated share already misses) and 'cascade' (scoring "
@@ -185,6 +205,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
                           title=title)
     save_figure(fig, stem, png=not args.no_png)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    print(tests.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(target_misses(check))
 
 

@@ -24,35 +24,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from lens_heads.stats import BOOTSTRAP, bootstrap_items, kendall, spearman
+
 KS = (0.05, 0.10, 0.20, 0.30)
 
 
-# ---------------------------------------------------------------- rank statistics (pure numpy)
-
-
-def ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 0..n-1 along the last axis, ties sharing their average rank."""
-    x = np.asarray(x, dtype=float)
-    if x.ndim > 1:
-        return np.stack([ranks(row) for row in x.reshape(-1, x.shape[-1])]).reshape(x.shape)
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    first = np.cumsum(counts) - counts
-    return (first + (counts - 1) / 2.0)[inverse]
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Spearman's rank correlation along the last axis (NaN where either side is constant)."""
-    return _pearson(ranks(x), ranks(y))
-
-
-def kendall(x: np.ndarray, y: np.ndarray) -> float:
-    """Kendall's tau-b of two 1-D arrays (ties handled; NaN where either side is constant)."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    upper = np.triu_indices(len(x), 1)
-    sx = np.sign(x[:, None] - x[None, :])[upper]
-    sy = np.sign(y[:, None] - y[None, :])[upper]
-    denom = np.sqrt(np.sum(sx * sx) * np.sum(sy * sy))
-    return float(np.sum(sx * sy) / denom) if denom > 0 else float("nan")
+# ---------------------------------------------------------------- rank statistics
 
 
 def precision_at_k(activity: np.ndarray, size: np.ndarray, k: int) -> float:
@@ -60,14 +37,6 @@ def precision_at_k(activity: np.ndarray, size: np.ndarray, k: int) -> float:
     called = np.argsort(activity.reshape(-1), kind="stable")[:k]
     truth = np.argsort(size.reshape(-1), kind="stable")[:k]
     return len(set(called.tolist()) & set(truth.tolist())) / k
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a - a.mean(-1, keepdims=True)
-    b = b - b.mean(-1, keepdims=True)
-    denom = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(denom > 0, (a * b).sum(-1) / np.where(denom > 0, denom, 1.0), np.nan)
 
 
 # ---------------------------------------------------------------- the agreement of every score
@@ -103,37 +72,31 @@ def score_agreement(scores, effects, *, metric: str | None = None, names: Sequen
     n, L, H = effect.shape
     heads = L * H
     counts = [max(1, int(round(k * heads))) for k in ks]
-    rng = np.random.default_rng(seed)
-    draws = [rng.integers(0, n, n) for _ in range(n_boot)]
+    columns = ["spearman", "kendall"] + [f"precision_at_{round(100 * k)}pct" for k in ks]
     rows = []
     for name in names:
         sign = -1.0 if scores.direction[name] == ">" else 1.0
         activity = sign * x[..., scores.all_names.index(name)]  # [item, layer, head]
+        per_input_s = np.array([spearman(a.reshape(-1), e.reshape(-1)) for a, e in zip(activity, effect)])
+        per_input_k = np.array([kendall(a.reshape(-1), e.reshape(-1)) for a, e in zip(activity, effect)])
 
-        def statistics(idx) -> list[float]:
-            a = activity[idx].mean(0).reshape(-1)
-            s = effect[idx].mean(0).reshape(-1)
-            return [float(spearman(a, s)), kendall(a, s)] + [precision_at_k(a, s, k) for k in counts]
+        def statistics(idx):
+            out = []
+            for rows_ in idx:
+                a, s = activity[rows_].mean(0).reshape(-1), effect[rows_].mean(0).reshape(-1)
+                out.append([spearman(a, s), kendall(a, s)] + [precision_at_k(a, s, k) for k in counts] +
+                           [_nanmean(per_input_s[rows_]), _nanmean(per_input_k[rows_])])
+            return np.array(out).T
 
-        point = statistics(np.arange(n))
-        boot = np.array([statistics(idx) for idx in draws])
-        per_input_s = spearman(activity.reshape(n, -1), effect.reshape(n, -1))
-        per_input_k = np.array([kendall(activity[i].reshape(-1), effect[i].reshape(-1)) for i in range(n)])
+        boot = bootstrap_items(statistics, n, n_resamples=n_boot, seed=seed)
         row = dict(score=name, direction=scores.direction[name])
-        columns = ["spearman", "kendall"] + [f"precision_at_{round(100 * k)}pct" for k in ks]
-        for c, column in enumerate(columns):
-            row[column] = point[c]
-            row[f"{column}_low"], row[f"{column}_high"] = _interval(boot[:, c])
-        for column, values in (("spearman_per_input", per_input_s), ("kendall_per_input", per_input_k)):
-            row[column] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
-            means = np.array([np.nanmean(values[idx]) if np.isfinite(values[idx]).any() else np.nan
-                              for idx in draws])
-            row[f"{column}_low"], row[f"{column}_high"] = _interval(means)
+        for c, column in enumerate(columns + ["spearman_per_input", "kendall_per_input"]):
+            row[column], row[f"{column}_low"], row[f"{column}_high"] = boot.estimates[c], boot.low[c], boot.high[c]
         rows.append(row)
     meta = dict(effects_method=effects.method, metric=metric or effects.metric, n_items=n, heads=heads,
                 ks=list(ks), k_heads=counts, precision_chance={f"precision_at_{round(100 * k)}pct": c / heads
                                                                for k, c in zip(ks, counts)},
-                n_boot=n_boot, seed=seed, interval="percentile bootstrap over items, 95%",
+                n_boot=n_boot, seed=seed, interval=BOOTSTRAP + ", 95%",
                 item_scores="mean over each item's forward rows" if (scores.meta.get("data") or {}).get("row_items")
                 is not None else "one input per item",
                 orientation="activity = score ('<' scores) or -score ('>' scores); positive correlation = the score "
@@ -153,9 +116,5 @@ def item_scores(scores) -> np.ndarray:
     return np.stack([values[row_items == i].mean(0) for i in range(int(row_items.max()) + 1)])
 
 
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return float("nan"), float("nan")
-    low, high = np.percentile(values, [2.5, 97.5])
-    return float(low), float(high)
+def _nanmean(values: np.ndarray) -> float:
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")

@@ -12,6 +12,12 @@ Given several sweeps, one per (model, task) (:class:`lens_heads.sweep.SweepResul
 
 Ranks, correlations and overlaps are taken over the curves that every sweep has (the others are listed in
 ``dropped``), so every rank is out of the same number of curves.
+
+Intervals: each sweep with per-item records (a ``run_sweep`` folder, or a recorded sweep with its units file) is
+bootstrapped over its items (:mod:`lens_heads.sweep_intervals`), the curves re-ranked in every replicate, and the
+Spearman correlation of two rankings taken replicate by replicate. Every sweep is resampled with the same seed, so
+sweeps of the same items in the same order (two models on one task) are paired; sweeps of different items are
+resampled independently in effect. A sweep recorded without per-item records has no intervals (``no_intervals``).
 """
 
 from __future__ import annotations
@@ -25,11 +31,15 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from lens_heads import stats
 from lens_heads.curves import normalised_auc, zeroable_within
-from lens_heads.sweep import SweepResult, load_sweep
+from lens_heads.sweep import SweepResult, load_sweep, read_units
+from lens_heads.sweep_intervals import replicate_ranks
 
 METRICS = {"accuracy": "normalised AUC of accuracy (%), higher is better",
            "kl": "normalised AUC of the paired KL(unablated || ablated) (nats), lower is better"}
+UNITS_SUFFIX = "_units.json.gz"  # beside sweep_<task>.json: every unit with its per-item records
+SUMMARY = {"accuracy": "accuracy_auc", "kl": "kl_auc"}  # the sweep_intervals summary each metric ranks by
 
 
 # ---------------------------------------------------------------- a sweep as recorded by the analysis
@@ -73,11 +83,16 @@ class RecordedSweep:
 
 
 def read_sweep(path: str | Path) -> SweepResult | RecordedSweep:
-    """A sweep from a ``run_sweep`` output folder (a :class:`SweepResult` with every unit) or from a
-    ``sweep_<task>.json`` written by ``analyses/sweep.py`` (a :class:`RecordedSweep` of its curve points)."""
+    """A sweep from a ``run_sweep`` output folder (a :class:`SweepResult` with every unit), from a
+    ``sweep_<task>.json`` written by ``analyses/sweep.py`` (a :class:`SweepResult` where its units file
+    ``sweep_<task>_units.json.gz`` lies beside it, else a :class:`RecordedSweep` of its curve points), or from a
+    units file itself."""
     path = Path(path)
     if path.is_dir():
         return load_sweep(path)
+    units = path if path.name.endswith(UNITS_SUFFIX) else path.with_name(path.stem + UNITS_SUFFIX)
+    if units.is_file():
+        return read_units(units)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: give a run_sweep output folder or a sweep_<task>.json")
     try:
@@ -111,25 +126,43 @@ class SweepComparison:
     top_k: int
     sweeps: tuple[dict, ...]  # what went in: model, task, sample, seed, weight basis, baseline, chance, source
     dropped: dict = field(default_factory=dict)  # per label: curves that not every sweep has
+    rank_low: tuple[tuple[float, ...], ...] = ()  # percentile bootstrap interval of each rank (NaN: no intervals)
+    rank_high: tuple[tuple[float, ...], ...] = ()
+    rank_replicates: tuple = field(default=(), repr=False, compare=False)  # per sweep: [curve, replicate] or None
+    intervals: dict = field(default_factory=dict)  # the bootstrap's settings, and the sweeps without intervals
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per (model, task, curve): its normalised AUC and its rank within the (model, task)."""
-        return pd.DataFrame([dict(model=m, task=t, curve=c, normalised_auc=self.auc[i][j], rank=self.rank[i][j])
+        return pd.DataFrame([dict(model=m, task=t, curve=c, normalised_auc=self.auc[i][j], rank=self.rank[i][j],
+                                  rank_low=self.rank_low[i][j], rank_high=self.rank_high[i][j])
                              for i, (m, t) in enumerate(zip(self.models, self.tasks))
                              for j, c in enumerate(self.curves)])
 
-    def rank_table(self) -> pd.DataFrame:
-        """Ranks, curves x (model / task), curves ordered by their mean rank (best first)."""
-        df = pd.DataFrame(np.array(self.rank).T, index=list(self.curves), columns=list(self.labels))
-        df = df.loc[df.mean(axis=1).sort_values(kind="stable").index]
+    def rank_table(self, which: str = "rank") -> pd.DataFrame:
+        """Ranks (``which="rank_low"``/``"rank_high"``: their interval's ends), curves x (model / task), curves
+        ordered by their mean rank (best first)."""
+        values = {"rank": self.rank, "rank_low": self.rank_low, "rank_high": self.rank_high}[which]
+        order = pd.Series(np.array(self.rank).mean(0), index=list(self.curves)).sort_values(kind="stable").index
+        df = pd.DataFrame(np.array(values, dtype=float).T, index=list(self.curves), columns=list(self.labels))
+        df = df.loc[order]
         df.index.name = "curve"
         return df
 
     def spearman_table(self) -> pd.DataFrame:
         """Spearman correlation of the rankings, (model / task) x (model / task)."""
-        r = np.array(self.rank, dtype=float)
-        m = np.array([[_pearson(a, b) for b in r] for a in r])
+        m = np.array([[stats.spearman(a, b) for b in self.rank] for a in self.rank])
         return pd.DataFrame(m, index=list(self.labels), columns=list(self.labels))
+
+    def spearman_interval(self, i: int, j: int) -> stats.Interval:
+        """The Spearman correlation of sweeps ``i`` and ``j``'s rankings with its bootstrap interval (NaN ends where
+        either sweep has no per-item records)."""
+        estimate = stats.spearman(self.rank[i], self.rank[j])
+        a, b = self.rank_replicates[i], self.rank_replicates[j]
+        if a is None or b is None:
+            return stats.Interval(estimate, float("nan"), float("nan"))
+        per_replicate = np.array([stats.spearman(a[:, r], b[:, r]) for r in range(a.shape[1])])
+        return stats.percentile_interval(estimate, per_replicate,
+                                         self.intervals.get("confidence", stats.CONFIDENCE))
 
     def pairs(self) -> pd.DataFrame:
         """One row per pair of (model, task): Spearman correlation, top-k overlap and the shared top-k curves."""
@@ -138,9 +171,11 @@ class SweepComparison:
             for j in range(i + 1, len(self.labels)):
                 a, b = self.top(i), self.top(j)
                 shared = [c for c in a if c in b]
+                rho = self.spearman_interval(i, j)
                 rows.append(dict(model_a=self.models[i], task_a=self.tasks[i], model_b=self.models[j],
-                                 task_b=self.tasks[j], spearman=_pearson(self.rank[i], self.rank[j]),
-                                 n_curves=len(self.curves), top_k=self.top_k, top_k_overlap=len(shared),
+                                 task_b=self.tasks[j], spearman=rho.estimate, spearman_low=rho.low,
+                                 spearman_high=rho.high, n_curves=len(self.curves), top_k=self.top_k,
+                                 top_k_overlap=len(shared),
                                  shared_top_k=", ".join(shared), top_k_a=", ".join(a), top_k_b=", ".join(b)))
         return pd.DataFrame(rows)
 
@@ -151,9 +186,10 @@ class SweepComparison:
 
 
 def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str = "accuracy",
-                   top_k: int = 5) -> SweepComparison:
+                   top_k: int = 5, n_resamples: int = stats.N_RESAMPLES, seed: int = 0) -> SweepComparison:
     """Rank every curve (``"random"`` included) by normalised AUC per (model, task), and compare the rankings of
-    every pair of (model, task) by Spearman correlation and top-``top_k`` overlap (see the module docstring).
+    every pair of (model, task) by Spearman correlation and top-``top_k`` overlap, each rank and correlation with
+    its bootstrap interval over items (``n_resamples``, ``seed``; see the module docstring).
 
     ``metric``: ``"accuracy"`` (the paper's ranking) or ``"kl"`` (the low-variance companion)."""
     _check_metric(metric)
@@ -177,39 +213,35 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
                          f"({have}): sweep the same scores on every (model, task)")
     sign = -1.0 if metric == "accuracy" else 1.0  # rank 1 = best
     auc = tuple(tuple(a[c] for c in curves) for a in aucs)
-    rank = tuple(tuple(average_ranks([sign * v for v in row]).tolist()) for row in auc)
+    rank = tuple(tuple(stats.average_ranks([sign * v for v in row]).tolist()) for row in auc)
+    replicates = [_rank_replicates(s, curves, metric, n_resamples, seed) for s in sweeps]
+    confidence = stats.CONFIDENCE
+    ends = [_rank_ends(r, len(curves), confidence) for r in replicates]
     dropped = {label: [c for c in a if c not in curves] for label, a in zip(labels, aucs)}
+    intervals = dict(method=stats.BOOTSTRAP, n_resamples=n_resamples, seed=seed, confidence=confidence,
+                     no_intervals=[label for label, r in zip(labels, replicates) if r is None])
     return SweepComparison(labels=labels, models=tuple(k[0] for k in keys), tasks=tuple(k[1] for k in keys),
                            curves=tuple(curves), auc=auc, rank=rank, metric=metric, top_k=min(top_k, len(curves)),
-                           sweeps=tuple(described), dropped={k: v for k, v in dropped.items() if v})
+                           sweeps=tuple(described), dropped={k: v for k, v in dropped.items() if v},
+                           rank_low=tuple(low for low, _ in ends), rank_high=tuple(high for _, high in ends),
+                           rank_replicates=tuple(replicates), intervals=intervals)
 
 
-def average_ranks(values: Sequence[float]) -> np.ndarray:
-    """Ranks 1..n of ``values`` (smallest first); tied values share the mean of the ranks they span."""
-    v = np.asarray(values, dtype=float)
-    order = np.argsort(v, kind="stable")
-    ranks = np.empty(len(v))
-    start = 0
-    while start < len(v):
-        end = start
-        while end + 1 < len(v) and v[order[end + 1]] == v[order[start]]:
-            end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
+def _rank_replicates(sweep, curves: list[str], metric: str, n_resamples: int, seed: int) -> np.ndarray | None:
+    """[curve, replicate]: the ranks of ``curves`` among themselves in each bootstrap replicate of ``sweep``'s
+    items (None for a sweep recorded without per-item records)."""
+    if not isinstance(sweep, SweepResult):
+        return None
+    iv = sweep.intervals(n_resamples=n_resamples, seed=seed)
+    values = iv.replicates[iv.quantities.index(SUMMARY[metric]), [iv.curves.index(c) for c in curves]]
+    return replicate_ranks(values, higher_is_better=metric == "accuracy")
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman correlation of two samples: the Pearson correlation of their average ranks (NaN when either
-    sample is constant)."""
-    return _pearson(average_ranks(a), average_ranks(b))
-
-
-def _pearson(a, b) -> float:
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    a, b = a - a.mean(), b - b.mean()
-    denom = math.sqrt(float(a @ a) * float(b @ b))
-    return float(a @ b / denom) if denom > 0 else float("nan")
+def _rank_ends(replicates: np.ndarray | None, n: int, confidence: float) -> tuple[tuple[float, ...], ...]:
+    if replicates is None:
+        return (float("nan"),) * n, (float("nan"),) * n
+    ivs = [stats.percentile_interval(float("nan"), r, confidence) for r in replicates]
+    return tuple(i.low for i in ivs), tuple(i.high for i in ivs)
 
 
 def _check_metric(metric: str) -> str:
@@ -226,7 +258,8 @@ def _describe(sweep) -> dict:
                          "SweepResults from run_sweep or read_sweep")
     model, task = fp.get("model") or {}, fp.get("task") or {}
     if isinstance(sweep, SweepResult):
-        baseline, chance, source = sweep.baseline.accuracy, sweep.baseline.chance, sweep.meta.get("out_dir")
+        baseline, chance = sweep.baseline.accuracy, sweep.baseline.chance
+        source = sweep.meta.get("source") or sweep.meta.get("out_dir")
     else:
         baseline, chance, source = sweep.baseline_accuracy, sweep.chance, sweep.source
     return dict(model=str(model.get("name")), task=str(task.get("task")), split=task.get("split"),

@@ -18,6 +18,7 @@ import torch
 
 from lens_heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.head_scores import HeadScores
+from lens_heads.stats import spearman
 
 SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -91,17 +92,6 @@ def layer_summary(scores: HeadScores, names: Sequence[str] | None = None) -> pd.
             row.update({f"q{round(q * 100):02d}": np.quantile(v, q) for q in SUMMARY_QUANTILES})
             rows.append(row)
     return pd.DataFrame(rows)
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    a, b = np.asarray(a, dtype=float).reshape(-1), np.asarray(b, dtype=float).reshape(-1)
-    if a.shape != b.shape or a.size < 2:
-        raise ValueError(f"need two equally long samples of at least 2 values, got {a.size} and {b.size}")
-    ra, rb = pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def rank_correlation(a: HeadScores, b: HeadScores, name: str) -> float:

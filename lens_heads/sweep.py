@@ -167,6 +167,24 @@ class SweepResult:
                              within=within, cause=cause))
         return pd.DataFrame(rows)
 
+    def intervals(self, points: float = 1.0, *, shares: Sequence[float] | None = None, n_resamples: int = 2000,
+                  seed: int = 0, confidence: float = 0.95):
+        """95% percentile-bootstrap intervals over items for every curve's summaries (accuracy and KL AUC, KL at
+        each target share, % zeroable within ``points`` by both rules) and ranks, paired across curves
+        (:func:`lens_heads.sweep_intervals.sweep_intervals`); ``.difference`` and ``.versus`` test curves
+        against each other."""
+        from lens_heads.sweep_intervals import sweep_intervals
+
+        return sweep_intervals(self, points=points, shares=shares, n_resamples=n_resamples, seed=seed,
+                               confidence=confidence)
+
+    def difference(self, a: str, b: str, summary: str = "kl_auc", *, points: float = 1.0, n_resamples: int = 2000,
+                   seed: int = 0) -> dict:
+        """Curve ``a`` minus curve ``b`` in ``summary`` (``"accuracy_auc"``, ``"kl_auc"``, ``"zeroable_authors"``,
+        ``"zeroable_censored"``, ``"kl_at_<share>pct"``) on the same items: paired bootstrap interval, permutation
+        p-value and the verdict the interval supports. For many comparisons, compute :meth:`intervals` once."""
+        return self.intervals(points, n_resamples=n_resamples, seed=seed).difference(a, b, summary)
+
     @staticmethod
     def _ordered(units: list[UnitResult], rule: str) -> list[UnitResult]:
         return sorted(units, key=lambda u: u.target_fraction) if rule == "authors" else units
@@ -219,11 +237,12 @@ class SweepResult:
                     **{f"accuracy_{m}": a for m, a in r.accuracies.items()}, n=r.n, chance=r.chance)
 
 
-    def summary(self, points: float = 1.0, share: float = 10.0):
+    def summary(self, points: float = 1.0, share: float = 10.0, intervals=None):
         """Per score (random included), ranked by the paper's accuracy AUC: % zeroable within ``points`` by the
-        authors' rule and by the censored rule (with whether the curve never dropped, so that share is "≥"), the
-        normalised AUC of accuracy and its rank, the normalised AUC of the paired KL and its rank, and the KL at
-        ``share`` % zeroed (:meth:`at_share`)."""
+        authors' rule and by the censored rule (with whether the curve ends within ``points`` of the baseline, so
+        that its censored share is only a lower bound), the normalised AUC of accuracy and its rank, the normalised
+        AUC of the paired KL and its rank, and the KL at ``share`` % zeroed (:meth:`at_share`). With ``intervals``
+        (:meth:`intervals`), each number has ``_low`` and ``_high`` columns beside it."""
         import pandas as pd
 
         zeroable, auc, kl = self.zeroable_within(points), self.normalised_auc(), self.normalised_auc(metric="kl")
@@ -231,12 +250,23 @@ class SweepResult:
         kl_at = self.at_share(share)
         ranking = sorted(auc, key=lambda s: -auc[s] if not math.isnan(auc[s]) else math.inf)
         kl_ranking = sorted(kl, key=lambda s: kl[s] if not math.isnan(kl[s]) else math.inf)
-        return pd.DataFrame([{"score": s, f"zeroable_within_{points:g}_point_pct": zeroable[s],
-                              f"zeroable_within_{points:g}_point_censored_pct": censored[s],
-                              "never_drops": above[s],
-                              "normalised_auc_pct": auc[s], "auc_rank": ranking.index(s) + 1,
-                              "normalised_auc_kl": kl[s], "kl_rank": kl_ranking.index(s) + 1,
-                              f"kl_at_{share:g}pct": kl_at[s]} for s in ranking])
+        columns = {f"zeroable_within_{points:g}_point_pct": ("zeroable_authors", zeroable),
+                   f"zeroable_within_{points:g}_point_censored_pct": ("zeroable_censored", censored),
+                   "normalised_auc_pct": ("accuracy_auc", auc),
+                   "auc_rank": ("rank_accuracy_auc", {s: ranking.index(s) + 1 for s in ranking}),
+                   "normalised_auc_kl": ("kl_auc", kl),
+                   "kl_rank": ("rank_kl_auc", {s: kl_ranking.index(s) + 1 for s in kl_ranking}),
+                   f"kl_at_{share:g}pct": (f"kl_at_{share:g}pct", kl_at)}
+        rows = []
+        for s in ranking:
+            row = {"score": s, f"ends_within_{points:g}_point": above[s]}
+            for column, (quantity, values) in columns.items():
+                row[column] = values[s]
+                if intervals is not None and quantity in intervals.quantities:
+                    i = intervals.interval(s, quantity)
+                    row[f"{column}_low"], row[f"{column}_high"] = i.low, i.high
+            rows.append(row)
+        return pd.DataFrame(rows)
 
 
 def table2(sweeps: Sequence[SweepResult], points: float = 1.0):
@@ -504,6 +534,38 @@ def _calibration_id(calibration) -> str:
     if values is not None:  # a HeadScores: its numbers are its identity
         return "scores " + hashlib.sha256(values.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
     return "inputs " + hashlib.sha256(repr(calibration).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- a sweep's units in one file, and a run folder
+
+
+def save_units(result: SweepResult, path) -> Path:
+    """Every unit of ``result`` with its per-item records, gzipped JSON written atomically: what
+    :func:`read_units` (and :func:`lens_heads.compare.read_sweep` beside a recorded ``sweep_<task>.json``) needs to
+    recompute every summary and its interval without the run folder."""
+    import gzip
+    import json
+
+    from lens_heads.io import atomic_write_bytes
+
+    data = dict(format=FORMAT_VERSION, meta=result.meta, units=[u.to_dict() for u in result.units])
+    return atomic_write_bytes(path, gzip.compress(json.dumps(data).encode("utf-8"), mtime=0))
+
+
+def read_units(path) -> SweepResult:
+    """The sweep :func:`save_units` wrote."""
+    import gzip
+    import json
+
+    try:
+        data = json.loads(gzip.decompress(Path(path).read_bytes()))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not a units file written by save_units ({e})") from None
+    units = [UnitResult.from_dict(u) for u in data["units"]]
+    base = next((u for u in units if u.mode == "baseline"), None)
+    if base is None:
+        raise ValueError(f"{path} has no baseline unit")
+    return SweepResult(baseline=base.result, units=units, meta=dict(data["meta"], source=str(path)))
 
 
 # ---------------------------------------------------------------- reading a run folder back

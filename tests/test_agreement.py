@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.agreement import kendall, precision_at_k, score_agreement, spearman
+from lens_heads.agreement import precision_at_k, score_agreement
+from lens_heads.stats import kendall, spearman
 from lens_heads.effects import EFFECT_METRICS, HeadEffects
 from lens_heads.head_scores import HeadScores
 

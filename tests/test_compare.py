@@ -3,13 +3,15 @@ out by hand on small synthetic sweeps (real EvalResult / UnitResult objects with
 sweeps back from a run folder and from the analysis JSON, and the report's comparison section."""
 
 import json
+from pathlib import Path
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from lens_heads.compare import RecordedSweep, average_ranks, compare_sweeps, read_sweep, spearman
+from lens_heads.compare import RecordedSweep, compare_sweeps, read_sweep
+from lens_heads.stats import average_ranks, spearman
 from lens_heads.evaluate import EvalResult, ItemRecord
 from lens_heads.sweep import SweepResult, UnitResult, load_sweep, run_sweep
 
@@ -162,13 +164,26 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
     model, task, result, _ = tiny_sweep
     analysis = load_script("sweep")
     args = analysis.parse_args(["--model", "tiny/llama", "--figures", str(tmp_path), "--seed", "1", "--fractions",
-                                "0,.2,.4", "--scores", "AHON (LN),AWFT", "--static-scores", "AHON (LN)", "--no-png"])
+                                "0,.2,.4", "--scores", "AHON (LN),AWFT", "--static-scores", "AHON (LN)", "--no-png",
+                                "--n-resamples", "50"])
     analysis.write_outputs(result, task, args, pd.DataFrame(), model)
-    recorded = read_sweep(tmp_path / "sweep_llama_arc_easy.json")  # another model than the default: named by it
+    stem = tmp_path / "sweep_llama_arc_easy"  # another model than the default: named by it
+    with_units = read_sweep(f"{stem}.json")  # the units file beside it: every unit with its items
+    assert isinstance(with_units, SweepResult) and len(with_units.units) == len(result.units)
+    summary = pd.read_csv(f"{stem}_summary.csv").set_index("score")
+    for score, value in result.normalised_auc(metric="kl").items():
+        assert summary.loc[score, "normalised_auc_kl"] == pytest.approx(value, rel=1e-5)
+        low, high = summary.loc[score, ["normalised_auc_kl_low", "normalised_auc_kl_high"]]
+        assert low <= value <= high or np.isnan(low)  # 4 items: some replicates zero nothing (no AUC there)
+    tests = pd.read_csv(f"{stem}_tests.csv")
+    assert set(tests["reference"]) == {"random", "best"} and tests["p_value"].between(0, 1).all()
+    Path(f"{stem}_units.json.gz").unlink()
+    recorded = read_sweep(f"{stem}.json")
     assert isinstance(recorded, RecordedSweep)
     for metric in ("accuracy", "kl"):
-        got, want = recorded.normalised_auc(metric=metric), result.normalised_auc(metric=metric)
-        assert list(got) == list(want) and np.allclose(list(got.values()), list(want.values()), equal_nan=True)
+        for sweep in (recorded, with_units):
+            got, want = sweep.normalised_auc(metric=metric), result.normalised_auc(metric=metric)
+            assert list(got) == list(want) and np.allclose(list(got.values()), list(want.values()), equal_nan=True)
     assert recorded.baseline_accuracy == evaluate(model, task, progress=False).accuracy
 
     (tmp_path / "other.json").write_text(json.dumps({"table": []}))
@@ -232,3 +247,24 @@ def test_table2_of_sweeps_and_of_their_records_by_hand():
         assert t.loc["m1", "awft_pct"] == pytest.approx(11) and t.loc["m1", "best_score"] == "S2"
         assert t.loc["m1", "best_pct"] == pytest.approx(1)
         assert t.loc["m2", "best_score"] == "S3" and t.loc["m2", "best_pct"] == pytest.approx(10.5)
+
+
+def test_ranks_and_spearman_carry_bootstrap_intervals_and_records_without_items_say_so(two):
+    from synthetic_sweeps import synthetic_sweep as noisy_sweep
+
+    levels = {"A": (0.01, 0.02), "B": (0.5, 0.6), "C": (0.52, 0.6), "random": (2, 3)}
+    sweeps = [noisy_sweep(np.random.default_rng(i), 50, levels, model="m", task=t) for i, t in enumerate("xy")]
+    c = compare_sweeps(sweeps, metric="kl", n_resamples=200)
+    ranks = c.to_dataframe().set_index(["task", "curve"])
+    # A and random are far apart from the rest: their ranks never move; B and C are within noise of each other
+    for task in "xy":
+        assert (ranks.loc[(task, "A"), "rank_low"], ranks.loc[(task, "A"), "rank_high"]) == (1, 1)
+        assert (ranks.loc[(task, "random"), "rank_low"], ranks.loc[(task, "random"), "rank_high"]) == (4, 4)
+        assert ranks.loc[(task, "B"), "rank_low"] == 2 and ranks.loc[(task, "B"), "rank_high"] == 3
+    pair = c.pairs().iloc[0]
+    assert pair["spearman_low"] <= pair["spearman"] <= pair["spearman_high"] and pair["spearman_low"] >= 0.5
+    assert c.intervals["no_intervals"] == [] and c.intervals["n_resamples"] == 200
+    recorded = compare_sweeps([RecordedSweep(s.to_dataframe(), s.meta, s.baseline.accuracy, 0.5) for s in two])
+    # tables without per-item records: estimates only
+    assert recorded.intervals["no_intervals"] == list(recorded.labels)
+    assert recorded.to_dataframe()["rank_low"].isna().all() and recorded.pairs()["spearman_low"].isna().all()

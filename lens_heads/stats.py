@@ -1,0 +1,147 @@
+"""Intervals and paired tests over items, through ``scipy.stats``: the one place lens_heads computes them.
+
+Every summary of an evaluation (an AUC, a share of heads, a rank, a correlation) is a function of the items that
+were evaluated, so its uncertainty is the items'. :func:`bootstrap_items` is a percentile bootstrap that resamples
+the items once per replicate for every quantity computed from them (``scipy.stats.bootstrap`` with paired
+resampling), so that differences between curves measured on the same items are paired. :func:`permutation_p_value`
+tests a paired difference by swapping each item's two outcomes at random (``scipy.stats.permutation_test``).
+Rank statistics are scipy's too (``spearmanr``, ``kendalltau`` tau-b, ``rankdata`` average ranks).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from jaxtyping import Float, Int
+from scipy import stats
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000
+BOOTSTRAP = "percentile bootstrap over items (scipy.stats.bootstrap, paired resampling)"
+PERMUTATION = "paired permutation test over items, two-sided (scipy.stats.permutation_test, permutation_type='samples')"
+
+# statistic(idx) -> values: idx[b] is replicate b's resampled item indices; values[k, b] its k-th quantity
+Statistic = Callable[[Int[np.ndarray, "replicate item"]], Float[np.ndarray, "k replicate"]]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate with its interval."""
+
+    estimate: float
+    low: float
+    high: float
+
+    def excludes(self, value: float = 0.0) -> bool:
+        """Whether ``value`` lies outside the interval (a claim the data support); False where it is undefined."""
+        return bool(self.low > value or self.high < value)
+
+    def format(self, spec: str = ".2f") -> str:
+        """``x [lo, hi]``."""
+        return f"{self.estimate:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Estimates of ``k`` quantities on all items, their bootstrap replicates and percentile intervals."""
+
+    estimates: Float[np.ndarray, "k"]
+    replicates: Float[np.ndarray, "k replicate"]
+    low: Float[np.ndarray, "k"]
+    high: Float[np.ndarray, "k"]
+    n_items: int
+    n_resamples: int
+    seed: int
+    confidence: float
+
+    def meta(self) -> dict:
+        return dict(method=BOOTSTRAP, n_items=self.n_items, n_resamples=self.n_resamples, seed=self.seed,
+                    confidence=self.confidence)
+
+
+def check_items(n_items: int) -> None:
+    if n_items < 2:
+        raise ValueError(f"a bootstrap over items needs at least 2 items to resample, got {n_items}: evaluate more "
+                         "items (n=...)")
+
+
+def bootstrap_items(statistic: Statistic, n_items: int, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                    confidence: float = CONFIDENCE) -> Bootstrap:
+    """Percentile bootstrap of the quantities ``statistic`` computes from a set of items: each replicate resamples
+    the ``n_items`` items with replacement once, for every quantity. Equal ``seed`` and ``n_items`` give equal
+    resamples, so two bootstraps of the same items (in the same order) are paired replicate by replicate."""
+    check_items(n_items)
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    items = np.arange(n_items)
+    estimates = np.asarray(statistic(items[None]), dtype=float)[:, 0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN replicates (a curve that misses a share) stay NaN
+        res = stats.bootstrap((items,), lambda idx, axis=-1: statistic(np.atleast_2d(idx)), vectorized=True,
+                              paired=True, method="percentile", n_resamples=n_resamples,
+                              confidence_level=confidence, rng=np.random.default_rng(seed))
+    replicates = np.asarray(res.bootstrap_distribution, dtype=float).reshape(len(estimates), -1)
+    low, high = (np.asarray(v, dtype=float).reshape(-1) for v in res.confidence_interval)
+    return Bootstrap(estimates, replicates, low, high, n_items, n_resamples, seed, confidence)
+
+
+def percentile_interval(estimate: float, replicates: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
+    """The percentile interval of a quantity derived from bootstrap replicates (a difference of two of them): the
+    same interval ``scipy.stats.bootstrap(method='percentile')`` gives for that quantity on the same resamples."""
+    alpha = (1 - confidence) / 2
+    replicates = np.asarray(replicates, dtype=float)
+    defined = replicates.size > 0 and np.isfinite(replicates).all()  # else undefined in some replicate: no interval
+    low, high = np.percentile(replicates, [100 * alpha, 100 * (1 - alpha)]) if defined else (np.nan, np.nan)
+    return Interval(float(estimate), float(low), float(high))
+
+
+def permutation_p_value(statistic: Callable[[np.ndarray, np.ndarray], np.ndarray], n_items: int, *,
+                        n_resamples: int = N_RESAMPLES, seed: int = 0) -> float:
+    """Two-sided p-value of a paired difference: ``statistic(a, b)`` gets, per permutation (rows), the slot of
+    each item on side a and side b, where slot ``i`` is item ``i``'s outcome under the first condition and
+    ``n_items + i`` under the second, and returns the difference; each item's two slots are swapped at random."""
+    check_items(n_items)
+    items = np.arange(n_items)
+    res = stats.permutation_test((items, items + n_items),
+                                 lambda a, b, axis=-1: statistic(np.atleast_2d(a), np.atleast_2d(b)),
+                                 permutation_type="samples", vectorized=True, n_resamples=n_resamples,
+                                 alternative="two-sided", rng=np.random.default_rng(seed))
+    return float(res.pvalue)
+
+
+def adjusted_p_values(p: Sequence[float]) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (``scipy.stats.false_discovery_control``) for a family of tests; NaN
+    stays NaN."""
+    p = np.asarray(p, dtype=float)
+    out = np.full_like(p, np.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = stats.false_discovery_control(p[ok])
+    return out
+
+
+def average_ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks 1..n, smallest first; ties share the mean of the ranks they span."""
+    return stats.rankdata(np.asarray(values, dtype=float), method="average")
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
+    a, b = np.asarray(a, dtype=float).reshape(-1), np.asarray(b, dtype=float).reshape(-1)
+    if a.shape != b.shape or a.size < 2:
+        raise ValueError(f"need two equally long samples of at least 2 values, got {a.size} and {b.size}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        return float(stats.spearmanr(a, b).statistic)
+
+
+def kendall(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's tau-b (ties handled); NaN when either side is constant."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.kendalltau(np.asarray(a, dtype=float), np.asarray(b, dtype=float)).statistic)
