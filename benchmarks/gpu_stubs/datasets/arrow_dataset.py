@@ -1,0 +1,5 @@
+"""``Dataset`` of the stand-in: a type TransformerLens names in annotations and isinstance checks."""
+
+
+class Dataset:
+    """Never instantiated: nothing in the GPU check makes a dataset."""

@@ -1,0 +1,135 @@
+"""benchmarks/gpu_check.py on the CPU (``--device cpu --smoke``): the table, the JSON, the agreements it checks, the
+FLOP count it reports, and its refusals of bad input. No timing is asserted."""
+
+import json
+import sys
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lens_heads.evaluate import evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (flops, timing) by name
+
+import gpu_check  # noqa: E402
+from flops import forward_flops, trunk_flops_per_token  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One smoke run of the whole check (one timing round), its printed table and its folder."""
+    out = tmp_path_factory.mktemp("gpu_check")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        printed = StringIO()
+        with redirect_stdout(printed):
+            result = gpu_check.main([str(out), "--device", "cpu", "--smoke", "--repeats", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    return result, printed.getvalue(), out
+
+
+def test_smoke_table_has_every_row_and_every_shape(smoke):
+    result, printed, _ = smoke
+    for label, _ in gpu_check.ROWS:
+        assert label in printed
+    for name in gpu_check.SHAPES:
+        assert f"{name} (smoke)" in printed
+    assert "torchrun --nproc_per_node=1 sweep" in printed and "GPU-hours" in printed
+    assert [r.shape for r in result.shapes] == list(gpu_check.SHAPES)
+
+
+def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
+    result, printed, out = smoke
+    assert [p.name for p in out.iterdir()] == [gpu_check.RESULT]  # no temporary file left beside it
+    written = json.loads((out / gpu_check.RESULT).read_text())
+    assert written["table"] == printed.splitlines()[:len(written["table"])]
+    assert [s["shape"] for s in written["shapes"]] == list(gpu_check.SHAPES)
+    assert written["shapes"][0]["evaluator_tokens_per_s"] == pytest.approx(result.shapes[0].evaluator_tokens_per_s)
+    assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
+
+
+def test_smoke_rows_auto_size_and_threshold_unit(smoke):
+    result, _, _ = smoke
+    lengths = gpu_check.check_lengths(8, True, 0)
+    recorded = gpu_check.mmlu_lengths()
+    assert set(lengths) <= {max(8, r // 16) for r in recorded}  # toy rows: a sixteenth of recorded MMLU rows
+    for shape in result.shapes:
+        assert shape.rows == 8 and shape.tokens == sum(lengths)
+        # 8 MMLU rows read 32 continuations; on a CPU nothing runs out of memory, so auto keeps its first size, 16
+        assert shape.auto_batch_size == 16 and shape.auto_peak_memory_gib is None
+        assert 0.0 < shape.threshold_unit_share_zeroed < 0.5
+
+
+def test_evaluator_log_likelihoods_equal_hugging_face_on_the_same_weights(smoke):
+    result, _, _ = smoke
+    for shape in result.shapes:
+        assert shape.max_logprob_difference < 1e-4
+
+
+def test_other_weights_would_show_in_the_log_likelihood_difference():
+    # The agreement above can fail: a HF model of the same shape with other weights is far off.
+    shape = gpu_check.SHAPES["qwen2.5-0.5b"].smoke()
+    _, model = gpu_check.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=0)
+    other, _ = gpu_check.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=1)
+    task = gpu_check.synthetic_task(gpu_check.check_lengths(4, True, 0), shape.vocab, 0)
+    ours = gpu_check.logprobs_of(evaluate(model, task, batch_size=4, progress=False))
+    assert gpu_check.max_difference(ours, gpu_check.hf_logprobs(other, model, task, 4)) > 1e-3
+
+
+def test_torchrun_sweep_equals_the_plain_run(smoke):
+    if not torch.distributed.is_available():
+        pytest.skip("this torch has no torch.distributed (torchrun)")
+    torchrun = smoke[0].torchrun
+    assert torchrun.error is None, torchrun.error
+    assert torchrun.units == 3 and torchrun.same_shares and torchrun.max_logprob_difference == 0.0
+    assert torchrun.equal
+
+
+def test_flop_count_of_a_tiny_config_by_hand():
+    cfg = SimpleNamespace(n_layers=2, d_model=4, n_heads=2, n_key_value_heads=1, d_head=2, d_mlp=8, gated_mlp=True,
+                          d_vocab=10)
+    # per layer: Q and O 4*2*2 each, K and V 4*1*2 each, gated MLP 3*4*8; 2 FLOPs a multiply-add; 2 layers
+    per_token = 2 * 2 * (4 * 2 * 2 * 2 + 2 * 4 * 1 * 2 + 3 * 4 * 8)
+    assert trunk_flops_per_token(cfg) == per_token == 576
+    # 3 tokens; causal QK^T and AV: 2 layers * 2 * 2 heads * 2 d_head * 3 * 4; logits at 2 positions: 2 * 4 * 10 * 2
+    assert forward_flops(cfg, [3], 2) == 3 * 576 + 2 * 2 * 2 * 2 * 3 * 4 + 2 * 4 * 10 * 2
+
+
+def refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_is_refused_with_what_to_do(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = refused([str(tmp_path), "--device", "cuda"], capsys)
+    assert "CUDA is not available" in err and "--device cpu --smoke" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_bf16_on_the_cpu_is_refused(capsys, tmp_path):
+    err = refused([str(tmp_path), "--device", "cpu", "--smoke", "--dtype", "bfloat16"], capsys)
+    assert "--dtype bfloat16 on the CPU" in err and "--dtype float32" in err
+
+
+def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Old GPU")
+    err = refused([str(tmp_path), "--device", "cuda"], capsys)
+    assert "--dtype bfloat16: this GPU (Old GPU) does not support bfloat16" in err
+
+
+def test_unknown_shape_and_missing_folder_are_refused(capsys, tmp_path):
+    err = refused([str(tmp_path), "--device", "cpu", "--smoke", "--shapes", "smollm2-135m,gpt-5"], capsys)
+    assert "unknown shape gpt-5: choose from smollm2-135m, qwen2.5-0.5b, llama-3.2-1b" in err
+    assert "give the folder" in refused(["--device", "cpu", "--smoke"], capsys)
