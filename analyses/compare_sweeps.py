@@ -6,7 +6,10 @@ the rankings and top-5 overlap between every pair (``lens_heads.compare.compare_
 
 Each input is a ``sweep_<task>.json`` written by ``analyses/sweep.py`` or a ``run_sweep`` output folder; each must
 be a different (model, task). Both rankings are computed: by the normalised AUC of accuracy (the paper's) and by the
-normalised AUC of the paired KL (the low-variance companion). Outputs in ``--figures`` (default ``figures/``):
+normalised AUC of the paired KL (the low-variance companion), on the target shares every sweep measured (the
+common grid), with 95% bootstrap intervals over items for every rank, correlation and Table 2 entry where a sweep
+has per-item records (its ``sweep_<task>_units.json.gz`` beside the JSON). Outputs in ``--figures`` (default
+``figures/``):
 
 - ``compare_ranks.csv``: per metric, (model, task) and curve: the normalised AUC and its rank (1 = best);
 - ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap, shared curves;
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lens_heads.compare import METRICS, compare_sweeps, read_sweep
+from lens_heads.compare import METRICS, common_grid, compare_sweeps, on_grid, read_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.plots import correlation_heatmap, png_writer, rank_heatmap
 from lens_heads.settings import from_args, option
@@ -43,6 +46,8 @@ class CompareSettings:
     sweeps: tuple[str, ...] = option((), "sweep_<task>.json files or run_sweep output folders (at least two)",
                                      positional=True, metavar="SWEEP")
     top_k: int = option(5, "size of the top sets compared")
+    n_resamples: int = option(2000, "bootstrap replicates for the intervals of ranks, correlations and Table 2")
+    seed: int = option(0, "bootstrap seed")
     figures: str = option(str(ROOT / "figures"), "where tables and figures go")
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
 
@@ -59,8 +64,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         sweeps = [read_sweep(p) for p in args.sweeps]
-        comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=args.top_k) for m in METRICS}
-        paper_table = table2(sweeps)
+        comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=args.top_k, n_resamples=args.n_resamples,
+                                         seed=args.seed) for m in METRICS}
+        grid = common_grid(sweeps)
+        paper_table = table2([on_grid(s, grid) for s in sweeps], n_resamples=args.n_resamples, seed=args.seed)
+        paper_table["grid_pct"] = "/".join(f"{100 * p:g}" for p in grid if p > 0)
     except (OSError, ValueError) as e:
         sys.exit(f"compare_sweeps: {e}")
     out = Path(args.figures)
@@ -75,7 +83,8 @@ def main(argv=None) -> None:
         atomic_write_text(out / f"compare_spearman_{m}.csv", c.spearman_table().to_csv(float_format="%.4f"))
         what = f"normalised AUC of {'accuracy' if m == 'accuracy' else 'the paired KL'}"
         figs[f"compare_ranks_{m}"] = rank_heatmap(
-            c.rank_table(), title=f"Rank by {what} per (model, task), 1 = best")
+            c.rank_table(), low=c.rank_table("rank_low"), high=c.rank_table("rank_high"),
+            title=f"Rank by {what} per (model, task), 1 = best (common grid {_grid(c)}%)")
         figs[f"compare_spearman_{m}"] = correlation_heatmap(
             c.spearman_table(), title=f"Spearman correlation of the rankings by {what} ({len(c.curves)} curves)")
     for name, fig in figs.items():
@@ -91,12 +100,14 @@ def main(argv=None) -> None:
         what="ranking of the head scores (and random zeroing) by normalised AUC per (model, task), Spearman "
              "correlation of the rankings and top-k overlap between every pair (lens_heads.compare)",
         inputs=[str(p) for p in args.sweeps], sweeps=list(first.sweeps), curves=list(first.curves),
-        dropped=first.dropped, top_k=first.top_k,
+        dropped=first.dropped, top_k=first.top_k, intervals=first.intervals,
         metrics={m: dict(what=METRICS[m], ranks=c.rank_table().reset_index().to_dict(orient="records"),
                          spearman=c.spearman_table().to_dict(), pairs=c.pairs().to_dict(orient="records"))
                  for m, c in comparisons.items()},
         table2=dict(what="% of heads zeroable within 1 accuracy point, authors' rule (last crossing of baseline - 1 "
-                         "in order of target fraction, 0 if none): AWFT beside the best other curve, random included",
+                         "in order of target fraction, 0 if none): AWFT beside the best other curve, random "
+                         "included, on the target shares every sweep measured (grid_pct), with 95% bootstrap "
+                         "intervals and the paired test AWFT - best where the sweep has per-item records",
                     rows=paper_table.to_dict(orient="records")),
         table=ranks.to_dict(orient="records")))
     print("== the paper's Table 2 (% zeroable within 1 point, authors' rule)")
@@ -104,8 +115,13 @@ def main(argv=None) -> None:
     for m, c in comparisons.items():
         print(f"\n== ranks by {METRICS[m]}")
         print(c.rank_table().to_string(float_format=lambda v: f"{v:g}"))
-        print(c.pairs()[["model_a", "task_a", "model_b", "task_b", "spearman", "top_k_overlap", "shared_top_k"]]
+        print(c.pairs()[["model_a", "task_a", "model_b", "task_b", "spearman", "spearman_low", "spearman_high",
+                         "top_k_overlap", "shared_top_k"]]
               .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def _grid(comparison) -> str:
+    return "/".join(f"{p:g}" for p in comparison.intervals["grid"] if p > 0)
 
 
 if __name__ == "__main__":

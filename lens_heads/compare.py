@@ -69,8 +69,9 @@ class RecordedSweep:
         return {s: zeroable_within(100 * g["realised_fraction"], 100 * g["accuracy"], base, points, rule=rule)
                 for s, g in self._curves()}
 
-    def table2(self, points: float = 1.0) -> dict:
-        """The paper's Table 2 entry for this model and task (:meth:`SweepResult.table2` on the recorded points)."""
+    def table2(self, points: float = 1.0, intervals=None) -> dict:
+        """The paper's Table 2 entry for this model and task (:meth:`SweepResult.table2` on the recorded points;
+        no intervals without per-item records)."""
         return SweepResult.table2(self, points)
 
     def _curves(self):
@@ -204,6 +205,8 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
     if repeated:
         raise ValueError(f"two sweeps of the same (model, task): {', '.join(f'{m} / {t}' for m, t in repeated)}; "
                          "give one sweep per (model, task)")
+    grid = common_grid(sweeps)
+    sweeps = [on_grid(s, grid) for s in sweeps]
     aucs = [{c: v for c, v in s.normalised_auc(metric=metric).items() if not math.isnan(v)} for s in sweeps]
     curves = [c for c in aucs[0] if all(c in a for a in aucs[1:])]
     labels = tuple(f"{m} / {t}" for m, t in keys)
@@ -219,12 +222,41 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
     ends = [_rank_ends(r, len(curves), confidence) for r in replicates]
     dropped = {label: [c for c in a if c not in curves] for label, a in zip(labels, aucs)}
     intervals = dict(method=stats.BOOTSTRAP, n_resamples=n_resamples, seed=seed, confidence=confidence,
-                     no_intervals=[label for label, r in zip(labels, replicates) if r is None])
+                     no_intervals=[label for label, r in zip(labels, replicates) if r is None],
+                     grid=[100 * p for p in grid])
     return SweepComparison(labels=labels, models=tuple(k[0] for k in keys), tasks=tuple(k[1] for k in keys),
                            curves=tuple(curves), auc=auc, rank=rank, metric=metric, top_k=min(top_k, len(curves)),
                            sweeps=tuple(described), dropped={k: v for k, v in dropped.items() if v},
                            rank_low=tuple(low for low, _ in ends), rank_high=tuple(high for _, high in ends),
                            rank_replicates=tuple(replicates), intervals=intervals)
+
+
+def common_grid(sweeps: Sequence[SweepResult | RecordedSweep]) -> list[float]:
+    """The target fractions (0 included) that every sweep measured: AUCs over different grids don't compare."""
+    grids = [_targets(s) for s in sweeps]
+    grid = sorted(set.intersection(*grids))
+    if len([p for p in grid if p > 0]) < 1:
+        raise ValueError(f"the sweeps share no target share of heads ({[sorted(g) for g in grids]}): sweep a common "
+                         "grid of fractions")
+    return grid
+
+
+def on_grid(sweep, grid: Sequence[float]):
+    """``sweep`` with only the points at target fractions in ``grid``."""
+    keep = {round(p, 9) for p in grid}
+    if _targets(sweep) <= keep:
+        return sweep
+    if isinstance(sweep, SweepResult):
+        units = [u for u in sweep.units if round(u.target_fraction, 9) in keep]
+        return SweepResult(sweep.baseline, units, dict(sweep.meta, fractions=sorted(keep)))
+    table = sweep.table[sweep.table["target_fraction"].round(9).isin(keep)]
+    return RecordedSweep(table, sweep.meta, sweep.baseline_accuracy, sweep.chance, sweep.source)
+
+
+def _targets(sweep) -> set[float]:
+    if isinstance(sweep, SweepResult):
+        return {round(u.target_fraction, 9) for u in sweep.units}
+    return {round(float(p), 9) for p in sweep.table["target_fraction"]}
 
 
 def _rank_replicates(sweep, curves: list[str], metric: str, n_resamples: int, seed: int) -> np.ndarray | None:

@@ -267,16 +267,26 @@ def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") ->
     return fig
 
 
-def rank_heatmap(ranks, *, title: str = "") -> go.Figure:
-    """Rank of each curve (rows) within each (model, task) (columns), 1 = best; the number is written in the cell.
+def rank_heatmap(ranks, *, low=None, high=None, wide: float = 4.0, title: str = "") -> go.Figure:
+    """Rank of each curve (rows) within each (model, task) (columns), 1 = best; the number is written in the cell,
+    with its 95% interval in the hover where ``low``/``high`` are given, and marked ``~`` where the interval spans
+    more than ``wide`` ranks (the data hardly place that curve).
 
-    ``ranks``: :meth:`lens_heads.compare.SweepComparison.rank_table` (a DataFrame, curves x model / task)."""
+    ``ranks``, ``low``, ``high``: :meth:`lens_heads.compare.SweepComparison.rank_table` (DataFrames, curves x model /
+    task; ``rank_table("rank_low")`` and ``("rank_high")`` for the interval)."""
     curves, columns = [str(c) for c in ranks.index], [str(c) for c in ranks.columns]
     z = ranks.to_numpy(dtype=float)
+    lo = np.full_like(z, np.nan) if low is None else low.loc[ranks.index, ranks.columns].to_numpy(dtype=float)
+    hi = np.full_like(z, np.nan) if high is None else high.loc[ranks.index, ranks.columns].to_numpy(dtype=float)
+    text = [[f"{v:g}" + ("~" if h - l > wide else "") for v, l, h in zip(*row)] for row in zip(z, lo, hi)]
+    span = [[f"[{l:g}, {h:g}]" if np.isfinite(l) else "no interval" for l, h in zip(*row)] for row in zip(lo, hi)]
     fig = go.Figure(go.Heatmap(
         z=z, x=[esc(c) for c in columns], y=[esc(c) for c in curves], colorscale="Viridis_r", zmin=1,
-        zmax=len(curves), text=[[f"{v:g}" for v in row] for row in z], texttemplate="%{text}",
-        colorbar=dict(title="rank"), hovertemplate="%{y} on %{x}: rank %{z:g}<extra></extra>"))
+        zmax=len(curves), text=text, customdata=span, texttemplate="%{text}", colorbar=dict(title="rank"),
+        hovertemplate="%{y} on %{x}: rank %{z:g}, 95% interval %{customdata}<extra></extra>"))
+    if low is not None:
+        fig.add_annotation(text=f"~ : the rank's 95% interval spans more than {wide:g} ranks", showarrow=False,
+                           xref="paper", yref="paper", x=0, y=-0.12, xanchor="left", font=dict(size=11))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=dict(text=esc(title), font=dict(size=14)), height=max(360, 32 * len(curves) + 160),
                       width=max(720, 170 * len(columns) + 300), margin=dict(t=80, l=120, r=20, b=80))

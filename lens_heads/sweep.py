@@ -136,12 +136,21 @@ class SweepResult:
         base = 100 * self.baseline.accuracy
         return {s: curves.ends_above(*self._curve(us, "accuracy"), base, points) for s, us in self.curves(mode).items()}
 
-    def table2(self, points: float = 1.0) -> dict:
+    def table2(self, points: float = 1.0, intervals=None) -> dict:
         """The paper's Table 2 entry for this model and task: % zeroable within ``points`` (authors' rule) of AWFT
-        beside the best of every other curve, random included."""
+        beside the best of every other curve, random included. With ``intervals`` (:meth:`intervals`): both shares'
+        95% intervals and the paired difference AWFT - best with its interval, p-value and verdict."""
         fp = self.meta.get("fingerprint", {})
-        return dict(model=fp.get("model", {}).get("name"), task=fp.get("task", {}).get("task"),
-                    **curves.table2_entry(self.zeroable_within(points, rule="authors")))
+        entry = dict(model=fp.get("model", {}).get("name"), task=fp.get("task", {}).get("task"),
+                     **curves.table2_entry(self.zeroable_within(points, rule="authors")))
+        if intervals is not None and "AWFT" in intervals.curves:
+            awft, best = intervals.interval("AWFT", "zeroable_authors"), intervals.interval(entry["best_score"],
+                                                                                           "zeroable_authors")
+            d = intervals.difference("AWFT", entry["best_score"], "zeroable_authors")
+            entry.update(awft_low=awft.low, awft_high=awft.high, best_low=best.low, best_high=best.high,
+                         difference=d["difference"], difference_low=d["low"], difference_high=d["high"],
+                         p_value=d["p_value"], verdict=d["verdict"])
+        return entry
 
     def target_check(self, tolerance: float = 2.0):
         """Per threshold unit, how far the realised share of heads zeroed lands from its target, and why: ``ties``
@@ -269,12 +278,14 @@ class SweepResult:
         return pd.DataFrame(rows)
 
 
-def table2(sweeps: Sequence[SweepResult], points: float = 1.0):
+def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: int | None = None, seed: int = 0):
     """The paper's Table 2 over several sweeps (models x tasks): per sweep, AWFT's % zeroable within ``points``
-    beside the best other curve's (random included), authors' rule."""
+    beside the best other curve's (random included), authors' rule; with ``n_resamples``, intervals and the paired
+    test of AWFT against the best for every sweep with per-item records (:meth:`SweepResult.table2`)."""
     import pandas as pd
 
-    rows = [sweep.table2(points) for sweep in sweeps]
+    rows = [sweep.table2(points, intervals=sweep.intervals(points, n_resamples=n_resamples, seed=seed)
+                         if n_resamples and isinstance(sweep, SweepResult) else None) for sweep in sweeps]
     keys = [(r["model"], r["task"]) for r in rows]
     if len(set(keys)) != len(keys):
         raise ValueError(f"two sweeps of the same model and task in {keys}: give one sweep per (model, task)")

@@ -268,3 +268,19 @@ def test_ranks_and_spearman_carry_bootstrap_intervals_and_records_without_items_
     # tables without per-item records: estimates only
     assert recorded.intervals["no_intervals"] == list(recorded.labels)
     assert recorded.to_dataframe()["rank_low"].isna().all() and recorded.pairs()["spearman_low"].isna().all()
+
+
+def test_sweeps_on_different_grids_are_compared_on_the_shares_they_share():
+    from synthetic_sweeps import synthetic_sweep as noisy_sweep
+
+    levels = {"A": (0.1, 0.3), "B": (0.5, 0.9), "random": (2, 3)}
+    full = noisy_sweep(np.random.default_rng(0), 30, levels, task="x")
+    other = noisy_sweep(np.random.default_rng(1), 30, levels, task="y")
+    coarse = SweepResult(other.baseline, [u for u in other.units if u.target_fraction != 0.3], other.meta)
+    c = compare_sweeps([full, coarse], metric="kl", n_resamples=50)
+    assert c.intervals["grid"] == [0.0, 10.0, 20.0]
+    cut = SweepResult(full.baseline, [u for u in full.units if u.target_fraction <= 0.2], full.meta)
+    assert list(c.auc[0]) == pytest.approx([cut.normalised_auc(metric="kl")[k] for k in c.curves])
+    with pytest.raises(ValueError, match="share no target share"):
+        compare_sweeps([SweepResult(full.baseline, [u for u in full.units if u.target_fraction in (0, 0.3)],
+                                    full.meta), coarse])

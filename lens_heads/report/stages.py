@@ -300,8 +300,9 @@ def compare_stage(sweeps: list) -> CompareResult:
                                    ignore_index=True),
         "compare_pairs": pd.concat([c.pairs().assign(ranking=m) for m, c in comparisons.items()], ignore_index=True),
         "compare_inputs": inputs, "compare_table2": paper_table}
-    figures = {"compare_ranks": plots.rank_heatmap(acc.rank_table(), title="Rank by normalised AUC of accuracy, "
-                                                                           "1 = best"),
+    figures = {"compare_ranks": plots.rank_heatmap(acc.rank_table(), low=acc.rank_table("rank_low"),
+                                                   high=acc.rank_table("rank_high"),
+                                                   title="Rank by normalised AUC of accuracy, 1 = best"),
                "compare_spearman": plots.correlation_heatmap(acc.spearman_table(), title=(
                    f"Spearman correlation of the rankings ({len(acc.curves)} curves)"))}
     numbers = {
