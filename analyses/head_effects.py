@@ -44,7 +44,8 @@ import pandas as pd
 import torch
 
 from lens_heads import head_effects, load_model, load_task, score_heads
-from lens_heads.agreement import kendall, score_agreement, spearman
+from lens_heads.agreement import score_agreement
+from lens_heads.stats import kendall, spearman
 from lens_heads.effects import HeadEffects, oracle_sweep
 from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import model_meta
@@ -86,6 +87,8 @@ class EffectsSettings:
     figures: str = option(str(ROOT / "figures"), "where tables and figures go")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
+    redraw: bool = option(False, "draw the oracle figures again from the recorded head_effects_<task>.json over the "
+                                 "sweep now in --figures (no model, nothing measured)")
 
 
 def parse_args(argv=None) -> EffectsSettings:
@@ -175,18 +178,37 @@ def write_scatters(scores, effects: dict, what: str, spearman_kl: str, cost_rati
                  attribution, args)
 
 
-def write_oracle_figure(what: str, name: str, task, heldout, effects: dict, oracles: dict, oracle_table,
-                        recorded, recorded_protocol, args) -> None:
+def write_oracle_figure(what: str, name: str, n_items: int, protocol: str, oracle_table: pd.DataFrame,
+                        recorded, recorded_protocol: str, args) -> None:
     """The recorded sweep's curves (where figures/ holds one for the task) with the oracle curves beside them."""
     curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
     base = recorded[recorded["target_fraction"] == 0].iloc[0] if recorded is not None else oracle_table.iloc[0]
-    heldout_base = oracles["oracle (held-out items)"].baseline
+    held = oracle_table[oracle_table["score"] == "oracle (held-out items)"]
+    heldout = held[held["target_fraction"] == 0].iloc[0]
     title = (f"{what}: recorded sweep (n={int(base['n'])}, {recorded_protocol} rows; the oracle: "
-             f"{effects['ablation'].meta['protocol']} rows) with the oracle (heads zeroed in order of measured "
-             f"ablation KL on {len(task)} ranking items; also on {len(heldout)} held-out items, baseline "
-             f"{100 * heldout_base.accuracy:.1f}%)")
+             f"{protocol} rows) with the oracle (heads zeroed in order of measured ablation KL on {n_items} ranking "
+             f"items; also on {int(heldout['n'])} held-out items, baseline {100 * heldout['accuracy']:.1f}%)")
     write_figure(ablation_curves(curves, baseline=100 * float(base["accuracy"]), chance=float(base["chance"]),
                                  title=title), Path(args.figures) / f"head_effects_oracle_{name}", args)
+
+
+def redraw_oracle_figure(name: str, args) -> None:
+    """The oracle figure drawn again from the recorded ``head_effects_<task>.json`` over the sweep now recorded in
+    figures/ (no model needed); the JSON's ``recorded_sweep`` entry is updated to say which sweep it shows."""
+    figures = Path(args.figures)
+    path = figures / f"head_effects_{name}.json"
+    result = json.loads(path.read_text())
+    oracle_table = pd.DataFrame(result["oracle"]["table"]).sort_values(["score", "target_fraction"], kind="stable")
+    sweep_csv = figures / f"sweep_{name}.csv"
+    recorded, recorded_protocol = recorded_sweep(sweep_csv)
+    write_oracle_figure(what_of(result["model"]["name"], name, result["data"], result["weight_basis"], result["seed"]),
+                        name, result["n"], result["protocol"], oracle_table, recorded, recorded_protocol, args)
+    result["recorded_sweep"] = dict(file=sweep_csv.name, protocol=recorded_protocol) if recorded is not None else None
+    atomic_write_json(path, result)
+
+
+def what_of(model: str, name: str, data: dict, weight_basis: str, seed: int) -> str:
+    return f"{model} on {name} ({data['split']}, {data['format']}, weight basis {weight_basis}, seed {seed})"
 
 
 def run_task(model, name: str, args) -> dict:
@@ -214,11 +236,11 @@ def run_task(model, name: str, args) -> dict:
     atomic_write_text(figures / f"{stem}.csv", per_head.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(figures / f"head_effects_agreement_{name}.csv", agreement.to_csv(index=False,
                                                                                        float_format="%.4g"))
-    what = (f"{meta['name']} on {name} ({task.split}, {task.format}, weight basis {meta['weight_basis']}, seed "
-            f"{args.seed})")
+    what = what_of(meta["name"], name, task.meta(), meta["weight_basis"], args.seed)
     sweep_csv = figures / f"sweep_{name}.csv"
     recorded, recorded_protocol = recorded_sweep(sweep_csv)
-    write_oracle_figure(what, name, task, heldout, effects, oracles, oracle_table, recorded, recorded_protocol, args)
+    write_oracle_figure(what, name, len(task), effects["ablation"].meta["protocol"], oracle_table, recorded,
+                        recorded_protocol, args)
     shown = agreement[(agreement["method"] == "ablation") & (agreement["metric"] == "kl")]
     write_figure(agreement_bars(shown, title=f"{what}: rank agreement of each score with the ablation KL of each "
                                              f"head (n={len(task)} items, bootstrap 95%)"),
@@ -252,6 +274,10 @@ def run_task(model, name: str, args) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.redraw:
+        for name in args.tasks:
+            redraw_oracle_figure(name, args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)

@@ -36,9 +36,9 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     import numpy as np
     from transformers import AutoTokenizer
 
-    from lens_heads.agreement import spearman
     from lens_heads.effects import HeadEffects
     from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.stats import spearman
 
     script = load_script("head_effects")
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
@@ -72,6 +72,13 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     html = (fig / "head_effects_oracle_piqa.html").read_text()
     assert "oracle (held-out items)" in html and "AHON (LN)" in html  # drawn beside the recorded curves
     assert np.isfinite([r["spearman"] for r in result["agreement"]]).any()
+    # drawn again over another sweep without a model: the figure shows that sweep and the JSON says so
+    (fig / "head_effects_oracle_piqa.html").unlink()
+    (fig / "sweep_piqa.csv").write_text((ROOT / "figures" / "sweep_arc_easy.csv").read_text().replace("AHON", "NOHA"))
+    script.main(["--redraw", "--tasks", "piqa", "--figures", str(fig), "--no-png"])
+    html = (fig / "head_effects_oracle_piqa.html").read_text()
+    assert "NOHA (LN)" in html and "oracle (held-out items)" in html
+    assert json.loads((fig / "head_effects_piqa.json").read_text())["oracle"] == result["oracle"]
 
 
 def test_gsm8k_analysis_on_a_tiny_model(tmp_path):
