@@ -66,7 +66,7 @@ class CurveItems:
     def paired_with(self, other: "CurveItems") -> "CurveItems":
         """Both curves' items side by side (slot ``i`` this curve's item ``i``, ``n + i`` the other's), for a
         permutation test; the two must share their points' targets."""
-        if not np.allclose(self.target, other.target):
+        if self.target.shape != other.target.shape or not np.allclose(self.target, other.target):
             raise ValueError(f"{self.name!r} and {other.name!r} were measured at different target shares "
                              f"({self.target.tolist()} vs {other.target.tolist()}): a paired test needs the same")
         zeroed = None if self.zeroed is None or other.zeroed is None else np.concatenate([self.zeroed, other.zeroed], 1)
