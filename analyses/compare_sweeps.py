@@ -105,7 +105,7 @@ def main(argv=None) -> None:
                          spearman=c.spearman_table().to_dict(), pairs=c.pairs().to_dict(orient="records"))
                  for m, c in comparisons.items()},
         table2=dict(what="% of heads zeroable within 1 accuracy point, authors' rule (last crossing of baseline - 1 "
-                         "in order of target fraction, 0 if none): AWFT beside the best other curve, random "
+                         "in order of realised share, 0 if none): AWFT beside the best other curve, random "
                          "included, on the target shares every sweep measured (grid_pct), with 95% bootstrap "
                          "intervals and the paired test AWFT - best where the sweep has per-item records",
                     rows=paper_table.to_dict(orient="records")),

@@ -179,7 +179,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         primary_metric="argmax of summed continuation log-likelihood (lm-eval acc)",
         paired_method="normal approximation on per-item paired differences, 95%",
         zeroable_within_1_point_pct=result.zeroable_within(1.0),
-        zeroable_rule="authors: last crossing of baseline - 1 in order of target fraction, 0 if none",
+        zeroable_rule="authors: last crossing of baseline - 1 in order of realised share, 0 if none",
         zeroable_within_1_point_censored_pct=result.zeroable_within(1.0, rule="censored"),
         table2=result.table2(1.0), normalised_auc_pct=result.normalised_auc(),
         normalised_auc_kl=result.normalised_auc(metric="kl"),

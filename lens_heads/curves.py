@@ -50,15 +50,19 @@ def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, poi
 
     ``x``: realised % of heads zeroed, ``y``: accuracy in % (same units as ``baseline`` and ``points``).
 
-    - ``rule="authors"`` (the paper's Table 2, the authors' ``get_intersection``): walk the points in the order
-      given (the sweep passes them by target fraction), and take the x of the last segment that crosses the line
-      ``baseline - points`` (strict sign change, linearly interpolated) or the last point lying exactly on it;
-      a curve that never meets the line gives 0.
+    - ``rule="authors"`` (the paper's Table 2, the authors' ``get_intersection``): walk the points in order of x
+      (the realised share, as the authors' notebook sorts them; ties keep the order given), and take the x of the
+      last segment that crosses the line ``baseline - points`` (strict sign change, linearly interpolated) or the
+      last point lying exactly on it; a curve that never meets the line gives 0.
     - ``rule="censored"``: points sorted by x; the x of the last downward crossing, interpolated; a curve that
       ends at or above the line gives its largest x, a lower bound ("≥ X%": :func:`ends_above` says when).
     """
     if rule == "authors":
-        return _last_crossing(np.asarray(x, dtype=float), np.asarray(y, dtype=float) - (baseline - points))
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        if x.shape != y.shape or x.size < 2:
+            raise ValueError(f"a curve needs equally many x and y values (at least two), got {x.size} and {y.size}")
+        x, y = sorted_curve(x, y)
+        return _last_crossing(x, y - (baseline - points))
     if rule != "censored":
         raise ValueError(f"unknown rule {rule!r}: choose 'authors' (the paper's: last crossing, 0 if none) or "
                          "'censored' (the measured range's end when the curve never drops, a lower bound)")
@@ -81,8 +85,6 @@ def ends_above(x: Sequence[float], y: Sequence[float], baseline: float, points: 
 
 def _last_crossing(x: np.ndarray, d: np.ndarray) -> float:
     """The authors' rule on ``d = y - line``: the last sign change (interpolated) or zero, in the given order."""
-    if x.shape != d.shape or x.size < 2:
-        raise ValueError(f"a curve needs equally many x and y values (at least two), got {x.size} and {d.size}")
     last = x[0] if d[0] == 0 else None
     for i in range(x.size - 1):
         if d[i] * d[i + 1] < 0:

@@ -125,10 +125,10 @@ class SweepResult:
     def zeroable_within(self, points: float = 1.0, *, mode: str = "threshold", rule: str = "authors"
                         ) -> dict[str, float]:
         """Per score (and ``"random"``): % of heads zeroable within ``points`` accuracy points of the baseline, by
-        ``rule`` (:func:`lens_heads.curves.zeroable_within`; the authors' rule walks each curve in order of target
-        fraction)."""
+        ``rule`` (:func:`lens_heads.curves.zeroable_within`; both rules walk each curve in order of realised
+        share)."""
         base = 100 * self.baseline.accuracy
-        return {s: curves.zeroable_within(*self._curve(self._ordered(us, rule), "accuracy"), base, points, rule=rule)
+        return {s: curves.zeroable_within(*self._curve(us, "accuracy"), base, points, rule=rule)
                 for s, us in self.curves(mode).items()}
 
     def ends_above(self, points: float = 1.0, *, mode: str = "threshold") -> dict[str, bool]:
@@ -193,10 +193,6 @@ class SweepResult:
         ``"zeroable_censored"``, ``"kl_at_<share>pct"``) on the same items: paired bootstrap interval, permutation
         p-value and the verdict the interval supports. For many comparisons, compute :meth:`intervals` once."""
         return self.intervals(points, n_resamples=n_resamples, seed=seed).difference(a, b, summary)
-
-    @staticmethod
-    def _ordered(units: list[UnitResult], rule: str) -> list[UnitResult]:
-        return sorted(units, key=lambda u: u.target_fraction) if rule == "authors" else units
 
     def normalised_auc(self, *, mode: str = "threshold", metric: str = "accuracy") -> dict[str, float]:
         """Per score (and ``"random"``): normalised AUC over realised % zeroed of accuracy (%, the paper's

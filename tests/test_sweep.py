@@ -46,8 +46,9 @@ def test_zeroable_within_authors_rule_takes_the_last_crossing_in_either_directio
     assert zeroable_within(x, [50, 48, 49.5, 49.5], base) == pytest.approx(10 + 1 / 1.5 * 10)
     # a point exactly on the line counts as a crossing
     assert zeroable_within([0, 10, 20], [50, 49, 48], base) == 10
-    # the points are walked in the order given (the sweep gives them by target fraction), not sorted by x
-    assert zeroable_within([0, 12, 9], [50, 49.5, 48], base) == pytest.approx(12 + 0.5 * (9 - 12) / 1.5)
+    # the points are walked in order of realised share, as the authors' notebook sorts them, whatever order they
+    # come in: (0, 50), (9, 48), (12, 49.5) cross at 4.5 going down and at 9 + 1 / 1.5 * 3 going up
+    assert zeroable_within([0, 12, 9], [50, 49.5, 48], base) == pytest.approx(9 + 1 / 1.5 * 3)
     with pytest.raises(ValueError, match="unknown rule"):
         zeroable_within(x, [50, 49, 48, 47], base, rule="last")
 
