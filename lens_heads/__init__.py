@@ -6,6 +6,7 @@ The names below are the public API; each lives in a module of its own (``lens_he
 
 from lens_heads.models import DEFAULT_MODEL, ModelUnavailableError, load_model, model_meta, tiny_model, weight_basis
 from lens_heads.tasks import Item, Task, TaskDataUnavailableError, load_task
+from lens_heads.custom_tasks import TaskFileError, task_from_records
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.head_scores import HeadScores, score_heads
 from lens_heads.distributions import thresholds
@@ -23,7 +24,7 @@ from lens_heads.inheritune import (InherituneConfig, InherituneResult, grow, inh
 
 __all__ = [
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
-    "Item", "Task", "TaskDataUnavailableError", "load_task",
+    "Item", "Task", "TaskDataUnavailableError", "load_task", "TaskFileError", "task_from_records",
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds",
     "EvalResult", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",

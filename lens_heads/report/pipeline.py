@@ -86,6 +86,7 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     cache, started, cpu_started = Cache(out_dir / "cache"), time.perf_counter(), time.process_time()
     torch.manual_seed(config.seed)
 
+    tasks = load_tasks(config)  # first: a malformed task file is refused before the model loads
     log(f"[report] loading {config.model} ...")
     t0 = time.perf_counter()
     model = model if model is not None else load_model(config.model, device=config.device, dtype=config.dtype)
@@ -93,7 +94,6 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     ran = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
-    tasks = {name: load_task(name, n=config.n, seed=config.seed) for name in config.tasks}
 
     scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
               for t, task in tasks.items()}
@@ -122,6 +122,17 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
         atomic_write_json(out_dir / "results.json", {**results, "files": files})
     log(f"[report] done in {time.perf_counter() - started:.0f} s: {out_dir / 'report.html'}")
     return {**results, "files": files}
+
+
+def load_tasks(config: ReportConfig) -> dict:
+    """The benchmarks of ``config.tasks``, then the items of ``config.task_file`` (named after the file)."""
+    tasks = {name: load_task(name, n=config.n, seed=config.seed) for name in config.tasks}
+    if config.task_file:
+        own = load_task(config.task_file, format=config.task_format, n=config.n, seed=config.seed)
+        if own.name in tasks:
+            raise ValueError(f"the task file's name {own.name!r} is also a benchmark of --tasks: rename the file")
+        tasks[own.name] = own
+    return tasks
 
 
 def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> dict:

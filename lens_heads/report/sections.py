@@ -37,7 +37,8 @@ def effects_skipped(task: str) -> Section:
 
 
 def model_card(r: StageResult, config: ReportConfig) -> Section:
-    settings = (f"Settings: tasks {', '.join(config.tasks)}; {config.n} items per task; rank profile on "
+    own = [f"your items from {config.task_file} ({config.task_format} format)"] if config.task_file else []
+    settings = (f"Settings: tasks {', '.join([*config.tasks, *own])}; {config.n} items per task; rank profile on "
                 f"{config.rank_n} inputs; target fractions {', '.join(f'{f:g}' for f in config.fractions)}; "
                 f"ablation scores {', '.join(config.scores)}; seed {config.seed}; batch size {config.batch_size}"
                 f"{'; --quick preset' if config.quick else ''}.")
