@@ -16,6 +16,7 @@ from lens_heads.sweep import SweepResult, load_sweep, run_sweep
 from lens_heads.compare import SweepComparison, compare_sweeps, read_sweep
 from lens_heads.effects import HeadEffects, head_effects
 from lens_heads.rank import RankProfile, approx_rank, attention_rank
+from lens_heads.explorer import Explorer, explore
 from lens_heads.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.train import RankTracker, TrainConfig  # train() itself: lens_heads.train.train (keeps the module reachable)
 from lens_heads.gpt2 import GPT2Options, gpt2_config, gpt2_model
@@ -30,7 +31,7 @@ __all__ = [
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
     "HeadEffects", "head_effects",
-    "RankProfile", "approx_rank", "attention_rank",
+    "RankProfile", "approx_rank", "attention_rank", "Explorer", "explore",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
     "GPT2Options", "gpt2_config", "gpt2_model",
     "InherituneConfig", "InherituneResult", "grow", "inherit", "inherit_first_layers", "inherit_later_layers",
