@@ -85,15 +85,28 @@ def explore(model: HookedTransformer, prompts_or_task, *, scores: HeadScores | N
     maps = _maps(scores or per_prompt, effects)
     if score not in maps:
         raise ValueError(f"unknown score {score!r} for the explorer: choose one of {', '.join(maps)}")
-    rank = rank or attention_rank(model, sequences, average=False, progress=False)
+    rank_from = "the shown prompts" if rank is None else _rank_source(rank)
+    rank = _layer_rank(rank if rank is not None else attention_rank(model, sequences, average=False,
+                                                                     progress=False))
     data = dict(model=str(model.cfg.model_name), n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
                 initial=score, maps=maps, score_names=list(SCORE_NAMES), max_tokens=max_tokens,
                 scores_from="the shown prompts" if scores is None else _describe(scores),
-                layer_rank=dict(max=np.asarray(rank.max_rank).tolist(), mean=np.asarray(rank.mean_rank).tolist(),
-                                lazy=[bool(x) for x in np.asarray(rank.lazy)]),
+                layer_rank=rank, rank_from=rank_from,
                 prompts=[_prompt_data(model, text, seq, was_cut, per_prompt.values[i])
                          for i, (text, seq, was_cut) in enumerate(zip(prompts, sequences, cut))])
     return Explorer(data)
+
+
+def _layer_rank(rank: RankProfile | dict) -> dict:
+    """max, mean and lazy per layer, from a RankProfile or its ``to_dict()``."""
+    get = rank.get if isinstance(rank, dict) else lambda key: getattr(rank, key)
+    return dict(max=_plain(get("max_rank")), mean=_plain(get("mean_rank")),
+                lazy=[bool(x) for x in np.asarray(get("lazy"))])
+
+
+def _rank_source(rank) -> str:
+    inputs = rank.get("inputs", {}) if isinstance(rank, dict) else {}
+    return f"{inputs['n']} {inputs.get('task', '')} prompts" if "n" in inputs else "the given profile"
 
 
 def _prompts(prompts_or_task, max_prompts: int) -> list[str]:

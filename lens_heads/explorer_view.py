@@ -78,7 +78,7 @@ function facts(){var box=q("lhx-facts-box"),t=el("table",null,"lhx-facts"),hr=el
     r.appendChild(el("td",name));r.appendChild(el("td",fmt(m.values[l][h])));r.appendChild(el("td",m.rank[l][h]+" / "+L*H));
     D.prompts.forEach(function(p){r.appendChild(el("td",si<0?"":fmt(p.scores[l][h][si])));});t.appendChild(r);});
   box.appendChild(t);var lr=D.layer_rank;
-  q("lhx-layer").textContent="Layer "+l+" attention rank (90% energy, on the shown prompts unless said): max "+
+  q("lhx-layer").textContent="Layer "+l+" attention rank (90% energy, on "+D.rank_from+"): max "+
     fmt(lr.max[l])+", mean "+fmt(lr.mean[l])+(lr.lazy[l]?" \u2014 a lazy layer":"")+".";}
 function select(){q("lhx-title").textContent="Head L"+sel.layer+"H"+sel.head;drawMap();drawPattern();facts();}
 q("lhx-grid").addEventListener("click",function(e){var c=e.target;if(c.dataset&&c.dataset.layer!==undefined){

@@ -30,6 +30,7 @@ from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import load_model, model_meta
 from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
+from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
 from lens_heads.tasks import load_task
 
@@ -110,8 +111,12 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     first_scores = next((s for s in scores.values() if s.status == "done"), next(iter(scores.values())))
     attention = run_stage("attention", log, lambda: stages.attention_stage(
         model, needs(first_scores, "head scores").scores, config))
+    first_effects = next((e.result for e in effects.values() if e.status == "done"), None)
+    explorer = run_stage("explorer", log, lambda: stages.explorer_stage(
+        model, needs(first_scores, "head scores").scores, first_effects,
+        rank.result.numbers if rank.status == "done" else None, config))
 
-    ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, attention]
+    ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, attention, explorer]
     card = stages.model_card(meta, config)
     results = describe(config, meta, tasks, ran)
     files, png = write_outputs(out_dir, config, card, ran, results, log) if distributed.is_main() else ([], None)
@@ -159,8 +164,10 @@ def page_sections(card: stages.StageResult, ran: list[Ran], config: ReportConfig
     """The page, section by section, in the order the stages ran."""
     render = {"scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,
               "compare": sections.compare, "effects": sections.effects, "rank": sections.rank,
-              "attention": sections.attention}
-    out = [sections.model_card(card, config)]
+              "attention": sections.attention, "explorer": sections.explorer}
+    done = {r.name: r.result for r in ran if r.status == "done"}
+    of = lambda kind: [v for k, v in done.items() if k.partition(":")[0] == kind]  # noqa: E731
+    out = [findings(of("scores"), of("ablation"), done.get("rank")), sections.model_card(card, config)]
     for r in ran:
         kind, _, task = r.name.partition(":")
         if kind not in render:
