@@ -38,8 +38,10 @@ CSS = """
 
 JS = r"""
 (function(){
-var root=document.getElementById(ROOT_ID); if(!root) return;
-var D=JSON.parse(document.getElementById(ROOT_ID+"-data").textContent);
+var me=document.currentScript,scope=(me&&me.parentNode)||document;
+function byId(id){return document.getElementById(id)||scope.querySelector("[id='"+id+"']");}
+var root=byId(ROOT_ID),block=byId(ROOT_ID+"-data"); if(!root||!block) return;
+var D=JSON.parse(block.textContent);
 var L=D.n_layers,H=D.n_heads,sel={layer:0,head:0,prompt:0};
 function q(c){return root.querySelector("."+c);}
 function el(tag,text,cls){var e=document.createElement(tag);if(text!=null)e.textContent=text;if(cls)e.className=cls;return e;}

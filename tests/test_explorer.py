@@ -136,3 +136,21 @@ def test_markup_in_a_prompt_stays_text(page, smollm):
     assert MARKUP in page.inner_text(".lhx-prompt-text")
     labels = page.eval_on_selector_all(".lhx-pattern tbody th", "hs => hs.map(h => h.textContent)")
     assert labels == list(smollm.to_str_tokens(MARKUP))
+
+
+def test_a_task_and_its_effects_feed_the_explorer(smollm):
+    from lens_heads.effects import HeadEffects
+
+    task = lh.task_from_records([
+        {"context": "Question: What is the capital of France?\nAnswer:", "choices": ["Paris", "Rome"], "gold": 0},
+        {"context": "Question: What is frozen water?\nAnswer:", "choices": ["steam", "ice"], "gold": 1}], name="tiny")
+    L, H = smollm.cfg.n_layers, smollm.cfg.n_heads
+    values = torch.rand(2, L, H, 1, generator=torch.Generator().manual_seed(0))
+    effects = HeadEffects(values=values, metrics=["kl"], metric="kl", method="ablation", item_ids=["a", "b"], meta={})
+    scores = lh.score_heads(smollm, task, progress=False)
+    ex = lh.explore(smollm, task, scores=scores, effects=effects, max_prompts=1)
+    assert [p["text"] for p in ex.data["prompts"]] == [task.items[0].prompt]
+    entry = ex.data["maps"]["effect: kl when zeroed (ablation)"]
+    assert np.allclose(entry["values"], values[..., 0].abs().mean(0).numpy(), atol=1e-6)
+    assert np.allclose(ex.data["maps"]["AWFT"]["values"], scores.mean("AWFT").numpy(), atol=1e-5)
+    assert "tiny" in ex.data["scores_from"]
