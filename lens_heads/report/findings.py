@@ -2,7 +2,8 @@
 summary under human column names, every number with its 95% interval as ``x [lo, hi]``.
 
 A claim that one curve beats another is made only where the paired interval of the difference excludes 0
-(``SweepIntervals.difference``'s verdict); otherwise the box says the data cannot tell them apart.
+(``SweepIntervals.difference``'s verdict) and the paired permutation test agrees (p < 0.05); otherwise the box says
+the data cannot tell them apart, or that the two tests disagree.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from lens_heads.report.render import Section, Text
 from lens_heads.stats import Interval
 
 INACTIVE_SHOWN = 5
+ALPHA = 0.05  # a difference is called when its 95% interval excludes 0 and its permutation p-value is below this
 
 # summary() column (points = 1, share = 10) -> (page heading, number format)
 HUMAN_COLUMNS = {
@@ -56,6 +58,9 @@ def difference_sentence(test: dict, what: str, spec: str = ".2f") -> str:
     a, b = test["a"], test["b"]
     if test["verdict"] == "cannot tell apart":
         return f"the data cannot tell {a} and {b} apart by {what}: difference {diff} (p = {test['p_value']:.2g})."
+    if not test["p_value"] < ALPHA:  # the two tests disagree (small samples): no claim
+        return (f"{a} and {b} are not called apart by {what}: difference {diff} excludes 0, but the permutation "
+                f"test gives p = {test['p_value']:.2g}.")
     winner = a if test["verdict"] == f"{a} better" else b
     loser = b if winner == a else a
     verb = "costs less than" if "KL" in what else "beats"
@@ -108,5 +113,5 @@ def findings(scores: list, ablations: list, rank=None) -> Section:
     if not lines:
         lines.append("No stage finished that the findings rest on; see the sections below.")
     note = ("Intervals: 95% percentile bootstrap over items, paired across curves; p: paired permutation test. "
-            "A difference is called only where its interval excludes 0.")
+            f"A difference is called only where its interval excludes 0 and p < {ALPHA:g}.")
     return Section("Findings", [Text(line, "finding") for line in lines] + [Text(note, "note")], anchor="findings")
