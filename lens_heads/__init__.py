@@ -6,6 +6,7 @@ The names below are the public API; each lives in a module of its own (``lens_he
 
 from lens_heads.models import DEFAULT_MODEL, ModelUnavailableError, load_model, model_meta, tiny_model, weight_basis
 from lens_heads.tasks import Item, Task, TaskDataUnavailableError, load_task
+from lens_heads.custom_tasks import TaskFileError, task_from_records
 from lens_heads.scores import SCORE_NAMES
 from lens_heads.head_scores import HeadScores, score_heads
 from lens_heads.distributions import thresholds
@@ -15,6 +16,7 @@ from lens_heads.sweep import SweepResult, load_sweep, run_sweep
 from lens_heads.compare import SweepComparison, compare_sweeps, read_sweep
 from lens_heads.effects import HeadEffects, head_effects
 from lens_heads.rank import RankProfile, approx_rank, attention_rank
+from lens_heads.explorer import Explorer, explore
 from lens_heads.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.train import RankTracker, TrainConfig  # train() itself: lens_heads.train.train (keeps the module reachable)
 from lens_heads.gpt2 import GPT2Options, gpt2_config, gpt2_model
@@ -23,13 +25,13 @@ from lens_heads.inheritune import (InherituneConfig, InherituneResult, grow, inh
 
 __all__ = [
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
-    "Item", "Task", "TaskDataUnavailableError", "load_task",
+    "Item", "Task", "TaskDataUnavailableError", "load_task", "TaskFileError", "task_from_records",
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds",
     "EvalResult", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
     "HeadEffects", "head_effects",
-    "RankProfile", "approx_rank", "attention_rank",
+    "RankProfile", "approx_rank", "attention_rank", "Explorer", "explore",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
     "GPT2Options", "gpt2_config", "gpt2_model",
     "InherituneConfig", "InherituneResult", "grow", "inherit", "inherit_first_layers", "inherit_later_layers",

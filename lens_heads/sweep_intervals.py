@@ -100,7 +100,19 @@ def curve_items(sweep, mode: str = "threshold") -> tuple[list[CurveItems], np.nd
         out.append(CurveItems(name, np.array([u.target_fraction for u in units]), np.array(correct), np.array(kl),
                               np.array(zeroed) if have else None,
                               np.array([100 * u.realised_fraction for u in units])))
-    return out, rows, _heads(sweep) if any(c.zeroed is not None for c in out) else 0
+    return out, _recorded_rows(sweep, mode, rows), _heads(sweep) if any(c.zeroed is not None for c in out) else 0
+
+
+def _recorded_rows(sweep, mode: str, rows: np.ndarray) -> np.ndarray:
+    """The rows each item's zeroing was counted over, as the units record them (``item_zeroed``: [rows, triples]),
+    which is the denominator of their realised share; the baseline's choices where no unit records it. A forward
+    pass may run fewer rows than an item has choices, so the choices are not the denominator to use."""
+    recorded = {tuple(r for r, _ in u.item_zeroed) for units in sweep.curves(mode).values() for u in units
+                if u.mode != "baseline" and u.item_zeroed is not None}
+    if len(recorded) > 1:
+        raise ValueError("the sweep's units record different rows per item: their realised shares do not share a "
+                         "denominator")
+    return np.array(recorded.pop(), dtype=float) if recorded else rows
 
 
 def _zeroed(unit, n: int) -> np.ndarray | None:

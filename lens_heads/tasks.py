@@ -100,15 +100,28 @@ class Task:
 
 
 def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | None = None,
-              split: str | None = None) -> Task:
-    """Load a benchmark of :data:`TASK_SPECS` as a :class:`Task`.
+              split: str | None = None, format: str | None = None) -> Task:
+    """Load a benchmark of :data:`TASK_SPECS`, or your own items from a file, as a :class:`Task`.
+
+    A ``name`` ending in .jsonl/.json (or naming a file) reads your own lm-eval-like records (context, choices,
+    gold; optional id, fewshot) with :func:`lens_heads.custom_tasks.read_task_file`; ``format`` is then "cloze"
+    (default) or "letter". Benchmarks have their own format; passing another one is an error.
 
     ``n`` draws a deterministic random sample of that many items (by ``seed``; kept in dataset order);
     ``shots`` and ``split`` default to the task's spec: 5 shots for MMLU (the subject's first dev items, lm-eval's
     ``mmlu`` format) and WinoGrande, 8 for GSM8K (the shipped exemplars, at most 8) and 0 elsewhere (few-shot
     examples for the other tasks are drawn, by ``seed``, from the same split excluding the item).
     """
+    from lens_heads.custom_tasks import looks_like_file, read_task_file
+
+    if name not in TASK_SPECS and looks_like_file(name):
+        if shots is not None or split is not None:
+            raise ValueError("shots and split do not apply to a task file: put few-shot examples in each record's "
+                             "'fewshot' field")
+        return read_task_file(name, format=format or "cloze", n=n, seed=seed)
     spec = task_spec(name)
+    if format is not None and format != spec.format:
+        raise ValueError(f"{name} has the {spec.format!r} format; format= is for task files")
     split = split or spec.split
     shots = spec.shots if shots is None else shots
     if shots < 0:

@@ -1,4 +1,4 @@
-"""Write the three notebooks of ``notebooks/`` from the cells below (the .ipynb files are generated: edit here).
+"""Write the four notebooks of ``notebooks/`` from the cells below (the .ipynb files are generated: edit here).
 
     python notebooks/make_notebooks.py
 
@@ -25,12 +25,10 @@ SmolLM2-135M-Instruct (no network needed): score heads on ARC-Easy prompts, look
 zero heads per input against a random baseline on the same items."""),
     new_code_cell("""import torch
 import lens_heads
-from lens_heads import load_model, load_task
-from lens_heads.head_scores import score_heads
-from lens_heads.distributions import thresholds, layer_summary
-from lens_heads.ablation import threshold_zeroing, random_zeroing
-from lens_heads.evaluate import evaluate, paired_difference
+from lens_heads import (evaluate, load_model, load_task, paired_difference, random_zeroing, score_heads,
+                        threshold_zeroing, thresholds)
 from lens_heads import plots
+from lens_heads.distributions import layer_summary
 
 torch.manual_seed(0)
 model = load_model()  # raw weight basis: the norms the scores read are not changed by weight processing
@@ -119,39 +117,78 @@ result.to_dataframe()[["stage", "n_layers", "steps", "tokens_seen", "val_loss", 
 ]
 
 ATTENTION_PATTERNS = [
-    new_markdown_cell("""# Attention patterns with circuitsvis
+    new_markdown_cell("""# Attention patterns in the head explorer
 
-Which heads look inactive, and what do they attend to? Pick the most and least active heads of SmolLM2-135M by a
-score's mean over some prompts, then draw their attention on a prompt of your own with circuitsvis (its JavaScript
-is inlined, so this works offline)."""),
-    new_code_cell("""from IPython.display import HTML
-from lens_heads import load_model
-from lens_heads.head_scores import score_heads
-from lens_heads.report.attention import pick_heads, prompt_tokens, head_patterns, str_tokens, render_attention
+Which heads look inactive, and what do they attend to? `lens_heads.explore` draws every head of SmolLM2-135M as a
+[layer x head] map of any score; click a head to see its attention pattern on each prompt (the model's own tokens),
+its score per prompt, its rank among the heads and its layer's attention rank. Everything is inlined, so this works
+offline, here and in the saved page."""),
+    new_code_cell("""import lens_heads as lh
+from lens_heads.scores import most_inactive
 
-model = load_model()
+model = lh.load_model()
 prompts = ["When Mary and John went to the store, John gave a drink to",
            "The capital of France is Paris, and the capital of Italy is",
-           "def add(a, b):\\n    return a + b\\n\\nprint(add(2, 3))"]
-scores = score_heads(model, prompts, progress=False)
-picked = pick_heads(scores.mean("AHON (LN)"), scores.direction["AHON (LN)"], k=3)
-picked"""),
-    new_code_cell("""prompt = "<b>Tokens with markup</b> such as <bos> stay text: when Mary and John went to the store, John gave a drink to"
-tokens = prompt_tokens(model, prompt)
-heads = picked["most active"] + picked["least active"]
-patterns = head_patterns(model, tokens, heads)
-names = [f"L{l}H{h} {role}" for role in picked for (l, h) in picked[role]]
-HTML(render_attention(str_tokens(model, tokens), patterns, names))"""),
-    new_markdown_cell("""Least-active heads typically put almost all their attention on the first token (an attention sink) and write
-little: their AHON (LN) is low. The per-input scores for this prompt:"""),
-    new_code_cell("""one = score_heads(model, [prompt], progress=False)
-{f"L{l}H{h}": round(float(one.score("AHON (LN)")[0, l, h]), 3) for l, h in heads}"""),
+           "<b>Tokens with markup</b> such as <bos> stay text: def add(a, b): return a + b"]
+explorer = lh.explore(model, prompts, score="AHON (LN)")
+explorer"""),
+    new_markdown_cell("""The same numbers without the view: the three heads AHON (LN) calls least active (mean over the prompts),
+and how much of each one's attention goes to the first token on the first prompt. Least-active heads typically put
+almost all their attention there (an attention sink) and write little."""),
+    new_code_cell("""scores = lh.score_heads(model, prompts, progress=False)
+least = most_inactive(scores.mean("AHON (LN)"), scores.direction["AHON (LN)"], 3)
+{f"L{l}H{h}": round(float(explorer.pattern(0, l, h)[1:, 0].mean()), 3) for l, h in least}"""),
+    new_code_cell("""explorer.save("explorer.html")  # a standalone page: open it in any browser, no server needed"""),
+]
+
+EXPLORER_EFFECTS_TASK = [
+    new_markdown_cell("""# Your own data: a custom task, head effects and the explorer
+
+Bring multiple-choice items in lm-eval's shape (`context`, `choices`, `gold`; optional `id` and `fewshot`) as
+records, a JSON Lines file or a Hugging Face `datasets.Dataset`; evaluate the model on them, measure what removing
+each head does (attribution patching: one forward and backward pass per batch), and explore the heads with those
+effects beside the twelve scores. `python -m lens_heads.report --task-file items.jsonl` puts the same items in
+the report."""),
+    new_code_cell("""import json
+import lens_heads as lh
+
+records = [
+    {"id": "fr", "context": "Question: What is the capital of France?\\nAnswer:", "choices": ["Paris", "Rome", "Berlin"], "gold": 0},
+    {"id": "it", "context": "Question: What is the capital of Italy?\\nAnswer:", "choices": ["Madrid", "Rome", "Oslo"], "gold": 1},
+    {"id": "de", "context": "Question: What is the capital of Germany?\\nAnswer:", "choices": ["Berlin", "Paris", "Lima"], "gold": "Berlin"},
+    {"id": "es", "context": "Question: What is the capital of Spain?\\nAnswer:", "choices": ["Lisbon", "Madrid", "Vienna"], "gold": 1},
+    {"id": "jp", "context": "Question: What is the capital of Japan?\\nAnswer:", "choices": ["Tokyo", "Seoul", "Beijing"], "gold": 0},
+    {"id": "ca", "context": "Question: What is the capital of Canada?\\nAnswer:", "choices": ["Toronto", "Ottawa", "Quebec"], "gold": 1},
+]
+with open("capitals.jsonl", "w") as f:
+    f.write("\\n".join(json.dumps(r) for r in records) + "\\n")
+task = lh.load_task("capitals.jsonl")            # or lh.task_from_records(records, name="capitals")
+assert task.items == lh.task_from_records(records, name="capitals").items
+task.items[0]"""),
+    new_markdown_cell("A malformed item is refused with its line and field:"),
+    new_code_cell("""with open("broken.jsonl", "w") as f:
+    f.write(json.dumps(records[0]) + "\\n" + json.dumps({"context": "Question: 2 + 2?\\nAnswer:", "choices": ["4"], "gold": 3}) + "\\n")
+try:
+    lh.load_task("broken.jsonl")
+except lh.TaskFileError as e:
+    print(e)"""),
+    new_code_cell("""model = lh.load_model()
+base = lh.evaluate(model, task, progress=False)
+print(f"accuracy {base.accuracy:.1%} (n={base.n}, chance {base.chance:.1%})")
+effects = lh.head_effects(model, task, method="attribution", metric="kl", progress=False)
+effects.to_dataframe().sort_values("size", ascending=False).head()"""),
+    new_markdown_cell("""The explorer on the task's prompts: the heatmap's scores are means over the task's rows, and the menu's last
+entry colours the heads by their measured effect (dark = small). Click a head for its pattern, scores, ranks and
+effect."""),
+    new_code_cell("""scores = lh.score_heads(model, task, progress=False)
+lh.explore(model, task, scores=scores, effects=effects, max_prompts=3)"""),
 ]
 
 NOTEBOOKS = {
     "01_inactive_heads.ipynb": INACTIVE_HEADS,
     "02_rank_collapse_inheritune.ipynb": RANK_INHERITUNE,
     "03_attention_patterns.ipynb": ATTENTION_PATTERNS,
+    "04_explorer_effects_custom_task.ipynb": EXPLORER_EFFECTS_TASK,
 }
 
 

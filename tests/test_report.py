@@ -337,3 +337,51 @@ def test_effects_stage_matches_the_library(tmp_path):
     assert list(tmp_path.glob("effects-*.safetensors"))
     again = effects_stage(model, task, scores, config, cache, key)
     assert again.numbers["size_per_head"] == result.numbers["size_per_head"]
+
+
+def test_findings_box_states_what_the_intervals_support(run, results):
+    html = (run.out / "report.html").read_text()
+    assert len(html.encode()) < 10_000_000  # the page stays under 10 MB
+    assert html.index('id="findings"') < html.index('id="model-card"')
+    tests = results["ablation"][TASK]["tests"]
+    kl = tests["best_vs_random_kl"]
+    claimed = f"{kl['a']} costs less than random" in html or "costs less than " + kl["a"] in html
+    assert claimed == (kl["verdict"] != "cannot tell apart" and kl["p_value"] < 0.05)
+    assert (f"cannot tell {kl['a']} and random apart by KL AUC" in html) == (kl["verdict"] == "cannot tell apart")
+    low, high = kl["low"], kl["high"]
+    assert f"[{low:.2f}, {high:.2f}]" in html
+
+
+def test_sweep_summary_has_human_headings_and_intervals(run):
+    html = (run.out / "report.html").read_text()
+    section = html[html.index('id="ablation-arc_easy"'):]
+    section = section[:section.index("</section>")]
+    assert "% zeroable within 1 point (authors&#x27; rule)" in section
+    assert "zeroable_within_1_point" not in section and "normalised_auc" not in section
+    assert re.search(r"\d\.\d{3}\u00a0\[\d\.\d{3},\u00a0\d\.\d{3}\]", section)  # KL AUC [lo, hi]
+    assert section.count("\u00a0[") == 7 * 3  # seven summaries with intervals, for AWFT, AHON (LN) and random
+
+
+def test_summary_table_formats_intervals():
+    from lens_heads.report.findings import summary_table
+
+    df = pd.DataFrame([{"score": "AWFT", "ends_within_1_point": True, "normalised_auc_kl": 0.5,
+                        "normalised_auc_kl_low": 0.25, "normalised_auc_kl_high": 0.75, "kl_at_10pct": float("nan")}])
+    out = summary_table(df)
+    assert list(out.columns) == ["score", "KL AUC (nats)", "KL at 10% zeroed (nats)",
+                                 "ends within 1 point of the baseline"]
+    assert out.iloc[0].tolist() == ["AWFT", "0.500\u00a0[0.250,\u00a00.750]", "n/a", "yes"]
+
+
+def test_findings_call_a_difference_only_when_interval_and_test_agree():
+    from lens_heads.report.findings import difference_sentence
+
+    test = dict(a="AHON (LN)", b="random", difference=-0.6, low=-0.8, high=-0.4, p_value=0.001,
+                verdict="AHON (LN) better")
+    assert difference_sentence(test, "KL AUC").startswith("AHON (LN) costs less than random by KL AUC: "
+                                                          "difference (AHON (LN) − random) -0.60 [-0.80, -0.40]")
+    assert "not called apart" in difference_sentence({**test, "p_value": 0.2}, "KL AUC")
+    assert difference_sentence({**test, "low": -0.8, "high": 0.1, "verdict": "cannot tell apart"},
+                               "KL AUC").startswith("the data cannot tell AHON (LN) and random apart by KL AUC")
+    assert difference_sentence({**test, "difference": 5.0, "low": 2.0, "high": 8.0}, "% zeroable").startswith(
+        "AHON (LN) beats random by % zeroable")

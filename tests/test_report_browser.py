@@ -55,3 +55,40 @@ def test_markup_in_the_prompt_shows_as_text(page_and_log):
     assert page.locator("main b").count() == 0
     texts = page.locator("#attention p").all_inner_texts()
     assert f"Prompt 1: {MARKUP_PROMPT}" in texts
+
+
+# Every element that draws or holds text must end inside its section's content box (1 px of rounding allowed).
+OVERFLOW = """() => { const out = [];
+  for (const s of document.querySelectorAll('main section')) {
+    const right = s.getBoundingClientRect().right - parseFloat(getComputedStyle(s).paddingRight) + 1;
+    if (s.scrollWidth > s.clientWidth + 1) out.push(['section', s.id, s.scrollWidth, s.clientWidth]);
+    for (const e of s.querySelectorAll('table, figure, .plotly-graph-div, svg.main-svg, .lhx, .circuitsvis, p, canvas')) {
+      const b = e.getBoundingClientRect();
+      if (b.width > 0 && b.right > right) out.push([e.tagName, e.className, s.id, Math.round(b.right), Math.round(right)]);
+    }
+  }
+  return out; }"""
+
+
+@pytest.mark.parametrize("width", [1366, 1920])
+def test_every_figure_and_table_fits_its_card(page_and_log, width):
+    _, page, _ = page_and_log
+    page.set_viewport_size({"width": width, "height": 1000})
+    page.wait_for_timeout(1500)  # plotly's responsive figures follow the window
+    try:
+        assert page.evaluate("() => document.querySelector('main section').clientWidth") > 0.8 * min(width, 1280)
+        assert page.evaluate(OVERFLOW) == []
+        # and the check can see an overflow: a table made wider than its card is caught
+        page.evaluate("() => { document.querySelector('#model-card table').style.width = '3000px'; }")
+        assert page.evaluate(OVERFLOW) != []
+    finally:
+        page.evaluate("() => { document.querySelector('#model-card table').style.width = ''; }")
+
+
+def test_the_explorer_section_shows_the_clicked_head(page_and_log):
+    _, page, _ = page_and_log
+    page.click('#explorer .lhx-grid div[data-layer="2"][data-head="3"]')
+    assert page.inner_text("#explorer .lhx-title") == "Head L2H3"
+    menu = page.eval_on_selector_all("#explorer .lhx-score option", "os => os.map(o => o.value)")
+    assert "AHON (LN)" in menu and any(m.startswith("effect: KL when zeroed") for m in menu)
+    assert page.locator("#explorer .lhx-pattern td[data-value]").count() > 0

@@ -104,3 +104,18 @@ def test_rank_statistics_are_scipys_with_ties_and_constants():
     pairs_x = sum(x[i] != x[j] for i in range(5) for j in range(i + 1, 5))
     assert stats.kendall(x, y) == pytest.approx(concordant / math.sqrt(pairs_x * 10))
     assert math.isnan(stats.spearman(np.ones(4), np.arange(4.0)))
+
+
+def test_realised_shares_use_the_rows_the_units_recorded_not_the_choices():
+    """Each item has two choices, but its zeroing is counted over the rows the forward ran (recorded in
+    ``item_zeroed``, here one): the full-sample estimates must equal the sweep's own summaries."""
+    sweep = synthetic_sweep(np.random.default_rng(3), 30, {"A": (0.1, 0.5), "random": (1, 3)}, zeroed=True)
+    for u in sweep.units:
+        if u.item_zeroed is not None:
+            u.item_zeroed = [[1, z] for _, z in u.item_zeroed]
+            u.realised_fraction = sum(z for _, z in u.item_zeroed) / (30 * 10)
+    iv = sweep.intervals(n_resamples=50)
+    for curve in ("A", "random"):
+        for rule, name in (("authors", "zeroable_authors"), ("censored", "zeroable_censored")):
+            assert iv.interval(curve, name).estimate == pytest.approx(sweep.zeroable_within(rule=rule)[curve])
+        assert iv.interval(curve, "kl_auc").estimate == pytest.approx(sweep.normalised_auc(metric="kl")[curve])

@@ -8,6 +8,7 @@ exit codes: 0 done, 1 a stage failed or the model/data can't be reached, 2 bad a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from lens_heads.report.config import DEFAULT_PROMPT, PRESETS, ReportConfig, prompt, sweep_path
@@ -45,7 +46,12 @@ def parser() -> OneLineParser:
 
 
 def config_from_args(argv: list[str] | None = None) -> ReportConfig:
-    return from_args(ReportConfig, argv, presets=PRESETS, parser=parser())
+    """The settings of the command line; ``--task-file`` without ``--tasks`` runs on the file's items alone."""
+    config = from_args(ReportConfig, argv, presets=PRESETS, parser=parser())
+    given = sys.argv[1:] if argv is None else argv
+    if config.task_file and not any(a == "--tasks" or a.startswith("--tasks=") for a in given):
+        config = dataclasses.replace(config, tasks=())
+    return config
 
 
 def _fail(code: int, message: str):
@@ -58,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     from lens_heads import distributed
     from lens_heads.models import ModelUnavailableError
     from lens_heads.report.pipeline import build_report
+    from lens_heads.custom_tasks import TaskFileError
     from lens_heads.tasks import TaskDataUnavailableError
 
     try:
         results = build_report(config)
+    except TaskFileError as e:
+        _fail(2, str(e).replace("\n", " "))
     except (ModelUnavailableError, TaskDataUnavailableError) as e:
         _fail(1, str(e).replace("\n", " "))
     except KeyboardInterrupt:

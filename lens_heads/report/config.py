@@ -15,6 +15,7 @@ import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lens_heads.custom_tasks import CUSTOM_FORMATS
 from lens_heads.io import slug
 from lens_heads.models import DEFAULT_MODEL
 from lens_heads.scores import SCORE_NAMES, score_names
@@ -79,6 +80,15 @@ def sweep_path(text: str) -> str:
     return text
 
 
+def task_file(text: str) -> str:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"task file {text!r} does not exist")
+    if path.suffix not in (".jsonl", ".json"):
+        raise argparse.ArgumentTypeError(f"task file {text!r}: expected .jsonl (one record a line) or .json (a list)")
+    return text
+
+
 def device(text: str) -> str:
     from lens_heads.models import resolve_device
 
@@ -96,6 +106,13 @@ class ReportConfig:
     tasks: tuple[str, ...] = option(("arc_easy",), f"comma-separated benchmarks to score and ablate on, from "
                                     f"{', '.join(TASK_NAMES)}; pick tasks where the model is above chance",
                                     parse=task_names, metavar="T1,T2")
+    task_file: str | None = option(None, "your own multiple-choice items: a .jsonl file of lm-eval-like records "
+                                   "(context, choices, gold; optional id, fewshot), named after the file in the "
+                                   "report; without --tasks the report runs on it alone", parse=task_file,
+                                   metavar="FILE")
+    task_format: str = option("cloze", "prompt format of --task-file: cloze (each choice scored after the "
+                              "context) or letter (choices listed as A., B., ...; continuations ' A', ' B', ...)",
+                              choices=CUSTOM_FORMATS)
     n: int = option(40, "items sampled per task (by --seed) for scoring and for every evaluation of the sweep",
                     parse=positive_int, metavar="N")
     rank_n: int = option(32, "prompts of the first task used for the attention-rank profile", parse=positive_int,
@@ -127,6 +144,8 @@ class ReportConfig:
     def __post_init__(self):
         for name in ("tasks", "fractions", "scores", "prompts", "compare"):  # lists from argparse or callers
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.tasks and not self.task_file:
+            raise ValueError("name a benchmark with --tasks or your own items with --task-file")
 
     @property
     def out_dir(self) -> str:

@@ -30,6 +30,7 @@ from lens_heads.io import atomic_write_json, atomic_write_text
 from lens_heads.models import load_model, model_meta
 from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
+from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
 from lens_heads.tasks import load_task
 
@@ -86,6 +87,7 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     cache, started, cpu_started = Cache(out_dir / "cache"), time.perf_counter(), time.process_time()
     torch.manual_seed(config.seed)
 
+    tasks = load_tasks(config)  # first: a malformed task file is refused before the model loads
     log(f"[report] loading {config.model} ...")
     t0 = time.perf_counter()
     model = model if model is not None else load_model(config.model, device=config.device, dtype=config.dtype)
@@ -93,7 +95,6 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     ran = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
-    tasks = {name: load_task(name, n=config.n, seed=config.seed) for name in config.tasks}
 
     scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
               for t, task in tasks.items()}
@@ -110,8 +111,12 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     first_scores = next((s for s in scores.values() if s.status == "done"), next(iter(scores.values())))
     attention = run_stage("attention", log, lambda: stages.attention_stage(
         model, needs(first_scores, "head scores").scores, config))
+    first_effects = next((e.result for e in effects.values() if e.status == "done"), None)
+    explorer = run_stage("explorer", log, lambda: stages.explorer_stage(
+        model, needs(first_scores, "head scores").scores, first_effects,
+        rank.result.numbers if rank.status == "done" else None, config))
 
-    ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, attention]
+    ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, attention, explorer]
     card = stages.model_card(meta, config)
     results = describe(config, meta, tasks, ran)
     files, png = write_outputs(out_dir, config, card, ran, results, log) if distributed.is_main() else ([], None)
@@ -122,6 +127,17 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
         atomic_write_json(out_dir / "results.json", {**results, "files": files})
     log(f"[report] done in {time.perf_counter() - started:.0f} s: {out_dir / 'report.html'}")
     return {**results, "files": files}
+
+
+def load_tasks(config: ReportConfig) -> dict:
+    """The benchmarks of ``config.tasks``, then the items of ``config.task_file`` (named after the file)."""
+    tasks = {name: load_task(name, n=config.n, seed=config.seed) for name in config.tasks}
+    if config.task_file:
+        own = load_task(config.task_file, format=config.task_format, n=config.n, seed=config.seed)
+        if own.name in tasks:
+            raise ValueError(f"the task file's name {own.name!r} is also a benchmark of --tasks: rename the file")
+        tasks[own.name] = own
+    return tasks
 
 
 def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> dict:
@@ -148,8 +164,10 @@ def page_sections(card: stages.StageResult, ran: list[Ran], config: ReportConfig
     """The page, section by section, in the order the stages ran."""
     render = {"scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,
               "compare": sections.compare, "effects": sections.effects, "rank": sections.rank,
-              "attention": sections.attention}
-    out = [sections.model_card(card, config)]
+              "attention": sections.attention, "explorer": sections.explorer}
+    done = {r.name: r.result for r in ran if r.status == "done"}
+    of = lambda kind: [v for k, v in done.items() if k.partition(":")[0] == kind]  # noqa: E731
+    out = [findings(of("scores"), of("ablation"), done.get("rank")), sections.model_card(card, config)]
     for r in ran:
         kind, _, task = r.name.partition(":")
         if kind not in render:

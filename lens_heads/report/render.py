@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
+import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
@@ -68,6 +69,9 @@ p.note{color:#566072;font-size:13px}p.unavailable{background:#fff4e0;border-left
 table{border-collapse:collapse;font-size:13px;margin:6px 0 12px}caption{text-align:left;font-weight:600;padding:4px 0}
 th,td{border-bottom:1px solid #e3e6eb;padding:3px 10px;text-align:right}th{background:#f0f2f5}
 td:first-child,th:first-child{text-align:left}figcaption{font-size:13px;color:#566072}
+figure{margin:8px 0;max-width:100%}.table-fit{max-width:100%;overflow-x:auto}
+th{white-space:normal;vertical-align:bottom;max-width:160px}
+p.finding{margin:4px 0;padding:6px 10px;background:#eef4ff;border-left:4px solid #2a4d8f;max-width:none}
 """
 
 
@@ -106,9 +110,12 @@ def _block(b) -> str:
         cls = "" if b.kind == "p" else f' class="{esc(b.kind)}"'
         return f"<p{cls}>{esc(b.text)}</p>"
     if isinstance(b, Table):
-        return table_html(b.df, b.caption, b.float_format)
+        return f'<div class="table-fit">{table_html(b.df, b.caption, b.float_format)}</div>'
     if isinstance(b, Figure):
-        div = pio.to_html(b.fig, full_html=False, include_plotlyjs=False, include_mathjax=False,
+        fig = go.Figure(b.fig)  # the page's copy follows its card's width; the PNG keeps the figure's own
+        fig.layout.width = None
+        fig.layout.autosize = True
+        div = pio.to_html(fig, full_html=False, include_plotlyjs=False, include_mathjax=False,
                           config={"displaylogo": False, "responsive": True})
         cap = f"<figcaption>{esc(b.caption)}</figcaption>" if b.caption else ""
         return f"<figure>{div}{cap}</figure>"

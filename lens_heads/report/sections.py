@@ -8,12 +8,14 @@ import math
 import pandas as pd
 
 from lens_heads.report.config import ReportConfig
+from lens_heads.report.findings import summary_table
 from lens_heads.report.render import Figure, Raw, Section, Table, Text
-from lens_heads.report.stages import (AblationResult, AttentionResult, CompareResult, EffectsResult, RankResult,
-                                      ScoresResult, StageResult, points_table)
+from lens_heads.report.stages import (AblationResult, AttentionResult, CompareResult, EffectsResult, ExplorerResult,
+                                      RankResult, ScoresResult, StageResult, points_table)
 
 TITLES = {"scores": "Head scores", "ablation": "Ablation sweep", "effects": "Head effects",
-          "rank": "Attention rank", "attention": "Attention patterns", "compare": "Comparison of sweeps"}
+          "rank": "Attention rank", "attention": "Attention patterns", "compare": "Comparison of sweeps",
+          "explorer": "Head explorer"}
 
 
 def stage_title(name: str) -> str:
@@ -37,7 +39,8 @@ def effects_skipped(task: str) -> Section:
 
 
 def model_card(r: StageResult, config: ReportConfig) -> Section:
-    settings = (f"Settings: tasks {', '.join(config.tasks)}; {config.n} items per task; rank profile on "
+    own = [f"your items from {config.task_file} ({config.task_format} format)"] if config.task_file else []
+    settings = (f"Settings: tasks {', '.join([*config.tasks, *own])}; {config.n} items per task; rank profile on "
                 f"{config.rank_n} inputs; target fractions {', '.join(f'{f:g}' for f in config.fractions)}; "
                 f"ablation scores {', '.join(config.scores)}; seed {config.seed}; batch size {config.batch_size}"
                 f"{'; --quick preset' if config.quick else ''}.")
@@ -75,12 +78,13 @@ def ablation(r: AblationResult) -> Section:
              f"the random baseline zeroes each (input, layer, head) with the same probability. The x axis is the "
              f"realised share zeroed."),
         Figure(r.figures[f"ablation_{t}"]),
-        Table(r.tables[f"ablation_summary_{t}"], caption=(
-            "% of heads zeroable within 1 accuracy point by the authors' rule (last crossing of baseline - 1 in order "
-            "of target fraction, interpolated; 0 where a curve never meets it) and by the censored rule (the "
-            "measured range's end where the curve never drops, a lower bound: never_drops), the normalised AUC of "
-            "accuracy (%) over realised % zeroed, ranked; beside it the normalised AUC of the paired KL from the "
-            "unablated answers (nats, lower is better), the low-variance ranking"), float_format="{:.3g}"),
+        Table(summary_table(r.tables[f"ablation_summary_{t}"]), caption=(
+            "Each number with its 95% interval [low, high] (bootstrap over items, paired across curves). % of heads "
+            "zeroable within 1 accuracy point by the authors' rule (last crossing of baseline - 1 in order of target "
+            "fraction, interpolated; 0 where a curve never meets it) and by the censored rule (the measured range's "
+            "end where the curve ends within 1 point: a lower bound), the normalised AUC of accuracy (%) over "
+            "realised % zeroed and its rank; the normalised AUC of the paired KL from the unablated answers (nats, "
+            "lower is better), the low-variance ranking, and its rank")),
         Table(points_table(r.tables[f"ablation_{t}"]), caption="Every point against the unablated run on the same "
                                                                "items (paired)", float_format="{:.3g}"),
         Text(f"With {len(task)} items one accuracy point is well inside the noise: read the paired differences and "
@@ -135,6 +139,17 @@ def attention(r: AttentionResult) -> Section:
         blocks += [Text(f"Prompt {p + 1}: {prompt['text']}"), Raw(render)]
     blocks.append(Table(r.tables["attention_heads"], caption=f"Heads shown and their {a['score']}"))
     return Section("Attention patterns", blocks, anchor="attention")
+
+
+def explorer(r: ExplorerResult) -> Section:
+    d = r.explorer.data
+    return Section("Head explorer", [
+        Text(f"Every head of the model: colour the [layer x head] map by any score (means over {d['scores_from']}) "
+             f"or measured effect, and click a head to see its attention pattern on each example prompt (cut to "
+             f"{d['max_tokens']} tokens), its score on each prompt, its rank among the heads by every map (1 = most "
+             "inactive, or smallest effect) and its layer's attention rank. lens_heads.explore(model, prompts) "
+             "gives the same view in a notebook."),
+        Raw(r.explorer.to_html())], anchor="explorer")
 
 
 def compare(r: CompareResult) -> Section:

@@ -131,10 +131,32 @@ def score_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict)
 # ---------------------------------------------------------------- ablation sweep
 
 
+INTERVAL_RESAMPLES = 1000  # bootstrap replicates (and permutations) of the sweep's intervals and tests
+
+
 @dataclass(frozen=True)
 class AblationResult(StageResult):
     sweep: object = None
     task: object = None
+    intervals: object = None  # lens_heads.sweep_intervals.SweepIntervals
+    tests: dict = field(default_factory=dict)  # the paired differences the findings rest on (SweepIntervals.difference)
+
+
+def headline_tests(iv) -> dict:
+    """The paired differences the findings state: the best curve by KL AUC against the runner-up and against
+    random, and the best by % zeroable within 1 point (authors' rule) against random."""
+    scores = [c for c in iv.curves if c != "random"]
+    tests = {}
+    if not scores:
+        return tests
+    by_kl = sorted(scores, key=lambda c: iv.interval(c, "kl_auc").estimate)
+    if len(by_kl) > 1:
+        tests["best_vs_second_kl"] = iv.difference(by_kl[0], by_kl[1], "kl_auc")
+    if "random" in iv.curves:
+        tests["best_vs_random_kl"] = iv.difference(by_kl[0], "random", "kl_auc")
+        best_zero = max(scores, key=lambda c: iv.interval(c, "zeroable_authors").estimate)
+        tests["best_vs_random_zeroable"] = iv.difference(best_zero, "random", "zeroable_authors")
+    return tests
 
 
 def ablation_stage(model, task, scores: HeadScores | None, config: ReportConfig, cache: Cache,
@@ -145,7 +167,10 @@ def ablation_stage(model, task, scores: HeadScores | None, config: ReportConfig,
     result = run_sweep(model, task, scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder,
                        seed=config.seed, batch_size=config.batch_size, progress=config.progress,
                        **({"calibration": scores} if scores is not None else {}))
-    df, summary, t = result.to_dataframe(), result.summary(1.0), task.name
+    shares = sorted({10.0, *(100 * f for f in config.fractions if f > 0)})  # the summary's KL at 10% among them
+    iv = result.intervals(1.0, shares=shares, n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
+    tests = headline_tests(iv)
+    df, summary, t = result.to_dataframe(), result.summary(1.0, intervals=iv), task.name
     base = result.baseline
     baseline = {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95], "n": int(base.n)}
     numbers = {
@@ -155,11 +180,14 @@ def ablation_stage(model, task, scores: HeadScores | None, config: ReportConfig,
         "zeroable_within_1_point_censored": result.zeroable_within(1.0, rule="censored"),
         "table2": result.table2(1.0), "normalised_auc": result.normalised_auc(),
         "auc_ranking": [str(s) for s in summary["score"]], "normalised_auc_kl": result.normalised_auc(metric="kl"),
-        "curves": jsonable(df.to_dict(orient="records")), "meta": jsonable(result.meta)}
+        "curves": jsonable(df.to_dict(orient="records")), "meta": jsonable(result.meta),
+        "intervals": jsonable(iv.to_dataframe().to_dict(orient="records")), "intervals_meta": jsonable(iv.meta),
+        "tests": jsonable(tests)}
     fig = plots.ablation_curves(df, baseline=100 * baseline["accuracy"], chance=task.chance,
                                 title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
     tables = {f"ablation_{t}": df, f"ablation_summary_{t}": summary}
-    return AblationResult(numbers, tables, {f"ablation_{t}": fig}, sweep=result, task=task)
+    return AblationResult(numbers, tables, {f"ablation_{t}": fig}, sweep=result, task=task, intervals=iv,
+                          tests=tests)
 
 
 def points_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -312,3 +340,26 @@ def compare_stage(sweeps: list) -> CompareResult:
                "spearman": c.spearman_table().to_dict(), "pairs": c.pairs().to_dict(orient="records")}
            for m, c in comparisons.items()}}
     return CompareResult(numbers, tables, figures, comparisons=comparisons)
+
+
+# ---------------------------------------------------------------- head explorer
+
+
+@dataclass(frozen=True)
+class ExplorerResult(StageResult):
+    explorer: object = None  # lens_heads.explorer.Explorer
+
+
+def explorer_stage(model, scores: HeadScores, effects: EffectsResult | None, rank: dict | None,
+                   config: ReportConfig) -> ExplorerResult:
+    """The interactive head explorer on the example prompts: heatmap means from the task's scores, the measured
+    head effects where computed, and the rank stage's profile (``lens_heads.explore``)."""
+    from lens_heads.explorer import explore
+
+    extra = {f"effect: KL when zeroed (attribution, {effects.task.name})": np.asarray(
+        effects.numbers["size_per_head"])} if effects is not None else None
+    explorer = explore(model, list(config.prompts), scores=scores, effects=extra, rank=rank,
+                       score=ACTIVITY_SCORE if ACTIVITY_SCORE in scores.names else scores.names[0])
+    numbers = {"prompts": len(explorer.data["prompts"]), "max_tokens": explorer.data["max_tokens"],
+               "maps": list(explorer.data["maps"])}
+    return ExplorerResult(numbers, explorer=explorer)
