@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens.utils import get_act_name
 
+from lens_heads.backends import get_act_name
 from lens_heads.capture import LayerCapture
 from lens_heads.fused_attention import fused_attention
 from lens_heads.models import expand_kv
