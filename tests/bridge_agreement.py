@@ -34,7 +34,8 @@ def reference_path(model_name: str) -> Path:
 
 def compute(model, zeroing_thresholds: dict[str, float] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """Scores of ``PROMPTS``, and the task's log-likelihoods unablated and under each threshold zeroing (at
-    ``zeroing_thresholds``, else chosen here from the scores), with the (row, layer, head) triples zeroed."""
+    ``zeroing_thresholds``, else chosen here from the scores), with the (row, layer, head) triples zeroed; then the
+    rest of the contract (:func:`compute_rest`)."""
     from lens_heads import evaluate, load_task, score_heads, threshold_zeroing
     from lens_heads.scores import DIRECTION
 
@@ -48,7 +49,25 @@ def compute(model, zeroing_thresholds: dict[str, float] | None = None) -> tuple[
         result = evaluate(model, task, hooks=ablation, progress=False)
         tensors[f"logprobs {name}"] = _logprobs(result)
         tensors[f"zeroed {name}"] = ablation.zeroed()
+    tensors.update(compute_rest(model, task))
     return tensors, {"thresholds": thresholds, "score_names": scores.names}
+
+
+def compute_rest(model, task) -> dict[str, torch.Tensor]:
+    """Attention rank per head of two prompts, attribution-patching head effects on two items, and greedy
+    generations with two heads zeroed, rerun and KV-cached."""
+    from dataclasses import replace
+
+    from lens_heads import attention_rank, head_effects, zero_heads
+    from lens_heads.generate import generate
+
+    effects = head_effects(model, replace(task, items=list(task)[:2]), method="attribution", progress=False)
+    out = {"rank": torch.as_tensor(attention_rank(model, PROMPTS[:2], progress=False).per_head).float(),
+           "effects attribution": effects.values.double()}
+    for cache in (False, True):
+        made = generate(model, PROMPTS[1], hooks=zero_heads([(0, 1), (3, 4)]), max_new_tokens=8, cache=cache)
+        out[f"generated cache={cache}"] = torch.tensor(made.tokens)
+    return out
 
 
 def gap_threshold(values: torch.Tensor, share: float) -> float:
@@ -90,14 +109,15 @@ def read_reference(model_name: str) -> tuple[dict[str, torch.Tensor], dict]:
 
 def assert_agree(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], *, score_rtol: float = 1e-4,
                  logprob_atol: float = 1e-4, logprob_rtol: float = 1e-5) -> None:
-    """Scores to ``score_rtol`` relative (an absolute floor of 1e-6 for values near zero), log-likelihoods to
-    ``logprob_atol`` plus ``logprob_rtol`` relative (a summed log-likelihood of -50 differs by ~1e-4 in float32
-    between two correct forwards), and exactly the same zeroed (row, layer, head) triples."""
+    """Scores (and ranks) to ``score_rtol`` relative (an absolute floor of 1e-6 for values near zero),
+    log-likelihoods (and attribution effects, in their units) to ``logprob_atol`` plus ``logprob_rtol`` relative
+    (a summed log-likelihood of -50 differs by ~1e-4 in float32 between two correct forwards), and exactly the same
+    zeroed (row, layer, head) triples and generated tokens."""
     assert set(got) == set(want), (sorted(got), sorted(want))
     for key in want:
-        if key == "scores":
-            torch.testing.assert_close(got[key], want[key], rtol=score_rtol, atol=1e-6, msg=lambda m: f"scores: {m}")
-        elif key.startswith("logprobs"):
+        if key in ("scores", "rank"):
+            torch.testing.assert_close(got[key], want[key], rtol=score_rtol, atol=1e-6, msg=lambda m, key=key: f"{key}: {m}")
+        elif key.startswith(("logprobs", "effects")):
             torch.testing.assert_close(got[key], want[key], rtol=logprob_rtol, atol=logprob_atol,
                                        msg=lambda m, key=key: f"{key}: {m}")
         else:
