@@ -92,14 +92,18 @@ def hooked_transformer():
 
 def check_attention_hooks(model, names: Sequence[str] = ATTENTION_HOOKS, *, uses: str = "the head scores") -> None:
     """Refuse a model whose first attention layer lacks one of ``names`` (``hook_pattern``, ``hook_v``,
-    ``hook_z``), naming the hook, the architecture, and what still works."""
-    missing = [name for name in names if f"blocks.0.attn.{name}" not in model.hook_dict]
+    ``hook_z``), naming the hook, the architecture, and what still works (a model without a ``hook_dict`` is
+    not a TransformerLens model and is left to fail where it is used)."""
+    hook_dict = getattr(model, "hook_dict", None)
+    if hook_dict is None:
+        return
+    missing = [name for name in names if f"blocks.0.attn.{name}" not in hook_dict]
     if missing:
         arch = getattr(model.cfg, "architecture", None) or getattr(model.cfg, "original_architecture", None) \
             or type(model).__name__
         raise ValueError(
             f"this {backend_of(model)} model ({arch}) has no {', '.join(f'blocks.0.attn.{m}' for m in missing)}, "
-            f"which {uses} need. " + _what_still_works(missing))
+            f"needed for {uses}. " + _what_still_works(missing))
 
 
 def _what_still_works(missing: list[str]) -> str:

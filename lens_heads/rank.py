@@ -27,7 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_heads.backends import get_act_name, run_to_resid
+from lens_heads.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.inputs import tokenize_inputs
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
@@ -140,6 +140,7 @@ def attention_rank(
     if average:
         length = int(mask.sum(1).min())
         tokens, mask = tokens[:, :length], mask[:, :length]
+    check_attention_hooks(model, ["hook_pattern"], uses="attention rank")
     n, L, H = tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads
     ranks = torch.zeros(n, L, H)
     masses = torch.zeros(n, L, H)
