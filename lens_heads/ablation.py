@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens.utils import get_act_name
 
+from lens_heads.backends import check_attention_hooks, get_act_name
 from lens_heads.capture import LayerCapture
 from lens_heads.fused_attention import fused_attention
 from lens_heads.models import expand_kv
@@ -193,6 +193,7 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
                    means: Tensor | None = None) -> HeadAblation:
     """Ablate a fixed set of ``(layer, head)`` pairs for every input, counting the share like the other modes
     (the static pruning view: what removing these heads for good would do)."""
+    check_attention_hooks(model, ["hook_z"], uses="zeroing heads")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     chosen = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     for layer, head in heads:
@@ -222,6 +223,7 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
     direction, n_heads = DIRECTION[score_name], model.cfg.n_heads
     threshold = float(threshold)
     capture = tuple(name for name in ("v", "pattern") if name in get_score(score_name).reads)
+    check_attention_hooks(model, ["hook_z", *(f"hook_{name}" for name in capture)], uses=f"zeroing by {score_name}")
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         if any(name not in acts for name in capture):
@@ -248,6 +250,7 @@ def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
     draw)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be a probability in [0, 1], got {p}")
+    check_attention_hooks(model, ["hook_z"], uses="zeroing heads")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     batch: dict = {}  # the current batch's input ids and their [row, layer, head] uniforms
 

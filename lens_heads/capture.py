@@ -11,7 +11,8 @@ import difflib
 from typing import Callable, Sequence
 
 from torch import Tensor
-from transformer_lens.utils import get_act_name
+
+from lens_heads.backends import get_act_name
 
 HookPair = tuple[str, Callable]
 AtZ = Callable[[int, Tensor, dict[str, Tensor]], "Tensor | None"]

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens.utils import get_act_name
 
+from lens_heads.backends import get_act_name, run_to_resid
 from lens_heads.ablation import mean_z, zero_heads
 from lens_heads.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, continuation_tokens,
                                  evaluate, evaluate_each, pad_rows, paired_values, read_logprobs)
@@ -280,7 +280,7 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
             return hook
 
         with torch.enable_grad(), model.hooks(fwd_hooks=[(get_act_name("z", l), tap(l)) for l in range(L)]):
-            resid = model(tokens.to(device), attention_mask=mask.long(), stop_at_layer=L)
+            resid = run_to_resid(model, tokens.to(device), mask.long(), stop=L)
             values, owners = read_logprobs(model, resid, batch)
             stats["forward_passes"] += 1
             row_of = {(row.item, choice): b for b, row in enumerate(batch) for choice, _, _ in row.reads}

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from lens_heads.fused_attention import AttentionCalls, fused_attention
 from lens_heads.packed_weights import packed_weights
-from lens_heads import distributed
+from lens_heads import backends, distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.capture import check_hook_names
 from lens_heads.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
@@ -298,7 +298,9 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     The sets share the forward below the layers they hook: per batch the unhooked trunk runs once, and each set
     runs only the blocks from the first one it hooks (read from its hook names, ``blocks.{layer}.``...). Removing
     one head at a time (:func:`lens_heads.head_effects`) thus costs about half of one full evaluation per head.
-    Each result equals ``evaluate`` under that set alone (the same operations on the same batches)."""
+    Each result equals ``evaluate`` under that set alone (the same operations on the same batches). On a
+    TransformerBridge, whose forward can't start at a block without running the blocks before it, each set runs
+    whole (no shared trunk: the cost is one full evaluation per set)."""
     from tqdm.auto import tqdm
 
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
@@ -363,7 +365,7 @@ def _hook_set(model, hooks) -> _HookSet:
     pairs, batch_aware = _collect_hooks(hooks, model)
     layers = [_layer_of(name, model.cfg.n_layers) for name, _ in pairs]
     first = None if None in layers or model.cfg.positional_embedding_type == "shortformer" \
-        else min(layers, default=model.cfg.n_layers)
+        or not backends.can_start_at_layer(model) else min(layers, default=model.cfg.n_layers)
     return _HookSet(pairs, batch_aware, first)
 
 
@@ -399,8 +401,7 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[_HookSe
                     stack.enter_context(obj.batch(mask, inputs=[first_input + row.item for row in batch]))
                 stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
                 start = hook_set.first_layer
-                resid = model(tokens if start is None else trunk, attention_mask=mask, start_at_layer=start,
-                              stop_at_layer=L)
+                resid = backends.run_to_resid(model, tokens if start is None else trunk, mask, start=start, stop=L)
                 _read_logprobs(model, resid, batch, *outputs[i])
         stats["forward_passes"] += 1
         stats["forward_tokens"] += int(mask.sum())
@@ -415,7 +416,7 @@ def _advance(model, resid: Tensor, mask: Tensor, start: int | None, stop: int) -
     """The unhooked forward from before block ``start`` (None: from the tokens in ``resid``) to before ``stop``."""
     if start == stop:
         return resid
-    return model(resid, attention_mask=mask, start_at_layer=start, stop_at_layer=stop)
+    return backends.run_to_resid(model, resid, mask, start=start, stop=stop)
 
 
 def continuation_tokens(items, rows: list[Row]) -> list[list[int]]:
@@ -500,13 +501,9 @@ def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = 
 
 
 def final_logits(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-    """The residual stream after the last block to logits: the same steps as ``HookedTransformer.forward`` (final
+    """The residual stream after the last block to logits: the same steps as the model's own forward (final
     norm, unembedding, soft-cap), for callers that stop at the last layer to unembed only the positions they read."""
-    from transformer_lens.utilities import apply_softcap
-
-    if model.cfg.normalization_type is not None:
-        resid = model.ln_final(resid)
-    return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
+    return backends.final_logits(model, resid)
 
 
 def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:

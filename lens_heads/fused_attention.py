@@ -29,8 +29,14 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.components import Attention, GroupedQueryAttention
 from transformer_lens.utilities.activation_functions import softcap_enabled
+
+from lens_heads.backends import is_bridge
+
+try:  # HookedTransformer's attention (TransformerLens 3.9); 4.x has none, and nothing here to fuse
+    from transformer_lens.components import Attention, GroupedQueryAttention
+except ImportError:
+    Attention = GroupedQueryAttention = None
 
 FUSABLE_POSITIONS = ("standard", "rotary", "shortformer")
 FULL_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -77,10 +83,10 @@ def reads_pattern(attn) -> bool:
 def fused_attention(model, calls: AttentionCalls | None = None) -> Iterator[AttentionCalls]:
     """Run every fusable attention layer of ``model`` with fused SDPA for the duration of the block (see the module
     docstring); yields the :class:`AttentionCalls` counts (``calls``, if given, is counted into). The layers' own
-    forwards are restored on exit."""
+    forwards are restored on exit. A TransformerBridge runs its own attention: nothing is swapped there."""
     calls = calls if calls is not None else AttentionCalls()
     swapped = []
-    for block in model.blocks:
+    for block in [] if is_bridge(model) else model.blocks:
         attn = block.attn
         if eager_reason(attn) is None and "forward" not in vars(attn):  # an enclosing block already swapped it
             attn.forward = functools.partial(_forward, attn, calls)

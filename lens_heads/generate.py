@@ -29,7 +29,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+from torch import Tensor
 
+from lens_heads.backends import is_bridge, run_to_resid
 from lens_heads.evaluate import _collect_hooks, _describe, _model_meta, final_logits, wilson_interval
 from lens_heads.rows import DEFAULT_PROTOCOL, chat_context, check_protocol, encode, lm_eval_bos
 
@@ -66,11 +68,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
         raise ValueError(f"prompt of {len(tokens)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                          f"context of {model.cfg.n_ctx}: shorten the prompt (fewer shots) or max_new_tokens")
     eos = model.tokenizer.eos_token_id if model.tokenizer is not None else None
-    kv = None
-    if cache:
-        from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
-        kv = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    kv = _new_cache(model) if cache else None
     new: list[int] = []
     step_input = tokens
     with model.hooks(fwd_hooks=pairs):
@@ -79,8 +77,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
                 for obj in batch_aware:
                     stack.enter_context(obj.batch(None, first=input_id))
                 ids = torch.tensor([step_input if cache else tokens + new], device=model.cfg.device)
-                resid = model(ids, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
-            next_token = int(final_logits(model, resid[:, -1:])[0, -1].argmax())
+                next_token, kv = _next_token(model, ids, kv, cache)
             if next_token == eos:
                 return Generation(new, _decode(model, new), "eos")
             new.append(next_token)
@@ -91,6 +88,28 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
                 at, which = min(hits)
                 return Generation(new, text[:at], which)
     return Generation(new, _decode(model, new), "max_new_tokens")
+
+
+def _new_cache(model):
+    """An empty key/value cache: TransformerLens's for HookedTransformer; the bridge starts from None and gets
+    Hugging Face's back from its first step."""
+    if is_bridge(model):
+        return None
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+
+
+def _next_token(model, ids: Tensor, kv, cache: bool) -> tuple[int, object]:
+    """The greedy next token after ``ids`` (only the new tokens where ``cache``), and the updated cache."""
+    if cache and is_bridge(model):  # the bridge's KV-cached step returns the logits of the new tokens
+        logits, kv = model(ids, return_type="logits_and_cache", past_key_values=kv)
+        return int(logits[0, -1].argmax()), kv
+    if cache:
+        resid = model(ids, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
+    else:
+        resid = run_to_resid(model, ids, None, stop=model.cfg.n_layers)
+    return int(final_logits(model, resid[:, -1:])[0, -1].argmax()), kv
 
 
 def _prompt_tokens(model, prompt: str | Sequence[int], protocol: str) -> list[int]:

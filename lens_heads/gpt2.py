@@ -19,13 +19,18 @@ import contextlib
 import math
 import random
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.hook_points import HookPoint
+
+from lens_heads.backends import hooked_transformer
+
+if TYPE_CHECKING:  # TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 GPT2_VOCAB = 50257
 PADDED_VOCAB = 50304  # GPT-2's 50257 rounded up to a multiple of 64, as the authors train
@@ -68,6 +73,7 @@ def gpt2_config(n_layers: int, *, d_model: int = 768, n_heads: int = 12, n_ctx: 
     """A GPT-2 architecture (pre-LayerNorm, learned positions, GELU MLP of width 4 d_model, init std 0.02)."""
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
+    _, HookedTransformerConfig = hooked_transformer()
     with own_rng():
         return HookedTransformerConfig(
             n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads, n_ctx=n_ctx,
@@ -113,6 +119,7 @@ def gpt2_model(cfg: HookedTransformerConfig, *, seed: int, options: GPT2Options 
                device=None) -> HookedTransformer:
     """A freshly initialised GPT-2 HookedTransformer built with ``options``; the init depends on ``seed`` only
     (the global random generators are left as they were)."""
+    HookedTransformer, HookedTransformerConfig = hooked_transformer()
     with own_rng():
         cfg = HookedTransformerConfig(**{**cfg.to_dict(), "seed": seed, "device": device or cfg.device,
                                          "scale_attn_by_inverse_layer_idx": options.scale_attn_by_inverse_layer_idx})

@@ -12,15 +12,15 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
 from lens_heads import distributed
+from lens_heads.backends import check_attention_hooks, run_to_resid
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.capture import LayerCapture, check_hook_names
 from lens_heads.io import atomic_write_bytes
@@ -30,6 +30,9 @@ from lens_heads.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.tasks import Task
 from lens_heads.inputs import Inputs, tokenize_inputs
 from lens_heads.packed_weights import packed_weights
+
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
 
 DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position of the row "
                "(the BOS where the protocol adds one, else the first text token); "
@@ -140,6 +143,7 @@ def score_heads(
         return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
     check_batch_size(batch_size)
     check_hook_names(model, [h[0] for h in hooks])
+    check_attention_hooks(model)
     task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \
         if isinstance(inputs, Task) else None
     tokens, mask = tokenize_inputs(model, [row.tokens for row in task_rows] if task_rows else inputs,
@@ -199,7 +203,7 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, 
     # Without padding, no mask is needed; a left-padding tokenizer would make TL guess one, so give it explicitly.
     attention_mask = mask_dev.long() if (padded or left_tokenizer) else None
     with packed_weights(model), model.hooks(fwd_hooks=list(user_hooks) + capture.hooks):
-        model(tokens.to(device), attention_mask=attention_mask, stop_at_layer=cfg.n_layers)
+        run_to_resid(model, tokens.to(device), attention_mask, stop=cfg.n_layers)
     if capture.leftover():
         raise RuntimeError(f"hooks {capture.leftover()} fired without a hook_z after them: is this a standard "
                            "attention layer?")

@@ -15,10 +15,11 @@ import math
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from transformer_lens import HookedTransformerConfig
-from transformer_lens import loading_from_pretrained as tl_loading
+
+if TYPE_CHECKING:  # TransformerLens 3.9 only
+    from transformer_lens import HookedTransformerConfig
 
 FAMILY_WORDS = ("llama", "gemma")  # words TransformerLens reads in a model path
 MAX_N_CTX = 8192  # TransformerLens keeps an [n_ctx, n_ctx] mask per layer; it caps Gemma 3 at this too
@@ -41,6 +42,9 @@ def architecture(hf_config) -> str:
 
 def hooked_config(folder: Path, hf_config, *, fold_ln: bool, device, dtype) -> HookedTransformerConfig:
     """The ``HookedTransformerConfig`` of the model in ``folder`` (``hf_config``: its loaded ``config.json``)."""
+    from transformer_lens import HookedTransformerConfig  # TransformerLens 3.9 (models.load_model checks)
+    from transformer_lens import loading_from_pretrained as tl_loading
+
     arch = architecture(hf_config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

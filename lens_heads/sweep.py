@@ -527,9 +527,11 @@ def run_fingerprint(model, task, **settings) -> dict:
     m = model_meta(model)
     ids = hashlib.sha256("\n".join(item.id for item in task).encode()).hexdigest()[:16]
     meta = task.meta() if hasattr(task, "meta") else {}
-    return dict(version=FORMAT_VERSION,
-                model={k: m.get(k) for k in ("name", "source", "weight_basis", "dtype", "n_layers", "n_heads",
-                                             "n_kv_heads", "d_model", "d_head")},
+    model = {k: m.get(k) for k in ("name", "source", "weight_basis", "dtype", "n_layers", "n_heads", "n_kv_heads",
+                                   "d_model", "d_head")}
+    if m.get("backend", "hooked") != "hooked":  # HookedTransformer runs stored before backends existed stay valid
+        model["backend"] = m["backend"]
+    return dict(version=FORMAT_VERSION, model=model,
                 task={k: meta.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}, item_ids=ids,
                 **settings)
 

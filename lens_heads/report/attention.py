@@ -9,14 +9,17 @@ with no network.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
-from transformer_lens.utils import get_act_name
 
+from lens_heads.backends import get_act_name
 from lens_heads.scores import most_inactive
+
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
 
 
 def pick_heads(mean_score: Float[Tensor, "layer head"], direction: str, k: int) -> dict[str, list[tuple[int, int]]]:

@@ -15,6 +15,7 @@ import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lens_heads.backends import BACKENDS
 from lens_heads.custom_tasks import CUSTOM_FORMATS
 from lens_heads.io import slug
 from lens_heads.models import DEFAULT_MODEL
@@ -135,6 +136,8 @@ class ReportConfig:
     device: str | None = option(None, "torch device, e.g. cpu, cuda, cuda:1, mps (None: cuda if available, else "
                                 "cpu)", parse=device)
     dtype: str = option("float32", "weights and activations dtype", choices=("float32", "bfloat16", "float16"))
+    backend: str | None = option(None, "TransformerLens backend: hooked (HookedTransformer, TransformerLens 3.9) or "
+                                 "bridge (TransformerBridge, 4.x); None: the one installed", choices=BACKENDS)
     batch_size: int = option(8, "inputs per forward pass", parse=positive_int, metavar="B")
     seed: int = option(0, "seed of the data samples and the random-zeroing baseline")
     quick: bool = option(False, cli=False)  # set by the "quick" preset, so results.json says it was used

@@ -90,7 +90,8 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     tasks = load_tasks(config)  # first: a malformed task file is refused before the model loads
     log(f"[report] loading {config.model} ...")
     t0 = time.perf_counter()
-    model = model if model is not None else load_model(config.model, device=config.device, dtype=config.dtype)
+    model = model if model is not None else load_model(config.model, device=config.device, dtype=config.dtype,
+                                                           backend=config.backend)
     meta = model_meta(model)
     ran = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
