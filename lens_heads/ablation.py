@@ -231,7 +231,9 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
     those the score reads, so that scores that don't read the pattern leave attention fused), and ablate
     the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
     strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
-    positions count (give the mask with :meth:`HeadAblation.batch`)."""
+    positions count (give the mask with :meth:`HeadAblation.batch`). The decision reads the whole row, so the
+    evaluator runs this mode row by row: it never computes a shared prefix once (``prefix_scope`` None,
+    :mod:`lens_heads.prefix`)."""
     from lens_heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores
 
     if score_name not in SCORE_NAMES:

@@ -45,8 +45,8 @@ from jaxtyping import Float, Float64
 from torch import Tensor
 
 from lens_heads.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
-from lens_heads.prefix import (ROWS_PER_PREFIX, Extension, Group, PrefixState, SUFFIX_FILL, chunk_groups, hook_scope,
-                               merge_kv, narrowest, plan_groups, token_batches)
+from lens_heads.prefix import (ROWS_PER_PREFIX, SHARED_FILL, Extension, Group, PrefixState, chunk_groups,
+                               hook_scope, merge_kv, narrowest, plan_groups, token_batches)
 from lens_heads.packed_weights import packed_weights
 from lens_heads import distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
@@ -293,7 +293,10 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     returns all the records (:mod:`lens_heads.distributed`).
     ``attention="fused"`` runs fused SDPA attention in every layer whose pattern no hook reads
     (:mod:`lens_heads.fused_attention`; same log-likelihoods to float rounding); ``"eager"`` materialises every
-    pattern.
+    pattern. Rows that begin alike compute their common beginning once (:mod:`lens_heads.prefix`) wherever the hooks
+    allow it: unhooked, static zeroing, mean ablation, ``zero_heads`` and random zeroing (within an item); the
+    per-input threshold zeroing decides from the whole row and keeps the row-by-row path, as do unknown hooks and
+    ``attention="eager"``.
     """
     return evaluate_each(model, task, [hooks], batch_size=batch_size, progress=progress, primary=primary,
                          protocol=protocol, apply_chat_template=apply_chat_template, attention=attention,
@@ -487,12 +490,12 @@ def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> t
 
     shared = {id(g.rows[0]): g for g in chunk if g.prefix}
     heads = [Row(g.rows[0].item, g.prefix, [(0, id(g.rows[0]), [])]) for g in shared.values()]  # reads: the group
-    prefixes = [make(batch) for batch in token_batches(heads, budget, 0.75)]
+    prefixes = [make(batch) for batch in token_batches(heads, budget, SHARED_FILL)]
     order = [shared[row.reads[0][1]] for p in prefixes for row in p.rows]
     where = {id(row): (i, len(g.prefix)) for i, g in enumerate(order) for row in g.rows}
     suffixes = []
     for batch in token_batches(sorted([r for g in chunk for r in g.rows], key=lambda r: -len(r.tokens)), budget,
-                               SUFFIX_FILL):
+                               SHARED_FILL):
         index, lengths = zip(*[where.get(id(row), (0, 0)) for row in batch])
         extension = Extension({}, torch.tensor(index, device=device), torch.tensor(lengths, device=device)) \
             if prefixes else None

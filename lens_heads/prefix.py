@@ -35,7 +35,8 @@ from lens_heads.rows import Row
 SCOPES = ("item", "any")  # narrowest first
 MIN_PREFIX = 4  # tokens: a shorter common beginning is not worth a second forward
 ROWS_PER_PREFIX = 4  # a group holds at most this many batches of rows; a chunk this many forward budgets
-SUFFIX_FILL = 0.5  # suffixes are short: a looser padding bound than the rows' 3/4 keeps their forwards large
+SHARED_FILL = 0.5  # prefixes and suffixes are few and short: a looser padding bound than the rows' 3/4 keeps their
+# forwards few and large (a forward's fixed cost, reading every weight, is worth hundreds of tokens on a CPU)
 
 
 # ---------------------------------------------------------------- which hooks allow it
