@@ -11,6 +11,11 @@ model(tokens)`` (rows are inputs ``i, i+1, ...``) or ``batch(attention_mask, inp
 evaluator does this for you). Outside such a block every position counts, and the random mode refuses to run (it
 draws per input, so it must know which input each row is).
 
+Shared prefixes (:mod:`lens_heads.prefix`): each hook says whether its action at a position depends on the rest of
+the row (``prefix_scope``): static zeroing, mean ablation and :func:`zero_heads` act alike on every row (``"any"``),
+random zeroing alike on the rows of one input (``"item"``), and the threshold zeroing decides from the whole row
+(None), so the evaluator runs it row by row.
+
 Composition: hooks on the same hook point run in the order given. List an ablation before scoring hooks to score the
 ablated output; two ablations compose (a head ablated by either stays ablated).
 """
@@ -30,6 +35,7 @@ from lens_heads.capture import LayerCapture
 from lens_heads.fused_attention import fused_attention
 from lens_heads.models import expand_kv
 from lens_heads.packed_weights import packed_weights
+from lens_heads.prefix import mark
 
 HookFn = Callable[..., Tensor | None]
 HookPair = tuple[str, HookFn]
@@ -58,7 +64,7 @@ def zero_heads(
 
         return hook
 
-    return [(get_act_name("z", layer), make(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
+    return [(get_act_name("z", layer), mark(make(layer, chosen), "any")) for layer, chosen in sorted(by_layer.items())]
 
 
 class HeadAblation:
@@ -68,12 +74,15 @@ class HeadAblation:
     Built by :func:`static_zeroing`, :func:`threshold_zeroing` or :func:`random_zeroing`. ``rule(layer, z, acts)``
     returns ``Bool[batch, head]`` (True = ablate); ``acts`` holds the layer's captured ``pattern``/``v`` (when the
     rule needs them), the batch's ``mask`` and the ``inputs`` (input ids of the batch rows, None outside
-    :meth:`batch`).
+    :meth:`batch`). ``prefix_scope``: over which rows the rule decides alike at every position, so that a shared
+    prefix may be computed once for them (``"any"``, ``"item"``; None: it reads the whole row, see
+    :mod:`lens_heads.prefix`).
     """
 
     def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str, capture: Sequence[str] = (),
-                 mode: str = "zero", means: Tensor | None = None):
+                 mode: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None):
         _check_mode(mode, means)
+        self.prefix_scope = prefix_scope
         self.n_layers, self.n_heads = n_layers, n_heads
         self.description = description
         self.mode, self.means = mode, means
@@ -81,6 +90,7 @@ class HeadAblation:
         self._capture = LayerCapture(n_layers, self._ablate, capture)
         self._mask: Tensor | None = None
         self._inputs: Tensor | None = None
+        self._counting = True
         self.reset()
 
     # ------------------------------------------------------------ what the caller sees
@@ -92,21 +102,24 @@ class HeadAblation:
 
     @contextlib.contextmanager
     def batch(self, attention_mask: Bool[Tensor, "batch pos"] | None = None, *, first: int | None = None,
-              inputs: Int[Tensor, "batch"] | Sequence[int] | None = None) -> Iterator["HeadAblation"]:
+              inputs: Int[Tensor, "batch"] | Sequence[int] | None = None,
+              count: bool = True) -> Iterator["HeadAblation"]:
         """Tell the hooks, for the forward passes inside the block, which positions are real (``attention_mask``;
         None: all) and which input each batch row is: ``first`` (rows are inputs ``first, first+1, ...``) or
         ``inputs`` (one id per row; the random mode draws per input, so rows of the same input, e.g. the choices of
-        one question, get the same draw). Give exactly one of ``first`` and ``inputs``."""
+        one question, get the same draw). Give exactly one of ``first`` and ``inputs``. ``count=False``: what the
+        block ablates is not counted (a shared prefix, whose rows are counted in their own forwards)."""
         if (first is None) == (inputs is None):
             raise ValueError("HeadAblation.batch() needs the batch's first input index (first=) or one input id per "
                              "row (inputs=), not both")
         self._mask = None if attention_mask is None else attention_mask.bool()
         self._inputs = (torch.as_tensor(inputs, dtype=torch.long).reshape(-1) if inputs is not None else
                         None if first is None else int(first))
+        self._counting = count
         try:
             yield self
         finally:
-            self._mask, self._inputs = None, None
+            self._mask, self._inputs, self._counting = None, None, True
 
     def reset(self) -> None:
         """Forget what was counted so far."""
@@ -161,12 +174,16 @@ class HeadAblation:
         if ablate.shape != (z.shape[0], self.n_heads):
             raise RuntimeError(f"ablation rule returned shape {tuple(ablate.shape)}, expected "
                                f"{(z.shape[0], self.n_heads)}")
-        self._zeroed[layer].append(ablate.detach().cpu())
-        if layer == 0:
-            self._zeroed_inputs.append(None if acts["inputs"] is None else acts["inputs"].detach().cpu())
+        if self._counting:
+            self._count(layer, ablate, acts["inputs"])
         if not ablate.any():
             return z
         return _replace(z, ablate.to(z.device), None if self.means is None else self.means[layer])
+
+    def _count(self, layer: int, ablate: Tensor, inputs: Tensor | None) -> None:
+        self._zeroed[layer].append(ablate.detach().cpu())
+        if layer == 0:
+            self._zeroed_inputs.append(None if inputs is None else inputs.detach().cpu())
 
     def _batch_mask(self, z: Tensor) -> Bool[Tensor, "batch pos"]:
         if self._mask is None:
@@ -205,7 +222,7 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
         return chosen[layer].to(z.device).expand(z.shape[0], -1)
 
     return HeadAblation(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode,
-                        means=means)
+                        means=means, prefix_scope="any")
 
 
 def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",
@@ -215,7 +232,9 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
     those the score reads, so that scores that don't read the pattern leave attention fused), and ablate
     the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
     strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
-    positions count (give the mask with :meth:`HeadAblation.batch`)."""
+    positions count (give the mask with :meth:`HeadAblation.batch`). The decision reads the whole row, so the
+    evaluator runs this mode row by row: it never computes a shared prefix once (``prefix_scope`` None,
+    :mod:`lens_heads.prefix`)."""
     from lens_heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores
 
     if score_name not in SCORE_NAMES:
@@ -264,7 +283,7 @@ def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
         return batch["uniforms"][:, layer].to(z.device) < p
 
     return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", mode=mode,
-                        means=means)
+                        means=means, prefix_scope="item")
 
 
 def _uniforms(seed: int, i: int, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]:

@@ -9,6 +9,14 @@ choice (cloze tasks; WinoGrande's partial scoring, whose contexts differ per cho
 Rows are sorted by length, right-padded into batches of at most ``batch_size`` rows (a new batch starts where a row
 is shorter than 3/4 of the batch's longest, which bounds the padding) and run with their attention mask.
 
+Shared prefixes (:mod:`lens_heads.prefix`): where every hook acts on a position regardless of the rest of its row (no
+hooks, static zeroing, mean ablation, :func:`lens_heads.ablation.zero_heads`; random zeroing within an item), rows
+that begin alike (an item's choices after its context; the MMLU questions of a subject after its five shots) run
+that beginning once and their remaining tokens against its keys and values: the same log-likelihoods (to float
+rounding) from fewer forward tokens. Per-input threshold zeroing decides from the whole row, and unknown hooks may,
+so they keep the row-by-row path. ``meta["shared_prefix"]`` says which was taken, ``meta["row_tokens"]`` how many
+tokens the row-by-row path runs (``forward_tokens``: how many were run).
+
 Metrics: ``accuracy`` is the argmax of the *summed* log-likelihood (lm-eval's ``acc``; the primary metric by
 default: on the embedded model it is the higher and the less length-biased of the two on ARC-Easy); the
 per-token-normalised accuracy (log-likelihood / number of continuation tokens) and lm-eval's per-character
@@ -36,7 +44,9 @@ import torch
 from jaxtyping import Float, Float64
 from torch import Tensor
 
-from lens_heads.fused_attention import AttentionCalls, fused_attention
+from lens_heads.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
+from lens_heads.prefix import (ROWS_PER_PREFIX, SHARED_FILL, Extension, Group, PrefixState, chunk_groups,
+                               hook_scope, merge_kv, narrowest, plan_groups, token_batches)
 from lens_heads.packed_weights import packed_weights
 from lens_heads import backends, distributed
 from lens_heads.batching import AUTO, check_batch_size, first_size, halving
@@ -283,7 +293,10 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     returns all the records (:mod:`lens_heads.distributed`).
     ``attention="fused"`` runs fused SDPA attention in every layer whose pattern no hook reads
     (:mod:`lens_heads.fused_attention`; same log-likelihoods to float rounding); ``"eager"`` materialises every
-    pattern.
+    pattern. Rows that begin alike compute their common beginning once (:mod:`lens_heads.prefix`) wherever the hooks
+    allow it: unhooked, static zeroing, mean ablation, ``zero_heads`` and random zeroing (within an item); the
+    per-input threshold zeroing decides from the whole row and keeps the row-by-row path, as do unknown hooks and
+    ``attention="eager"``.
     """
     return evaluate_each(model, task, [hooks], batch_size=batch_size, progress=progress, primary=primary,
                          protocol=protocol, apply_chat_template=apply_chat_template, attention=attention,
@@ -292,19 +305,22 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
 
 def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8, progress: bool = True,
                   primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
-                  attention: str = "fused", first_input: int = 0) -> list[EvalResult]:
+                  attention: str = "fused", first_input: int = 0, _shared_prefixes: bool = True) -> list[EvalResult]:
     """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set.
 
     The sets share the forward below the layers they hook: per batch the unhooked trunk runs once, and each set
     runs only the blocks from the first one it hooks (read from its hook names, ``blocks.{layer}.``...). Removing
     one head at a time (:func:`lens_heads.head_effects`) thus costs about half of one full evaluation per head.
-    Each result equals ``evaluate`` under that set alone (the same operations on the same batches). On a
-    TransformerBridge, whose forward can't start at a block without running the blocks before it, each set runs
-    whole (no shared trunk: the cost is one full evaluation per set)."""
+    Each result equals ``evaluate`` under that set alone (the same operations on the same batches). Shared prefixes
+    (module docstring) are computed once where every set allows it (``_shared_prefixes=False``: never, the
+    row-by-row reference the tests compare with). On a TransformerBridge, whose forward can't start at a block
+    without running the blocks before it, each set runs whole (no shared trunk: one full evaluation per set) and
+    rows run one by one (no shared prefixes: its attention is its own)."""
     from tqdm.auto import tqdm
 
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
-                    apply_chat_template=apply_chat_template, attention=attention, first_input=first_input)
+                    apply_chat_template=apply_chat_template, attention=attention, first_input=first_input,
+                    _shared_prefixes=_shared_prefixes)
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:
@@ -328,13 +344,19 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     attention_calls = AttentionCalls()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
-    with _attention(model, attention, attention_calls):
-        outputs, stats = _run_rows(model, items, rows, batch_size, sets, first_input, bar)
+    scope = _prefix_scope(model, sets, attention) if _shared_prefixes else None
+    groups = plan_groups(rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
+    state = PrefixState() if any(g.prefix for g in groups) else None
+    with _attention(model, attention, attention_calls, state):
+        outputs, stats = (_run_rows(model, items, rows, batch_size, sets, first_input, bar) if state is None else
+                          _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
     bar.close()
     meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 protocol=protocol, apply_chat_template=apply_chat_template,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
-                attention=attention_calls.describe() if attention == "fused" else "eager", **stats)
+                attention=attention_calls.describe() if attention == "fused" else "eager",
+                shared_prefix=scope if state is not None else None, row_tokens=sum(len(r.tokens) for r in rows),
+                **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
@@ -353,12 +375,14 @@ def check_primary(primary: str) -> None:
 
 @dataclass
 class _HookSet:
-    """One set of hooks as the forward loop uses it: the (name, fn) pairs, the objects told about each batch, and
-    the first block they touch (None: something before the blocks, so the forward starts from the tokens)."""
+    """One set of hooks as the forward loop uses it: the (name, fn) pairs, the objects told about each batch, the
+    first block they touch (None: something before the blocks, so the forward starts from the tokens) and the
+    prefix sharing they allow (:func:`lens_heads.prefix.hook_scope`)."""
 
     pairs: list
     batch_aware: list
     first_layer: int | None
+    prefix_scope: str | None = None
 
 
 def _hook_set(model, hooks) -> _HookSet:
@@ -366,7 +390,20 @@ def _hook_set(model, hooks) -> _HookSet:
     layers = [_layer_of(name, model.cfg.n_layers) for name, _ in pairs]
     first = None if None in layers or model.cfg.positional_embedding_type == "shortformer" \
         or not backends.can_start_at_layer(model) else min(layers, default=model.cfg.n_layers)
-    return _HookSet(pairs, batch_aware, first)
+    return _HookSet(pairs, batch_aware, first, hook_scope([hooks] if hasattr(hooks, "hooks") else list(hooks)))
+
+
+def _prefix_scope(model, sets: list[_HookSet], attention: str) -> str | None:
+    """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
+    every attention layer must run fused with rotary (or no) positions, causally, with no hook left on the model."""
+    if backends.is_bridge(model):
+        return None
+    cfg = model.cfg
+    fusable = attention == "fused" and cfg.positional_embedding_type == "rotary" and not cfg.use_dynamic_ntk_rope \
+        and cfg.attention_dir == "causal" \
+        and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) for b in model.blocks)
+    bare = not any(p._forward_hooks or p._forward_pre_hooks for p in model.hook_dict.values())
+    return narrowest([s.prefix_scope for s in sets]) if fusable and bare else None
 
 
 def _layer_of(name: str, n_layers: int) -> int | None:
@@ -381,11 +418,10 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[_HookSe
     """Forward every row (longest first, in batches) under each hook set and read each (item, choice)'s
     log-likelihood and whether its continuation is the greedy one; ``bar`` advances as each item's last row is
     read. Per batch, the unhooked trunk is run once, as far as the sets share it."""
-    outputs = [([[math.nan] * len(it.continuations) for it in items], [[False] * len(it.continuations) for it in items])
-               for _ in sets]
+    outputs = _blank_outputs(items, len(sets))
     rows_left = np.bincount([r.item for r in rows], minlength=len(items))
     device, pad, L = model.cfg.device, pad_id(model), model.cfg.n_layers
-    order = sorted(range(len(sets)), key=lambda i: -1 if sets[i].first_layer is None else sets[i].first_layer)
+    order = _set_order(sets)
     stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
     for batch in batches(sorted(rows, key=lambda r: -len(r.tokens)), batch_size):
         tokens, mask = (t.to(device) for t in pad_rows(batch, pad))
@@ -396,10 +432,7 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[_HookSe
             if hook_set.first_layer is not None:
                 trunk = _advance(model, tokens if trunk is None else trunk, mask, trunk_layer, hook_set.first_layer)
                 trunk_layer = hook_set.first_layer
-            with contextlib.ExitStack() as stack:
-                for obj in hook_set.batch_aware:
-                    stack.enter_context(obj.batch(mask, inputs=[first_input + row.item for row in batch]))
-                stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
+            with _hooked(model, hook_set, mask, [first_input + row.item for row in batch]):
                 start = hook_set.first_layer
                 resid = backends.run_to_resid(model, tokens if start is None else trunk, mask, start=start, stop=L)
                 _read_logprobs(model, resid, batch, *outputs[i])
@@ -410,6 +443,127 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[_HookSe
             rows_left[row.item] -= 1
         bar.update(sum(int(rows_left[row.item] == 0) for row in {r.item: r for r in batch}.values()))
     return outputs, stats
+
+
+@dataclass
+class _Pass:
+    """One forward batch of the shared-prefix path: its rows, padded tokens and mask, the prefixes its rows continue
+    (None: a batch of prefixes, or rows that continue none), and the unhooked trunk's residual stream so far."""
+
+    rows: list[Row]
+    tokens: Tensor
+    mask: Tensor
+    inputs: list[int]
+    extension: Extension | None = None
+    trunk: Tensor | None = None
+
+    def start(self) -> Tensor:
+        return self.tokens if self.trunk is None else self.trunk
+
+
+def _run_prefixed(model, items, groups: list[Group], batch_size: int, sets: list[_HookSet], first_input: int, bar,
+                  state: PrefixState) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
+    """:func:`_run_rows` for rows grouped by shared prefix: per chunk of groups, each prefix runs once (under each
+    hook set, from the shared trunk) and the rows' suffixes against it; the same outputs and stats. A forward holds
+    at most the padded tokens of ``batch_size`` of the longest rows (the row path's largest batch)."""
+    outputs = _blank_outputs(items, len(sets))
+    rows_left = np.bincount([r.item for g in groups for r in g.rows], minlength=len(items))
+    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
+    budget = batch_size * max(len(g.prefix) + len(r.tokens) for g in groups for r in g.rows)
+    for chunk in chunk_groups(groups, budget):
+        prefixes, suffixes = _chunk_passes(model, chunk, budget, first_input)
+        _run_chunk(model, prefixes, suffixes, sets, outputs, state)
+        for p in prefixes + suffixes:
+            stats["forward_passes"] += 1
+            stats["forward_tokens"] += int(p.mask.sum())
+            stats["padded_tokens"] += int(p.mask.numel())
+        np.subtract.at(rows_left, [r.item for g in chunk for r in g.rows], 1)
+        bar.update(sum(int(rows_left[item] == 0) for item in {r.item for g in chunk for r in g.rows}))
+    return outputs, stats
+
+
+def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> tuple[list[_Pass], list[_Pass]]:
+    """The batches of a chunk's prefixes (none where no group shares one) and of its suffix rows, each suffix row
+    told which prefix it continues (numbered across the prefix batches; the empty prefix: index 0, length 0)."""
+    device, pad = model.cfg.device, pad_id(model)
+
+    def make(rows: list[Row], extension=None) -> _Pass:
+        tokens, mask = (t.to(device) for t in pad_rows(rows, pad))
+        return _Pass(rows, tokens, mask.long(), [first_input + r.item for r in rows], extension)
+
+    shared = {id(g.rows[0]): g for g in chunk if g.prefix}
+    heads = [Row(g.rows[0].item, g.prefix, [(0, id(g.rows[0]), [])]) for g in shared.values()]  # reads: the group
+    prefixes = [make(batch) for batch in token_batches(heads, budget, SHARED_FILL)]
+    order = [shared[row.reads[0][1]] for p in prefixes for row in p.rows]
+    where = {id(row): (i, len(g.prefix)) for i, g in enumerate(order) for row in g.rows}
+    suffixes = []
+    for batch in token_batches(sorted([r for g in chunk for r in g.rows], key=lambda r: -len(r.tokens)), budget,
+                               SHARED_FILL):
+        index, lengths = zip(*[where.get(id(row), (0, 0)) for row in batch])
+        extension = Extension({}, torch.tensor(index, device=device), torch.tensor(lengths, device=device)) \
+            if prefixes else None
+        suffixes.append(make(batch, extension))
+    return prefixes, suffixes
+
+
+def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[_HookSet], outputs,
+               state: PrefixState) -> None:
+    """Each hook set on one chunk: the unhooked trunk advanced to the set's first hooked block (prefixes first,
+    their keys/values kept), then the prefixes from there under the set's hooks (keys/values recorded, nothing
+    counted), then every suffix batch against them, read into ``outputs``."""
+    L = model.cfg.n_layers
+    trunk_parts: list[dict] = [{} for _ in prefixes]
+    trunk_layer = None
+    for i in _set_order(sets):
+        hook_set = sets[i]
+        first = hook_set.first_layer
+        if first is not None:
+            for p, part in zip(prefixes, trunk_parts):
+                with state.recording(part):
+                    p.trunk = _advance(model, p.start(), p.mask, trunk_layer, first)
+            trunk_kv = merge_kv(trunk_parts) if prefixes else {}
+            for p in suffixes:
+                with state.extending(_with_kv(p, trunk_kv)):
+                    p.trunk = _advance(model, p.start(), p.mask, trunk_layer, first)
+            trunk_layer = first
+        parts = [dict(part) for part in trunk_parts]  # the set's own layers are recorded over the trunk's
+        for p, part in zip(prefixes, parts):
+            with _hooked(model, hook_set, p.mask, p.inputs, count=False), state.recording(part):
+                model(p.tokens if first is None else p.trunk, attention_mask=p.mask, start_at_layer=first,
+                      stop_at_layer=L)
+        kv = merge_kv(parts) if prefixes else {}
+        for p in suffixes:
+            with _hooked(model, hook_set, p.mask, p.inputs), state.extending(_with_kv(p, kv)):
+                resid = model(p.tokens if first is None else p.trunk, attention_mask=p.mask, start_at_layer=first,
+                              stop_at_layer=L)
+            _read_logprobs(model, resid, p.rows, *outputs[i])
+
+
+def _with_kv(p: _Pass, kv: dict) -> Extension | None:
+    return None if p.extension is None else replace(p.extension, kv=kv)
+
+
+def _blank_outputs(items, n_sets: int) -> list[tuple[list[list[float]], list[list[bool]]]]:
+    """Per hook set: NaN log-likelihoods and False greedy flags for every (item, choice), to be filled in."""
+    return [([[math.nan] * len(it.continuations) for it in items], [[False] * len(it.continuations) for it in items])
+            for _ in range(n_sets)]
+
+
+def _set_order(sets: list[_HookSet]) -> list[int]:
+    """The sets in the order the shared trunk reaches them (from the tokens first, then by first hooked block)."""
+    return sorted(range(len(sets)), key=lambda i: -1 if sets[i].first_layer is None else sets[i].first_layer)
+
+
+@contextlib.contextmanager
+def _hooked(model, hook_set: _HookSet, mask: Tensor, inputs: list[int], count: bool = True):
+    """The set's hooks on the model, its batch-aware objects told the batch's mask and input ids (``count=False``:
+    a shared prefix, not counted by the objects)."""
+    with contextlib.ExitStack() as stack:
+        for obj in hook_set.batch_aware:
+            stack.enter_context(obj.batch(mask, inputs=inputs) if count else
+                                obj.batch(mask, inputs=inputs, count=False))
+        stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
+        yield
 
 
 def _advance(model, resid: Tensor, mask: Tensor, start: int | None, stop: int) -> Tensor:
@@ -437,10 +591,11 @@ def _records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
 
 
 @contextlib.contextmanager
-def _attention(model, attention: str, calls: AttentionCalls):
+def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState | None = None):
     """Weights laid out once (:mod:`lens_heads.packed_weights`: the same outputs) and, unless ``attention`` is
-    ``"eager"``, the fused-attention block (counting into ``calls``)."""
-    with packed_weights(model), (contextlib.nullcontext() if attention == "eager" else fused_attention(model, calls)):
+    ``"eager"``, the fused-attention block (counting into ``calls``; ``prefix``: the shared prefixes' state)."""
+    fused = contextlib.nullcontext() if attention == "eager" else fused_attention(model, calls, prefix)
+    with packed_weights(model), fused:
         yield
 
 
@@ -556,7 +711,7 @@ def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[E
         meta = dict(metas[0], task=task.meta() if hasattr(task, "meta") else {}, ranks=distributed.world_size(),
                     wall_s=max(m["wall_s"] for m in metas),
                     **{key: sum(m[key] for m in metas) for key in ("rows", "forward_passes", "forward_tokens",
-                                                                   "padded_tokens")})
+                                                                   "padded_tokens", "row_tokens")})
         results.append(EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
                                   items=[record for part in parts for record in part[k][0]],
                                   chance=float(getattr(task, "chance", float("nan"))), primary=settings["primary"],

@@ -15,6 +15,10 @@ A layer runs eagerly, per forward, whenever anything is hooked on its ``hook_att
 layer uses a feature the fused path does not express: soft-capped scores, attention sinks, ALiBi or relative
 position biases, local (windowed) attention, per-head results (``use_attn_result``), Q/K/V clipping, OLMo-style
 full-vector QK norms, log-n query scaling, 4-bit weights, a key/value cache, or an additive mask.
+
+Given a :class:`lens_heads.prefix.PrefixState`, the fused layers also record each forward's keys/values (post-rotary)
+or attend to recorded prefixes as well as to the forward's own positions (the evaluator's shared prefixes,
+:mod:`lens_heads.prefix`); a layer that would run eagerly then is an error, as the eager attention knows no prefix.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import Tensor
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
 from lens_heads.backends import is_bridge
+from lens_heads.prefix import PrefixState, prefixed_z, rotate_at, suffix_positions
 
 try:  # HookedTransformer's attention (TransformerLens 3.9); 4.x has none, and nothing here to fuse
     from transformer_lens.components import Attention, GroupedQueryAttention
@@ -80,41 +85,59 @@ def reads_pattern(attn) -> bool:
 
 
 @contextlib.contextmanager
-def fused_attention(model, calls: AttentionCalls | None = None) -> Iterator[AttentionCalls]:
+def fused_attention(model, calls: AttentionCalls | None = None,
+                    prefix: PrefixState | None = None) -> Iterator[AttentionCalls]:
     """Run every fusable attention layer of ``model`` with fused SDPA for the duration of the block (see the module
-    docstring); yields the :class:`AttentionCalls` counts (``calls``, if given, is counted into). The layers' own
-    forwards are restored on exit. A TransformerBridge runs its own attention: nothing is swapped there."""
+    docstring); yields the :class:`AttentionCalls` counts (``calls``, if given, is counted into). ``prefix``: the
+    state through which the caller has the layers record or extend shared prefixes (it replaces an enclosing
+    block's fused forward for the duration). The layers' own forwards are restored on exit. A TransformerBridge
+    runs its own attention: nothing is swapped there."""
     calls = calls if calls is not None else AttentionCalls()
     swapped = []
     for block in [] if is_bridge(model) else model.blocks:
         attn = block.attn
-        if eager_reason(attn) is None and "forward" not in vars(attn):  # an enclosing block already swapped it
-            attn.forward = functools.partial(_forward, attn, calls)
-            swapped.append(attn)
+        # an enclosing block may have swapped it already: kept, unless this block brings a prefix state
+        if eager_reason(attn) is None and ("forward" not in vars(attn) or prefix is not None):
+            swapped.append((attn, vars(attn).get("forward")))
+            attn.forward = functools.partial(_forward, attn, calls, prefix)
     try:
         yield calls
     finally:
-        for attn in swapped:
+        for attn, before in swapped:
             del attn.forward
+            if before is not None:
+                attn.forward = before
 
 
-def _forward(attn, calls: AttentionCalls, query_input, key_input, value_input, past_kv_cache_entry=None,
-             additive_attention_mask=None, attention_mask: Int[Tensor, "batch pos"] | None = None,
-             position_bias=None) -> Float[Tensor, "batch pos d_model"]:
+def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_input, key_input, value_input,
+             past_kv_cache_entry=None, additive_attention_mask=None,
+             attention_mask: Int[Tensor, "batch pos"] | None = None, position_bias=None
+             ) -> Float[Tensor, "batch pos d_model"]:
     eager = (past_kv_cache_entry is not None or additive_attention_mask is not None or position_bias is not None
              or reads_pattern(attn))
     if eager:
+        if prefix is not None and prefix.active:
+            raise RuntimeError(f"layer {attn.layer_id} must run eagerly, which knows no shared prefix: run these "
+                               "hooks on the row-by-row path (their prefix_scope None)")
         calls.eager += 1
         return type(attn).forward(attn, query_input, key_input, value_input, past_kv_cache_entry=past_kv_cache_entry,
                                   additive_attention_mask=additive_attention_mask, attention_mask=attention_mask,
                                   position_bias=position_bias)
     calls.fused += 1
+    extension = prefix.extend if prefix is not None else None
     q, k, v = attn.calculate_qkv_matrices(query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
-    if attn.cfg.positional_embedding_type == "rotary":
+    if attn.cfg.positional_embedding_type == "rotary" and extension is not None:
+        positions = suffix_positions(extension, q.shape[1])
+        q, k = attn.hook_rot_q(rotate_at(attn, q, positions)), attn.hook_rot_k(rotate_at(attn, k, positions))
+    elif attn.cfg.positional_embedding_type == "rotary":
         q = attn.hook_rot_q(attn.apply_rotary(q, 0, attention_mask))
         k = attn.hook_rot_k(attn.apply_rotary(k, 0, attention_mask))
+    if prefix is not None and prefix.record is not None:
+        prefix.record[attn.layer_id] = (k, v)
     causal = (attn._attention_dir_override or attn.cfg.attention_dir) == "causal"
-    z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=1.0 / attn.attn_scale, causal=causal))
+    scale = 1.0 / attn.attn_scale
+    z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal) if extension is None
+                    else prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
     w = einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device)
     return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, attn.b_O.to(z.device))
 

@@ -12,14 +12,15 @@ torch.set_grad_enabled(True)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def text_model(n_layers: int | None = None):
-    """A tiny random llama that speaks the embedded model's tokenizer (fast: tests the plumbing, not the numbers)."""
+def text_model(n_layers: int | None = None, **overrides):
+    """A tiny random llama that speaks the embedded model's tokenizer (fast: tests the plumbing, not the numbers);
+    ``overrides``: config fields (a longer ``n_ctx`` for few-shot prompts)."""
     from transformers import AutoTokenizer
 
     from lens_heads.models import embedded_model_folder, tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    size = {} if n_layers is None else {"n_layers": n_layers}
+    size = ({} if n_layers is None else {"n_layers": n_layers}) | overrides
     return tiny_model("llama", seed=0, d_vocab=len(tokenizer), tokenizer=tokenizer, default_prepend_bos=True, **size)
 
 

@@ -59,9 +59,11 @@ def test_letter_format_runs_one_forward_row_per_question(smollm):
     assert result.meta["rows"] == len(task)
     # lm-eval: the context alone (the letter is never input), no BOS
     prompt_tokens = sum(len(smollm.tokenizer.encode(item.prompt.rstrip(), add_special_tokens=False)) for item in task)
-    assert result.meta["forward_tokens"] == prompt_tokens  # the four letters are read, not run
+    assert result.meta["row_tokens"] == prompt_tokens  # the four letters are read, not run
+    # the questions' common beginning (the description's first words) runs once: fewer tokens than the rows'
+    assert result.meta["shared_prefix"] == "any" and result.meta["forward_tokens"] < prompt_tokens
     tl = evaluate(smollm, task, batch_size=8, progress=False, protocol="tl")
-    assert tl.meta["forward_tokens"] == sum(smollm.to_tokens(item.prompt).shape[1] for item in task)
+    assert tl.meta["row_tokens"] == sum(smollm.to_tokens(item.prompt).shape[1] for item in task)
     assert result.meta["padded_tokens"] <= result.meta["forward_tokens"] / 0.75  # padding stays bounded
 
 
@@ -105,8 +107,12 @@ def test_hook_sets_share_the_forward_below_them_and_each_equals_its_own_forward(
     for hooks, result in zip(sets, results):
         for record, item in zip(result.items, task):
             np.testing.assert_allclose(record.logprobs, loop_logprobs(model, item, hooks), atol=1e-4)
-    for a, b in zip(results[0].items, evaluate(model, task, hooks=sets[0], batch_size=3, progress=False).items):
-        assert a.logprobs == b.logprobs  # the same operations on the same batches
+    # the hook_embed set keeps every set on the row path; the first set alone, row by row: the same operations on
+    # the same batches
+    alone = evaluate_each(model, task, [sets[0]], batch_size=3, progress=False, _shared_prefixes=False)[0]
+    assert results[0].meta["shared_prefix"] is None
+    for a, b in zip(results[0].items, alone.items):
+        assert a.logprobs == b.logprobs
 
 
 def test_threshold_zeroing_in_the_evaluator_sees_each_batch_mask(tiny_text_model):
