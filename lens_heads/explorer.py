@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformer_lens import HookedTransformer
-from transformer_lens.utils import get_act_name
 
+from lens_heads.backends import get_act_name
 from lens_heads.effects import HeadEffects
 from lens_heads.head_scores import HeadScores, score_heads
 from lens_heads.inputs import tokenize_inputs
@@ -68,7 +67,7 @@ class Explorer:
         return out
 
 
-def explore(model: HookedTransformer, prompts_or_task, *, scores: HeadScores | None = None,
+def explore(model, prompts_or_task, *, scores: HeadScores | None = None,
             effects: HeadEffects | dict | None = None, rank: RankProfile | None = None, score: str = "AHON (LN)",
             max_prompts: int = MAX_PROMPTS, max_tokens: int = MAX_TOKENS) -> Explorer:
     """An interactive head explorer of ``model`` on example prompts (a string, a list of them, or a Task: its first

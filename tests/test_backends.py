@@ -45,6 +45,6 @@ def test_bridge_reference_is_what_hookedtransformer_computes(smollm):
     them with ``python tests/bridge_agreement.py`` when the scores or the evaluator change on purpose)."""
     want, meta = read_reference("smollm2-135m")
     got, _ = compute(smollm, meta["thresholds"])
-    assert_agree(got, want, score_rtol=1e-5, logprob_atol=1e-5, logprob_rtol=0)
+    assert_agree(got, want, score_rtol=1e-5, logprob_atol=1e-5, logprob_rtol=0, effects_atol=5e-4)
     for name in meta["thresholds"]:  # each zeroing removes some heads, not none or all
         assert 0.05 < float(want[f"zeroed {name}"].float().mean()) < 0.95
