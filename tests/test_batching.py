@@ -43,13 +43,14 @@ def test_auto_batch_halves_on_out_of_memory_until_it_fits(tiny_text_model):
     auto = evaluate(model, task, hooks=[memory_limit(3, tried)], batch_size="auto", progress=False)
     # 16, 8 and 4 rows per batch each fail at their first (longest, 4-row) batch; 2 fits
     assert sum(rows > 3 for rows in tried) == 3 and auto.meta["batch_size"] == 2
-    fixed = evaluate(model, task, batch_size=2, progress=False)
+    # the same path as the auto run (an unknown hook keeps rows whole, no shared prefixes), at a fixed size of 2
+    fixed = evaluate(model, task, hooks=[memory_limit(100, [])], batch_size=2, progress=False)
     assert [it.logprobs for it in auto.items] == [it.logprobs for it in fixed.items]
 
     # a zeroing that counts what it saw forgets the failed attempts
     zeroing, direct = random_zeroing(model, 0.5, seed=2), random_zeroing(model, 0.5, seed=2)
     evaluate(model, task, hooks=[zeroing, memory_limit(3, [])], batch_size="auto", progress=False)
-    evaluate(model, task, hooks=[direct], batch_size=2, progress=False)
+    evaluate(model, task, hooks=[direct, memory_limit(100, [])], batch_size=2, progress=False)  # the same path
     assert torch.equal(zeroing.zeroed(), direct.zeroed())
 
 
