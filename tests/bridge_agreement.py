@@ -65,7 +65,8 @@ def compute_rest(model, task) -> dict[str, torch.Tensor]:
     out = {"rank": torch.as_tensor(attention_rank(model, PROMPTS[:2], progress=False).per_head).float(),
            "effects attribution": effects.values.double()}
     for cache in (False, True):
-        made = generate(model, PROMPTS[1], hooks=zero_heads([(0, 1), (3, 4)]), max_new_tokens=8, cache=cache)
+        heads = [(0, 1), (3, min(4, model.cfg.n_heads - 1))]  # two heads of any model's shape
+        made = generate(model, PROMPTS[1], hooks=zero_heads(heads), max_new_tokens=8, cache=cache)
         out[f"generated cache={cache}"] = torch.tensor(made.tokens)
     return out
 
