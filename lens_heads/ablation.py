@@ -54,10 +54,15 @@ def zero_heads(
     _check_mode(mode, means)
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
+        if int(layer) < 0 or int(head) < 0:
+            raise ValueError(f"zero_heads: (layer, head) = ({layer}, {head}) is negative: give indices from 0")
         by_layer.setdefault(int(layer), []).append(int(head))
 
     def make(layer: int, chosen: list[int]) -> HookFn:
         def hook(z: Float[Tensor, "batch pos head d_head"], hook=None) -> Tensor:
+            if max(chosen) >= z.shape[2]:
+                raise ValueError(f"zero_heads: layer {layer} has {z.shape[2]} heads, so heads {sorted(chosen)} "
+                                 f"include some it does not have: give heads 0..{z.shape[2] - 1}")
             ablate = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
             ablate[chosen] = True
             return _replace(z, ablate.expand(z.shape[0], -1), means[layer] if mode == "mean" else None)

@@ -58,6 +58,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
     ``cache``: see the module docstring (what zeroing means at each step)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    stop = [stop] if isinstance(stop, str) else list(stop)  # one string is one stop, not one per character
     pairs, batch_aware = _collect_hooks(hooks, model)
     if cache and batch_aware:
         raise ValueError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "

@@ -373,6 +373,9 @@ def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
 def _check_settings(scores, fractions, static_scores, calibration, protocol) -> tuple[list[str], list[float]]:
     from lens_heads.scores import SCORE_NAMES
 
+    for name, value in (("scores", scores), ("static_scores", static_scores), ("fractions", fractions)):
+        if isinstance(value, (str, int, float)):
+            raise ValueError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
     scores = list(SCORE_NAMES if scores is None else scores)
     unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES]
     if unknown:

@@ -71,6 +71,10 @@ def test_generation_stops_at_the_first_stop_string(tiny_text_model):
     k = next(k for k, text in enumerate(texts, start=1) if stop in text)
     out = generate(model, PROMPT, max_new_tokens=12, stop=("never appears", stop))
     assert out.stop == stop and out.tokens == new[:k] and out.text == texts[k - 1][:texts[k - 1].index(stop)]
+    # one string is one stop: its first character appears in the text, the whole string never does
+    whole = texts[-1][0] + "\x00"
+    one = generate(model, PROMPT, max_new_tokens=12, stop=whole)
+    assert one.stop == "max_new_tokens" and one.tokens == new
 
 
 @pytest.mark.parametrize("text,answer", [
@@ -104,3 +108,15 @@ def test_exact_match_against_targets(tiny_text_model, monkeypatch):
     with pytest.raises(ValueError, match="no reference answers"):
         evaluate_generation(tiny_text_model, Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,
                                                   items=[Item(id="a", contexts=("a",), continuations=(" b",), gold=0)]))
+
+
+def test_zero_heads_names_a_head_the_model_does_not_have(tiny_text_model):
+    from lens_heads.evaluate import evaluate
+    from lens_heads.tasks import load_task
+
+    task = load_task("arc_easy", n=1)
+    heads = tiny_text_model.cfg.n_heads
+    with pytest.raises(ValueError, match=f"layer 0 has {heads} heads"):
+        evaluate(tiny_text_model, task, hooks=zero_heads([(0, 99)]), progress=False)
+    with pytest.raises(ValueError, match="negative"):
+        zero_heads([(0, -1)])

@@ -186,6 +186,10 @@ def test_bad_sweep_arguments_are_explained(tiny_text_model):
         run_sweep(tiny_text_model, task, scores=["AHONN"], progress=False)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         run_sweep(tiny_text_model, task, scores=["AHON"], fractions=(0, 1.0), progress=False)
+    with pytest.raises(ValueError, match=r"scores takes a list, got 'AHON \(LN\)'"):
+        run_sweep(tiny_text_model, task, scores="AHON (LN)", progress=False)
+    with pytest.raises(ValueError, match=r"fractions takes a list, got 0.1: write fractions=\[0.1\]"):
+        run_sweep(tiny_text_model, task, fractions=0.1, progress=False)
 
 
 def test_thresholds_come_from_the_evaluated_rows(tiny_text_model, tmp_path):
