@@ -180,6 +180,7 @@ def grow(reference: HookedTransformer, n_layers: int, *, student: HookedTransfor
 # ---------------------------------------------------------------- the whole procedure
 
 ABLATIONS = ("later_layers", "attention_only", "mlp_only", "stacking")
+GROW_FROM = ("reference", "student")  # re-inherit from the reference at each size, or keep the trained student
 
 
 @dataclass
@@ -272,6 +273,10 @@ def _check_config(c: InherituneConfig) -> int:
     unknown = set(c.ablations) - set(ABLATIONS)
     if unknown:
         raise ValueError(f"unknown ablations {sorted(unknown)}: choose from {ABLATIONS}")
+    if c.grow_by < 1:  # growing by 0 would train the same size forever
+        raise ValueError(f"grow_by={c.grow_by} must be at least 1 (layers added per growth stage)")
+    if c.grow_from not in GROW_FROM:
+        raise ValueError(f"grow_from={c.grow_from!r} must be one of {GROW_FROM}")
     return max_layers
 
 

@@ -81,7 +81,7 @@ def build_rows(model, items: Sequence, *, protocol: str = DEFAULT_PROTOCOL,
     if too_long:
         raise ValueError(f"{len(too_long)} rows are longer than the model's context of {model.cfg.n_ctx} tokens "
                          f"(longest {max(len(r.tokens) for r in too_long)}): use fewer shots, a longer-context model, "
-                         "or lens_heads.evaluate.within_context(model, task) to drop those items")
+                         "or lens_heads.rows.within_context(model, task) to drop those items")
     return rows
 
 

@@ -69,6 +69,13 @@ class TrainConfig:
     amp: bool = False  # bfloat16 autocast (CUDA only)
     decay_embeddings: bool = False
 
+    def __post_init__(self):
+        for name in ("log_every", "checkpoint_every"):  # eval_every=0 means never, these have no such meaning
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig({name}={getattr(self, name)}): give a number of steps >= 1")
+        if self.eval_every < 0:
+            raise ValueError(f"TrainConfig(eval_every={self.eval_every}): give steps >= 1, or 0 for never")
+
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len * self.grad_accum
@@ -398,6 +405,10 @@ class RankTracker:
     tokens: Int[Tensor, "n pos"]
     every: int = 100
     average: bool = True  # the paper's: rank of the input-averaged matrix
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise ValueError(f"RankTracker(every={self.every}): track every 1 or more steps")
 
     def __call__(self, model: HookedTransformer, step: int) -> dict | None:
         if step % self.every:

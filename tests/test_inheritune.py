@@ -124,6 +124,16 @@ def test_bad_depths_are_refused_naming_the_limit():
         inherit(reference, 2, layers=[0, 4])
     with pytest.raises(ValueError, match="max_layers=9.*8 layers"):
         run_inheritune(InherituneConfig(ref_layers=8, max_layers=9), None, out_dir="unused")
+    with pytest.raises(ValueError, match="grow_by=0 must be at least 1"):  # it looped forever
+        run_inheritune(InherituneConfig(grow_by=0), None, out_dir="unused")
+    with pytest.raises(ValueError, match=r"grow_from='students' must be one of \('reference', 'student'\)"):
+        run_inheritune(InherituneConfig(grow_from="students"), None, out_dir="unused")
+    from lens_heads.train import RankTracker, TrainConfig
+
+    with pytest.raises(ValueError, match="log_every=0"):  # it divided by zero at the first step
+        TrainConfig(log_every=0)
+    with pytest.raises(ValueError, match="every=0"):
+        RankTracker(torch.zeros(1, 4, dtype=torch.long), every=0)
 
 
 def test_inherit_does_not_touch_global_rng_or_reference():
