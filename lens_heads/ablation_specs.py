@@ -137,6 +137,8 @@ class StaticAblation(AblationSpec):
         elif self.score is None or self.fraction is None:
             raise ValueError("a static ablation needs heads=[(layer, head), ...], or a score and a fraction to take "
                              "its most inactive heads from a calibration")
+        if self.fraction is not None and not 0.0 <= self.fraction < 1.0:  # a negative one zeroed nearly every head
+            raise ValueError(f"StaticAblation(fraction={self.fraction}): give a share of heads in [0, 1)")
 
     @property
     def curve(self) -> CurveKey:

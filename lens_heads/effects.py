@@ -337,6 +337,8 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     if sorted(order) != [(layer, head) for layer in range(L) for head in range(H)]:
         raise ValueError(f"order must list each of the model's {L} x {H} heads once (HeadEffects.order())")
     fractions = sorted({float(p) for p in fractions} | {0.0})
+    if not (0.0 <= fractions[0] and fractions[-1] < 1.0):  # a negative one zeroed nearly every head
+        raise ValueError(f"oracle_sweep: fractions must lie in [0, 1), got {fractions}")
     layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
     fingerprint = run_fingerprint(model, task, primary=primary, oracle_order=[list(h) for h in order], **layout)
     store = UnitStore(out_dir, fingerprint, marker="oracle.json")

@@ -321,6 +321,8 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
                     apply_chat_template=apply_chat_template, attention=attention, first_input=first_input,
                     _shared_prefixes=_shared_prefixes)
+    if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
+        raise ValueError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:

@@ -34,6 +34,7 @@ from torch import Tensor
 from lens_heads.backends import is_bridge, run_to_resid
 from lens_heads.evaluate import _collect_hooks, _describe, _model_meta, final_logits, wilson_interval
 from lens_heads.rows import DEFAULT_PROTOCOL, chat_context, check_protocol, encode, lm_eval_bos
+from lens_heads.inputs import check_token_ids
 
 GSM8K_STOP = ("\n\n", "Question:")
 
@@ -123,6 +124,7 @@ def _prompt_tokens(model, prompt: str | Sequence[int], protocol: str) -> list[in
         tokens = (lm_eval_bos(model) if protocol == "lm-eval" else tl_bos) + encode(model, prompt)
     if not tokens:
         raise ValueError("the prompt is empty: give text or token ids")
+    check_token_ids(model, [tokens], ["the prompt"])
     return tokens
 
 

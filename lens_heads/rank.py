@@ -135,6 +135,8 @@ def attention_rank(
     attention of an untrained layer, whose rank at 90% energy is 5 for T = 64..128: a threshold of 5 or more would
     call every freshly initialised layer lazy.
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"attention_rank: batch_size must be a whole number >= 1, got {batch_size!r}")
     tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
     tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
     if average:

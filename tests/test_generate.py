@@ -120,3 +120,25 @@ def test_zero_heads_names_a_head_the_model_does_not_have(tiny_text_model):
         evaluate(tiny_text_model, task, hooks=zero_heads([(0, 99)]), progress=False)
     with pytest.raises(ValueError, match="negative"):
         zero_heads([(0, -1)])
+
+
+def test_bad_prompts_ranks_and_shares_are_refused(tiny_text_model):
+    from lens_heads.ablation_specs import StaticAblation
+    from lens_heads.effects import oracle_sweep
+    from lens_heads.rank import attention_rank
+    from lens_heads.tasks import load_task
+
+    from lens_heads.evaluate import evaluate
+
+    model = tiny_text_model
+    with pytest.raises(ValueError, match=r"load it first, lens_heads.load_task\('arc_easy'\)"):
+        evaluate(model, "arc_easy")
+    with pytest.raises(ValueError, match="99999"):  # token ids were not checked for generation
+        generate(model, [1, 99999], max_new_tokens=2)
+    with pytest.raises(ValueError, match="batch_size must be a whole number >= 1, got 0"):
+        attention_rank(model, ["a b c"], batch_size=0)
+    with pytest.raises(ValueError, match=r"fraction=-0.1.*\[0, 1\)"):
+        StaticAblation(score="AHON (LN)", fraction=-0.1)
+    order = [(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
+    with pytest.raises(ValueError, match=r"fractions must lie in \[0, 1\)"):
+        oracle_sweep(model, load_task("arc_easy", n=2), order, fractions=(-0.1, 0.2), progress=False)
