@@ -90,6 +90,10 @@ def load_model(
     Hugging Face model, TransformerLens 4.x, raw weights); by default the one the installed TransformerLens has.
     Both fire the same ``hook_pattern``/``hook_v``/``hook_z``; the backend is recorded beside the weight basis.
     """
+    if not isinstance(name, (str, Path)) or not str(name):
+        raise ValueError(f"load_model needs a model name or folder, got {name!r}: e.g. load_model() for the "
+                         f"embedded {DEFAULT_MODEL}, load_model('gemma-3-270m') or a local folder")
+    name = str(name)
     backend = check_backend(backend)
     if backend == "bridge" and processing:
         raise ValueError("backend='bridge' loads raw weights only (so the head scores read the same quantities as "

@@ -133,6 +133,10 @@ def test_bad_prompts_ranks_and_shares_are_refused(tiny_text_model):
     model = tiny_text_model
     with pytest.raises(ValueError, match=r"load it first, lens_heads.load_task\('arc_easy'\)"):
         evaluate(model, "arc_easy")
+    from lens_heads.models import load_model
+
+    with pytest.raises(ValueError, match="needs a model name or folder, got None"):
+        load_model(None)
     with pytest.raises(ValueError, match="99999"):  # token ids were not checked for generation
         generate(model, [1, 99999], max_new_tokens=2)
     with pytest.raises(ValueError, match="batch_size must be a whole number >= 1, got 0"):
