@@ -103,6 +103,8 @@ class SweepResult:
     baseline: EvalResult
     units: list[UnitResult]
     meta: dict = field(default_factory=dict)
+    # intervals() by its settings: a comparison ranks by two metrics and tabulates Table 2 from one bootstrap
+    _intervals: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def keyed_curves(self, mode: str = "threshold") -> dict[CurveKey, list[UnitResult]]:
         """Per curve of ``mode`` (``"threshold"`` includes the random curve), its units sorted by realised share,
@@ -181,11 +183,14 @@ class SweepResult:
         """95% percentile-bootstrap intervals over items for every curve's summaries (accuracy and KL AUC, KL at
         each target share, % zeroable within ``points`` by both rules) and ranks, paired across curves
         (:func:`lens_heads.sweep_intervals.sweep_intervals`); ``.difference`` and ``.versus`` test curves
-        against each other."""
+        against each other. Computed once per setting (the units are not meant to change after the sweep)."""
         from lens_heads.sweep_intervals import sweep_intervals
 
-        return sweep_intervals(self, points=points, shares=shares, n_resamples=n_resamples, seed=seed,
-                               confidence=confidence)
+        key = (points, None if shares is None else tuple(shares), n_resamples, seed, confidence)
+        if key not in self._intervals:
+            self._intervals[key] = sweep_intervals(self, points=points, shares=shares, n_resamples=n_resamples,
+                                                   seed=seed, confidence=confidence)
+        return self._intervals[key]
 
     def difference(self, a: str, b: str, summary: str = "kl_auc", *, points: float = 1.0, n_resamples: int = 2000,
                    seed: int = 0) -> dict:
