@@ -1,5 +1,5 @@
 """Compare recorded sweeps across models and tasks: rank of every score per (model, task), Spearman correlation of
-the rankings and top-5 overlap between every pair (``lens_heads.compare.compare_sweeps``).
+the rankings and top-5 overlap between every pair (``lens_heads.experiments.compare.compare_sweeps``).
 
     python analyses/compare_sweeps.py figures/sweep_arc_easy.json figures/sweep_piqa.json   # the recorded run
     python analyses/compare_sweeps.py runs/sweep/arc_easy runs/sweep/piqa runs/gemma/arc_easy --top-k 3
@@ -14,7 +14,7 @@ has per-item records (its ``sweep_<task>_units.json.gz`` beside the JSON). Outpu
 - ``compare_ranks.csv``: per metric, (model, task) and curve: the normalised AUC and its rank (1 = best);
 - ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap, shared curves;
 - ``compare_spearman_<metric>.csv``: the correlation matrix;
-- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.sweep.table2``): per (model, task), AWFT's % of heads
+- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.experiments.sweep.table2``): per (model, task), AWFT's % of heads
   zeroable within 1 accuracy point (authors' rule) beside the best other curve's, random included;
 - ``compare_ranks_<metric>.png`` and ``compare_spearman_<metric>.png`` (and ``.html``): the two heatmaps;
 - ``compare_sweeps.json``: what went in (model, task, sample, seed, weight basis, baseline, chance, source file) and
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from lens_heads.compare import METRICS, common_grid, compare_sweeps, on_grid, read_sweep
-from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.plots import correlation_heatmap, png_writer, rank_heatmap
-from lens_heads.settings import from_args, option
-from lens_heads.sweep import table2
+from lens_heads.experiments.compare import METRICS, common_grid, compare_sweeps, on_grid, read_sweep
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.viz.plots import correlation_heatmap, png_writer, rank_heatmap
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.experiments.sweep import table2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def main(argv=None) -> None:
             print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
     atomic_write_json(out / "compare_sweeps.json", dict(
         what="ranking of the head scores (and random zeroing) by normalised AUC per (model, task), Spearman "
-             "correlation of the rankings and top-k overlap between every pair (lens_heads.compare)",
+             "correlation of the rankings and top-k overlap between every pair (lens_heads.experiments.compare)",
         inputs=[str(p) for p in args.sweeps], sweeps=list(first.sweeps), curves=list(first.curves),
         dropped=first.dropped, top_k=first.top_k, intervals=first.intervals,
         metrics={m: dict(what=METRICS[m], ranks=c.rank_table().reset_index().to_dict(orient="records"),

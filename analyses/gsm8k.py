@@ -4,10 +4,10 @@ bits per byte, a continuous metric that a model at 0% exact match can still lose
     python analyses/gsm8k.py --threads 1      # embedded SmolLM2-135M, n=30, AHON (LN) and random at 10/20/30%
     python analyses/gsm8k.py --n 3 --max-new-tokens 16 --fractions 0,.1 --scores ""   # a smoke run
 
-1. **Exact match** (``lens_heads.generate.evaluate_generation``): the shipped 8-shot chain-of-thought prompt, greedy
+1. **Exact match** (``lens_heads.evaluation.generate.evaluate_generation``): the shipped 8-shot chain-of-thought prompt, greedy
    generation with TransformerLens's key-value cache until a blank line or "Question:" (or ``--max-new-tokens``),
    the answer's final number against the gold one, with its Wilson interval. The model runs intact here.
-2. **Bits per byte of the gold answer** (``lens_heads.sweep.run_sweep`` on the same items): the gold
+2. **Bits per byte of the gold answer** (``lens_heads.experiments.sweep.run_sweep`` on the same items): the gold
    chain-of-thought answer scored by log-likelihood on lm-eval's rows, intact, with heads zeroed per input by each
    of ``--scores`` at each target share (thresholds from the unablated scores of the evaluated rows, as in
    ``analyses/sweep.py``), and with random zeroing. Per point: the realised share zeroed, the mean bits per byte,
@@ -16,7 +16,7 @@ bits per byte, a continuous metric that a model at 0% exact match can still lose
 
 What zeroing means here: every forward of step 2 is one whole row (the prompt and the gold answer), so a per-input
 threshold zeroing decides on that row's scores, as the authors' patched attention does in the forward that scores an
-answer. Zeroing while generating is the other reading: ``lens_heads.generate`` with a zeroing and ``cache=False``
+answer. Zeroing while generating is the other reading: ``lens_heads.evaluation.generate`` with a zeroing and ``cache=False``
 reruns the sequence at every step and recomputes the scores each time, as the authors do; at 8-shot prompt lengths
 that costs a full forward per generated token, so this script measures the loss through the gold answer instead.
 
@@ -36,15 +36,15 @@ import pandas as pd
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.cache import Cache
-from lens_heads.evaluate import mean_ci
-from lens_heads.generate import GenerationRecord, GenerationResult, evaluate_generation
-from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.models import DEFAULT_MODEL, model_meta
-from lens_heads.plots import ablation_curves, save_figure
-from lens_heads.scores import score_names
-from lens_heads.settings import from_args, option
-from lens_heads.sweep import run_sweep
+from lens_heads.plumbing.cache import Cache
+from lens_heads.evaluation.evaluate import mean_ci
+from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.viz.plots import ablation_curves, save_figure
+from lens_heads.heads.scores import score_names
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.experiments.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

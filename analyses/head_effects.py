@@ -12,7 +12,7 @@ Per task in ``--tasks``:
    30 x 9 = 270 evaluations, resumable under ``--out``) and ``attribution`` (attribution patching, one forward and
    backward pass per batch); wall and CPU seconds of each are recorded side by side.
 3. **Agreement** of each score with the ablation effects and with the attribution estimates, for the KL and the gold
-   log-likelihood metrics (``lens_heads.agreement.score_agreement``: Spearman, Kendall, precision@k, bootstrap 95%
+   log-likelihood metrics (``lens_heads.experiments.agreement.score_agreement``: Spearman, Kendall, precision@k, bootstrap 95%
    intervals over items), and the rank correlation of attribution with ablation.
 4. **Oracle curve**: heads zeroed for every input in the order of their measured ablation effect (KL, smallest
    first), on the ranking items (fitted to them) and on ``--heldout-n`` other items (the next items of the same
@@ -44,14 +44,14 @@ import pandas as pd
 import torch
 
 from lens_heads import head_effects, load_model, load_task, score_heads
-from lens_heads.agreement import score_agreement
-from lens_heads.stats import kendall, spearman
-from lens_heads.effects import HeadEffects, oracle_sweep
-from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.models import model_meta
-from lens_heads.rows import PROTOCOLS
-from lens_heads.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
-from lens_heads.settings import from_args, option
+from lens_heads.experiments.agreement import score_agreement
+from lens_heads.stats.inference import kendall, spearman
+from lens_heads.experiments.effects import HeadEffects, oracle_sweep
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.models.loading import model_meta
+from lens_heads.data.rows import PROTOCOLS
+from lens_heads.viz.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
+from lens_heads.plumbing.settings import from_args, option
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ablation", "attribution")

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 python analyses/inheritune.py --preset smollm2     # inherit from the embedded SmolLM2
     python analyses/inheritune.py --preset gpt2-medium --device cuda     # paper scale: 24 -> 12..16 layers, OpenWebText
 
-The GPT-2 is the authors' (lens_heads.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
+The GPT-2 is the authors' (lens_heads.collapse.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
 50304, scaled residual init; ``--architecture transformer-lens`` for TransformerLens's GPT-2). Rows: reference,
 Inheritune students (growth stages), same-size scratch (1x, 2x steps) and the paper's ablations (later layers,
 attention only, MLP only, stacking). The ``smollm2`` preset skips the GPT-2 runs and inherits the first k layers
@@ -30,15 +30,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lens_heads.cache import keyed
-from lens_heads.corpus import gpt2_tokenizer, load_corpus
-from lens_heads.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.inheritune import ABLATIONS, PAPER_TASKS, InherituneConfig, load_result, run_inheritune
-from lens_heads.io import atomic_write_json, atomic_write_text
-from lens_heads.plots import save_figure
-from lens_heads.rank import approx_rank, attention_rank, mass_columns
-from lens_heads.settings import from_args, option
-from lens_heads.train import TrainConfig, eval_windows
+from lens_heads.plumbing.cache import keyed
+from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
+from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
+from lens_heads.collapse.inheritune import ABLATIONS, PAPER_TASKS, InherituneConfig, load_result, run_inheritune
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.viz.plots import save_figure
+from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.collapse.train import TrainConfig, eval_windows
 
 @dataclass(frozen=True)
 class InherituneSettings:
@@ -165,7 +165,7 @@ def eval_tasks(a) -> dict[str, str]:
 
 
 def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
-    from lens_heads.inheritune import zero_shot
+    from lens_heads.collapse.inheritune import zero_shot
 
     rows = [{"stage": stage_name, **r} for r in zero_shot(model, eval_tasks(a), n=a.eval_n, seed=a.seed)]
     for r in rows:
@@ -177,8 +177,8 @@ def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
 
 def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> list[dict]:
     """Zero-shot accuracy of the reference, the final student, the scratch baselines and the ablations."""
-    from lens_heads.inheritune import gpt2_config, gpt2_model
-    from lens_heads.train import load_model_state
+    from lens_heads.collapse.inheritune import gpt2_config, gpt2_model
+    from lens_heads.collapse.train import load_model_state
 
     rows = []
     for stage in result.stages:
@@ -196,8 +196,8 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
     ``--smollm-k``) and a same-size random init, each trained ``--steps`` on SOTU text in SmolLM2's tokenizer,
     against the full model: validation loss and zero-shot accuracy."""
     from lens_heads import load_model
-    from lens_heads.inheritune import inherit_first_layers, same_size_random
-    from lens_heads.train import train, validation_loss
+    from lens_heads.collapse.inheritune import inherit_first_layers, same_size_random
+    from lens_heads.collapse.train import train, validation_loss
 
     full = load_model(device=a.device)
     paper = smollm_rank["averaged"]

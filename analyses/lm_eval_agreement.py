@@ -47,11 +47,11 @@ import numpy as np
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.cache import load_keyed, save_keyed
-from lens_heads.evaluate import evaluate
-from lens_heads.io import atomic_write_json
-from lens_heads.models import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
-from lens_heads.settings import from_args, option
+from lens_heads.plumbing.cache import load_keyed, save_keyed
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.models.loading import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
+from lens_heads.plumbing.settings import from_args, option
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1e-3

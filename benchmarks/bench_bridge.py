@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from timing import Comparison, alternate, load_average, parse_settings, print_machine, write_printed
-from lens_heads.settings import option
+from lens_heads.plumbing.settings import option
 
 HEADING = "TransformerBridge evaluator"
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +58,8 @@ def item_logprobs(result) -> list[float]:
 def full_logits_evaluate(forward, model, task, batch_size: int) -> list[float]:
     """The evaluator's rows and batches through ``forward(tokens, mask) -> logits`` (full logits at every
     position), then log-softmax at the read positions."""
-    from lens_heads.evaluate import batches, build_rows, pad_rows
-    from lens_heads.inputs import pad_id
+    from lens_heads.evaluation.evaluate import batches, build_rows, pad_rows
+    from lens_heads.data.inputs import pad_id
 
     items = list(task)
     rows = build_rows(model, items, protocol="lm-eval")
@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM
 
     from lens_heads import evaluate, load_model
-    from lens_heads.models import embedded_model_folder
+    from lens_heads.models.loading import embedded_model_folder
 
     s = parse_settings(BridgeBench, argv, __doc__)
     if s.hooked_worker:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from lens_heads import head_effects, load_model, load_task
-from lens_heads.ablation import zero_heads
-from lens_heads.evaluate import evaluate, evaluate_each
-from lens_heads.settings import option
+from lens_heads.ablation.hooks import zero_heads
+from lens_heads.evaluation.evaluate import evaluate, evaluate_each
+from lens_heads.plumbing.settings import option
 
 from timing import (
     Comparison, alternate, batch_size_option, load_average, parse_settings, print_machine, set_threads, threads_option,

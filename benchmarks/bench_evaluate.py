@@ -3,7 +3,7 @@
     python benchmarks/bench_evaluate.py                    # ~5-10 min on 2 CPU cores
     python benchmarks/bench_evaluate.py --mmlu-n 8 --arc-n 40 --write-docs
 
-1. MMLU letter format (5-shot): ``lens_heads.evaluate`` (one forward per question, four letters read at the last
+1. MMLU letter format (5-shot): ``lens_heads.evaluation.evaluate`` (one forward per question, four letters read at the last
    position, rows batched) against a per-choice loop (one forward of context + letter per choice, as a harness
    without shared-context requests runs it): forward tokens and wall time. Target: >= 3x fewer tokens.
 2. The sweep's cost: one unablated ARC-Easy evaluation against one with per-input threshold zeroing and one with
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.ablation import random_zeroing, threshold_zeroing
-from lens_heads.distributions import thresholds
-from lens_heads.evaluate import evaluate
-from lens_heads.head_scores import score_heads
-from lens_heads.settings import option
-from lens_heads.sweep import DEFAULT_FRACTIONS
+from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
+from lens_heads.heads.distributions import thresholds
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.heads.scoring import score_heads
+from lens_heads.plumbing.settings import option
+from lens_heads.experiments.sweep import DEFAULT_FRACTIONS
 
 from timing import (
     Comparison, alternate, load_average, parse_settings, print_machine, set_threads, threads_option, timed,

@@ -3,8 +3,8 @@
     OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --write-docs      # ~5-10 min on 2 CPU cores
 
 1. Attention: a plain forward (logits at every position, batch 1) over MMLU 5-shot prompts (the evaluator's rows:
-   one per question) with TransformerLens eager attention, with :func:`lens_heads.fused_attention.fused_attention`,
-   with fused attention and :func:`lens_heads.packed_weights.packed_weights` (the evaluator's forward), and with the
+   one per question) with TransformerLens eager attention, with :func:`lens_heads.evaluation.fused_attention.fused_attention`,
+   with fused attention and :func:`lens_heads.evaluation.packed_weights.packed_weights` (the evaluator's forward), and with the
    same weights in Hugging Face (SDPA and eager attention). Target: the evaluator's forward >= 0.8x HF SDPA
    throughput; fused logits within 1e-4 of eager.
 2. Logits only where read: ``evaluate`` on ARC-Easy as it is (final norm + unembedding at the read positions)
@@ -38,15 +38,15 @@ import numpy as np
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.ablation import random_zeroing, threshold_zeroing
-from lens_heads.distributions import thresholds
-from lens_heads.evaluate import build_rows, evaluate
-from lens_heads.fused_attention import fused_attention
-from lens_heads.packed_weights import packed_weights
-from lens_heads.head_scores import score_heads
-from lens_heads.inputs import tokenize_inputs
-from lens_heads.models import embedded_model_folder
-from lens_heads.settings import option
+from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
+from lens_heads.heads.distributions import thresholds
+from lens_heads.evaluation.evaluate import build_rows, evaluate
+from lens_heads.evaluation.fused_attention import fused_attention
+from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.heads.scoring import score_heads
+from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.models.loading import embedded_model_folder
+from lens_heads.plumbing.settings import option
 
 from flops import (
     EVALUATIONS_PER_MODEL, GPU_PEAK, MMLU_QUESTIONS, PAPER_MODELS_B, evaluation_flops, forward_flops, matmul_flops_per_s,
@@ -188,7 +188,7 @@ def logits_where_read(model, arc, s: FastEvalBench) -> tuple[list[str], float]:
 
     def full_logits():
         # the package exports the function evaluate under the module's name: patch the module itself
-        with mock.patch.object(importlib.import_module("lens_heads.evaluate"), "_read_logprobs",
+        with mock.patch.object(importlib.import_module("lens_heads.evaluation.evaluate"), "_read_logprobs",
                                read_from_full_logits):
             return evaluate(model, arc, batch_size=s.batch_size, progress=False)
 

@@ -16,7 +16,7 @@
 
 ``--lm-eval``: lm-evaluation-harness 0.4.5's HF backend (``HFLM.loglikelihood``, batch size ``--batch-size``) on
 the same items joins each alternation (install it as ``analyses/lm_eval_agreement.py`` says and put it on
-``PYTHONPATH``); its forward rows are the row path's (``lens_heads.rows`` lays them out as lm-eval does).
+``PYTHONPATH``); its forward rows are the row path's (``lens_heads.data.rows`` lays them out as lm-eval does).
 
 The forward-token reduction does not depend on the machine's load; the times do: every block says the load.
 """
@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.ablation import zero_heads
-from lens_heads.evaluate import build_rows, evaluate_each
-from lens_heads.models import embedded_model_folder
-from lens_heads.prefix import ROWS_PER_PREFIX, plan_groups
-from lens_heads.settings import option
+from lens_heads.ablation.hooks import zero_heads
+from lens_heads.evaluation.evaluate import build_rows, evaluate_each
+from lens_heads.models.loading import embedded_model_folder
+from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
+from lens_heads.plumbing.settings import option
 
 from bench_effects import spread_heads
 from flops import forward_flops, trunk_flops_per_token

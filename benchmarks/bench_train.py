@@ -1,4 +1,4 @@
-"""Training throughput of the hooked GPT-2 (lens_heads.train) against a plain PyTorch GPT-2 of the same
+"""Training throughput of the hooked GPT-2 (lens_heads.collapse.train) against a plain PyTorch GPT-2 of the same
 architecture in the same process, and the cost of tracking attention rank during training.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_train.py            # CPU defaults (a few minutes)
@@ -19,11 +19,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lens_heads.corpus import load_corpus
-from lens_heads.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
-from lens_heads.gpt2 import gpt2_model as _gpt2_model
-from lens_heads.settings import option
-from lens_heads.train import RankTracker, TrainConfig, batch_at, eval_windows, lr_at, train
+from lens_heads.collapse.corpus import load_corpus
+from lens_heads.collapse.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
+from lens_heads.collapse.gpt2 import gpt2_model as _gpt2_model
+from lens_heads.plumbing.settings import option
+from lens_heads.collapse.train import RankTracker, TrainConfig, batch_at, eval_windows, lr_at, train
 
 from timing import (
     alternate, load_average, machine_line, parse_settings, repeated, rounds_option, timed, write_docs_option, write_section)
@@ -90,7 +90,7 @@ def plain_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def plain_train(model, opt, corpus, cfg: TrainConfig, steps: int, device) -> None:
-    """The same loop as lens_heads.train, written plainly."""
+    """The same loop as lens_heads.collapse.train, written plainly."""
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
@@ -129,7 +129,7 @@ class TrainBench:
 
 
 REF = "plain PyTorch, SDPA attention"
-HOOKED = "hooked (lens_heads.train)"
+HOOKED = "hooked (lens_heads.collapse.train)"
 
 
 def loop_rounds(a: TrainBench, corpus, cfg: TrainConfig, mcfg) -> dict:

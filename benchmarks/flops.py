@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lens_heads.evaluate import build_rows
+from lens_heads.evaluation.evaluate import build_rows
 
 from timing import repeated
 
@@ -46,7 +46,7 @@ def forward_flops(cfg, lengths: Sequence[int], logit_positions: int) -> float:
 
 
 def evaluation_flops(model, task) -> float:
-    """Useful FLOPs of ``lens_heads.evaluate`` on ``task``: its rows, logits at the positions it reads."""
+    """Useful FLOPs of ``lens_heads.evaluation.evaluate`` on ``task``: its rows, logits at the positions it reads."""
     rows = build_rows(model, list(task))
     reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
     return forward_flops(model.cfg, [len(row.tokens) for row in rows], reads)

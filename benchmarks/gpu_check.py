@@ -7,14 +7,14 @@ and torchrun on random-init models of real shapes, all side by side in one proce
 
 Throughput does not depend on the weights' values, so each shape (SmolLM2-135M, Qwen2.5-0.5B, a Llama-3.2-1B-shaped
 model) is a random-init Hugging Face model (SDPA attention) and a HookedTransformer holding the same weights (the
-project's own conversion, ``lens_heads.models.hooked_from_hf``), in bf16 on ``cuda`` by default. Its rows are
+project's own conversion, ``lens_heads.models.loading.hooked_from_hf``), in bf16 on ``cuda`` by default. Its rows are
 synthetic token ids with MMLU 5-shot row lengths (``benchmarks/mmlu_row_lengths.json``, from the real rows under
 SmolLM2's tokenizer; ``--record-lengths`` remakes it), run through the evaluator's own task and row code. Per shape:
 
 1. ``batch_size="auto"``: the size it settles on for these rows and the peak GPU memory of that evaluation;
-2. the evaluator (``lens_heads.evaluate``, at that batch size) against Hugging Face SDPA on the same batches, the
+2. the evaluator (``lens_heads.evaluation.evaluate``, at that batch size) against Hugging Face SDPA on the same batches, the
    same weights and logits at the same read positions: tokens/s of each, and the largest log-likelihood difference;
-3. the scoring pass (``lens_heads.score_heads``) and one threshold-zeroing sweep unit (``lens_heads.sweep.run_unit``,
+3. the scoring pass (``lens_heads.score_heads``) and one threshold-zeroing sweep unit (``lens_heads.experiments.sweep.run_unit``,
    AHON (LN) at the threshold that zeroes 10% on the scoring pass): tokens/s;
 4. achieved FLOP/s (useful FLOPs, ``benchmarks/flops.py``) as a share of the dense matmul FLOP/s measured in the same
    run (best of a few 8192^3 matmuls in the check's dtype on a GPU, 1024^3 on the CPU).
@@ -41,16 +41,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lens_heads.ablation_specs import ThresholdAblation
-from lens_heads.distributions import thresholds
-from lens_heads.evaluate import batches, build_rows, evaluate, pad_rows
-from lens_heads.head_scores import score_heads
-from lens_heads.inputs import pad_id
-from lens_heads.io import atomic_write_json
-from lens_heads.models import check_dtype_on, hooked_from_hf, model_meta
-from lens_heads.settings import option
-from lens_heads.sweep import run_sweep, run_unit
-from lens_heads.tasks import Item, Task
+from lens_heads.ablation.specs import ThresholdAblation
+from lens_heads.heads.distributions import thresholds
+from lens_heads.evaluation.evaluate import batches, build_rows, evaluate, pad_rows
+from lens_heads.heads.scoring import score_heads
+from lens_heads.data.inputs import pad_id
+from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.models.loading import check_dtype_on, hooked_from_hf, model_meta
+from lens_heads.plumbing.settings import option
+from lens_heads.experiments.sweep import run_sweep, run_unit
+from lens_heads.data.tasks import Item, Task
 
 from flops import evaluation_flops, forward_flops, matmul_flops_per_s, paper_flops, synchronize
 from timing import alternate, machine_line, parse_settings, repeats_option, timed
@@ -182,7 +182,7 @@ def record_lengths(n: int = 512, seed: int = 0) -> None:
     from transformers import AutoTokenizer
 
     from lens_heads import load_task, tiny_model
-    from lens_heads.models import embedded_model_folder
+    from lens_heads.models.loading import embedded_model_folder
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     reader = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=N_CTX)

@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from lens_heads.io import atomic_write_text
-from lens_heads.settings import from_args, option
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.settings import from_args, option
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

@@ -1,26 +1,26 @@
 """lens_heads: find inactive attention heads and lazy layers, prove it by ablation, build smaller models.
 
-The names below are the public API; each lives in a module of its own (``lens_heads.scores``,
-``lens_heads.ablation``, ``lens_heads.sweep``, ``lens_heads.rank``, ``lens_heads.inheritune``, ...).
+The names below are the public API; each lives in a module of its own (``lens_heads.heads.scores``,
+``lens_heads.ablation.hooks``, ``lens_heads.experiments.sweep``, ``lens_heads.collapse.rank``, ``lens_heads.collapse.inheritune``, ...).
 """
 
-from lens_heads.models import DEFAULT_MODEL, ModelUnavailableError, load_model, model_meta, tiny_model, weight_basis
-from lens_heads.tasks import Item, Task, TaskDataUnavailableError, load_task
-from lens_heads.custom_tasks import TaskFileError, task_from_records
-from lens_heads.scores import SCORE_NAMES
-from lens_heads.head_scores import HeadScores, score_heads
-from lens_heads.distributions import thresholds
-from lens_heads.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
-from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.sweep import SweepResult, load_sweep, run_sweep
-from lens_heads.compare import SweepComparison, compare_sweeps, read_sweep
-from lens_heads.effects import HeadEffects, head_effects
-from lens_heads.rank import RankProfile, approx_rank, attention_rank
-from lens_heads.explorer import Explorer, explore
-from lens_heads.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
-from lens_heads.train import RankTracker, TrainConfig  # train() itself: lens_heads.train.train (keeps the module reachable)
-from lens_heads.gpt2 import GPT2Options, gpt2_config, gpt2_model
-from lens_heads.inheritune import (InherituneConfig, InherituneResult, grow, inherit, inherit_first_layers,
+from lens_heads.models.loading import DEFAULT_MODEL, ModelUnavailableError, load_model, model_meta, tiny_model, weight_basis
+from lens_heads.data.tasks import Item, Task, TaskDataUnavailableError, load_task
+from lens_heads.data.custom_tasks import TaskFileError, task_from_records
+from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.heads.distributions import thresholds
+from lens_heads.evaluation.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
+from lens_heads.ablation.hooks import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.experiments.sweep import SweepResult, load_sweep, run_sweep
+from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
+from lens_heads.experiments.effects import HeadEffects, head_effects
+from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
+from lens_heads.viz.explorer import Explorer, explore
+from lens_heads.collapse.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
+from lens_heads.collapse.train import RankTracker, TrainConfig  # train() itself: lens_heads.collapse.train.train (keeps the module reachable)
+from lens_heads.collapse.gpt2 import GPT2Options, gpt2_config, gpt2_model
+from lens_heads.collapse.inheritune import (InherituneConfig, InherituneResult, grow, inherit, inherit_first_layers,
                                    inherit_later_layers, run_inheritune, stack)
 
 __all__ = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from lens_heads.io import atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 
@@ -27,8 +27,8 @@ zero heads per input against a random baseline on the same items."""),
 import lens_heads
 from lens_heads import (evaluate, load_model, load_task, paired_difference, random_zeroing, score_heads,
                         threshold_zeroing, thresholds)
-from lens_heads import plots
-from lens_heads.distributions import layer_summary
+from lens_heads.viz import plots
+from lens_heads.heads.distributions import layer_summary
 
 torch.manual_seed(0)
 model = load_model()  # raw weight basis: the norms the scores read are not changed by weight processing
@@ -75,11 +75,11 @@ rank profile of the embedded SmolLM2, and an Inheritune run on a tiny GPT-2 trai
 offline State of the Union corpus."""),
     new_code_cell("""import torch
 from lens_heads import load_model
-from lens_heads.rank import approx_rank, attention_rank
-from lens_heads.corpus import load_corpus, gpt2_tokenizer
-from lens_heads.inheritune import InherituneConfig, run_inheritune
-from lens_heads.train import TrainConfig
-from lens_heads import plots"""),
+from lens_heads.collapse.rank import approx_rank, attention_rank
+from lens_heads.collapse.corpus import load_corpus, gpt2_tokenizer
+from lens_heads.collapse.inheritune import InherituneConfig, run_inheritune
+from lens_heads.collapse.train import TrainConfig
+from lens_heads.viz import plots"""),
     new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
     new_code_cell("""T = 16
 every_query_alike = torch.full((T, T), 1.0 / T)      # uniform averaging: rank one
@@ -101,7 +101,7 @@ plots.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, pr
 A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown
 by one layer at a time while its validation loss is worse than the reference's, and same-size models from scratch
 for the same and twice the steps (the paper's ablations, `ablations=`, are left to `analyses/inheritune.py`). The
-GPT-2 is the authors' (`lens_heads.gpt2.GPT2Options`). Sixteen steps of 4 x 32 tokens each: nothing is learnt or collapses at this
+GPT-2 is the authors' (`lens_heads.collapse.gpt2.GPT2Options`). Sixteen steps of 4 x 32 tokens each: nothing is learnt or collapses at this
 scale; the point is the procedure (`analyses/inheritune.py` runs it for real)."""),
     new_code_cell("""import tempfile
 corpus = load_corpus("sotu")
@@ -124,7 +124,7 @@ Which heads look inactive, and what do they attend to? `lens_heads.explore` draw
 its score per prompt, its rank among the heads and its layer's attention rank. Everything is inlined, so this works
 offline, here and in the saved page."""),
     new_code_cell("""import lens_heads as lh
-from lens_heads.scores import most_inactive
+from lens_heads.heads.scores import most_inactive
 
 model = lh.load_model()
 prompts = ["When Mary and John went to the store, John gave a drink to",

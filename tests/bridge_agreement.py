@@ -37,7 +37,7 @@ def compute(model, zeroing_thresholds: dict[str, float] | None = None) -> tuple[
     ``zeroing_thresholds``, else chosen here from the scores), with the (row, layer, head) triples zeroed; then the
     rest of the contract (:func:`compute_rest`)."""
     from lens_heads import evaluate, load_task, score_heads, threshold_zeroing
-    from lens_heads.scores import DIRECTION
+    from lens_heads.heads.scores import DIRECTION
 
     scores = score_heads(model, PROMPTS, batch_size=4, progress=False)
     task = load_task(TASK["name"], n=TASK["n"], seed=TASK["seed"])
@@ -59,7 +59,7 @@ def compute_rest(model, task) -> dict[str, torch.Tensor]:
     from dataclasses import replace
 
     from lens_heads import attention_rank, head_effects, zero_heads
-    from lens_heads.generate import generate
+    from lens_heads.evaluation.generate import generate
 
     effects = head_effects(model, replace(task, items=list(task)[:2]), method="attribution", progress=False)
     out = {"rank": torch.as_tensor(attention_rank(model, PROMPTS[:2], progress=False).per_head).float(),
@@ -90,7 +90,7 @@ def write_reference(model_name: str) -> Path:
     from safetensors.torch import save_file
 
     from lens_heads import load_model
-    from lens_heads.backends import tl_version
+    from lens_heads.models.backends import tl_version
 
     model = load_model(model_name, backend="hooked")
     tensors, meta = compute(model)

@@ -17,7 +17,7 @@ def text_model(n_layers: int | None = None, **overrides):
     ``overrides``: config fields (a longer ``n_ctx`` for few-shot prompts)."""
     from transformers import AutoTokenizer
 
-    from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     size = ({} if n_layers is None else {"n_layers": n_layers}) | overrides

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformer_lens.utils import get_act_name
 
-from lens_heads.ablation import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.models import tiny_model
+from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.models.loading import tiny_model
 
 ARCHS = ["gpt2", "llama"]
 
@@ -67,7 +67,7 @@ def test_mean_ablation_replaces_z_with_its_calibration_mean(arch):
 
 
 def test_static_zeroing_counts_its_share_and_composes_with_the_scoring_pass():
-    from lens_heads.head_scores import score_heads
+    from lens_heads.heads.scoring import score_heads
 
     model = tiny_model("llama", seed=3)
     tokens, mask = _tokens(model, n=4)

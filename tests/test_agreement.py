@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.agreement import precision_at_k, score_agreement
-from lens_heads.stats import kendall, spearman
-from lens_heads.effects import EFFECT_METRICS, HeadEffects
-from lens_heads.head_scores import HeadScores
+from lens_heads.experiments.agreement import precision_at_k, score_agreement
+from lens_heads.stats.inference import kendall, spearman
+from lens_heads.experiments.effects import EFFECT_METRICS, HeadEffects
+from lens_heads.heads.scoring import HeadScores
 
 
 def kendall_by_pairs(x, y):
@@ -88,7 +88,7 @@ def test_mismatched_items_are_refused():
 
 
 def test_figures_carry_the_numbers_and_escape_the_names():
-    from lens_heads.plots import agreement_bars, score_vs_effect
+    from lens_heads.viz.plots import agreement_bars, score_vs_effect
 
     scores, effects, effect = constructed()
     table = score_agreement(scores, effects, n_boot=20).to_dataframe()
@@ -112,7 +112,7 @@ def test_row_scores_are_averaged_per_item():
     row_items = list(range(4)) * 2 + [0, 1]
     by_rows = HeadScores(values=rows, names=scores.names, direction=scores.direction,
                          meta={"data": {"row_items": row_items}})
-    from lens_heads.agreement import item_scores
+    from lens_heads.experiments.agreement import item_scores
 
     expected = np.empty(tuple(scores.values.shape))
     expected[:2] = (scores.values[:2].double().numpy() * 3 + 1.0 - 3.0) / 3

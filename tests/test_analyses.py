@@ -36,9 +36,9 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     import numpy as np
     from transformers import AutoTokenizer
 
-    from lens_heads.effects import HeadEffects
-    from lens_heads.models import embedded_model_folder, tiny_model
-    from lens_heads.stats import spearman
+    from lens_heads.experiments.effects import HeadEffects
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.stats.inference import spearman
 
     script = load_script("head_effects")
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
@@ -91,9 +91,9 @@ def test_gsm8k_analysis_on_a_tiny_model(tmp_path):
     import torch
     from transformers import AutoTokenizer
 
-    from lens_heads.models import embedded_model_folder, tiny_model
-    from lens_heads.rows import build_rows
-    from lens_heads.tasks import load_task
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.data.rows import build_rows
+    from lens_heads.data.tasks import load_task
 
     script = load_script("gsm8k")
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())

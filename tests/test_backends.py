@@ -7,7 +7,7 @@ import pytest
 
 from bridge_agreement import assert_agree, compute, read_reference
 from lens_heads import load_model, model_meta
-from lens_heads.backends import check_attention_hooks, default_backend, tl_major
+from lens_heads.models.backends import check_attention_hooks, default_backend, tl_major
 
 pytestmark = pytest.mark.skipif(tl_major() >= 4, reason="HookedTransformer side: needs TransformerLens 3.9 (.venv); "
                                                         "the bridge side is tests/test_bridge.py")

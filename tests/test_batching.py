@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from lens_heads import batching
-from lens_heads.ablation import random_zeroing
-from lens_heads.evaluate import evaluate
-from lens_heads.models import tiny_model
-from lens_heads.scores import SCORE_NAMES
-from lens_heads.head_scores import score_heads
-from lens_heads.tasks import load_task
+from lens_heads.ablation.hooks import random_zeroing
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.models.loading import tiny_model
+from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.heads.scoring import score_heads
+from lens_heads.data.tasks import load_task
 
 from conftest import text_model
 

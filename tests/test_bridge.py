@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from lens_heads.backends import tl_major, tl_version
+from lens_heads.models.backends import tl_major, tl_version
 
 if tl_major() < 4:
     pytest.skip(f"TransformerLens {tl_version()} is installed here; the bridge backend needs 4.x: these tests run in "

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from lens_heads.cache import Cache, claim_folder, keyed, load_keyed, save_keyed
-from lens_heads.io import slug
+from lens_heads.plumbing.cache import Cache, claim_folder, keyed, load_keyed, save_keyed
+from lens_heads.plumbing.io import slug
 
 
 def test_value_is_reused_only_under_the_same_key(tmp_path):

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lens_heads.compare import RecordedSweep, compare_sweeps, read_sweep
-from lens_heads.stats import average_ranks, spearman
-from lens_heads.evaluate import EvalResult, ItemRecord
-from lens_heads.sweep import SweepResult, UnitResult, load_sweep, run_sweep
+from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep
+from lens_heads.stats.inference import average_ranks, spearman
+from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
+from lens_heads.experiments.sweep import SweepResult, UnitResult, load_sweep, run_sweep
 
 N = 10  # items per synthetic evaluation
 
@@ -129,8 +129,8 @@ def test_bad_input_is_explained(two):
 def tiny_sweep(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from lens_heads.models import embedded_model_folder, tiny_model
-    from lens_heads.tasks import load_task
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.data.tasks import load_task
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     model = tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
@@ -159,7 +159,7 @@ def test_a_run_folder_reads_back_as_the_sweep_that_wrote_it(tiny_sweep, tmp_path
 
 def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
     from conftest import load_script
-    from lens_heads.evaluate import evaluate
+    from lens_heads.evaluation.evaluate import evaluate
 
     model, task, result, _ = tiny_sweep
     analysis = load_script("sweep")
@@ -231,7 +231,7 @@ def test_report_cli_checks_compare_paths(tmp_path):
 
 
 def test_table2_of_sweeps_and_of_their_records_by_hand():
-    from lens_heads.sweep import table2
+    from lens_heads.experiments.sweep import table2
 
     # line = 80 - 1 = 79; authors' rule: last crossing in order of target fraction, 0 if none
     curves = {"AWFT": (80, 70), "S2": (70, 60), "S3": (80, 80), "random": (60, 40)}

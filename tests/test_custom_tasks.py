@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import lens_heads as lh
-from lens_heads.custom_tasks import TaskFileError
+from lens_heads.data.custom_tasks import TaskFileError
 from conftest import text_model
 
 RECORDS = [

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.distributions import (
+from lens_heads.heads.distributions import (
     layer_summary,
     pooled_cdf,
     rank_correlation,
@@ -14,8 +14,8 @@ from lens_heads.distributions import (
     stability_table,
     thresholds,
 )
-from lens_heads.scores import DIRECTION, SCORE_NAMES, inactive
-from lens_heads.head_scores import HeadScores
+from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, inactive
+from lens_heads.heads.scoring import HeadScores
 
 FRACTIONS = (0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 

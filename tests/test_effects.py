@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from lens_heads import head_effects
-from lens_heads.ablation import mean_z
-from lens_heads.effects import EFFECT_METRICS, HeadEffects
-from lens_heads.models import tiny_model
-from lens_heads.tasks import Item, Task
+from lens_heads.ablation.hooks import mean_z
+from lens_heads.experiments.effects import EFFECT_METRICS, HeadEffects
+from lens_heads.models.loading import tiny_model
+from lens_heads.data.tasks import Item, Task
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from lens_heads.models import embedded_model_folder
+    from lens_heads.models.loading import embedded_model_folder
 
     return AutoTokenizer.from_pretrained(embedded_model_folder())
 
@@ -199,9 +199,9 @@ def test_bad_input_says_what_to_do(tokenizer):
 
 
 def test_oracle_zeroes_the_heads_with_the_smallest_effect_first(tokenizer, tmp_path):
-    from lens_heads.ablation import zero_heads
-    from lens_heads.effects import oracle_sweep
-    from lens_heads.evaluate import evaluate
+    from lens_heads.ablation.hooks import zero_heads
+    from lens_heads.experiments.effects import oracle_sweep
+    from lens_heads.evaluation.evaluate import evaluate
 
     model = tiny_model("llama", seed=3, d_vocab=len(tokenizer), tokenizer=tokenizer)
     task = toy_task()

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.ablation import static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
-from lens_heads.rows import within_context
-from lens_heads.tasks import Item, Task, load_task
+from lens_heads.ablation.hooks import static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.evaluation.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
+from lens_heads.data.rows import within_context
+from lens_heads.data.tasks import Item, Task, load_task
 
 from conftest import text_model
 
@@ -94,7 +94,7 @@ def test_hook_sets_share_the_forward_below_them_and_each_equals_its_own_forward(
     """evaluate_each runs the unhooked trunk once per batch and each set from its first hooked block: every set's
     log-likelihoods must equal one plain forward per choice under that set alone (padded batches, sets at the
     first, a middle and the last block, one after the blocks and one before them)."""
-    from lens_heads.evaluate import evaluate_each
+    from lens_heads.evaluation.evaluate import evaluate_each
 
     model = tiny_text_model
     task = load_task("arc_easy", n=4, seed=5)
@@ -225,7 +225,7 @@ def test_bad_input_is_explained(tiny_text_model):
 def _plain_forward_reads(model, items):
     """For every (item, choice): the log-probs and argmax-hits of its continuation tokens, read from the full logits
     of a plain ``model(tokens)`` over the evaluator's rows (one row at a time, no padding)."""
-    from lens_heads.rows import build_rows
+    from lens_heads.data.rows import build_rows
 
     out = {}
     with torch.no_grad():
@@ -242,7 +242,7 @@ def _plain_forward_reads(model, items):
 def test_single_continuation_accuracy_is_greedy_match_and_bits_per_byte_by_hand(tiny_text_model):
     """LAMBADA-style items (one continuation): correct = every continuation token is the argmax of a plain
     forward's logits; bits per byte = -sum log2 p / UTF-8 bytes (the "é" and "’" make bytes differ from chars)."""
-    from lens_heads.rows import build_rows
+    from lens_heads.data.rows import build_rows
 
     model = tiny_text_model
     contexts = ["The cat sat on the", "She opened the door and", "Once upon a time there was", "He said that",
@@ -276,8 +276,8 @@ def test_single_continuation_accuracy_is_greedy_match_and_bits_per_byte_by_hand(
 
 
 def test_token_ids_outside_the_vocabulary_and_unknown_hooks_are_named(tiny_text_model):
-    from lens_heads.models import tiny_model
-    from lens_heads.head_scores import score_heads
+    from lens_heads.models.loading import tiny_model
+    from lens_heads.heads.scoring import score_heads
 
     small = tiny_model("llama", seed=0, d_vocab=97, tokenizer=tiny_text_model.tokenizer)  # 49k-token tokenizer
     task = Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,

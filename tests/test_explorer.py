@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lens_heads as lh
-from lens_heads.explorer_view import script_json
+from lens_heads.viz.explorer_view import script_json
 
 MARKUP = "<b>bold</b><script>alert(1)</script><!-- x --> The capital of France is"
 PROMPTS = ["When Mary and John went to the store, John gave a drink to", MARKUP]
@@ -139,7 +139,7 @@ def test_markup_in_a_prompt_stays_text(page, smollm):
 
 
 def test_a_task_and_its_effects_feed_the_explorer(smollm):
-    from lens_heads.effects import HeadEffects
+    from lens_heads.experiments.effects import HeadEffects
 
     task = lh.task_from_records([
         {"context": "Question: What is the capital of France?\nAnswer:", "choices": ["Paris", "Rome"], "gold": 0},

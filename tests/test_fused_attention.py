@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from lens_heads import tiny_model
-from lens_heads.ablation import random_zeroing, static_zeroing, threshold_zeroing
-from lens_heads.evaluate import evaluate
-from lens_heads.fused_attention import eager_reason, fused_attention, sdpa_z
-from lens_heads.tasks import load_task
+from lens_heads.ablation.hooks import random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.fused_attention import eager_reason, fused_attention, sdpa_z
+from lens_heads.data.tasks import load_task
 
 from conftest import text_model
 

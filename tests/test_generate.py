@@ -4,16 +4,16 @@ answer extraction on hand-written strings."""
 import pytest
 import torch
 
-from lens_heads.ablation import threshold_zeroing, zero_heads
-from lens_heads.generate import evaluate_generation, extract_answer, generate
-from lens_heads.tasks import Item, Task
+from lens_heads.ablation.hooks import threshold_zeroing, zero_heads
+from lens_heads.evaluation.generate import evaluate_generation, extract_answer, generate
+from lens_heads.data.tasks import Item, Task
 
 
 @pytest.fixture(scope="module")
 def tiny_text_model():
     from transformers import AutoTokenizer
 
-    from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     return tiny_model("llama", seed=1, d_vocab=len(tokenizer), tokenizer=tokenizer)
@@ -95,7 +95,7 @@ def test_gsm8k_answer_extraction(text, answer):
 
 def test_exact_match_against_targets(tiny_text_model, monkeypatch):
     """Exact match compares the extracted answer with the normalised target ("2,125" reads 2125)."""
-    import lens_heads.generate as gen
+    import lens_heads.evaluation.generate as gen
 
     texts = {"q1": " 2 + 3 = 5. So the answer is 2,125.", "q2": " So the answer is 7.", "q3": " no idea"}
     monkeypatch.setattr(gen, "generate", lambda model, prompt, **kw: gen.Generation([1], texts[prompt], "\n\n"))
@@ -111,8 +111,8 @@ def test_exact_match_against_targets(tiny_text_model, monkeypatch):
 
 
 def test_zero_heads_names_a_head_the_model_does_not_have(tiny_text_model):
-    from lens_heads.evaluate import evaluate
-    from lens_heads.tasks import load_task
+    from lens_heads.evaluation.evaluate import evaluate
+    from lens_heads.data.tasks import load_task
 
     task = load_task("arc_easy", n=1)
     heads = tiny_text_model.cfg.n_heads
@@ -123,17 +123,17 @@ def test_zero_heads_names_a_head_the_model_does_not_have(tiny_text_model):
 
 
 def test_bad_prompts_ranks_and_shares_are_refused(tiny_text_model):
-    from lens_heads.ablation_specs import StaticAblation
-    from lens_heads.effects import oracle_sweep
-    from lens_heads.rank import attention_rank
-    from lens_heads.tasks import load_task
+    from lens_heads.ablation.specs import StaticAblation
+    from lens_heads.experiments.effects import oracle_sweep
+    from lens_heads.collapse.rank import attention_rank
+    from lens_heads.data.tasks import load_task
 
-    from lens_heads.evaluate import evaluate
+    from lens_heads.evaluation.evaluate import evaluate
 
     model = tiny_text_model
     with pytest.raises(ValueError, match=r"load it first, lens_heads.load_task\('arc_easy'\)"):
         evaluate(model, "arc_easy")
-    from lens_heads.models import load_model
+    from lens_heads.models.loading import load_model
 
     with pytest.raises(ValueError, match="needs a model name or folder, got None"):
         load_model(None)

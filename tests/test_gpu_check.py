@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lens_heads.evaluate import evaluate
+from lens_heads.evaluation.evaluate import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (flops, timing) by name

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from lens_heads.tasks import Item, Task
+from lens_heads.data.tasks import Item, Task
 
 from conftest import load_script
 

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from lens_heads import ModelUnavailableError, load_model, tiny_model, weight_basis
-from lens_heads.models import embedded_model_folder, expand_kv
+from lens_heads.models.loading import embedded_model_folder, expand_kv
 
 
 def test_embedded_model_loads_offline_and_knows_paris(no_network):
@@ -161,7 +161,7 @@ def test_missing_gemma_packages_name_the_install_command(tmp_path, monkeypatch):
 def test_chunked_gguf_reassembles_and_is_checked(tmp_path):
     import hashlib
 
-    from lens_heads.models import _reassemble
+    from lens_heads.models.loading import _reassemble
 
     chunks = [b"GGUF" + bytes(range(256)) * 3, b"\x00" * 1000, b"tail"]
     parts = []
@@ -247,7 +247,7 @@ def test_local_folder_of_every_family_is_read_from_its_config_not_its_name(model
 def test_architecture_falls_back_to_the_model_type():
     from transformers import AutoConfig
 
-    from lens_heads.hf_folder import architecture
+    from lens_heads.models.hf_folder import architecture
 
     assert architecture(AutoConfig.for_model("gemma3_text")) == "Gemma3ForCausalLM"
     assert architecture(AutoConfig.for_model("olmo2", architectures=["Olmo2ForCausalLM"])) == "Olmo2ForCausalLM"

@@ -4,7 +4,7 @@ changed in place, and leave gradients to the weights intact."""
 import torch
 
 from lens_heads import tiny_model
-from lens_heads.packed_weights import packed_weights
+from lens_heads.evaluation.packed_weights import packed_weights
 
 
 def model_with_bias(seed=0):

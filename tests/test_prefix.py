@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.ablation import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.evaluate import evaluate, evaluate_each
-from lens_heads.fused_attention import fused_attention
-from lens_heads.prefix import Extension, PrefixState, mark, plan_groups
-from lens_heads.rows import Row, within_context
-from lens_heads.tasks import Item, Task, load_task
+from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.evaluation.evaluate import evaluate, evaluate_each
+from lens_heads.evaluation.fused_attention import fused_attention
+from lens_heads.evaluation.prefix import Extension, PrefixState, mark, plan_groups
+from lens_heads.data.rows import Row, within_context
+from lens_heads.data.tasks import Item, Task, load_task
 
 from conftest import text_model
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lens_heads import tiny_model
-from lens_heads.rank import approx_rank, attention_rank, mass_columns
+from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
 
 
 def numpy_rank(A: np.ndarray, energy: float = 0.9) -> int:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lens_heads.report.__main__ import main
-from lens_heads.report.attention import pick_heads, script_safe
+from lens_heads.viz.attention import pick_heads, script_safe
 from lens_heads.report.config import ALL_SCORES, QUICK
 from lens_heads.report.render import Section, Table, Text, render_page
 from report_run import COMPARE_WITH, MARKUP_PROMPT, QUICK_ARGS, quick_report, run_cli
@@ -100,7 +100,7 @@ def task():
 
 @pytest.fixture(scope="module")
 def task_scores(smollm, task):
-    from lens_heads.head_scores import score_heads
+    from lens_heads.heads.scoring import score_heads
 
     return score_heads(smollm, task, batch_size=3, progress=False)  # another batch size: another padding layout
 
@@ -118,7 +118,7 @@ def test_mean_scores_match_a_fresh_scoring_pass(results, task_scores, run):
 
 
 def test_thresholds_match_the_library(results, task_scores):
-    from lens_heads.distributions import thresholds
+    from lens_heads.heads.distributions import thresholds
 
     fractions = list(QUICK["fractions"])
     for name in ALL_SCORES:
@@ -129,7 +129,7 @@ def test_thresholds_match_the_library(results, task_scores):
 
 
 def test_attention_heads_and_prompt_scores_match_the_library(results, smollm, task_scores):
-    from lens_heads.head_scores import score_heads
+    from lens_heads.heads.scoring import score_heads
 
     a = results["attention"]
     assert a["score"] == "AHON (LN)" and a["direction"] == "<"
@@ -150,7 +150,7 @@ def test_attention_heads_and_prompt_scores_match_the_library(results, smollm, ta
 
 
 def test_rank_profile_matches_the_library(results, smollm, task):
-    from lens_heads.rank import attention_rank
+    from lens_heads.collapse.rank import attention_rank
 
     r = results["rank"]
     n = r["inputs"]["n"]
@@ -162,7 +162,7 @@ def test_rank_profile_matches_the_library(results, smollm, task):
 
 
 def test_ablation_baseline_matches_a_fresh_evaluation(results, smollm, task, run):
-    from lens_heads.evaluate import evaluate
+    from lens_heads.evaluation.evaluate import evaluate
 
     stage = results["stages"][f"ablation:{TASK}"]
 
@@ -328,9 +328,9 @@ def test_effects_stage_matches_the_library(tmp_path):
     from transformers import AutoTokenizer
 
     from lens_heads import head_effects, load_task, score_heads
-    from lens_heads.agreement import score_agreement
-    from lens_heads.cache import Cache
-    from lens_heads.models import embedded_model_folder, tiny_model
+    from lens_heads.experiments.agreement import score_agreement
+    from lens_heads.plumbing.cache import Cache
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
     from lens_heads.report.config import ReportConfig
     from lens_heads.report.stages import effects_stage
 

@@ -4,23 +4,23 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.evaluate import evaluate
-from lens_heads.rows import build_rows, context_tokens
-from lens_heads.head_scores import score_heads
-from lens_heads.tasks import load_task
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.data.rows import build_rows, context_tokens
+from lens_heads.heads.scoring import score_heads
+from lens_heads.data.tasks import load_task
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from lens_heads.models import embedded_model_folder
+    from lens_heads.models.loading import embedded_model_folder
 
     return AutoTokenizer.from_pretrained(embedded_model_folder())
 
 
 def text_model(tokenizer, **overrides):
-    from lens_heads.models import tiny_model
+    from lens_heads.models.loading import tiny_model
 
     return tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
                       default_prepend_bos=True, n_ctx=2048, **overrides)

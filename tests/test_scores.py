@@ -3,7 +3,7 @@
 The reference recomputes attention by hand from each layer's residual input (``hook_resid_pre``) and the weights
 (LayerNorm/RMSNorm, W_Q/W_K/W_V with biases, rotary, causal softmax), one input at a time with no padding, and
 evaluates the paper's formulas with explicit loops over heads. It never uses hook_pattern/hook_v/hook_z, the
-streaming hooks, expand_kv or lens_heads.scores. The streaming pass must agree on padded batches, right- and
+streaming hooks, expand_kv or lens_heads.heads.scores. The streaming pass must agree on padded batches, right- and
 left-padded, to atol 1e-5 / rtol 1e-4 (fp32; differences seen are ~1e-6).
 """
 
@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lens_heads.models import embedded_model_folder, tiny_model
-from lens_heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, layer_scores
-from lens_heads.head_scores import HeadScores, score_heads
-from lens_heads.inputs import tokenize_inputs
+from lens_heads.models.loading import embedded_model_folder, tiny_model
+from lens_heads.heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, layer_scores
+from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.data.inputs import tokenize_inputs
 
 ATOL, RTOL = 1e-5, 1e-4
 LENGTHS = (9, 1, 14, 5)  # a one-token input: A[0, 0] = 1, entropy 0, last token = first token

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from lens_heads.settings import from_args, option
+from lens_heads.plumbing.settings import from_args, option
 
 
 def _fraction(text: str) -> float:
@@ -74,7 +74,7 @@ def test_a_field_named_no_x_is_switched_on_by_its_flag():
 
 
 def test_hidden_flags_parse_but_stay_out_of_the_help():
-    from lens_heads.settings import build_parser
+    from lens_heads.plumbing.settings import build_parser
 
     @dataclass(frozen=True)
     class Worker:

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats as sps
 
 from lens_heads import curves, stats
-from lens_heads.sweep import SweepResult, UnitResult
+from lens_heads.experiments.sweep import SweepResult, UnitResult
 from synthetic_sweeps import TARGETS, kl_of, synthetic_sweep
 
 def expected_kl_auc(levels) -> float:

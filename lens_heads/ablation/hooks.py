@@ -1,0 +1,360 @@
+"""Ablate attention heads through ``hook_z``: a static set, per-input thresholds on a head score, random draws.
+
+Every ablation replaces a head's output ``z`` (``blocks.{l}.attn.hook_z``, before ``W_O``) with zeros (or with its
+mean over calibration data), so the head's contribution ``z_h @ W_O[h]`` leaves the residual stream; ``b_O`` stays.
+
+Hooks are TransformerLens ``(hook_name, fn)`` pairs. Modes that decide per input are :class:`HeadAblation`
+objects: their ``.hooks`` go wherever hooks go (``model.run_with_hooks``, ``model.hooks(...)``,
+:func:`lens_heads.evaluation.evaluate`), and they count what they ablated (``share_zeroed()``). The caller says, per batch,
+which inputs its rows are and which positions are real: ``with ablation.batch(attention_mask, first=i):
+model(tokens)`` (rows are inputs ``i, i+1, ...``) or ``batch(attention_mask, inputs=[...])`` (one id per row; the
+evaluator does this for you). Outside such a block every position counts, and the random mode refuses to run (it
+draws per input, so it must know which input each row is).
+
+Shared prefixes (:mod:`lens_heads.evaluation.prefix`): each hook says whether its action at a position depends on the rest of
+the row (``prefix_scope``): static zeroing, mean ablation and :func:`zero_heads` act alike on every row (``"any"``),
+random zeroing alike on the rows of one input (``"item"``), and the threshold zeroing decides from the whole row
+(None), so the evaluator runs it row by row.
+
+Composition: hooks on the same hook point run in the order given. List an ablation before scoring hooks to score the
+ablated output; two ablations compose (a head ablated by either stays ablated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lens_heads.models.backends import check_attention_hooks, get_act_name
+from lens_heads.models.capture import LayerCapture
+from lens_heads.evaluation.fused_attention import fused_attention
+from lens_heads.models.loading import expand_kv
+from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.prefix import mark
+
+HookFn = Callable[..., Tensor | None]
+HookPair = tuple[str, HookFn]
+Rule = Callable[[int, Float[Tensor, "batch pos head d_head"], dict], Bool[Tensor, "batch head"]]
+MODES = ("zero", "mean")
+
+
+def zero_heads(
+    heads: Iterable[tuple[int, int]],
+    *,
+    mode: str = "zero",
+    means: Float[Tensor, "layer head d_head"] | None = None,
+) -> list[HookPair]:
+    """Hooks that zero (``mode="zero"``) or mean-ablate (``mode="mean"``, needs ``means`` from :func:`mean_z`) a
+    fixed set of ``(layer, head)`` pairs at every position of every input. One hook per affected layer."""
+    _check_mode(mode, means)
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        if int(layer) < 0 or int(head) < 0:
+            raise ValueError(f"zero_heads: (layer, head) = ({layer}, {head}) is negative: give indices from 0")
+        by_layer.setdefault(int(layer), []).append(int(head))
+
+    def make(layer: int, chosen: list[int]) -> HookFn:
+        def hook(z: Float[Tensor, "batch pos head d_head"], hook=None) -> Tensor:
+            if max(chosen) >= z.shape[2]:
+                raise ValueError(f"zero_heads: layer {layer} has {z.shape[2]} heads, so heads {sorted(chosen)} "
+                                 f"include some it does not have: give heads 0..{z.shape[2] - 1}")
+            ablate = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
+            ablate[chosen] = True
+            return _replace(z, ablate.expand(z.shape[0], -1), means[layer] if mode == "mean" else None)
+
+        return hook
+
+    return [(get_act_name("z", layer), mark(make(layer, chosen), "any")) for layer, chosen in sorted(by_layer.items())]
+
+
+class HeadAblation:
+    """Hooks that zero or mean-ablate (``mode``), in every layer, the heads a rule picks for each input, and count
+    what they ablated.
+
+    Built by :func:`static_zeroing`, :func:`threshold_zeroing` or :func:`random_zeroing`. ``rule(layer, z, acts)``
+    returns ``Bool[batch, head]`` (True = ablate); ``acts`` holds the layer's captured ``pattern``/``v`` (when the
+    rule needs them), the batch's ``mask`` and the ``inputs`` (input ids of the batch rows, None outside
+    :meth:`batch`). ``prefix_scope``: over which rows the rule decides alike at every position, so that a shared
+    prefix may be computed once for them (``"any"``, ``"item"``; None: it reads the whole row, see
+    :mod:`lens_heads.evaluation.prefix`).
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str, capture: Sequence[str] = (),
+                 mode: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None):
+        _check_mode(mode, means)
+        self.prefix_scope = prefix_scope
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.description = description
+        self.mode, self.means = mode, means
+        self._rule = rule
+        self._capture = LayerCapture(n_layers, self._ablate, capture)
+        self._mask: Tensor | None = None
+        self._inputs: Tensor | None = None
+        self._counting = True
+        self.reset()
+
+    # ------------------------------------------------------------ what the caller sees
+
+    @property
+    def hooks(self) -> list[HookPair]:
+        """TransformerLens ``(hook_name, fn)`` pairs: each layer's captures, then its ``hook_z``."""
+        return self._capture.hooks
+
+    @contextlib.contextmanager
+    def batch(self, attention_mask: Bool[Tensor, "batch pos"] | None = None, *, first: int | None = None,
+              inputs: Int[Tensor, "batch"] | Sequence[int] | None = None,
+              count: bool = True) -> Iterator["HeadAblation"]:
+        """Tell the hooks, for the forward passes inside the block, which positions are real (``attention_mask``;
+        None: all) and which input each batch row is: ``first`` (rows are inputs ``first, first+1, ...``) or
+        ``inputs`` (one id per row; the random mode draws per input, so rows of the same input, e.g. the choices of
+        one question, get the same draw). Give exactly one of ``first`` and ``inputs``. ``count=False``: what the
+        block ablates is not counted (a shared prefix, whose rows are counted in their own forwards)."""
+        if (first is None) == (inputs is None):
+            raise ValueError("HeadAblation.batch() needs the batch's first input index (first=) or one input id per "
+                             "row (inputs=), not both")
+        self._mask = None if attention_mask is None else attention_mask.bool()
+        self._inputs = (torch.as_tensor(inputs, dtype=torch.long).reshape(-1) if inputs is not None else
+                        None if first is None else int(first))
+        self._counting = count
+        try:
+            yield self
+        finally:
+            self._mask, self._inputs, self._counting = None, None, True
+
+    def reset(self) -> None:
+        """Forget what was counted so far."""
+        self._zeroed: list[list[Tensor]] = [[] for _ in range(self.n_layers)]
+        self._zeroed_inputs: list[Tensor | None] = []  # per batch counted in layer 0: its input ids (None: unknown)
+
+    def snapshot(self) -> list[int]:
+        """How many batches each layer has counted: :meth:`restore` forgets what came after (a failed attempt)."""
+        return [len(rows) for rows in self._zeroed]
+
+    def restore(self, snapshot: list[int]) -> None:
+        self._zeroed = [rows[:n] for rows, n in zip(self._zeroed, snapshot)]
+        self._zeroed_inputs = self._zeroed_inputs[:snapshot[0]]
+
+    def zeroed(self) -> Bool[Tensor, "input layer head"]:
+        """Which heads were ablated for each input row seen since the last :meth:`reset`, in order of arrival."""
+        if not self._zeroed[0]:
+            return torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
+        return torch.stack([torch.cat(rows) for rows in self._zeroed], dim=1)
+
+    def share_zeroed(self) -> float:
+        """Realised share of heads ablated: ablated (input, head) pairs / (inputs x heads), averaged over layers."""
+        counts = [sum(int(m.sum()) for m in rows) for rows in self._zeroed]
+        seen = [sum(m.shape[0] for m in rows) for rows in self._zeroed]
+        if not all(seen):
+            return float("nan")
+        return sum(c / (s * self.n_heads) for c, s in zip(counts, seen)) / self.n_layers
+
+    def zeroed_by_input(self) -> dict[int, tuple[int, int]]:
+        """Per input id: (rows counted, (layer, head) pairs ablated over those rows). The realised share of any
+        subset of inputs is its summed pairs / (its rows x layers x heads), which is what a bootstrap over items
+        resamples. Empty where the batches were not told their inputs."""
+        if not self._zeroed[0] or any(ids is None for ids in self._zeroed_inputs):
+            return {}
+        ids = torch.cat(self._zeroed_inputs)
+        pairs = self.zeroed().flatten(1).sum(1)
+        out: dict[int, tuple[int, int]] = {}
+        for i, n in zip(ids.tolist(), pairs.tolist()):
+            rows, total = out.get(i, (0, 0))
+            out[i] = (rows + 1, total + int(n))
+        return out
+
+    def __repr__(self) -> str:
+        return f"HeadAblation({self.description}, mode={self.mode!r})"
+
+    # ------------------------------------------------------------ the hooks
+
+    def _ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict[str, Tensor]) -> Tensor:
+        acts["mask"] = self._batch_mask(z)
+        acts["inputs"] = self._batch_inputs(z)
+        ablate = self._rule(layer, z, acts).to(torch.bool)
+        if ablate.shape != (z.shape[0], self.n_heads):
+            raise RuntimeError(f"ablation rule returned shape {tuple(ablate.shape)}, expected "
+                               f"{(z.shape[0], self.n_heads)}")
+        if self._counting:
+            self._count(layer, ablate, acts["inputs"])
+        if not ablate.any():
+            return z
+        return _replace(z, ablate.to(z.device), None if self.means is None else self.means[layer])
+
+    def _count(self, layer: int, ablate: Tensor, inputs: Tensor | None) -> None:
+        self._zeroed[layer].append(ablate.detach().cpu())
+        if layer == 0:
+            self._zeroed_inputs.append(None if inputs is None else inputs.detach().cpu())
+
+    def _batch_mask(self, z: Tensor) -> Bool[Tensor, "batch pos"]:
+        if self._mask is None:
+            return torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
+        if tuple(self._mask.shape) != tuple(z.shape[:2]):
+            raise ValueError(f"the attention mask given to HeadAblation.batch() has shape {tuple(self._mask.shape)} "
+                             f"but the forward pass has [batch, pos] = {tuple(z.shape[:2])}: pass the mask of the "
+                             "tokens being run")
+        return self._mask.to(z.device)
+
+    def _batch_inputs(self, z: Tensor) -> Int[Tensor, "batch"] | None:
+        if isinstance(self._inputs, int):
+            return torch.arange(self._inputs, self._inputs + z.shape[0])
+        if self._inputs is not None and self._inputs.numel() != z.shape[0]:
+            raise ValueError(f"HeadAblation.batch() was given {self._inputs.numel()} input ids for a batch of "
+                             f"{z.shape[0]} rows")
+        return self._inputs
+
+
+# ---------------------------------------------------------------- the three modes
+
+
+def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero",
+                   means: Tensor | None = None) -> HeadAblation:
+    """Ablate a fixed set of ``(layer, head)`` pairs for every input, counting the share like the other modes
+    (the static pruning view: what removing these heads for good would do)."""
+    check_attention_hooks(model, ["hook_z"], uses="zeroing heads")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    chosen = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    for layer, head in heads:
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ValueError(f"head ({layer}, {head}) is outside the model's {n_layers} layers x {n_heads} heads")
+        chosen[layer, head] = True
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        return chosen[layer].to(z.device).expand(z.shape[0], -1)
+
+    return HeadAblation(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode,
+                        means=means, prefix_scope="any")
+
+
+def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",
+                      means: Tensor | None = None) -> HeadAblation:
+    """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` for every
+    head of every input from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z`` (capturing only
+    those the score reads, so that scores that don't read the pattern leave attention fused), and ablate
+    the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
+    strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
+    positions count (give the mask with :meth:`HeadAblation.batch`). The decision reads the whole row, so the
+    evaluator runs this mode row by row: it never computes a shared prefix once (``prefix_scope`` None,
+    :mod:`lens_heads.evaluation.prefix`)."""
+    from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores
+
+    if score_name not in SCORE_NAMES:
+        raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES}")
+    direction, n_heads = DIRECTION[score_name], model.cfg.n_heads
+    threshold = float(threshold)
+    capture = tuple(name for name in ("v", "pattern") if name in get_score(score_name).reads)
+    check_attention_hooks(model, ["hook_z", *(f"hook_{name}" for name in capture)], uses=f"zeroing by {score_name}")
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        if any(name not in acts for name in capture):
+            raise RuntimeError(f"layer {layer}: hook_{'/hook_'.join(capture)} were not captured before hook_z; pass "
+                               "all of HeadAblation.hooks to the model")
+        # float32 as in score_heads, so thresholds read off its CDF mean the same here
+        v = expand_kv(acts["v"], n_heads).float() if "v" in acts else None
+        pattern = acts["pattern"].float() if "pattern" in acts else None
+        scores = layer_scores(pattern, v, z.float(), acts["mask"], [score_name])[..., 0]
+        return inactive(scores, direction, threshold)
+
+    return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, mode=mode, means=means,
+                   description=f"threshold: {score_name} {direction} {threshold:.6g}")
+
+
+def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
+                   means: Tensor | None = None) -> HeadAblation:
+    """The random baseline: ablate each (input, layer, head) independently with probability ``p``.
+
+    Input ``i`` draws ``u ~ U[0, 1)`` of shape [layer, head] from a ``torch.Generator`` seeded with
+    :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or order,
+    the same input gets the same heads in every run, and the zeroed sets are nested as ``p`` grows. Input ids come
+    from :meth:`HeadAblation.batch` (the evaluator passes item indices, so all choices of a question share one
+    draw)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must be a probability in [0, 1], got {p}")
+    check_attention_hooks(model, ["hook_z"], uses="zeroing heads")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    batch: dict = {}  # the current batch's input ids and their [row, layer, head] uniforms
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        if acts["inputs"] is None:
+            raise ValueError("random ablation draws per input: run the forward inside "
+                             "`with ablation.batch(attention_mask, first=...)` (or inputs=...), or use evaluate()")
+        ids = tuple(acts["inputs"].tolist())
+        if batch.get("ids") != ids:
+            batch.update(ids=ids, uniforms=torch.stack([_uniforms(seed, i, n_layers, n_heads) for i in ids]))
+        return batch["uniforms"][:, layer].to(z.device) < p
+
+    return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", mode=mode,
+                        means=means, prefix_scope="item")
+
+
+def _uniforms(seed: int, i: int, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]:
+    return torch.rand(n_layers, n_heads, generator=torch.Generator().manual_seed(input_seed(seed, i)))
+
+
+def input_seed(seed: int, i: int) -> int:
+    """The generator seed of input ``i`` under ``seed``: mixed by numpy's SeedSequence into 32 bits (torch's CPU
+    generator keeps only 32 bits of a seed, so ``seed * 2**32 + i`` would ignore ``seed``)."""
+    return int(np.random.SeedSequence([int(seed), int(i)]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------- mean ablation
+
+
+@torch.no_grad()
+def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: int = 8,
+           progress: bool = False) -> Float[Tensor, "layer head d_head"]:
+    """Mean of every head's ``hook_z`` over the non-padding positions of calibration ``inputs`` (what
+    ``mode="mean"`` substitutes). ``inputs``: strings, a Task (its prompts) or a token tensor."""
+    from tqdm.auto import tqdm
+
+    from lens_heads.data.inputs import tokenize_inputs
+
+    if attention_mask is None:
+        tokens, mask = tokenize_inputs(model, inputs)
+    else:
+        tokens, mask = inputs, attention_mask.bool()
+    cfg = model.cfg
+    total = torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head, dtype=torch.float64)
+    count = 0
+
+    def make(layer: int) -> HookFn:
+        def hook(z: Tensor, hook=None) -> None:
+            keep = batch_mask.to(z.device)[:, :, None, None]
+            total[layer] += (z * keep).sum(dim=(0, 1)).double().cpu()
+
+        return hook
+
+    hooks = [(get_act_name("z", layer), make(layer)) for layer in range(cfg.n_layers)]
+    with fused_attention(model), packed_weights(model):  # only hook_z is read
+        for start in tqdm(range(0, tokens.shape[0], batch_size), desc="mean z", disable=not progress, leave=False):
+            batch_tokens, batch_mask = tokens[start:start + batch_size], mask[start:start + batch_size]
+            model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),
+                                 fwd_hooks=hooks, return_type=None)
+            count += int(batch_mask.sum())
+    return (total / max(count, 1)).to(cfg.dtype)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _replace(z: Float[Tensor, "batch pos head d_head"], ablate: Bool[Tensor, "batch head"],
+             mean: Float[Tensor, "head d_head"] | None) -> Tensor:
+    """Out of place (so gradients and other hooks see a consistent graph)."""
+    where = ablate[:, None, :, None]
+    if mean is None:
+        return z * ~where
+    return torch.where(where, mean.to(z.device, z.dtype)[None, None], z)
+
+
+def _check_mode(mode: str, means: Tensor | None) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "mean" and means is None:
+        raise ValueError("mode='mean' needs means=[layer, head, d_head]: compute them with "
+                         "lens_heads.ablation.hooks.mean_z(model, calibration_inputs)")
+    if mode == "zero" and means is not None:
+        raise ValueError("means were given with mode='zero': pass mode='mean' to mean-ablate")

@@ -1,0 +1,184 @@
+"""Ablations as data: frozen, JSON-serialisable descriptions of one ablation that build their hooks.
+
+A spec says what to ablate, not how to hook it:
+
+- :class:`Unablated`: nothing (the baseline every curve starts from).
+- :class:`ThresholdAblation`: per input, the heads on the inactive side of a threshold on ``score``; the threshold is
+  the one that ablates ``fraction`` of the calibration's pooled values (``threshold`` once resolved).
+- :class:`RandomAblation`: each (input, layer, head) with probability ``fraction``, drawn from ``seed``.
+- :class:`StaticAblation`: a fixed head set for every input: ``heads`` given, or the ``fraction`` most inactive heads
+  of ``score`` by its mean over the calibration.
+
+Each has ``mode`` ``"zero"`` or ``"mean"``. A spec that needs calibration is :meth:`resolved <AblationSpec.resolve>`
+against a calibration (an object with ``threshold(score, fraction)`` and ``most_inactive(score, fraction)``, such as
+:class:`ScoreCalibration`), then :meth:`built <AblationSpec.build>` into a :class:`lens_heads.ablation.hooks.HeadAblation`.
+``to_dict``/:func:`from_dict` round-trip through JSON; a sweep's plan is a list of specs, and each stored unit is
+keyed by its spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import ClassVar
+
+from torch import Tensor
+
+from lens_heads.ablation.hooks import MODES, HeadAblation, random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.stats.curves import CurveKey
+
+
+@dataclass(frozen=True)
+class AblationSpec:
+    """What every spec has: its ``kind`` (the name :func:`from_dict` reads) and ``mode``."""
+
+    kind: ClassVar[str] = ""
+    calibrated: ClassVar[str | None] = None  # the field a calibration fills in, where it is None
+    mode: str = field(default="zero", kw_only=True)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+    @property
+    def target_fraction(self) -> float:
+        return float(getattr(self, "fraction", None) or 0.0)
+
+    @property
+    def ranked_by(self) -> str | None:
+        """The score that chooses the heads (None for the baseline and random ablation)."""
+        return getattr(self, "score", None)
+
+    @property
+    def curve(self) -> CurveKey | None:
+        """The curve this ablation is a point of (None for the baseline, a point of every curve)."""
+        return None
+
+    def resolve(self, calibration) -> "AblationSpec":
+        """The spec with what calibration decides filled in (itself where nothing is left to decide)."""
+        if self.calibrated is None or getattr(self, self.calibrated) is not None:
+            return self
+        return replace(self, **{self.calibrated: self._calibrate(calibration)})
+
+    def _calibrate(self, calibration):
+        raise NotImplementedError
+
+    def _decided(self):
+        """The calibrated field's value, or a clear error where it was never resolved."""
+        value = getattr(self, self.calibrated)
+        if value is None:
+            raise ValueError(f"{self} has no {self.calibrated} yet: resolve it with a calibration first "
+                             "(spec.resolve(...))")
+        return value
+
+    def build(self, model, *, means: Tensor | None = None) -> HeadAblation | None:
+        """The hooks object for ``model`` (``means`` from :func:`lens_heads.ablation.hooks.mean_z` for ``mode="mean"``)."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Unablated(AblationSpec):
+    kind: ClassVar[str] = "baseline"
+
+    def build(self, model, *, means: Tensor | None = None) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class ThresholdAblation(AblationSpec):
+    score: str
+    fraction: float
+    threshold: float | None = None
+
+    kind: ClassVar[str] = "threshold"
+    calibrated: ClassVar[str] = "threshold"
+
+    @property
+    def curve(self) -> CurveKey:
+        return CurveKey("threshold", self.score)
+
+    def _calibrate(self, calibration) -> float:
+        return float(calibration.threshold(self.score, self.fraction))
+
+    def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
+        return threshold_zeroing(model, self.score, self._decided(), mode=self.mode, means=means)
+
+
+@dataclass(frozen=True)
+class RandomAblation(AblationSpec):
+    fraction: float
+    seed: int = 0
+
+    kind: ClassVar[str] = "random"
+
+    @property
+    def curve(self) -> CurveKey:
+        return CurveKey("random")
+
+    def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
+        return random_zeroing(model, self.fraction, self.seed, mode=self.mode, means=means)
+
+
+@dataclass(frozen=True)
+class StaticAblation(AblationSpec):
+    heads: tuple[tuple[int, int], ...] | None = None
+    score: str | None = None  # what ranked the heads (a score, or a name such as an oracle's)
+    fraction: float | None = None
+
+    kind: ClassVar[str] = "static"
+    calibrated: ClassVar[str] = "heads"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.heads is not None:  # JSON gives lists: keep the spec hashable and equal to its round trip
+            object.__setattr__(self, "heads", tuple((int(layer), int(head)) for layer, head in self.heads))
+        elif self.score is None or self.fraction is None:
+            raise ValueError("a static ablation needs heads=[(layer, head), ...], or a score and a fraction to take "
+                             "its most inactive heads from a calibration")
+        if self.fraction is not None and not 0.0 <= self.fraction < 1.0:  # a negative one zeroed nearly every head
+            raise ValueError(f"StaticAblation(fraction={self.fraction}): give a share of heads in [0, 1)")
+
+    @property
+    def curve(self) -> CurveKey:
+        return CurveKey("static", self.score)
+
+    def _calibrate(self, calibration) -> tuple[tuple[int, int], ...]:
+        return tuple(calibration.most_inactive(self.score, self.fraction))
+
+    def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
+        return static_zeroing(model, self._decided(), mode=self.mode, means=means)
+
+
+SPECS: dict[str, type[AblationSpec]] = {cls.kind: cls for cls in (Unablated, ThresholdAblation, RandomAblation,
+                                                                    StaticAblation)}
+
+
+def from_dict(d: dict) -> AblationSpec:
+    """The spec :meth:`AblationSpec.to_dict` wrote."""
+    fields = dict(d)
+    kind = fields.pop("kind", None)
+    if kind not in SPECS:
+        raise ValueError(f"unknown ablation kind {kind!r}: choose one of {list(SPECS)}")
+    return SPECS[kind](**fields)
+
+
+class ScoreCalibration:
+    """Thresholds and static head sets read off unablated head scores (:class:`lens_heads.heads.scoring.HeadScores`):
+    the threshold that puts ``fraction`` of the pooled values on the inactive side, and the ``round(fraction x
+    layers x heads)`` heads with the most inactive mean."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def threshold(self, score: str, fraction: float) -> float:
+        from lens_heads.heads.distributions import thresholds
+
+        return float(thresholds(self.scores, score, [fraction])[fraction])
+
+    def most_inactive(self, score: str, fraction: float) -> list[tuple[int, int]]:
+        from lens_heads.heads.scores import most_inactive
+
+        mean = self.scores.mean(score)
+        return most_inactive(mean, self.scores.direction[score], int(round(fraction * mean.numel())))

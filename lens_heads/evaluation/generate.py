@@ -1,0 +1,236 @@
+"""Greedy generation with hooks active, and GSM8K's exact match of the final number.
+
+:func:`generate` extends a prompt one argmax token at a time until a stop string appears in the generated text,
+the tokenizer's end-of-sequence token comes, or ``max_new_tokens`` is reached (the text is cut before the stop).
+
+What zeroing means during generation. The authors' patched attention recomputes every head's score at every forward
+step. Here, by default (``cache=False``), every step reruns the whole sequence (prompt + tokens generated so far)
+with the hooks active: a per-input :func:`lens_heads.ablation.hooks.threshold_zeroing` therefore decides, at each step,
+on the scores of the current sequence, and its choice applies to all positions of that step's forward. The
+zeroing counts one input row per step, so ``share_zeroed()`` is the share over steps. Every step of one generation
+is told the same input id (``input_id``), so a random zeroing draws once per generation. ``cache=True`` keeps
+TransformerLens's key-value cache (fast: each step runs only the new token); hooks then see only the new
+position, so it takes plain ``(hook_name, fn)`` pairs that act position by position (such as
+:func:`lens_heads.ablation.hooks.zero_heads` for a fixed set of heads) and refuses per-input HeadAblation objects.
+
+GSM8K: :func:`evaluate_generation` generates for each item of ``load_task("gsm8k")`` (the shipped 8-shot
+chain-of-thought prompt, stops "\\n\\n" and "Question:") and compares :func:`extract_answer` of the text with the
+gold number. Its continuous companion, the gold answer's bits-per-byte, comes from
+``lens_heads.evaluation.evaluate(model, task).bits_per_byte``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lens_heads.models.backends import is_bridge, run_to_resid
+from lens_heads.evaluation.evaluate import _collect_hooks, _describe, _model_meta, final_logits, wilson_interval
+from lens_heads.data.rows import DEFAULT_PROTOCOL, chat_context, check_protocol, encode, lm_eval_bos
+from lens_heads.data.inputs import check_token_ids
+
+GSM8K_STOP = ("\n\n", "Question:")
+
+
+@dataclass
+class Generation:
+    """One greedy generation: the new token ids, their text cut before the stop, and what stopped it."""
+
+    tokens: list[int]
+    text: str
+    stop: str  # the stop string, "eos", or "max_new_tokens"
+
+
+@torch.no_grad()
+def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_new_tokens: int = 256,
+             stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
+             input_id: int = 0) -> Generation:
+    """Greedy continuation of ``prompt`` (text, or token ids used as given) with ``hooks`` in every forward.
+
+    A text prompt gets the BOS of ``protocol`` (:mod:`lens_heads.data.rows`: under ``"lm-eval"`` only models that need
+    one, such as Gemma, as lm-eval's ``generate_until``; under ``"tl"`` TransformerLens's ``default_prepend_bos``).
+    ``cache``: see the module docstring (what zeroing means at each step)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    stop = [stop] if isinstance(stop, str) else list(stop)  # one string is one stop, not one per character
+    pairs, batch_aware = _collect_hooks(hooks, model)
+    if cache and batch_aware:
+        raise ValueError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "
+                         "that one position: use cache=False (reruns the sequence), or zero_heads(...) pairs for a "
+                         "fixed set of heads")
+    tokens = _prompt_tokens(model, prompt, protocol)
+    if len(tokens) + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(f"prompt of {len(tokens)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+                         f"context of {model.cfg.n_ctx}: shorten the prompt (fewer shots) or max_new_tokens")
+    eos = model.tokenizer.eos_token_id if model.tokenizer is not None else None
+    kv = _new_cache(model) if cache else None
+    new: list[int] = []
+    step_input = tokens
+    with model.hooks(fwd_hooks=pairs):
+        for _ in range(max_new_tokens):
+            with contextlib.ExitStack() as stack:
+                for obj in batch_aware:
+                    stack.enter_context(obj.batch(None, first=input_id))
+                ids = torch.tensor([step_input if cache else tokens + new], device=model.cfg.device)
+                next_token, kv = _next_token(model, ids, kv, cache)
+            if next_token == eos:
+                return Generation(new, _decode(model, new), "eos")
+            new.append(next_token)
+            step_input = [next_token]
+            text = _decode(model, new)
+            hits = [(text.index(s), s) for s in stop if s in text]
+            if hits:
+                at, which = min(hits)
+                return Generation(new, text[:at], which)
+    return Generation(new, _decode(model, new), "max_new_tokens")
+
+
+def _new_cache(model):
+    """An empty key/value cache: TransformerLens's for HookedTransformer; the bridge starts from None and gets
+    Hugging Face's back from its first step."""
+    if is_bridge(model):
+        return None
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+
+
+def _next_token(model, ids: Tensor, kv, cache: bool) -> tuple[int, object]:
+    """The greedy next token after ``ids`` (only the new tokens where ``cache``), and the updated cache."""
+    if cache and is_bridge(model):  # the bridge's KV-cached step returns the logits of the new tokens
+        logits, kv = model(ids, return_type="logits_and_cache", past_key_values=kv)
+        return int(logits[0, -1].argmax()), kv
+    if cache:
+        resid = model(ids, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
+    else:
+        resid = run_to_resid(model, ids, None, stop=model.cfg.n_layers)
+    return int(final_logits(model, resid[:, -1:])[0, -1].argmax()), kv
+
+
+def _prompt_tokens(model, prompt: str | Sequence[int], protocol: str) -> list[int]:
+    check_protocol(protocol)
+    if not isinstance(prompt, str):
+        tokens = [int(t) for t in prompt]
+    else:
+        bos_id = model.tokenizer.bos_token_id if model.tokenizer is not None else None
+        tl_bos = [bos_id] if model.cfg.default_prepend_bos and bos_id is not None else []
+        tokens = (lm_eval_bos(model) if protocol == "lm-eval" else tl_bos) + encode(model, prompt)
+    if not tokens:
+        raise ValueError("the prompt is empty: give text or token ids")
+    check_token_ids(model, [tokens], ["the prompt"])
+    return tokens
+
+
+def _decode(model, tokens: list[int]) -> str:
+    if model.tokenizer is None:
+        raise ValueError("this model has no tokenizer: generation with stop strings needs one")
+    return model.tokenizer.decode(tokens)
+
+
+# ---------------------------------------------------------------- GSM8K exact match
+
+_FINAL = re.compile(r"answer is\s*(-?\s*\$?\s*-?[\d,]*\.?\d+)")
+_NUMBER = re.compile(r"(?<![\d.])-?\$?\d[\d,]*(?:\.\d+)?")  # a minus only when attached: "1200 - 80" ends in 80
+
+
+def normalize_number(text: str) -> str:
+    """Drop thousands commas, "$", spaces and a final "." (the gold answers' "2,125" and "- 10" read 2125, -10)."""
+    return re.sub(r"[,$\s]", "", text).rstrip(".")
+
+
+def extract_answer(text: str) -> str | None:
+    """The number after the last "answer is" (the exemplars' "So the answer is N."), else the last number in the
+    text, normalised; None when the text has no number."""
+    finals = _FINAL.findall(text)
+    if finals:
+        return normalize_number(finals[-1])
+    numbers = _NUMBER.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+@dataclass
+class GenerationRecord:
+    id: str
+    target: str
+    text: str
+    answer: str | None
+    correct: bool
+    n_new_tokens: int
+    stop: str
+
+
+@dataclass
+class GenerationResult:
+    """Exact match of generated answers on a task (chance 0), with per-item texts."""
+
+    task: str
+    items: list[GenerationRecord]
+    meta: dict = field(default_factory=dict)
+    chance: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return len(self.items)
+
+    @property
+    def accuracy(self) -> float:
+        return float(np.mean([it.correct for it in self.items])) if self.items else float("nan")
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        """Wilson score 95% interval of the exact-match accuracy."""
+        return wilson_interval(sum(it.correct for it in self.items), self.n)
+
+    def summary(self) -> dict:
+        low, high = self.ci95
+        return dict(task=self.task, n=self.n, exact_match=self.accuracy, ci_low=low, ci_high=high,
+                    ci_method="wilson 95%", chance=self.chance)
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.DataFrame([asdict(it) for it in self.items])
+
+    def __repr__(self) -> str:
+        low, high = self.ci95
+        return f"GenerationResult({self.task}: exact match {self.accuracy:.3f} [{low:.3f}, {high:.3f}] on n={self.n})"
+
+
+def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: int = 256,
+                        stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
+                        apply_chat_template: bool = False, progress: bool = True) -> GenerationResult:
+    """Greedy-generate for every item of ``task`` (items need a ``target``, as GSM8K's do) and score exact match
+    of :func:`extract_answer` against the normalised target. Hooks and HeadAblation objects act as in :func:`generate`;
+    item ``i`` is input ``i`` to them. ``apply_chat_template`` renders each prompt as lm-eval does
+    (:func:`lens_heads.data.rows.chat_context`)."""
+    from tqdm.auto import tqdm
+
+    items = list(task)
+    if not items:
+        raise ValueError("the task has no items")
+    if any(it.target is None for it in items):
+        raise ValueError(f"task {getattr(task, 'name', '?')!r} has no reference answers to match generations "
+                         "against: use a generation task such as load_task('gsm8k')")
+    start = time.perf_counter()
+    records = []
+    for i, item in enumerate(tqdm(items, desc=f"{getattr(task, 'name', 'task')} generation", disable=not progress,
+                                  leave=False)):
+        prompt = chat_context(model, item.prompt, item.description) if apply_chat_template else item.prompt
+        out = generate(model, prompt, hooks=hooks, max_new_tokens=max_new_tokens, stop=stop, cache=cache,
+                       protocol=protocol, input_id=i)
+        answer = extract_answer(out.text)
+        records.append(GenerationRecord(id=item.id, target=item.target, text=out.text, answer=answer,
+                                        correct=answer == normalize_number(item.target),
+                                        n_new_tokens=len(out.tokens), stop=out.stop))
+    meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {},
+                hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
+                decoding="greedy", max_new_tokens=max_new_tokens, stop=list(stop), cache=cache,
+                protocol=protocol, apply_chat_template=apply_chat_template, wall_s=time.perf_counter() - start, ci_method="wilson 95%")
+    return GenerationResult(task=getattr(task, "name", "task"), items=records, meta=meta)

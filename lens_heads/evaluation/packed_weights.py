@@ -1,0 +1,93 @@
+"""Weights laid out once for a block of forwards, where TransformerLens lays them out again at every call.
+
+TransformerLens multiplies by ``W.T.contiguous()`` in the unembedding and in gated MLPs, so every forward copies
+those matrices (the unembedding's is vocabulary x d_model: 113 MB for SmolLM2), and it adds the unembedding bias,
+zeros for models that have none, into every logit (an ``addmm`` that first writes the broadcast bias over the whole
+``[pos, vocab]`` output). On the embedded model these copies are about a seventh of a plain forward's CPU time.
+
+Inside ``with packed_weights(model):`` the unembedding and the gated MLPs multiply by copies laid out once per block
+(made again whenever a weight is changed in place), an all-zero unembedding bias is left out, and every hook point
+fires as before. The products are the same operations on the same values, so the outputs are equal (adding a zero
+bias is exact). Where gradients must reach the weights (grad enabled and the weight requires it, as in training) a
+module computes its layout afresh at each call, as TransformerLens does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+from lens_heads.models.backends import is_bridge
+
+try:  # HookedTransformer's modules (TransformerLens 3.9); 4.x's bridge runs the Hugging Face modules
+    from transformer_lens.components import Unembed
+    from transformer_lens.components.mlps.gated_mlp import GatedMLP
+except ImportError:
+    Unembed = GatedMLP = None
+
+
+class Packed:
+    """``make(*weights)`` kept until one of ``weights`` changes (its in-place version counter or its storage)."""
+
+    def __init__(self, make: Callable, *weights: Tensor):
+        self.make, self.weights, self.key, self.value = make, weights, None, None
+
+    def get(self):
+        if torch.is_grad_enabled() and any(w.requires_grad for w in self.weights):
+            return self.make(*self.weights)  # a cached copy would cut the gradient to the weights
+        key = tuple((w._version, w.data_ptr()) for w in self.weights)
+        if key != self.key:
+            with torch.no_grad():
+                self.value = self.make(*self.weights)
+            self.key = key
+        return self.value
+
+
+@contextlib.contextmanager
+def packed_weights(model) -> Iterator[None]:
+    """Run the unembedding and the gated MLPs of ``model`` on weights laid out once, for the duration of the block
+    (see the module docstring); the modules' own forwards are restored on exit. Nothing changes on a
+    TransformerBridge, which runs the Hugging Face modules."""
+    if is_bridge(model):
+        yield
+        return
+    swapped = []
+    if type(model.unembed) is Unembed and "forward" not in vars(model.unembed):
+        packed = Packed(lambda w, b: (w.T.contiguous(), b if bool(b.any()) else None), model.unembed.W_U,
+                        model.unembed.b_U)
+        model.unembed.forward = functools.partial(_unembed, model.unembed, packed)
+        swapped.append(model.unembed)
+    for block in model.blocks:
+        mlp = getattr(block, "mlp", None)  # attention-only models have none
+        if type(mlp) is GatedMLP and not mlp.cfg.is_layer_norm_activation() and "forward" not in vars(mlp):
+            packed = Packed(lambda *ws: tuple(w.T.contiguous() for w in ws), mlp.W_gate, mlp.W_in, mlp.W_out)
+            mlp.forward = functools.partial(_gated_mlp, mlp, packed)
+            swapped.append(mlp)
+    try:
+        yield
+    finally:
+        for module in swapped:
+            del module.forward
+
+
+def _unembed(unembed, packed: Packed, residual: Float[Tensor, "batch pos d_model"]
+             ) -> Float[Tensor, "batch pos d_vocab"]:
+    if residual.device != unembed.W_U.device:
+        return type(unembed).forward(unembed, residual)
+    w, b = packed.get()
+    return unembed.hook_out(F.linear(unembed.hook_in(residual), w, b))
+
+
+def _gated_mlp(mlp, packed: Packed, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    if x.device != mlp.W_gate.device:
+        return type(mlp).forward(mlp, x)
+    w_gate, w_in, w_out = packed.get()
+    pre_act = mlp.hook_pre(F.linear(x, w_gate))
+    pre_linear = mlp.hook_pre_linear(F.linear(x, w_in))
+    post_act = mlp.hook_post((mlp.act_fn(pre_act) * pre_linear) + mlp.b_in)
+    return F.linear(post_act, w_out, mlp.b_out)

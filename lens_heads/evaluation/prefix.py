@@ -1,0 +1,234 @@
+"""Shared prefixes computed once: rows that begin with the same tokens run that beginning in one forward, and their
+continuations attend to its keys and values.
+
+Causal attention makes a position's activations depend on the tokens at and before it only, so the rows of one
+cloze item (its choices: the context repeated, then a different continuation) and the MMLU questions of one subject
+(the same description and five shots, then the question) compute their common beginning identically. The evaluator
+(:func:`lens_heads.evaluation.evaluate.evaluate_each`) groups such rows (:func:`plan_groups`), runs each group's *prefix* once
+while every fused attention layer records its keys and values (post-rotary, with the grouped-query KV heads), then
+runs the rows' remaining tokens (the *suffix*: at least every position whose logits are read) with each layer
+attending to its row's prefix keys/values and to the suffix's own, the suffix's rotary positions continuing the
+prefix's (:func:`prefixed_z`, :func:`rotate_at`). Hooks run in both passes: a hook on ``hook_z`` sees the prefix
+positions in the prefix pass and the suffix positions in the suffix pass, each with the values the whole row has
+there, so ablations that zero a head everywhere act on the prefix's keys/values as on the whole row.
+
+This is exact only for hooks whose action at a position does not depend on the rest of the row. Hook objects say so
+with a ``prefix_scope`` attribute (hook pairs: on the function): ``"any"`` (the same action on every row: no hooks,
+static zeroing, mean ablation, :func:`lens_heads.ablation.hooks.zero_heads`), ``"item"`` (the same action on the rows of
+one item: random zeroing, drawn per item), or None (decides from the whole row, e.g. the per-input threshold
+zeroing; unknown user hooks): then the evaluator keeps the row-by-row path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lens_heads.data.rows import Row
+
+SCOPES = ("item", "any")  # narrowest first
+MIN_PREFIX = 4  # tokens: a shorter common beginning is not worth a second forward
+ROWS_PER_PREFIX = 4  # a group holds at most this many batches of rows; a chunk this many forward budgets
+SHARED_FILL = 0.5  # prefixes and suffixes are few and short: a looser padding bound than the rows' 3/4 keeps their
+# forwards few and large (a forward's fixed cost, reading every weight, is worth hundreds of tokens on a CPU)
+
+
+# ---------------------------------------------------------------- which hooks allow it
+
+
+def hook_scope(hooks: Sequence) -> str | None:
+    """The widest prefix sharing that every hook object or ``(name, fn)`` pair in ``hooks`` allows (None: none)."""
+    scopes = [getattr(obj[1] if isinstance(obj, tuple) else obj, "prefix_scope", None) for obj in hooks]
+    return narrowest(scopes)
+
+
+def narrowest(scopes: Sequence[str | None]) -> str | None:
+    """The sharing every one of ``scopes`` allows: None if any is None, else the narrowest ("any" when empty)."""
+    if any(scope not in SCOPES for scope in scopes):
+        return None
+    return min(scopes, key=SCOPES.index, default="any")
+
+
+def mark(fn, scope: str | None):
+    """``fn`` with its ``prefix_scope`` set (for hook functions whose action does not depend on the row)."""
+    fn.prefix_scope = scope
+    return fn
+
+
+# ---------------------------------------------------------------- grouping the rows
+
+
+@dataclass
+class Group:
+    """Rows that share ``prefix``; ``rows`` are their suffixes (tokens after the prefix, read positions shifted)."""
+
+    prefix: list[int]
+    rows: list[Row] = field(default_factory=list)
+
+
+def plan_groups(rows: Sequence[Row], scope: str, max_rows: int) -> list[Group]:
+    """Group ``rows`` by their common beginning: sorted by (item when ``scope`` is ``"item"``, tokens), a row joins
+    the group before it while the tokens that saves do not shrink; a prefix always ends before the group's first
+    read position, so every read lies in a suffix. Rows that share nothing form groups with an empty prefix.
+    Groups larger than ``max_rows`` are split (each part runs the prefix once)."""
+    key = (lambda r: r.item) if scope == "item" else (lambda r: 0)
+    groups: list[tuple[int, list[Row]]] = []
+    for row in sorted(rows, key=lambda r: (key(r), r.tokens)):
+        if groups:
+            length, members = groups[-1]
+            joined = min(length, _read_limit(row), _common(members[0].tokens, row.tokens))
+            if key(row) == key(members[0]) and joined >= MIN_PREFIX and len(members) * joined >= (
+                    len(members) - 1) * length and len(members) < max_rows:
+                groups[-1] = (joined, members + [row])
+                continue
+        groups.append((_read_limit(row), [row]))
+    return [_group(members, length if len(members) > 1 else 0) for length, members in groups]
+
+
+def _read_limit(row: Row) -> int:
+    return min(first for _, first, _ in row.reads)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _group(members: list[Row], length: int) -> Group:
+    suffixes = [Row(r.item, r.tokens[length:], [(c, first - length, ids) for c, first, ids in r.reads])
+                for r in members]
+    return Group(members[0].tokens[:length], suffixes)
+
+
+def chunk_groups(groups: list[Group], budget: int) -> Iterator[list[Group]]:
+    """Groups, longest prefix first, in chunks whose prefix tokens and suffix tokens each stay within
+    ``ROWS_PER_PREFIX * budget`` (a chunk's prefix keys/values are held while its suffixes run)."""
+    chunk: list[Group] = []
+    for group in sorted(groups, key=lambda g: -len(g.prefix)):
+        if chunk and (sum(len(g.prefix) for g in chunk) + len(group.prefix) > ROWS_PER_PREFIX * budget
+                      or sum(len(r.tokens) for g in chunk + [group] for r in g.rows) > ROWS_PER_PREFIX * budget):
+            yield chunk
+            chunk = []
+        chunk.append(group)
+    if chunk:
+        yield chunk
+
+
+def token_batches(rows: Sequence[Row], budget: int, min_fill: float) -> Iterator[list[Row]]:
+    """Rows (sorted longest first) in forward batches of at most ``budget`` padded tokens; a row shorter than
+    ``min_fill`` of its batch's longest starts a new batch (bounded padding)."""
+    batch: list[Row] = []
+    for row in rows:
+        if batch and ((len(batch) + 1) * len(batch[0].tokens) > budget
+                      or len(row.tokens) < min_fill * len(batch[0].tokens)):
+            yield batch
+            batch = []
+        batch.append(row)
+    if batch:
+        yield batch
+
+
+def merge_kv(parts: Sequence[dict]) -> dict[int, tuple[Tensor, Tensor]]:
+    """Per layer, the keys/values recorded by several prefix batches as one ``[prefix, pos, kv_head, d_head]``
+    pair, each batch's positions right-padded with zeros to the longest (the padding is never attended to)."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    out = {}
+    for layer in parts[0]:
+        n_pos = max(part[layer][0].shape[1] for part in parts)
+        out[layer] = tuple(torch.cat([F.pad(part[layer][j], (0, 0, 0, 0, 0, n_pos - part[layer][j].shape[1]))
+                                      for part in parts]) for j in (0, 1))
+    return out
+
+
+# ---------------------------------------------------------------- what the attention layers do
+
+
+@dataclass
+class Extension:
+    """A suffix batch's prefixes: each row continues prefix ``index[row]`` (``lengths[row]`` real tokens) whose
+    keys/values per layer are ``kv[layer]`` (``[prefix, pos, kv_head, d_head]`` each)."""
+
+    kv: dict[int, tuple[Tensor, Tensor]]
+    index: Int[Tensor, "batch"]
+    lengths: Int[Tensor, "batch"]
+
+
+@dataclass
+class PrefixState:
+    """What the fused attention layers do with keys and values in the current forward: store them per layer into
+    ``record``, and/or attend to the prefixes of ``extend`` as well (neither: the ordinary forward)."""
+
+    record: dict | None = None
+    extend: Extension | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.record is not None or self.extend is not None
+
+    @contextlib.contextmanager
+    def recording(self, store: dict) -> Iterator[None]:
+        self.record = store
+        try:
+            yield
+        finally:
+            self.record = None
+
+    @contextlib.contextmanager
+    def extending(self, extension: Extension | None) -> Iterator[None]:
+        self.extend = extension
+        try:
+            yield
+        finally:
+            self.extend = None
+
+
+def rotate_at(attn, x: Float[Tensor, "batch pos head d_head"], positions: Int[Tensor, "batch pos"]
+              ) -> Float[Tensor, "batch pos head d_head"]:
+    """TransformerLens's rotary embedding (``apply_rotary``'s arithmetic) at explicit per-row positions."""
+    rotary_dim = attn.cfg.rotary_dim
+    x = x.to(attn.rotary_sin.device)
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    positions = positions.clamp(max=attn.rotary_cos.shape[0] - 1).to(attn.rotary_cos.device)
+    cos, sin = attn.rotary_cos[positions, None, :], attn.rotary_sin[positions, None, :]
+    return torch.cat([x_rot * cos + attn.rotate_every_two(x_rot) * sin, x_pass], dim=-1)
+
+
+def suffix_positions(extension: Extension, n_pos: int) -> Int[Tensor, "batch pos"]:
+    """Where a suffix batch's positions sit in their whole rows: after their prefixes."""
+    return extension.lengths[:, None] + torch.arange(n_pos, device=extension.lengths.device)[None]
+
+
+Heads = Float[Tensor, "batch pos head d_head"]
+KVHeads = Float[Tensor, "batch pos kv_head d_head"]
+
+
+def prefixed_z(q: Heads, k: KVHeads, v: KVHeads, attention_mask: Int[Tensor, "batch pos"] | None,
+               extension: Extension, layer: int, *, scale: float) -> Heads:
+    """Causal head outputs of a suffix batch whose queries attend to their row's prefix keys/values (all real ones)
+    and to the suffix's earlier or equal real positions: the values the whole row's forward has there."""
+    prefix_k, prefix_v = (x[extension.index.to(x.device)] for x in extension.kv[layer])
+    n_prefix, n_pos = prefix_k.shape[1], q.shape[1]
+    real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
+            else attention_mask.to(q.device).bool())
+    in_prefix: Bool[Tensor, "batch key"] = (torch.arange(n_prefix, device=q.device)[None]
+                                            < extension.lengths.to(q.device)[:, None])
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=q.device).tril()
+    allowed = torch.cat([in_prefix[:, None, :].expand(-1, n_pos, -1), causal[None] & real[:, None, :]], dim=-1)
+    k, v = torch.cat([prefix_k, k], dim=1), torch.cat([prefix_v, v], dim=1)
+    n_heads, n_kv = q.shape[2], k.shape[2]
+    if n_kv != n_heads:  # grouped-query heads, as in sdpa_z
+        k, v = (x.repeat_interleave(n_heads // n_kv, dim=2) for x in (k, v))
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2).to(q.dtype),
+                                         attn_mask=allowed[:, None], scale=scale)
+    return out.transpose(1, 2)

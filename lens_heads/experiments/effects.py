@@ -1,0 +1,356 @@
+"""The ground-truth effect of every attention head on a task: what the task loses when that one head is removed.
+
+Three ways to measure it, all through ``blocks.{l}.attn.hook_z`` at every position of every row the evaluator runs
+(:func:`lens_heads.evaluation.evaluate.build_rows`, so the same tokens are read as in an evaluation):
+
+- ``"ablation"``: zero one head (:func:`lens_heads.ablation.hooks.zero_heads`) and evaluate the task again; one evaluation
+  per head (layers x heads of them), each kept in ``out_dir`` so a killed run resumes from the finished heads.
+- ``"mean"``: the same with the head's mean output over the task's prompts (:func:`lens_heads.ablation.hooks.mean_z`).
+- ``"attribution"``: attribution patching, the first-order Taylor estimate of zeroing: the change of each choice's
+  log-likelihood is ``(0 - z_h) . d logP(choice) / d z_h`` summed over positions, for every head at once from one
+  forward and one backward pass per batch (one backward per choice where the choices share a row, as in MMLU's
+  letter format).
+
+Every method yields each choice's log-likelihood with the head removed (exactly, or linearised for attribution) and
+reads the same three per-item metrics off it (:func:`lens_heads.evaluation.evaluate.paired_values`):
+
+    gold_logprob   change of the gold answer's log-likelihood (removed - intact; negative: the head helped)
+    kl             KL(intact || removed) between the answer distributions (softmax over the choices' scores)
+    accuracy       change of correctness (-1, 0 or +1 per item)
+
+For attribution the KL is taken between the intact answer distribution and the one from the linearised scores: the
+first-order term of KL itself is zero at the intact model, so linearising KL directly would say nothing; linearising
+the choices' log-likelihoods keeps its leading (second-order) behaviour. A head's *size* is the mean over items of
+the absolute per-item effect: 0 means the head changes nothing on these items; heads are ranked by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_heads.models.backends import get_act_name, run_to_resid
+from lens_heads.ablation.hooks import mean_z, zero_heads
+from lens_heads.evaluation.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, continuation_tokens,
+                                 evaluate, evaluate_each, pad_rows, paired_values, read_logprobs)
+from lens_heads.data.inputs import pad_id
+from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.models.loading import model_meta
+from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
+from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
+from lens_heads.experiments.sweep import run_fingerprint
+
+METHODS = ("ablation", "attribution", "mean")
+EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
+CI_METHOD = "normal approximation over items, 95%"
+
+
+@dataclass
+class HeadEffects:
+    """Per-item effect of removing each head: ``values[item, layer, head, k]`` is metric ``metrics[k]``.
+
+    ``metric`` is the one :meth:`size`, :meth:`mean` and :meth:`order` use unless told otherwise."""
+
+    values: Float[Tensor, "item layer head metric"]
+    metrics: list[str]
+    metric: str
+    method: str
+    item_ids: list[str]
+    meta: dict
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+    def effect(self, metric: str | None = None) -> Float[Tensor, "item layer head"]:
+        """Per-item effects of one metric."""
+        metric = metric or self.metric
+        if metric not in self.metrics:
+            raise KeyError(f"no metric {metric!r} here: choose one of {self.metrics}")
+        return self.values[..., self.metrics.index(metric)]
+
+    def mean(self, metric: str | None = None) -> Float[Tensor, "layer head"]:
+        """Mean (signed) effect over items."""
+        return self.effect(metric).mean(0)
+
+    def size(self, metric: str | None = None) -> Float[Tensor, "layer head"]:
+        """Mean over items of the absolute effect: how much removing the head changes (0 = nothing)."""
+        return self.effect(metric).abs().mean(0)
+
+    def ci95(self, metric: str | None = None, *, absolute: bool = False) -> tuple[Tensor, Tensor]:
+        """95% interval of :meth:`mean` (or of :meth:`size` with ``absolute=True``), normal approximation."""
+        x = self.effect(metric)
+        x = x.abs() if absolute else x
+        n = x.shape[0]
+        half = Z95 * x.std(0, correction=1) / math.sqrt(n) if n > 1 else torch.full_like(x[0], math.nan)
+        return x.mean(0) - half, x.mean(0) + half
+
+    def order(self, metric: str | None = None) -> list[tuple[int, int]]:
+        """All ``(layer, head)`` pairs, smallest :meth:`size` first (ties in layer-head order)."""
+        size = self.size(metric)
+        flat = np.argsort(size.reshape(-1).numpy(), kind="stable")
+        return [(int(i) // size.shape[1], int(i) % size.shape[1]) for i in flat]
+
+    def to_dataframe(self, per_item: bool = False):
+        """One row per (layer, head, metric): mean with its interval, size with its interval, n. With
+        ``per_item=True``, one row per (item, layer, head, metric) with its value."""
+        import pandas as pd
+
+        n, L, H, _ = self.values.shape
+        if per_item:
+            idx = torch.cartesian_prod(torch.arange(n), torch.arange(L), torch.arange(H)).numpy()
+            return pd.concat([pd.DataFrame({"item": [self.item_ids[i] for i in idx[:, 0]], "layer": idx[:, 1],
+                                            "head": idx[:, 2], "metric": m,
+                                            "value": self.effect(m).reshape(-1).numpy()}) for m in self.metrics],
+                             ignore_index=True)
+        rows = []
+        for m in self.metrics:
+            low, high = self.ci95(m)
+            size_low, size_high = self.ci95(m, absolute=True)
+            mean, size = self.mean(m), self.size(m)
+            for layer in range(L):
+                for head in range(H):
+                    rows.append(dict(layer=layer, head=head, metric=m, method=self.method,
+                                     mean=float(mean[layer, head]), ci_low=float(low[layer, head]),
+                                     ci_high=float(high[layer, head]), size=float(size[layer, head]),
+                                     size_ci_low=float(size_low[layer, head]),
+                                     size_ci_high=float(size_high[layer, head]), n=n))
+        return pd.DataFrame(rows)
+
+    def save(self, path: str | Path) -> Path:
+        """Write to one safetensors file (tensor + JSON metadata; no pickle), atomically."""
+        from safetensors.torch import save
+
+        header = dict(metrics=self.metrics, metric=self.metric, method=self.method, item_ids=self.item_ids,
+                      meta=self.meta)
+        return atomic_write_bytes(path, save({"values": self.values.contiguous()},
+                                             metadata={"lens_heads": json.dumps(header, default=str)}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HeadEffects":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            header = json.loads(f.metadata()["lens_heads"])
+            values = f.get_tensor("values")
+        return cls(values=values, **header)
+
+
+def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None, batch_size: int = 8,
+                 progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
+                 apply_chat_template: bool = False) -> HeadEffects:
+    """The effect of removing each head of ``model`` on ``task`` (see the module docstring for the methods and
+    metrics; all three metrics are computed, ``metric`` is the one the result ranks heads by).
+
+    ``out_dir`` (ablation and mean): each head's evaluation is written there as it finishes and reused on a rerun
+    with the same model, items and settings. ``primary``: the choice scoring (``"sum"``, ``"per_token"``,
+    ``"per_char"``) behind accuracy and the answer distribution. ``protocol`` and ``apply_chat_template``: the
+    forward rows, as in :func:`lens_heads.evaluation.evaluate` (:mod:`lens_heads.data.rows`). Attribution keeps every layer's
+    activations for the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long
+    few-shot prompts a small ``batch_size``."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: choose one of {METHODS}")
+    if metric not in EFFECT_METRICS:
+        raise ValueError(f"unknown metric {metric!r}: choose one of {EFFECT_METRICS}")
+    check_primary(primary)
+    check_protocol(protocol)
+    items = list(task)
+    if not items:
+        raise ValueError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
+    if method == "attribution" and out_dir is not None:
+        raise ValueError("out_dir keeps the per-head evaluations of ablation and mean ablation; attribution runs in "
+                         "one pass: keep its result with HeadEffects.save(path)")
+    if model.tokenizer is None:
+        raise ValueError("this model has no tokenizer, and a text task needs one: load the model with its tokenizer "
+                         "(tiny_model(tokenizer=...) for a toy model)")
+    start = time.perf_counter()
+    layout = dict(protocol=protocol, apply_chat_template=apply_chat_template)
+    if method == "attribution":
+        base, removed, stats = _attribution(model, task, batch_size=batch_size, progress=progress, primary=primary,
+                                            layout=layout)
+    else:
+        base, removed, stats = _ablation(model, task, method=method, out_dir=out_dir, batch_size=batch_size,
+                                         progress=progress, primary=primary, layout=layout)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    values = torch.empty((len(items), L, H, len(EFFECT_METRICS)), dtype=torch.float64)
+    for (layer, head), records in removed.items():
+        per_item = paired_values(list(zip(records, base.items)), primary)
+        values[:, layer, head] = torch.tensor(np.stack([per_item[m] for m in EFFECT_METRICS], axis=1))
+    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, primary=primary, **layout,
+                baseline=dict(accuracy=base.accuracy, ci95=list(base.ci95), n=base.n, chance=base.chance),
+                batch_size=batch_size, ci_method=CI_METHOD, wall_s=time.perf_counter() - start, **stats)
+    return HeadEffects(values=values, metrics=list(EFFECT_METRICS), metric=metric, method=method,
+                       item_ids=[it.id for it in items], meta=meta)
+
+
+# ---------------------------------------------------------------- ablation and mean ablation: one evaluation a head
+
+
+def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: bool, primary: str, layout: dict):
+    from tqdm.auto import tqdm
+
+    # the mean over the evaluated rows' positions
+    means = mean_z(model, [row.tokens for row in build_rows(model, list(task), **layout)], batch_size=batch_size) \
+        if method == "mean" else None
+    settings = dict(method=method, primary=primary, **layout)
+    if means is not None:  # the substituted values are part of what a stored head means
+        settings["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
+    fingerprint = run_fingerprint(model, task, **settings)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        claim_folder(out, fingerprint, marker="effects.json")
+    counts = dict(units_run=0, units_reused=0)
+
+    def stored(name: str) -> EvalResult | None:
+        found = load_keyed(out / f"{name}.json", dict(run=fingerprint, unit=name)) if out is not None else None
+        counts["units_reused" if found is not None else "units_run"] += 1
+        return None if found is None else EvalResult.from_dict(found)
+
+    def store(name: str, result: EvalResult) -> None:
+        if out is not None:
+            save_keyed(out / f"{name}.json", dict(run=fingerprint, unit=name), result.to_dict())
+
+    base = stored("baseline")
+    if base is None:
+        base = evaluate(model, task, batch_size=batch_size, progress=False, primary=primary, **layout)
+        store("baseline", base)
+    removed = {}
+    mode = "mean" if method == "mean" else "zero"
+    bar = tqdm(total=model.cfg.n_layers * model.cfg.n_heads, desc=f"{method} of each head on "
+               f"{getattr(task, 'name', 'task')}", unit="head", disable=not progress)
+    for layer in range(model.cfg.n_layers):  # a layer's heads share the forward below it (evaluate_each)
+        names = {head: f"L{layer:02d}H{head:02d}" for head in range(model.cfg.n_heads)}
+        todo = []
+        for head, name in names.items():
+            found = stored(name)
+            if found is None:
+                todo.append(head)
+            else:
+                removed[(layer, head)] = found.items
+        results = evaluate_each(model, task, [zero_heads([(layer, head)], mode=mode, means=means) for head in todo],
+                                batch_size=batch_size, progress=False, primary=primary, **layout) if todo else []
+        for head, result in zip(todo, results):
+            store(names[head], result)
+            removed[(layer, head)] = result.items
+        bar.update(len(names))
+    bar.close()
+    return base, removed, dict(fingerprint=fingerprint, out_dir=str(out) if out else None, **counts)
+
+
+# ---------------------------------------------------------------- attribution patching: one backward a batch
+
+
+def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, layout: dict):
+    """Intact log-likelihoods and, per head, their linearised values with the head zeroed."""
+    from tqdm.auto import tqdm
+
+    items = list(task)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    rows = build_rows(model, items, **layout)
+    n_choices = max(len(it.continuations) for it in items)
+    n_tokens = continuation_tokens(items, rows)
+    logprobs = torch.full((len(items), n_choices), math.nan, dtype=torch.float64)
+    change = torch.zeros((len(items), n_choices, L, H), dtype=torch.float64)
+    device = model.cfg.device
+    pad = pad_id(model)
+    order = sorted(rows, key=lambda r: -len(r.tokens))
+    stats = dict(forward_passes=0, backward_passes=0)
+    bar = tqdm(total=len(rows), desc=f"attribution on {getattr(task, 'name', 'task')}", unit="row",
+               disable=not progress, leave=False)
+    for batch in batches(order, batch_size):
+        tokens, mask = pad_rows(batch, pad)
+        mask = mask.to(device)
+        taps: list = [None] * L
+
+        def tap(layer: int):
+            def hook(z: Tensor, hook=None) -> Tensor:
+                # z + 0: the gradient with respect to the zero is d metric / d z, through every later layer
+                zero = torch.zeros_like(z, requires_grad=True)
+                taps[layer] = (z.detach(), zero)
+                return z + zero
+
+            return hook
+
+        with torch.enable_grad(), model.hooks(fwd_hooks=[(get_act_name("z", l), tap(l)) for l in range(L)]):
+            resid = run_to_resid(model, tokens.to(device), mask.long(), stop=L)
+            values, owners = read_logprobs(model, resid, batch)
+            stats["forward_passes"] += 1
+            row_of = {(row.item, choice): b for b, row in enumerate(batch) for choice, _, _ in row.reads}
+            slot_of = {(row.item, choice): s for row in batch for s, (choice, _, _) in enumerate(row.reads)}
+            # one backward per read slot: rows never attend to each other, so the gradient of a sum over rows
+            # is each row's own gradient in that row
+            slots = max(len(row.reads) for row in batch)
+            for slot in range(slots):
+                picked = [k for k, owner in enumerate(owners) if slot_of[owner] == slot]
+                grads = torch.autograd.grad(values[picked].sum(), [zero for _, zero in taps],
+                                            retain_graph=slot < slots - 1)
+                stats["backward_passes"] += 1
+                for layer, ((z, _), grad) in enumerate(zip(taps, grads)):
+                    per_row = -torch.einsum("bphd,bphd,bp->bh", z.double(), grad.double(), mask.double())
+                    for k in picked:
+                        item, choice = owners[k]
+                        change[item, choice, layer] = per_row[row_of[(item, choice)]].cpu()
+        for (item, choice), value in zip(owners, values.detach().cpu().tolist()):
+            logprobs[item, choice] = value
+        bar.update(len(batch))
+    bar.close()
+    base = EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), primary=primary,
+                      chance=float(getattr(task, "chance", math.nan)), items=_records(items, logprobs, n_tokens))
+    removed = {(layer, head): _records(items, logprobs + change[..., layer, head], n_tokens)
+               for layer in range(L) for head in range(H)}
+    return base, removed, stats
+
+
+def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRecord]:
+    """Item records from ``[item, choice]`` log-likelihoods (NaN past an item's last choice)."""
+    return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=logprobs[i, :len(it.continuations)].tolist(),
+                       n_tokens=n_tokens[i], n_chars=[len(x) for x in it.continuations], subject=it.subject)
+            for i, it in enumerate(items)]
+
+
+# ---------------------------------------------------------------- the oracle: static zeroing in the order of effect
+
+
+def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30),
+                 label: str = "oracle", out_dir=None, batch_size: int = 8, progress: bool = True,
+                 primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False):
+    """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
+    first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
+    ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
+    :class:`lens_heads.experiments.sweep.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
+    kept and reused like the sweep's units."""
+    from tqdm.auto import tqdm
+
+    from lens_heads.ablation.specs import StaticAblation, Unablated
+    from lens_heads.experiments.sweep import SweepResult, UnitStore, run_unit
+
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    order = [(int(layer), int(head)) for layer, head in order]
+    if sorted(order) != [(layer, head) for layer in range(L) for head in range(H)]:
+        raise ValueError(f"order must list each of the model's {L} x {H} heads once (HeadEffects.order())")
+    fractions = sorted({float(p) for p in fractions} | {0.0})
+    if not (0.0 <= fractions[0] and fractions[-1] < 1.0):  # a negative one zeroed nearly every head
+        raise ValueError(f"oracle_sweep: fractions must lie in [0, 1), got {fractions}")
+    layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
+    fingerprint = run_fingerprint(model, task, primary=primary, oracle_order=[list(h) for h in order], **layout)
+    store = UnitStore(out_dir, fingerprint, marker="oracle.json")
+    plan = [StaticAblation(heads=order[:int(round(p * L * H))], score=label, fraction=p) if p else Unablated()
+            for p in fractions]
+    units = []
+    for spec in tqdm(plan, desc=f"{label} on {getattr(task, 'name', 'task')}", unit="fraction", disable=not progress):
+        unit = store.load(spec)
+        if unit is None:
+            unit = run_unit(model, task, spec, batch_size=batch_size, progress=False, primary=primary, **layout)
+            unit.head_share = None  # the heads are the first ones of the order: the spec says which
+            store.save(spec, unit)
+        units.append(unit)
+    return SweepResult(baseline=units[0].result, units=units,
+                       meta=dict(fingerprint=fingerprint, fractions=fractions, scores=[], static_scores=[label]))

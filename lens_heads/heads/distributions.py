@@ -1,0 +1,129 @@
+"""How head scores are distributed: per-layer summaries, the pooled empirical CDF, thresholds at target fractions
+of heads, and the stability of a score across data sets (the paper's MMLU vs PIQA vs WinoGrande comparison).
+
+Thresholds follow the paper: pool every (input, layer, head) value of the unablated run into one empirical CDF and
+read the threshold at the target fraction p; for a ">" score (AWFT) read the (1 - p) quantile. Quantiles
+interpolate linearly between order statistics (numpy's default). A head is inactive when its value is strictly on
+the inactive side (``lens_heads.heads.scores.inactive``), so p = 0 zeroes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lens_heads.heads.scores import SCORE_NAMES, most_inactive
+from lens_heads.heads.scoring import HeadScores
+from lens_heads.stats.inference import spearman
+
+SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+def direction_of(scores: HeadScores, name: str) -> str:
+    """'<' or '>': the side of a threshold where a head counts as inactive."""
+    if name not in scores.direction:
+        raise KeyError(f"no score {name!r} here: choose one of {scores.all_names}")
+    return scores.direction[name]
+
+
+def _pooled(scores: HeadScores, name: str) -> np.ndarray:
+    values = scores.score(name).double().reshape(-1).numpy()
+    if values.size == 0:
+        raise ValueError("no scores to pool: score at least one input")
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name} has {int((~np.isfinite(values)).sum())} non-finite values; drop those inputs first")
+    return values
+
+
+@dataclass(frozen=True)
+class EmpiricalCDF:
+    """The pooled (input, layer, head) values of one score, sorted."""
+
+    name: str
+    direction: str
+    values: np.ndarray
+
+    def __call__(self, x: float) -> float:
+        """Fraction of values <= x."""
+        return float(np.searchsorted(self.values, x, side="right") / self.values.size)
+
+    def quantile(self, q: float) -> float:
+        return float(np.quantile(self.values, q))
+
+    def inactive_fraction(self, threshold: float) -> float:
+        """Fraction of pooled values strictly on the inactive side of ``threshold``."""
+        if self.direction == "<":
+            return float(np.searchsorted(self.values, threshold, side="left") / self.values.size)
+        return float(1 - np.searchsorted(self.values, threshold, side="right") / self.values.size)
+
+
+def pooled_cdf(scores: HeadScores, name: str) -> EmpiricalCDF:
+    """The empirical CDF of one score over all (input, layer, head) values."""
+    return EmpiricalCDF(name, direction_of(scores, name), np.sort(_pooled(scores, name)))
+
+
+def thresholds(scores: HeadScores, name: str, fractions: float | Iterable[float]) -> dict[float, float]:
+    """Threshold per target fraction p so that about p of the pooled values are on the inactive side.
+
+    The p quantile for '<' scores and the (1 - p) quantile for '>' scores (AWFT). Ties can make the realised
+    fraction differ from p: report ``EmpiricalCDF.inactive_fraction`` (or the realised share of an ablation).
+    """
+    fractions = [fractions] if np.isscalar(fractions) else list(fractions)
+    bad = [p for p in fractions if not 0 <= p <= 1]
+    if bad:
+        raise ValueError(f"fractions must lie in [0, 1], got {bad}")
+    cdf = pooled_cdf(scores, name)
+    return {float(p): cdf.quantile(p if cdf.direction == "<" else 1 - p) for p in fractions}
+
+
+def layer_summary(scores: HeadScores, names: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per score and layer: mean, std, min, quantiles and max over all (input, head) values."""
+    rows = []
+    for name in names or scores.names:
+        x = scores.score(name).double().numpy()  # [input, layer, head]
+        for layer in range(x.shape[1]):
+            v = x[:, layer].reshape(-1)
+            row = dict(score=name, layer=layer, n=v.size, mean=v.mean(), std=v.std(ddof=1) if v.size > 1 else 0.0,
+                       min=v.min(), max=v.max())
+            row.update({f"q{round(q * 100):02d}": np.quantile(v, q) for q in SUMMARY_QUANTILES})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def rank_correlation(a: HeadScores, b: HeadScores, name: str) -> float:
+    """Spearman correlation across heads of one score's per-head mean on two data sets (same model)."""
+    if a.values.shape[1:3] != b.values.shape[1:3]:
+        raise ValueError("the two score sets come from models of different shapes")
+    return spearman(a.mean(name).numpy(), b.mean(name).numpy())
+
+
+def stability_table(score_sets: Mapping[str, HeadScores], names: Sequence[str] = SCORE_NAMES,
+                    fraction: float = 0.1) -> pd.DataFrame:
+    """For each score and pair of data sets: rank correlation of the per-head means and of the per-layer means,
+    and the overlap (Jaccard) of the ``fraction`` most inactive heads by mean score."""
+    keys = list(score_sets)
+    if len(keys) < 2:
+        raise ValueError("stability needs at least two data sets")
+    rows = []
+    for name in names:
+        for i, ka in enumerate(keys):
+            for kb in keys[i + 1 :]:
+                a, b = score_sets[ka].mean(name).double().numpy(), score_sets[kb].mean(name).double().numpy()
+                rows.append(dict(score=name, data_a=ka, data_b=kb, n_a=len(score_sets[ka]), n_b=len(score_sets[kb]),
+                                 spearman_heads=spearman(a, b), spearman_layers=spearman(a.mean(1), b.mean(1)),
+                                 inactive_fraction=fraction,
+                                 inactive_jaccard=_jaccard(_most_inactive(a, score_sets[ka].direction[name], fraction),
+                                                           _most_inactive(b, score_sets[kb].direction[name], fraction))))
+    return pd.DataFrame(rows)
+
+
+def _most_inactive(means: np.ndarray, direction: str, fraction: float) -> set[tuple[int, int]]:
+    return set(most_inactive(torch.from_numpy(means), direction, max(1, round(fraction * means.size))))
+
+
+def _jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a | b else float("nan")

@@ -1,0 +1,321 @@
+"""The head scores of "Identifying and Evaluating Inactive Heads in Pretrained LLMs" (Sandoval-Segura et al.).
+
+Each score is a small named function of ONE layer's activations, for every input and query head at once:
+
+    pattern  A[b, h, i, j]   causal softmax attention (``hook_pattern``)
+    v        v[b, j, h, d]   value vectors, grouped-query K/V heads already expanded to query heads (``hook_v``)
+    z        o[b, i, h, d]   head outputs before W_O, o_i = sum_j A[i, j] v_j (``hook_z``)
+    mask     P[b, i]         True at non-padding positions
+
+"First token" is the first non-padding position (the BOS), "last token" the last non-padding one; means run over
+non-padding positions only, and the first token is never excluded. The six base scores:
+
+    AWFT   mean_i A[i, first]             inactive when >  threshold (the attention-sink criterion)
+    AEQD   mean_i entropy(A[i, :])        inactive when <  threshold
+    FTVVN  |v_first|                      inactive when <  threshold
+    AVVN   mean_j |v_j|                   inactive when <  threshold
+    LTHON  |o_last|                       inactive when <  threshold
+    AHON   mean_i |o_i|                   inactive when <  threshold
+
+The layer-normalised "(LN)" variants divide by the plain mean of the same score over the heads of the layer (same
+input), except LTHON (LN), which the paper divides by the layer mean of AHON. They are derived from the base scores
+by :func:`layer_normalised`, not written again. Where a whole layer scores 0 (AEQD of a one-token input), 0/0 is
+taken as 1: all heads tie at the layer mean.
+
+A score is a :class:`Score`; a new one is a few lines (``Score("MY", "<", lambda layer: ...)``) passed to
+:func:`layer_scores` or ``score_heads(..., extras=[...])``; the streaming pass needs no change. ``Score.reads``
+names the activations it needs: a per-input zeroing on a score that doesn't read the pattern lets the evaluator
+run fused attention (:mod:`lens_heads.evaluation.fused_attention`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+ACTIVATIONS = ("pattern", "v", "z")
+
+# ---------------------------------------------------------------- one layer's activations
+
+
+@dataclass(eq=False)
+class Layer:
+    """One layer's activations and the score values computed on them so far (each score is computed once)."""
+
+    pattern: Float[Tensor, "batch head q k"] | None
+    v: Float[Tensor, "batch k head d_head"] | None
+    z: Float[Tensor, "batch q head d_head"]
+    mask: Bool[Tensor, "batch pos"]
+    W_O: Float[Tensor, "head d_head d_model"] | None = None
+    causal: bool = False  # True promises A[i, j] = 0 for keys after the query: lets entropy skip them
+    _values: dict = field(default_factory=dict, repr=False)
+
+    def value(self, score: "Score") -> Float[Tensor, "batch head"]:
+        if score.name not in self._values:
+            self._values[score.name] = score.fn(self)
+        return self._values[score.name]
+
+    @property
+    def first(self) -> Tensor:
+        """Index of the first non-padding position of each input, [batch]."""
+        return self.mask.int().argmax(dim=1)
+
+    @property
+    def last(self) -> Tensor:
+        """Index of the last non-padding position of each input, [batch]."""
+        return self.mask.shape[1] - 1 - self.mask.flip(1).int().argmax(dim=1)
+
+    def mean_over_positions(self, x: Float[Tensor, "batch head pos"]) -> Float[Tensor, "batch head"]:
+        """Mean over the non-padding positions (padding entries may hold anything, NaN included)."""
+        m = self.mask[:, None, :]
+        return torch.where(m, x, 0.0).sum(-1) / m.sum(-1)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A named head score: ``fn(layer) -> [batch, head]``; ``direction`` is the inactive side ('<' or '>');
+    ``reads``: which of the layer's ``pattern``, ``v``, ``z`` it uses (the mask is always there)."""
+
+    name: str
+    direction: str
+    fn: Callable[[Layer], Float[Tensor, "batch head"]]
+    description: str = ""
+    reads: frozenset[str] = frozenset(ACTIVATIONS)
+
+    def __post_init__(self):
+        if self.direction not in ("<", ">"):
+            raise ValueError(f"score {self.name!r}: direction must be '<' or '>', got {self.direction!r}")
+
+
+# ---------------------------------------------------------------- the six base scores
+
+
+def _at(x: Float[Tensor, "batch pos head d"], index: Tensor) -> Float[Tensor, "batch head d"]:
+    return x[torch.arange(x.shape[0], device=x.device), index.to(x.device)]
+
+
+def average_weight_of_first_token(layer: Layer) -> Float[Tensor, "batch head"]:
+    A = layer.pattern
+    first = layer.first.to(A.device)
+    a_first = A.gather(-1, first[:, None, None, None].expand(*A.shape[:3], 1))[..., 0]  # [b, h, q]
+    return layer.mean_over_positions(a_first)
+
+
+ENTROPY_CHUNK = 64  # query rows per step: bounds the temporary and, for causal patterns, skips future keys
+
+
+def average_entropy_of_query_distributions(layer: Layer) -> Float[Tensor, "batch head"]:
+    A = layer.pattern
+    q, k = A.shape[-2:]
+    entropy = A.new_empty(A.shape[:-1])  # [b, h, q]
+    for r0 in range(0, q, ENTROPY_CHUNK):
+        r1 = min(q, r0 + ENTROPY_CHUNK)
+        keys = min(k, r1 + k - q) if layer.causal else k
+        # entr(0) = 0: masked keys (A = 0) add nothing, as in -sum A ln A with 0 ln 0 = 0.
+        entropy[..., r0:r1] = torch.special.entr(A[..., r0:r1, :keys]).sum(-1)
+    return layer.mean_over_positions(entropy)
+
+
+def first_token_value_vector_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    return _at(layer.v, layer.first).norm(dim=-1)
+
+
+def average_value_vector_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    return layer.mean_over_positions(layer.v.norm(dim=-1).transpose(1, 2))
+
+
+def last_token_head_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    return _at(layer.z, layer.last).norm(dim=-1)
+
+
+def average_head_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    return layer.mean_over_positions(layer.z.norm(dim=-1).transpose(1, 2))
+
+
+AWFT = Score("AWFT", ">", average_weight_of_first_token, "average attention weight on the first token",
+             frozenset({"pattern"}))
+AEQD = Score("AEQD", "<", average_entropy_of_query_distributions, "average entropy of the query distributions (nats)",
+             frozenset({"pattern"}))
+FTVVN = Score("FTVVN", "<", first_token_value_vector_norm, "L2 norm of the first token's value vector",
+              frozenset({"v"}))
+AVVN = Score("AVVN", "<", average_value_vector_norm, "average L2 norm of the value vectors", frozenset({"v"}))
+LTHON = Score("LTHON", "<", last_token_head_output_norm, "L2 norm of the head output (before W_O) at the last token",
+              frozenset({"z"}))
+AHON = Score("AHON", "<", average_head_output_norm, "average L2 norm of the head output (before W_O)",
+             frozenset({"z"}))
+BASE_SCORES = (AWFT, AEQD, FTVVN, AVVN, LTHON, AHON)
+
+
+# ---------------------------------------------------------------- derived scores
+
+
+def layer_normalised(score: Score, denominator: Score | None = None, *, name: str | None = None) -> Score:
+    """``score`` divided by the mean of ``denominator`` (default: ``score`` itself) over the heads of the layer."""
+    denominator = denominator or score
+
+    def fn(layer: Layer) -> Float[Tensor, "batch head"]:
+        x, mean = layer.value(score), layer.value(denominator).mean(-1, keepdim=True)
+        # 0 / 0 (e.g. AEQD of a one-token input: every head has entropy 0) means all heads tie: call it 1.
+        return torch.where((x == 0) & (mean == 0), 1.0, x / mean)
+
+    by = "" if denominator is score else f" of {denominator.name}"
+    return Score(name or f"{score.name} (LN)", score.direction, fn,
+                 f"{score.name} divided by the layer's mean{by} over heads", score.reads | denominator.reads)
+
+
+def head_normalised(score: Score, denominator: Score, *, name: str) -> Score:
+    """``score`` divided by ``denominator`` of the same head."""
+    return Score(name, score.direction, lambda layer: layer.value(score) / layer.value(denominator),
+                 f"{score.name} divided by the same head's {denominator.name}", score.reads | denominator.reads)
+
+
+LN_SCORES = tuple(layer_normalised(s, AHON if s is LTHON else None) for s in BASE_SCORES)
+SCORES: tuple[Score, ...] = BASE_SCORES + LN_SCORES
+SCORE_NAMES: list[str] = [s.name for s in SCORES]
+DIRECTION: dict[str, str] = {s.name: s.direction for s in SCORES}
+
+
+def score_names(text: str) -> tuple[str, ...]:
+    """Comma-separated score names as in the paper, case, spaces and punctuation ignored ("ahon_ln" is "AHON (LN)");
+    "all" for the twelve, "" for none."""
+    if text.strip().lower() == "all":
+        return tuple(SCORE_NAMES)
+    key = lambda name: "".join(c for c in name.lower() if c.isalnum())  # noqa: E731
+    by_key = {key(name): name for name in SCORE_NAMES}
+    wanted = [name.strip() for name in text.split(",") if name.strip()]
+    bad = [name for name in wanted if key(name) not in by_key]
+    if bad:
+        raise ValueError(f"unknown score {', '.join(map(repr, bad))}: choose from {', '.join(SCORE_NAMES)} or 'all' "
+                         "(comma-separated)")
+    return tuple(dict.fromkeys(by_key[key(name)] for name in wanted))
+
+
+# ---------------------------------------------------------------- optional extras (kept apart from the twelve)
+
+
+def _full_output_norm(z: Float[Tensor, "batch pos head d_head"], W_O: Float[Tensor, "head d_head d_model"]
+                      ) -> Float[Tensor, "batch pos head"]:
+    # |o W_O[h]|^2 = o^T (W_O[h] W_O[h]^T) o: a [head, d_head, d_head] Gram matrix instead of a d_model-wide tensor.
+    gram = torch.einsum("hdm,hem->hde", W_O, W_O).to(z.dtype)
+    squared = torch.einsum("bphd,hde,bphe->bph", z, gram, z)
+    return squared.clamp_min(0).sqrt()
+
+
+def _needs_W_O(layer: Layer) -> Tensor:
+    if layer.W_O is None:
+        raise ValueError("full-head-output scores need W_O: pass W_O to layer_scores (score_heads does this)")
+    return layer.W_O
+
+
+def last_token_full_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    norms = _full_output_norm(layer.z, _needs_W_O(layer))
+    return norms[torch.arange(norms.shape[0], device=norms.device), layer.last.to(norms.device)]
+
+
+def average_full_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    return layer.mean_over_positions(_full_output_norm(layer.z, _needs_W_O(layer)).transpose(1, 2))
+
+
+LTHON_FULL = Score("LTHON (full)", "<", last_token_full_output_norm,
+                   "L2 norm of the head's output after its slice of W_O (d_model space) at the last token",
+                   frozenset({"z"}))
+AHON_FULL = Score("AHON (full)", "<", average_full_output_norm,
+                  "average L2 norm of the head's output after its slice of W_O (d_model space)", frozenset({"z"}))
+EXTRA_SCORES: tuple[Score, ...] = (
+    head_normalised(LTHON, AHON, name="LTHON (HN)"),
+    LTHON_FULL,
+    AHON_FULL,
+    layer_normalised(LTHON_FULL, AHON_FULL, name="LTHON (full, LN)"),
+    layer_normalised(AHON_FULL, name="AHON (full, LN)"),
+)
+EXTRA_NAMES: list[str] = [s.name for s in EXTRA_SCORES]
+
+
+# Each variant's base score: "AHON (LN)" -> "AHON". Curves of one family share a colour in the figures.
+_FAMILY = {**{ln.name: s.name for s, ln in zip(BASE_SCORES, LN_SCORES)},
+           **{extra.name: base.name for extra, base in zip(EXTRA_SCORES, (LTHON, LTHON, AHON, LTHON, AHON))}}
+LN_NAMES = frozenset(s.name for s in LN_SCORES)
+
+
+def base_score(name: str) -> str:
+    """The base score a score belongs to ("AHON (LN)" -> "AHON"); any other name is its own base."""
+    return _FAMILY.get(name, name)
+
+
+def get_score(name: str) -> Score:
+    """The registered score called ``name`` (one of SCORE_NAMES or EXTRA_NAMES)."""
+    for s in SCORES + EXTRA_SCORES:
+        if s.name == name:
+            return s
+    raise KeyError(f"unknown score {name!r}: choose one of {SCORE_NAMES + EXTRA_NAMES}")
+
+
+def as_scores(scores: Sequence[Score | str]) -> tuple[Score, ...]:
+    """Score objects from a mix of names and objects, checking that names are unique."""
+    out = tuple(get_score(s) if isinstance(s, str) else s for s in scores)
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate score names in {names}")
+    return out
+
+
+# ---------------------------------------------------------------- one layer, all scores
+
+
+def layer_scores(
+    pattern: Float[Tensor, "batch head q k"] | None,
+    v: Float[Tensor, "batch k head d_head"] | None,
+    z: Float[Tensor, "batch q head d_head"],
+    mask: Bool[Tensor, "batch pos"],
+    scores: Sequence[Score | str] = SCORES,
+    *,
+    W_O: Float[Tensor, "head d_head d_model"] | None = None,
+    causal: bool = False,
+) -> Float[Tensor, "batch head n_scores"]:
+    """All ``scores`` (default: the twelve, in SCORE_NAMES order) of one layer, for every input and head.
+
+    ``v`` must already be expanded to query heads (``lens_heads.models.loading.expand_kv``). ``pattern`` or ``v`` may be
+    None where no score reads it (``Score.reads``). Every input needs at least one non-padding position. ``W_O`` is needed only by the full-head-output extras. ``causal=True`` promises a
+    causal pattern (no weight on later keys) and lets the entropy skip the upper triangle (~1.8x faster).
+    """
+    scores = as_scores(scores)
+    given = {"pattern": pattern, "v": v, "z": z}
+    missing = sorted({name for s in scores for name in s.reads if given[name] is None})
+    if missing:
+        raise ValueError(f"the scores {[s.name for s in scores]} read {missing}: pass them to layer_scores")
+    b, q, h = z.shape[:3]
+    k = pattern.shape[-1] if pattern is not None else (v.shape[1] if v is not None else q)
+    if ((pattern is not None and tuple(pattern.shape) != (b, h, q, k))
+            or (v is not None and v.shape[:3] != (b, k, h)) or tuple(mask.shape) != (b, q)):
+        shape = lambda x: None if x is None else tuple(x.shape)  # noqa: E731
+        raise ValueError(f"shapes disagree: pattern {shape(pattern)}, v {shape(v)} (expand KV heads "
+                         f"first), z {shape(z)}, mask {shape(mask)}")
+    mask = mask.to(device=z.device, dtype=torch.bool)
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError("every input needs at least one non-padding position in mask")
+    layer = Layer(pattern, v, z, mask, W_O, causal)
+    return torch.stack([layer.value(s) for s in scores], dim=-1)
+
+
+def inactive(values: Tensor, direction: str, threshold: float) -> Bool[Tensor, "..."]:
+    """Which values are on the inactive side of ``threshold`` (strictly: ``<`` or ``>`` as ``direction`` says)."""
+    if direction == "<":
+        return values < threshold
+    if direction == ">":
+        return values > threshold
+    raise ValueError(f"direction must be '<' or '>', got {direction!r}")
+
+
+def most_inactive(mean: Float[Tensor, "layer head"], direction: str, k: int) -> list[tuple[int, int]]:
+    """The ``k`` most inactive ``(layer, head)`` pairs by a score's per-head ``mean``, most inactive first: lowest
+    first for a ``"<"`` score, highest first for ``">"``; equal means keep layer-head order."""
+    if direction not in ("<", ">"):
+        raise ValueError(f"direction must be '<' or '>', got {direction!r}")
+    values = torch.as_tensor(mean).double()
+    n_heads = values.shape[1]
+    order = torch.argsort((values if direction == "<" else -values).reshape(-1), stable=True)
+    return [(int(i) // n_heads, int(i) % n_heads) for i in order[:k].tolist()]

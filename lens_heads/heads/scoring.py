@@ -1,0 +1,305 @@
+"""Score every attention head of a model in one streaming forward pass.
+
+Hooks on ``hook_v`` and ``hook_pattern`` hold on to the current layer's values and attention (which the forward
+keeps alive until the layer's output anyway); the hook on ``hook_z`` reduces the layer to ``[batch, head, score]``
+numbers and lets go. Nothing is cached across layers, so memory does not grow with depth beyond the score tensor,
+and the pass skips the unembedding (no logits are needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lens_heads.plumbing import distributed
+from lens_heads.models.backends import check_attention_hooks, run_to_resid
+from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.models.capture import LayerCapture, check_hook_names
+from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.models.loading import expand_kv, model_meta
+from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
+from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
+from lens_heads.data.tasks import Task
+from lens_heads.data.inputs import Inputs, tokenize_inputs
+from lens_heads.evaluation.packed_weights import packed_weights
+
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
+
+DEFINITIONS = ("Sandoval-Segura et al., arXiv 2504.03889. first token = first non-padding position of the row "
+               "(the BOS where the protocol adds one, else the first text token); "
+               "last token = last non-padding position; means over non-padding positions, first token included; "
+               "norms are L2 in the model's weight basis, head outputs before W_O unless marked (full); entropy in nats")
+
+
+@dataclass
+class HeadScores:
+    """Scores of every (input, layer, head): ``values[input, layer, head, k]`` is score ``names[k]``."""
+
+    values: Float[Tensor, "input layer head score"]
+    names: list[str]
+    direction: dict[str, str]  # inactive side ('<' or '>') of every score here, extras included
+    meta: dict
+    extra_values: Float[Tensor, "input layer head extra"] | None = None
+    extra_names: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def all_names(self) -> list[str]:
+        return list(self.names) + list(self.extra_names)
+
+    def score(self, name: str) -> Float[Tensor, "input layer head"]:
+        """The values of one score (one of ``names`` or ``extra_names``)."""
+        if name in self.names:
+            return self.values[..., self.names.index(name)]
+        if name in self.extra_names:
+            return self.extra_values[..., self.extra_names.index(name)]
+        raise KeyError(f"no score {name!r} here: choose one of {self.all_names}")
+
+    def mean(self, name: str) -> Float[Tensor, "layer head"]:
+        """Mean over inputs of one score (the static, per-head view)."""
+        return self.score(name).mean(0)
+
+    def to_dataframe(self):
+        """Tidy table: one row per (input, layer, head, score) with its value."""
+        import pandas as pd
+
+        frames = []
+        for name in self.all_names:
+            x = self.score(name)
+            n, L, H = x.shape
+            idx = torch.cartesian_prod(torch.arange(n), torch.arange(L), torch.arange(H)).numpy()
+            frames.append(pd.DataFrame({"input": idx[:, 0], "layer": idx[:, 1], "head": idx[:, 2], "score": name,
+                                        "value": x.reshape(-1).double().numpy()}))
+        df = pd.concat(frames, ignore_index=True)
+        df["score"] = pd.Categorical(df["score"], categories=self.all_names)
+        return df
+
+    def save(self, path: str | Path) -> Path:
+        """Write to one safetensors file (tensors + JSON metadata; no pickle), atomically."""
+        from safetensors.torch import save
+
+        tensors = {"values": self.values.contiguous()}
+        if self.extra_values is not None:
+            tensors["extra_values"] = self.extra_values.contiguous()
+        header = {"names": self.names, "direction": self.direction, "meta": self.meta, "extra_names": self.extra_names}
+        return atomic_write_bytes(path, save(tensors, metadata={"lens_heads": json.dumps(header, default=str)}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HeadScores":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            header = json.loads(f.metadata()["lens_heads"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        return cls(values=tensors["values"], names=header["names"], direction=header["direction"],
+                   meta=header["meta"], extra_values=tensors.get("extra_values"), extra_names=header["extra_names"])
+
+
+def score_heads(
+    model: HookedTransformer,
+    inputs: Inputs,
+    *,
+    attention_mask: Bool[Tensor, "batch pos"] | None = None,
+    batch_size: int | str = 8,
+    progress: bool = True,
+    extras: Sequence[Score | str] = (),
+    hooks: Sequence[tuple] = (),
+    max_len: int | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    apply_chat_template: bool = False,
+) -> HeadScores:
+    """The twelve head scores (``lens_heads.heads.scores.SCORE_NAMES``) of every head of ``model`` on every input.
+
+    ``inputs``: strings, a Task, a token tensor or a list of token sequences (see ``tokenize_inputs``). A Task
+    is scored on exactly the forward rows its evaluation runs under ``protocol`` and ``apply_chat_template``
+    (one input per row, e.g. one per choice for cloze tasks; ``meta["data"]["row_items"]`` maps rows to items).
+    ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one contiguous run, so right
+    and left padding both work, and padding never counts. ``extras`` adds scores kept apart from the twelve
+    (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra TransformerLens ``(hook_name, fn)``
+    pairs run before the scoring hooks (e.g. to score an ablated model).
+
+    Inputs are batched by length, so padding costs little; the result keeps the input order. ``batch_size="auto"``:
+    the largest that fits (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank scores a block of the inputs and
+    every rank returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores are computed in float32 whatever the
+    model's dtype.
+    """
+    settings = dict(attention_mask=attention_mask, batch_size=batch_size, progress=progress, extras=extras,
+                    hooks=hooks, max_len=max_len, protocol=protocol, apply_chat_template=apply_chat_template)
+    if distributed.sharding():
+        return _score_shards(model, inputs, settings)
+    if batch_size == AUTO:
+        start = first_size(model.cfg.device, _count(inputs))
+        return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
+    check_batch_size(batch_size)
+    check_hook_names(model, [h[0] for h in hooks])
+    check_attention_hooks(model)
+    task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \
+        if isinstance(inputs, Task) else None
+    tokens, mask = tokenize_inputs(model, [row.tokens for row in task_rows] if task_rows else inputs,
+                                   max_len=max_len)
+    if attention_mask is not None:
+        if not isinstance(inputs, Tensor):
+            raise ValueError("attention_mask goes with a token tensor; text and tasks are padded for you")
+        if max_len is not None:
+            attention_mask = attention_mask[..., :max_len]
+        mask = _checked_mask(attention_mask, tokens.shape)
+    extras = as_scores(extras)
+    scores = SCORES + extras
+    cfg = model.cfg
+    n, L, H = tokens.shape[0], cfg.n_layers, cfg.n_heads
+    out = torch.empty((n, L, H, len(scores)), dtype=torch.float32)
+    W_O = model.W_O.detach() if extras else None  # [layer, head, d_head, d_model]; only extras read it
+    lengths = mask.sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    bar = tqdm(total=n, unit="input", desc=f"scoring {cfg.n_layers}x{cfg.n_heads} heads", disable=not progress)
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            rows = order[start : start + batch_size]
+            batch_tokens, batch_mask = _trim(tokens[rows], mask[rows])
+            out[rows] = _score_batch(model, batch_tokens, batch_mask, scores, W_O, hooks)
+            bar.update(len(rows))
+    bar.close()
+    return HeadScores(
+        values=out[..., : len(SCORES)].clone(),
+        names=list(SCORE_NAMES),
+        direction={**DIRECTION, **{s.name: s.direction for s in extras}},
+        meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum()), task_rows, protocol, apply_chat_template),
+                  definitions=DEFINITIONS,
+                  batch_size=batch_size,
+                  user_hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]),
+        extra_values=out[..., len(SCORES) :].clone() if extras else None,
+        extra_names=[s.name for s in extras],
+    )
+
+
+def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, "batch layer head score"]:
+    cfg = model.cfg
+    device = cfg.device
+    mask_dev = mask.to(device)
+    out = torch.empty((tokens.shape[0], cfg.n_layers, cfg.n_heads, len(scores)), dtype=torch.float32)
+    causal = cfg.attention_dir == "causal"
+
+    def reduce_layer(layer: int, z: Tensor, acts: dict[str, Tensor]) -> None:
+        f32 = (lambda x: x.float()) if z.dtype != torch.float32 else (lambda x: x)
+        v = expand_kv(acts["v"], cfg.n_heads)
+        w = W_O[layer].float() if W_O is not None else None
+        out[:, layer] = layer_scores(f32(acts["pattern"]), f32(v), f32(z), mask_dev, scores, W_O=w,
+                                     causal=causal).cpu()
+
+    capture = LayerCapture(cfg.n_layers, reduce_layer, ("v", "pattern"))
+    padded = not bool(mask.all())
+    left_tokenizer = model.tokenizer is not None and model.tokenizer.padding_side == "left"
+    # Without padding, no mask is needed; a left-padding tokenizer would make TL guess one, so give it explicitly.
+    attention_mask = mask_dev.long() if (padded or left_tokenizer) else None
+    with packed_weights(model), model.hooks(fwd_hooks=list(user_hooks) + capture.hooks):
+        run_to_resid(model, tokens.to(device), attention_mask, stop=cfg.n_layers)
+    if capture.leftover():
+        raise RuntimeError(f"hooks {capture.leftover()} fired without a hook_z after them: is this a standard "
+                           "attention layer?")
+    return out
+
+
+def _trim(tokens: Int[Tensor, "b p"], mask: Bool[Tensor, "b p"]) -> tuple[Tensor, Tensor]:
+    """Drop the columns that are padding in every row of the batch (leading or trailing)."""
+    used = mask.any(0).nonzero()[:, 0]
+    lo, hi = int(used[0]), int(used[-1]) + 1
+    return tokens[:, lo:hi], mask[:, lo:hi]
+
+
+def _checked_mask(attention_mask: Tensor, shape) -> Bool[Tensor, "b p"]:
+    mask = torch.as_tensor(attention_mask).bool().cpu()
+    if mask.ndim == 1:
+        mask = mask[None]
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)} but the tokens have {tuple(shape)}")
+    count = mask.sum(1)
+    if not bool((count > 0).all()):
+        raise ValueError("attention_mask has a row with no real tokens: drop that input")
+    first = mask.int().argmax(1)
+    last = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
+    if not bool((last - first + 1 == count).all()):
+        raise ValueError("attention_mask rows must be one contiguous run of real tokens (right or left padding)")
+    return mask
+
+
+def _describe(inputs, n: int, n_tokens: int, rows, protocol: str, apply_chat_template: bool) -> dict:
+    if isinstance(inputs, Task):
+        return {**inputs.meta(), "n_rows": n, "n_tokens": n_tokens, "protocol": protocol,
+                "apply_chat_template": apply_chat_template, "row_items": [row.item for row in rows]}
+    kind = "token tensor" if isinstance(inputs, Tensor) else (
+        "strings" if isinstance(inputs, str) or all(isinstance(x, str) for x in inputs) else "token sequences")
+    return {"kind": kind, "n": n, "n_tokens": n_tokens}
+
+
+# ---------------------------------------------------------------- under torchrun
+
+
+def _score_shards(model, inputs: Inputs, settings: dict) -> HeadScores:
+    """``score_heads`` on this rank's block of the inputs; the blocks' values gathered in order on every rank."""
+    n = _count(inputs)
+    mask = settings["attention_mask"]
+    distributed.check_agree(dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
+                                 inputs=_digest(inputs), n=n, mask=None if mask is None else _digest(mask),
+                                 batch_size=settings["batch_size"], max_len=settings["max_len"],
+                                 protocol=settings["protocol"], apply_chat_template=settings["apply_chat_template"],
+                                 extras=[getattr(e, "name", e) for e in settings["extras"]],
+                                 hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in settings["hooks"]]),
+                            "model, inputs and settings of the scoring pass")
+    mine = distributed.block(n, distributed.rank(), distributed.world_size())
+    local = None
+    if len(mine):
+        with distributed.local():
+            local = score_heads(model, _take(inputs, mine), **{
+                **settings, "attention_mask": None if mask is None else torch.as_tensor(mask)[mine.start:mine.stop],
+                "progress": settings["progress"] and distributed.is_main()})
+    parts = [p for p in distributed.all_gather(None if local is None else (mine.start, local)) if p is not None]
+    blocks = [scores for _, scores in parts]
+    first = blocks[0]
+    data = {**first.meta["data"], "n_tokens": sum(s.meta["data"]["n_tokens"] for s in blocks)}
+    if isinstance(inputs, Task):  # a Task's rows: count them, and map them to the task's item numbers
+        data.update(inputs.meta(), n_rows=sum(len(s) for s in blocks), n_tokens=data["n_tokens"],
+                    row_items=[start + item for start, s in parts for item in s.meta["data"]["row_items"]])
+    else:
+        data["n"] = sum(len(s) for s in blocks)
+    return HeadScores(values=torch.cat([s.values for s in blocks]), names=first.names, direction=first.direction,
+                      meta={**first.meta, "data": data, "ranks": distributed.world_size()},
+                      extra_values=None if first.extra_values is None else torch.cat([s.extra_values for s in blocks]),
+                      extra_names=first.extra_names)
+
+
+def _count(inputs: Inputs) -> int:
+    if isinstance(inputs, str):
+        return 1
+    if isinstance(inputs, Tensor):
+        return 1 if inputs.ndim == 1 else inputs.shape[0]
+    return len(inputs)
+
+
+def _take(inputs: Inputs, rows: range) -> Inputs:
+    if isinstance(inputs, str) or (isinstance(inputs, Tensor) and inputs.ndim == 1):
+        return inputs
+    if isinstance(inputs, Task):
+        return replace(inputs, items=inputs.items[rows.start:rows.stop])
+    return inputs[rows.start:rows.stop]
+
+
+def _digest(inputs: Inputs) -> str:
+    if isinstance(inputs, Tensor):
+        data = inputs.detach().cpu().long().numpy().tobytes()
+    elif isinstance(inputs, Task):
+        data = "\n".join(item.id for item in inputs).encode()
+    else:
+        data = repr([x if isinstance(x, str) else [int(t) for t in x] for x in
+                     ([inputs] if isinstance(inputs, str) else inputs)]).encode()
+    return hashlib.sha256(data).hexdigest()[:16]

@@ -1,0 +1,154 @@
+"""The two TransformerLens backends, and the few calls in which they differ.
+
+``"hooked"``: ``HookedTransformer`` (TransformerLens 3.9; the default where it is installed). ``"bridge"``:
+``TransformerBridge`` (TransformerLens 4.x, which removed ``HookedTransformer``) over the Hugging Face model, with
+raw weights. Both fire ``blocks.{l}.attn.hook_pattern`` ``[batch, head, query, key]``, ``hook_v``
+``[batch, pos, kv_head, d_head]`` and ``hook_z`` ``[batch, pos, head, d_head]`` (before ``W_O``), and take
+TransformerLens ``(hook_name, fn)`` pairs through ``model.hooks(...)``; the rest of lens_heads speaks only those.
+
+What differs, and is decided here: which backends the installed TransformerLens has; how a forward stops at the
+residual stream after the last block (the bridge runs the Hugging Face forward and returns logits, so it is stopped
+by a hook at ``ln_final.hook_in``); and whether a forward can start at a block (the bridge's ``start_at_layer`` still
+runs the blocks before it, with any hooks on them, so lens_heads never starts the bridge mid-way).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Sequence
+
+from torch import Tensor
+
+BACKENDS = ("hooked", "bridge")
+ATTENTION_HOOKS = ("hook_pattern", "hook_v", "hook_z")
+
+try:  # 3.9
+    from transformer_lens.utils import get_act_name  # noqa: F401  (re-exported)
+except ImportError:  # 4.x
+    from transformer_lens.utilities import get_act_name  # noqa: F401
+
+
+def tl_version() -> str:
+    """The installed TransformerLens version."""
+    return importlib.metadata.version("transformer-lens")
+
+
+def tl_major() -> int:
+    """The installed TransformerLens major version (3 or 4)."""
+    return int(tl_version().split(".")[0])
+
+
+def default_backend() -> str:
+    """``"hooked"`` where TransformerLens 3.x is installed, else ``"bridge"``."""
+    return "hooked" if tl_major() < 4 else "bridge"
+
+
+def check_backend(backend: str | None) -> str:
+    """The backend to load with (``None``: :func:`default_backend`); refuses one that is unknown or that the
+    installed TransformerLens doesn't have."""
+    if backend is None:
+        return default_backend()
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {BACKENDS} (or leave it out: the installed "
+                         f"TransformerLens {tl_version()} picks {default_backend()!r})")
+    if backend == "hooked" and tl_major() >= 4:
+        raise ValueError(f"backend='hooked' needs HookedTransformer, which TransformerLens {tl_version()} no longer "
+                         "has (4.0 replaced it by TransformerBridge): use backend='bridge', or install "
+                         "TransformerLens 3.9 (pip install 'transformer-lens>=3.9,<4', or bash scripts/setup.sh)")
+    if backend == "bridge" and tl_major() < 4:
+        raise ValueError(f"backend='bridge' needs TransformerLens 4.x (installed: {tl_version()}, whose "
+                         "TransformerBridge is a beta without start/stop at a layer): use backend='hooked', or make "
+                         "the 4.x environment with bash scripts/setup.sh --bridge")
+    return backend
+
+
+def is_bridge(model) -> bool:
+    """Whether ``model`` is a ``TransformerBridge`` (else a ``HookedTransformer`` or a model built like one)."""
+    return any(cls.__name__ == "TransformerBridge" for cls in type(model).__mro__)
+
+
+def backend_of(model) -> str:
+    """``"bridge"`` or ``"hooked"``."""
+    return "bridge" if is_bridge(model) else "hooked"
+
+
+def require_hooked(model, feature: str) -> None:
+    """Refuse ``feature`` on a bridge model, saying it is HookedTransformer only."""
+    if is_bridge(model):
+        raise ValueError(f"{feature} is HookedTransformer only: load the model with backend='hooked' "
+                         "(TransformerLens 3.9)")
+
+
+def hooked_transformer():
+    """The ``HookedTransformer`` and ``HookedTransformerConfig`` classes (TransformerLens 3.9), or a clear error."""
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError:
+        raise ImportError(f"this needs HookedTransformer, which TransformerLens {tl_version()} no longer has: install "
+                          "TransformerLens 3.9 (bash scripts/setup.sh) or use backend='bridge' where it is "
+                          "supported (see the README's backend table)") from None
+    return HookedTransformer, HookedTransformerConfig
+
+
+def check_attention_hooks(model, names: Sequence[str] = ATTENTION_HOOKS, *, uses: str = "the head scores") -> None:
+    """Refuse a model whose first attention layer lacks one of ``names`` (``hook_pattern``, ``hook_v``,
+    ``hook_z``), naming the hook, the architecture, and what still works (a model without a ``hook_dict`` is
+    not a TransformerLens model and is left to fail where it is used)."""
+    hook_dict = getattr(model, "hook_dict", None)
+    if hook_dict is None:
+        return
+    missing = [name for name in names if f"blocks.0.attn.{name}" not in hook_dict]
+    if missing:
+        arch = getattr(model.cfg, "architecture", None) or getattr(model.cfg, "original_architecture", None) \
+            or type(model).__name__
+        raise ValueError(
+            f"this {backend_of(model)} model ({arch}) has no {', '.join(f'blocks.0.attn.{m}' for m in missing)}, "
+            f"needed for {uses}. " + _what_still_works(missing))
+
+
+def _what_still_works(missing: list[str]) -> str:
+    from lens_heads.heads.scores import SCORES
+
+    if "hook_z" in missing:
+        return "Without hook_z no head can be scored or zeroed here; evaluate() without ablation still works."
+    needs = {"hook_pattern": "pattern", "hook_v": "v"}
+    lost = {needs[m] for m in missing if m in needs}
+    works = [s.name for s in SCORES if not (s.reads & lost)]
+    return f"Scores that read only hook_z still work: {', '.join(works) or 'none'}."
+
+
+def run_to_resid(model, tokens: Tensor, attention_mask: Tensor | None, *, start: int | None = None,
+                 stop: int) -> Tensor:
+    """The forward of ``model`` (under the hooks already added) from the tokens (``start=None``) or from the
+    residual stream ``tokens`` before block ``start``, to the residual stream before block ``stop``
+    (``stop = n_layers``: after the last block, before the final norm)."""
+    if not is_bridge(model):
+        return model(tokens, attention_mask=attention_mask, start_at_layer=start, stop_at_layer=stop)
+    if start is not None:
+        raise ValueError("lens_heads never starts a TransformerBridge at a layer: its start_at_layer still runs the "
+                         "blocks before it, hooks included")
+    if stop < model.cfg.n_layers:
+        return model(tokens, attention_mask=attention_mask, stop_at_layer=stop)
+    from transformer_lens.model_bridge.exceptions import StopAtLayerException
+
+    def stop_before_final_norm(resid: Tensor, hook=None):
+        raise StopAtLayerException(resid)
+
+    with model.hooks(fwd_hooks=[("ln_final.hook_in", stop_before_final_norm)]):
+        return model(tokens, attention_mask=attention_mask)
+
+
+def can_start_at_layer(model) -> bool:
+    """Whether a forward may start at a block (the evaluator's shared trunk): HookedTransformer only."""
+    return not is_bridge(model)
+
+
+def final_logits(model, resid: Tensor) -> Tensor:
+    """The residual stream after the last block to logits: final norm, unembedding, soft-cap (as both backends'
+    own forward does)."""
+    norm = getattr(model.cfg, "normalization_type", None)
+    if norm is not None:
+        resid = model.ln_final(resid)
+    from transformer_lens.utilities import apply_softcap  # in 3.9 and 4.x
+
+    return apply_softcap(model.unembed(resid), getattr(model.cfg, "output_logits_soft_cap", None))

@@ -1,0 +1,362 @@
+"""Plotly figures of lens_heads results: pure functions from result numbers to ``go.Figure``, plus PNG export.
+
+Used by the report, the analyses and the notebooks. No text from data enters a figure unescaped: plotly reads a
+subset of HTML in labels, so any label that could come from data goes through ``esc`` first. Sweep curves are told
+apart by the table's columns (``curve``, ``score``, ``mode``), never by parsing a curve's label.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_text
+from lens_heads.heads.scores import LN_NAMES, base_score
+from lens_heads.experiments.sweep import RANDOM
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+           "#7f7f7f", "#393b79", "#ad494a")
+
+
+def esc(text) -> str:
+    """Escape any value for HTML text or attribute context."""
+    return html.escape(str(text), quote=True)
+
+
+def score_heatmaps(mean_scores: dict[str, np.ndarray], direction: dict[str, str], title: str = "") -> go.Figure:
+    """One layer x head heatmap per score (mean over inputs). Dark = the inactive side, for every score."""
+    names = list(mean_scores)
+    cols = 4 if len(names) > 3 else len(names)
+    rows = math.ceil(len(names) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[esc(n) for n in names], horizontal_spacing=0.04,
+                        vertical_spacing=0.1 if rows > 1 else 0.2)
+    for i, name in enumerate(names):
+        z = np.asarray(mean_scores[name])
+        fig.add_trace(go.Heatmap(
+            z=z, x=list(range(z.shape[1])), y=list(range(z.shape[0])), colorscale="Viridis", showscale=False,
+            reversescale=direction.get(name) == ">",
+            hovertemplate=f"{esc(name)}<br>layer %{{y}} head %{{x}}<br>%{{z:.4g}}<extra></extra>"),
+            row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(title_text="head", title_standoff=2)
+    fig.update_yaxes(title_text="layer", autorange="reversed", title_standoff=2)
+    fig.update_layout(title=esc(title), height=330 * rows + 60, width=1200, margin=dict(t=80, l=50, r=20, b=40))
+    return fig
+
+
+def layer_distributions(summary: dict[str, dict[str, np.ndarray]], title: str = "") -> go.Figure:
+    """Per-layer box plots of each score over (input, head) values; a menu switches the score.
+
+    ``summary[score]`` holds per-layer arrays ``q0, q25, q50, q75, q100`` (and ``mean``)."""
+    names = list(summary)
+    fig = go.Figure()
+    for i, name in enumerate(names):
+        s = summary[name]
+        layers = list(range(len(s["q50"])))
+        fig.add_trace(go.Box(
+            x=layers, q1=s["q25"], median=s["q50"], q3=s["q75"], lowerfence=s["q0"], upperfence=s["q100"],
+            mean=s.get("mean"), boxmean=s.get("mean") is not None, name=esc(name), visible=i == 0,
+            marker_color=PALETTE[i % len(PALETTE)], hoverinfo="x+y"))
+    buttons = [dict(label=esc(n), method="update",
+                    args=[{"visible": [j == i for j in range(len(names))]}, {"yaxis.title.text": esc(n)}])
+               for i, n in enumerate(names)]
+    fig.update_layout(
+        title=esc(title), height=430, width=1200, showlegend=False, xaxis_title="layer",
+        yaxis_title=esc(names[0]) if names else "",
+        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.15, yanchor="top")],
+        margin=dict(t=80, l=60, r=20, b=40))
+    return fig
+
+
+PANELS = (("accuracy", "accuracy (%)", 100.0),
+          ("gold_logprob_change", "change of log P(gold) (nats, paired)", 1.0),
+          ("kl", "KL(unablated || ablated) over the choices (nats)", 1.0),
+          ("bits_per_byte_change", "change of the gold answer's bits per byte (paired)", 1.0))
+INTERVALS = {"accuracy": ("ci_low", "ci_high"), "gold_logprob_change": ("gold_logprob_low", "gold_logprob_high"),
+             "kl": ("kl_low", "kl_high"), "bits_per_byte_change": ("bits_per_byte_low", "bits_per_byte_high")}
+REFERENCE_MODES = ("random", "oracle")  # curves that no score chooses: drawn in every row of the figure
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One curve of a sweep table: its label, the score that chose its heads, and how it zeroes them."""
+
+    label: str
+    score: str
+    mode: str  # "threshold" | "static" | "random" | "oracle"
+
+    @property
+    def reference(self) -> bool:
+        return self.mode in REFERENCE_MODES
+
+
+def curve_labels(table):
+    """Each row's curve label: its ``curve``, or its ``score`` where the table (or a recorded table concatenated
+    with newer rows) has none."""
+    return table["curve"].fillna(table["score"]) if "curve" in table.columns else table["score"]
+
+
+def sweep_curves(table) -> list[Curve]:
+    """The curves of a sweep table (:meth:`lens_heads.experiments.sweep.SweepResult.to_dataframe`), in order of appearance.
+
+    ``curve`` is the label (``score`` where the table has no ``curve`` column); a curve's mode is that of its
+    ablated points (the point at 0 is the shared unablated baseline). A table without ``mode`` holds threshold
+    curves and the random one."""
+    labels = curve_labels(table)
+    modes = table["mode"] if "mode" in table.columns else [
+        "random" if score == RANDOM else "threshold" for score in table["score"]]
+    found: dict[str, Curve] = {}
+    for label, score, mode in zip(labels.astype(str), table["score"].astype(str), modes):
+        if label not in found or (found[label].mode == "baseline" and mode != "baseline"):
+            found[label] = Curve(label, score, str(mode))
+    return list(found.values())
+
+
+def curve_style(curve: Curve, families: list[str], oracle_index: int = 0) -> dict:
+    """Line style of a curve: random dashed black; oracle curves grey (solid, then dotted); a score and its (LN)
+    variant share their family's colour: solid LN, dash-dot base, dotted static."""
+    if curve.mode == "random":
+        return dict(color="black", width=2.5, dash="dash")
+    if curve.mode == "oracle":
+        return dict(color="#555", width=3, dash=("solid", "dot", "dash")[oracle_index % 3])
+    colour = PALETTE[families.index(base_score(curve.score)) % len(PALETTE)]
+    dash = "dot" if curve.mode == "static" else ("solid" if curve.score in LN_NAMES else "dashdot")
+    return dict(color=colour, width=2, dash=dash)
+
+
+def _curve_rows(curves: list[Curve]) -> dict[str, list[Curve]]:
+    """Figure rows: with more than six scored curves, base scores and (LN) scores get a row each; the reference
+    curves (random, oracle) appear in every row."""
+    references = [c for c in curves if c.reference]
+    scored = [c for c in curves if not c.reference]
+    groups = {"": scored}
+    if len(scored) > 6:
+        groups = {"base scores": [c for c in scored if c.score not in LN_NAMES],
+                  "layer-normalised (LN) scores": [c for c in scored if c.score in LN_NAMES]}
+    return {g: cs + references for g, cs in groups.items() if cs} or {"": references}
+
+
+def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -> go.Figure:
+    """Accuracy and the two paired companions (gold log-prob change, KL) against the realised % of heads zeroed.
+
+    ``table``: :meth:`lens_heads.experiments.sweep.SweepResult.to_dataframe` (one row per curve point); a panel is drawn for
+    each of :data:`PANELS` whose column the table has. The random curve is drawn with its 95% intervals.
+    ``baseline`` and ``chance`` are in % (lines in the accuracy panel, where there is one)."""
+    curves = sweep_curves(table)
+    labels = curve_labels(table)
+    groups = _curve_rows(curves)
+    families = list(dict.fromkeys(base_score(c.score) for c in curves if not c.reference))
+    oracles = [c.label for c in curves if c.mode == "oracle"]
+    panels = [p for p in PANELS if p[0] in table.columns]
+    fig = make_subplots(rows=len(groups), cols=len(panels), horizontal_spacing=0.06, vertical_spacing=0.12,
+                        subplot_titles=[p[1] for _ in groups for p in panels])
+    for r, (group, members) in enumerate(groups.items(), start=1):
+        if group:
+            fig.update_yaxes(title_text=group, row=r, col=1)
+        for curve in members:
+            points = table[labels.astype(str) == curve.label].sort_values(["realised_fraction", "target_fraction"])
+            style = curve_style(curve, families, oracles.index(curve.label) if curve.label in oracles else 0)
+            for c, panel in enumerate(panels, start=1):
+                fig.add_trace(_curve_trace(points, curve, panel, style, legend=c == 1 and (
+                    not curve.reference or r == 1)), row=r, col=c)
+        if panels[0][0] == "accuracy":
+            _reference_lines(fig, r, baseline, chance)
+    fig.update_xaxes(title_text="realised % of (input, layer, head) zeroed", row=len(groups))
+    fig.update_layout(title=esc(title), height=420 * len(groups) + 80, width=max(800, 500 * len(panels)),
+                      legend=dict(font=dict(size=11)), margin=dict(t=90, l=60, r=20, b=50))
+    return fig
+
+
+def _curve_trace(points, curve: Curve, panel, style: dict, legend: bool) -> go.Scatter:
+    """One curve in one panel; the random curve carries its 95% intervals as error bars."""
+    column, _, scale = panel
+    low, high = INTERVALS[column]
+    y = scale * points[column]
+    err = dict(type="data", symmetric=False, array=(scale * points[high] - y).tolist(),
+               arrayminus=(y - scale * points[low]).tolist(), thickness=1, width=2) \
+        if curve.mode == "random" and high in points else None
+    name = esc(curve.label)
+    return go.Scatter(x=100 * points["realised_fraction"], y=y, mode="lines+markers", name=name, legendgroup=name,
+                      line=style, marker=dict(size=5), error_y=err, showlegend=legend,
+                      hovertemplate=f"{name}<br>%{{x:.1f}}% zeroed: %{{y:.3g}}<extra></extra>")
+
+
+def _reference_lines(fig: go.Figure, row: int, baseline: float, chance: float) -> None:
+    """The unablated baseline, the 1-point line below it and chance, in the accuracy panel of ``row``."""
+    fig.add_hline(y=baseline, line=dict(color="black", width=1), annotation_text=f"baseline {baseline:.1f}%",
+                  row=row, col=1)
+    fig.add_hline(y=baseline - 1, line=dict(color="black", width=1, dash="dot"), annotation_text="baseline - 1",
+                  annotation_position="bottom right", row=row, col=1)
+    fig.add_hline(y=100 * chance, line=dict(color="#c00", width=1, dash="dot"),
+                  annotation_text=f"chance {100 * chance:.1f}%", row=row, col=1)
+
+
+def score_vs_effect(mean_scores: dict[str, np.ndarray], size: np.ndarray, direction: dict[str, str], *,
+                    effect_label: str, title: str = "") -> go.Figure:
+    """One scatter per score: each head's mean score (x) against its measured effect size (y, log scale where all
+    are positive). The inactive side of each score is named under its panel."""
+    names = list(mean_scores)
+    cols = 4 if len(names) > 3 else len(names)
+    rows = math.ceil(len(names) / cols)
+    size = np.asarray(size, dtype=float)
+    layers, heads = np.meshgrid(range(size.shape[0]), range(size.shape[1]), indexing="ij")
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.05, vertical_spacing=0.12 if rows > 1 else 0.2,
+                        subplot_titles=[f"{esc(n)} (inactive: {'low' if direction.get(n) == '<' else 'high'})"
+                                        for n in names])
+    for i, name in enumerate(names):
+        fig.add_trace(go.Scatter(
+            x=np.asarray(mean_scores[name], dtype=float).reshape(-1), y=size.reshape(-1), mode="markers",
+            marker=dict(size=5, color=layers.reshape(-1), colorscale="Viridis", opacity=0.75,
+                        showscale=i == 0, colorbar=dict(title="layer", len=0.5)),
+            customdata=np.stack([layers.reshape(-1), heads.reshape(-1)], -1), showlegend=False,
+            hovertemplate=f"{esc(name)} %{{x:.4g}}<br>L%{{customdata[0]}}H%{{customdata[1]}}: effect %{{y:.3g}}"
+                          "<extra></extra>"), row=i // cols + 1, col=i % cols + 1)
+    fig.update_yaxes(type="log" if bool((size > 0).all()) else "linear")
+    fig.update_yaxes(title_text=esc(effect_label), col=1)
+    fig.update_layout(title=esc(title), height=300 * rows + 90, width=1300, margin=dict(t=90, l=70, r=20, b=40))
+    return fig
+
+
+def agreement_bars(table, *, title: str = "") -> go.Figure:
+    """Per score: Spearman and Kendall correlation with the effect size (mean over items) and the per-input
+    Spearman, each with its 95% interval (``table``: :meth:`lens_heads.experiments.agreement.Agreement.to_dataframe`)."""
+    fig = go.Figure()
+    labels = [esc(s) for s in table["score"]]
+    for k, (column, name) in enumerate((("spearman", "Spearman (means over items)"),
+                                        ("kendall", "Kendall tau-b (means over items)"),
+                                        ("spearman_per_input", "Spearman per input (mean)"))):
+        y = np.asarray(table[column], dtype=float)
+        fig.add_trace(go.Bar(
+            x=labels, y=y, name=name, marker_color=PALETTE[k],
+            error_y=dict(type="data", symmetric=False, array=np.asarray(table[f"{column}_high"]) - y,
+                         arrayminus=y - np.asarray(table[f"{column}_low"]))))
+    fig.add_hline(y=0, line=dict(color="black", width=1))
+    fig.update_layout(title=esc(title), barmode="group", height=460, width=1300, yaxis_title="rank correlation",
+                      yaxis_range=[-1, 1], margin=dict(t=80, l=60, r=20, b=90), legend=dict(orientation="h", y=1.08))
+    return fig
+
+
+def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") -> go.Figure:
+    """Attention rank per layer (max and mean over heads) and the 90%-mass key columns; lazy layers marked."""
+    layers = list(range(len(max_rank)))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=layers, y=list(max_rank), name="max rank over heads", marker_color="#1f77b4"))
+    fig.add_trace(go.Scatter(x=layers, y=list(mean_rank), name="mean rank over heads", mode="lines+markers",
+                             line=dict(color="#ff7f0e")))
+    if mass_columns is not None:
+        fig.add_trace(go.Scatter(x=layers, y=list(mass_columns), name="key columns holding 90% mass",
+                                 mode="lines+markers", line=dict(color="#2ca02c", dash="dot")))
+    lazy_layers = [l for l in layers if lazy[l]]
+    if lazy_layers:
+        fig.add_trace(go.Scatter(x=lazy_layers, y=[max_rank[l] for l in lazy_layers], mode="markers",
+                                 name="lazy layer", marker=dict(symbol="x", size=13, color="#d62728")))
+    for l in lazy_layers:
+        fig.add_vrect(x0=l - 0.5, x1=l + 0.5, fillcolor="#d62728", opacity=0.08, line_width=0)
+    fig.update_layout(title=esc(title), xaxis_title="layer", yaxis_title="approximate rank (90% energy)",
+                      height=430, width=1200, margin=dict(t=70, l=60, r=20, b=40))
+    return fig
+
+
+def rank_heatmap(ranks, *, low=None, high=None, wide: float = 4.0, title: str = "") -> go.Figure:
+    """Rank of each curve (rows) within each (model, task) (columns), 1 = best; the number is written in the cell,
+    with its 95% interval in the hover where ``low``/``high`` are given, and marked ``~`` where the interval spans
+    more than ``wide`` ranks (the data hardly place that curve).
+
+    ``ranks``, ``low``, ``high``: :meth:`lens_heads.experiments.compare.SweepComparison.rank_table` (DataFrames, curves x model /
+    task; ``rank_table("rank_low")`` and ``("rank_high")`` for the interval)."""
+    curves, columns = [str(c) for c in ranks.index], [str(c) for c in ranks.columns]
+    z = ranks.to_numpy(dtype=float)
+    lo = np.full_like(z, np.nan) if low is None else low.loc[ranks.index, ranks.columns].to_numpy(dtype=float)
+    hi = np.full_like(z, np.nan) if high is None else high.loc[ranks.index, ranks.columns].to_numpy(dtype=float)
+    text = [[f"{v:g}" + ("~" if h - l > wide else "") for v, l, h in zip(*row)] for row in zip(z, lo, hi)]
+    span = [[f"[{l:g}, {h:g}]" if np.isfinite(l) else "no interval" for l, h in zip(*row)] for row in zip(lo, hi)]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[esc(c) for c in columns], y=[esc(c) for c in curves], colorscale="Viridis_r", zmin=1,
+        zmax=len(curves), text=text, customdata=span, texttemplate="%{text}", colorbar=dict(title="rank"),
+        hovertemplate="%{y} on %{x}: rank %{z:g}, 95% interval %{customdata}<extra></extra>"))
+    if low is not None:
+        fig.add_annotation(text=f"~ : the rank's 95% interval spans more than {wide:g} ranks", showarrow=False,
+                           xref="paper", yref="paper", x=0, y=-0.12, xanchor="left", font=dict(size=11))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=dict(text=esc(title), font=dict(size=14)), height=max(360, 32 * len(curves) + 160),
+                      width=max(720, 170 * len(columns) + 300), margin=dict(t=80, l=120, r=20, b=80))
+    return fig
+
+
+def correlation_heatmap(matrix, *, title: str = "", label: str = "Spearman") -> go.Figure:
+    """A symmetric correlation matrix (a square DataFrame) on a diverging -1..1 scale, values in the cells."""
+    names = [esc(str(c)) for c in matrix.columns]
+    z = matrix.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=names, y=names, colorscale="RdBu", zmin=-1, zmax=1, text=[[f"{v:.2f}" for v in row] for row in z],
+        texttemplate="%{text}", colorbar=dict(title=esc(label)),
+        hovertemplate=f"%{{y}} vs %{{x}}: {esc(label)} %{{z:.3f}}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    side = max(560, 150 * len(names) + 260)
+    fig.update_layout(title=dict(text=esc(title), font=dict(size=14)), height=side, width=side + 160,
+                      margin=dict(t=80, l=160, r=20, b=120))
+    return fig
+
+
+@contextmanager
+def png_writer():
+    """Yields ``write(fig, path)``; one headless Chromium serves every figure (the first one costs seconds)."""
+    import kaleido
+
+    started = False
+    try:
+        kaleido.start_sync_server(silence_warnings=True)
+        started = True
+    except Exception:  # an old kaleido or an already running server: plotly then starts one per figure
+        pass
+
+    def write(fig: go.Figure, path: str | Path) -> Path:
+        return atomic_write_bytes(path, png_bytes(fig))
+
+    try:
+        yield write
+    finally:
+        if started:
+            kaleido.stop_sync_server(silence_warnings=True)
+
+
+def png_bytes(fig: go.Figure, *, width: int | None = None, height: int | None = None, scale: float = 1) -> bytes:
+    """The figure as PNG (kaleido, which drives a headless Chromium)."""
+    for attempt in range(3):  # the first figure can race Chromium's page load on a busy machine
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
+                return pio.to_image(fig, format="png", width=width or fig.layout.width or 1200,
+                                    height=height or fig.layout.height or 500, scale=scale)
+        except Exception:
+            if attempt == 2:
+                raise
+            time.sleep(2.0 * (attempt + 1))
+
+
+def save_figure(fig: go.Figure, stem: str | Path, *, png: bool = True, plotlyjs: bool | str = True,
+                **image) -> list[str]:
+    """``stem.html`` (self-contained with ``plotlyjs=True``) and, with ``png``, ``stem.png`` (``image``: width,
+    height, scale), each written atomically. A PNG that cannot be drawn (no Chromium) is reported on stderr and
+    skipped, so a run never loses its numbers to a figure. The names written."""
+    stem = Path(stem)
+    atomic_write_text(stem.with_suffix(".html"), fig.to_html(include_plotlyjs=plotlyjs, full_html=True))
+    written = [stem.with_suffix(".html").name]
+    if png:
+        try:
+            atomic_write_bytes(stem.with_suffix(".png"), png_bytes(fig, **image))
+            written.append(stem.with_suffix(".png").name)
+        except Exception as e:
+            print(f"PNG for {stem.name} not written ({type(e).__name__}: {e}); install chromium or pass --no-png",
+                  file=sys.stderr)
+    return written
