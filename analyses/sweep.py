@@ -46,7 +46,7 @@ from lens_heads.evaluation.batching import AUTO
 from lens_heads.evaluation.evaluate import EvalResult, evaluate
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.models.loading import DEFAULT_MODEL, model_meta
-from lens_heads.report.config import safe_name
+from lens_heads.plumbing.io import safe_name
 from lens_heads.viz.plots import ablation_curves, save_figure
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.data.rows import PROTOCOLS

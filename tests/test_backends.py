@@ -7,6 +7,7 @@ import pytest
 
 from bridge_agreement import assert_agree, compute, read_reference
 from lens_heads import load_model, model_meta
+from lens_heads.heads.scores import what_still_works
 from lens_heads.models.backends import check_attention_hooks, default_backend, tl_major
 
 pytestmark = pytest.mark.skipif(tl_major() >= 4, reason="HookedTransformer side: needs TransformerLens 3.9 (.venv); "
@@ -34,10 +35,11 @@ def test_missing_attention_hook_is_named_with_what_still_works():
     model = SimpleNamespace(hook_dict={"blocks.0.attn.hook_z": None, "blocks.0.attn.hook_v": None},
                             cfg=SimpleNamespace(architecture="MambaForCausalLM"))
     with pytest.raises(ValueError, match=r"\(MambaForCausalLM\) has no blocks\.0\.attn\.hook_pattern") as err:
-        check_attention_hooks(model)
+        check_attention_hooks(model, advice=what_still_works)
     assert "FTVVN, AVVN, LTHON, AHON" in str(err.value) and "AWFT," not in str(err.value)
     with pytest.raises(ValueError, match="Without hook_z no head can be scored or zeroed"):
-        check_attention_hooks(SimpleNamespace(hook_dict={}, cfg=SimpleNamespace(architecture="X")))
+        check_attention_hooks(SimpleNamespace(hook_dict={}, cfg=SimpleNamespace(architecture="X")),
+                              advice=what_still_works)
 
 
 def test_bridge_reference_is_what_hookedtransformer_computes(smollm):

@@ -29,7 +29,10 @@ import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores, what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name
 from lens_heads.models.capture import LayerCapture
 from lens_heads.evaluation.fused_attention import fused_attention
@@ -215,7 +218,7 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
                    means: Tensor | None = None) -> HeadAblation:
     """Ablate a fixed set of ``(layer, head)`` pairs for every input, counting the share like the other modes
     (the static pruning view: what removing these heads for good would do)."""
-    check_attention_hooks(model, ["hook_z"], uses="zeroing heads")
+    check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     chosen = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     for layer, head in heads:
@@ -240,14 +243,14 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
     positions count (give the mask with :meth:`HeadAblation.batch`). The decision reads the whole row, so the
     evaluator runs this mode row by row: it never computes a shared prefix once (``prefix_scope`` None,
     :mod:`lens_heads.evaluation.prefix`)."""
-    from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores
 
     if score_name not in SCORE_NAMES:
         raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES}")
     direction, n_heads = DIRECTION[score_name], model.cfg.n_heads
     threshold = float(threshold)
     capture = tuple(name for name in ("v", "pattern") if name in get_score(score_name).reads)
-    check_attention_hooks(model, ["hook_z", *(f"hook_{name}" for name in capture)], uses=f"zeroing by {score_name}")
+    check_attention_hooks(model, ["hook_z", *(f"hook_{name}" for name in capture)], uses=f"zeroing by {score_name}",
+                          advice=what_still_works)
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         if any(name not in acts for name in capture):
@@ -274,7 +277,7 @@ def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
     draw)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be a probability in [0, 1], got {p}")
-    check_attention_hooks(model, ["hook_z"], uses="zeroing heads")
+    check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     batch: dict = {}  # the current batch's input ids and their [row, layer, head] uniforms
 
@@ -309,9 +312,6 @@ def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: i
            progress: bool = False) -> Float[Tensor, "layer head d_head"]:
     """Mean of every head's ``hook_z`` over the non-padding positions of calibration ``inputs`` (what
     ``mode="mean"`` substitutes). ``inputs``: strings, a Task (its prompts) or a token tensor."""
-    from tqdm.auto import tqdm
-
-    from lens_heads.data.inputs import tokenize_inputs
 
     if attention_mask is None:
         tokens, mask = tokenize_inputs(model, inputs)

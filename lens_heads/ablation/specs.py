@@ -24,6 +24,8 @@ from typing import ClassVar
 from torch import Tensor
 
 from lens_heads.ablation.hooks import MODES, HeadAblation, random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.heads.distributions import thresholds
+from lens_heads.heads.scores import most_inactive
 from lens_heads.stats.curves import CurveKey
 
 
@@ -173,12 +175,8 @@ class ScoreCalibration:
         self.scores = scores
 
     def threshold(self, score: str, fraction: float) -> float:
-        from lens_heads.heads.distributions import thresholds
-
         return float(thresholds(self.scores, score, [fraction])[fraction])
 
     def most_inactive(self, score: str, fraction: float) -> list[tuple[int, int]]:
-        from lens_heads.heads.scores import most_inactive
-
         mean = self.scores.mean(score)
         return most_inactive(mean, self.scores.direction[score], int(round(fraction * mean.numel())))

@@ -24,6 +24,9 @@ from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.collapse.rank import RankProfile, attention_rank
 from lens_heads.data.tasks import INHERITUNE_METRICS
 from lens_heads.collapse.train import RankTracker, TrainConfig, TrainResult, eval_windows, train
+from lens_heads.data.rows import within_context
+from lens_heads.data.tasks import TASKS, load_task
+from lens_heads.evaluation.evaluate import evaluate
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -388,10 +391,6 @@ def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, 
               batch_size: int = 16) -> list[dict]:
     """Zero-shot accuracy of ``model`` on ``tasks`` ({task: metric}, default `PAPER_TASKS`), ``n`` items each
     (seeded sample); items longer than the model's context are dropped and counted."""
-    from lens_heads.evaluation.evaluate import evaluate
-    from lens_heads.data.rows import within_context
-    from lens_heads.data.tasks import TASKS, load_task
-
     rows = []
     for name, metric in (PAPER_TASKS if tasks is None else tasks).items():
         if name not in TASKS:

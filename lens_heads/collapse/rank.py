@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.heads.scores import what_still_works
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -142,7 +143,7 @@ def attention_rank(
     if average:
         length = int(mask.sum(1).min())
         tokens, mask = tokens[:, :length], mask[:, :length]
-    check_attention_hooks(model, ["hook_pattern"], uses="attention rank")
+    check_attention_hooks(model, ["hook_pattern"], uses="attention rank", advice=what_still_works)
     n, L, H = tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads
     ranks = torch.zeros(n, L, H)
     masses = torch.zeros(n, L, H)

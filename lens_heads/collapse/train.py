@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from lens_heads.plumbing.cache import claim_folder
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
+from lens_heads.collapse.rank import attention_rank
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -413,7 +414,6 @@ class RankTracker:
     def __call__(self, model: HookedTransformer, step: int) -> dict | None:
         if step % self.every:
             return None
-        from lens_heads.collapse.rank import attention_rank
 
         was_training = model.training
         profile = attention_rank(model, self.tokens, average=self.average, progress=False)

@@ -112,7 +112,7 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
     ``mmlu`` format) and WinoGrande, 8 for GSM8K (the shipped exemplars, at most 8) and 0 elsewhere (few-shot
     examples for the other tasks are drawn, by ``seed``, from the same split excluding the item).
     """
-    from lens_heads.data.custom_tasks import looks_like_file, read_task_file
+    from lens_heads.data.custom_tasks import looks_like_file, read_task_file  # here: custom_tasks imports this module
 
     if name not in TASK_SPECS and looks_like_file(name):
         if shots is not None or split is not None:

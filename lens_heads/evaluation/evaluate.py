@@ -46,12 +46,13 @@ from torch import Tensor
 
 from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
 from lens_heads.evaluation.prefix import (ROWS_PER_PREFIX, SHARED_FILL, Extension, Group, PrefixState, chunk_groups,
-                               hook_scope, merge_kv, narrowest, plan_groups, token_batches)
+                               merge_kv, narrowest, plan_groups, token_batches)
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.models import backends
 from lens_heads.plumbing import distributed
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
-from lens_heads.models.capture import check_hook_names
+from lens_heads.evaluation.hook_sets import HookSet, hook_objects, hook_set
+from lens_heads.models.loading import model_meta
 from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.data.inputs import check_token_ids, pad_id, right_pad
 
@@ -328,7 +329,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
         return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:
         start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
-        described = [obj for hooks in hook_sets for obj in _describe(hooks)]
+        described = [obj for hooks in hook_sets for obj in hook_objects(hooks)]
         return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
                        described)
     check_batch_size(batch_size)
@@ -338,7 +339,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     items = list(task)
     if not items:
         raise ValueError("the task has no items")
-    sets = [_hook_set(model, hooks) for hooks in hook_sets]
+    sets = [hook_set(model, hooks) for hooks in hook_sets]
     check_protocol(protocol)
     rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
     check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
@@ -354,7 +355,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
         outputs, stats = (_run_rows(model, items, rows, batch_size, sets, first_input, bar) if state is None else
                           _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
     bar.close()
-    meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
+    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 protocol=protocol, apply_chat_template=apply_chat_template,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=attention_calls.describe() if attention == "fused" else "eager",
@@ -366,7 +367,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
                        items=_records(items, rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,
                        meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj)
-                                              for obj in _describe(hooks)]))
+                                              for obj in hook_objects(hooks)]))
             for hooks, (logprobs, greedy) in zip(hook_sets, outputs)]
 
 
@@ -376,27 +377,7 @@ def check_primary(primary: str) -> None:
         raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
 
 
-@dataclass
-class _HookSet:
-    """One set of hooks as the forward loop uses it: the (name, fn) pairs, the objects told about each batch, the
-    first block they touch (None: something before the blocks, so the forward starts from the tokens) and the
-    prefix sharing they allow (:func:`lens_heads.evaluation.prefix.hook_scope`)."""
-
-    pairs: list
-    batch_aware: list
-    first_layer: int | None
-    prefix_scope: str | None = None
-
-
-def _hook_set(model, hooks) -> _HookSet:
-    pairs, batch_aware = _collect_hooks(hooks, model)
-    layers = [_layer_of(name, model.cfg.n_layers) for name, _ in pairs]
-    first = None if None in layers or model.cfg.positional_embedding_type == "shortformer" \
-        or not backends.can_start_at_layer(model) else min(layers, default=model.cfg.n_layers)
-    return _HookSet(pairs, batch_aware, first, hook_scope([hooks] if hasattr(hooks, "hooks") else list(hooks)))
-
-
-def _prefix_scope(model, sets: list[_HookSet], attention: str) -> str | None:
+def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
     """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
     every attention layer must run fused with rotary (or no) positions, causally, with no hook left on the model."""
     if backends.is_bridge(model):
@@ -409,14 +390,7 @@ def _prefix_scope(model, sets: list[_HookSet], attention: str) -> str | None:
     return narrowest([s.prefix_scope for s in sets]) if fusable and bare else None
 
 
-def _layer_of(name: str, n_layers: int) -> int | None:
-    """The block a hook point belongs to (``n_layers`` after the last block), None before the first."""
-    if name.startswith("blocks."):
-        return int(name.split(".")[1])
-    return n_layers if name.startswith(("ln_final.", "unembed.")) else None
-
-
-def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[_HookSet], first_input: int, bar
+def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet], first_input: int, bar
               ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
     """Forward every row (longest first, in batches) under each hook set and read each (item, choice)'s
     log-likelihood and whether its continuation is the greedy one; ``bar`` advances as each item's last row is
@@ -464,7 +438,7 @@ class _Pass:
         return self.tokens if self.trunk is None else self.trunk
 
 
-def _run_prefixed(model, items, groups: list[Group], batch_size: int, sets: list[_HookSet], first_input: int, bar,
+def _run_prefixed(model, items, groups: list[Group], batch_size: int, sets: list[HookSet], first_input: int, bar,
                   state: PrefixState) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
     """:func:`_run_rows` for rows grouped by shared prefix: per chunk of groups, each prefix runs once (under each
     hook set, from the shared trunk) and the rows' suffixes against it; the same outputs and stats. A forward holds
@@ -509,7 +483,7 @@ def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> t
     return prefixes, suffixes
 
 
-def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[_HookSet], outputs,
+def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[HookSet], outputs,
                state: PrefixState) -> None:
     """Each hook set on one chunk: the unhooked trunk advanced to the set's first hooked block (prefixes first,
     their keys/values kept), then the prefixes from there under the set's hooks (keys/values recorded, nothing
@@ -552,13 +526,13 @@ def _blank_outputs(items, n_sets: int) -> list[tuple[list[list[float]], list[lis
             for _ in range(n_sets)]
 
 
-def _set_order(sets: list[_HookSet]) -> list[int]:
+def _set_order(sets: list[HookSet]) -> list[int]:
     """The sets in the order the shared trunk reaches them (from the tokens first, then by first hooked block)."""
     return sorted(range(len(sets)), key=lambda i: -1 if sets[i].first_layer is None else sets[i].first_layer)
 
 
 @contextlib.contextmanager
-def _hooked(model, hook_set: _HookSet, mask: Tensor, inputs: list[int], count: bool = True):
+def _hooked(model, hook_set: HookSet, mask: Tensor, inputs: list[int], count: bool = True):
     """The set's hooks on the model, its batch-aware objects told the batch's mask and input ids (``count=False``:
     a shared prefix, not counted by the objects)."""
     with contextlib.ExitStack() as stack:
@@ -664,32 +638,6 @@ def final_logits(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tens
     return backends.final_logits(model, resid)
 
 
-def _collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
-    pairs, batch_aware = [], []
-    for obj in hooks if not hasattr(hooks, "hooks") else [hooks]:
-        if hasattr(obj, "hooks"):
-            pairs.extend(obj.hooks)
-            if hasattr(obj, "batch"):
-                batch_aware.append(obj)
-        elif isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and callable(obj[1]):
-            pairs.append(obj)
-        else:
-            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a HeadAblation), "
-                            f"got {obj!r}")
-    check_hook_names(model, [name for name, _ in pairs])
-    return pairs, batch_aware
-
-
-def _describe(hooks: Iterable) -> list:
-    return [hooks] if hasattr(hooks, "hooks") else [h[0] if isinstance(h, tuple) else h for h in hooks]
-
-
-def _model_meta(model) -> dict:
-    from lens_heads.models.loading import model_meta
-
-    return model_meta(model)
-
-
 # ---------------------------------------------------------------- under torchrun
 
 
@@ -723,8 +671,6 @@ def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[E
 
 
 def _identity(model, items, settings: dict) -> dict:
-    from lens_heads.models.loading import model_meta
-
     ids = "\n".join(item.id for item in items).encode()
     return dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
                 items=hashlib.sha256(ids).hexdigest()[:16], n=len(items),

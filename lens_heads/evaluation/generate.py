@@ -31,8 +31,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lens_heads.models.backends import is_bridge, run_to_resid
-from lens_heads.evaluation.evaluate import _collect_hooks, _describe, _model_meta, final_logits, wilson_interval
+from lens_heads.evaluation.evaluate import wilson_interval
+from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
+from lens_heads.models.backends import final_logits, is_bridge, run_to_resid
+from lens_heads.models.loading import model_meta
 from lens_heads.data.rows import DEFAULT_PROTOCOL, chat_context, check_protocol, encode, lm_eval_bos
 from lens_heads.data.inputs import check_token_ids
 
@@ -60,7 +62,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     stop = [stop] if isinstance(stop, str) else list(stop)  # one string is one stop, not one per character
-    pairs, batch_aware = _collect_hooks(hooks, model)
+    pairs, batch_aware = collect_hooks(hooks, model)
     if cache and batch_aware:
         raise ValueError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "
                          "that one position: use cache=False (reruns the sequence), or zero_heads(...) pairs for a "
@@ -229,8 +231,8 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
         records.append(GenerationRecord(id=item.id, target=item.target, text=out.text, answer=answer,
                                         correct=answer == normalize_number(item.target),
                                         n_new_tokens=len(out.tokens), stop=out.stop))
-    meta = dict(model=_model_meta(model), task=task.meta() if hasattr(task, "meta") else {},
-                hooks=[getattr(obj, "description", None) or repr(obj) for obj in _describe(hooks)],
+    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {},
+                hooks=[getattr(obj, "description", None) or repr(obj) for obj in hook_objects(hooks)],
                 decoding="greedy", max_new_tokens=max_new_tokens, stop=list(stop), cache=cache,
                 protocol=protocol, apply_chat_template=apply_chat_template, wall_s=time.perf_counter() - start, ci_method="wilson 95%")
     return GenerationResult(task=getattr(task, "name", "task"), items=records, meta=meta)

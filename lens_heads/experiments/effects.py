@@ -48,6 +48,9 @@ from lens_heads.models.loading import model_meta
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
 from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
 from lens_heads.experiments.sweep import run_fingerprint
+from lens_heads.ablation.specs import StaticAblation, Unablated
+from lens_heads.experiments.sweep import SweepResult, UnitStore, run_unit
+from tqdm.auto import tqdm
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
@@ -195,8 +198,6 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
 
 
 def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: bool, primary: str, layout: dict):
-    from tqdm.auto import tqdm
-
     # the mean over the evaluated rows' positions
     means = mean_z(model, [row.tokens for row in build_rows(model, list(task), **layout)], batch_size=batch_size) \
         if method == "mean" else None
@@ -250,8 +251,6 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
 
 def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, layout: dict):
     """Intact log-likelihoods and, per head, their linearised values with the head zeroed."""
-    from tqdm.auto import tqdm
-
     items = list(task)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     rows = build_rows(model, items, **layout)
@@ -327,11 +326,6 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
     :class:`lens_heads.experiments.sweep.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
     kept and reused like the sweep's units."""
-    from tqdm.auto import tqdm
-
-    from lens_heads.ablation.specs import StaticAblation, Unablated
-    from lens_heads.experiments.sweep import SweepResult, UnitStore, run_unit
-
     L, H = model.cfg.n_layers, model.cfg.n_heads
     order = [(int(layer), int(head)) for layer, head in order]
     if sorted(order) != [(layer, head) for layer in range(L) for head in range(H)]:

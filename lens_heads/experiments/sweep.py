@@ -23,7 +23,9 @@ normalised AUC, both on the realised-% axis, and the paper's Table 2 (:func:`tab
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -40,6 +42,12 @@ from lens_heads.stats.curves import RANDOM, CurveKey
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.plumbing.io import slug
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
+from lens_heads.experiments.sweep_intervals import sweep_intervals
+from lens_heads.heads.distributions import pooled_cdf
+from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.models.loading import model_meta
+from lens_heads.plumbing.io import atomic_write_bytes
 
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 FORMAT_VERSION = 3
@@ -186,8 +194,6 @@ class SweepResult:
         each target share, % zeroable within ``points`` by both rules) and ranks, paired across curves
         (:func:`lens_heads.experiments.sweep_intervals.sweep_intervals`); ``.difference`` and ``.versus`` test curves
         against each other. Computed once per setting (the units are not meant to change after the sweep)."""
-        from lens_heads.experiments.sweep_intervals import sweep_intervals
-
         key = (points, None if shares is None else tuple(shares), n_resamples, seed, confidence)
         if key not in self._intervals:
             self._intervals[key] = sweep_intervals(self, points=points, shares=shares, n_resamples=n_resamples,
@@ -378,8 +384,6 @@ def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
 
 
 def _check_settings(scores, fractions, static_scores, calibration, protocol) -> tuple[list[str], list[float]]:
-    from lens_heads.heads.scores import SCORE_NAMES
-
     for name, value in (("scores", scores), ("static_scores", static_scores), ("fractions", fractions)):
         if isinstance(value, (str, int, float)):
             raise ValueError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
@@ -471,8 +475,6 @@ class _Calibration:
 
     def _head_scores(self):
         if self._scores is None:
-            from lens_heads.heads.scoring import HeadScores, score_heads
-
             source = self._calibration
             if isinstance(source, HeadScores):
                 self._scores = source
@@ -505,8 +507,6 @@ class _Calibration:
     def unablated_share(self, score: str, p: float) -> float:
         """The share of (row, layer, head) values the threshold for ``p`` puts on the inactive side of the
         unablated scores: what ties alone leave of the target, before the ablation's cascade."""
-        from lens_heads.heads.distributions import pooled_cdf
-
         return float(self._lookup("unablated_shares", score, p, lambda: pooled_cdf(
             self._head_scores(), score).inactive_fraction(self.threshold(score, p))))
 
@@ -532,8 +532,6 @@ def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: st
 def run_fingerprint(model, task, **settings) -> dict:
     """What must match for a stored unit of a resumable run to be reused: model, data (item ids) and ``settings``
     (plain JSON values: seed, scoring, calibration, rows, ...)."""
-    from lens_heads.models.loading import model_meta
-
     m = model_meta(model)
     ids = hashlib.sha256("\n".join(item.id for item in task).encode()).hexdigest()[:16]
     meta = task.meta() if hasattr(task, "meta") else {}
@@ -562,20 +560,12 @@ def save_units(result: SweepResult, path) -> Path:
     """Every unit of ``result`` with its per-item records, gzipped JSON written atomically: what
     :func:`read_units` (and :func:`lens_heads.experiments.compare.read_sweep` beside a recorded ``sweep_<task>.json``) needs to
     recompute every summary and its interval without the run folder."""
-    import gzip
-    import json
-
-    from lens_heads.plumbing.io import atomic_write_bytes
-
     data = dict(format=FORMAT_VERSION, meta=result.meta, units=[u.to_dict() for u in result.units])
     return atomic_write_bytes(path, gzip.compress(json.dumps(data).encode("utf-8"), mtime=0))
 
 
 def read_units(path) -> SweepResult:
     """The sweep :func:`save_units` wrote."""
-    import gzip
-    import json
-
     try:
         data = json.loads(gzip.decompress(Path(path).read_bytes()))
     except (OSError, ValueError) as e:
@@ -593,8 +583,6 @@ def read_units(path) -> SweepResult:
 def load_sweep(out_dir) -> SweepResult:
     """The sweep kept in a ``run_sweep`` output folder, read back without a model: every unit stored under the
     folder's fingerprint (``sweep.json``); a sweep interrupted midway gives the units it finished."""
-    from lens_heads.heads.scores import SCORE_NAMES
-
     out = Path(out_dir)
     stored = read_json(out / MARKER)
     if not isinstance(stored, dict) or "key" not in stored:

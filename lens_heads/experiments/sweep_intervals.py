@@ -25,6 +25,7 @@ from jaxtyping import Float, Int
 from lens_heads.stats import curves
 
 from lens_heads.stats import inference as stats
+from lens_heads.evaluation.evaluate import paired_values
 
 SUMMARIES = {
     "accuracy_auc": "normalised AUC of accuracy over realised % zeroed (%), higher is better",
@@ -80,8 +81,6 @@ def curve_items(sweep, mode: str = "threshold") -> tuple[list[CurveItems], np.nd
     """The curves of ``mode`` (``"threshold"`` includes random) of a :class:`lens_heads.experiments.sweep.SweepResult` as
     per-item arrays, the rows each item ran (one per choice for cloze tasks) and the heads per row (layers x
     heads)."""
-    from lens_heads.evaluation.evaluate import paired_values
-
     base = sweep.baseline
     ids = [it.id for it in base.items]
     rows = np.array([len(it.logprobs) for it in base.items], dtype=float)

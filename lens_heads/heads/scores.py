@@ -319,3 +319,13 @@ def most_inactive(mean: Float[Tensor, "layer head"], direction: str, k: int) -> 
     n_heads = values.shape[1]
     order = torch.argsort((values if direction == "<" else -values).reshape(-1), stable=True)
     return [(int(i) // n_heads, int(i) % n_heads) for i in order[:k].tolist()]
+
+
+def what_still_works(missing: list[str]) -> str:
+    """Which scores a model lacking the ``missing`` attention hooks can still compute (for error messages)."""
+    if "hook_z" in missing:
+        return "Without hook_z no head can be scored or zeroed here; evaluate() without ablation still works."
+    needs = {"hook_pattern": "pattern", "hook_v": "v"}
+    lost = {needs[m] for m in missing if m in needs}
+    works = [s.name for s in SCORES if not (s.reads & lost)]
+    return f"Scores that read only hook_z still work: {', '.join(works) or 'none'}."

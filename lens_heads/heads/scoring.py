@@ -25,7 +25,7 @@ from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, h
 from lens_heads.models.capture import LayerCapture, check_hook_names
 from lens_heads.plumbing.io import atomic_write_bytes
 from lens_heads.models.loading import expand_kv, model_meta
-from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores
+from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores, what_still_works
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.data.tasks import Task
 from lens_heads.data.inputs import Inputs, tokenize_inputs
@@ -143,7 +143,7 @@ def score_heads(
         return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
     check_batch_size(batch_size)
     check_hook_names(model, [h[0] for h in hooks])
-    check_attention_hooks(model)
+    check_attention_hooks(model, advice=what_still_works)
     task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \
         if isinstance(inputs, Task) else None
     tokens, mask = tokenize_inputs(model, [row.tokens for row in task_rows] if task_rows else inputs,

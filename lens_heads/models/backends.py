@@ -15,7 +15,7 @@ runs the blocks before it, with any hooks on them, so lens_heads never starts th
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Sequence
+from typing import Callable, Sequence
 
 from torch import Tensor
 
@@ -90,10 +90,12 @@ def hooked_transformer():
     return HookedTransformer, HookedTransformerConfig
 
 
-def check_attention_hooks(model, names: Sequence[str] = ATTENTION_HOOKS, *, uses: str = "the head scores") -> None:
+def check_attention_hooks(model, names: Sequence[str] = ATTENTION_HOOKS, *, uses: str = "the head scores",
+                          advice: Callable[[list[str]], str] | None = None) -> None:
     """Refuse a model whose first attention layer lacks one of ``names`` (``hook_pattern``, ``hook_v``,
-    ``hook_z``), naming the hook, the architecture, and what still works (a model without a ``hook_dict`` is
-    not a TransformerLens model and is left to fail where it is used)."""
+    ``hook_z``), naming the hook, the architecture, and ``advice(missing)`` (what still works: the caller knows;
+    :func:`lens_heads.heads.scores.what_still_works` for the scores). A model without a ``hook_dict`` is not a
+    TransformerLens model and is left to fail where it is used."""
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
         return
@@ -103,18 +105,7 @@ def check_attention_hooks(model, names: Sequence[str] = ATTENTION_HOOKS, *, uses
             or type(model).__name__
         raise ValueError(
             f"this {backend_of(model)} model ({arch}) has no {', '.join(f'blocks.0.attn.{m}' for m in missing)}, "
-            f"needed for {uses}. " + _what_still_works(missing))
-
-
-def _what_still_works(missing: list[str]) -> str:
-    from lens_heads.heads.scores import SCORES
-
-    if "hook_z" in missing:
-        return "Without hook_z no head can be scored or zeroed here; evaluate() without ablation still works."
-    needs = {"hook_pattern": "pattern", "hook_v": "v"}
-    lost = {needs[m] for m in missing if m in needs}
-    works = [s.name for s in SCORES if not (s.reads & lost)]
-    return f"Scores that read only hook_z still work: {', '.join(works) or 'none'}."
+            f"needed for {uses}." + (f" {advice(missing)}" if advice else ""))
 
 
 def run_to_resid(model, tokens: Tensor, attention_mask: Tensor | None, *, start: int | None = None,

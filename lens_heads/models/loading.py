@@ -23,6 +23,7 @@ from torch import Tensor
 
 from lens_heads.models.backends import backend_of, check_backend, hooked_transformer, tl_version
 from lens_heads.models.hf_folder import hooked_config
+from lens_heads.plumbing import distributed
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -388,8 +389,6 @@ def _as_dtype(dtype) -> torch.dtype:
 
 def resolve_device(device) -> str:
     """The device a model is loaded on (see :func:`load_model`); an unknown or unavailable one is refused."""
-    from lens_heads.plumbing import distributed
-
     if device is None:
         return distributed.device()
     try:

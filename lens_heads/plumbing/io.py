@@ -55,3 +55,8 @@ def slug(text: str, keep: str = "") -> str:
     becomes one ``_`` (``"AHON (LN)"`` -> ``"AHON_LN"``)."""
     allowed = re.escape(keep)
     return re.sub(rf"[^A-Za-z0-9{allowed}]+", "_", text).strip("_") or "_"
+
+
+def safe_name(model: str) -> str:
+    """A folder name for a model name or path (``gpt2-medium``, ``/path/to/folder`` -> ``folder``)."""
+    return slug(model.rstrip("/").split("/")[-1] or "model", keep="-_.")

@@ -13,6 +13,11 @@ import sys
 
 from lens_heads.report.config import DEFAULT_PROMPT, PRESETS, ReportConfig, prompt, sweep_path
 from lens_heads.plumbing.settings import from_args
+from lens_heads.data.custom_tasks import TaskFileError
+from lens_heads.data.tasks import TaskDataUnavailableError
+from lens_heads.models.loading import ModelUnavailableError
+from lens_heads.plumbing import distributed
+from lens_heads.report.pipeline import build_report
 
 PROG = "python -m lens_heads.report"
 
@@ -61,11 +66,6 @@ def _fail(code: int, message: str):
 
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
-    from lens_heads.plumbing import distributed
-    from lens_heads.models.loading import ModelUnavailableError
-    from lens_heads.report.pipeline import build_report
-    from lens_heads.data.custom_tasks import TaskFileError
-    from lens_heads.data.tasks import TaskDataUnavailableError
 
     try:
         results = build_report(config)

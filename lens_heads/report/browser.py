@@ -12,6 +12,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from lens_heads.plumbing.io import atomic_write_bytes
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-default-apps", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
@@ -73,8 +74,6 @@ def offline_page(path: str | Path, *, width: int = 1360, height: int = 900, sett
 
 def screenshot(report: str | Path, png: str | Path, *, width: int = 1360, height: int = 1500) -> Path:
     """A PNG of the top of the report (model card and the first figures), as shown in the README."""
-    from lens_heads.plumbing.io import atomic_write_bytes
-
     with offline_page(report, width=width, height=height) as (page, log):
         data = page.screenshot(full_page=False)
     if log.outside or log.errors:

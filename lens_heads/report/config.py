@@ -17,11 +17,12 @@ from pathlib import Path
 
 from lens_heads.models.backends import BACKENDS
 from lens_heads.data.custom_tasks import CUSTOM_FORMATS
-from lens_heads.plumbing.io import slug
+from lens_heads.plumbing.io import safe_name
 from lens_heads.models.loading import DEFAULT_MODEL
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.plumbing.settings import option
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
+from lens_heads.models.loading import resolve_device
 
 ALL_SCORES = tuple(SCORE_NAMES)
 # The score the paper found most robust; it picks the "most/least active" heads shown in the attention plots.
@@ -91,8 +92,6 @@ def task_file(text: str) -> str:
 
 
 def device(text: str) -> str:
-    from lens_heads.models.loading import resolve_device
-
     resolve_device(text)  # its ValueError says which devices exist
     return text
 
@@ -163,8 +162,3 @@ class ReportConfig:
 # ``--quick``: small samples, two scores, three fractions; flags given explicitly still win.
 QUICK = dict(quick=True, n=16, rank_n=8, fractions=(0.0, 0.15, 0.3), scores=("AWFT", "AHON (LN)"))
 PRESETS = {"quick": QUICK}
-
-
-def safe_name(model: str) -> str:
-    """A folder name for a model name or path (``gpt2-medium``, ``/path/to/folder`` -> ``folder``)."""
-    return slug(model.rstrip("/").split("/")[-1] or "model", keep="-_.")

@@ -14,6 +14,7 @@ import pandas as pd
 
 from lens_heads.report.render import Section, Text
 from lens_heads.stats.inference import Interval
+from lens_heads.heads.scores import most_inactive
 
 INACTIVE_SHOWN = 5
 ALPHA = 0.05  # a difference is called when its 95% interval excludes 0 and its permutation p-value is below this
@@ -69,8 +70,6 @@ def difference_sentence(test: dict, what: str, spec: str = ".2f") -> str:
 
 def inactive_sentence(scores_result, score: str) -> str:
     """The heads a score calls most inactive on average over the task's rows."""
-    from lens_heads.heads.scores import most_inactive
-
     heads = most_inactive(scores_result.scores.mean(score), scores_result.scores.direction[score], INACTIVE_SHOWN)
     listed = ", ".join(f"L{layer}H{head}" for layer, head in heads)
     return (f"Most inactive heads by mean {score} on {scores_result.task.name} "

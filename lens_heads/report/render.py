@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from lens_heads.viz.plots import esc
+from lens_heads.viz.escape import esc
 
 
 @dataclass

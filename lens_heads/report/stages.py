@@ -25,6 +25,10 @@ from lens_heads.viz import attention
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.experiments.sweep import run_sweep, table2
+from lens_heads.collapse.rank import attention_rank
+from lens_heads.experiments.agreement import score_agreement
+from lens_heads.experiments.effects import HeadEffects, head_effects
+from lens_heads.viz.explorer import explore
 
 COMPARE_TOP_K = 5
 
@@ -218,9 +222,6 @@ def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: 
                   base_key: dict) -> EffectsResult:
     """Attribution-patching effect (KL) of every head on the task's items (cached), and each score's rank agreement
     with it."""
-    from lens_heads.experiments.agreement import score_agreement
-    from lens_heads.experiments.effects import HeadEffects, head_effects
-
     key = {**base_key, "stage": "effects", "data": task.meta(), "method": "attribution"}
     effects, _ = cached_file(cache, "effects", key, ".safetensors", lambda: head_effects(
         model, task, method="attribution", metric="kl", batch_size=config.batch_size, progress=config.progress),
@@ -251,8 +252,6 @@ class RankResult(StageResult):
 def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) -> RankResult:
     """Approximate rank (90% energy) of every head's attention on the first task's item prompts, per layer; lazy
     layers marked by the library's rule."""
-    from lens_heads.collapse.rank import attention_rank
-
     inputs = [item.prompt for item in task][: config.rank_n]
     key = {**base_key, "stage": "rank", "data": task.meta(), "rank_n": len(inputs)}
 
@@ -356,8 +355,6 @@ def explorer_stage(model, scores: HeadScores, effects: EffectsResult | None, ran
                    config: ReportConfig) -> ExplorerResult:
     """The interactive head explorer on the example prompts: heatmap means from the task's scores, the measured
     head effects where computed, and the rank stage's profile (``lens_heads.explore``)."""
-    from lens_heads.viz.explorer import explore
-
     extra = {f"effect: KL when zeroed (attribution, {effects.task.name})": np.asarray(
         effects.numbers["size_per_head"])} if effects is not None else None
     explorer = explore(model, list(config.prompts), scores=scores, effects=extra, rank=rank,

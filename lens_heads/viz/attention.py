@@ -17,6 +17,7 @@ from torch import Tensor
 
 from lens_heads.models.backends import get_act_name
 from lens_heads.heads.scores import most_inactive
+from lens_heads.data.inputs import tokenize_inputs
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -33,8 +34,6 @@ def pick_heads(mean_score: Float[Tensor, "layer head"], direction: str, k: int) 
 
 def prompt_tokens(model: HookedTransformer, prompt: str) -> Tensor:
     """Tokens of one prompt as the library's scoring pass reads them (BOS as the model expects)."""
-    from lens_heads.data.inputs import tokenize_inputs
-
     tokens, _ = tokenize_inputs(model, [prompt])
     return tokens
 

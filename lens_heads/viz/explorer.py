@@ -27,6 +27,9 @@ from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.collapse.rank import RankProfile, attention_rank
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.data.tasks import Task
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.viz.explorer_view import explorer_fragment
+from lens_heads.viz.explorer_view import standalone_page
 
 MAX_PROMPTS = 4
 MAX_TOKENS = 40
@@ -41,8 +44,6 @@ class Explorer:
 
     def to_html(self) -> str:
         """The HTML fragment (data block, markup, script) to place in a page or a notebook output."""
-        from lens_heads.viz.explorer_view import explorer_fragment
-
         return explorer_fragment(self.data)
 
     def _repr_html_(self) -> str:
@@ -50,9 +51,6 @@ class Explorer:
 
     def save(self, path: str | Path) -> Path:
         """A standalone HTML page holding the explorer (works offline)."""
-        from lens_heads.viz.explorer_view import standalone_page
-        from lens_heads.plumbing.io import atomic_write_text
-
         return atomic_write_text(Path(path), standalone_page(self.data))
 
     def pattern(self, prompt: int, layer: int, head: int) -> np.ndarray:

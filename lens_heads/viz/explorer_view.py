@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from lens_heads.viz.plots import esc
+from lens_heads.viz.escape import esc
 
 CSS = """
 .lhx{font:13px system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1d2330;max-width:100%;overflow:hidden}

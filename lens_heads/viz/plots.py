@@ -1,13 +1,12 @@
 """Plotly figures of lens_heads results: pure functions from result numbers to ``go.Figure``, plus PNG export.
 
 Used by the report, the analyses and the notebooks. No text from data enters a figure unescaped: plotly reads a
-subset of HTML in labels, so any label that could come from data goes through ``esc`` first. Sweep curves are told
+subset of HTML in labels, so any label that could come from data goes through :func:`lens_heads.viz.escape.esc` first. Sweep curves are told
 apart by the table's columns (``curve``, ``score``, ``mode``), never by parsing a curve's label.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import sys
 import time
@@ -23,15 +22,11 @@ from plotly.subplots import make_subplots
 
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_text
 from lens_heads.heads.scores import LN_NAMES, base_score
-from lens_heads.experiments.sweep import RANDOM
+from lens_heads.stats.curves import RANDOM
+from lens_heads.viz.escape import esc
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#7f7f7f", "#393b79", "#ad494a")
-
-
-def esc(text) -> str:
-    """Escape any value for HTML text or attribute context."""
-    return html.escape(str(text), quote=True)
 
 
 def score_heatmaps(mean_scores: dict[str, np.ndarray], direction: dict[str, str], title: str = "") -> go.Figure:

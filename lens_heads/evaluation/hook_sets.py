@@ -1,0 +1,65 @@
+"""What a set of hooks touches: its (name, fn) pairs, the objects told about each batch, the first block it reads
+or writes (the forward below it can be shared among sets), and the prefix sharing it allows.
+
+A hook set is what ``evaluate_each`` and ``generate`` take per ablation: a list of ``(hook_name, fn)`` pairs and
+objects with ``.hooks`` (a :class:`lens_heads.ablation.hooks.HeadAblation`), or one such object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from lens_heads.evaluation.prefix import hook_scope
+from lens_heads.models import backends
+from lens_heads.models.capture import check_hook_names
+
+
+@dataclass
+class HookSet:
+    """One set of hooks as the forward loop uses it: the (name, fn) pairs, the objects told about each batch, the
+    first block they touch (None: something before the blocks, so the forward starts from the tokens) and the
+    prefix sharing they allow (:func:`lens_heads.evaluation.prefix.hook_scope`)."""
+
+    pairs: list
+    batch_aware: list
+    first_layer: int | None
+    prefix_scope: str | None = None
+
+
+def hook_set(model, hooks) -> HookSet:
+    """``hooks`` (pairs and hook objects, or one object) checked against ``model``'s hook points."""
+    pairs, batch_aware = collect_hooks(hooks, model)
+    layers = [layer_of(name, model.cfg.n_layers) for name, _ in pairs]
+    first = None if None in layers or model.cfg.positional_embedding_type == "shortformer" \
+        or not backends.can_start_at_layer(model) else min(layers, default=model.cfg.n_layers)
+    return HookSet(pairs, batch_aware, first, hook_scope([hooks] if hasattr(hooks, "hooks") else list(hooks)))
+
+
+def layer_of(name: str, n_layers: int) -> int | None:
+    """The block a hook point belongs to (``n_layers`` after the last block), None before the first."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1])
+    return n_layers if name.startswith(("ln_final.", "unembed.")) else None
+
+
+def collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
+    """The (name, fn) pairs of ``hooks`` and the objects among them that want each batch (``.batch``)."""
+    pairs, batch_aware = [], []
+    for obj in hooks if not hasattr(hooks, "hooks") else [hooks]:
+        if hasattr(obj, "hooks"):
+            pairs.extend(obj.hooks)
+            if hasattr(obj, "batch"):
+                batch_aware.append(obj)
+        elif isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and callable(obj[1]):
+            pairs.append(obj)
+        else:
+            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a HeadAblation), "
+                            f"got {obj!r}")
+    check_hook_names(model, [name for name, _ in pairs])
+    return pairs, batch_aware
+
+
+def hook_objects(hooks: Iterable) -> list:
+    """The objects of a hook set as results describe them: each hook object, or each pair's hook name."""
+    return [hooks] if hasattr(hooks, "hooks") else [h[0] if isinstance(h, tuple) else h for h in hooks]
