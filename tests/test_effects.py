@@ -221,3 +221,15 @@ def test_oracle_zeroes_the_heads_with_the_smallest_effect_first(tokenizer, tmp_p
     assert set(sweep.to_dataframe()["curve"]) == {"oracle (static)"} and set(sweep.to_dataframe()["mode"]) == {"static"}
     with pytest.raises(ValueError, match="each of the model's"):
         oracle_sweep(model, task, order[:-1], progress=False)
+
+
+def test_attribution_on_a_task_of_single_continuations_is_refused_with_what_to_use(tokenizer):
+    """LAMBADA and GSM8K items have one continuation, correct when greedy: nothing to linearise (it raised an
+    IndexError inside the records)."""
+    model = one_layer(tokenizer, norm=None)
+    items = [Item(id=f"g{i}", contexts=(f"Count: {i}, {i + 1},",), continuations=(f" {i + 2}",), gold=0)
+             for i in range(3)]
+    task = Task(name="lambada", split="test", shots=0, format="greedy", items=items, n_total=3, seed=0)
+    with pytest.raises(ValueError, match=r"method='attribution'.*lambada.*method='ablation'"):
+        head_effects(model, task, method="attribution", progress=False)
+    assert head_effects(model, task, method="ablation", progress=False).values.shape[0] == 3

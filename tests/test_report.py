@@ -18,7 +18,7 @@ import torch
 
 from lens_heads.report.__main__ import main
 from lens_heads.viz.attention import pick_heads, script_safe
-from lens_heads.report.config import ALL_SCORES, QUICK
+from lens_heads.report.config import ALL_SCORES, QUICK, ReportConfig
 from lens_heads.report.render import Section, Table, Text, render_page
 from report_run import COMPARE_WITH, MARKUP_PROMPT, QUICK_ARGS, quick_report, run_cli
 
@@ -260,6 +260,32 @@ def test_bad_arguments_exit_2_with_one_line(capsys, args, words):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(n=0), "ReportConfig(n=...): expected a positive whole number"),
+    (dict(n=True), "ReportConfig(n=...)"),
+    (dict(fractions=(0.1, 1.5)), "ReportConfig(fractions=...): fractions must lie in [0, 1)"),
+    (dict(tasks=("arc",)), "ReportConfig(tasks=...): unknown task 'arc'"),
+    (dict(scores=("XYZ",)), "ReportConfig(scores=...): unknown score 'XYZ'"),
+    (dict(dtype="f8"), "ReportConfig(dtype=...): choose one of float32"),
+    (dict(backend="x"), "ReportConfig(backend=...): choose one of hooked, bridge"),
+    (dict(prompts=("",)), "ReportConfig(prompts=...): each prompt must be a non-empty string"),
+    (dict(compare=("no/such/sweep.json",)), "ReportConfig(compare=...): 'no/such/sweep.json' is neither"),
+    (dict(png="yes"), "ReportConfig(png=...): expected True or False"),
+    (dict(task_file="no/such.jsonl"), "ReportConfig(task_file=...): task file 'no/such.jsonl' does not exist"),
+])
+def test_report_config_built_in_python_meets_the_flags_checks(kwargs, words):
+    """A ReportConfig built in Python (not through the command line) was not validated at all."""
+    with pytest.raises(ValueError) as e:
+        ReportConfig(**kwargs)
+    assert words in str(e.value)
+
+
+def test_report_config_built_in_python_is_normalised_as_the_flags_are():
+    config = ReportConfig(tasks=["piqa", "arc_easy"], fractions=[0.2, 0.1], scores=["ahon_ln"])
+    assert config.tasks == ("piqa", "arc_easy") and config.fractions == (0.0, 0.1, 0.2)
+    assert config.scores == ("AHON (LN)",)
 
 
 def test_unknown_model_exits_nonzero_with_one_line_reason(capsys, tmp_path):

@@ -168,6 +168,10 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
     items = list(task)
     if not items:
         raise ValueError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
+    if method == "attribution" and any(len(it.continuations) < 2 for it in items):
+        raise ValueError(f"method='attribution' linearises log-likelihoods, but {getattr(task, 'name', 'this task')} "
+                         "has items with one continuation (LAMBADA, GSM8K: correct when it is the greedy answer), "
+                         "whose accuracy cannot be linearised: use method='ablation' or 'mean'")
     if method == "attribution" and out_dir is not None:
         raise ValueError("out_dir keeps the per-head evaluations of ablation and mean ablation; attribution runs in "
                          "one pass: keep its result with HeadEffects.save(path)")

@@ -101,6 +101,35 @@ def from_args(cls, argv: Sequence[str] | None = None, *, presets: Mapping[str, M
         parser.error(str(error))
 
 
+def checked_fields(settings) -> dict[str, Any]:
+    """The values of ``settings`` (a settings dataclass built in Python, not from the command line) as its flags
+    would read them: each field with a parser or choices is checked the way its flag is, so a bad value gets the
+    flag's message, prefixed with the field's name. Returns the parsed values (a list becomes a tuple, a parser's
+    normalisation applies); raises ``ValueError``."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        value, meta = getattr(settings, f.name), f.metadata
+        if isinstance(value, list):
+            value = tuple(value)
+        default = default_of(f)
+        try:
+            if meta.get("choices") and value not in meta["choices"] and not (value is None and default is None):
+                raise ValueError(f"choose one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+            if meta.get("parse") and value is not None and value != default:
+                text = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+                    raise ValueError(f"expected {type(default).__name__}, got {value!r}")
+                value = meta["parse"](str(text))
+            elif isinstance(default, bool) and not isinstance(value, bool):
+                raise ValueError(f"expected True or False, got {value!r}")
+            elif type(default) in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"expected a number, got {value!r}")
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise ValueError(f"{type(settings).__name__}({f.name}=...): {e}") from None
+        out[f.name] = value
+    return out
+
+
 def _show(value: Any) -> str:
     if isinstance(value, tuple):
         return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "none"

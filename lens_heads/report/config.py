@@ -20,7 +20,7 @@ from lens_heads.data.custom_tasks import CUSTOM_FORMATS
 from lens_heads.plumbing.io import safe_name
 from lens_heads.models.loading import DEFAULT_MODEL
 from lens_heads.heads.scores import SCORE_NAMES, score_names
-from lens_heads.plumbing.settings import option
+from lens_heads.plumbing.settings import checked_fields, option
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 from lens_heads.models.loading import resolve_device
 
@@ -144,10 +144,18 @@ class ReportConfig:
     progress: bool = option(True, "show progress bars")
 
     def __post_init__(self):
-        for name in ("tasks", "fractions", "scores", "prompts", "compare"):  # lists from argparse or callers
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+        # built in Python, the settings meet the same checks as their flags
+        for name, value in checked_fields(self).items():
+            object.__setattr__(self, name, value)
         if not self.tasks and not self.task_file:
             raise ValueError("name a benchmark with --tasks or your own items with --task-file")
+        if not all(isinstance(p, str) and p.strip() for p in self.prompts):
+            raise ValueError(f"ReportConfig(prompts=...): each prompt must be a non-empty string, got {self.prompts!r}")
+        for path in self.compare:
+            try:
+                sweep_path(str(path))
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(f"ReportConfig(compare=...): {e}") from None
 
     @property
     def out_dir(self) -> str:
