@@ -28,7 +28,7 @@ model, items (ids and both sides' log-likelihoods), n and the agreement. Target:
 log-likelihood within 1e-3 in fp32.
 
 lm-eval is not a dependency of lens_heads; install it in a separate environment or target folder, e.g.
-``python -m pip install --no-deps --target /tmp/lmeval-site lm_eval==0.4.5`` plus the few modules its import needs
+``python -m pip install --no-deps --target .lm-eval-site lm_eval==0.4.5`` plus the few modules its import needs
 (``sacrebleu portalocker tabulate colorama lxml evaluate sqlitedict peft more_itertools aiohttp tenacity multidict
 yarl propcache aiohappyeyeballs aiosignal frozenlist``, each ``--no-deps``), then run with ``PYTHONPATH`` set to it.
 """
@@ -57,10 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1e-3
 INSTALL_HINT = ("lm-eval is not importable here. It is not a dependency of lens_heads: install it into a separate "
                 "target folder and put that on PYTHONPATH, e.g.\n"
-                "  python -m pip install --no-deps --target /tmp/lmeval-site lm_eval==0.4.5 sacrebleu portalocker "
+                "  python -m pip install --no-deps --target .lm-eval-site lm_eval==0.4.5 sacrebleu portalocker "
                 "tabulate colorama lxml evaluate sqlitedict peft more_itertools aiohttp tenacity multidict yarl "
                 "propcache aiohappyeyeballs aiosignal frozenlist\n"
-                "  PYTHONPATH=/tmp/lmeval-site python analyses/lm_eval_agreement.py\n"
+                "  PYTHONPATH=.lm-eval-site python analyses/lm_eval_agreement.py\n"
                 "(or a separate virtual environment with `pip install lm_eval==0.4.5`).")
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lens_heads import distributed, load_model, load_task
+from lens_heads import load_model, load_task
+from lens_heads.plumbing import distributed
 from lens_heads.evaluation.batching import AUTO
 from lens_heads.evaluation.evaluate import EvalResult, evaluate
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text

@@ -439,7 +439,7 @@ def _run_worker(cmd: list[str], env: dict, timeout: float = 300) -> str | None:
 
 def worker(s: GpuCheck) -> None:
     """The torchrun side of :func:`torchrun_check`: the sweep's units as JSON."""
-    from lens_heads import distributed
+    from lens_heads.plumbing import distributed
 
     units = sweep_units(s.shapes[0], s)
     if distributed.is_main():

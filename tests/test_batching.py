@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lens_heads import batching
+from lens_heads.evaluation import batching
 from lens_heads.ablation.hooks import random_zeroing
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.models.loading import tiny_model

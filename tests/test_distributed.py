@@ -13,7 +13,7 @@ import torch
 
 import lens_heads.experiments.sweep as sweep_module
 from distributed_worker import sweep_settings, tiny_text_model
-from lens_heads import distributed
+from lens_heads.plumbing import distributed
 from lens_heads.ablation.hooks import random_zeroing
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.heads.scoring import score_heads

@@ -76,3 +76,20 @@ def test_the_readme_layout_names_every_module():
         assert line_block, f"the README's layout has no {layer}/"
         for module in sorted(p.stem for p in (PACKAGE / layer).glob("*.py") if p.stem != "__init__"):
             assert re.search(rf"\b{module}\b", line_block.group(1)), f"{layer}/{module}.py is not in the README's layout"
+
+
+def test_every_lens_heads_import_names_something_that_exists():
+    """``from lens_heads import x`` takes a public name or a layer folder; a dotted import names a module there."""
+    import importlib.util
+
+    import lens_heads
+
+    sources = [*ROOT.glob("tests/*.py"), *ROOT.glob("analyses/*.py"), *ROOT.glob("benchmarks/*.py"),
+               *ROOT.glob("notebooks/*.py"), *PACKAGE.rglob("*.py")]
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "lens_heads":
+                for alias in node.names:
+                    assert alias.name in lens_heads.__all__ or alias.name in LAYERS, f"{path}: lens_heads.{alias.name}"
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lens_heads."):
+                assert importlib.util.find_spec(node.module) is not None, f"{path}: {node.module}"

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lens_heads import curves, stats
+from lens_heads.stats import curves
+from lens_heads.stats import inference as stats
 from lens_heads.experiments.sweep import SweepResult, UnitResult
 from synthetic_sweeps import TARGETS, kl_of, synthetic_sweep
 

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-RULES = ("authors", "censored")
+RULES = ("authors", "censored")  # how zeroable_within reads a crossing
 CURVE_MODES = ("threshold", "random", "static")
 RANDOM = "random"
 
@@ -57,15 +57,15 @@ def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, poi
     - ``rule="censored"``: points sorted by x; the x of the last downward crossing, interpolated; a curve that
       ends at or above the line gives its largest x, a lower bound ("≥ X%": :func:`ends_above` says when).
     """
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}: choose 'authors' (the paper's: last crossing, 0 if none) or "
+                         "'censored' (the measured range's end when the curve never drops, a lower bound)")
     if rule == "authors":
         x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
         if x.shape != y.shape or x.size < 2:
             raise ValueError(f"a curve needs equally many x and y values (at least two), got {x.size} and {y.size}")
         x, y = sorted_curve(x, y)
         return _last_crossing(x, y - (baseline - points))
-    if rule != "censored":
-        raise ValueError(f"unknown rule {rule!r}: choose 'authors' (the paper's: last crossing, 0 if none) or "
-                         "'censored' (the measured range's end when the curve never drops, a lower bound)")
     x, y = sorted_curve(x, y)
     line = baseline - points
     if y[-1] >= line:
