@@ -115,7 +115,7 @@ def checked_fields(settings) -> dict[str, Any]:
         try:
             if meta.get("choices") and value not in meta["choices"] and not (value is None and default is None):
                 raise ValueError(f"choose one of {', '.join(map(str, meta['choices']))}, got {value!r}")
-            if meta.get("parse") and value is not None and value != default:
+            if meta.get("parse") and value not in (None, ()) and value != default:
                 text = ",".join(map(str, value)) if isinstance(value, tuple) else value
                 if isinstance(text, bool) or not isinstance(text, (str, int, float)):
                     raise ValueError(f"expected {type(default).__name__}, got {value!r}")
