@@ -33,6 +33,20 @@ def load_script(name: str):
     return module
 
 
+# Test tiers: `pytest -m "not slow"` is the fast tier (tiny random models, no browser, no subprocesses); the full
+# suite runs in .ci/run. A test that loads the embedded model (the smollm fixture, directly or through another
+# fixture) is slow; so is every notebook, browser and torchrun test.
+SLOW_FIXTURES = {"smollm"}
+SLOW_MARKERS = {"notebook", "browser", "torchrun"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        report_run = item.module.__name__ == "test_report" and "run" in item.fixturenames  # the report, end to end
+        if report_run or SLOW_FIXTURES & set(item.fixturenames) or SLOW_MARKERS & {m.name for m in item.iter_markers()}:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smollm():
     from lens_heads import load_model
@@ -42,12 +56,15 @@ def smollm():
 
 @pytest.fixture
 def no_network(monkeypatch):
-    """Any attempt to open a socket fails, as on a machine with no route to the hub."""
+    """Any attempt to open a socket fails, as on a machine with no route to the hub; the fixture's value counts
+    the attempts (a loader that fails fast tries once, it does not retry)."""
+    attempts = []
 
     def refuse(*args, **kwargs):
+        attempts.append(args)
         raise OSError("network blocked by test")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    yield
+    yield attempts

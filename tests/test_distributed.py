@@ -98,6 +98,7 @@ def test_job_array_tasks_share_the_units_and_a_plain_run_merges(single_process, 
     pd.testing.assert_frame_equal(merged.to_dataframe(), reference.to_dataframe())
 
 
+@pytest.mark.torchrun
 def test_two_torchrun_ranks_on_gloo_give_the_single_process_numbers_and_a_killed_rank_resumes(single_process,
                                                                                                tmp_path):
     _, _, reference, evaluated, scores = single_process
@@ -129,6 +130,7 @@ def test_two_torchrun_ranks_on_gloo_give_the_single_process_numbers_and_a_killed
     assert got["scores_meta"]["row_items"] == scores.meta["data"]["row_items"]  # rows mapped to the task's items
 
 
+@pytest.mark.torchrun
 def test_ranks_without_work_finish_and_disagreeing_ranks_write_nothing(tmp_path):
     out, result, bad = tmp_path / "units", tmp_path / "result.json", tmp_path / "disagree"
     config = dict(n=2, fractions=[0], scores=["AWFT"], out=str(out), result=str(result), disagree_out=str(bad),

@@ -103,6 +103,7 @@ def test_ablation_equals_removing_the_heads_output_from_the_residual_by_hand(tok
                                    atol=2e-4)
 
 
+@pytest.mark.slow
 def test_attribution_is_the_hand_written_first_order_term(tokenizer):
     """One attention-only layer without norms: logits = (resid + sum_h z_h W_O[h]) W_U + b_U, so
     d logP(t at p) / d z_h[p] = W_O[h] W_U (onehot(t) - softmax(logits[p])) at the positions read, 0 elsewhere."""
@@ -144,6 +145,7 @@ def test_attribution_matches_ablation_where_the_first_order_term_is_nearly_exact
     np.testing.assert_allclose(attribution.effect("kl").numpy(), ablation.effect("kl").numpy(), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_the_finished_heads_with_the_same_numbers(tokenizer, tmp_path):
     model = tiny_model("llama", seed=1, d_vocab=len(tokenizer), tokenizer=tokenizer)
     task = toy_task()
@@ -198,6 +200,7 @@ def test_bad_input_says_what_to_do(tokenizer):
         head_effects(tiny_model("gpt2"), task)
 
 
+@pytest.mark.slow
 def test_oracle_zeroes_the_heads_with_the_smallest_effect_first(tokenizer, tmp_path):
     from lens_heads.ablation.hooks import zero_heads
     from lens_heads.experiments.effects import oracle_sweep

@@ -138,6 +138,7 @@ def tiny_text_model():
     return text_model(n_layers=3)
 
 
+@pytest.mark.slow
 def test_evaluate_fuses_unless_a_zeroing_reads_the_pattern(tiny_text_model):
     model = tiny_text_model
     task = load_task("arc_easy", n=3, seed=1)

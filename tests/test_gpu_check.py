@@ -19,6 +19,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbo
 import gpu_check  # noqa: E402
 from flops import forward_flops, trunk_flops_per_token  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):

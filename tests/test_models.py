@@ -1,4 +1,3 @@
-import time
 
 import pytest
 import torch
@@ -110,11 +109,10 @@ def test_processing_changes_gpt2_head_output_norms_not_predictions(gpt2_folder):
     assert (raw_norm - pro_norm).abs().max() > 0.05 * raw_norm.mean()  # value-bias folding moved b_V out of z
 
 
-def test_unknown_model_name_fails_fast_with_guidance():
-    t = time.time()
+def test_unknown_model_name_fails_fast_with_guidance(no_network):
     with pytest.raises(ModelUnavailableError) as err:
         load_model("definitely-not-a-model-xyz")
-    assert time.time() - t < 5
+    assert no_network == []  # refused from the name alone, before any network request
     msg = str(err.value)
     assert "definitely-not-a-model-xyz" in msg and "smollm2-135m" in msg
 
@@ -124,10 +122,9 @@ def test_unreachable_hub_fails_fast_with_guidance(no_network, tmp_path, monkeypa
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
-    t = time.time()
     with pytest.raises(ModelUnavailableError) as err:
         load_model("gpt2-medium")
-    assert time.time() - t < 5
+    assert len(no_network) <= 1  # one attempt, no retries with back-off
     msg = str(err.value)
     assert "gpt2-medium" in msg and "unreachable" in msg and "smollm2-135m" in msg
 

@@ -13,6 +13,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 sys.path.insert(0, str(NOTEBOOKS))
 from make_notebooks import NOTEBOOKS as GENERATED  # noqa: E402
 
+pytestmark = pytest.mark.notebook
+
 
 def test_committed_notebooks_match_the_generator():
     for name, cells in GENERATED.items():

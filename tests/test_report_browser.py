@@ -10,6 +10,8 @@ import pytest
 from lens_heads.report.browser import offline_page
 from report_run import MARKUP_PROMPT, quick_report
 
+pytestmark = pytest.mark.browser
+
 LOCAL = ("file:", "data:", "blob:", "about:")
 
 

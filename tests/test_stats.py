@@ -43,6 +43,7 @@ def test_point_estimates_equal_the_sweep_summaries_and_shares_resample_with_the_
     assert iv.interval("A", "rank_kl_auc").estimate == 1 and iv.interval("random", "rank_kl_auc").estimate == 3
 
 
+@pytest.mark.slow
 def test_the_paired_interval_covers_the_true_difference_in_about_95_percent_of_seeds():
     levels = {"A": (0.1, 0.9), "B": (0.3, 1.2)}
     truth = expected_kl_auc(levels["A"]) - expected_kl_auc(levels["B"])
@@ -54,6 +55,7 @@ def test_the_paired_interval_covers_the_true_difference_in_about_95_percent_of_s
     assert 0.88 <= np.mean(covered) <= 0.995
 
 
+@pytest.mark.slow
 def test_curves_of_one_distribution_give_uniform_p_values_and_identical_curves_no_difference():
     p_values = []
     for seed in range(100):
