@@ -363,7 +363,7 @@ def measure_shape(name: str, s: GpuCheck) -> ShapeResult:
         threshold_unit_share_zeroed=unit.out.realised_fraction,
         evaluator_flops_per_s=eval_flops / walls["evaluator"], hf_sdpa_flops_per_s=eval_flops / walls["hf"],
         scoring_flops_per_s=score_flops / walls["scoring"], threshold_unit_flops_per_s=eval_flops / walls["unit"])
-    del hf, model
+    hf = model = None  # frees both before the next shape (the timing lambdas above hold them)
     reset_peak_memory(device)
     return result
 
@@ -492,7 +492,8 @@ def table(result: CheckResult) -> str:
     width = max(len(label) for label, _ in ROWS)
     cells = [[show(r, result.matmul_flops_per_s) for r in result.shapes] for _, show in ROWS]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-    line = lambda label, values: f"{label:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, widths))
+    def line(label, values):
+        return f"{label:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, widths))
     t = result.torchrun
     verdict = f"error: {t.error}" if t.error else (
         f"{'equal' if t.equal else 'DIFFERENT'} (max |difference| {t.max_logprob_difference:.1e}, shares "
