@@ -26,7 +26,7 @@ def test_point_estimates_equal_the_sweep_summaries_and_shares_resample_with_the_
         assert iv.interval(curve, "accuracy_auc").estimate == pytest.approx(sweep.normalised_auc()[curve])
         for rule, name in (("authors", "zeroable_authors"), ("censored", "zeroable_censored")):
             assert iv.interval(curve, name).estimate == pytest.approx(sweep.zeroable_within(rule=rule)[curve])
-        assert iv.interval(curve, "kl_at_20pct").estimate == pytest.approx(sweep.at_share(20.0)[curve], nan_ok=True)
+        assert iv.interval(curve, "kl_at_20pct").estimate == pytest.approx(sweep.at_share(0.2)[curve], nan_ok=True)
         for q in ("kl_auc", "rank_kl_auc"):
             i = iv.interval(curve, q)
             assert i.low <= i.estimate <= i.high

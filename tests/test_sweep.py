@@ -173,8 +173,8 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
     x = [100 * u.realised_fraction for u in random_units]
     mid = (x[0] + x[1]) / 2  # halfway between the first two points: the mean of their KLs
     first_kls = [paired_difference(u.result, result.baseline).kl.mean for u in random_units[:2]]
-    assert result.at_share(mid)["random"] == pytest.approx(np.mean(first_kls))
-    assert np.isnan(result.at_share(max(x) + 1)["random"])  # beyond the curve: not extrapolated
+    assert result.at_share(mid / 100)["random"] == pytest.approx(np.mean(first_kls))
+    assert np.isnan(result.at_share(min(1.0, (max(x) + 1) / 100))["random"])  # beyond the curve: not extrapolated
     summary = result.summary()
     assert sorted(summary["kl_rank"]) == list(range(1, len(summary) + 1))
     assert summary.sort_values("kl_rank")["normalised_auc_kl"].dropna().is_monotonic_increasing  # NaN ranks last
@@ -268,3 +268,12 @@ def test_table2_puts_awft_beside_the_best_other_curve_random_included():
     assert b.zeroable_within(rule="censored")["AWFT"] == 20 and b.ends_above()["AWFT"]
     with pytest.raises(ValueError, match="same model and task"):
         table2([a, a])
+
+
+@pytest.mark.parametrize("share", [10, 20.0, -0.1, True])
+def test_a_share_given_in_percent_is_refused(share):
+    """Every share lens_heads takes is a fraction in [0, 1]; at_share read percent once, so 10 must not pass."""
+    from lens_heads.stats.curves import check_share
+
+    with pytest.raises(ValueError, match=r"a share of heads is a fraction in \[0, 1\] \(0.1 for 10%\)"):
+        check_share(share, "at_share(share=...)")

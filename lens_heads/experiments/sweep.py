@@ -214,10 +214,12 @@ class SweepResult:
         return {s: curves.normalised_auc(*self._curve(us, metric)) for s, us in self.curves(mode).items()}
 
     def at_share(self, share: float, *, metric: str = "kl", mode: str = "threshold") -> dict[str, float]:
-        """Per score: ``metric`` (``"accuracy"`` in %, or the paired ``"kl"``) linearly interpolated at ``share`` %
-        of heads zeroed, NaN where the curve doesn't reach that share. Curves end at different realised shares, and
-        an AUC normalised over a shorter range looks better: this compares the scores at the same share."""
-        return {s: curves.value_at(*self._curve(us, metric), share) for s, us in self.curves(mode).items()}
+        """Per score: ``metric`` (``"accuracy"`` in %, or the paired ``"kl"``) linearly interpolated where a
+        ``share`` (a fraction in [0, 1], as every share lens_heads takes) of the heads is zeroed, NaN where the curve
+        doesn't reach that share. Curves end at different realised shares, and an AUC normalised over a shorter range
+        looks better: this compares the scores at the same share."""
+        curves.check_share(share, "at_share(share=...)")
+        return {s: curves.value_at(*self._curve(us, metric), 100 * share) for s, us in self.curves(mode).items()}
 
     def _curve(self, units: list[UnitResult], metric: str) -> tuple[list[float], list[float]]:
         """x = realised % zeroed, y = ``metric`` of each unit."""
@@ -255,11 +257,11 @@ class SweepResult:
                     **{f"accuracy_{m}": a for m, a in r.accuracies.items()}, n=r.n, chance=r.chance)
 
 
-    def summary(self, points: float = 1.0, share: float = 10.0, intervals=None):
+    def summary(self, points: float = 1.0, share: float = 0.1, intervals=None):
         """Per score (random included), ranked by the paper's accuracy AUC: % zeroable within ``points`` by the
         authors' rule and by the censored rule (with whether the curve ends within ``points`` of the baseline, so
         that its censored share is only a lower bound), the normalised AUC of accuracy and its rank, the normalised
-        AUC of the paired KL and its rank, and the KL at ``share`` % zeroed (:meth:`at_share`). With ``intervals``
+        AUC of the paired KL and its rank, and the KL where a ``share`` (fraction) of heads is zeroed (:meth:`at_share`). With ``intervals``
         (:meth:`intervals`), each number has ``_low`` and ``_high`` columns beside it."""
         import pandas as pd
 
@@ -274,7 +276,7 @@ class SweepResult:
                    "auc_rank": ("rank_accuracy_auc", {s: ranking.index(s) + 1 for s in ranking}),
                    "normalised_auc_kl": ("kl_auc", kl),
                    "kl_rank": ("rank_kl_auc", {s: kl_ranking.index(s) + 1 for s in kl_ranking}),
-                   f"kl_at_{share:g}pct": (f"kl_at_{share:g}pct", kl_at)}
+                   f"kl_at_{100 * share:g}pct": (f"kl_at_{100 * share:g}pct", kl_at)}
         rows = []
         for s in ranking:
             row = {"score": s, f"ends_within_{points:g}_point": above[s]}

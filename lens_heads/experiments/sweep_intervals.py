@@ -261,14 +261,17 @@ def sweep_intervals(sweep, *, points: float = 1.0, shares: Sequence[float] | Non
                     n_resamples: int = stats.N_RESAMPLES, seed: int = 0, confidence: float = stats.CONFIDENCE,
                     mode: str = "threshold") -> SweepIntervals:
     """Intervals for every curve's summaries and ranks of a :class:`lens_heads.experiments.sweep.SweepResult` (see the module
-    docstring). ``shares``: the % of heads zeroed at which the KL is read (default: the sweep's target shares)."""
+    docstring). ``shares``: the shares of heads zeroed (fractions) at which the KL is read (default: the sweep's target
+    shares)."""
     items, rows, n_heads = curve_items(sweep, mode)
     if not items:
         raise ValueError(f"the sweep has no curve of mode {mode!r}")
     stats.check_items(len(rows))
     if shares is None:
-        shares = [100 * p for p in sweep.meta.get("fractions", []) if p > 0]
-    shares = [float(s) for s in shares]
+        shares = [p for p in sweep.meta.get("fractions", []) if p > 0]
+    for share in shares:
+        curves.check_share(share, "intervals(shares=...)")
+    shares = [100 * float(s) for s in shares]  # the curves' x axis: realised % of heads zeroed
     names = summary_names(shares)
 
     def statistic(idx):

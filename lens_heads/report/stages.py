@@ -173,7 +173,7 @@ def ablation_stage(model, task, scores: HeadScores | None, config: ReportConfig,
     result = run_sweep(model, task, scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder,
                        seed=config.seed, batch_size=config.batch_size, progress=config.progress,
                        **({"calibration": scores} if scores is not None else {}))
-    shares = sorted({10.0, *(100 * f for f in config.fractions if f > 0)})  # the summary's KL at 10% among them
+    shares = sorted({0.1, *(f for f in config.fractions if f > 0)})  # the summary's KL at 10% among them
     iv = result.intervals(1.0, shares=shares, n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
     tests = headline_tests(iv)
     df, summary, t = result.to_dataframe(), result.summary(1.0, intervals=iv), task.name

@@ -103,6 +103,13 @@ def normalised_auc(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2) / width)
 
 
+def check_share(share, where: str) -> None:
+    """A share of heads is a fraction in [0, 1] everywhere lens_heads takes one; percent appears only in column
+    names, figure axes and the curves' x values (realised % zeroed)."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise ValueError(f"{where}: a share of heads is a fraction in [0, 1] (0.1 for 10%), got {share!r}")
+
+
 def value_at(x: Sequence[float], y: Sequence[float], share: float) -> float:
     """``y`` linearly interpolated at ``x = share``; NaN where the curve doesn't reach it (never extrapolated)."""
     x, y = sorted_curve(x, y)
