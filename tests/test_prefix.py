@@ -2,6 +2,7 @@
 forward tokens, and the row path kept wherever a hook decides from the whole row."""
 
 import contextlib
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.fused_attention import fused_attention
-from lens_heads.evaluation.prefix import Extension, PrefixState, mark, plan_groups
+from lens_heads.evaluation.prefix import FORWARD_COST, Extension, PrefixState, mark, plan_groups, token_batches
 from lens_heads.data.rows import Row, within_context
 from lens_heads.data.tasks import Item, Task, load_task
 
@@ -226,3 +227,28 @@ def test_embedded_model_arc_easy_under_static_zeroing(smollm):
     assert shared.meta["shared_prefix"] == "any" and shared.meta["forward_tokens"] < 0.6 * row.meta["forward_tokens"]
     for x, y in zip(shared.items, row.items):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=ATOL, rtol=5e-6)
+
+
+def cheapest_cut(lengths, budget):
+    """By enumeration: the least padded tokens + FORWARD_COST per forward over every cut of the sorted lengths into
+    consecutive batches within ``budget`` (a single row may exceed it)."""
+    best = None
+    for cuts in itertools.product([False, True], repeat=len(lengths) - 1):
+        starts = [0] + [k + 1 for k, c in enumerate(cuts) if c] + [len(lengths)]
+        batches = [lengths[a:b] for a, b in zip(starts, starts[1:])]
+        if all(len(b) == 1 or len(b) * b[0] <= budget for b in batches):
+            cost = sum(len(b) * b[0] + FORWARD_COST for b in batches)
+            best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_token_batches_cut_with_the_least_padding_and_forwards(seed):
+    rng = np.random.default_rng(seed)
+    lengths = sorted(rng.integers(1, 60, size=11).tolist(), reverse=True)
+    budget = int(rng.integers(40, 200))
+    rows = [Row(k, [7] * n, []) for k, n in enumerate(lengths)]
+    batches = token_batches(rows, budget)
+    assert [r.item for b in batches for r in b] == list(range(len(rows)))  # every row once, in order
+    assert all(len(b) == 1 or len(b) * len(b[0].tokens) <= budget for b in batches)
+    assert sum(len(b) * len(b[0].tokens) + FORWARD_COST for b in batches) == cheapest_cut(lengths, budget)

@@ -22,6 +22,7 @@ zeroing; unknown user hooks): then the evaluator keeps the row-by-row path.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -35,8 +36,9 @@ from lens_heads.data.rows import Row
 SCOPES = ("item", "any")  # narrowest first
 MIN_PREFIX = 4  # tokens: a shorter common beginning is not worth a second forward
 ROWS_PER_PREFIX = 4  # a group holds at most this many batches of rows; a chunk this many forward budgets
-SHARED_FILL = 0.5  # prefixes and suffixes are few and short: a looser padding bound than the rows' 3/4 keeps their
-# forwards few and large (a forward's fixed cost, reading every weight, is worth hundreds of tokens on a CPU)
+FORWARD_COST = 16  # tokens: a forward's fixed cost beside its padded tokens (measured on the embedded model, one
+# CPU thread: a forward of 64 tokens takes what 80 take in a large one; per padded token the cost is flat from
+# 1 x 64 to 400 x 2, so padding, not the number of forwards, is what a batching of short rows must avoid)
 
 
 # ---------------------------------------------------------------- which hooks allow it
@@ -124,18 +126,27 @@ def chunk_groups(groups: list[Group], budget: int) -> Iterator[list[Group]]:
         yield chunk
 
 
-def token_batches(rows: Sequence[Row], budget: int, min_fill: float) -> Iterator[list[Row]]:
-    """Rows (sorted longest first) in forward batches of at most ``budget`` padded tokens; a row shorter than
-    ``min_fill`` of its batch's longest starts a new batch (bounded padding)."""
-    batch: list[Row] = []
-    for row in rows:
-        if batch and ((len(batch) + 1) * len(batch[0].tokens) > budget
-                      or len(row.tokens) < min_fill * len(batch[0].tokens)):
-            yield batch
-            batch = []
-        batch.append(row)
-    if batch:
-        yield batch
+def token_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
+    """Rows (sorted longest first) cut into consecutive forward batches of at most ``budget`` padded tokens (a row
+    longer than ``budget`` alone), the cut with the fewest padded tokens plus ``FORWARD_COST`` per forward.
+
+    Dynamic programming over the cut points: ``cost[i]``, the cheapest batching of the first ``i`` rows, is the
+    cheapest ``cost[j]`` plus the batch ``rows[j:i]`` (``i - j`` rows padded to ``rows[j]``'s length). Prefixes and
+    suffixes are many and short (ARC-Easy's suffixes: 1 to 67 tokens), so a fixed fill bound either pads a batch
+    by up to half or runs many small forwards; the cut pads by about 3% there."""
+    lengths = [len(r.tokens) for r in rows]
+    cost, cut = [0.0] + [math.inf] * len(rows), [0] * (len(rows) + 1)
+    for i in range(1, len(rows) + 1):
+        for j in range(i - 1, -1, -1):  # rows[j:i] grows in rows and in its longest row as j falls
+            if i - j > 1 and (i - j) * lengths[j] > budget:
+                break
+            c = cost[j] + (i - j) * lengths[j] + FORWARD_COST
+            if c < cost[i]:
+                cost[i], cut[i] = c, j
+    ends = [len(rows)]
+    while ends[-1]:
+        ends.append(cut[ends[-1]])
+    return [list(rows[j:i]) for j, i in zip(ends[:0:-1], ends[-2::-1])]
 
 
 def merge_kv(parts: Sequence[dict]) -> dict[int, tuple[Tensor, Tensor]]:
