@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+import einops
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
@@ -168,11 +169,16 @@ def merge_kv(parts: Sequence[dict]) -> dict[int, tuple[Tensor, Tensor]]:
 @dataclass
 class Extension:
     """A suffix batch's prefixes: each row continues prefix ``index[row]`` (``lengths[row]`` real tokens) whose
-    keys/values per layer are ``kv[layer]`` (``[prefix, pos, kv_head, d_head]`` each)."""
+    keys/values per layer are ``kv[layer]`` (``[prefix, pos, kv_head, d_head]`` each); ``longest``: the batch's
+    longest prefix (keys past it are padding for every row, left out)."""
 
     kv: dict[int, tuple[Tensor, Tensor]]
     index: Int[Tensor, "batch"]
     lengths: Int[Tensor, "batch"]
+    longest: int = field(init=False)
+
+    def __post_init__(self):
+        self.longest = int(self.lengths.max()) if len(self.lengths) else 0
 
 
 @dataclass
@@ -227,19 +233,25 @@ KVHeads = Float[Tensor, "batch pos kv_head d_head"]
 def prefixed_z(q: Heads, k: KVHeads, v: KVHeads, attention_mask: Int[Tensor, "batch pos"] | None,
                extension: Extension, layer: int, *, scale: float) -> Heads:
     """Causal head outputs of a suffix batch whose queries attend to their row's prefix keys/values (all real ones)
-    and to the suffix's earlier or equal real positions: the values the whole row's forward has there."""
-    prefix_k, prefix_v = (x[extension.index.to(x.device)] for x in extension.kv[layer])
-    n_prefix, n_pos = prefix_k.shape[1], q.shape[1]
+    and to the suffix's earlier or equal real positions: the values the whole row's forward has there.
+
+    Grouped-query heads (query head h reads KV head h // group, as in ``sdpa_z``) attend as one query sequence per
+    KV head, the group's query heads one after another along it, so the keys and values are never repeated per
+    query head: a suffix is a few tokens against a prefix of tens, and copying the prefix keys per query head cost
+    more than the attention."""
+    n_batch, n_pos, n_heads, d_head = q.shape
+    n_kv = k.shape[2]
+    group = n_heads // n_kv
+    prefix_k, prefix_v = (x[:, :extension.longest][extension.index.to(x.device)] for x in extension.kv[layer])
     real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
             else attention_mask.to(q.device).bool())
-    in_prefix: Bool[Tensor, "batch key"] = (torch.arange(n_prefix, device=q.device)[None]
+    in_prefix: Bool[Tensor, "batch key"] = (torch.arange(extension.longest, device=q.device)[None]
                                             < extension.lengths.to(q.device)[:, None])
     causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=q.device).tril()
     allowed = torch.cat([in_prefix[:, None, :].expand(-1, n_pos, -1), causal[None] & real[:, None, :]], dim=-1)
-    k, v = torch.cat([prefix_k, k], dim=1), torch.cat([prefix_v, v], dim=1)
-    n_heads, n_kv = q.shape[2], k.shape[2]
-    if n_kv != n_heads:  # grouped-query heads, as in sdpa_z
-        k, v = (x.repeat_interleave(n_heads // n_kv, dim=2) for x in (k, v))
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2).to(q.dtype),
-                                         attn_mask=allowed[:, None], scale=scale)
-    return out.transpose(1, 2)
+    queries = einops.rearrange(q, "b p (kv g) d -> b kv (g p) d", g=group)
+    keys, values = (einops.rearrange(torch.cat([prefix, x], dim=1), "b key kv d -> b kv key d")
+                    for prefix, x in ((prefix_k, k), (prefix_v, v)))
+    mask = einops.repeat(allowed, "b p key -> b 1 (g p) key", g=group)
+    out = F.scaled_dot_product_attention(queries, keys, values.to(q.dtype), attn_mask=mask, scale=scale)
+    return einops.rearrange(out, "b kv (g p) d -> b p (kv g) d", g=group)
