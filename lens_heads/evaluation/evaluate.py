@@ -609,7 +609,8 @@ def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = 
 
     Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
     unembedding is a fifth of a small model's forward FLOPs. (The final norm acts on each position alone, so this
-    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)"""
+    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)
+    The log_softmax runs in float32 or the model's wider dtype (float64 models keep their precision)."""
     where, targets, owners = [], [], []
     for b, row in enumerate(batch):
         for choice, first, ids in row.reads:
@@ -619,7 +620,7 @@ def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = 
                 owners.append((row.item, choice))
     index = torch.tensor(where, device=resid.device)
     logits = final_logits(model, resid[index[:, 0], index[:, 1]][None])[0]
-    picked = torch.log_softmax(logits.float(), dim=-1)
+    picked = torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     target_ids = torch.tensor(targets, device=resid.device)
     values = picked.gather(1, target_ids[:, None])[:, 0].double()
     if greedy is not None:
