@@ -12,7 +12,7 @@ import torch
 from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.fused_attention import fused_attention
-from lens_heads.evaluation.prefix import FORWARD_COST, Extension, PrefixState, mark, plan_groups, token_batches
+from lens_heads.evaluation.prefix import FORWARD_COST, MAX_BATCH_ROWS, Extension, PrefixState, mark, plan_groups, token_batches
 from lens_heads.data.rows import Row, within_context
 from lens_heads.data.tasks import Item, Task, load_task
 
@@ -252,6 +252,12 @@ def test_token_batches_cut_with_the_least_padding_and_forwards(seed):
     assert [r.item for b in batches for r in b] == list(range(len(rows)))  # every row once, in order
     assert all(len(b) == 1 or len(b) * len(b[0].tokens) <= budget for b in batches)
     assert sum(len(b) * len(b[0].tokens) + FORWARD_COST for b in batches) == cheapest_cut(lengths, budget)
+
+
+def test_token_batches_hold_at_most_max_batch_rows():
+    rows = [Row(k, [7], []) for k in range(2 * MAX_BATCH_ROWS + 5)]
+    batches = token_batches(rows, budget=10**6)
+    assert max(len(b) for b in batches) <= MAX_BATCH_ROWS and len(batches) == 3  # no padding: the fewest forwards
 
 
 def float64_model(model):

@@ -53,6 +53,7 @@ ROWS_PER_PREFIX = 4  # a group holds at most this many batches of rows; a chunk 
 FORWARD_COST = 16  # tokens: a forward's fixed cost beside its padded tokens (measured on the embedded model, one
 # CPU thread: a forward of 64 tokens takes what 80 take in a large one; per padded token the cost is flat from
 # 1 x 64 to 400 x 2, so padding, not the number of forwards, is what a batching of short rows must avoid)
+MAX_BATCH_ROWS = 1024  # rows in a prefix or suffix batch: bounds the batching's search at this many steps a row
 
 
 # ---------------------------------------------------------------- which hooks allow it
@@ -142,7 +143,8 @@ def chunk_groups(groups: list[Group], budget: int) -> Iterator[list[Group]]:
 
 def token_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
     """Rows (sorted longest first) cut into consecutive forward batches of at most ``budget`` padded tokens (a row
-    longer than ``budget`` alone), the cut with the fewest padded tokens plus ``FORWARD_COST`` per forward.
+    longer than ``budget`` alone) of at most ``MAX_BATCH_ROWS`` rows, the cut with the fewest padded tokens plus
+    ``FORWARD_COST`` per forward.
 
     Dynamic programming over the cut points: ``cost[i]``, the cheapest batching of the first ``i`` rows, is the
     cheapest ``cost[j]`` plus the batch ``rows[j:i]`` (``i - j`` rows padded to ``rows[j]``'s length). Prefixes and
@@ -152,7 +154,7 @@ def token_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
     cost, cut = [0.0] + [math.inf] * len(rows), [0] * (len(rows) + 1)
     for i in range(1, len(rows) + 1):
         for j in range(i - 1, -1, -1):  # rows[j:i] grows in rows and in its longest row as j falls
-            if i - j > 1 and (i - j) * lengths[j] > budget:
+            if i - j > 1 and ((i - j) * lengths[j] > budget or i - j > MAX_BATCH_ROWS):
                 break
             c = cost[j] + (i - j) * lengths[j] + FORWARD_COST
             if c < cost[i]:
