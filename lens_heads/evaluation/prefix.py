@@ -251,12 +251,10 @@ def prefixed_z(q: Heads, k: KVHeads, v: KVHeads, attention_mask: Int[Tensor, "ba
     and to the suffix's earlier or equal real positions: the values the whole row's forward has there.
 
     Grouped-query heads (query head h reads KV head h // group, as in ``sdpa_z``) attend as one query sequence per
-    KV head, the group's query heads one after another along it, so the keys and values are never repeated per
-    query head: a suffix is a few tokens against a prefix of tens, and copying the prefix keys per query head cost
-    more than the attention."""
-    n_batch, n_pos, n_heads, d_head = q.shape
-    n_kv = k.shape[2]
-    group = n_heads // n_kv
+    KV head, the group's query heads one after another along it, so the keys and values are never copied per query
+    head (a suffix of a few tokens against a prefix of tens would spend more on those copies than on its products).
+    """
+    n_pos, group = q.shape[1], q.shape[2] // k.shape[2]
     prefix_k, prefix_v = (x[:, :extension.longest][extension.index.to(x.device)] for x in extension.kv[layer])
     real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
             else attention_mask.to(q.device).bool())
