@@ -45,7 +45,7 @@ from jaxtyping import Float, Float64
 from torch import Tensor
 
 from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
-from lens_heads.evaluation.prefix import (ROWS_PER_PREFIX, SHARED_FILL, Extension, Group, PrefixState, chunk_groups,
+from lens_heads.evaluation.prefix import (ROWS_PER_PREFIX, Extension, Group, PrefixState, chunk_groups,
                                merge_kv, narrowest, plan_groups, token_batches)
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.models import backends
@@ -470,12 +470,11 @@ def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> t
 
     shared = {id(g.rows[0]): g for g in chunk if g.prefix}
     heads = [Row(g.rows[0].item, g.prefix, [(0, id(g.rows[0]), [])]) for g in shared.values()]  # reads: the group
-    prefixes = [make(batch) for batch in token_batches(heads, budget, SHARED_FILL)]
+    prefixes = [make(batch) for batch in token_batches(heads, budget)]
     order = [shared[row.reads[0][1]] for p in prefixes for row in p.rows]
     where = {id(row): (i, len(g.prefix)) for i, g in enumerate(order) for row in g.rows}
     suffixes = []
-    for batch in token_batches(sorted([r for g in chunk for r in g.rows], key=lambda r: -len(r.tokens)), budget,
-                               SHARED_FILL):
+    for batch in token_batches(sorted([r for g in chunk for r in g.rows], key=lambda r: -len(r.tokens)), budget):
         index, lengths = zip(*[where.get(id(row), (0, 0)) for row in batch])
         extension = Extension({}, torch.tensor(index, device=device), torch.tensor(lengths, device=device)) \
             if prefixes else None
@@ -610,7 +609,8 @@ def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = 
 
     Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
     unembedding is a fifth of a small model's forward FLOPs. (The final norm acts on each position alone, so this
-    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)"""
+    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)
+    The log_softmax runs in float32 or the model's wider dtype (float64 models keep their precision)."""
     where, targets, owners = [], [], []
     for b, row in enumerate(batch):
         for choice, first, ids in row.reads:
@@ -620,7 +620,7 @@ def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = 
                 owners.append((row.item, choice))
     index = torch.tensor(where, device=resid.device)
     logits = final_logits(model, resid[index[:, 0], index[:, 1]][None])[0]
-    picked = torch.log_softmax(logits.float(), dim=-1)
+    picked = torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     target_ids = torch.tensor(targets, device=resid.device)
     values = picked.gather(1, target_ids[:, None])[:, 0].double()
     if greedy is not None:
