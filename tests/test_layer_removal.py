@@ -154,6 +154,12 @@ def test_shared_forwards_give_each_unit_what_it_gives_alone(tmp_path):
     stored = sorted(p.name for p in tmp_path.glob("*.json"))
     again = evaluate_specs(model, task, plans["mine"], out_dir=tmp_path, progress=False)
     assert len(again) == 3 and sorted(p.name for p in tmp_path.glob("*.json")) == stored
+    # the same layers removed under another ranking's name are the same measurement: nothing new is evaluated
+    renamed = evaluate_specs(model, task, [LayerRemoval((3,), part="attention", order="other")], out_dir=tmp_path,
+                             progress=False)
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == stored
+    assert logprobs(renamed[LayerRemoval((3,), part="attention", order="other")].result).tolist() == \
+        logprobs(again[plans["mine"][0]].result).tolist()
 
 
 def test_curve_statistics_are_the_numpy_means_and_paired_differences(tmp_path):
