@@ -66,6 +66,8 @@ class LayersSettings:
     n: int = option(200, "items per task (the same items for every measurement)")
     seed: int = option(0, "sampling and bootstrap seed")
     counts: tuple[int, ...] = option((1, 2, 4, 8), "numbers of layers removed on each curve")
+    parts: tuple[str, ...] = option(("attention", "block"), "what of a layer is removed: attention, block or both "
+                                    "(comma-separated)", parse=lambda text: _parts(text))
     random_seeds: tuple[int, ...] = option((0, 1, 2), "seeds of the random layer orders")
     head_score: str = option("AHON (LN)", "the head score whose static ranking zeroes as many heads as k layers hold",
                              choices=SCORE_NAMES)
@@ -76,6 +78,13 @@ class LayersSettings:
     figures: str = option(str(ROOT / "figures"), "where tables and figures go")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not parts or any(p not in RANKINGS for p in parts):
+        raise ValueError(f"parts: choose from {', '.join(RANKINGS)} (comma-separated), got {text!r}")
+    return parts
 
 
 def parse_args(argv=None) -> LayersSettings:
@@ -101,7 +110,7 @@ def cached_scores(model, task, folder: Path, args) -> tuple[HeadScores, LayerSco
 
 def single_layer_effects(model, task, folder: Path, args) -> tuple[RemovalCurves, pd.DataFrame]:
     """Each layer's attention and block removed alone: the curves (one point each) and one row per (part, layer)."""
-    specs = [LayerRemoval((layer,), part=part) for part in RANKINGS for layer in range(model.cfg.n_layers)]
+    specs = [LayerRemoval((layer,), part=part) for part in args.parts for layer in range(model.cfg.n_layers)]
     units = evaluate_specs(model, task, specs, out_dir=folder, batch_size=args.batch_size, chunk=args.chunk)
     curves = RemovalCurves.from_units(units, model.cfg.n_heads)
     table = curves.to_dataframe(n_resamples=args.n_boot, seed=args.seed)
@@ -114,8 +123,8 @@ def single_layer_effects(model, task, folder: Path, args) -> tuple[RemovalCurves
 def orders_of(layers: LayerScores, effects: pd.DataFrame, args) -> dict[str, dict[str, list[int]]]:
     """Per part, every ranking's order of the layers (the first removed first)."""
     out = {}
-    for part, names in RANKINGS.items():
-        mine = effects[effects["part"] == part]
+    for part in args.parts:
+        names, mine = RANKINGS[part], effects[effects["part"] == part]
         oracle = [int(layer) for layer in mine.sort_values(["kl", "layer"])["layer"]]
         out[part] = {**{name: layers.order(name) for name in names}, ORACLE: oracle,
                      **{f"random (seed {s})": [int(x) for x in np.random.default_rng(s).permutation(layers.n_layers)]
@@ -174,7 +183,7 @@ def layer_table(layers: LayerScores, effects: pd.DataFrame, name: str, args) -> 
     """Item 1's table, one row per layer: rank, the recorded sweep's zero shares, the recorded summed single-head
     effects, the layer's removal effects; and the zero shares as scores x layers at 30% for the figure."""
     table = layers.to_dataframe()
-    for part in RANKINGS:
+    for part in args.parts:
         mine = effects[effects["part"] == part].set_index("layer")
         for metric in ("kl", "gold_logprob_change", "accuracy_change"):
             for suffix in ("", "_low", "_high"):
@@ -203,7 +212,7 @@ def lazy_tests(single: RemovalCurves, layers: LayerScores, heads_n: int, task, a
     subsets = {f"all {len(ids)} items": np.arange(len(ids)),
                f"the {heads_n} head-effect items": np.array([i for i, x in enumerate(ids) if x in ranking_ids])}
     out = []
-    for part in RANKINGS:
+    for part in args.parts:
         for metric in ("kl", "gold_logprob_change"):
             others = np.mean([single.values(f"layers {layer} · {part}", metric)[0] for layer in rest], axis=0)
             for layer in lazy:

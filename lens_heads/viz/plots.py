@@ -365,7 +365,7 @@ def layer_panels(table, zero_shares, *, title: str = "", fraction: float = 0.3) 
 
     ``table``: one row per layer with ``max_rank``, ``mean_rank``, ``max_rank_averaged``, ``lazy``,
     ``summed_head_kl``, ``attention_kl`` (+ ``_low``/``_high``), ``attention_gold_logprob_change`` (+ ...) and the
-    ``block_`` columns; ``zero_shares``: scores (index) x layers (columns), shares in [0, 1]."""
+    ``block_`` columns where blocks were removed; ``zero_shares``: scores (index) x layers (columns), shares in [0, 1]."""
     layers = list(table["layer"])
     fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.035, subplot_titles=[
         "attention rank (90% energy)", f"share of the layer's heads each score zeroes at {fraction:.0%}",
@@ -387,6 +387,8 @@ def layer_panels(table, zero_shares, *, title: str = "", fraction: float = 0.3) 
                   row=3, col=1)
     for r, metric in ((4, "kl"), (5, "gold_logprob_change")):
         for part, colour in (("attention", "#9467bd"), ("block", "#8c564b")):
+            if f"{part}_{metric}" not in table:
+                continue
             y = table[f"{part}_{metric}"]
             fig.add_trace(go.Scatter(
                 x=layers, y=y, mode="markers+lines", line=dict(color=colour, width=1), legendgroup=part,
