@@ -144,7 +144,7 @@ def removal(model, task, folder: Path, orders: dict, scores: HeadScores, args) -
     for part, by_name in orders.items():
         for name, order in by_name.items():
             plans[f"{name} · {part}"] = removal_plan(model, order, args.counts, part=part, label=name)
-            style[f"{name} · {part}"] = (part, name, "random" if name.startswith("random") else
+            style[f"{name} · {part}"] = (part, name, "random seed" if name.startswith("random") else
                                          "oracle" if name == ORACLE else "")
     heads = f"{args.head_score} heads (static)"
     plans[heads] = head_plan(model, head_order(scores, args.head_score), args.counts, label=heads)
@@ -164,7 +164,7 @@ def removal_tests(curves: RemovalCurves, style: dict, args) -> pd.DataFrame:
     attention ranking (equal compute), in each metric: paired differences with BH-adjusted p-values."""
     pairs = []
     for curve, (part, name, kind) in style.items():
-        if kind in ("random", "heads") or name.startswith("random"):
+        if kind in ("random", "random seed", "heads"):
             continue
         random = next(c for c, (p, _, k) in style.items() if p == part and k == "random" and "mean" in c)
         pairs.append((curve, random))
@@ -274,7 +274,8 @@ def run_task(model, name: str, args) -> None:
         layer_scores=layers.to_dict(), orders=orders, head_order_score=args.head_score,
         lazy_layers=[int(x) for x in np.flatnonzero(layers.lazy)], lazy_tests=lazy,
         cost=dict(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu,
-                  threads=torch.get_num_threads())))
+                  threads=torch.get_num_threads(), what="this invocation only: units and scores found in --out were "
+                                                        "read back, not computed again")))
     print(f"[{name}] done: {time.process_time() - cpu:.0f} CPU s")
 
 

@@ -293,7 +293,7 @@ def test_the_layers_analysis_end_to_end_on_a_tiny_model(tmp_path):
     first = curves[(curves["ranking"] == "oracle (measured layer effect)") & (curves["part"] == "attention")
                    & (curves["k"] == 1)]
     assert first["kl"].iloc[0] == pytest.approx(per_layer["attention_kl"].min())
-    assert {"random", "oracle", "heads", ""} == set(curves["style"].fillna(""))
+    assert {"random", "random seed", "oracle", "heads", ""} == set(curves["style"].fillna(""))
     tests = pd.read_csv(fig / "layer_removal_tests_piqa.csv")
     assert {"a", "b", "metric", "k", "difference", "low", "high", "p_value", "p_adjusted", "verdict"} <= set(tests)
 

@@ -407,9 +407,10 @@ def layer_panels(table, zero_shares, *, title: str = "", fraction: float = 0.3) 
 def layer_removal_curves(table, *, title: str = "") -> go.Figure:
     """Accuracy, the gold answer's paired log-prob change and the paired KL against the number of layers removed,
     one row per part removed (attention, whole block), one line per ranking with its 95% intervals as error bars;
-    random (the mean over seeds) dashed black, the oracle grey, heads zeroed by a head score (as many heads as the
-    layers' attention holds) dotted. ``table``: :meth:`lens_heads.experiments.layer_removal.RemovalCurves
-    .to_dataframe` with ``part`` and ``ranking`` columns (``style``: "random", "oracle", "heads" or "")."""
+    random (the mean over seeds) dashed black and each seed's order thin grey without intervals, the oracle grey,
+    heads zeroed by a head score (as many heads as the layers' attention holds) dotted. ``table``: :meth:`lens_heads.experiments.layer_removal.RemovalCurves
+    .to_dataframe` with ``part`` and ``ranking`` columns (``style``: "random", "random seed", "oracle", "heads" or
+    "")."""
     panels = (("accuracy", "accuracy (%)", 100.0), ("gold_logprob_change", "gold log-prob change (nats)", 1.0),
               ("kl", "KL(unablated || removed) (nats)", 1.0))
     parts = list(dict.fromkeys(table["part"]))
@@ -423,6 +424,7 @@ def layer_removal_curves(table, *, title: str = "") -> go.Figure:
                 continue
             style = str(points["style"].iloc[0])
             line = (dict(color="black", width=2.5, dash="dash") if style == "random" else
+                    dict(color="#aaa", width=1, dash="dot") if style == "random seed" else
                     dict(color="#555", width=3) if style == "oracle" else
                     dict(color=PALETTE[rankings.index(ranking) % len(PALETTE)], width=2,
                          dash="dot" if style == "heads" else "solid"))
@@ -431,8 +433,9 @@ def layer_removal_curves(table, *, title: str = "") -> go.Figure:
                 fig.add_trace(go.Scatter(
                     x=points["k"], y=y, mode="lines+markers", name=esc(ranking), legendgroup=esc(ranking),
                     showlegend=c == 1 and r == 1 or (c == 1 and style == "heads"), line=line,
-                    error_y=dict(type="data", symmetric=False, array=(scale * points[f"{column}_high"] - y).tolist(),
-                                 arrayminus=(y - scale * points[f"{column}_low"]).tolist(), thickness=1, width=2),
+                    error_y=None if style == "random seed" else dict(
+                        type="data", symmetric=False, array=(scale * points[f"{column}_high"] - y).tolist(),
+                        arrayminus=(y - scale * points[f"{column}_low"]).tolist(), thickness=1, width=2),
                     hovertemplate=f"{esc(ranking)}<br>%{{x}} removed: %{{y:.3g}}<extra></extra>"), row=r, col=c)
         base = 100 * float(table["baseline_accuracy"].iloc[0])
         fig.add_hline(y=base, line=dict(color="black", width=1), annotation_text=f"baseline {base:.1f}%", row=r,
