@@ -16,6 +16,7 @@ from lens_heads.experiments.sweep import SweepResult, load_sweep, run_sweep
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
+from lens_heads.collapse.layers import LayerScores, layer_scores
 from lens_heads.viz.explorer import Explorer, explore
 from lens_heads.collapse.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.collapse.train import RankTracker, TrainConfig  # train() itself: lens_heads.collapse.train.train (keeps the module reachable)
@@ -31,7 +32,7 @@ __all__ = [
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
     "HeadEffects", "head_effects",
-    "RankProfile", "approx_rank", "attention_rank", "Explorer", "explore",
+    "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores", "Explorer", "explore",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
     "GPT2Options", "gpt2_config", "gpt2_model",
     "InherituneConfig", "InherituneResult", "grow", "inherit", "inherit_first_layers", "inherit_later_layers",

@@ -8,6 +8,8 @@ A spec says what to ablate, not how to hook it:
 - :class:`RandomAblation`: each (input, layer, head) with probability ``fraction``, drawn from ``seed``.
 - :class:`StaticAblation`: a fixed head set for every input: ``heads`` given, or the ``fraction`` most inactive heads
   of ``score`` by its mean over the calibration.
+- :class:`LayerRemoval`: whole layers for every input, their attention or their whole block
+  (:mod:`lens_heads.ablation.layers`).
 
 Each has ``mode`` ``"zero"`` or ``"mean"``. A spec that needs calibration is :meth:`resolved <AblationSpec.resolve>`
 against a calibration (an object with ``threshold(score, fraction)`` and ``most_inactive(score, fraction)``, such as
@@ -24,6 +26,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from lens_heads.ablation.hooks import MODES, HeadAblation, random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.ablation.layers import PARTS, RemovedLayers, remove_layers
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import most_inactive
 from lens_heads.stats.curves import CurveKey
@@ -153,8 +156,48 @@ class StaticAblation(AblationSpec):
         return static_zeroing(model, self._decided(), mode=self.mode, means=means)
 
 
+@dataclass(frozen=True)
+class LayerRemoval(AblationSpec):
+    """Remove ``layers`` (their ``part``: ``"attention"`` or the whole ``"block"``) for every input. ``order`` names
+    what ranked them (a curve of removals in one ranking's order shares it). Its :attr:`target_fraction` is the
+    number of layers removed (a sweep's realised share is the share of heads they take out)."""
+
+    layers: tuple[int, ...]
+    part: str = "attention"
+    order: str | None = None
+
+    kind: ClassVar[str] = "layers"
+
+    def __post_init__(self):
+        if self.mode != "zero":
+            raise ValueError(f"LayerRemoval(mode={self.mode!r}): a removed layer writes nothing (mode='zero')")
+        if self.part not in PARTS:
+            raise ValueError(f"LayerRemoval(part={self.part!r}): choose one of {PARTS}")
+        if isinstance(self.layers, (str, bytes, int)) or not hasattr(self.layers, "__iter__"):
+            raise ValueError(f"LayerRemoval(layers={self.layers!r}): give a list of layer indices")
+        object.__setattr__(self, "layers", tuple(int(layer) for layer in self.layers))  # JSON gives lists
+
+    @property
+    def target_fraction(self) -> float:
+        return float(len(self.layers))
+
+    @property
+    def ranked_by(self) -> str:
+        """The curve's name: the ranking and the part (``"Block Influence · attention"``), or the layers removed."""
+        return f"{self.order} · {self.part}" if self.order else f"layers {','.join(map(str, self.layers))} · {self.part}"
+
+    @property
+    def curve(self) -> CurveKey:
+        return CurveKey("layers", self.ranked_by)
+
+    def build(self, model, *, means: Tensor | None = None) -> RemovedLayers:
+        if means is not None:
+            raise ValueError("LayerRemoval takes no means: a removed layer writes nothing")
+        return remove_layers(model, self.layers, part=self.part)
+
+
 SPECS: dict[str, type[AblationSpec]] = {cls.kind: cls for cls in (Unablated, ThresholdAblation, RandomAblation,
-                                                                    StaticAblation)}
+                                                                    StaticAblation, LayerRemoval)}
 
 
 def from_dict(d: dict) -> AblationSpec:

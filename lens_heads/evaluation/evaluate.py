@@ -305,6 +305,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
                          first_input=first_input)[0]
 
 
+@torch.no_grad()
 def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8, progress: bool = True,
                   primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
                   attention: str = "fused", first_input: int = 0, _shared_prefixes: bool = True) -> list[EvalResult]:

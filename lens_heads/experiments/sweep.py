@@ -313,9 +313,10 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
               calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
               random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
               primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-              apply_chat_template: bool = False) -> SweepResult | None:
+              apply_chat_template: bool = False, specs: Sequence[AblationSpec] = ()) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
-    baseline (``random_baseline``) and the static pruning view for ``static_scores``.
+    baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
+    ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
 
     ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
     unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
@@ -333,6 +334,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
     plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores)
+    plan += [spec for spec in _check_specs(specs) if spec not in plan]
     store = UnitStore(out_dir, fingerprint)
     progress = progress and distributed.is_main()
     calib = _Calibration(model, task, calibration, store, batch_size, progress, rows)
@@ -347,7 +349,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
                 calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
-                units_run=n_run, workers=workers.to_dict(), **rows)
+                units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
+                **rows)
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
 
 
@@ -370,11 +373,16 @@ def run_unit(model, task, spec: AblationSpec, **settings) -> UnitResult:
     ablation = spec.build(model)
     start = time.perf_counter()
     result = evaluate(model, task, hooks=[ablation] if ablation else [], **settings)
+    return unit_result(spec, ablation, result, time.perf_counter() - start)
+
+
+def unit_result(spec: AblationSpec, ablation, result: EvalResult, wall_s: float = float("nan")) -> UnitResult:
+    """The unit of ``spec`` evaluated with its built ``ablation`` (None for the baseline) into ``result``."""
     return UnitResult(mode=spec.kind, score=spec.ranked_by, target_fraction=spec.target_fraction,
                       threshold=getattr(spec, "threshold", None),
                       realised_fraction=ablation.share_zeroed() if ablation else 0.0, result=result,
                       head_share=ablation.zeroed().float().mean(0).tolist() if ablation else None,
-                      wall_s=time.perf_counter() - start, item_zeroed=_item_zeroed(ablation, result))
+                      wall_s=wall_s, item_zeroed=_item_zeroed(ablation, result))
 
 
 def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
@@ -401,6 +409,16 @@ def _check_settings(scores, fractions, static_scores, calibration, protocol) -> 
         raise ValueError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
                          "'prompts', a HeadScores, or inputs to score")
     return scores, fractions
+
+
+def _check_specs(specs) -> list[AblationSpec]:
+    if isinstance(specs, AblationSpec) or not hasattr(specs, "__iter__"):
+        raise ValueError(f"specs takes a list of ablation specs, got {specs!r}: write specs=[{specs!r}]")
+    specs = list(specs)
+    bad = [spec for spec in specs if not isinstance(spec, AblationSpec)]
+    if bad:
+        raise ValueError(f"specs must be ablation specs (lens_heads.ablation.specs), got {bad[:3]}")
+    return list(dict.fromkeys(specs))
 
 
 def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib, mine: set[int], settings: dict,
@@ -596,7 +614,7 @@ def load_sweep(out_dir) -> SweepResult:
     base = [u for u in units if u.mode == "baseline"]
     if not base:
         raise ValueError(f"{out} has no finished baseline unit yet: rerun run_sweep with out_dir={str(out)!r}")
-    modes = ("baseline", "random", "threshold", "static")
+    modes = ("baseline", "random", "threshold", "static", "layers")
     rank = {s: i for i, s in enumerate(SCORE_NAMES)}
     units.sort(key=lambda u: (u.target_fraction, modes.index(u.mode), rank.get(u.score, -1)))
     scores = sorted({u.score for u in units if u.mode == "threshold"}, key=lambda s: rank.get(s, len(rank)))

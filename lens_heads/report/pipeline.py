@@ -3,8 +3,9 @@ write the folder.
 
 ``build_report`` reads as the list of stages: model card; head scores per task; the ablation sweep per task; where
 the report holds more than one sweep (several tasks, or recorded sweeps given with ``compare``), their comparison;
-head effects per task (skipped under ``quick``); the attention-rank profile; attention patterns of the most and least
-active heads. A stage that raises is recorded as failed (with its traceback in results.json and a note on the page)
+head effects per task (skipped under ``quick``); the attention-rank profile; whole layers on the first task (per-layer
+scores and the attention of whole layers removed in each ranking's order; skipped under ``quick``); attention
+patterns of the most and least active heads. A stage that raises is recorded as failed (with its traceback in results.json and a note on the page)
 and the others still run; the command then exits non-zero.
 """
 
@@ -112,6 +113,9 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
             model, task, needs(scores[t], "head scores").scores, config, cache, key)) for t, task in tasks.items()}
     rank = run_stage("rank", log, partial(stages.rank_stage, model, next(iter(tasks.values())), config, cache, key))
     first_scores = next((s for s in scores.values() if s.status == "done"), next(iter(scores.values())))
+    layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda: (
+        stages.layers_stage(model, next(iter(tasks.values())), needs(first_scores, "head scores").scores, config,
+                            cache, key)))
     attention = run_stage("attention", log, lambda: stages.attention_stage(
         model, needs(first_scores, "head scores").scores, config))
     first_effects = next((e.result for e in effects.values() if e.status == "done"), None)
@@ -119,7 +123,7 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
         model, needs(first_scores, "head scores").scores, first_effects,
         rank.result.numbers if rank.status == "done" else None, config))
 
-    ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, attention, explorer]
+    ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, layers, attention, explorer]
     card = stages.model_card(meta, config)
     results = describe(config, meta, tasks, ran)
     files, png = write_outputs(out_dir, config, card, ran, results, log) if distributed.is_main() else ([], None)
@@ -155,6 +159,8 @@ def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> d
         kind, _, task = r.name.partition(":")
         if kind == "effects" and r.status == "skipped":
             results.setdefault("effects", {})[task] = {"status": "skipped", "reason": r.reason}
+        elif kind == "layers" and r.status == "skipped":
+            results["layers"] = {"status": "skipped", "reason": r.reason}
         elif r.status == "done" and r.result is not None:
             if task:
                 results.setdefault(kind, {})[task] = r.result.numbers
@@ -167,7 +173,7 @@ def page_sections(card: stages.StageResult, ran: list[Ran], config: ReportConfig
     """The page, section by section, in the order the stages ran."""
     render = {"scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,
               "compare": sections.compare, "effects": sections.effects, "rank": sections.rank,
-              "attention": sections.attention, "explorer": sections.explorer}
+              "attention": sections.attention, "explorer": sections.explorer, "layers": sections.layers}
     done = {r.name: r.result for r in ran if r.status == "done"}
     of = lambda kind: [v for k, v in done.items() if k.partition(":")[0] == kind]  # noqa: E731
     out = [findings(of("scores"), of("ablation"), done.get("rank")), sections.model_card(card, config)]
@@ -179,6 +185,8 @@ def page_sections(card: stages.StageResult, ran: list[Ran], config: ReportConfig
             out.append(render[kind](r.result))
         elif kind == "effects" and r.reason == "--quick":
             out.append(sections.effects_skipped(task))
+        elif kind == "layers" and r.reason == "--quick":
+            out.append(sections.layers_skipped())
         else:
             out.append(sections.not_done(r.name, r.status, r.reason))
     return out

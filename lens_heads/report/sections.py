@@ -11,11 +11,11 @@ from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import summary_table
 from lens_heads.report.render import Figure, Raw, Section, Table, Text
 from lens_heads.report.stages import (AblationResult, AttentionResult, CompareResult, EffectsResult, ExplorerResult,
-                                      RankResult, ScoresResult, StageResult, points_table)
+                                      LayersResult, RankResult, ScoresResult, StageResult, points_table)
 
 TITLES = {"scores": "Head scores", "ablation": "Ablation sweep", "effects": "Head effects",
           "rank": "Attention rank", "attention": "Attention patterns", "compare": "Comparison of sweeps",
-          "explorer": "Head explorer"}
+          "explorer": "Head explorer", "layers": "Whole layers"}
 
 
 def stage_title(name: str) -> str:
@@ -113,6 +113,37 @@ def effects(r: EffectsResult) -> Section:
         Text("Attribution is a linear estimate: analyses/head_effects.py measures the same with one ablation per "
              "head and compares the two.", "note"),
     ], anchor=f"effects-{t}")
+
+
+def layers_skipped() -> Section:
+    return Section("Whole layers", [Text(
+        "Skipped under --quick. The full report scores every layer (Block Influence, attention rank, AHON (LN)) and "
+        "removes the attention of 1, 2 and 4 layers in each ranking's order against a random order; "
+        "analyses/layers.py does the same with whole blocks, the measured-effect oracle and the equal-compute head "
+        "comparison.", "note")], anchor="layers")
+
+
+def layers(r: LayersResult) -> Section:
+    t, n = r.task.name, len(r.task)
+    lazy = r.numbers["lazy_layers"]
+    tests = r.tables[f"layer_removal_tests_{t}"]
+    shown = tests[["a", "b", "metric", "k", "difference", "low", "high", "p_value", "verdict"]]
+    return Section(f"Whole layers on {t}", [
+        Text(f"Per layer on these {n} items: Block Influence (ShortGPT: 1 - cos of the residual stream before and "
+             "after the block, mean over tokens), the attention rank (max over heads of the approximate rank at 90% "
+             "energy, per-input ranks of the item prompts, and of their averaged matrix) and the share of the "
+             "layer's AHON (LN) values below the pooled 30% threshold. The layer mean of AHON (LN) is 1 in every "
+             f"layer by construction, so it cannot rank layers. Lazy layers by the rank rule: "
+             f"{', '.join(map(str, lazy)) if lazy else 'none'}. Then the attention of the first 1, 2 and 4 layers "
+             "of each ranking (lowest Block Influence, lowest rank, most AHON (LN)-inactive first) is removed "
+             "(hook_attn_out := 0: every head and b_O), beside a random order; intervals: bootstrap over items, "
+             "95%."),
+        Figure(r.figures[f"layer_removal_{t}"]),
+        Table(shown, caption="Each ranking minus the random order on the same items (KL: lower is better; gold "
+                             "log-prob change: higher is better); 'mean' averages over the counts removed",
+              float_format="{:.3g}"),
+        Table(r.tables[f"layer_scores_{t}"], caption="Per-layer scores", float_format="{:.3g}"),
+    ], anchor=f"layers-{t}")
 
 
 def rank(r: RankResult) -> Section:

@@ -26,6 +26,8 @@ from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.experiments.sweep import run_sweep, table2
 from lens_heads.collapse.rank import attention_rank
+from lens_heads.collapse.layers import layer_scores
+from lens_heads.experiments.layer_removal import removal_curves, removal_plan
 from lens_heads.experiments.agreement import score_agreement
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.viz.explorer import explore
@@ -242,6 +244,43 @@ def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: 
 
 
 # ---------------------------------------------------------------- attention rank
+
+
+@dataclass(frozen=True)
+class LayersResult(StageResult):
+    task: object = None
+
+
+LAYER_COUNTS = (1, 2, 4)  # layers removed on each curve
+LAYER_RANKINGS = ("Block Influence", "attention rank", "AHON (LN) zero share")
+
+
+def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: Cache,
+                 base_key: dict) -> LayersResult:
+    """Per-layer scores on the task (``lh.layer_scores``) and the attention of 1, 2 and 4 layers removed in the
+    order of each ranking and of a random order (units kept in the cache folder), each ranking against random."""
+    layers = layer_scores(model, task, scores=scores, batch_size=config.batch_size, progress=config.progress)
+    random = f"random (seed {config.seed})"
+    orders = {**{name: layers.order(name) for name in LAYER_RANKINGS},
+              random: [int(x) for x in np.random.default_rng(config.seed).permutation(layers.n_layers)]}
+    plans = {name: removal_plan(model, order, LAYER_COUNTS, part="attention", label=name)
+             for name, order in orders.items()}
+    folder = cache.path(f"layers-{task.name}", {**base_key, "data": task.meta()})
+    curves = removal_curves(model, task, plans, out_dir=folder, batch_size=config.batch_size,
+                            progress=config.progress)
+    table = curves.to_dataframe(n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
+    table["part"], table["ranking"] = "attention", [c.rsplit(" · ", 1)[0] for c in table["curve"]]
+    table["style"] = ["random" if r == random else "" for r in table["ranking"]]
+    tests = pd.concat([curves.difference(f"{name} · attention", f"{random} · attention", metric,
+                                         n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
+                       for name in LAYER_RANKINGS for metric in ("kl", "gold_logprob_change")], ignore_index=True)
+    t = task.name
+    numbers = {"data": task.meta(), "layer_scores": jsonable(layers.to_dict()), "orders": orders,
+               "counts": list(LAYER_COUNTS), "curves": jsonable(table.to_dict(orient="records")),
+               "tests": jsonable(tests.to_dict(orient="records")), "lazy_layers": layers.lazy.nonzero()[0].tolist()}
+    fig = plots.layer_removal_curves(table, title=f"Removing the attention of whole layers on {t} (n={len(task)})")
+    return LayersResult(numbers, {f"layer_scores_{t}": layers.to_dataframe(), f"layer_removal_{t}": table,
+                                  f"layer_removal_tests_{t}": tests}, {f"layer_removal_{t}": fig}, task=task)
 
 
 @dataclass(frozen=True)

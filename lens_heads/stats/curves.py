@@ -16,15 +16,16 @@ from typing import Mapping, Sequence
 import numpy as np
 
 RULES = ("authors", "censored")  # how zeroable_within reads a crossing
-CURVE_MODES = ("threshold", "random", "static")
+CURVE_MODES = ("threshold", "random", "static", "layers")
 RANDOM = "random"
 
 
 @dataclass(frozen=True, order=True)
 class CurveKey:
     """Which curve: how heads were chosen (``mode``: ``"threshold"`` per input by a score, ``"random"``,
-    ``"static"`` a fixed set for every input) and the bare score name that chose them (``None`` for random; any
-    name for a static set ranked otherwise, such as an oracle)."""
+    ``"static"`` a fixed set for every input, ``"layers"`` whole layers removed) and the bare score name that chose
+    them (``None`` for random; any name for a static set ranked otherwise, such as an oracle; for removed layers,
+    the ranking and the part, :class:`lens_heads.ablation.specs.LayerRemoval`)."""
 
     mode: str
     score: str | None = None
