@@ -16,15 +16,17 @@ from typing import Mapping, Sequence
 import numpy as np
 
 RULES = ("authors", "censored")
-CURVE_MODES = ("threshold", "random", "static")
+CURVE_MODES = ("threshold", "random", "static", "per_input")
+ALL = "all"  # every curve of a sweep, whatever chose its heads
 RANDOM = "random"
 
 
 @dataclass(frozen=True, order=True)
 class CurveKey:
     """Which curve: how heads were chosen (``mode``: ``"threshold"`` per input by a score, ``"random"``,
-    ``"static"`` a fixed set for every input) and the bare score name that chose them (``None`` for random; any
-    name for a static set ranked otherwise, such as an oracle)."""
+    ``"static"`` a fixed set for every input, ``"per_input"`` each input's own set from its own ranking) and the
+    bare score name that chose them (``None`` for random; any name for a set ranked otherwise, such as an
+    oracle)."""
 
     mode: str
     score: str | None = None
@@ -40,8 +42,9 @@ class CurveKey:
 
     @property
     def label(self) -> str:
-        """The display name: ``"AHON (LN)"``, ``"random"``, ``"AHON (LN) (static)"``."""
-        return f"{self.name} (static)" if self.mode == "static" else self.name
+        """The display name: ``"AHON (LN)"``, ``"random"``, ``"AHON (LN) (static)"``, ``"attribution (per
+        input)"``."""
+        return {"static": f"{self.name} (static)", "per_input": f"{self.name} (per input)"}.get(self.mode, self.name)
 
 
 def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0, *,
