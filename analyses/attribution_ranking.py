@@ -71,6 +71,7 @@ class RankingSettings:
     fractions: tuple[float, ...] = option((0.0, .05, .1, .2, .3), "target shares of heads zeroed (the sweep's)")
     no_per_input: bool = option(False, "leave out the per-input variant (each held-out input's own attribution)")
     no_mean: bool = option(False, "leave out the mean-ablated attribution curve (a rerun without this flag adds it)")
+    no_oracle: bool = option(False, "leave out the ablation oracle's curve (a rerun without this flag adds it)")
     n_boot: int = option(2000, "bootstrap resamples and permutations over the held-out items")
     batch_size: int = option(16, "forward rows per batch")
     out: str = option(str(ROOT / "runs" / "attribution_ranking"), "resumable units")
@@ -115,7 +116,7 @@ def measure(model, name: str, task, calibration, heldout, recorded: SweepResult,
     costs = {ATTRIBUTION: ranking.effects.meta["cost"]}
     rankings = [ranking.ranking(ATTRIBUTION)]
     oracle = recorded_oracle(Path(args.figures), name, calibration, args.seed)
-    if oracle is not None:
+    if oracle is not None and not args.no_oracle:
         rankings.append(Ranking(ORACLE, order=tuple(oracle)))
         costs[ORACLE] = json.loads((Path(args.figures) / f"head_effects_{name}.json").read_text())["costs"]["ablation"]
     if not args.no_mean:
@@ -181,11 +182,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model)
-    start = time.perf_counter()
-    for name in args.tasks:
-        run_task(model, name, args)
-    print(f"done in {time.perf_counter() - start:.0f} s")
+    model, start = load_model(args.model), time.perf_counter()
+    recorded = [run_task(model, name, args)["data"]["task"] for name in args.tasks]
+    print(f"{', '.join(recorded)}: done in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,9 @@ of its items is the sweep of those items, and a recorded sweep joins the ranking
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import text_model
-from test_effects import choice_tokens, hand_logprobs, metrics_by_hand, one_layer, toy_task
+from test_effects import hand_linearised, hand_logprobs, metrics_by_hand, one_layer, toy_task
 
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.data.tasks import Task, load_task
@@ -29,25 +28,12 @@ def tokenizer():
 
 def hand_attribution_kl(model, task):
     """Per item and head of the one attention-only layer without norms: the KL between the intact answer
-    distribution and the one with the head's first-order change of every choice's log-likelihood,
-    (0 - z_h) . W_O[h] W_U (onehot(t) - softmax(logits)) summed over the read positions."""
-    W_O, W_U = model.W_O[0].detach().double(), model.W_U.detach().double()
+    distribution and the one with the head's hand-written first-order change of every choice's log-likelihood."""
     base = hand_logprobs(model, task)
     out = np.zeros((len(task), model.cfg.n_heads))
-    with torch.no_grad():
-        for head in range(model.cfg.n_heads):
-            linearised = []
-            for item in task:
-                changes = []
-                for context, continuation in zip(item.contexts, item.continuations):
-                    ctx, cont = choice_tokens(model, context, continuation)
-                    logits, cache = model.run_with_cache(torch.tensor([ctx + cont]))
-                    z = cache["blocks.0.attn.hook_z"][0, :, head].double()
-                    probs = torch.softmax(logits[0].double(), dim=-1)
-                    changes.append(sum(float(-(z[len(ctx) - 1 + k] @ W_O[head] @ (W_U[:, t] - W_U @ probs[
-                        len(ctx) - 1 + k]))) for k, t in enumerate(cont)))
-                linearised.append(np.array(changes))
-            out[:, head] = metrics_by_hand([b + c for b, c in zip(base, linearised)], base, task)[:, 1]
+    for head in range(model.cfg.n_heads):
+        linearised = hand_linearised(model, task, head)
+        out[:, head] = metrics_by_hand([b + c for b, c in zip(base, linearised)], base, task)[:, 1]
     return out
 
 
@@ -123,7 +109,7 @@ def test_a_sweep_on_some_of_its_items_is_the_sweep_of_those_items(tmp_path):
     rest = held_out(task, calibration)
     assert [it.id for it in rest] == [it.id for it in task if it.id not in {c.id for c in calibration}]
     scores = score_heads(model, task, progress=False)
-    settings = dict(scores=["AHON (LN)"], fractions=(0, 0.25), calibration=scores, random_baseline=False,
+    settings = dict(scores=["AHON (LN)"], fractions=(0, 0.25, 0.5), calibration=scores, random_baseline=False,
                     batch_size=4, progress=False)
     whole = run_sweep(model, task, **settings)
     sub = whole.on_items([it.id for it in rest])
@@ -140,6 +126,8 @@ def test_a_sweep_on_some_of_its_items_is_the_sweep_of_those_items(tmp_path):
     measured = ranking_sweep(model, rest, [Ranking("reversed", order=order)], fractions=(0.25,), progress=False)
     joined = join_heldout(whole, measured)
     assert set(joined.curves("all")) == {"AHON (LN)", "reversed (static)"}
+    for units in joined.curves("all").values():  # the recorded curve keeps the measured shares only
+        assert [u.target_fraction for u in units] == [0.0, 0.25]
     intervals = joined.intervals(mode="all", n_resamples=50)
     assert set(intervals.curves) == {"AHON (LN)", "reversed (static)"}
     from lens_heads.models.loading import tiny_model

@@ -155,6 +155,7 @@ def _heads(order) -> tuple[Head, ...]:
 def join_heldout(recorded: SweepResult, measured: SweepResult, *, atol: float = 1e-3) -> SweepResult:
     """``recorded``'s curves restricted to ``measured``'s items (:meth:`SweepResult.on_items`) beside
     ``measured``'s curves, on ``recorded``'s baseline: one sweep in which every curve is paired with every other.
+    Only the recorded points at ``measured``'s target shares are kept (paired tests compare curves point by point).
 
     The two baselines must be the same evaluation: the same items with every choice's log-likelihood within
     ``atol`` (batching moves them by ~1e-5) and the same answers; otherwise the curves were not measured alike."""
@@ -172,7 +173,8 @@ def join_heldout(recorded: SweepResult, measured: SweepResult, *, atol: float = 
     clash = {u.curve for u in sub.units if u.curve} & {u.curve for u in measured.units if u.curve}
     if clash:
         raise ValueError(f"curves {sorted(k.label for k in clash)} are in both sweeps: name the rankings differently")
-    units = sub.units + [u for u in measured.units if u.mode != "baseline"]
-    meta = dict(sub.meta, rankings=measured.meta, baseline_max_abs_logprob_diff=diff,
+    targets = {u.target_fraction for u in measured.units}
+    units = [u for u in sub.units if u.target_fraction in targets] + [u for u in measured.units if u.mode != "baseline"]
+    meta = dict(sub.meta, rankings=measured.meta, baseline_max_abs_logprob_diff=diff, fractions=sorted(targets),
                 static_scores=list(sub.meta.get("static_scores", [])) + list(measured.meta["static_scores"]))
     return SweepResult(baseline=sub.baseline, units=units, meta=meta)
