@@ -121,3 +121,52 @@ def test_gsm8k_analysis_on_a_tiny_model(tmp_path):
     assert (intact["bits_per_byte_change"] == 0).all()
     again = script.run(model, args)  # every unit and the generations come from --out
     assert again["bits_per_byte"].tolist() == table["bits_per_byte"].tolist()
+
+
+def test_attribution_ranking_analysis_on_a_tiny_model(tmp_path):
+    """The analysis on a tiny llama against a sweep recorded with it on 6 PIQA items (2 calibration, 4 held out):
+    every output is written and says what it is, the attribution order is head_effects' on the calibration items,
+    and every curve (scores, random, oracle, attribution static, mean-ablated and per input) is tested against
+    the attribution ranking on the held-out items."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from lens_heads.data.tasks import load_task
+    from lens_heads.experiments.effects import head_effects
+    from lens_heads.experiments.sweep import run_sweep, save_units
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
+
+    script = load_script("attribution_ranking")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
+    fig = tmp_path / "fig"
+    fig.mkdir()
+    task, calibration = load_task("piqa", n=6, seed=0), load_task("piqa", n=2, seed=0)
+    recorded = run_sweep(model, task, scores=["AHON (LN)"], static_scores=["AHON (LN)"], fractions=(0, .25),
+                         batch_size=4, progress=False)
+    save_units(recorded, fig / "sweep_piqa_units.json.gz")
+    heads = [[layer, head] for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
+    (fig / "head_effects_piqa.json").write_text(json.dumps(dict(
+        data=dict(n=2, seed=0), oracle=dict(order=heads[::-1]), costs=dict(ablation=dict(cpu_s=1.0)))))
+    args = script.parse_args(["--tasks", "piqa", "--n", "6", "--calibration-n", "2", "--fractions", "0,.25",
+                              "--n-boot", "20", "--batch-size", "4", "--out", str(tmp_path / "runs"),
+                              "--figures", str(fig), "--no-png"])
+    script.run_task(model, "piqa", args)
+    stem = "attribution_ranking_piqa"
+    assert {f"{stem}{s}" for s in (".json", ".csv", "_summary.csv", "_tests.csv", "_units.json.gz", ".html")} <= {
+        p.name for p in fig.iterdir()}
+    result = json.loads((fig / f"{stem}.json").read_text())
+    assert result["seed"] == 0 and result["weight_basis"] == "raw (no weight processing)"
+    assert result["data"]["task"] == "piqa" and result["chance"] == 0.5
+    held = result["heldout"]["item_ids"]
+    assert sorted(held + result["calibration"]["item_ids"]) == sorted(it.id for it in task) and len(held) == 4
+    expected = head_effects(model, calibration, method="attribution", metric="kl", progress=False).order("kl")
+    assert result["orders"]["attribution"] == [list(h) for h in expected]
+    assert result["orders"]["oracle"] == heads[::-1]
+    curves = {r["curve"] for r in result["summary"]}
+    assert curves == {"AHON (LN)", "AHON (LN) (static)", "random", "attribution (static)", "oracle (static)",
+                      "attribution, mean-ablated (static)", "attribution (per input)"}
+    assert {r["a"] for r in result["tests"]} == curves - {"attribution (static)"}
+    assert {r["b"] for r in result["tests"]} == {"attribution (static)"}
+    assert result["costs"]["per_input"]["items"] == 4 and result["costs"]["attribution"]["items"] == 2

@@ -103,34 +103,40 @@ def test_ablation_equals_removing_the_heads_output_from_the_residual_by_hand(tok
                                    atol=2e-4)
 
 
+def hand_linearised(model, task, head: int) -> list[np.ndarray]:
+    """Per item, per choice: the first-order change of the choice's log-likelihood when ``head`` of the one
+    attention-only layer without norms is zeroed. There logits = (resid + sum_h z_h W_O[h]) W_U + b_U, so
+    d logP(t at p) / d z_h[p] = W_O[h] W_U (onehot(t) - softmax(logits[p])) at the positions read, 0 elsewhere."""
+    W_O, W_U = model.W_O[0].detach().double(), model.W_U.detach().double()
+    linearised = []
+    with torch.no_grad():
+        for item in task:
+            changes = []
+            for context, continuation in zip(item.contexts, item.continuations):
+                ctx, cont = choice_tokens(model, context, continuation)
+                logits, cache = model.run_with_cache(torch.tensor([ctx + cont]))
+                z = cache["blocks.0.attn.hook_z"][0, :, head].double()
+                probs = torch.softmax(logits[0].double(), dim=-1)
+                total = 0.0
+                for k, t in enumerate(cont):
+                    p = len(ctx) - 1 + k
+                    grad = W_O[head] @ (W_U[:, t] - W_U @ probs[p])
+                    total += float(-(z[p] @ grad))
+                changes.append(total)
+            linearised.append(np.array(changes))
+    return linearised
+
+
 @pytest.mark.slow
 def test_attribution_is_the_hand_written_first_order_term(tokenizer):
-    """One attention-only layer without norms: logits = (resid + sum_h z_h W_O[h]) W_U + b_U, so
-    d logP(t at p) / d z_h[p] = W_O[h] W_U (onehot(t) - softmax(logits[p])) at the positions read, 0 elsewhere."""
     model = one_layer(tokenizer, norm=None)
     task = toy_task()
     effects = head_effects(model, task, method="attribution", progress=False, batch_size=2)
-    W_O, W_U = model.W_O[0].detach().double(), model.W_U.detach().double()
     base = hand_logprobs(model, task)
-    with torch.no_grad():
-        for head in range(model.cfg.n_heads):
-            linearised = []
-            for item in task:
-                changes = []
-                for context, continuation in zip(item.contexts, item.continuations):
-                    ctx, cont = choice_tokens(model, context, continuation)
-                    logits, cache = model.run_with_cache(torch.tensor([ctx + cont]))
-                    z = cache["blocks.0.attn.hook_z"][0, :, head].double()
-                    probs = torch.softmax(logits[0].double(), dim=-1)
-                    total = 0.0
-                    for k, t in enumerate(cont):
-                        p = len(ctx) - 1 + k
-                        grad = W_O[head] @ (W_U[:, t] - W_U @ probs[p])
-                        total += float(-(z[p] @ grad))
-                    changes.append(total)
-                linearised.append(np.array(changes))
-            expected = metrics_by_hand([b + c for b, c in zip(base, linearised)], base, task)
-            np.testing.assert_allclose(effects.values[:, 0, head].numpy(), expected, atol=1e-5)
+    for head in range(model.cfg.n_heads):
+        linearised = hand_linearised(model, task, head)
+        expected = metrics_by_hand([b + c for b, c in zip(base, linearised)], base, task)
+        np.testing.assert_allclose(effects.values[:, 0, head].numpy(), expected, atol=1e-5)
 
 
 def test_attribution_matches_ablation_where_the_first_order_term_is_nearly_exact(tokenizer):

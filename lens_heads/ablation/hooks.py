@@ -1,4 +1,5 @@
-"""Ablate attention heads through ``hook_z``: a static set, per-input thresholds on a head score, random draws.
+"""Ablate attention heads through ``hook_z``: a static set, per-input thresholds on a head score, random draws, or
+each input's own set.
 
 Every ablation replaces a head's output ``z`` (``blocks.{l}.attn.hook_z``, before ``W_O``) with zeros (or with its
 mean over calibration data), so the head's contribution ``z_h @ W_O[h]`` leaves the residual stream; ``b_O`` stays.
@@ -13,8 +14,8 @@ draws per input, so it must know which input each row is).
 
 Shared prefixes (:mod:`lens_heads.evaluation.prefix`): each hook says whether its action at a position depends on the rest of
 the row (``prefix_scope``): static zeroing, mean ablation and :func:`zero_heads` act alike on every row (``"any"``),
-random zeroing alike on the rows of one input (``"item"``), and the threshold zeroing decides from the whole row
-(None), so the evaluator runs it row by row.
+random and per-input zeroing alike on the rows of one input (``"item"``), and the threshold zeroing decides from the
+whole row (None), so the evaluator runs it row by row.
 
 Composition: hooks on the same hook point run in the order given. List an ablation before scoring hooks to score the
 ablated output; two ablations compose (a head ablated by either stays ablated).
@@ -219,18 +220,48 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
     """Ablate a fixed set of ``(layer, head)`` pairs for every input, counting the share like the other modes
     (the static pruning view: what removing these heads for good would do)."""
     check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
+    chosen = _head_mask(model, heads)
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        return chosen[layer].to(z.device).expand(z.shape[0], -1)
+
+    return HeadAblation(model.cfg.n_layers, model.cfg.n_heads, rule, description=f"static: {int(chosen.sum())} heads",
+                        mode=mode, means=means, prefix_scope="any")
+
+
+def input_zeroing(model, heads_by_input: Sequence[Iterable[tuple[int, int]]], *, mode: str = "zero",
+                  means: Tensor | None = None) -> HeadAblation:
+    """Ablate, for input ``i``, its own fixed set ``heads_by_input[i]`` of ``(layer, head)`` pairs (the front of a
+    per-input ranking, such as each input's own attribution). Input ids come from :meth:`HeadAblation.batch` (the
+    evaluator passes item indices, so every row of a question loses the same heads)."""
+    check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
+    if len(heads_by_input) == 0:
+        raise ValueError("input_zeroing: heads_by_input is empty: give one head set per input of the task")
+    chosen = torch.stack([_head_mask(model, heads) for heads in heads_by_input])  # [input, layer, head]
+
+    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
+        ids = acts["inputs"]
+        if ids is None:
+            raise ValueError("per-input zeroing reads which input each row is: run the forward inside "
+                             "`with ablation.batch(attention_mask, inputs=...)`, or use evaluate()")
+        if int(ids.min()) < 0 or int(ids.max()) >= chosen.shape[0]:
+            raise ValueError(f"input {int(ids.max())} has no head set: heads_by_input holds {chosen.shape[0]}, give "
+                             "one per input of the evaluated task")
+        return chosen[ids.cpu(), layer].to(z.device)
+
+    return HeadAblation(model.cfg.n_layers, model.cfg.n_heads, rule, mode=mode, means=means, prefix_scope="item",
+                        description=f"per input: {chosen.shape[0]} head sets")
+
+
+def _head_mask(model, heads: Iterable[tuple[int, int]]) -> Bool[Tensor, "layer head"]:
+    """``heads`` marked in a [layer, head] mask, refusing any head the model does not have."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     chosen = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     for layer, head in heads:
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             raise ValueError(f"head ({layer}, {head}) is outside the model's {n_layers} layers x {n_heads} heads")
         chosen[layer, head] = True
-
-    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
-        return chosen[layer].to(z.device).expand(z.shape[0], -1)
-
-    return HeadAblation(n_layers, n_heads, rule, description=f"static: {int(chosen.sum())} heads", mode=mode,
-                        means=means, prefix_scope="any")
+    return chosen
 
 
 def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",

@@ -10,6 +10,7 @@ A spec says what to ablate, not how to hook it:
   of ``score`` by its mean over the calibration.
 - :class:`LayerRemoval`: whole layers for every input, their attention or their whole block
   (:mod:`lens_heads.ablation.layers`).
+- :class:`InputAblation`: each input its own fixed head set (the front of a per-input ranking).
 
 Each has ``mode`` ``"zero"`` or ``"mean"``. A spec that needs calibration is :meth:`resolved <AblationSpec.resolve>`
 against a calibration (an object with ``threshold(score, fraction)`` and ``most_inactive(score, fraction)``, such as
@@ -25,7 +26,8 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from lens_heads.ablation.hooks import MODES, HeadAblation, random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.ablation.hooks import (MODES, HeadAblation, input_zeroing, random_zeroing, static_zeroing,
+                                      threshold_zeroing)
 from lens_heads.ablation.layers import PARTS, RemovedLayers, remove_layers
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import most_inactive
@@ -196,8 +198,36 @@ class LayerRemoval(AblationSpec):
         return remove_layers(model, self.layers, part=self.part)
 
 
-SPECS: dict[str, type[AblationSpec]] = {cls.kind: cls for cls in (Unablated, ThresholdAblation, RandomAblation,
-                                                                    StaticAblation, LayerRemoval)}
+
+@dataclass(frozen=True)
+class InputAblation(AblationSpec):
+    """Each input its own fixed head set: ``heads[i]`` for input ``i`` of the evaluated task (the front of a
+    per-input ranking named ``score``, at the target ``fraction``)."""
+
+    heads: tuple[tuple[tuple[int, int], ...], ...]
+    score: str
+    fraction: float | None = None
+
+    kind: ClassVar[str] = "per_input"
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "heads", tuple(tuple((int(layer), int(head)) for layer, head in heads)
+                                                for heads in self.heads))
+        if self.fraction is not None and not 0.0 <= self.fraction < 1.0:
+            raise ValueError(f"InputAblation(fraction={self.fraction}): give a share of heads in [0, 1)")
+
+    @property
+    def curve(self) -> CurveKey:
+        return CurveKey("per_input", self.score)
+
+    def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
+        return input_zeroing(model, self.heads, mode=self.mode, means=means)
+
+
+
+SPECS: dict[str, type[AblationSpec]] = {cls.kind: cls for cls in (
+    Unablated, ThresholdAblation, RandomAblation, StaticAblation, InputAblation, LayerRemoval)}
 
 
 def from_dict(d: dict) -> AblationSpec:

@@ -48,8 +48,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
 from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
 from lens_heads.experiments.sweep import run_fingerprint
-from lens_heads.ablation.specs import StaticAblation, Unablated
-from lens_heads.experiments.sweep import SweepResult, UnitStore, run_unit
+from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from tqdm.auto import tqdm
 
 METHODS = ("ablation", "attribution", "mean")
@@ -98,9 +97,12 @@ class HeadEffects:
 
     def order(self, metric: str | None = None) -> list[tuple[int, int]]:
         """All ``(layer, head)`` pairs, smallest :meth:`size` first (ties in layer-head order)."""
-        size = self.size(metric)
-        flat = np.argsort(size.reshape(-1).numpy(), kind="stable")
-        return [(int(i) // size.shape[1], int(i) % size.shape[1]) for i in flat]
+        return _ascending(self.size(metric))
+
+    def input_orders(self, metric: str | None = None) -> list[list[tuple[int, int]]]:
+        """Per item, all ``(layer, head)`` pairs by that item's own absolute effect, smallest first (ties in
+        layer-head order): the ranking a per-input pruning would follow."""
+        return [_ascending(x) for x in self.effect(metric).abs()]
 
     def to_dataframe(self, per_item: bool = False):
         """One row per (layer, head, metric): mean with its interval, size with its interval, n. With
@@ -198,13 +200,24 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
                        item_ids=[it.id for it in items], meta=meta)
 
 
+def _ascending(size: Float[Tensor, "layer head"]) -> list[tuple[int, int]]:
+    flat = np.argsort(size.reshape(-1).numpy(), kind="stable")
+    return [(int(i) // size.shape[1], int(i) % size.shape[1]) for i in flat]
+
+
 # ---------------------------------------------------------------- ablation and mean ablation: one evaluation a head
 
 
+def task_means(model, task, *, batch_size: int = 8, protocol: str = DEFAULT_PROTOCOL,
+               apply_chat_template: bool = False) -> Float[Tensor, "layer head d_head"]:
+    """Every head's mean ``hook_z`` over the positions of the rows an evaluation of ``task`` runs (what mean
+    ablation substitutes; :func:`lens_heads.ablation.hooks.mean_z`)."""
+    rows = build_rows(model, list(task), protocol=protocol, apply_chat_template=apply_chat_template)
+    return mean_z(model, [row.tokens for row in rows], batch_size=batch_size)
+
+
 def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: bool, primary: str, layout: dict):
-    # the mean over the evaluated rows' positions
-    means = mean_z(model, [row.tokens for row in build_rows(model, list(task), **layout)], batch_size=batch_size) \
-        if method == "mean" else None
+    means = task_means(model, task, batch_size=batch_size, **layout) if method == "mean" else None
     settings = dict(method=method, primary=primary, **layout)
     if means is not None:  # the substituted values are part of what a stored head means
         settings["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
@@ -330,25 +343,9 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
     :class:`lens_heads.experiments.sweep.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
     kept and reused like the sweep's units."""
-    L, H = model.cfg.n_layers, model.cfg.n_heads
     order = [(int(layer), int(head)) for layer, head in order]
-    if sorted(order) != [(layer, head) for layer in range(L) for head in range(H)]:
-        raise ValueError(f"order must list each of the model's {L} x {H} heads once (HeadEffects.order())")
-    fractions = sorted({float(p) for p in fractions} | {0.0})
-    if not (0.0 <= fractions[0] and fractions[-1] < 1.0):  # a negative one zeroed nearly every head
-        raise ValueError(f"oracle_sweep: fractions must lie in [0, 1), got {fractions}")
-    layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
-    fingerprint = run_fingerprint(model, task, primary=primary, oracle_order=[list(h) for h in order], **layout)
-    store = UnitStore(out_dir, fingerprint, marker="oracle.json")
-    plan = [StaticAblation(heads=order[:int(round(p * L * H))], score=label, fraction=p) if p else Unablated()
-            for p in fractions]
-    units = []
-    for spec in tqdm(plan, desc=f"{label} on {getattr(task, 'name', 'task')}", unit="fraction", disable=not progress):
-        unit = store.load(spec)
-        if unit is None:
-            unit = run_unit(model, task, spec, batch_size=batch_size, progress=False, primary=primary, **layout)
-            unit.head_share = None  # the heads are the first ones of the order: the spec says which
-            store.save(spec, unit)
-        units.append(unit)
-    return SweepResult(baseline=units[0].result, units=units,
-                       meta=dict(fingerprint=fingerprint, fractions=fractions, scores=[], static_scores=[label]))
+    # the order keys the run, as it did before rankings shared this sweep: stored oracle units stay valid
+    return ranking_sweep(model, task, [Ranking(label, order=tuple(order))], fractions=fractions, out_dir=out_dir,
+                         marker="oracle.json", key=dict(oracle_order=[list(h) for h in order]), batch_size=batch_size,
+                         progress=progress, primary=primary, protocol=protocol,
+                         apply_chat_template=apply_chat_template)

@@ -28,7 +28,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -38,11 +38,11 @@ from lens_heads.plumbing import distributed
 from lens_heads.ablation.specs import (AblationSpec, RandomAblation, ScoreCalibration, StaticAblation,
                                        ThresholdAblation, Unablated)
 from lens_heads.plumbing.cache import Cache, claim_folder, load_keyed, read_json, save_keyed
-from lens_heads.stats.curves import RANDOM, CurveKey
+from lens_heads.stats.curves import ALL, RANDOM, CurveKey
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.plumbing.io import slug
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
-from lens_heads.experiments.sweep_intervals import sweep_intervals
+from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_intervals
 from lens_heads.heads.distributions import pooled_cdf
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -117,12 +117,13 @@ class SweepResult:
     _intervals: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def keyed_curves(self, mode: str = "threshold") -> dict[CurveKey, list[UnitResult]]:
-        """Per curve of ``mode`` (``"threshold"`` includes the random curve), its units sorted by realised share,
-        starting with the shared unablated baseline at 0; scores in the sweep's order, random last."""
+        """Per curve of ``mode`` (``"threshold"`` includes the random curve; ``"all"``: every curve), its units
+        sorted by realised share, starting with the shared unablated baseline at 0; scores in the sweep's order,
+        random last."""
         base = next(u for u in self.units if u.mode == "baseline")
         out: dict[CurveKey, list[UnitResult]] = {}
         for u in self.units:
-            if u.mode == mode or (mode == "threshold" and u.mode == RANDOM):
+            if u.mode == mode or (mode == "threshold" and u.mode == RANDOM) or (mode == ALL and u.curve is not None):
                 out.setdefault(u.curve, [base]).append(u)
         listed = self.meta.get("scores", [])
         order = ([k for s in listed for k in out if k.score == s] + [k for k in out if k.score not in listed and
@@ -131,8 +132,33 @@ class SweepResult:
         return {k: sorted(out[k], key=lambda u: (u.realised_fraction, u.target_fraction)) for k in order}
 
     def curves(self, mode: str = "threshold") -> dict[str, list[UnitResult]]:
-        """:meth:`keyed_curves` named by score (``"random"`` for the random baseline)."""
-        return {k.name: units for k, units in self.keyed_curves(mode).items()}
+        """:meth:`keyed_curves` named by score (``"random"`` for the random baseline); with ``mode="all"`` by
+        label, which tells a score's static and per-input curves apart (``"AHON (LN) (static)"``)."""
+        return {(k.label if mode == ALL else k.name): units for k, units in self.keyed_curves(mode).items()}
+
+    def on_items(self, ids: Sequence[str]) -> "SweepResult":
+        """The sweep on some of its items (by id, in the order given): every unit keeps those items' records, and
+        its realised share is recomputed from their per-item zeroing counts (a unit recorded without them is
+        refused: its share on the subset is unknown). Per-input zeroing decides per item, so this is what
+        evaluating only those items would give; head shares are dropped (they were counted over all items)."""
+        ids = list(ids)
+        units = []
+        for u in self.units:
+            where = {it.id: k for k, it in enumerate(u.result.items)}
+            missing = [i for i in ids if i not in where]
+            if missing:
+                raise ValueError(f"unit {u.key} has no items {missing[:3]}: give ids of items the sweep evaluated")
+            picked = [where[i] for i in ids]
+            zeroed = None if u.item_zeroed is None else [u.item_zeroed[k] for k in picked]
+            if u.mode != "baseline" and zeroed is None:
+                raise ValueError(f"unit {u.key} was recorded without per-item zeroing counts: its realised share on "
+                                 "some of its items is unknown")
+            share = 0.0 if zeroed is None else (sum(z for _, z in zeroed) /
+                                                (sum(r for r, _ in zeroed) * heads_per_row(self)))
+            units.append(replace(u, result=replace(u.result, items=[u.result.items[k] for k in picked]),
+                                 item_zeroed=zeroed, realised_fraction=share, head_share=None))
+        base = next(u for u in units if u.mode == "baseline")
+        return SweepResult(baseline=base.result, units=units, meta=dict(self.meta, items=len(ids)))
 
     def zeroable_within(self, points: float = 1.0, *, mode: str = "threshold", rule: str = "authors"
                         ) -> dict[str, float]:
@@ -189,15 +215,16 @@ class SweepResult:
         return pd.DataFrame(rows)
 
     def intervals(self, points: float = 1.0, *, shares: Sequence[float] | None = None, n_resamples: int = 2000,
-                  seed: int = 0, confidence: float = 0.95):
+                  seed: int = 0, confidence: float = 0.95, mode: str = "threshold"):
         """95% percentile-bootstrap intervals over items for every curve's summaries (accuracy and KL AUC, KL at
-        each target share, % zeroable within ``points`` by both rules) and ranks, paired across curves
-        (:func:`lens_heads.experiments.sweep_intervals.sweep_intervals`); ``.difference`` and ``.versus`` test curves
-        against each other. Computed once per setting (the units are not meant to change after the sweep)."""
-        key = (points, None if shares is None else tuple(shares), n_resamples, seed, confidence)
+        each target share, % zeroable within ``points`` by both rules) and ranks, paired across the curves of
+        ``mode`` (``"all"``: every curve, named by label) (:func:`lens_heads.experiments.sweep_intervals.
+        sweep_intervals`); ``.difference`` and ``.versus`` test curves against each other. Computed once per setting
+        (the units are not meant to change after the sweep)."""
+        key = (points, None if shares is None else tuple(shares), n_resamples, seed, confidence, mode)
         if key not in self._intervals:
             self._intervals[key] = sweep_intervals(self, points=points, shares=shares, n_resamples=n_resamples,
-                                                   seed=seed, confidence=confidence)
+                                                   seed=seed, confidence=confidence, mode=mode)
         return self._intervals[key]
 
     def difference(self, a: str, b: str, summary: str = "kl_auc", *, points: float = 1.0, n_resamples: int = 2000,
@@ -235,12 +262,13 @@ class SweepResult:
     def to_dataframe(self):
         """One row per curve point: the baseline appears at fraction 0 of every curve. A curve is named by
         ``curve`` (its display label: ``"AHON (LN)"``, ``"random"``, ``"AHON (LN) (static)"``), ``score`` (the bare
-        score name, ``"random"`` for the random curve) and ``mode`` (``"threshold"``, ``"random"``, ``"static"``);
+        score name, ``"random"`` for the random curve) and ``mode`` (``"threshold"``, ``"random"``, ``"static"``,
+        ``"per_input"``);
         paired columns compare with the baseline on the same items; ``gold_logprob_change`` and ``kl`` are the
         low-variance companions."""
         import pandas as pd
 
-        return pd.DataFrame([self._row(key, u) for mode in ("threshold", "static")
+        return pd.DataFrame([self._row(key, u) for mode in ("threshold", "static", "per_input")
                              for key, units in self.keyed_curves(mode).items() for u in units])
 
     def _row(self, key: CurveKey, u: UnitResult) -> dict:
@@ -368,9 +396,10 @@ def sweep_plan(scores: Sequence[str], fractions: Sequence[float], *, seed: int =
     return plan
 
 
-def run_unit(model, task, spec: AblationSpec, **settings) -> UnitResult:
-    """Evaluate ``task`` under one resolved ablation ``spec`` (``settings``: :func:`lens_heads.evaluation.evaluate`'s)."""
-    ablation = spec.build(model)
+def run_unit(model, task, spec: AblationSpec, *, means=None, **settings) -> UnitResult:
+    """Evaluate ``task`` under one resolved ablation ``spec`` (``means``: what a ``mode="mean"`` spec substitutes,
+    from :func:`lens_heads.ablation.hooks.mean_z`; ``settings``: :func:`lens_heads.evaluation.evaluate`'s)."""
+    ablation = spec.build(model, means=means)
     start = time.perf_counter()
     result = evaluate(model, task, hooks=[ablation] if ablation else [], **settings)
     return unit_result(spec, ablation, result, time.perf_counter() - start)

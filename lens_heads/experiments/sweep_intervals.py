@@ -101,7 +101,7 @@ def curve_items(sweep, mode: str = "threshold") -> tuple[list[CurveItems], np.nd
         out.append(CurveItems(name, np.array([u.target_fraction for u in units]), np.array(correct), np.array(kl),
                               np.array(zeroed) if have else None,
                               np.array([100 * u.realised_fraction for u in units])))
-    return out, _recorded_rows(sweep, mode, rows), _heads(sweep) if any(c.zeroed is not None for c in out) else 0
+    return out, _recorded_rows(sweep, mode, rows), heads_per_row(sweep) if any(c.zeroed is not None for c in out) else 0
 
 
 def _recorded_rows(sweep, mode: str, rows: np.ndarray) -> np.ndarray:
@@ -122,7 +122,8 @@ def _zeroed(unit, n: int) -> np.ndarray | None:
     return None if unit.item_zeroed is None else np.array([z for _, z in unit.item_zeroed], dtype=float)
 
 
-def _heads(sweep) -> int:
+def heads_per_row(sweep) -> int:
+    """Layers x heads of the sweep's model: the (row, layer, head) triples a row can have zeroed."""
     model = (sweep.meta.get("fingerprint") or {}).get("model") or {}
     if not model.get("n_layers") or not model.get("n_heads"):
         share = next((u.head_share for u in sweep.units if u.head_share), None)
@@ -208,7 +209,9 @@ class SweepIntervals:
         _, ib = self._index(summary, b)
         interval = stats.percentile_interval(self.estimates[q, ia] - self.estimates[q, ib],
                                              self.replicates[q, ia] - self.replicates[q, ib], self.meta["confidence"])
-        p = self._p_value(ia, ib, q, n_permutations or self.meta["n_resamples"])
+        # a curve that does not reach a share has no value there: nothing to test
+        p = self._p_value(ia, ib, q, n_permutations or self.meta["n_resamples"]) if np.isfinite(
+            interval.estimate) else float("nan")
         higher_better = HIGHER_IS_BETTER.get(summary, False)  # the KL at a share: lower is better
         verdict = ("cannot tell apart" if not interval.excludes(0) else
                    f"{a} better" if (interval.low > 0) == higher_better else f"{b} better")

@@ -16,16 +16,18 @@ from typing import Mapping, Sequence
 import numpy as np
 
 RULES = ("authors", "censored")  # how zeroable_within reads a crossing
-CURVE_MODES = ("threshold", "random", "static", "layers")
+CURVE_MODES = ("threshold", "random", "static", "per_input", "layers")
+ALL = "all"  # every curve of a sweep, whatever chose its heads
 RANDOM = "random"
 
 
 @dataclass(frozen=True, order=True)
 class CurveKey:
     """Which curve: how heads were chosen (``mode``: ``"threshold"`` per input by a score, ``"random"``,
-    ``"static"`` a fixed set for every input, ``"layers"`` whole layers removed) and the bare score name that chose
-    them (``None`` for random; any name for a static set ranked otherwise, such as an oracle; for removed layers,
-    the ranking and the part, :class:`lens_heads.ablation.specs.LayerRemoval`)."""
+    ``"static"`` a fixed set for every input, ``"per_input"`` each input's own set from its own ranking,
+    ``"layers"`` whole layers removed) and the bare score name that chose them (``None`` for random; any name for
+    a set ranked otherwise, such as an oracle; for removed layers, the ranking and the part,
+    :class:`lens_heads.ablation.specs.LayerRemoval`)."""
 
     mode: str
     score: str | None = None
@@ -41,8 +43,9 @@ class CurveKey:
 
     @property
     def label(self) -> str:
-        """The display name: ``"AHON (LN)"``, ``"random"``, ``"AHON (LN) (static)"``."""
-        return f"{self.name} (static)" if self.mode == "static" else self.name
+        """The display name: ``"AHON (LN)"``, ``"random"``, ``"AHON (LN) (static)"``, ``"attribution (per
+        input)"``."""
+        return {"static": f"{self.name} (static)", "per_input": f"{self.name} (per input)"}.get(self.mode, self.name)
 
 
 def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0, *,

@@ -79,7 +79,8 @@ PANELS = (("accuracy", "accuracy (%)", 100.0),
           ("bits_per_byte_change", "change of the gold answer's bits per byte (paired)", 1.0))
 INTERVALS = {"accuracy": ("ci_low", "ci_high"), "gold_logprob_change": ("gold_logprob_low", "gold_logprob_high"),
              "kl": ("kl_low", "kl_high"), "bits_per_byte_change": ("bits_per_byte_low", "bits_per_byte_high")}
-REFERENCE_MODES = ("random", "oracle")  # curves that no score chooses: drawn in every row of the figure
+REFERENCE_MODES = ("random", "oracle", "reference")  # curves that no score chooses: drawn in every row of the figure
+REFERENCE_COLOURS = ("#8b0000", "#006400", "#b8860b", "#4b0082")
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class Curve:
 
     label: str
     score: str
-    mode: str  # "threshold" | "static" | "random" | "oracle"
+    mode: str  # "threshold" | "static" | "per_input" | "random" | "oracle" | "reference"
 
     @property
     def reference(self) -> bool:
@@ -118,12 +119,15 @@ def sweep_curves(table) -> list[Curve]:
 
 
 def curve_style(curve: Curve, families: list[str], oracle_index: int = 0) -> dict:
-    """Line style of a curve: random dashed black; oracle curves grey (solid, then dotted); a score and its (LN)
-    variant share their family's colour: solid LN, dash-dot base, dotted static."""
+    """Line style of a curve: random dashed black; oracle curves grey (solid, then dotted); other reference curves
+    (a ranking drawn beside every score, ``oracle_index`` among them) dark colours; a score and its (LN) variant
+    share their family's colour: solid LN, dash-dot base, dotted static."""
     if curve.mode == "random":
         return dict(color="black", width=2.5, dash="dash")
     if curve.mode == "oracle":
         return dict(color="#555", width=3, dash=("solid", "dot", "dash")[oracle_index % 3])
+    if curve.mode == "reference":
+        return dict(color=REFERENCE_COLOURS[oracle_index % len(REFERENCE_COLOURS)], width=3, dash="solid")
     colour = PALETTE[families.index(base_score(curve.score)) % len(PALETTE)]
     dash = "dot" if curve.mode == "static" else ("solid" if curve.score in LN_NAMES else "dashdot")
     return dict(color=colour, width=2, dash=dash)
@@ -151,7 +155,7 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
     labels = curve_labels(table)
     groups = _curve_rows(curves)
     families = list(dict.fromkeys(base_score(c.score) for c in curves if not c.reference))
-    oracles = [c.label for c in curves if c.mode == "oracle"]
+    oracles = {mode: [c.label for c in curves if c.mode == mode] for mode in ("oracle", "reference")}
     panels = [p for p in PANELS if p[0] in table.columns]
     fig = make_subplots(rows=len(groups), cols=len(panels), horizontal_spacing=0.06, vertical_spacing=0.12,
                         subplot_titles=[p[1] for _ in groups for p in panels])
@@ -160,7 +164,8 @@ def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -
             fig.update_yaxes(title_text=group, row=r, col=1)
         for curve in members:
             points = table[labels.astype(str) == curve.label].sort_values(["realised_fraction", "target_fraction"])
-            style = curve_style(curve, families, oracles.index(curve.label) if curve.label in oracles else 0)
+            index = oracles[curve.mode].index(curve.label) if curve.mode in oracles else 0
+            style = curve_style(curve, families, index)
             for c, panel in enumerate(panels, start=1):
                 fig.add_trace(_curve_trace(points, curve, panel, style, legend=c == 1 and (
                     not curve.reference or r == 1)), row=r, col=c)
