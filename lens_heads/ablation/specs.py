@@ -198,7 +198,6 @@ class LayerRemoval(AblationSpec):
         return remove_layers(model, self.layers, part=self.part)
 
 
-
 @dataclass(frozen=True)
 class InputAblation(AblationSpec):
     """Each input its own fixed head set: ``heads[i]`` for input ``i`` of the evaluated task (the front of a
