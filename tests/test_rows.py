@@ -85,20 +85,20 @@ def test_gemma_models_get_the_bos_lm_eval_forces(tokenizer):
     assert row.tokens == (ctx + cont)[:-1]
 
 
-def test_chat_template_renders_description_as_system_turn(model, tokenizer):
+def test_single_turn_chat_template_renders_description_as_system_turn(model, tokenizer):
     item = load_task("mmlu", n=1, shots=2, seed=5)[0]
     assert item.description and item.contexts[0].startswith(item.description)
     rendered = tokenizer.apply_chat_template(
         [{"role": "system", "content": item.description},
          {"role": "user", "content": item.contexts[0][len(item.description):]}],
         tokenize=False, add_generation_prompt=True)
-    rows = build_rows(model, [item], apply_chat_template=True)
+    rows = build_rows(model, [item], apply_chat_template="single_turn")
     assert len(rows) == 4  # each answer is two tokens under the chat template, so each choice has its row, as in lm-eval
     for row, letter in zip(rows, " A B C D".split(" ")[1:]):
         ctx, cont = lm_eval_pair(tokenizer, rendered, " " + letter)
         assert row.tokens == (ctx + cont)[:-1] and row.reads[0][1:] == (len(ctx) - 1, cont)
         assert tokenizer.decode(cont) == "\n " + letter  # lm-eval moves the template's trailing newline here
-    assert context_tokens(model, item, apply_chat_template=True) == ctx
+    assert context_tokens(model, item, apply_chat_template="single_turn") == ctx
 
 
 def test_scores_of_a_task_read_the_evaluated_rows(model, tokenizer):

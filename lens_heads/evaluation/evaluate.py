@@ -53,6 +53,7 @@ from lens_heads.plumbing import distributed
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.hook_sets import HookSet, hook_objects, hook_set
 from lens_heads.models.loading import model_meta
+from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.data.inputs import check_token_ids, pad_id, right_pad
 
@@ -280,7 +281,7 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
 
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
-             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
+             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
              attention: str = "fused", first_input: int = 0) -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.data.tasks.Task`) by log-likelihood.
 
@@ -306,7 +307,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
 
 
 def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8, progress: bool = True,
-                  primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
+                  primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
                   attention: str = "fused", first_input: int = 0, _shared_prefixes: bool = True) -> list[EvalResult]:
     """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set.
 
@@ -341,7 +342,8 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
         raise ValueError("the task has no items")
     sets = [hook_set(model, hooks) for hooks in hook_sets]
     check_protocol(protocol)
-    rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
+    chat = resolve_chat_template(model, apply_chat_template)
+    rows = build_rows(model, items, protocol=protocol, apply_chat_template=chat)
     check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
                     [f"item {items[r.item].id}" for r in rows])
     start_time = time.perf_counter()
@@ -356,7 +358,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
                           _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
     bar.close()
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
-                protocol=protocol, apply_chat_template=apply_chat_template,
+                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=attention_calls.describe() if attention == "fused" else "eager",
                 shared_prefix=scope if state is not None else None, row_tokens=sum(len(r.tokens) for r in rows),

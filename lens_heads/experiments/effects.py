@@ -149,7 +149,7 @@ class HeadEffects:
 
 def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None, batch_size: int = 8,
                  progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-                 apply_chat_template: bool = False) -> HeadEffects:
+                 apply_chat_template: bool | str = False) -> HeadEffects:
     """The effect of removing each head of ``model`` on ``task`` (see the module docstring for the methods and
     metrics; all three metrics are computed, ``metric`` is the one the result ranks heads by).
 
@@ -320,7 +320,7 @@ def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRec
 
 def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30),
                  label: str = "oracle", out_dir=None, batch_size: int = 8, progress: bool = True,
-                 primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False):
+                 primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False):
     """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
     first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a

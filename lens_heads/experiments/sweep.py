@@ -41,6 +41,7 @@ from lens_heads.plumbing.cache import Cache, claim_folder, load_keyed, read_json
 from lens_heads.stats.curves import RANDOM, CurveKey
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.plumbing.io import slug
+from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
 from lens_heads.experiments.sweep_intervals import sweep_intervals
 from lens_heads.heads.distributions import pooled_cdf
@@ -311,14 +312,15 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
               calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
               random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
               primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-              apply_chat_template: bool = False) -> SweepResult | None:
+              apply_chat_template: bool | str = False) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``) and the static pruning view for ``static_scores``.
 
     ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
     unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
     alone, as its rows begin), a :class:`lens_heads.heads.scoring.HeadScores` already computed, or any inputs
-    ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`).
+    ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
+    the meta records the chat setting given and what it resolved to, ``chat_template``, and the task's split).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
     ``batch_size``: rows per forward pass, or ``"auto"``.
 
@@ -327,8 +329,9 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
     """
     scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
-    rows = dict(protocol=protocol, apply_chat_template=apply_chat_template)
-    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template)
+    chat = resolve_chat_template(model, apply_chat_template)
+    rows = dict(protocol=protocol, apply_chat_template=chat)
+    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
     plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores)
     store = UnitStore(out_dir, fingerprint)
@@ -345,7 +348,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
                 calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
-                units_run=n_run, workers=workers.to_dict(), **rows)
+                units_run=n_run, workers=workers.to_dict(), protocol=protocol, apply_chat_template=apply_chat_template,
+                chat_template=chat, split=getattr(task, "split", None), fewshot_split=getattr(task, "fewshot_split", None))
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
 
 
@@ -523,10 +527,10 @@ class _Calibration:
         return {"source": _calibration_id(self._calibration)}
 
 
-def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, apply_chat_template: bool
+def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str
                  ) -> dict:
     return run_fingerprint(model, task, seed=seed, primary=primary, calibration=_calibration_id(calibration),
-                           protocol=protocol, apply_chat_template=apply_chat_template)
+                           protocol=protocol, apply_chat_template=chat_template)  # resolved: "auto" is never stored
 
 
 def run_fingerprint(model, task, **settings) -> dict:
