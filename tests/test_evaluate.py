@@ -295,3 +295,33 @@ def test_token_ids_outside_the_vocabulary_and_unknown_hooks_are_named(tiny_text_
         evaluate(tiny_text_model, task, hooks=[("blocks.9.attn.hook_z", noop)], progress=False)
     with pytest.raises(ValueError, match=r"no hook 'blocks\.0\.attn\.hook_zz' \(did you mean 'blocks\.0\.attn\.hook_z'"):
         score_heads(tiny_text_model, tokens[:1], hooks=[("blocks.0.attn.hook_zz", noop)], progress=False)
+
+
+def test_acc_norm_divides_by_the_choice_without_its_leading_space():
+    """lm-eval's acc_norm: argmax of log-likelihood / len(choice), where the choice is the document's answer text
+    (the request's continuation is the target delimiter " " + choice). Checked on raw ARC-Easy and HellaSwag
+    documents: the answer texts, and HellaSwag's endings cleaned as lm-eval's process_docs does."""
+    import re
+
+    from datasets import load_from_disk
+
+    from lens_heads.data.tasks import asset_root
+
+    def clean(text):  # lm-eval hellaswag/utils.py preprocess
+        return re.sub("\\[.*?\\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")
+
+    model = text_model(n_layers=1, n_ctx=512)
+    root = asset_root() / "hf_datasets"
+    arc = {d["id"]: d["choices"]["text"] for d in load_from_disk(str(root / "ai2_arc/ARC-Easy/validation")).to_list()}
+    swag = load_from_disk(str(root / "hellaswag/none/validation")).to_list()
+    for task, choices in ((load_task("arc_easy", split="validation", n=6, seed=2), lambda i: arc[i.split("/")[1]]),
+                          (load_task("hellaswag", n=4, seed=1),
+                           lambda i: [clean(e) for e in next(d for d in swag if f"hellaswag/{d['ind']}" == i)["endings"]])):
+        result = evaluate(model, task, progress=False)
+        by_hand = []
+        for record in result.items:
+            lengths = [len(c) for c in choices(record.id)]
+            assert record.n_chars == lengths
+            by_hand.append(int(np.argmax(np.asarray(record.logprobs) / lengths)) == record.gold)
+        assert result.accuracy_by("per_char") == pytest.approx(np.mean(by_hand))
+        assert "without the continuation's leading space" in result.meta["acc_norm"]

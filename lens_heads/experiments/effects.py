@@ -40,8 +40,9 @@ from torch import Tensor
 
 from lens_heads.models.backends import get_act_name, run_to_resid
 from lens_heads.ablation.hooks import mean_z, zero_heads
-from lens_heads.evaluation.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, continuation_tokens,
-                                 evaluate, evaluate_each, pad_rows, paired_values, read_logprobs)
+from lens_heads.evaluation.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, choice_chars,
+                                           continuation_tokens, evaluate, evaluate_each, pad_rows, paired_values,
+                                           read_logprobs)
 from lens_heads.data.inputs import pad_id
 from lens_heads.plumbing.io import atomic_write_bytes
 from lens_heads.models.loading import model_meta
@@ -311,7 +312,7 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
 def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRecord]:
     """Item records from ``[item, choice]`` log-likelihoods (NaN past an item's last choice)."""
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=logprobs[i, :len(it.continuations)].tolist(),
-                       n_tokens=n_tokens[i], n_chars=[len(x) for x in it.continuations], subject=it.subject)
+                       n_tokens=n_tokens[i], n_chars=[choice_chars(x) for x in it.continuations], subject=it.subject)
             for i, it in enumerate(items)]
 
 
