@@ -268,3 +268,22 @@ def test_table2_puts_awft_beside_the_best_other_curve_random_included():
     assert b.zeroable_within(rule="censored")["AWFT"] == 20 and b.ends_above()["AWFT"]
     with pytest.raises(ValueError, match="same model and task"):
         table2([a, a])
+
+
+def test_a_sweep_records_its_chat_template_and_split(tmp_path):
+    """"auto" resolves by the model's name before the run is fingerprinted: the stored units are those of the
+    rendering that ran (an instruct name: the chat template; another: plain text, the same units as False)."""
+    model = text_model(n_layers=1, n_ctx=256)
+    task = load_task("arc_easy", split="validation", n=2, seed=0)
+    settings = dict(scores=["AHON (LN)"], fractions=(0, 0.2), random_baseline=False, batch_size=4, progress=False)
+    model.lens_heads_meta["hf_name"] = "acme/base-1B"
+    plain = run_sweep(model, task, out_dir=tmp_path / "plain", apply_chat_template="auto", **settings)
+    assert (plain.meta["apply_chat_template"], plain.meta["chat_template"]) == ("auto", False)
+    assert plain.meta["fingerprint"]["apply_chat_template"] is False and plain.meta["split"] == "validation"
+    again = run_sweep(model, task, out_dir=tmp_path / "plain", apply_chat_template=False, **settings)
+    assert again.meta["units_reused"] == len(again.units)  # the same run: "auto" was plain text here
+    model.lens_heads_meta["hf_name"] = "acme/chat-1B-Instruct"
+    chat = run_sweep(model, task, out_dir=tmp_path / "chat", apply_chat_template="auto", **settings)
+    assert chat.meta["chat_template"] is True and chat.meta["fingerprint"]["apply_chat_template"] is True
+    assert chat.baseline.meta["chat_template"] is True and chat.baseline.meta["task"]["split"] == "validation"
+    assert [u.result.items[0].logprobs for u in chat.units] != [u.result.items[0].logprobs for u in plain.units]
