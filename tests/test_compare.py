@@ -347,3 +347,25 @@ def test_zeroed_head_overlap_by_hand():
     assert table.loc["S1", "jaccard"] == pytest.approx(1 / 3)
     assert table.loc["S1", "spearman_head_share"] == pytest.approx(spearmanr([1, .6, .2, 0], [1, .1, .7, 0])[0])
     assert table.loc["S2", "heads_a"] == 0 and math.isnan(table.loc["S2", "jaccard"])
+
+
+def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
+    from conftest import load_script
+    from lens_heads.experiments.compare import compare_settings
+    from lens_heads.experiments.sweep import save_units
+    from synthetic_sweeps import synthetic_sweep as item_sweep
+
+    plain = _with_setting(item_sweep(np.random.default_rng(0), 30, {"S1": (0.5, 3.0), "random": (0.2, 2.0)},
+                                     zeroed=True), False)
+    chat = _with_setting(item_sweep(np.random.default_rng(0), 30, {"S1": (1.5, 3.0), "random": (0.2, 2.0)},
+                                    zeroed=True), True)
+    paths = [save_units(s, tmp_path / f"{name}_units.json.gz") for name, s in (("a", plain), ("b", chat))]
+    load_script("compare_settings").main([str(p) for p in paths] + ["--name", "cmp", "--figures", str(tmp_path),
+                                                                    "--n-resamples", "200"])
+    written = pd.read_csv(tmp_path / "cmp.csv")
+    expected = compare_settings(plain, chat, n_resamples=200)
+    assert np.allclose(written["difference"], expected["difference"]) and list(written["verdict"]) == list(
+        expected["verdict"])
+    report = json.loads((tmp_path / "cmp.json").read_text())
+    assert report["a"]["setting"] == "validation, no chat template" and report["b"]["setting"].endswith("chat template")
+    assert -1 <= report["spearman"]["accuracy"]["estimate"] <= 1 and (tmp_path / "cmp_heads.csv").exists()
