@@ -43,7 +43,7 @@ def lm_eval_pair(tokenizer, context, continuation, bos=()):
 
 
 def test_lm_eval_rows_drop_the_last_token_and_add_no_bos(model, tokenizer):
-    task = load_task("arc_easy", n=3, seed=7)
+    task = load_task("arc_easy", split="validation", n=3, seed=7)  # four-token-plus answers: a row per choice
     rows = build_rows(model, task)
     expected = [(i, c, x) for i, item in enumerate(task)
                 for c, x in (lm_eval_pair(tokenizer, ctx, cont) for ctx, cont in zip(item.contexts, item.continuations))]
