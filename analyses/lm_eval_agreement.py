@@ -180,7 +180,7 @@ def lm_eval_hellaswag(lm, task) -> dict:
     lm_task = lm_eval_task("hellaswag", task.split)
     by_id = {f"hellaswag/{doc['ind']}": doc for doc in lm_task.test_docs()}
     docs = [by_id[item.id] for item in task]
-    requests = [[tuple(pair) for pair in lm_eval_requests(lm_task, doc, [])] for doc in docs]
+    requests = [lm_eval_requests(lm_task, doc, []) for doc in docs]
     logprobs = lm_eval_logprobs(lm, task, "off", pairs=requests)
     results = [lm_task.process_results(doc, [(lp, False) for lp in item_lp]) for doc, item_lp in zip(docs, logprobs)]
     return dict(requests=requests, logprobs=logprobs, acc=[bool(r["acc"]) for r in results],
@@ -197,7 +197,8 @@ def lm_eval_logprobs(lm, task, apply_chat_template: str, pairs: list | None = No
     for i, item in enumerate(task):
         item_pairs = pairs[i] if pairs is not None else request_pairs(item, render, apply_chat_template == "on")
         for choice, pair in enumerate(item_pairs):
-            requests.append(Instance(request_type="loglikelihood", doc={"id": item.id}, arguments=pair, idx=choice))
+            requests.append(Instance(request_type="loglikelihood", doc={"id": item.id}, arguments=tuple(pair),
+                                     idx=choice))
             owners.append((i, choice))
     results = lm.loglikelihood(requests)
     out = [[float("nan")] * item.n_choices for item in task]
