@@ -135,7 +135,7 @@ def tiny_sweep(tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     model = tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
                        default_prepend_bos=True)
-    task = load_task("arc_easy", n=4, seed=1)
+    task = load_task("arc_easy", split="validation", n=4, seed=1)
     out = tmp_path_factory.mktemp("sweep") / "arc_easy"
     result = run_sweep(model, task, scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2, 0.4), out_dir=out,
                        static_scores=["AHON (LN)"], seed=1, batch_size=4, progress=False)

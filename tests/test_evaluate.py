@@ -38,7 +38,7 @@ def loop_logprobs(model, item, fwd_hooks=(), protocol="lm-eval"):
 
 
 @pytest.mark.parametrize("protocol", ["lm-eval", "tl"])
-@pytest.mark.parametrize("name,kwargs,n", [("arc_easy", {}, 4), ("mmlu", {"shots": 0}, 3), ("piqa", {}, 3),
+@pytest.mark.parametrize("name,kwargs,n", [("arc_easy", {"split": "validation"}, 4), ("mmlu", {"shots": 0}, 3), ("piqa", {}, 3),
                                            ("winogrande", {}, 3), ("hellaswag", {}, 1)])
 def test_batched_evaluator_matches_a_per_choice_loop_on_the_embedded_model(smollm, name, kwargs, n, protocol):
     task = load_task(name, n=n, seed=1, **kwargs)
@@ -74,7 +74,7 @@ def tiny_text_model():
 
 def test_user_hooks_and_zeroings_reach_every_forward(tiny_text_model):
     model = tiny_text_model
-    task = load_task("arc_easy", n=4, seed=3)
+    task = load_task("arc_easy", split="validation", n=4, seed=3)
     calls = []
     heads = [(0, 1), (1, 2)]
     recorder = ("blocks.0.attn.hook_z", lambda z, hook: calls.append(z.shape[0]))
@@ -97,7 +97,7 @@ def test_hook_sets_share_the_forward_below_them_and_each_equals_its_own_forward(
     from lens_heads.evaluation.evaluate import evaluate_each
 
     model = tiny_text_model
-    task = load_task("arc_easy", n=4, seed=5)
+    task = load_task("arc_easy", split="validation", n=4, seed=5)
     last = model.cfg.n_layers - 1
     scale = lambda x, hook: 0.5 * x
     sets = [zero_heads([(1, 0)]), zero_heads([(0, 2)]), zero_heads([(last, 1), (1, 1)]), [],

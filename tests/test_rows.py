@@ -79,7 +79,7 @@ def test_letter_format_shares_one_row_the_context_alone(model, tokenizer):
 def test_gemma_models_get_the_bos_lm_eval_forces(tokenizer):
     gemma = text_model(tokenizer)
     gemma.cfg.original_architecture = "Gemma3ForCausalLM"
-    item = load_task("arc_easy", n=1, seed=2)[0]
+    item = load_task("arc_easy", split="validation", n=1, seed=2)[0]
     row = build_rows(gemma, [item])[0]
     ctx, cont = lm_eval_pair(tokenizer, item.contexts[0], item.continuations[0], bos=[tokenizer.bos_token_id])
     assert row.tokens == (ctx + cont)[:-1]
@@ -113,7 +113,7 @@ def test_scores_of_a_task_read_the_evaluated_rows(model, tokenizer):
 
 
 def test_bad_protocol_and_missing_chat_template_are_explained(model, tokenizer):
-    task = load_task("arc_easy", n=1)
+    task = load_task("arc_easy", split="validation", n=1)
     with pytest.raises(ValueError, match="unknown protocol"):
         evaluate(model, task, protocol="harness", progress=False)
     base = text_model(tokenizer)

@@ -69,7 +69,7 @@ SETTINGS = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.25, 0.5), static_s
 
 
 def test_interrupted_sweep_resumes_to_the_same_table(tiny_text_model, tmp_path, monkeypatch):
-    model, task = tiny_text_model, load_task("arc_easy", n=5, seed=1)
+    model, task = tiny_text_model, load_task("arc_easy", split="validation", n=5, seed=1)
     full = run_sweep(model, task, out_dir=tmp_path / "full", **SETTINGS)
     n_units = 1 + 2 * (1 + 2 + 1)  # baseline + per fraction: random, two scores, one static
     assert len(full.units) == n_units and full.meta["units_run"] == n_units
@@ -181,7 +181,7 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
 
 
 def test_bad_sweep_arguments_are_explained(tiny_text_model):
-    task = load_task("arc_easy", n=2)
+    task = load_task("arc_easy", split="validation", n=2)
     with pytest.raises(ValueError, match="unknown scores"):
         run_sweep(tiny_text_model, task, scores=["AHONN"], progress=False)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
