@@ -34,7 +34,7 @@ torch.manual_seed(0)
 model = load_model()  # raw weight basis: the norms the scores read are not changed by weight processing
 print(lens_heads.weight_basis(model), model.cfg.n_layers, "layers x", model.cfg.n_heads, "heads")"""),
     new_markdown_cell("## Score every head on a small ARC-Easy sample\nOne forward pass per batch; no activation cache."),
-    new_code_cell("""task = load_task("arc_easy", split="validation", n=16, seed=0)
+    new_code_cell("""task = load_task("arc_easy", n=16, seed=0)
 scores = score_heads(model, task, batch_size=8)
 scores.values.shape  # [input, layer, head, score]"""),
     new_code_cell("""mean = {name: scores.mean(name).numpy() for name in scores.names}
@@ -47,7 +47,7 @@ The threshold comes from the pooled (input, layer, head) distribution of the una
 pass, a head whose AHON (LN) for THAT input falls below it gets its output z set to 0 before W_O. Random zeroing
 removes each (input, layer, head) with the same probability. Both are compared with the unablated run on the same
 items (paired differences), with the gold answer's log-probability as a low-variance companion."""),
-    new_code_cell("""eval_task = load_task("arc_easy", split="validation", n=12, seed=1)
+    new_code_cell("""eval_task = load_task("arc_easy", n=12, seed=1)
 base = evaluate(model, eval_task, progress=False)
 t = thresholds(scores, "AHON (LN)", [0.2])[0.2]
 by_score = threshold_zeroing(model, "AHON (LN)", t)
