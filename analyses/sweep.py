@@ -53,6 +53,7 @@ from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.data.rows import PROTOCOLS
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.experiments.compare import UNITS_SUFFIX
+from lens_heads.data.chat import parse_chat_setting, resolve_chat_template
 from lens_heads.experiments.sweep import CALIBRATIONS, run_sweep, save_units
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 
@@ -97,8 +98,14 @@ class SweepSettings:
     figures: str = option(str(ROOT / "figures"), "where tables and figures go")
     protocol: str = option("lm-eval", "forward rows: lm-eval's (the paper's) or TransformerLens's ('tl')",
                            choices=PROTOCOLS)
-    apply_chat_template: bool = option(False, "render prompts with the tokenizer's chat template, as lm-eval's "
-                                       "--apply_chat_template")
+    apply_chat_template: bool | str = option("off", "the tokenizer's chat template: off, on (lm-eval's "
+                                             "--apply_chat_template --fewshot_as_multiturn, the authors' run of "
+                                             "instruct models), single_turn (without --fewshot_as_multiturn) or auto "
+                                             "(on for -Instruct/-chat/-SFT/-DPO model names, as the authors' script)",
+                                             parse=parse_chat_setting)
+    split: str | None = option(None, "evaluated split (default: the task's; ARC-Easy's is test, and the recorded "
+                               "ARC-Easy sweeps read validation)")
+    tag: str = option("", "appended to the output names (sweep_<task>_<tag>.*), for a variant beside a record")
     calibration: str = option("rows", "thresholds from the evaluated rows (the paper's) or the item prompts",
                               choices=CALIBRATIONS)
     batch_size: int | str = option(16, "forward rows per batch, or 'auto' (the largest that fits)", parse=_batch_size)
@@ -124,8 +131,9 @@ def check_baselines(model, args) -> pd.DataFrame:
     for name in args.check_tasks:
         n = args.check_n_mmlu if name == "mmlu" else args.check_n
         task = load_task(name, n=n, seed=args.seed)
-        path = Path(args.out) / "baselines" / (f"{name}-n{len(task)}-shots{task.shots}-seed{args.seed}-"
-                                               f"{args.protocol}{'-chat' if args.apply_chat_template else ''}.json")
+        chat = resolve_chat_template(model, parse_chat_setting(args.apply_chat_template))
+        path = Path(args.out) / "baselines" / (f"{name}-{task.split}-n{len(task)}-shots{task.shots}-seed{args.seed}-"
+                                               f"{args.protocol}{_chat_suffix(chat)}.json")
         if path.exists():
             result = EvalResult.from_dict(json.loads(path.read_text()))
         else:
@@ -133,7 +141,7 @@ def check_baselines(model, args) -> pd.DataFrame:
             # 5-shot MMLU rows are ~750 tokens: smaller batches keep the attention patterns' memory in bounds
             small = args.batch_size if args.batch_size == AUTO else min(args.batch_size, 4)
             result = evaluate(model, task, batch_size=small if name == "mmlu" else args.batch_size,
-                              protocol=args.protocol, apply_chat_template=args.apply_chat_template)
+                              protocol=args.protocol, apply_chat_template=chat)
             if distributed.is_main():
                 atomic_write_json(path, result.to_dict())
                 print(f"[baseline] {name}: {time.perf_counter() - t:.0f} s")
@@ -153,10 +161,14 @@ def check_baselines(model, args) -> pd.DataFrame:
 # ---------------------------------------------------------------- step 3: outputs
 
 
+def _chat_suffix(chat: bool | str) -> str:
+    return {False: "", True: "-chat", "single_turn": "-chat1"}[chat]
+
+
 def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     figures = Path(args.figures)
     figures.mkdir(parents=True, exist_ok=True)
-    stem = figures / output_name(args.model, task.name)
+    stem = figures / output_name(args.model, task.name, args.tag)
     table = result.to_dataframe()
     atomic_write_text(f"{stem}.csv", table.to_csv(index=False, float_format="%.6g"))
     save_units(result, f"{stem}{UNITS_SUFFIX}")
@@ -172,7 +184,8 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         what="inactive-heads sweep: per-input threshold zeroing of heads on hook_z (z := 0 before W_O), random "
              "baseline, static pruning view",
         model=model_meta(model), task=task.meta(), protocol=args.protocol,
-        apply_chat_template=args.apply_chat_template, calibration=args.calibration,
+        apply_chat_template=result.meta["apply_chat_template"], chat_template=result.meta["chat_template"],
+        calibration=args.calibration,
         seed=args.seed, fractions=args.fractions, scores=args.scores,
         static_scores=args.static_scores,
         baseline=dict(accuracy=result.baseline.accuracy, ci95=[low, high], n=result.baseline.n,
@@ -199,7 +212,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         table=table.to_dict(orient="records")))
     meta = model_meta(model)
     title = (f"{meta['name']} on {task.name} ({task.split}, {task.shots}-shot {task.format}, n={len(task)}, seed "
-             f"{args.seed}; {args.protocol} rows{', chat template' if args.apply_chat_template else ''}; weight "
+             f"{args.seed}; {args.protocol} rows{_chat_title(result.meta['chat_template'])}; weight "
              f"basis {meta['weight_basis']}): baseline {100 * result.baseline.accuracy:.1f}% "
              f"[{100 * low:.1f}, {100 * high:.1f}], chance {100 * result.baseline.chance:.0f}%")
     fig = ablation_curves(table, baseline=100 * result.baseline.accuracy, chance=result.baseline.chance,
@@ -220,9 +233,14 @@ def target_misses(check: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def output_name(model: str, what: str) -> str:
-    """``sweep_<what>`` for the embedded default model, ``sweep_<model>_<what>`` for any other."""
-    return f"sweep_{what}" if model == DEFAULT_MODEL else f"sweep_{safe_name(model)}_{what}"
+def _chat_title(chat: bool | str) -> str:
+    return {False: "", True: ", chat template (multi-turn few-shot)", "single_turn": ", chat template (one turn)"}[chat]
+
+
+def output_name(model: str, what: str, tag: str = "") -> str:
+    """``sweep_<what>`` for the embedded default model, ``sweep_<model>_<what>`` for any other; ``_<tag>`` after."""
+    name = f"sweep_{what}" if model == DEFAULT_MODEL else f"sweep_{safe_name(model)}_{what}"
+    return f"{name}_{tag}" if tag else name
 
 
 def main(argv=None) -> None:
@@ -234,7 +252,7 @@ def main(argv=None) -> None:
     if args.check_tasks:
         baselines = check_baselines(model, args)
         if main_process:
-            atomic_write_text(Path(args.figures) / f"{output_name(args.model, 'baselines')}.csv",
+            atomic_write_text(Path(args.figures) / f"{output_name(args.model, 'baselines', args.tag)}.csv",
                               baselines.to_csv(index=False, float_format="%.4g"))
     else:  # no check this run: the sweep's own baseline unit still says where chance lies
         baselines = pd.DataFrame()
@@ -243,12 +261,13 @@ def main(argv=None) -> None:
         if len(row) and not bool(row["above_chance"].iloc[0]) and not args.force:
             print(f"[sweep] skipping {name}: its baseline is not clearly above chance (pass --force to sweep anyway)")
             continue
-        task = load_task(name, n=args.n, seed=args.seed)
+        task = load_task(name, n=args.n, seed=args.seed, split=args.split)
         t = time.perf_counter()
         result = run_sweep(model, task, scores=args.scores, fractions=args.fractions, out_dir=Path(args.out) / name,
                            seed=args.seed, batch_size=args.batch_size, random_baseline=not args.no_random,
                            static_scores=args.static_scores, protocol=args.protocol,
-                           apply_chat_template=args.apply_chat_template, calibration=args.calibration)
+                           apply_chat_template=parse_chat_setting(args.apply_chat_template),
+                           calibration=args.calibration)
         if result is None:
             print(f"[sweep] {name}: this job array task's units are done in {Path(args.out) / name}; once every "
                   "task has finished, run the same command outside the array to merge them and write the figures")

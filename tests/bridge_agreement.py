@@ -23,7 +23,7 @@ PROMPTS = [  # different lengths: the batches are padded
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
     "Attention heads that look only at the first token are said to be resting.",
 ]
-TASK = dict(name="arc_easy", n=6, seed=0)
+TASK = dict(name="arc_easy", split="validation", n=6, seed=0)  # the split the stored reference was computed on
 # zeroing by a pattern score, a value-norm score and an output-norm score, at about these shares of heads
 ZEROING = [("AWFT", 0.3), ("AVVN", 0.2), ("AHON", 0.2)]
 
@@ -40,7 +40,7 @@ def compute(model, zeroing_thresholds: dict[str, float] | None = None) -> tuple[
     from lens_heads.heads.scores import DIRECTION
 
     scores = score_heads(model, PROMPTS, batch_size=4, progress=False)
-    task = load_task(TASK["name"], n=TASK["n"], seed=TASK["seed"])
+    task = load_task(TASK["name"], split=TASK["split"], n=TASK["n"], seed=TASK["seed"])
     tensors = {"scores": scores.values.float(), "logprobs": _logprobs(evaluate(model, task, progress=False))}
     thresholds = zeroing_thresholds or {name: gap_threshold(scores.score(name), p if DIRECTION[name] == "<" else 1 - p)
                                         for name, p in ZEROING}

@@ -36,7 +36,7 @@ def main(path: str) -> None:
 
     config = json.loads(open(path).read())
     torch.set_num_threads(1)
-    model, task = tiny_text_model(), load_task("arc_easy", n=config["n"], seed=1)
+    model, task = tiny_text_model(), load_task("arc_easy", split="validation", n=config["n"], seed=1)
     rank = distributed.rank()
     settings = sweep_settings(config)
     if config.get("stop_rank") == rank:

@@ -38,7 +38,7 @@ def test_first_size_is_a_power_of_two_capped_by_the_rows():
 
 
 def test_auto_batch_halves_on_out_of_memory_until_it_fits(tiny_text_model):
-    model, task = tiny_text_model, load_task("arc_easy", n=4, seed=1)  # 16 rows: first try 16
+    model, task = tiny_text_model, load_task("arc_easy", split="validation", n=4, seed=1)  # 16 rows: first try 16
     tried = []
     auto = evaluate(model, task, hooks=[memory_limit(3, tried)], batch_size="auto", progress=False)
     # 16, 8 and 4 rows per batch each fail at their first (longest, 4-row) batch; 2 fits

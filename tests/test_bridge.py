@@ -75,7 +75,7 @@ def test_gemma_agrees_with_hookedtransformer():
 
 
 def test_evaluate_each_runs_every_set_whole_and_equals_evaluate(bridge):
-    task = load_task("arc_easy", n=3)
+    task = load_task("arc_easy", split="validation", n=3)
     heads = [(0, 1), (5, 2), (12, 8)]
     each = evaluate_each(bridge, task, [(), static_zeroing(bridge, heads)], progress=False)
     alone = evaluate(bridge, task, hooks=static_zeroing(bridge, heads), progress=False)

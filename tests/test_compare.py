@@ -109,7 +109,7 @@ def test_bad_input_is_explained(two):
         compare_sweeps(two[:1])
     with pytest.raises(ValueError, match="at least two sweeps"):
         compare_sweeps(two[0])
-    with pytest.raises(ValueError, match=r"same \(model, task\): m1 / t1"):
+    with pytest.raises(ValueError, match=r"same \(model, task, setting\): m1 / t1"):
         compare_sweeps([two[0], synthetic_sweep("m1", "t1", B)])
     with pytest.raises(ValueError, match="0 curve.*in common.*m2 / t9: X1, X2"):
         compare_sweeps([two[0], synthetic_sweep("m2", "t9", {"X1": (80, 80), "X2": (80, 70)})])
@@ -135,7 +135,7 @@ def tiny_sweep(tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     model = tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
                        default_prepend_bos=True)
-    task = load_task("arc_easy", n=4, seed=1)
+    task = load_task("arc_easy", split="validation", n=4, seed=1)
     out = tmp_path_factory.mktemp("sweep") / "arc_easy"
     result = run_sweep(model, task, scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2, 0.4), out_dir=out,
                        static_scores=["AHON (LN)"], seed=1, batch_size=4, progress=False)
@@ -284,3 +284,88 @@ def test_sweeps_on_different_grids_are_compared_on_the_shares_they_share():
     with pytest.raises(ValueError, match="share no target share"):
         compare_sweeps([SweepResult(full.baseline, [u for u in full.units if u.target_fraction in (0, 0.3)],
                                     full.meta), coarse])
+
+
+# ---------------------------------------------------------------- one model and task under two settings
+
+
+def _with_setting(sweep, chat):
+    fp = dict(sweep.meta["fingerprint"], apply_chat_template=chat, task=dict(sweep.meta["fingerprint"]["task"],
+                                                                              split="validation"))
+    return SweepResult(baseline=sweep.baseline, units=sweep.units, meta=dict(sweep.meta, fingerprint=fp))
+
+
+def test_two_settings_of_one_model_and_task_compare_item_by_item():
+    """The same items under two settings: a curve with the same outcomes under both differs by exactly 0 in every
+    paired replicate; a curve whose gold answer drops further under b has a lower accuracy AUC, by the difference
+    of the two sweeps' own AUCs, with an interval below 0."""
+    from dataclasses import replace
+
+    from lens_heads.experiments.compare import compare_settings, setting_of
+    from synthetic_sweeps import synthetic_sweep as item_sweep
+
+    plain = _with_setting(item_sweep(np.random.default_rng(0), 60, {"S1": (0.5, 3.0), "random": (0.2, 2.0)},
+                                     zeroed=True), False)
+    harder = [replace(u, result=EvalResult(task="synthetic", format="cloze", chance=0.5, items=[
+        ItemRecord(id=r.id, gold=0, logprobs=[r.logprobs[0] - 3.0, r.logprobs[1]], n_tokens=[1, 1], n_chars=[1, 1],
+                   greedy=[True, False], n_bytes=[1, 1]) for r in u.result.items])) if u.score == "S1" else u
+              for u in plain.units]
+    chat = _with_setting(SweepResult(baseline=plain.baseline, units=harder, meta=plain.meta), True)
+    assert setting_of(chat) == "validation, chat template" and setting_of(plain) == "validation, no chat template"
+    table = compare_settings(plain, chat, n_resamples=300).set_index(["quantity", "curve"])
+    same = table.loc[("accuracy_auc", "random")]
+    assert same["difference"] == 0 and same["low"] == 0 and same["high"] == 0 and same["verdict"] == "cannot tell apart"
+    s1 = table.loc[("accuracy_auc", "S1")]
+    expected = chat.normalised_auc()["S1"] - plain.normalised_auc()["S1"]
+    assert expected < 0 and s1["difference"] == pytest.approx(expected) and s1["high"] < 0
+    assert s1["verdict"] == "lower under b"
+    assert set(table.index.get_level_values("quantity")) == {"accuracy_auc", "kl_auc", "rank_accuracy_auc",
+                                                              "rank_kl_auc"}
+    both = compare_sweeps([plain, chat], n_resamples=100)  # two settings of one (model, task) are two sweeps
+    assert both.labels == ("m / t (validation, no chat template)", "m / t (validation, chat template)")
+    other = _with_setting(item_sweep(np.random.default_rng(1), 50, {"S1": (0.5, 3.0)}), True)
+    with pytest.raises(ValueError, match="same items"):
+        compare_settings(plain, other)
+
+
+def test_zeroed_head_overlap_by_hand():
+    from lens_heads.experiments.compare import zeroed_head_overlap
+    from scipy.stats import spearmanr
+    from synthetic_sweeps import unit
+
+    def sweep(shares):
+        units = [unit("baseline", None, 0.0, np.zeros(4))]
+        for score, share in shares.items():
+            u = unit("threshold", score, 0.1, np.zeros(4))
+            units.append(UnitResult(**{**u.__dict__, "head_share": share}))
+        return SweepResult(baseline=units[0].result, units=units, meta={})
+
+    a = sweep({"S1": [[1.0, 0.6], [0.2, 0.0]], "S2": [[0.1, 0.0], [0.0, 0.0]]})
+    b = sweep({"S1": [[1.0, 0.1], [0.7, 0.0]], "S2": [[0.0, 0.2], [0.0, 0.0]]})
+    table = zeroed_head_overlap(a, b).set_index("score")
+    assert table.loc["S1", ["heads_a", "heads_b", "shared"]].tolist() == [2, 2, 1]
+    assert table.loc["S1", "jaccard"] == pytest.approx(1 / 3)
+    assert table.loc["S1", "spearman_head_share"] == pytest.approx(spearmanr([1, .6, .2, 0], [1, .1, .7, 0])[0])
+    assert table.loc["S2", "heads_a"] == 0 and math.isnan(table.loc["S2", "jaccard"])
+
+
+def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
+    from conftest import load_script
+    from lens_heads.experiments.compare import compare_settings
+    from lens_heads.experiments.sweep import save_units
+    from synthetic_sweeps import synthetic_sweep as item_sweep
+
+    plain = _with_setting(item_sweep(np.random.default_rng(0), 30, {"S1": (0.5, 3.0), "random": (0.2, 2.0)},
+                                     zeroed=True), False)
+    chat = _with_setting(item_sweep(np.random.default_rng(0), 30, {"S1": (1.5, 3.0), "random": (0.2, 2.0)},
+                                    zeroed=True), True)
+    paths = [save_units(s, tmp_path / f"{name}_units.json.gz") for name, s in (("a", plain), ("b", chat))]
+    load_script("compare_settings").main([str(p) for p in paths] + ["--name", "cmp", "--figures", str(tmp_path),
+                                                                    "--n-resamples", "200"])
+    written = pd.read_csv(tmp_path / "cmp.csv")
+    expected = compare_settings(plain, chat, n_resamples=200)
+    assert np.allclose(written["difference"], expected["difference"]) and list(written["verdict"]) == list(
+        expected["verdict"])
+    report = json.loads((tmp_path / "cmp.json").read_text())
+    assert report["a"]["setting"] == "validation, no chat template" and report["b"]["setting"].endswith("chat template")
+    assert -1 <= report["spearman"]["accuracy"]["estimate"] <= 1 and (tmp_path / "cmp_heads.csv").exists()

@@ -40,7 +40,7 @@ def single_process():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model, task = tiny_text_model(), load_task("arc_easy", n=CONFIG["n"], seed=1)
+        model, task = tiny_text_model(), load_task("arc_easy", split="validation", n=CONFIG["n"], seed=1)
         sweep = run_sweep(model, task, **sweep_settings(CONFIG))
         evaluated = evaluate(model, task, hooks=random_zeroing(model, 0.3, seed=1), batch_size=3, progress=False)
         scores = score_heads(model, task, batch_size=2, progress=False)

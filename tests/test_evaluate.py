@@ -38,7 +38,7 @@ def loop_logprobs(model, item, fwd_hooks=(), protocol="lm-eval"):
 
 
 @pytest.mark.parametrize("protocol", ["lm-eval", "tl"])
-@pytest.mark.parametrize("name,kwargs,n", [("arc_easy", {}, 4), ("mmlu", {"shots": 0}, 3), ("piqa", {}, 3),
+@pytest.mark.parametrize("name,kwargs,n", [("arc_easy", {"split": "validation"}, 4), ("mmlu", {"shots": 0}, 3), ("piqa", {}, 3),
                                            ("winogrande", {}, 3), ("hellaswag", {}, 1)])
 def test_batched_evaluator_matches_a_per_choice_loop_on_the_embedded_model(smollm, name, kwargs, n, protocol):
     task = load_task(name, n=n, seed=1, **kwargs)
@@ -74,7 +74,7 @@ def tiny_text_model():
 
 def test_user_hooks_and_zeroings_reach_every_forward(tiny_text_model):
     model = tiny_text_model
-    task = load_task("arc_easy", n=4, seed=3)
+    task = load_task("arc_easy", split="validation", n=4, seed=3)
     calls = []
     heads = [(0, 1), (1, 2)]
     recorder = ("blocks.0.attn.hook_z", lambda z, hook: calls.append(z.shape[0]))
@@ -97,7 +97,7 @@ def test_hook_sets_share_the_forward_below_them_and_each_equals_its_own_forward(
     from lens_heads.evaluation.evaluate import evaluate_each
 
     model = tiny_text_model
-    task = load_task("arc_easy", n=4, seed=5)
+    task = load_task("arc_easy", split="validation", n=4, seed=5)
     last = model.cfg.n_layers - 1
     scale = lambda x, hook: 0.5 * x
     sets = [zero_heads([(1, 0)]), zero_heads([(0, 2)]), zero_heads([(last, 1), (1, 1)]), [],
@@ -295,3 +295,33 @@ def test_token_ids_outside_the_vocabulary_and_unknown_hooks_are_named(tiny_text_
         evaluate(tiny_text_model, task, hooks=[("blocks.9.attn.hook_z", noop)], progress=False)
     with pytest.raises(ValueError, match=r"no hook 'blocks\.0\.attn\.hook_zz' \(did you mean 'blocks\.0\.attn\.hook_z'"):
         score_heads(tiny_text_model, tokens[:1], hooks=[("blocks.0.attn.hook_zz", noop)], progress=False)
+
+
+def test_acc_norm_divides_by_the_choice_without_its_leading_space():
+    """lm-eval's acc_norm: argmax of log-likelihood / len(choice), where the choice is the document's answer text
+    (the request's continuation is the target delimiter " " + choice). Checked on raw ARC-Easy and HellaSwag
+    documents: the answer texts, and HellaSwag's endings cleaned as lm-eval's process_docs does."""
+    import re
+
+    from datasets import load_from_disk
+
+    from lens_heads.data.tasks import asset_root
+
+    def clean(text):  # lm-eval hellaswag/utils.py preprocess
+        return re.sub("\\[.*?\\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")
+
+    model = text_model(n_layers=1, n_ctx=512)
+    root = asset_root() / "hf_datasets"
+    arc = {d["id"]: d["choices"]["text"] for d in load_from_disk(str(root / "ai2_arc/ARC-Easy/validation")).to_list()}
+    swag = load_from_disk(str(root / "hellaswag/none/validation")).to_list()
+    for task, choices in ((load_task("arc_easy", split="validation", n=6, seed=2), lambda i: arc[i.split("/")[1]]),
+                          (load_task("hellaswag", n=4, seed=1),
+                           lambda i: [clean(e) for e in next(d for d in swag if f"hellaswag/{d['ind']}" == i)["endings"]])):
+        result = evaluate(model, task, progress=False)
+        by_hand = []
+        for record in result.items:
+            lengths = [len(c) for c in choices(record.id)]
+            assert record.n_chars == lengths
+            by_hand.append(int(np.argmax(np.asarray(record.logprobs) / lengths)) == record.gold)
+        assert result.accuracy_by("per_char") == pytest.approx(np.mean(by_hand))
+        assert "without the continuation's leading space" in result.meta["acc_norm"]

@@ -141,7 +141,7 @@ def tiny_text_model():
 @pytest.mark.slow
 def test_evaluate_fuses_unless_a_zeroing_reads_the_pattern(tiny_text_model):
     model = tiny_text_model
-    task = load_task("arc_easy", n=3, seed=1)
+    task = load_task("arc_easy", split="validation", n=3, seed=1)
     cases = {
         "baseline": lambda: [],
         "static": lambda: [static_zeroing(model, [(0, 1), (2, 3)])],

@@ -114,7 +114,7 @@ def test_zero_heads_names_a_head_the_model_does_not_have(tiny_text_model):
     from lens_heads.evaluation.evaluate import evaluate
     from lens_heads.data.tasks import load_task
 
-    task = load_task("arc_easy", n=1)
+    task = load_task("arc_easy", split="validation", n=1)
     heads = tiny_text_model.cfg.n_heads
     with pytest.raises(ValueError, match=f"layer 0 has {heads} heads"):
         evaluate(tiny_text_model, task, hooks=zero_heads([(0, 99)]), progress=False)
@@ -145,4 +145,4 @@ def test_bad_prompts_ranks_and_shares_are_refused(tiny_text_model):
         StaticAblation(score="AHON (LN)", fraction=-0.1)
     order = [(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
     with pytest.raises(ValueError, match=r"fractions must lie in \[0, 1\)"):
-        oracle_sweep(model, load_task("arc_easy", n=2), order, fractions=(-0.1, 0.2), progress=False)
+        oracle_sweep(model, load_task("arc_easy", split="validation", n=2), order, fractions=(-0.1, 0.2), progress=False)

@@ -13,6 +13,11 @@ def test_embedded_model_loads_offline_and_knows_paris(no_network):
     top = logits[0, -1].argmax().item()
     assert model.to_string(top) == " Paris"
     assert weight_basis(model).startswith("raw")
+    from lens_heads.data.chat import resolve_chat_template
+
+    # its upstream name, which the authors' rule reads: an instruct model, so "auto" turns the template on
+    assert model.lens_heads_meta["hf_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert resolve_chat_template(model, "auto") is True
 
 
 def test_embedded_logits_match_plain_hugging_face(smollm):

@@ -21,7 +21,7 @@ from conftest import text_model
 # Summed log-likelihoods are sums of float32 log-probabilities (PIQA's: ~20 tokens of ~-11 each on the tiny model),
 # so the tolerance has a relative part of a few float32 ulps beside the 1e-5.
 ATOL, RTOL = 1e-5, 1e-6
-TASKS = [("arc_easy", {}), ("piqa", {}), ("winogrande", {"shots": 0}), ("hellaswag", {})]
+TASKS = [("arc_easy", {"split": "validation"}), ("piqa", {}), ("winogrande", {"shots": 0}), ("hellaswag", {})]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_mmlu_five_shot_rows_share_their_subject_block(model):
 
 
 def test_several_hook_sets_share_the_trunk_and_the_prefixes(model):
-    task = load_task("arc_easy", n=5, seed=4)
+    task = load_task("arc_easy", split="validation", n=5, seed=4)
     make = lambda: [zero_heads([(1, 0)]), zero_heads([(0, 2)]), [], [static_zeroing(model, [(1, 3)])],
                     zero_heads([(1, 1), (0, 0)])]
     shared = evaluate_each(model, task, make(), batch_size=3, progress=False)
@@ -147,7 +147,7 @@ class LastZ:
 
 
 def test_a_hook_on_hook_z_sees_the_row_by_row_values_at_its_positions(model):
-    task = load_task("arc_easy", n=4, seed=6)
+    task = load_task("arc_easy", split="validation", n=4, seed=6)
     shared, row = LastZ(1), LastZ(1)
     a = evaluate_each(model, task, [[zero_heads([(0, 3)])[0], shared]], batch_size=3, progress=False)[0]
     evaluate_each(model, task, [[zero_heads([(0, 3)])[0], row]], batch_size=3, progress=False,
@@ -221,7 +221,7 @@ def test_embedded_model_arc_easy_under_static_zeroing(smollm):
     """One case on SmolLM2 (30 layers, 9 query / 3 KV heads). Its summed log-likelihoods reach ~50 in size, where
     float32 rounding moves the row path itself by 1.7e-5 between batch sizes 1 and 8 (ARC-Easy, 16 items): the
     tolerance is 1e-5 plus 5e-6 of the value (4e-5 measured here at -27.4)."""
-    task = load_task("arc_easy", n=4, seed=7)
+    task = load_task("arc_easy", split="validation", n=4, seed=7)
     heads = [(0, 1), (5, 3), (17, 8), (29, 0)]
     shared, row, _, _ = both_paths(smollm, task, lambda: [static_zeroing(smollm, heads)])
     assert shared.meta["shared_prefix"] == "any" and shared.meta["forward_tokens"] < 0.6 * row.meta["forward_tokens"]

@@ -43,7 +43,7 @@ def lm_eval_pair(tokenizer, context, continuation, bos=()):
 
 
 def test_lm_eval_rows_drop_the_last_token_and_add_no_bos(model, tokenizer):
-    task = load_task("arc_easy", n=3, seed=7)
+    task = load_task("arc_easy", split="validation", n=3, seed=7)  # four-token-plus answers: a row per choice
     rows = build_rows(model, task)
     expected = [(i, c, x) for i, item in enumerate(task)
                 for c, x in (lm_eval_pair(tokenizer, ctx, cont) for ctx, cont in zip(item.contexts, item.continuations))]
@@ -79,26 +79,26 @@ def test_letter_format_shares_one_row_the_context_alone(model, tokenizer):
 def test_gemma_models_get_the_bos_lm_eval_forces(tokenizer):
     gemma = text_model(tokenizer)
     gemma.cfg.original_architecture = "Gemma3ForCausalLM"
-    item = load_task("arc_easy", n=1, seed=2)[0]
+    item = load_task("arc_easy", split="validation", n=1, seed=2)[0]
     row = build_rows(gemma, [item])[0]
     ctx, cont = lm_eval_pair(tokenizer, item.contexts[0], item.continuations[0], bos=[tokenizer.bos_token_id])
     assert row.tokens == (ctx + cont)[:-1]
 
 
-def test_chat_template_renders_description_as_system_turn(model, tokenizer):
+def test_single_turn_chat_template_renders_description_as_system_turn(model, tokenizer):
     item = load_task("mmlu", n=1, shots=2, seed=5)[0]
     assert item.description and item.contexts[0].startswith(item.description)
     rendered = tokenizer.apply_chat_template(
         [{"role": "system", "content": item.description},
          {"role": "user", "content": item.contexts[0][len(item.description):]}],
         tokenize=False, add_generation_prompt=True)
-    rows = build_rows(model, [item], apply_chat_template=True)
+    rows = build_rows(model, [item], apply_chat_template="single_turn")
     assert len(rows) == 4  # each answer is two tokens under the chat template, so each choice has its row, as in lm-eval
     for row, letter in zip(rows, " A B C D".split(" ")[1:]):
         ctx, cont = lm_eval_pair(tokenizer, rendered, " " + letter)
         assert row.tokens == (ctx + cont)[:-1] and row.reads[0][1:] == (len(ctx) - 1, cont)
         assert tokenizer.decode(cont) == "\n " + letter  # lm-eval moves the template's trailing newline here
-    assert context_tokens(model, item, apply_chat_template=True) == ctx
+    assert context_tokens(model, item, apply_chat_template="single_turn") == ctx
 
 
 def test_scores_of_a_task_read_the_evaluated_rows(model, tokenizer):
@@ -113,7 +113,7 @@ def test_scores_of_a_task_read_the_evaluated_rows(model, tokenizer):
 
 
 def test_bad_protocol_and_missing_chat_template_are_explained(model, tokenizer):
-    task = load_task("arc_easy", n=1)
+    task = load_task("arc_easy", split="validation", n=1)
     with pytest.raises(ValueError, match="unknown protocol"):
         evaluate(model, task, protocol="harness", progress=False)
     base = text_model(tokenizer)

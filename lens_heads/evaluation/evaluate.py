@@ -20,7 +20,8 @@ tokens the row-by-row path runs (``forward_tokens``: how many were run).
 Metrics: ``accuracy`` is the argmax of the *summed* log-likelihood (lm-eval's ``acc``; the primary metric by
 default: on the embedded model it is the higher and the less length-biased of the two on ARC-Easy); the
 per-token-normalised accuracy (log-likelihood / number of continuation tokens) and lm-eval's per-character
-``acc_norm`` are reported beside it (``accuracies``). For letter format and WinoGrande all three coincide.
+``acc_norm`` (log-likelihood / characters of the choice, the continuation without its leading space:
+:func:`choice_chars`) are reported beside it (``accuracies``). For letter format and WinoGrande all three coincide.
 ``accuracy`` is the mean over items, which for MMLU is the subject-size-weighted accuracy (lm-eval's group
 score); ``macro_accuracy`` averages the subjects equally. An item with a single continuation (LAMBADA, GSM8K's gold
 answer) is correct when that continuation is the greedy (argmax) token at every one of its positions (lm-eval's
@@ -53,10 +54,12 @@ from lens_heads.plumbing import distributed
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.hook_sets import HookSet, hook_objects, hook_set
 from lens_heads.models.loading import model_meta
+from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.data.inputs import check_token_ids, pad_id, right_pad
 
 METRICS = ("sum", "per_token", "per_char")
+ACC_NORM = "per_char: log-likelihood / characters of the choice, without the continuation's leading space (lm-eval's)"
 ATTENTION = ("fused", "eager")
 Z95 = 1.959963984540054
 
@@ -72,7 +75,7 @@ class ItemRecord:
     gold: int
     logprobs: list[float]
     n_tokens: list[int]
-    n_chars: list[int]
+    n_chars: list[int]  # per choice: its characters as lm-eval's acc_norm counts them (choice_chars)
     subject: str | None = None
     greedy: list[bool] = field(default_factory=list)  # per choice: every continuation token is the argmax
     n_bytes: list[int] = field(default_factory=list)  # per choice: UTF-8 bytes of the continuation
@@ -280,7 +283,7 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
 
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
-             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
+             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
              attention: str = "fused", first_input: int = 0) -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.data.tasks.Task`) by log-likelihood.
 
@@ -307,7 +310,7 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
 
 @torch.no_grad()
 def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8, progress: bool = True,
-                  primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False,
+                  primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
                   attention: str = "fused", first_input: int = 0, _shared_prefixes: bool = True) -> list[EvalResult]:
     """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set.
 
@@ -342,7 +345,8 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
         raise ValueError("the task has no items")
     sets = [hook_set(model, hooks) for hooks in hook_sets]
     check_protocol(protocol)
-    rows = build_rows(model, items, protocol=protocol, apply_chat_template=apply_chat_template)
+    chat = resolve_chat_template(model, apply_chat_template)
+    rows = build_rows(model, items, protocol=protocol, apply_chat_template=chat)
     check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
                     [f"item {items[r.item].id}" for r in rows])
     start_time = time.perf_counter()
@@ -357,7 +361,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
                           _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
     bar.close()
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
-                protocol=protocol, apply_chat_template=apply_chat_template,
+                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, acc_norm=ACC_NORM,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=attention_calls.describe() if attention == "fused" else "eager",
                 shared_prefix=scope if state is not None else None, row_tokens=sum(len(r.tokens) for r in rows),
@@ -562,9 +566,16 @@ def continuation_tokens(items, rows: list[Row]) -> list[list[int]]:
 def _records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
     n_tokens = continuation_tokens(items, rows)
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
-                       n_chars=[len(x) for x in it.continuations], greedy=gr,
+                       n_chars=[choice_chars(x) for x in it.continuations], greedy=gr,
                        n_bytes=[len(x.encode("utf-8")) for x in it.continuations])
             for it, lp, nt, gr in zip(items, logprobs, n_tokens, greedy)]
+
+
+def choice_chars(continuation: str) -> int:
+    """The length lm-eval's ``acc_norm`` divides by: the choice's characters, which the continuation carries after
+    the target delimiter (one leading space). WinoGrande's choices are its option-filled contexts in lm-eval, which
+    reports only ``acc`` for it; here its two continuations are one text, so per_char there equals sum."""
+    return len(continuation[1:] if continuation.startswith(" ") else continuation)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,8 @@ from lens_heads.evaluation.evaluate import wilson_interval
 from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
 from lens_heads.models.backends import final_logits, is_bridge, run_to_resid
 from lens_heads.models.loading import model_meta
-from lens_heads.data.rows import DEFAULT_PROTOCOL, chat_context, check_protocol, encode, lm_eval_bos
+from lens_heads.data.chat import chat_context, resolve_chat_template
+from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_eval_bos
 from lens_heads.data.inputs import check_token_ids
 
 GSM8K_STOP = ("\n\n", "Question:")
@@ -207,11 +208,11 @@ class GenerationResult:
 
 def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: int = 256,
                         stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
-                        apply_chat_template: bool = False, progress: bool = True) -> GenerationResult:
+                        apply_chat_template: bool | str = False, progress: bool = True) -> GenerationResult:
     """Greedy-generate for every item of ``task`` (items need a ``target``, as GSM8K's do) and score exact match
     of :func:`extract_answer` against the normalised target. Hooks and HeadAblation objects act as in :func:`generate`;
     item ``i`` is input ``i`` to them. ``apply_chat_template`` renders each prompt as lm-eval does
-    (:func:`lens_heads.data.rows.chat_context`)."""
+    (:mod:`lens_heads.data.chat`)."""
     from tqdm.auto import tqdm
 
     items = list(task)
@@ -220,11 +221,12 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
     if any(it.target is None for it in items):
         raise ValueError(f"task {getattr(task, 'name', '?')!r} has no reference answers to match generations "
                          "against: use a generation task such as load_task('gsm8k')")
+    chat = resolve_chat_template(model, apply_chat_template)
     start = time.perf_counter()
     records = []
     for i, item in enumerate(tqdm(items, desc=f"{getattr(task, 'name', 'task')} generation", disable=not progress,
                                   leave=False)):
-        prompt = chat_context(model, item.prompt, item.description) if apply_chat_template else item.prompt
+        prompt = chat_context(model.tokenizer, item, item.prompt, chat) if chat is not False else item.prompt
         out = generate(model, prompt, hooks=hooks, max_new_tokens=max_new_tokens, stop=stop, cache=cache,
                        protocol=protocol, input_id=i)
         answer = extract_answer(out.text)
@@ -234,5 +236,5 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {},
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in hook_objects(hooks)],
                 decoding="greedy", max_new_tokens=max_new_tokens, stop=list(stop), cache=cache,
-                protocol=protocol, apply_chat_template=apply_chat_template, wall_s=time.perf_counter() - start, ci_method="wilson 95%")
+                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, wall_s=time.perf_counter() - start, ci_method="wilson 95%")
     return GenerationResult(task=getattr(task, "name", "task"), items=records, meta=meta)

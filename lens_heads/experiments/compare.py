@@ -13,6 +13,10 @@ Given several sweeps, one per (model, task) (:class:`lens_heads.experiments.swee
 Ranks, correlations and overlaps are taken over the curves that every sweep has (the others are listed in
 ``dropped``), so every rank is out of the same number of curves.
 
+The same model and task may come twice under different settings (the chat template, the split: their label says
+which); :func:`compare_settings` then takes each curve's summaries and ranks under the two settings apart with paired
+intervals, and :func:`zeroed_head_overlap` compares the heads the two zeroed.
+
 Intervals: each sweep with per-item records (a ``run_sweep`` folder, or a recorded sweep with its units file) is
 bootstrapped over its items (:mod:`lens_heads.experiments.sweep_intervals`), the curves re-ranked in every replicate, and the
 Spearman correlation of two rankings taken replicate by replicate. Every sweep is resampled with the same seed, so
@@ -200,16 +204,18 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     described = [_describe(s) for s in sweeps]
-    keys = [(d["model"], d["task"]) for d in described]
+    keys = [(d["model"], d["task"], d["setting"]) for d in described]
     repeated = sorted({k for k in keys if keys.count(k) > 1})
     if repeated:
-        raise ValueError(f"two sweeps of the same (model, task): {', '.join(f'{m} / {t}' for m, t in repeated)}; "
-                         "give one sweep per (model, task)")
+        raise ValueError(f"two sweeps of the same (model, task, setting): "
+                         f"{', '.join(f'{m} / {t} ({s})' for m, t, s in repeated)}; give one sweep per (model, task) "
+                         "and setting")
+    one_setting = len({k[:2] for k in keys}) == len(keys)
     grid = common_grid(sweeps)
     sweeps = [on_grid(s, grid) for s in sweeps]
     aucs = [{c: v for c, v in s.normalised_auc(metric=metric).items() if not math.isnan(v)} for s in sweeps]
     curves = [c for c in aucs[0] if all(c in a for a in aucs[1:])]
-    labels = tuple(f"{m} / {t}" for m, t in keys)
+    labels = tuple(f"{m} / {t}" if one_setting else f"{m} / {t} ({s})" for m, t, s in keys)
     if len(curves) < 2:
         have = "; ".join(f"{label}: {', '.join(a) or 'none'}" for label, a in zip(labels, aucs))
         raise ValueError(f"the sweeps have {len(curves)} curve(s) with an AUC in common, ranking needs at least two "
@@ -294,7 +300,71 @@ def _describe(sweep) -> dict:
         source = sweep.meta.get("source") or sweep.meta.get("out_dir")
     else:
         baseline, chance, source = sweep.baseline_accuracy, sweep.chance, sweep.source
-    return dict(model=str(model.get("name")), task=str(task.get("task")), split=task.get("split"),
+    return dict(model=str(model.get("name")), task=str(task.get("task")), setting=setting_of(sweep),
+                split=task.get("split"),
                 shots=task.get("shots"), format=task.get("format"), n=task.get("n"), seed=task.get("seed"),
                 weight_basis=model.get("weight_basis"), calibration=fp.get("calibration"),
                 protocol=fp.get("protocol"), baseline_accuracy=baseline, chance=chance, source=source)
+
+
+# ---------------------------------------------------------------- one model and task under two settings
+
+CHAT_NAMES = {False: "no chat template", True: "chat template", "single_turn": "chat template, one turn"}
+
+
+def setting_of(sweep) -> str:
+    """What tells a sweep from another of the same model and task: its split and chat template (fingerprint)."""
+    fp = (getattr(sweep, "meta", None) or {}).get("fingerprint") or {}
+    chat = fp.get("apply_chat_template", False)
+    return f"{(fp.get('task') or {}).get('split')}, {CHAT_NAMES.get(chat, str(chat))}"
+
+
+def compare_settings(a: SweepResult, b: SweepResult, *, n_resamples: int = stats.N_RESAMPLES, seed: int = 0
+                     ) -> pd.DataFrame:
+    """One model and task swept under two settings on the same items: per curve, its normalised AUC of accuracy and
+    of the KL and its rank by each under ``a`` and under ``b``, and the paired difference b - a with its percentile
+    interval (both sweeps bootstrapped with the same resampled items, replicate by replicate, on their common grid
+    of target shares), with the verdict the interval allows."""
+    for s in (a, b):
+        if not isinstance(s, SweepResult):
+            raise ValueError("compare_settings needs per-item records: give run_sweep results, or sweep_<task>.json "
+                             "files with their units file beside them (read_sweep)")
+    if [it.id for it in a.baseline.items] != [it.id for it in b.baseline.items]:
+        raise ValueError("compare_settings pairs the two sweeps item by item: sweep the same items (task, split, n, "
+                         "seed) under both settings")
+    grid = common_grid([a, b])
+    ia, ib = (on_grid(s, grid).intervals(n_resamples=n_resamples, seed=seed) for s in (a, b))
+    rows = []
+    for quantity in ("accuracy_auc", "kl_auc", "rank_accuracy_auc", "rank_kl_auc"):
+        for curve in (c for c in ia.curves if c in ib.curves):
+            qa, ca, qb, cb = (ia.quantities.index(quantity), ia.curves.index(curve), ib.quantities.index(quantity),
+                              ib.curves.index(curve))
+            iv = stats.percentile_interval(ib.estimates[qb, cb] - ia.estimates[qa, ca],
+                                           ib.replicates[qb, cb] - ia.replicates[qa, ca], ia.meta["confidence"])
+            rows.append(dict(quantity=quantity, curve=curve, a=float(ia.estimates[qa, ca]),
+                             b=float(ib.estimates[qb, cb]), difference=iv.estimate, low=iv.low, high=iv.high,
+                             verdict=("cannot tell apart" if not iv.excludes(0) else
+                                      "higher under b" if iv.low > 0 else "lower under b")))
+    return pd.DataFrame(rows).assign(setting_a=setting_of(a), setting_b=setting_of(b), grid_pct=str(
+        [100 * p for p in grid]), n_items=len(a.baseline.items), n_resamples=n_resamples, seed=seed)
+
+
+def zeroed_head_overlap(a: SweepResult, b: SweepResult, majority: float = 0.5) -> pd.DataFrame:
+    """Which heads two sweeps of the same model zero, per curve (threshold and static units) and target share: the
+    heads zeroed on at least ``majority`` of each sweep's rows (all rows, for the static view), how many of them
+    the two share and their Jaccard overlap, and the Spearman correlation of every head's share of rows zeroed.
+    Descriptive: no interval (the units keep each head's share of rows, not which items it was zeroed on)."""
+    by_key = {(u.mode, u.score, round(u.target_fraction, 9)): u for u in b.units if u.head_share is not None}
+    rows = []
+    for u in a.units:
+        other = by_key.get((u.mode, u.score, round(u.target_fraction, 9)))
+        if u.mode not in ("threshold", "static") or u.head_share is None or other is None:
+            continue
+        sa, sb = np.asarray(u.head_share, dtype=float).ravel(), np.asarray(other.head_share, dtype=float).ravel()
+        ha, hb = sa >= majority, sb >= majority
+        union = int((ha | hb).sum())
+        rows.append(dict(mode=u.mode, score=u.score, target_pct=100 * u.target_fraction, heads_a=int(ha.sum()),
+                         heads_b=int(hb.sum()), shared=int((ha & hb).sum()),
+                         jaccard=float((ha & hb).sum() / union) if union else float("nan"),
+                         spearman_head_share=stats.spearman(sa, sb), majority=majority))
+    return pd.DataFrame(rows)

@@ -40,8 +40,9 @@ from torch import Tensor
 
 from lens_heads.models.backends import get_act_name, run_to_resid
 from lens_heads.ablation.hooks import mean_z, zero_heads
-from lens_heads.evaluation.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, continuation_tokens,
-                                 evaluate, evaluate_each, pad_rows, paired_values, read_logprobs)
+from lens_heads.evaluation.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, choice_chars,
+                                           continuation_tokens, evaluate, evaluate_each, pad_rows, paired_values,
+                                           read_logprobs)
 from lens_heads.data.inputs import pad_id
 from lens_heads.plumbing.io import atomic_write_bytes
 from lens_heads.models.loading import model_meta
@@ -151,7 +152,7 @@ class HeadEffects:
 
 def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None, batch_size: int = 8,
                  progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-                 apply_chat_template: bool = False) -> HeadEffects:
+                 apply_chat_template: bool | str = False) -> HeadEffects:
     """The effect of removing each head of ``model`` on ``task`` (see the module docstring for the methods and
     metrics; all three metrics are computed, ``metric`` is the one the result ranks heads by).
 
@@ -328,7 +329,7 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
 def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRecord]:
     """Item records from ``[item, choice]`` log-likelihoods (NaN past an item's last choice)."""
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=logprobs[i, :len(it.continuations)].tolist(),
-                       n_tokens=n_tokens[i], n_chars=[len(x) for x in it.continuations], subject=it.subject)
+                       n_tokens=n_tokens[i], n_chars=[choice_chars(x) for x in it.continuations], subject=it.subject)
             for i, it in enumerate(items)]
 
 
@@ -337,7 +338,7 @@ def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRec
 
 def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30),
                  label: str = "oracle", out_dir=None, batch_size: int = 8, progress: bool = True,
-                 primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool = False):
+                 primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False):
     """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
     first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a

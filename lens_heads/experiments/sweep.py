@@ -41,6 +41,7 @@ from lens_heads.plumbing.cache import Cache, claim_folder, load_keyed, read_json
 from lens_heads.stats.curves import ALL, RANDOM, CurveKey
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.plumbing.io import slug
+from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
 from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_intervals
 from lens_heads.heads.distributions import pooled_cdf
@@ -341,7 +342,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
               calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
               random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
               primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-              apply_chat_template: bool = False, specs: Sequence[AblationSpec] = ()) -> SweepResult | None:
+              apply_chat_template: bool | str = False, specs: Sequence[AblationSpec] = ()) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
     ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
@@ -349,7 +350,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
     unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
     alone, as its rows begin), a :class:`lens_heads.heads.scoring.HeadScores` already computed, or any inputs
-    ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`).
+    ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
+    the meta records the chat setting given and what it resolved to, ``chat_template``, and the task's split).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
     ``batch_size``: rows per forward pass, or ``"auto"``.
 
@@ -358,8 +360,9 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
     """
     scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
-    rows = dict(protocol=protocol, apply_chat_template=apply_chat_template)
-    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template)
+    chat = resolve_chat_template(model, apply_chat_template)
+    rows = dict(protocol=protocol, apply_chat_template=chat)
+    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
     plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores)
     plan += [spec for spec in _check_specs(specs) if spec not in plan]
@@ -378,7 +381,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
                 calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
                 units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
-                **rows)
+                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
+                split=getattr(task, "split", None), fewshot_split=getattr(task, "fewshot_split", None))
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
 
 
@@ -572,10 +576,10 @@ class _Calibration:
         return {"source": _calibration_id(self._calibration)}
 
 
-def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, apply_chat_template: bool
+def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str
                  ) -> dict:
     return run_fingerprint(model, task, seed=seed, primary=primary, calibration=_calibration_id(calibration),
-                           protocol=protocol, apply_chat_template=apply_chat_template)
+                           protocol=protocol, apply_chat_template=chat_template)  # resolved: "auto" is never stored
 
 
 def run_fingerprint(model, task, **settings) -> dict:

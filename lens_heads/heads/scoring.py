@@ -117,7 +117,7 @@ def score_heads(
     hooks: Sequence[tuple] = (),
     max_len: int | None = None,
     protocol: str = DEFAULT_PROTOCOL,
-    apply_chat_template: bool = False,
+    apply_chat_template: bool | str = False,
 ) -> HeadScores:
     """The twelve head scores (``lens_heads.heads.scores.SCORE_NAMES``) of every head of ``model`` on every input.
 
@@ -233,7 +233,7 @@ def _checked_mask(attention_mask: Tensor, shape) -> Bool[Tensor, "b p"]:
     return mask
 
 
-def _describe(inputs, n: int, n_tokens: int, rows, protocol: str, apply_chat_template: bool) -> dict:
+def _describe(inputs, n: int, n_tokens: int, rows, protocol: str, apply_chat_template: bool | str) -> dict:
     if isinstance(inputs, Task):
         return {**inputs.meta(), "n_rows": n, "n_tokens": n_tokens, "protocol": protocol,
                 "apply_chat_template": apply_chat_template, "row_items": [row.item for row in rows]}

@@ -119,6 +119,8 @@ def load_model(
     model.eval()
     model.lens_heads_meta = {  # read back with weight_basis() / model_meta()
         "name": name,
+        # the name the model goes by upstream (the authors' rule for the chat template reads it: lens_heads.data.chat)
+        "hf_name": EMBEDDED[key]["hf_name"] if key in EMBEDDED else name,
         "source": source,
         "weight_basis": "processed (" + ", ".join(PROCESSING_FLAGS) + ")" if processing else "raw (no weight processing)",
         "dtype": str(dtype).replace("torch.", ""),

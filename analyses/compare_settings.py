@@ -1,0 +1,83 @@
+"""One model and task swept under two settings (the chat template, the split) on the same items: does the setting
+change which heads are inactive? (``lens_heads.experiments.compare``: ``compare_settings``, ``compare_sweeps``,
+``zeroed_head_overlap``)
+
+    python analyses/compare_settings.py figures/sweep_arc_easy_n40.json figures/sweep_arc_easy_chat_n40.json \
+        --name compare_chat_n40
+
+The first sweep is ``a``, the second ``b``; both must hold per-item records (their ``_units.json.gz`` beside them)
+of the same items. Outputs in ``--figures`` (default ``figures/``), named by ``--name``:
+
+- ``<name>.csv``: per curve, its normalised AUC of accuracy and of the paired KL and its rank by each under ``a``
+  and ``b``, the paired difference b - a with its 95% bootstrap interval (the same resampled items for both
+  sweeps) and the verdict the interval allows;
+- ``<name>_heads.csv``: per curve and target share, the heads zeroed on most rows under each setting, how many
+  both zero (Jaccard) and the Spearman correlation of every head's share of rows zeroed (descriptive);
+- ``<name>.json``: the inputs (model, task, split, chat template, n, seed), the Spearman correlation of the two
+  rankings (accuracy and KL) with its paired interval, and both tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from lens_heads.experiments.compare import METRICS, compare_settings, compare_sweeps, read_sweep, zeroed_head_overlap
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.settings import from_args, option
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class SettingsComparison:
+    """The two sweeps compared and where the comparison goes."""
+
+    sweeps: tuple[str, ...] = option((), "two sweep_<task>.json files (with units) or run_sweep folders: a, then b",
+                                     positional=True, metavar="SWEEP")
+    name: str = option("compare_settings", "stem of the output files")
+    majority: float = option(0.5, "a head counts as zeroed by a curve when zeroed on at least this share of rows")
+    n_resamples: int = option(2000, "bootstrap replicates")
+    seed: int = option(0, "bootstrap seed")
+    figures: str = option(str(ROOT / "figures"), "where the tables go")
+
+    def __post_init__(self):
+        if len(self.sweeps) != 2:
+            raise ValueError(f"give exactly two sweeps (a, then b), got {len(self.sweeps)}")
+
+
+def main(argv=None) -> None:
+    args = from_args(SettingsComparison, argv, description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        a, b = (read_sweep(p) for p in args.sweeps)
+        table = compare_settings(a, b, n_resamples=args.n_resamples, seed=args.seed)
+        rankings = {m: compare_sweeps([a, b], metric=m, n_resamples=args.n_resamples, seed=args.seed)
+                    for m in METRICS}
+    except (OSError, ValueError) as e:
+        sys.exit(f"compare_settings: {e}")
+    heads = zeroed_head_overlap(a, b, args.majority)
+    out = Path(args.figures)
+    atomic_write_text(out / f"{args.name}.csv", table.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / f"{args.name}_heads.csv", heads.to_csv(index=False, float_format="%.4g"))
+    spearman = {m: c.spearman_interval(0, 1) for m, c in rankings.items()}
+    atomic_write_json(out / f"{args.name}.json", dict(
+        what="one model and task under two settings on the same items: every curve's AUCs and ranks with paired "
+             "differences (b - a) and their bootstrap intervals, the Spearman correlation of the two rankings, and "
+             "the heads each zeroes",
+        inputs=[str(p) for p in args.sweeps], a=rankings["accuracy"].sweeps[0], b=rankings["accuracy"].sweeps[1],
+        intervals=rankings["accuracy"].intervals,
+        spearman={m: dict(what=METRICS[m], estimate=s.estimate, low=s.low, high=s.high) for m, s in spearman.items()},
+        curves=table.to_dict(orient="records"), zeroed_heads=heads.to_dict(orient="records"),
+        zeroed_heads_rule=f"a head is zeroed by a curve when zeroed on at least {args.majority:g} of the rows; "
+                          "descriptive, no interval"))
+    for m, s in spearman.items():
+        print(f"Spearman of the rankings by {METRICS[m]}: {s.estimate:.3f} [{s.low:.3f}, {s.high:.3f}]")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(heads.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+if __name__ == "__main__":
+    main()
