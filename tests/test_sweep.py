@@ -289,3 +289,16 @@ def test_a_share_given_in_percent_is_refused(share):
 
     with pytest.raises(ValueError, match=r"a share of heads is a fraction in \[0, 1\] \(0.1 for 10%\)"):
         check_share(share, "at_share(share=...)")
+
+
+def test_the_extras_sweep_with_thresholds_from_their_own_pooled_values(tiny_text_model):
+    from lens_heads.heads.scoring import score_heads
+
+    model, task = tiny_text_model, load_task("piqa", n=3, seed=4)
+    result = run_sweep(model, task, scores=["LTHON (HN)", "AHON (full)"], fractions=(0, 0.3), random_baseline=False,
+                       batch_size=4, progress=False)
+    scored = score_heads(model, task, extras=["LTHON (HN)", "AHON (full)"], progress=False)
+    for unit in result.units[1:]:
+        pooled = scored.score(unit.score).double().numpy().reshape(-1)
+        assert unit.threshold == pytest.approx(np.quantile(pooled, 0.3))
+        assert 0 < unit.realised_fraction < 1

@@ -46,7 +46,8 @@ from lens_heads.plumbing.io import slug
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
 from lens_heads.experiments.sweep_intervals import sweep_intervals
 from lens_heads.heads.distributions import pooled_cdf
-from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
+from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_bytes
@@ -347,7 +348,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
               calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
               random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
               primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-              apply_chat_template: bool = False) -> SweepResult | None:
+              apply_chat_template: bool = False, thresholds: Thresholds | None = None) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``) and the static pruning view for ``static_scores``.
 
@@ -356,20 +357,30 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     alone, as its rows begin), a :class:`lens_heads.heads.scoring.HeadScores` already computed, or any inputs
     ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
-    ``batch_size``: rows per forward pass, or ``"auto"``.
+    ``batch_size``: rows per forward pass, or ``"auto"``. ``thresholds``: zero at given thresholds instead of
+    calibrating them (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused
+    for another model; ``scores`` default to the file's, and every target fraction must be one the file has.
+    ``scores`` may name the extras (``lens_heads.heads.scores.EXTRA_NAMES``: LTHON (HN), the full-head-output
+    scores).
 
     Several workers (:mod:`lens_heads.plumbing.distributed`) share the units: torchrun ranks gather them all, so every rank
     returns the whole result (only rank 0 should write it); the tasks of a job array each run their share into the
     shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
     """
+    if thresholds is not None:
+        thresholds.check_model(model)
+        scores = thresholds.scores if scores is None else scores
     scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
+    for s, p in [(s, p) for s in scores for p in fractions] if thresholds is not None else []:
+        thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
     rows = dict(protocol=protocol, apply_chat_template=apply_chat_template)
-    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template)
+    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, apply_chat_template, thresholds)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
     plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores)
     store = UnitStore(out_dir, fingerprint)
     progress = progress and distributed.is_main()
-    calib = _Calibration(model, task, calibration, store, batch_size, progress, rows)
+    extras = [s for s in dict.fromkeys(list(scores) + list(static_scores)) if s not in SCORE_NAMES]
+    calib = _Calibration(model, task, calibration, store, batch_size, progress, rows, extras, thresholds)
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, **rows)
     workers = distributed.unit_workers()
     units, n_run = _run_units(model, task, plan, store, calib, set(workers.share(len(plan))), settings,
@@ -381,6 +392,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
                 calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
+                thresholds=None if thresholds is None else thresholds.describe(),
                 units_run=n_run, workers=workers.to_dict(), **rows)
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
 
@@ -424,9 +436,9 @@ def _check_settings(scores, fractions, static_scores, calibration, protocol) -> 
         if isinstance(value, (str, int, float)):
             raise ValueError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
     scores = list(SCORE_NAMES if scores is None else scores)
-    unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES]
+    unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES + EXTRA_NAMES]
     if unknown:
-        raise ValueError(f"unknown scores {unknown}: choose from {SCORE_NAMES}")
+        raise ValueError(f"unknown scores {unknown}: choose from {SCORE_NAMES} or the extras {EXTRA_NAMES}")
     fractions = sorted({float(p) for p in fractions} | {0.0})
     if any(not 0.0 <= p < 1.0 for p in fractions):
         raise ValueError(f"target fractions must lie in [0, 1), got {fractions}")
@@ -501,8 +513,10 @@ class _Calibration:
     need and kept in ``out_dir/calibration.json`` under the run's fingerprint, so a resumed sweep uses exactly the
     thresholds of the first run without scoring again."""
 
-    def __init__(self, model, task, calibration, store: UnitStore, batch_size: int, progress: bool, rows: dict):
+    def __init__(self, model, task, calibration, store: UnitStore, batch_size: int, progress: bool, rows: dict,
+                 extras=(), thresholds=None):
         self._model, self._task, self._calibration, self._rows = model, task, calibration, rows
+        self._extras, self._thresholds = list(extras), thresholds
         self._batch_size, self._progress = batch_size, progress
         self._fingerprint = store.fingerprint
         self._path = store.out / "calibration.json" if store.out is not None else None
@@ -520,7 +534,7 @@ class _Calibration:
             elif source == "prompts":
                 source = [context_tokens(self._model, item, **self._rows) for item in self._task]
             self._scores = score_heads(self._model, source, batch_size=self._batch_size, progress=self._progress,
-                                       **self._rows)
+                                       extras=self._extras, **self._rows)
         return self._scores
 
     def _lookup(self, kind: str, score: str, p: float, compute):
@@ -537,6 +551,8 @@ class _Calibration:
         return value
 
     def threshold(self, score: str, p: float) -> float:
+        if self._thresholds is not None:  # given (the authors' file): nothing to calibrate
+            return self._thresholds.threshold(score, p)
         return float(self._lookup("thresholds", score, p,
                                   lambda: ScoreCalibration(self._head_scores()).threshold(score, p)))
 
@@ -559,9 +575,11 @@ class _Calibration:
         return {"source": _calibration_id(self._calibration)}
 
 
-def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, apply_chat_template: bool
-                 ) -> dict:
-    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=_calibration_id(calibration),
+def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, apply_chat_template: bool,
+                 thresholds: Thresholds | None = None) -> dict:
+    calibration = _calibration_id(calibration) if thresholds is None else \
+        f"thresholds {thresholds.describe()} {thresholds.digest()}"
+    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=calibration,
                            protocol=protocol, apply_chat_template=apply_chat_template)
 
 
