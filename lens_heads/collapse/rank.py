@@ -233,8 +233,9 @@ def attention_rank(
         per_head=per_head, max_rank=layer_max, mean_rank=layer_mean,
         mass_columns=mass_per_head.mean(1), mass_per_head=mass_per_head,
         lazy=layer_max <= lazy_rank,
-        lazy_rule=f"lazy: the layer's max rank over heads is <= {lazy_rank:g} "
-                  f"({energy:.0%} spectral energy; {mode})",
+        lazy_rule=(f"lazy: the layer's max rank over heads, averaged over inputs, is <= {lazy_rank:g}"
+                   if aggregation == "layer_rank" else f"lazy: every head of the layer has approximate rank <= "
+                   f"{lazy_rank:g}") + f" ({energy:.0%} spectral energy; {mode})",
         per_input=per_input, meta=meta, definition=definition, aggregation=aggregation, **bands,
     )
 
