@@ -25,8 +25,8 @@ says so.
 
 Outputs in ``--figures``: ``gsm8k_generation.json`` (model, data, n, seed, weight basis, settings, threshold, both
 generations' exact match by filter with Wilson intervals, the paired differences, realised share, costs, the gold
-answer's bits per byte) and ``gsm8k_generation.csv`` (one row per item and run: answer by filter, match, tokens,
-steps and triples zeroed).
+answer's bits per byte, how many generations the zeroing changed) and ``gsm8k_generation.csv`` (one row per item
+and run: the generated text, answer by filter, match, tokens, steps and triples zeroed).
 """
 
 from __future__ import annotations
@@ -118,7 +118,10 @@ def paired(intact: GenerationResult, zeroed: GenerationResult, args) -> dict:
         out[name] = dict(difference=float(boot.estimates[k]), low=low, high=high, items_changed=int((diffs[k] != 0).sum()),
                          verdict="zeroing changes exact match" if low > 0 or high < 0 else
                          "the data cannot tell the zeroed model from the intact one")
-    return dict(method=f"percentile bootstrap over items, {args.n_resamples} replicates, seed {args.seed}", **out)
+    changed = sum(a.text != b.text for a, b in zip(intact.items, zeroed.items))
+    return dict(method=f"percentile bootstrap over items, {args.n_resamples} replicates, seed {args.seed}",
+                generations_changed=dict(items=changed, of=len(intact.items), what="items whose zeroed generation is "
+                                         "not the intact one's (same prompt, same budget)"), **out)
 
 
 def gold_bits_per_byte(model, task, scores, args) -> dict:
@@ -138,7 +141,7 @@ def table(intact: GenerationResult, zeroed: GenerationResult) -> pd.DataFrame:
     rows = []
     for run, result in (("intact", intact), ("zeroed, recomputed every token", zeroed)):
         for it in result.items:
-            rows.append(dict(run=run, id=it.id, target=it.target.split("#### ")[-1], answer=it.answer,
+            rows.append(dict(run=run, id=it.id, target=it.target.split("#### ")[-1], text=it.text, answer=it.answer,
                              correct=it.correct, **{f"{k} answer": v for k, v in it.filtered.items()},
                              **{f"{k} correct": v for k, v in it.matches.items()}, new_tokens=it.n_new_tokens,
                              stop=it.stop, steps=it.zeroed[0] if it.zeroed else None,

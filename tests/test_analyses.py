@@ -170,5 +170,10 @@ def test_gsm8k_generation_analysis_on_a_tiny_model(tmp_path):
     csv = (tmp_path / "fig" / "gsm8k_generation.csv").read_text()
     assert csv.count("zeroed, recomputed every token") == 2 and csv.count("intact") == 2
     assert rows["intact"]["cost"]["new_tokens"] <= 6 and rows["zeroed"]["cost"]["cpu_s"] > 0
+    intact_texts = {r["record"]["id"]: r["record"]["text"] for r in
+                    (json.loads(p.read_text())["value"] for p in (tmp_path / "runs").glob("intact_*"))}
+    changed = sum(intact_texts[i] != stored[i]["text"] for i in stored)
+    assert rows["paired_difference"]["generations_changed"] == dict(
+        items=changed, of=2, what=rows["paired_difference"]["generations_changed"]["what"])
     again = script.run(model, args)  # every item comes back from --out
     assert again["zeroed"]["summary"] == record["zeroed"]["summary"]
