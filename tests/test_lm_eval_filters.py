@@ -3,8 +3,13 @@ from the task's regexes and its ignore list (commas, "$", anything up to "#### "
 
 import pytest
 
-from lens_heads.evaluation.lm_eval_filters import (INVALID, flexible_extract, lm_eval_exact_match, lm_eval_normalise,
-                                                   strict_match)
+from lens_heads.evaluation.lm_eval_filters import (
+    INVALID,
+    flexible_extract,
+    lm_eval_exact_match,
+    lm_eval_normalise,
+    strict_match,
+)
 
 GOLD = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
 

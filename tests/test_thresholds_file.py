@@ -8,10 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from conftest import text_model
 from lens_heads import load_thresholds, save_thresholds
 from lens_heads.heads.thresholds_file import AUTHORS_FRACTIONS, Thresholds, model_key
-
-from conftest import text_model
 
 SEVEN = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
 
@@ -23,8 +22,8 @@ def model():
 
 @pytest.fixture(scope="module")
 def scored(model):
-    from lens_heads.heads.scoring import score_heads
     from lens_heads.data.tasks import load_task
+    from lens_heads.heads.scoring import score_heads
 
     return score_heads(model, load_task("piqa", n=3, seed=0), extras=["LTHON (HN)", "AHON (full)"], progress=False)
 
@@ -91,9 +90,9 @@ def test_thresholds_written_here_read_back_as_the_pooled_quantiles(tmp_path, sco
 
 def test_a_sweep_zeroes_at_the_files_thresholds_and_refuses_another_models(tmp_path, model, scored):
     from lens_heads.ablation.hooks import threshold_zeroing
+    from lens_heads.data.tasks import load_task
     from lens_heads.evaluation.evaluate import evaluate
     from lens_heads.experiments.sweep import run_sweep
-    from lens_heads.data.tasks import load_task
 
     task = load_task("piqa", n=3, seed=0)
     chosen = float(np.quantile(scored.score("LTHON (HN)").numpy(), 0.4))  # a threshold no calibration here would pick
