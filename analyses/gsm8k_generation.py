@@ -49,7 +49,7 @@ from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.loading import DEFAULT_MODEL, model_meta
 from lens_heads.plumbing.cache import Cache
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.inference import bootstrap_items
 
@@ -75,13 +75,15 @@ class Settings:
     no_write: bool = option(False, "print only")
 
 
-def generations(model, task, args, name: str, hooks_for, cache: bool) -> tuple[GenerationResult, dict]:
-    """Every item generated (kept one by one in --out), and the summed cost of the items as they were computed."""
+def generations(model, task, args, name: str, hooks_for, cache: bool, threshold: float | None = None
+                ) -> tuple[GenerationResult, dict]:
+    """Every item generated (kept one by one in --out under its id, the run and, for the zeroed run, the threshold:
+    a sample of another size calibrates another one), and the summed cost of the items as they were computed."""
     cache_dir = Cache(args.out)
     records, cost = [], dict(wall_s=0.0, cpu_s=0.0, new_tokens=0, steps=0)
     for i, item in enumerate(task):
         key = dict(model=model_meta(model), item=item.id, run=name, max_new_tokens=args.max_new_tokens,
-                   hooks=hooks_for is not None and f"{args.score} {args.fraction}", cache=cache)
+                   hooks=hooks_for is not None and f"{args.score} {args.fraction}", threshold=threshold, cache=cache)
 
         def compute() -> dict:
             one = replace(task, items=[item])
@@ -90,7 +92,7 @@ def generations(model, task, args, name: str, hooks_for, cache: bool) -> tuple[G
                                          progress=False, first_input=i)
             return dict(record=asdict(result.items[0]), meta=result.meta)
 
-        stored = cache_dir.json(f"{name}_{i:04d}", key, compute)
+        stored = cache_dir.json(f"{name}_{slug(item.id)}", key, compute)
         records.append(GenerationRecord(**stored["record"]))
         for k in ("wall_s", "cpu_s", "new_tokens"):
             cost[k] += stored["meta"][k]
@@ -156,7 +158,8 @@ def run(model, args) -> dict:
     threshold = thresholds(scores, args.score, [args.fraction])[args.fraction]
     intact, intact_cost = generations(model, task, args, "intact", None, cache=True)
     zeroed, zeroed_cost = generations(model, task, args, "zeroed",
-                                      lambda: threshold_zeroing(model, args.score, threshold), cache=False)
+                                      lambda: threshold_zeroing(model, args.score, threshold), cache=False,
+                                      threshold=threshold)
     record = dict(
         what="GSM8K greedy generation with heads zeroed per input on hook_z, the zeroing recomputed at every generated "
              "token (the authors' use_cache=False), beside the intact model and the gold answer's bits per byte",
