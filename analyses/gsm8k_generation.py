@@ -128,8 +128,9 @@ def paired(intact: GenerationResult, zeroed: GenerationResult, args) -> dict:
 
 def gold_bits_per_byte(model, task, scores, args) -> dict:
     """The gold answer's bits per byte, intact and with the same threshold deciding once per row (run_sweep)."""
+    folder = Path(args.out) / f"sweep_{task.name}_n{len(task)}_seed{args.seed}"  # one folder per sample
     sweep = run_sweep(model, task, scores=[args.score], fractions=(0, args.fraction), calibration=scores,
-                      random_baseline=False, out_dir=Path(args.out) / "sweep", seed=args.seed, batch_size=2)
+                      random_baseline=False, out_dir=folder, seed=args.seed, batch_size=2)
     unit = next(u for u in sweep.units if u.mode == "threshold")
     base = {it.id: it.gold_bits_per_byte for it in sweep.baseline.items}
     change = mean_ci(np.array([it.gold_bits_per_byte - base[it.id] for it in unit.result.items]))
