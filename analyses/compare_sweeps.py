@@ -12,10 +12,12 @@ has per-item records (its ``sweep_<task>_units.json.gz`` beside the JSON). Outpu
 ``figures/``):
 
 - ``compare_ranks.csv``: per metric, (model, task) and curve: the normalised AUC and its rank (1 = best);
-- ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap, shared curves;
+- ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap (count and
+  intersection over union), shared curves;
 - ``compare_spearman_<metric>.csv``: the correlation matrix;
 - ``compare_table2.csv``: the paper's Table 2 (``lens_heads.experiments.sweep.table2``): per (model, task), AWFT's % of heads
-  zeroable within 1 accuracy point (authors' rule) beside the best other curve's, random included;
+  zeroable within 1 accuracy point (authors' rule) beside the best other curve's, random included, and the
+  paper's Average row (the mean over the sweeps; an interval only where every sweep has per-item records);
 - ``compare_ranks_<metric>.png`` and ``compare_spearman_<metric>.png`` (and ``.html``): the two heatmaps;
 - ``compare_sweeps.json``: what went in (model, task, sample, seed, weight basis, baseline, chance, source file) and
   every number above.

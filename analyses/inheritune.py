@@ -326,12 +326,13 @@ def smollm_figure(smollm: dict, out: Path) -> list[str]:
                                                         "key columns holding 90% of the mass (m*)"))
     for mode, line_dash in (("per_input", "solid"), ("averaged", "dash")):
         p = smollm[mode]
+        how = f"aggregation {p.get('aggregation', 'rank' if mode == 'per_input' else 'matrix')!r}"
         layers = list(range(len(p["max_rank"])))
-        fig.add_scatter(x=layers, y=p["max_rank"], name=f"max over heads ({mode})", line=dict(dash=line_dash, color="#d62728"),
+        fig.add_scatter(x=layers, y=p["max_rank"], name=f"max over heads ({how})", line=dict(dash=line_dash, color="#d62728"),
                         row=1, col=1)
-        fig.add_scatter(x=layers, y=p["mean_rank"], name=f"mean over heads ({mode})", line=dict(dash=line_dash, color="#1f77b4"),
+        fig.add_scatter(x=layers, y=p["mean_rank"], name=f"mean over heads ({how})", line=dict(dash=line_dash, color="#1f77b4"),
                         row=1, col=1)
-        fig.add_scatter(x=layers, y=p["mass_columns"], name=f"m* ({mode})", line=dict(dash=line_dash, color="#2ca02c"),
+        fig.add_scatter(x=layers, y=p["mass_columns"], name=f"m* ({how})", line=dict(dash=line_dash, color="#2ca02c"),
                         row=1, col=2)
     paper = smollm["averaged"]  # the paper's aggregation marks the lazy layers
     lazy = [i for i, flag in enumerate(paper["lazy"]) if flag]

@@ -10,6 +10,7 @@ from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.heads.distributions import thresholds
+from lens_heads.heads.thresholds_file import Thresholds, load_thresholds, save_thresholds
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
 from lens_heads.ablation.hooks import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.experiments.sweep import SweepResult, load_sweep, run_sweep
@@ -27,7 +28,7 @@ from lens_heads.collapse.inheritune import (InherituneConfig, InherituneResult, 
 __all__ = [
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
     "Item", "Task", "TaskDataUnavailableError", "load_task", "TaskFileError", "task_from_records",
-    "SCORE_NAMES", "HeadScores", "score_heads", "thresholds",
+    "SCORE_NAMES", "HeadScores", "score_heads", "thresholds", "Thresholds", "load_thresholds", "save_thresholds", "Thresholds", "load_thresholds", "save_thresholds",
     "EvalResult", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",

@@ -95,7 +95,7 @@ profile = attention_rank(model, prompts)  # the paper's: rank of the prompt-aver
 print(profile.definition)
 print("lazy layers:", profile.lazy_layers(), "| rule:", profile.lazy_rule)
 plots.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
-                     title="SmolLM2-135M attention rank per layer (3 prompts)")"""),
+                     title="SmolLM2-135M attention rank per layer (3 prompts)", aggregation=profile.aggregation)"""),
     new_markdown_cell("""## Inheritune on a tiny GPT-2
 
 A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown

@@ -81,8 +81,9 @@ def test_static_zeroing_counts_its_share_and_composes_with_the_scoring_pass():
     assert zeroing.share_zeroed() == pytest.approx(len(heads) / (model.cfg.n_layers * model.cfg.n_heads))
 
 
-def _explicit_scores(name, pattern, v, z, mask, n_heads):
-    """The few scores this test needs, straight from their definitions (GQA expanded by repeat_interleave)."""
+def _explicit_scores(name, pattern, v, z, mask, n_heads, W_O=None):
+    """The few scores this test needs, straight from their definitions (GQA expanded by repeat_interleave; the
+    full-head-output norm through each head's slice of ``W_O`` [head, d_head, d_model], multiplied out)."""
     v = v.repeat_interleave(n_heads // v.shape[2], dim=2)
     m = mask.float()
     n = m.sum(1)[:, None]
@@ -95,12 +96,17 @@ def _explicit_scores(name, pattern, v, z, mask, n_heads):
         "AHON": ahon,
         "AHON (LN)": ahon / ahon.mean(1, keepdim=True),
         "LTHON (LN)": lthon / ahon.mean(1, keepdim=True),
+        "LTHON (HN)": lthon / ahon,
     }
+    if W_O is not None:  # the authors' FullHeadOutput(Normalized): o_i W_O[h] in d_model, mean norm over positions
+        full = torch.einsum("bph,bp->bh", torch.einsum("bphd,hdm->bphm", z, W_O).norm(dim=-1), m) / n
+        values.update({"AHON (full)": full, "AHON (full, LN)": full / full.mean(1, keepdim=True)})
     return values[name]
 
 
 @pytest.mark.parametrize("arch,name", [("gpt2", "AHON (LN)"), ("llama", "AWFT"), ("llama", "LTHON (LN)"),
-                                       ("llama", "AVVN")])
+                                       ("llama", "AVVN"), ("llama", "LTHON (HN)"), ("gpt2", "AHON (full)"),
+                                       ("llama", "AHON (full, LN)")])
 def test_threshold_zeroing_matches_a_layer_by_layer_explicit_computation(arch, name):
     model = tiny_model(arch, seed=4, n_layers=3)
     tokens, mask = _tokens(model, n=8, seed=5)
@@ -108,8 +114,9 @@ def test_threshold_zeroing_matches_a_layer_by_layer_explicit_computation(arch, n
     direction = ">" if name == "AWFT" else "<"
     acts = [get_act_name(a, l) for l in range(L) for a in ("pattern", "v", "z")]
     base = _cache(model, tokens, mask, acts)
+    W_O = model.W_O.detach()
     pooled = torch.cat([_explicit_scores(name, base[get_act_name("pattern", l)], base[get_act_name("v", l)],
-                                         base[get_act_name("z", l)], mask, H).flatten() for l in range(L)])
+                                         base[get_act_name("z", l)], mask, H, W_O[l]).flatten() for l in range(L)])
     threshold = float(pooled.quantile(0.65 if direction == ">" else 0.35))
 
     # Explicit: decide layer l on a forward that ablates the decisions already made for layers < l.
@@ -122,7 +129,7 @@ def test_threshold_zeroing_matches_a_layer_by_layer_explicit_computation(arch, n
         hooks = [(get_act_name("z", k), ablate(k)) for k in range(l)]
         cache = _cache(model, tokens, mask, [get_act_name(a, l) for a in ("pattern", "v", "z")], hooks=hooks)
         s = _explicit_scores(name, cache[get_act_name("pattern", l)], cache[get_act_name("v", l)],
-                             cache[get_act_name("z", l)], mask, H)
+                             cache[get_act_name("z", l)], mask, H, W_O[l])
         decided[:, l] = s > threshold if direction == ">" else s < threshold
 
     zeroing = threshold_zeroing(model, name, threshold)

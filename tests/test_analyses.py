@@ -170,3 +170,59 @@ def test_attribution_ranking_analysis_on_a_tiny_model(tmp_path):
     assert {r["a"] for r in result["tests"]} == curves - {"attribution (static)"}
     assert {r["b"] for r in result["tests"]} == {"attribution (static)"}
     assert result["costs"]["per_input"]["items"] == 4 and result["costs"]["attribution"]["items"] == 2
+
+
+def test_gsm8k_generation_analysis_on_a_tiny_model(tmp_path):
+    """Zeroing recomputed at every generated token: each zeroed generation equals a hand-rolled greedy loop that reruns
+    prompt + tokens so far with a fresh threshold zeroing at every step; the threshold is the numpy quantile of the
+    prompts' pooled scores; the realised share counts every step; a rerun reads every item back from --out."""
+    import json
+
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from lens_heads.ablation.hooks import threshold_zeroing
+    from lens_heads.data.tasks import load_task
+    from lens_heads.heads.scoring import score_heads
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
+
+    script = load_script("gsm8k_generation")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=2048)
+    args = script.from_args(script.Settings, ["--n", "2", "--max-new-tokens", "3", "--fraction", "0.3", "--out",
+                                              str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"),
+                                              "--n-resamples", "100"])
+    record = script.run(model, args)
+    task = load_task("gsm8k_lm_eval", n=2, seed=0)
+    pooled = score_heads(model, [it.prompt for it in task], progress=False).score("AHON (LN)").double().numpy()
+    threshold = float(np.quantile(pooled.reshape(-1), 0.3))
+    assert record["threshold"]["value"] == pytest.approx(threshold)
+    rows = json.loads((tmp_path / "fig" / "gsm8k_generation.json").read_text())
+    assert rows["zeroed"]["generation"]["zeroing_recomputed_every_token"] and rows["intact"]["generation"]["cache"]
+    stored = {r["record"]["id"]: r["record"] for r in
+              (json.loads(p.read_text())["value"] for p in (tmp_path / "runs").glob("zeroed_*"))}
+    decisions = []
+    with torch.no_grad():
+        for item in task:
+            tokens = tokenizer(item.prompt, add_special_tokens=False)["input_ids"]
+            new = []
+            for _ in range(3):
+                zeroing = threshold_zeroing(model, "AHON (LN)", threshold)
+                with zeroing.batch(None, first=0):
+                    logits = model.run_with_hooks(torch.tensor([tokens + new]), fwd_hooks=zeroing.hooks)
+                decisions.append(zeroing.zeroed()[0])
+                new.append(int(logits[0, -1].argmax()))
+            assert stored[item.id]["text"] == tokenizer.decode(new) and stored[item.id]["zeroed"][0] == 3
+    share = torch.stack(decisions).float().mean().item()
+    assert rows["zeroed"]["realised_share"] == pytest.approx(share)
+    csv = (tmp_path / "fig" / "gsm8k_generation.csv").read_text()
+    assert csv.count("zeroed, recomputed every token") == 2 and csv.count("intact") == 2
+    assert rows["intact"]["cost"]["new_tokens"] <= 6 and rows["zeroed"]["cost"]["cpu_s"] > 0
+    intact_texts = {r["record"]["id"]: r["record"]["text"] for r in
+                    (json.loads(p.read_text())["value"] for p in (tmp_path / "runs").glob("intact_*"))}
+    changed = sum(intact_texts[i] != stored[i]["text"] for i in stored)
+    assert rows["paired_difference"]["generations_changed"] == dict(
+        items=changed, of=2, what=rows["paired_difference"]["generations_changed"]["what"])
+    again = script.run(model, args)  # every item comes back from --out
+    assert again["zeroed"]["summary"] == record["zeroed"]["summary"]

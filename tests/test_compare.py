@@ -74,6 +74,10 @@ def test_ranks_spearman_and_overlap_by_hand(two):
     # ties in B broken by curve order: top 2 of B are S1, S2; of A S3, S1
     two_best = compare_sweeps(two, top_k=2).pairs().iloc[0]
     assert (two_best["top_k_overlap"], two_best["shared_top_k"]) == (1, "S1")
+    # intersection over union: {S3, S1} and {S1, S2} share 1 of 3; the top 3 share all; the top 1 (S3, S1) none
+    assert two_best["top_k_iou"] == pytest.approx(1 / 3)
+    assert compare_sweeps(two, top_k=3).pairs()["top_k_iou"].item() == 1.0
+    assert pairs["top_k_iou"].item() == 0.0
     long = c.to_dataframe()
     assert len(long) == 8 and long.set_index(["task", "curve"]).loc[("t2", "random"), "rank"] == 4
     assert list(c.rank_table().index) == ["S1", "S3", "S2", "random"]  # mean ranks 1.5, 1.75, 2.75, 4

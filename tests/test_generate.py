@@ -146,3 +146,44 @@ def test_bad_prompts_ranks_and_shares_are_refused(tiny_text_model):
     order = [(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
     with pytest.raises(ValueError, match=r"fractions must lie in \[0, 1\)"):
         oracle_sweep(model, load_task("arc_easy", split="validation", n=2), order, fractions=(-0.1, 0.2), progress=False)
+
+
+def test_lm_eval_gsm8k_reads_both_filters_with_lm_evals_stops(tiny_text_model, monkeypatch):
+    import lens_heads.evaluation.generate as gen
+
+    gold = "He has 3 + 4 = <<3+4=7>>7.\n#### 7"
+    texts = {"q1": " 3 + 4 = 7\n#### 7", "q2": " 3 + 4 = 7 so 7.", "q3": " #### 6 no wait 7"}
+    seen = []
+
+    def fake(model, prompt, **kw):
+        seen.append(kw["stop"])
+        return gen.Generation([1], texts[prompt], "Question:")
+
+    monkeypatch.setattr(gen, "generate", fake)
+    items = [Item(id=i, contexts=(i,), continuations=(" " + gold,), gold=0, target=gold) for i in texts]
+    task = Task(name="gsm8k_lm_eval", split="test", shots=0, format="greedy", items=items, n_total=3, seed=0)
+    result = evaluate_generation(tiny_text_model, task, progress=False)
+    assert seen[0] == ("Question:", "</s>", "<|im_end|>")
+    assert [it.matches for it in result.items] == [{"strict-match": True, "flexible-extract": True},
+                                                   {"strict-match": False, "flexible-extract": True},
+                                                   {"strict-match": False, "flexible-extract": True}]
+    assert [it.answer for it in result.items] == ["7", "[invalid]", "6"]  # the primary reading: strict-match
+    assert result.accuracy == pytest.approx(1 / 3)
+    assert result.accuracies == pytest.approx({"strict-match": 1 / 3, "flexible-extract": 1.0})
+    assert result.summary()["flexible-extract"]["exact_match"] == 1.0
+    assert result.meta["cpu_s"] >= 0 and result.meta["new_tokens"] == 3
+
+
+def test_a_generations_zeroing_is_counted_per_step_and_item(tiny_text_model):
+    model = tiny_text_model
+    items = [Item(id=str(i), contexts=(p,), continuations=(" 4",), gold=0, target="4")
+             for i, p in enumerate([PROMPT, "Question: and three plus one?\nAnswer:"])]
+    task = Task(name="gsm8k_lm_eval", split="test", shots=0, format="greedy", items=items, n_total=2, seed=0)
+    zeroing = threshold_zeroing(model, "AHON (LN)", 1.0)
+    result = evaluate_generation(model, task, hooks=[zeroing], max_new_tokens=5, stop=(), progress=False)
+    decisions = zeroing.zeroed()  # [step, layer, head], the steps of both items in order
+    steps = [it.n_new_tokens + (it.stop == "eos") for it in result.items]  # an EOS step appends no token
+    assert [it.zeroed[0] for it in result.items] == steps and decisions.shape[0] == sum(steps)
+    assert result.items[0].zeroed[1] == int(decisions[:steps[0]].sum())
+    assert result.share_zeroed() == pytest.approx(decisions.float().mean().item())
+    assert result.meta["zeroing_recomputed_every_token"] and 0 < result.share_zeroed() < 1

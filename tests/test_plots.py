@@ -65,3 +65,15 @@ def test_ablation_figure_rows_and_reference_curves():
     few = ablation_curves(sweep_table([("AWFT", "AWFT", "threshold"), ("random", "random", "random")]),
                           baseline=50.0, chance=0.25)
     assert [t.name for t in few.data] == ["AWFT", "random"]  # one row, accuracy panel only (no other columns)
+
+
+def test_rank_profile_names_its_aggregation_and_draws_the_bands():
+    from lens_heads.viz.plots import rank_profile
+
+    fig = rank_profile([3.5, 1.25], [2.0, 1.0], None, [False, True], title="ranks", aggregation="layer_rank",
+                       max_rank_sd=[0.5, 0.25], mean_rank_sd=[0.1, 0.0])
+    assert "aggregation: layer_rank" in fig.layout.title.text and "±1 sd" in fig.layout.title.text
+    bars, means = fig.data[0], fig.data[1]
+    assert list(bars.error_y.array) == [0.5, 0.25] and list(means.error_y.array) == [0.1, 0.0]
+    plain = rank_profile([3, 1], [2, 1], None, [False, True], title="ranks", aggregation="matrix")
+    assert "aggregation: matrix]" in plain.layout.title.text and plain.data[0].error_y.array is None

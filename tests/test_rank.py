@@ -110,6 +110,35 @@ def test_attention_rank_per_input_matches_explicit_svd(arch, monkeypatch):
     assert len(df) == L * H and set(df.columns) >= {"layer", "head", "rank", "lazy"}
 
 
+def test_layer_rank_takes_each_inputs_svd_then_the_layer_max_then_the_mean_with_its_band():
+    """The paper's figures: per-input SVD ranks (hand-computed here with numpy), the max/mean over the layer's heads
+    per input, then averaged over inputs (fractional) with one standard deviation over inputs as the band."""
+    model = tiny_model("llama", seed=3)
+    tokens = torch.randint(0, model.cfg.d_vocab, (7, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        patterns = _explicit_patterns(model, tokens)
+    n, L, H = patterns.shape[:3]
+    ranks = np.array([[[numpy_rank(patterns[i, l, h]) for h in range(H)] for l in range(L)] for i in range(n)])
+    profile = attention_rank(model, tokens, aggregation="layer_rank", batch_size=3, progress=False)
+    np.testing.assert_allclose(profile.max_rank, ranks.max(2).mean(0))
+    np.testing.assert_allclose(profile.max_rank_sd, ranks.max(2).std(0, ddof=1))
+    np.testing.assert_allclose(profile.mean_rank, ranks.mean(2).mean(0))
+    np.testing.assert_allclose(profile.mean_rank_sd, ranks.mean(2).std(0, ddof=1))
+    np.testing.assert_allclose(profile.per_head, ranks.mean(0), rtol=1e-6)
+    assert not np.allclose(profile.max_rank, ranks.mean(0).max(1))  # not the max of the per-head means ("rank")
+    assert not np.allclose(profile.max_rank, np.round(profile.max_rank))  # fractional, as in the paper's figures
+    assert profile.aggregation == "layer_rank" and profile.definition.startswith("aggregation 'layer_rank'")
+    table = profile.layer_dataframe()
+    assert set(table["aggregation"]) == {"layer_rank"} and {"max_rank_sd", "mean_rank_sd"} <= set(table.columns)
+    assert profile.to_dict()["max_rank_sd"] == pytest.approx(ranks.max(2).std(0, ddof=1).tolist())
+    assert attention_rank(model, tokens, progress=False).aggregation == "matrix"
+    assert attention_rank(model, tokens, average=False, progress=False).aggregation == "rank"
+    with pytest.raises(ValueError, match="unknown aggregation 'mean'"):
+        attention_rank(model, tokens, aggregation="mean", progress=False)
+    with pytest.raises(ValueError, match="average=False contradicts aggregation='matrix'"):
+        attention_rank(model, tokens, average=False, aggregation="matrix", progress=False)
+
+
 def test_attention_rank_of_batch_average_matches_explicit_svd():
     model = tiny_model("gpt2", seed=2)
     tokens = torch.randint(0, model.cfg.d_vocab, (6, 12), generator=torch.Generator().manual_seed(1))

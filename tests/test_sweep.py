@@ -260,7 +260,7 @@ def test_table2_puts_awft_beside_the_best_other_curve_random_included():
     b = _sweep("m1", "arc_easy", {"AWFT": [(0.1, 10, 50), (0.2, 20, 49.5)],        # never meets the line: 0
                                   "AEQD": [(0.1, 10, 48), (0.2, 20, 49.5)],        # dips, comes back: 10 + 1/1.5*10
                                   "random": [(0.1, 10, 45), (0.2, 20, 40)]})
-    table = table2([a, b])
+    table = table2([a, b], average=False)
     assert list(table["task"]) == ["piqa", "arc_easy"]
     assert table["awft_pct"].tolist() == pytest.approx([10, 0])
     assert table["best_score"].tolist() == ["AHON (LN)", "AEQD"]
@@ -268,6 +268,18 @@ def test_table2_puts_awft_beside_the_best_other_curve_random_included():
     assert b.zeroable_within(rule="censored")["AWFT"] == 20 and b.ends_above()["AWFT"]
     with pytest.raises(ValueError, match="same model and task"):
         table2([a, a])
+    # the paper's Average row: each column's mean over the sweeps, the best curve differing from row to row
+    average = table2([a, b]).iloc[-1]
+    assert average["model"] == "Average" and average["best_score"] == ""
+    assert average["awft_pct"] == pytest.approx((10 + 0) / 2)
+    assert average["best_pct"] == pytest.approx((15 + 10 + 1 / 1.5 * 10) / 2)
+    assert average["difference"] == pytest.approx((10 - 15 + 0 - (10 + 1 / 1.5 * 10)) / 2)
+    # its interval: the percentile interval of the mean of the two sweeps' bootstrap replicates, replicate by replicate
+    with_iv = table2([a, b], n_resamples=200, seed=1).iloc[-1]
+    reps = [s.intervals(n_resamples=200, seed=1) for s in (a, b)]
+    awft = np.mean([iv.replicates[iv.quantities.index("zeroable_authors"), iv.curves.index("AWFT")] for iv in reps], 0)
+    assert (with_iv["awft_low"], with_iv["awft_high"]) == pytest.approx(tuple(np.percentile(awft, [2.5, 97.5])))
+    assert with_iv["awft_low"] < with_iv["awft_high"]
 
 
 @pytest.mark.parametrize("share", [10, 20.0, -0.1, True])
@@ -296,3 +308,16 @@ def test_a_sweep_records_its_chat_template_and_split(tmp_path):
     assert chat.meta["chat_template"] is True and chat.meta["fingerprint"]["apply_chat_template"] is True
     assert chat.baseline.meta["chat_template"] is True and chat.baseline.meta["task"]["split"] == "validation"
     assert [u.result.items[0].logprobs for u in chat.units] != [u.result.items[0].logprobs for u in plain.units]
+
+
+def test_the_extras_sweep_with_thresholds_from_their_own_pooled_values(tiny_text_model):
+    from lens_heads.heads.scoring import score_heads
+
+    model, task = tiny_text_model, load_task("piqa", n=3, seed=4)
+    result = run_sweep(model, task, scores=["LTHON (HN)", "AHON (full)"], fractions=(0, 0.3), random_baseline=False,
+                       batch_size=4, progress=False)
+    scored = score_heads(model, task, extras=["LTHON (HN)", "AHON (full)"], progress=False)
+    for unit in result.units[1:]:
+        pooled = scored.score(unit.score).double().numpy().reshape(-1)
+        assert unit.threshold == pytest.approx(np.quantile(pooled, 0.3))
+        assert 0 < unit.realised_fraction < 1

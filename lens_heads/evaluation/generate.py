@@ -15,8 +15,11 @@ position, so it takes plain ``(hook_name, fn)`` pairs that act position by posit
 
 GSM8K: :func:`evaluate_generation` generates for each item of ``load_task("gsm8k")`` (the shipped 8-shot
 chain-of-thought prompt, stops "\\n\\n" and "Question:") and compares :func:`extract_answer` of the text with the
-gold number. Its continuous companion, the gold answer's bits-per-byte, comes from
-``lens_heads.evaluation.evaluate(model, task).bits_per_byte``.
+gold number; for ``load_task("gsm8k_lm_eval")`` (lm-eval's ``gsm8k``) it stops as lm-eval does ("Question:", "</s>",
+"<|im_end|>" and the tokenizer's end of sequence) and scores both of lm-eval's filters, ``strict-match`` and
+``flexible-extract`` (:mod:`lens_heads.evaluation.lm_eval_filters`). Every result records its cost (wall and CPU
+seconds, tokens generated) and, per item, what a per-input zeroing zeroed over its steps. Its continuous companion,
+the gold answer's bits-per-byte, comes from ``lens_heads.evaluation.evaluate(model, task).bits_per_byte``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from torch import Tensor
 
 from lens_heads.evaluation.evaluate import wilson_interval
+from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
 from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
 from lens_heads.models.backends import final_logits, is_bridge, run_to_resid
 from lens_heads.models.loading import model_meta
@@ -40,6 +44,9 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_ev
 from lens_heads.data.inputs import check_token_ids
 
 GSM8K_STOP = ("\n\n", "Question:")
+LM_EVAL_GSM8K_STOP = ("Question:", "</s>", "<|im_end|>")  # lm-eval's gsm8k ``until``; the EOS token stops too
+TASK_STOPS = {"gsm8k": GSM8K_STOP, "gsm8k_lm_eval": LM_EVAL_GSM8K_STOP}
+LM_EVAL_TASKS = ("gsm8k_lm_eval",)  # generations read by lm-eval's filters
 
 
 @dataclass
@@ -160,6 +167,10 @@ def extract_answer(text: str) -> str | None:
 
 @dataclass
 class GenerationRecord:
+    """One item's generation: ``answer``/``correct`` by the task's primary reading (lm-eval tasks: strict-match);
+    ``filtered``/``matches``: every filter's reading and match (lm-eval tasks); ``zeroed``: [forward steps, (step,
+    layer, head) triples zeroed] of a per-input zeroing, None without one."""
+
     id: str
     target: str
     text: str
@@ -167,6 +178,9 @@ class GenerationRecord:
     correct: bool
     n_new_tokens: int
     stop: str
+    filtered: dict[str, str] = field(default_factory=dict)
+    matches: dict[str, bool] = field(default_factory=dict)
+    zeroed: list[int] | None = None
 
 
 @dataclass
@@ -191,10 +205,28 @@ class GenerationResult:
         """Wilson score 95% interval of the exact-match accuracy."""
         return wilson_interval(sum(it.correct for it in self.items), self.n)
 
+    @property
+    def accuracies(self) -> dict[str, float]:
+        """Exact match by each of lm-eval's filters (empty for the chain-of-thought reading)."""
+        names = list(self.items[0].matches) if self.items else []
+        return {name: float(np.mean([it.matches[name] for it in self.items])) for name in names}
+
+    def share_zeroed(self) -> float:
+        """Realised share of heads zeroed over every forward step of every item (NaN without a per-input zeroing):
+        triples zeroed / (steps x layers x heads)."""
+        if not self.items or any(it.zeroed is None for it in self.items):
+            return float("nan")
+        heads = self.meta["model"]["n_layers"] * self.meta["model"]["n_heads"]
+        return sum(it.zeroed[1] for it in self.items) / (sum(it.zeroed[0] for it in self.items) * heads)
+
     def summary(self) -> dict:
         low, high = self.ci95
-        return dict(task=self.task, n=self.n, exact_match=self.accuracy, ci_low=low, ci_high=high,
-                    ci_method="wilson 95%", chance=self.chance)
+        out = dict(task=self.task, n=self.n, exact_match=self.accuracy, ci_low=low, ci_high=high,
+                   ci_method="wilson 95%", chance=self.chance)
+        for name, accuracy in self.accuracies.items():
+            low, high = wilson_interval(sum(it.matches[name] for it in self.items), self.n)
+            out[name] = dict(exact_match=accuracy, ci_low=low, ci_high=high)
+        return out
 
     def to_dataframe(self):
         import pandas as pd
@@ -207,12 +239,16 @@ class GenerationResult:
 
 
 def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: int = 256,
-                        stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
-                        apply_chat_template: bool | str = False, progress: bool = True) -> GenerationResult:
-    """Greedy-generate for every item of ``task`` (items need a ``target``, as GSM8K's do) and score exact match
-    of :func:`extract_answer` against the normalised target. Hooks and HeadAblation objects act as in :func:`generate`;
-    item ``i`` is input ``i`` to them. ``apply_chat_template`` renders each prompt as lm-eval does
-    (:mod:`lens_heads.data.chat`)."""
+                        stop: Sequence[str] | None = None, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
+                        apply_chat_template: bool | str = False, progress: bool = True,
+                        first_input: int = 0) -> GenerationResult:
+    """Greedy-generate for every item of ``task`` (items need a ``target``, as GSM8K's do) and score exact match:
+    for ``gsm8k_lm_eval`` by lm-eval's two filters (strict-match primary), else :func:`extract_answer` against the
+    normalised target. ``stop``: the task's stops by default (:data:`TASK_STOPS`). Hooks and HeadAblation objects act
+    as in :func:`generate`; item ``i`` is input ``first_input + i`` to them (a run split into parts keeps its random
+    draws). ``apply_chat_template`` renders each prompt as lm-eval does
+    (:mod:`lens_heads.data.chat`).
+    ``meta`` holds the cost: wall and CPU seconds (this process, all threads) and the tokens generated."""
     from tqdm.auto import tqdm
 
     items = list(task)
@@ -221,20 +257,40 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
     if any(it.target is None for it in items):
         raise ValueError(f"task {getattr(task, 'name', '?')!r} has no reference answers to match generations "
                          "against: use a generation task such as load_task('gsm8k')")
+    name = getattr(task, "name", "task")
+    stop = TASK_STOPS.get(name, GSM8K_STOP) if stop is None else stop
+    counters = [obj for obj in hook_objects(hooks) if hasattr(obj, "zeroed_by_input")]
     chat = resolve_chat_template(model, apply_chat_template)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     records = []
-    for i, item in enumerate(tqdm(items, desc=f"{getattr(task, 'name', 'task')} generation", disable=not progress,
-                                  leave=False)):
+    for i, item in enumerate(tqdm(items, desc=f"{name} generation", disable=not progress, leave=False)):
         prompt = chat_context(model.tokenizer, item, item.prompt, chat) if chat is not False else item.prompt
         out = generate(model, prompt, hooks=hooks, max_new_tokens=max_new_tokens, stop=stop, cache=cache,
-                       protocol=protocol, input_id=i)
-        answer = extract_answer(out.text)
-        records.append(GenerationRecord(id=item.id, target=item.target, text=out.text, answer=answer,
-                                        correct=answer == normalize_number(item.target),
-                                        n_new_tokens=len(out.tokens), stop=out.stop))
+                       protocol=protocol, input_id=first_input + i)
+        record = _read_answer(name, item, out)
+        if len(counters) == 1:  # [steps, triples zeroed] of this generation's input id
+            record.zeroed = list(counters[0].zeroed_by_input().get(first_input + i, (0, 0)))
+        records.append(record)
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {},
                 hooks=[getattr(obj, "description", None) or repr(obj) for obj in hook_objects(hooks)],
                 decoding="greedy", max_new_tokens=max_new_tokens, stop=list(stop), cache=cache,
-                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, wall_s=time.perf_counter() - start, ci_method="wilson 95%")
-    return GenerationResult(task=getattr(task, "name", "task"), items=records, meta=meta)
+                zeroing_recomputed_every_token=bool(counters) and not cache,
+                reading="lm-eval gsm8k filters (strict-match, flexible-extract)" if name in LM_EVAL_TASKS else
+                "number after the last 'answer is', else the last number",
+                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
+                wall_s=time.perf_counter() - start,
+                cpu_s=time.process_time() - cpu_start, new_tokens=sum(r.n_new_tokens for r in records),
+                ci_method="wilson 95%")
+    return GenerationResult(task=name, items=records, meta=meta)
+
+
+def _read_answer(task_name: str, item, out: Generation) -> GenerationRecord:
+    """The generation read as the task's evaluation reads it."""
+    common = dict(id=item.id, target=item.target, text=out.text, n_new_tokens=len(out.tokens), stop=out.stop)
+    if task_name in LM_EVAL_TASKS:
+        filtered = {filter_name: read(out.text) for filter_name, read in FILTERS.items()}
+        matches = {filter_name: lm_eval_exact_match(value, item.target) for filter_name, value in filtered.items()}
+        return GenerationRecord(answer=filtered["strict-match"], correct=matches["strict-match"], filtered=filtered,
+                                matches=matches, **common)
+    answer = extract_answer(out.text)
+    return GenerationRecord(answer=answer, correct=answer == normalize_number(item.target), **common)

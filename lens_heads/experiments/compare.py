@@ -8,7 +8,8 @@ Given several sweeps, one per (model, task) (:class:`lens_heads.experiments.swee
   the best (highest accuracy AUC; lowest KL AUC with ``metric="kl"``), tied curves share their average rank;
 - the **Spearman correlation** of the rankings between every pair of (model, task): the Pearson correlation of
   the two vectors of average ranks;
-- the **top-k overlap**: how many of the k best curves of one (model, task) are among the k best of the other.
+- the **top-k overlap**: how many of the k best curves of one (model, task) are among the k best of the other,
+  and its intersection over union (shared / in either top k), as the paper reports it.
 
 Ranks, correlations and overlaps are taken over the curves that every sweep has (the others are listed in
 ``dropped``), so every rank is out of the same number of curves.
@@ -170,7 +171,8 @@ class SweepComparison:
                                          self.intervals.get("confidence", stats.CONFIDENCE))
 
     def pairs(self) -> pd.DataFrame:
-        """One row per pair of (model, task): Spearman correlation, top-k overlap and the shared top-k curves."""
+        """One row per pair of (model, task): Spearman correlation, top-k overlap (count and intersection over union)
+        and the shared top-k curves."""
         rows = []
         for i in range(len(self.labels)):
             for j in range(i + 1, len(self.labels)):
@@ -180,7 +182,7 @@ class SweepComparison:
                 rows.append(dict(model_a=self.models[i], task_a=self.tasks[i], model_b=self.models[j],
                                  task_b=self.tasks[j], spearman=rho.estimate, spearman_low=rho.low,
                                  spearman_high=rho.high, n_curves=len(self.curves), top_k=self.top_k,
-                                 top_k_overlap=len(shared),
+                                 top_k_overlap=len(shared), top_k_iou=top_k_iou(a, b),
                                  shared_top_k=", ".join(shared), top_k_a=", ".join(a), top_k_b=", ".join(b)))
         return pd.DataFrame(rows)
 
@@ -188,6 +190,12 @@ class SweepComparison:
         """The ``top_k`` best curves of sweep ``i``, best first (ties in the order of ``curves``)."""
         order = sorted(range(len(self.curves)), key=lambda j: self.rank[i][j])
         return [self.curves[j] for j in order[: self.top_k]]
+
+
+def top_k_iou(a: Sequence[str], b: Sequence[str]) -> float:
+    """Intersection over union of two top-k sets (the paper's overlap measure): shared / in either."""
+    union = set(a) | set(b)
+    return len(set(a) & set(b)) / len(union) if union else float("nan")
 
 
 def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str = "accuracy",

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from lens_heads.stats import curves
+import numpy as np
+
+from lens_heads.stats import curves, inference
 
 from lens_heads.plumbing import distributed
 from lens_heads.ablation.specs import (AblationSpec, RandomAblation, ScoreCalibration, StaticAblation,
@@ -45,7 +47,8 @@ from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
 from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_intervals
 from lens_heads.heads.distributions import pooled_cdf
-from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
+from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_bytes
@@ -318,18 +321,50 @@ class SweepResult:
         return pd.DataFrame(rows)
 
 
-def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: int | None = None, seed: int = 0):
+def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: int | None = None, seed: int = 0,
+           average: bool = True):
     """The paper's Table 2 over several sweeps (models x tasks): per sweep, AWFT's % zeroable within ``points``
     beside the best other curve's (random included), authors' rule; with ``n_resamples``, intervals and the paired
-    test of AWFT against the best for every sweep with per-item records (:meth:`SweepResult.table2`)."""
+    test of AWFT against the best for every sweep with per-item records (:meth:`SweepResult.table2`). ``average``:
+    the paper's last row, ``model="Average"``: the mean of each column over the sweeps (the best curve may differ
+    from row to row), with 95% intervals where every sweep has per-item records (the mean of the sweeps'
+    bootstrap replicates, which resample each sweep's own items)."""
     import pandas as pd
 
-    rows = [sweep.table2(points, intervals=sweep.intervals(points, n_resamples=n_resamples, seed=seed)
-                         if n_resamples and isinstance(sweep, SweepResult) else None) for sweep in sweeps]
+    ivs = [sweep.intervals(points, n_resamples=n_resamples, seed=seed)
+           if n_resamples and isinstance(sweep, SweepResult) else None for sweep in sweeps]
+    rows = [sweep.table2(points, intervals=iv) for sweep, iv in zip(sweeps, ivs)]
     keys = [(r["model"], r["task"]) for r in rows]
     if len(set(keys)) != len(keys):
         raise ValueError(f"two sweeps of the same model and task in {keys}: give one sweep per (model, task)")
+    if average and rows:
+        rows.append(average_row(rows, ivs))
     return pd.DataFrame(rows)
+
+
+def average_row(rows: list[dict], intervals: Sequence | None = None) -> dict:
+    """Table 2's Average row: the mean over ``rows`` of AWFT's and of the best curve's % zeroable, and of their
+    difference; with every row's ``intervals``, the percentile intervals of those means from the mean of the rows'
+    bootstrap replicates (replicate r of each sweep averaged)."""
+    awft, best = [r["awft_pct"] for r in rows], [r["best_pct"] for r in rows]
+    row = dict(model="Average", task=f"{len(rows)} sweeps", awft_pct=float(np.mean(awft)), best_score="",
+               best_pct=float(np.mean(best)), difference=float(np.mean(np.subtract(awft, best))))
+    if intervals is None or any(iv is None or "AWFT" not in iv.curves for iv in intervals):
+        return row
+    reps = {"awft": [], "best": []}
+    for r, iv in zip(rows, intervals):
+        q = iv.quantities.index("zeroable_authors")
+        reps["awft"].append(iv.replicates[q, iv.curves.index("AWFT")])
+        reps["best"].append(iv.replicates[q, iv.curves.index(r["best_score"])])
+    if len({len(x) for x in reps["awft"]}) != 1:
+        return row  # sweeps resampled a different number of times: no common replicates to average
+    mean = {k: np.mean(np.stack(v), 0) for k, v in reps.items()}
+    confidence = intervals[0].meta.get("confidence", inference.CONFIDENCE)
+    for name, estimate, replicates in (("awft", row["awft_pct"], mean["awft"]), ("best", row["best_pct"], mean["best"]),
+                                       ("difference", row["difference"], mean["awft"] - mean["best"])):
+        i = inference.percentile_interval(estimate, replicates, confidence)
+        row[f"{name}_low"], row[f"{name}_high"] = i.low, i.high
+    return row
 
 
 # ---------------------------------------------------------------- the sweep
@@ -342,7 +377,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
               calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
               random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
               primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-              apply_chat_template: bool | str = False, specs: Sequence[AblationSpec] = ()) -> SweepResult | None:
+              apply_chat_template: bool | str = False, specs: Sequence[AblationSpec] = (),
+              thresholds: Thresholds | None = None) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
     ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
@@ -353,22 +389,32 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
     the meta records the chat setting given and what it resolved to, ``chat_template``, and the task's split).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
-    ``batch_size``: rows per forward pass, or ``"auto"``.
+    ``batch_size``: rows per forward pass, or ``"auto"``. ``thresholds``: zero at given thresholds instead of
+    calibrating them (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused
+    for another model; ``scores`` default to the file's, and every target fraction must be one the file has.
+    ``scores`` may name the extras (``lens_heads.heads.scores.EXTRA_NAMES``: LTHON (HN), the full-head-output
+    scores).
 
     Several workers (:mod:`lens_heads.plumbing.distributed`) share the units: torchrun ranks gather them all, so every rank
     returns the whole result (only rank 0 should write it); the tasks of a job array each run their share into the
     shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
     """
+    if thresholds is not None:
+        thresholds.check_model(model)
+        scores = thresholds.scores if scores is None else scores
     scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
     chat = resolve_chat_template(model, apply_chat_template)
+    for s, p in [(s, p) for s in scores for p in fractions] if thresholds is not None else []:
+        thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
     rows = dict(protocol=protocol, apply_chat_template=chat)
-    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat)
+    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat, thresholds)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
     plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores)
     plan += [spec for spec in _check_specs(specs) if spec not in plan]
     store = UnitStore(out_dir, fingerprint)
     progress = progress and distributed.is_main()
-    calib = _Calibration(model, task, calibration, store, batch_size, progress, rows)
+    extras = [s for s in dict.fromkeys(list(scores) + list(static_scores)) if s not in SCORE_NAMES]
+    calib = _Calibration(model, task, calibration, store, batch_size, progress, rows, extras, thresholds)
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, **rows)
     workers = distributed.unit_workers()
     units, n_run = _run_units(model, task, plan, store, calib, set(workers.share(len(plan))), settings,
@@ -380,6 +426,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
                 calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
+                thresholds=None if thresholds is None else thresholds.describe(),
                 units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
                 split=getattr(task, "split", None), fewshot_split=getattr(task, "fewshot_split", None))
@@ -431,9 +478,9 @@ def _check_settings(scores, fractions, static_scores, calibration, protocol) -> 
         if isinstance(value, (str, int, float)):
             raise ValueError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
     scores = list(SCORE_NAMES if scores is None else scores)
-    unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES]
+    unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES + EXTRA_NAMES]
     if unknown:
-        raise ValueError(f"unknown scores {unknown}: choose from {SCORE_NAMES}")
+        raise ValueError(f"unknown scores {unknown}: choose from {SCORE_NAMES} or the extras {EXTRA_NAMES}")
     fractions = sorted({float(p) for p in fractions} | {0.0})
     if any(not 0.0 <= p < 1.0 for p in fractions):
         raise ValueError(f"target fractions must lie in [0, 1), got {fractions}")
@@ -518,8 +565,10 @@ class _Calibration:
     need and kept in ``out_dir/calibration.json`` under the run's fingerprint, so a resumed sweep uses exactly the
     thresholds of the first run without scoring again."""
 
-    def __init__(self, model, task, calibration, store: UnitStore, batch_size: int, progress: bool, rows: dict):
+    def __init__(self, model, task, calibration, store: UnitStore, batch_size: int, progress: bool, rows: dict,
+                 extras=(), thresholds=None):
         self._model, self._task, self._calibration, self._rows = model, task, calibration, rows
+        self._extras, self._thresholds = list(extras), thresholds
         self._batch_size, self._progress = batch_size, progress
         self._fingerprint = store.fingerprint
         self._path = store.out / "calibration.json" if store.out is not None else None
@@ -537,7 +586,7 @@ class _Calibration:
             elif source == "prompts":
                 source = [context_tokens(self._model, item, **self._rows) for item in self._task]
             self._scores = score_heads(self._model, source, batch_size=self._batch_size, progress=self._progress,
-                                       **self._rows)
+                                       extras=self._extras, **self._rows)
         return self._scores
 
     def _lookup(self, kind: str, score: str, p: float, compute):
@@ -554,6 +603,8 @@ class _Calibration:
         return value
 
     def threshold(self, score: str, p: float) -> float:
+        if self._thresholds is not None:  # given (the authors' file): nothing to calibrate
+            return self._thresholds.threshold(score, p)
         return float(self._lookup("thresholds", score, p,
                                   lambda: ScoreCalibration(self._head_scores()).threshold(score, p)))
 
@@ -576,9 +627,11 @@ class _Calibration:
         return {"source": _calibration_id(self._calibration)}
 
 
-def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str
-                 ) -> dict:
-    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=_calibration_id(calibration),
+def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str,
+                 thresholds: Thresholds | None = None) -> dict:
+    calibration = _calibration_id(calibration) if thresholds is None else \
+        f"thresholds {thresholds.describe()} {thresholds.digest()}"
+    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=calibration,
                            protocol=protocol, apply_chat_template=chat_template)  # resolved: "auto" is never stored
 
 

@@ -305,11 +305,13 @@ def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) 
     profile = {**profile, "inputs": {"task": task.name, "n": len(inputs), "what": "item prompts",
                                      "mean_length": m.get("mean_length"), "min_length": m.get("min_length"),
                                      "max_length": m.get("max_length")}}
+    aggregation = profile.get("aggregation", "rank")  # profiles cached before aggregations were named: "rank"
     df = pd.DataFrame({"layer": range(len(profile["max_rank"])), "max_rank": profile["max_rank"],
                        "mean_rank": profile["mean_rank"], "mass_columns": profile["mass_columns"],
-                       "lazy": profile["lazy"]})
+                       "lazy": profile["lazy"], "aggregation": aggregation})
     fig = plots.rank_profile(profile["max_rank"], profile["mean_rank"], profile["mass_columns"], profile["lazy"],
-                             title=f"Attention rank per layer ({len(inputs)} {task.name} prompts)")
+                             title=f"Attention rank per layer ({len(inputs)} {task.name} prompts)",
+                             aggregation=aggregation)
     return RankResult(profile, {"rank_profile": df}, {"rank_profile": fig}, task=task)
 
 

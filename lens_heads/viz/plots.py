@@ -246,16 +246,24 @@ def agreement_bars(table, *, title: str = "") -> go.Figure:
     return fig
 
 
-def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "") -> go.Figure:
-    """Attention rank per layer (max and mean over heads) and the 90%-mass key columns; lazy layers marked."""
+def rank_profile(max_rank, mean_rank, mass_columns, lazy, *, title: str = "", aggregation: str = "",
+                 max_rank_sd=None, mean_rank_sd=None) -> go.Figure:
+    """Attention rank per layer (max and mean over heads) and the 90%-mass key columns; lazy layers marked. The
+    aggregation over inputs (``lens_heads.collapse.rank.AGGREGATIONS``) is named in the title; ``max_rank_sd`` and
+    ``mean_rank_sd`` (the ``"layer_rank"`` aggregation) are drawn as one-standard-deviation error bars."""
     layers = list(range(len(max_rank)))
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=layers, y=list(max_rank), name="max rank over heads", marker_color="#1f77b4"))
+    band = lambda sd: None if sd is None else dict(type="data", array=list(sd), visible=True)  # noqa: E731
+    fig.add_trace(go.Bar(x=layers, y=list(max_rank), name="max rank over heads", marker_color="#1f77b4",
+                         error_y=band(max_rank_sd)))
     fig.add_trace(go.Scatter(x=layers, y=list(mean_rank), name="mean rank over heads", mode="lines+markers",
-                             line=dict(color="#ff7f0e")))
+                             line=dict(color="#ff7f0e"), error_y=band(mean_rank_sd)))
     if mass_columns is not None:
         fig.add_trace(go.Scatter(x=layers, y=list(mass_columns), name="key columns holding 90% mass",
                                  mode="lines+markers", line=dict(color="#2ca02c", dash="dot")))
+    if aggregation:
+        title = f"{title} [aggregation: {aggregation}" + ("; bars: ±1 sd over inputs]" if max_rank_sd is not None
+                                                          else "]")
     lazy_layers = [l for l in layers if lazy[l]]
     if lazy_layers:
         fig.add_trace(go.Scatter(x=lazy_layers, y=[max_rank[l] for l in lazy_layers], mode="markers",
