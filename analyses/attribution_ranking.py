@@ -44,6 +44,7 @@ from lens_heads.experiments.compare import read_sweep
 from lens_heads.experiments.effects import HeadEffects, task_means
 from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
 from lens_heads.experiments.sweep import SweepResult, save_units
+from lens_heads.experiments.sweep_intervals import kl_at
 from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
@@ -141,9 +142,9 @@ def run_task(model, name: str, args) -> dict:
     heldout = held_out(task, calibration)
     measured, extra = measure(model, name, task, calibration, heldout, recorded, args)
     joined = join_heldout(recorded, measured)
-    shares = [100 * p for p in args.fractions if p > 0]
+    shares = [p for p in args.fractions if p > 0]
     intervals = joined.intervals(mode="all", shares=shares, n_resamples=args.n_boot, seed=args.seed)
-    tests = intervals.versus(REFERENCE, summaries=SUMMARIES + tuple(f"kl_at_{s:g}pct" for s in shares))
+    tests = intervals.versus(REFERENCE, summaries=SUMMARIES + tuple(kl_at(100 * s) for s in shares))
     summary = intervals.to_dataframe()
     table = joined.to_dataframe()
     stem = figures / f"attribution_ranking_{name}"
@@ -172,7 +173,7 @@ def run_task(model, name: str, args) -> dict:
         threads=torch.get_num_threads(), **extra,
         summary=summary.to_dict(orient="records"), tests=tests.to_dict(orient="records"))
     atomic_write_json(stem.with_suffix(".json"), result)
-    shown = summary[["curve", "accuracy_auc", "kl_auc"] + [f"kl_at_{s:g}pct" for s in shares]]
+    shown = summary[["curve", "accuracy_auc", "kl_auc"] + [kl_at(100 * s) for s in shares]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(tests[["a", "b", "summary", "difference", "low", "high", "p_adjusted", "verdict"]].to_string(index=False))
     return result
