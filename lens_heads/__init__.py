@@ -4,6 +4,7 @@ The names below are the public API; each lives in a module of its own (``lens_he
 ``lens_heads.ablation.hooks``, ``lens_heads.experiments.sweep``, ``lens_heads.collapse.rank``, ``lens_heads.collapse.inheritune``, ...).
 """
 
+from lens_heads.plumbing.errors import InputError
 from lens_heads.models.loading import DEFAULT_MODEL, ModelUnavailableError, load_model, model_meta, tiny_model, weight_basis
 from lens_heads.data.tasks import Item, Task, TaskDataUnavailableError, load_task
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
@@ -26,6 +27,7 @@ from lens_heads.collapse.inheritune import (InherituneConfig, InherituneResult, 
                                    inherit_later_layers, run_inheritune, stack)
 
 __all__ = [
+    "InputError",
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
     "Item", "Task", "TaskDataUnavailableError", "load_task", "TaskFileError", "task_from_records",
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds", "Thresholds", "load_thresholds", "save_thresholds", "Thresholds", "load_thresholds", "save_thresholds",

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from lens_heads.plumbing.errors import InputError
 from lens_heads.heads.distributions import (
     layer_summary,
     pooled_cdf,
@@ -64,7 +65,7 @@ def test_cdf_and_bad_inputs():
         assert cdf(probe) == pytest.approx((x <= probe).mean())
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         thresholds(s, "AEQD", [1.5])
-    with pytest.raises(KeyError, match="no score"):
+    with pytest.raises(InputError, match="no score"):
         thresholds(s, "NOPE", [0.1])
     s.values[0, 0, 0, SCORE_NAMES.index("AEQD")] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from lens_heads.plumbing.errors import InputError
 from lens_heads.ablation.hooks import static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.evaluation.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
 from lens_heads.data.rows import within_context
@@ -218,7 +219,7 @@ def test_bad_input_is_explained(tiny_text_model):
                 items=[Item(id="x", contexts=("word " * 80,) * 2, continuations=(" a", " b"), gold=0)])
     with pytest.raises(ValueError, match="context of 64 tokens"):
         evaluate(tiny_text_model, task, progress=False)
-    with pytest.raises(TypeError, match="hook_name"):
+    with pytest.raises(InputError, match="hook_name"):
         evaluate(tiny_text_model, task, hooks=["blocks.0.attn.hook_z"], progress=False)
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from lens_heads.plumbing.errors import InputError
 from lens_heads.models.loading import embedded_model_folder, tiny_model
 from lens_heads.heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, layer_scores
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -391,7 +392,7 @@ def test_tokenize_limits_and_bad_inputs():
     assert tokens.shape == (2, 12) and tokens[1].tolist() == list(range(12)) and mask.sum(1).tolist() == [10, 12]
     with pytest.raises(ValueError, match="no tokenizer"):
         tokenize_inputs(model, ["text"])
-    with pytest.raises(TypeError, match="integer ids"):
+    with pytest.raises(InputError, match="integer ids"):
         tokenize_inputs(model, torch.rand(2, 3))
     with pytest.raises(ValueError, match="no inputs"):
         tokenize_inputs(model, [])

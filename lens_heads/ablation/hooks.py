@@ -40,6 +40,7 @@ from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.models.loading import expand_kv
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import mark
+from lens_heads.plumbing.errors import InputError
 
 HookFn = Callable[..., Tensor | None]
 HookPair = tuple[str, HookFn]
@@ -59,13 +60,13 @@ def zero_heads(
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         if int(layer) < 0 or int(head) < 0:
-            raise ValueError(f"zero_heads: (layer, head) = ({layer}, {head}) is negative: give indices from 0")
+            raise InputError(f"zero_heads: (layer, head) = ({layer}, {head}) is negative: give indices from 0")
         by_layer.setdefault(int(layer), []).append(int(head))
 
     def make(layer: int, chosen: list[int]) -> HookFn:
         def hook(z: Float[Tensor, "batch pos head d_head"], hook=None) -> Tensor:
             if max(chosen) >= z.shape[2]:
-                raise ValueError(f"zero_heads: layer {layer} has {z.shape[2]} heads, so heads {sorted(chosen)} "
+                raise InputError(f"zero_heads: layer {layer} has {z.shape[2]} heads, so heads {sorted(chosen)} "
                                  f"include some it does not have: give heads 0..{z.shape[2] - 1}")
             ablate = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
             ablate[chosen] = True
@@ -119,7 +120,7 @@ class HeadAblation:
         one question, get the same draw). Give exactly one of ``first`` and ``inputs``. ``count=False``: what the
         block ablates is not counted (a shared prefix, whose rows are counted in their own forwards)."""
         if (first is None) == (inputs is None):
-            raise ValueError("HeadAblation.batch() needs the batch's first input index (first=) or one input id per "
+            raise InputError("HeadAblation.batch() needs the batch's first input index (first=) or one input id per "
                              "row (inputs=), not both")
         self._mask = None if attention_mask is None else attention_mask.bool()
         self._inputs = (torch.as_tensor(inputs, dtype=torch.long).reshape(-1) if inputs is not None else
@@ -198,7 +199,7 @@ class HeadAblation:
         if self._mask is None:
             return torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
         if tuple(self._mask.shape) != tuple(z.shape[:2]):
-            raise ValueError(f"the attention mask given to HeadAblation.batch() has shape {tuple(self._mask.shape)} "
+            raise InputError(f"the attention mask given to HeadAblation.batch() has shape {tuple(self._mask.shape)} "
                              f"but the forward pass has [batch, pos] = {tuple(z.shape[:2])}: pass the mask of the "
                              "tokens being run")
         return self._mask.to(z.device)
@@ -207,7 +208,7 @@ class HeadAblation:
         if isinstance(self._inputs, int):
             return torch.arange(self._inputs, self._inputs + z.shape[0])
         if self._inputs is not None and self._inputs.numel() != z.shape[0]:
-            raise ValueError(f"HeadAblation.batch() was given {self._inputs.numel()} input ids for a batch of "
+            raise InputError(f"HeadAblation.batch() was given {self._inputs.numel()} input ids for a batch of "
                              f"{z.shape[0]} rows")
         return self._inputs
 
@@ -236,16 +237,16 @@ def input_zeroing(model, heads_by_input: Sequence[Iterable[tuple[int, int]]], *,
     evaluator passes item indices, so every row of a question loses the same heads)."""
     check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
     if len(heads_by_input) == 0:
-        raise ValueError("input_zeroing: heads_by_input is empty: give one head set per input of the task")
+        raise InputError("input_zeroing: heads_by_input is empty: give one head set per input of the task")
     chosen = torch.stack([_head_mask(model, heads) for heads in heads_by_input])  # [input, layer, head]
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         ids = acts["inputs"]
         if ids is None:
-            raise ValueError("per-input zeroing reads which input each row is: run the forward inside "
+            raise InputError("per-input zeroing reads which input each row is: run the forward inside "
                              "`with ablation.batch(attention_mask, inputs=...)`, or use evaluate()")
         if int(ids.min()) < 0 or int(ids.max()) >= chosen.shape[0]:
-            raise ValueError(f"input {int(ids.max())} has no head set: heads_by_input holds {chosen.shape[0]}, give "
+            raise InputError(f"input {int(ids.max())} has no head set: heads_by_input holds {chosen.shape[0]}, give "
                              "one per input of the evaluated task")
         return chosen[ids.cpu(), layer].to(z.device)
 
@@ -259,7 +260,7 @@ def _head_mask(model, heads: Iterable[tuple[int, int]]) -> Bool[Tensor, "layer h
     chosen = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     for layer, head in heads:
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise ValueError(f"head ({layer}, {head}) is outside the model's {n_layers} layers x {n_heads} heads")
+            raise InputError(f"head ({layer}, {head}) is outside the model's {n_layers} layers x {n_heads} heads")
         chosen[layer, head] = True
     return chosen
 
@@ -277,7 +278,7 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
     :mod:`lens_heads.evaluation.prefix`)."""
 
     if score_name not in SCORE_NAMES + EXTRA_NAMES:
-        raise ValueError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES + EXTRA_NAMES}")
+        raise InputError(f"unknown score {score_name!r}: choose one of {SCORE_NAMES + EXTRA_NAMES}")
     score = get_score(score_name)
     direction, n_heads = score.direction, model.cfg.n_heads
     threshold = float(threshold)
@@ -312,14 +313,14 @@ def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
     from :meth:`HeadAblation.batch` (the evaluator passes item indices, so all choices of a question share one
     draw)."""
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p must be a probability in [0, 1], got {p}")
+        raise InputError(f"p must be a probability in [0, 1], got {p}")
     check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     batch: dict = {}  # the current batch's input ids and their [row, layer, head] uniforms
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         if acts["inputs"] is None:
-            raise ValueError("random ablation draws per input: run the forward inside "
+            raise InputError("random ablation draws per input: run the forward inside "
                              "`with ablation.batch(attention_mask, first=...)` (or inputs=...), or use evaluate()")
         ids = tuple(acts["inputs"].tolist())
         if batch.get("ids") != ids:
@@ -388,9 +389,9 @@ def _replace(z: Float[Tensor, "batch pos head d_head"], ablate: Bool[Tensor, "ba
 
 def _check_mode(mode: str, means: Tensor | None) -> None:
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise InputError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "mean" and means is None:
-        raise ValueError("mode='mean' needs means=[layer, head, d_head]: compute them with "
+        raise InputError("mode='mean' needs means=[layer, head, d_head]: compute them with "
                          "lens_heads.ablation.hooks.mean_z(model, calibration_inputs)")
     if mode == "zero" and means is not None:
-        raise ValueError("means were given with mode='zero': pass mode='mean' to mean-ablate")
+        raise InputError("means were given with mode='zero': pass mode='mean' to mean-ablate")

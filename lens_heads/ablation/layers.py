@@ -27,6 +27,7 @@ from torch import Tensor
 
 from lens_heads.evaluation.prefix import mark
 from lens_heads.models.capture import check_hook_names
+from lens_heads.plumbing.errors import InputError
 
 PARTS = ("attention", "block")
 
@@ -35,18 +36,18 @@ def check_layers(layers: Sequence[int], n_layers: int, *, what: str = "layers") 
     """``layers`` as a tuple of distinct indices of a model with ``n_layers`` layers, or a ValueError saying what to
     give. Removing every layer is refused: nothing of the model would be left to measure."""
     if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
-        raise ValueError(f"{what} takes a list of layer indices, got {layers!r}: write {what}=[{layers!r}]")
+        raise InputError(f"{what} takes a list of layer indices, got {layers!r}: write {what}=[{layers!r}]")
     out = [_index(layer, what, n_layers) for layer in layers]
     bad = [layer for layer in out if not 0 <= layer < n_layers]
     if bad:
-        raise ValueError(f"{what}: layer(s) {bad} out of range: this model has layers 0..{n_layers - 1}")
+        raise InputError(f"{what}: layer(s) {bad} out of range: this model has layers 0..{n_layers - 1}")
     repeated = sorted({layer for layer in out if out.count(layer) > 1})
     if repeated:
-        raise ValueError(f"{what}: layer(s) {repeated} given more than once: name each layer once")
+        raise InputError(f"{what}: layer(s) {repeated} given more than once: name each layer once")
     if not out:
-        raise ValueError(f"{what} is empty: name at least one layer to remove (the unablated model is the baseline)")
+        raise InputError(f"{what} is empty: name at least one layer to remove (the unablated model is the baseline)")
     if len(out) == n_layers:
-        raise ValueError(f"{what}: removing all {n_layers} layers leaves only the embedding and unembedding: "
+        raise InputError(f"{what}: removing all {n_layers} layers leaves only the embedding and unembedding: "
                          "remove fewer layers")
     return tuple(out)
 
@@ -85,7 +86,7 @@ def remove_layers(model, layers: Sequence[int], *, part: str = "attention") -> R
     """Hooks that remove ``layers`` of ``model``: their attention output (``part="attention"``) or their whole
     block (``"block"``), so that the residual stream passes them unchanged (module docstring)."""
     if part not in PARTS:
-        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+        raise InputError(f"part must be one of {PARTS}, got {part!r}")
     cfg = model.cfg
     layers = check_layers(layers, cfg.n_layers)
     names = [f"blocks.{layer}.hook_attn_out" for layer in layers]
@@ -104,16 +105,16 @@ def check_order(order, n_layers: int, *, what: str = "order") -> tuple[int, ...]
     layers once, or a ValueError saying what is wrong with it."""
     shape = getattr(order, "shape", None)
     if shape is not None and len(shape) != 1:
-        raise ValueError(f"{what} has shape {tuple(shape)}: give a flat ranking of the {n_layers} layers, one index "
+        raise InputError(f"{what} has shape {tuple(shape)}: give a flat ranking of the {n_layers} layers, one index "
                          "each")
     if isinstance(order, (str, bytes)) or not hasattr(order, "__iter__"):
-        raise ValueError(f"{what} takes a ranking of the {n_layers} layers, got {order!r}")
+        raise InputError(f"{what} takes a ranking of the {n_layers} layers, got {order!r}")
     order = [_index(layer, what, n_layers) for layer in order]
     repeated = sorted({layer for layer in order if order.count(layer) > 1})
     if repeated:
-        raise ValueError(f"{what} names layer(s) {repeated} more than once: a ranking names each layer once")
+        raise InputError(f"{what} names layer(s) {repeated} more than once: a ranking names each layer once")
     if sorted(order) != list(range(n_layers)):
-        raise ValueError(f"{what} ranks {len(order)} layers {sorted(order)[:8]}...: give each of the model's layers "
+        raise InputError(f"{what} ranks {len(order)} layers {sorted(order)[:8]}...: give each of the model's layers "
                          f"0..{n_layers - 1} once")
     return tuple(order)
 
@@ -124,4 +125,4 @@ def _index(layer, what: str, n_layers: int) -> int:
             raise TypeError
         return operator.index(layer)
     except TypeError:
-        raise ValueError(f"{what}: {layer!r} is not a layer index: give whole numbers 0..{n_layers - 1}") from None
+        raise InputError(f"{what}: {layer!r} is not a layer index: give whole numbers 0..{n_layers - 1}") from None

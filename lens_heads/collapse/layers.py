@@ -37,6 +37,7 @@ from lens_heads.heads.scores import inactive
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.backends import run_to_resid
 from lens_heads.models.loading import model_meta
+from lens_heads.plumbing.errors import InputError
 
 # name -> (column, lowest first?): the orders a layer ranking can be read in, the first layer removed first
 ORDERS = {
@@ -76,7 +77,7 @@ class LayerScores:
         """Every layer, the first to remove first, by the ranking ``name`` (:data:`ORDERS`); ties go to the mean
         rank over heads (for the max-rank orders), then to the lower layer."""
         if name not in ORDERS:
-            raise ValueError(f"unknown layer ranking {name!r}: choose one of {list(ORDERS)}")
+            raise InputError(f"unknown layer ranking {name!r}: choose one of {list(ORDERS)}")
         column, lowest_first = ORDERS[name]
         sign = 1.0 if lowest_first else -1.0
         values = sign * np.asarray(getattr(self, column), dtype=float)
@@ -105,12 +106,12 @@ def layer_scores(model, task, *, scores: HeadScores | None = None, zero_fraction
     Block Influence, the rank profile on the items' prompts in both aggregations, and AHON from ``scores`` (the
     task's :func:`lens_heads.heads.scoring.score_heads`, computed here when not given)."""
     if isinstance(task, (str, bytes)):
-        raise ValueError(f"layer_scores takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
+        raise InputError(f"layer_scores takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
     items = list(task)
     if not items:
-        raise ValueError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
+        raise InputError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
     if not 0 < zero_fraction < 1:
-        raise ValueError(f"zero_fraction must lie in (0, 1), got {zero_fraction}")
+        raise InputError(f"zero_fraction must lie in (0, 1), got {zero_fraction}")
     tokens, mask = tokenize_inputs(model, task, protocol=protocol)
     block, attention = block_influence(model, tokens, mask, batch_size=batch_size, progress=progress)
     prompts = [item.prompt for item in items]
@@ -119,7 +120,7 @@ def layer_scores(model, task, *, scores: HeadScores | None = None, zero_fraction
     if scores is None:
         scores = score_heads(model, task, batch_size=batch_size, progress=progress, protocol=protocol)
     if scores.values.shape[1:3] != (model.cfg.n_layers, model.cfg.n_heads):
-        raise ValueError(f"scores are of a model with {tuple(scores.values.shape[1:3])} layers x heads, not this "
+        raise InputError(f"scores are of a model with {tuple(scores.values.shape[1:3])} layers x heads, not this "
                          f"model's ({model.cfg.n_layers}, {model.cfg.n_heads}): score this model")
     name = "AHON (LN)"
     cut = thresholds(scores, name, [zero_fraction])[zero_fraction]

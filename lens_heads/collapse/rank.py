@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.heads.scores import what_still_works
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -59,7 +60,7 @@ def approx_rank(A: Float[Tensor, "... q k"], energy: float = 0.9) -> Int[Tensor,
     A zero matrix has rank 0.
     """
     if not 0 < energy <= 1:
-        raise ValueError(f"energy must be in (0, 1], got {energy}")
+        raise InputError(f"energy must be in (0, 1], got {energy}")
     # float32 SVD (half the cost of float64); energies are summed in float64
     s2 = torch.linalg.svdvals(A if A.dtype in (torch.float32, torch.float64) else A.float()).double() ** 2
     total = s2.sum(-1, keepdim=True)
@@ -165,7 +166,7 @@ def attention_rank(
     call every freshly initialised layer lazy.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"attention_rank: batch_size must be a whole number >= 1, got {batch_size!r}")
+        raise InputError(f"attention_rank: batch_size must be a whole number >= 1, got {batch_size!r}")
     aggregation = check_aggregation(aggregation, average)
     average = aggregation == "matrix"
     tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
@@ -245,10 +246,10 @@ def check_aggregation(aggregation: str | None, average: bool = True) -> str:
     if aggregation is None:
         return "matrix" if average else "rank"
     if aggregation not in AGGREGATIONS:
-        raise ValueError(f"attention_rank: unknown aggregation {aggregation!r}: choose one of "
+        raise InputError(f"attention_rank: unknown aggregation {aggregation!r}: choose one of "
                          f"{', '.join(AGGREGATIONS)}")
     if aggregation == "matrix" and not average:
-        raise ValueError("attention_rank: average=False contradicts aggregation='matrix' (the averaged matrix): give "
+        raise InputError("attention_rank: average=False contradicts aggregation='matrix' (the averaged matrix): give "
                          "one of them")
     return aggregation
 

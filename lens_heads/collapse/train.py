@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from lens_heads.plumbing.cache import claim_folder
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 from lens_heads.collapse.rank import attention_rank
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -73,9 +74,9 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("log_every", "checkpoint_every"):  # eval_every=0 means never, these have no such meaning
             if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig({name}={getattr(self, name)}): give a number of steps >= 1")
+                raise InputError(f"TrainConfig({name}={getattr(self, name)}): give a number of steps >= 1")
         if self.eval_every < 0:
-            raise ValueError(f"TrainConfig(eval_every={self.eval_every}): give steps >= 1, or 0 for never")
+            raise InputError(f"TrainConfig(eval_every={self.eval_every}): give steps >= 1, or 0 for never")
 
     @property
     def tokens_per_step(self) -> int:
@@ -97,7 +98,7 @@ def batch_at(data: np.ndarray, step: int, micro: int, cfg: TrainConfig) -> Int[T
     """The training windows of (step, micro-batch): random offsets drawn from a generator seeded by
     (seed, step, micro), so the data order is the same in a resumed run."""
     if len(data) <= cfg.seq_len + 1:
-        raise ValueError(f"the training split has {len(data)} tokens, fewer than seq_len + 1 = {cfg.seq_len + 1}")
+        raise InputError(f"the training split has {len(data)} tokens, fewer than seq_len + 1 = {cfg.seq_len + 1}")
     rng = np.random.default_rng([cfg.seed, step, micro])
     offsets = rng.integers(0, len(data) - cfg.seq_len - 1, size=cfg.batch_size)
     return torch.from_numpy(np.stack([np.asarray(data[o: o + cfg.seq_len + 1], dtype=np.int64) for o in offsets]))
@@ -106,7 +107,7 @@ def batch_at(data: np.ndarray, step: int, micro: int, cfg: TrainConfig) -> Int[T
 def eval_windows(data: np.ndarray, n: int, seq_len: int) -> Int[Tensor, "n seq_plus_1"]:
     """``n`` fixed validation windows of ``seq_len + 1`` tokens, evenly spaced over the split."""
     if len(data) <= seq_len + 1:
-        raise ValueError(f"the validation split has {len(data)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+        raise InputError(f"the validation split has {len(data)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
     offsets = np.linspace(0, len(data) - seq_len - 1, num=n).astype(np.int64)
     return torch.from_numpy(np.stack([np.asarray(data[o: o + seq_len + 1], dtype=np.int64) for o in offsets]))
 
@@ -282,9 +283,9 @@ def train(
 
 def _check_fits(model: HookedTransformer, corpus, cfg: TrainConfig) -> None:
     if cfg.seq_len > model.cfg.n_ctx:
-        raise ValueError(f"seq_len {cfg.seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
+        raise InputError(f"seq_len {cfg.seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
     if int(np.max(corpus.train[: 1 << 20])) >= model.cfg.d_vocab:
-        raise ValueError(f"the corpus has token ids >= the model's d_vocab={model.cfg.d_vocab}")
+        raise InputError(f"the corpus has token ids >= the model's d_vocab={model.cfg.d_vocab}")
 
 
 def _resume(model: HookedTransformer, optimizer, ckpt: Path) -> _Run:
@@ -409,7 +410,7 @@ class RankTracker:
 
     def __post_init__(self):
         if self.every < 1:
-            raise ValueError(f"RankTracker(every={self.every}): track every 1 or more steps")
+            raise InputError(f"RankTracker(every={self.every}): track every 1 or more steps")
 
     def __call__(self, model: HookedTransformer, step: int) -> dict | None:
         if step % self.every:

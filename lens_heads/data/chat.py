@@ -19,6 +19,7 @@ moves the prefix's trailing newline into the continuation, as lm-eval's encoding
 """
 
 from __future__ import annotations
+from lens_heads.plumbing.errors import InputError
 
 CHAT_SETTINGS = (False, True, "single_turn", "auto")
 CHAT_MODEL_MARKERS = ("-Instruct", "-chat", "-SFT", "-DPO")
@@ -30,13 +31,13 @@ def parse_chat_setting(text: str | bool) -> bool | str:
     try:
         return check_chat_setting({"off": False, "on": True}.get(text, text) if isinstance(text, str) else text)
     except ValueError:
-        raise ValueError(f"chat template setting {text!r}: choose off, on, single_turn or auto") from None
+        raise InputError(f"chat template setting {text!r}: choose off, on, single_turn or auto") from None
 
 
 def check_chat_setting(apply_chat_template) -> bool | str:
     """``apply_chat_template`` if it is one of :data:`CHAT_SETTINGS`, else a ValueError naming them."""
     if not any(apply_chat_template is s or (isinstance(s, str) and apply_chat_template == s) for s in CHAT_SETTINGS):
-        raise ValueError(f"apply_chat_template must be False, True (lm-eval's fewshot_as_multiturn, the authors' "
+        raise InputError(f"apply_chat_template must be False, True (lm-eval's fewshot_as_multiturn, the authors' "
                          f"run), 'single_turn' or 'auto' (on for -Instruct/-chat/-SFT/-DPO models), got "
                          f"{apply_chat_template!r}")
     return apply_chat_template
@@ -56,7 +57,7 @@ def resolve_chat_template(model, apply_chat_template) -> bool | str:
     if setting == "auto":
         setting = any(marker in model_hub_name(model) for marker in CHAT_MODEL_MARKERS)
     if setting is not False and not getattr(model.tokenizer, "chat_template", None):
-        raise ValueError(f"apply_chat_template={apply_chat_template!r} but the tokenizer of {model_hub_name(model)} "
+        raise InputError(f"apply_chat_template={apply_chat_template!r} but the tokenizer of {model_hub_name(model)} "
                          "has no chat template: use apply_chat_template=False (base models), or load the chat "
                          "model's own tokenizer")
     return setting
@@ -71,7 +72,7 @@ def chat_messages(item, context: str, multiturn: bool) -> tuple[list[dict], str]
     examples = "".join(f"{question} {answer}\n\n" for question, answer in item.fewshot)
     prefix = item.description + examples
     if not context.startswith(prefix):
-        raise ValueError(f"item {item.id}: its context does not start with its description and few-shot examples")
+        raise InputError(f"item {item.id}: its context does not start with its description and few-shot examples")
     question = context[len(prefix):]
     messages = [{"role": "system", "content": item.description}] if item.description else []
     if multiturn:
@@ -81,7 +82,7 @@ def chat_messages(item, context: str, multiturn: bool) -> tuple[list[dict], str]
         messages.append({"role": "user", "content": examples})
     if len(set(item.contexts)) > 1:  # the options are in the context: lm-eval appends it to the rendered chat
         if not messages:
-            raise ValueError(f"item {item.id}: its options sit in the context and it has no description or few-shot "
+            raise InputError(f"item {item.id}: its options sit in the context and it has no description or few-shot "
                              "examples, so lm-eval's chat would be empty: use shots >= 1 or apply_chat_template=False")
         return messages, question
     if messages and messages[-1]["role"] == "user":  # lm-eval never puts two user turns in a row

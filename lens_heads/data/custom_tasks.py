@@ -25,13 +25,14 @@ from typing import Iterable
 import numpy as np
 
 from lens_heads.data.tasks import Item, Task, _sample
+from lens_heads.plumbing.errors import InputError
 
 CUSTOM_FORMATS = ("cloze", "letter")
 REQUIRED = ("context", "choices", "gold")
 LETTER_LIMIT = 26
 
 
-class TaskFileError(ValueError):
+class TaskFileError(InputError):
     """A record of a custom task is malformed; the message names where (line or record) and the field."""
 
 
@@ -66,7 +67,7 @@ def read_task_file(path: str | Path, *, name: str | None = None, format: str = "
 def _task(rows: list, positions: list[int], *, name: str, format: str, delimiter: str, n: int | None, seed: int,
           source: str, where: str) -> Task:
     if format not in CUSTOM_FORMATS:
-        raise ValueError(f"unknown format {format!r} for a custom task: choose one of {', '.join(CUSTOM_FORMATS)}")
+        raise InputError(f"unknown format {format!r} for a custom task: choose one of {', '.join(CUSTOM_FORMATS)}")
     if not rows:
         raise TaskFileError(f"{name}: no records")
     items, seen = [], {}

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.data.tasks import Task
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -36,18 +37,18 @@ def tokenize_inputs(
     first-token scores read). A sequence longer than the model's context ``n_ctx`` is an error.
     """
     if max_len is not None and max_len < 1:
-        raise ValueError(f"max_len must be a positive number of tokens, got {max_len}")
+        raise InputError(f"max_len must be a positive number of tokens, got {max_len}")
     sequences = _sequences(model, inputs, protocol, apply_chat_template)
     if not sequences:
-        raise ValueError("no inputs to tokenize: pass at least one string, item or token sequence")
+        raise InputError("no inputs to tokenize: pass at least one string, item or token sequence")
     if max_len is not None:
         sequences = [s[:max_len] for s in sequences]
     check_token_ids(model, sequences)
     for i, s in enumerate(sequences):
         if len(s) == 0:
-            raise ValueError(f"input {i} has no tokens: pass non-empty text (or set prepend_bos on the model)")
+            raise InputError(f"input {i} has no tokens: pass non-empty text (or set prepend_bos on the model)")
         if len(s) > model.cfg.n_ctx:
-            raise ValueError(f"input {i} has {len(s)} tokens, more than the model's context of {model.cfg.n_ctx}: "
+            raise InputError(f"input {i} has {len(s)} tokens, more than the model's context of {model.cfg.n_ctx}: "
                              "shorten it (fewer shots, shorter text) or pass max_len to truncate")
     return right_pad(sequences, pad_id(model))
 
@@ -78,7 +79,7 @@ def check_token_ids(model: HookedTransformer, sequences: Sequence[Sequence[int] 
             bad.append(f"{name}: {', '.join(str(t) for t in outside.unique().tolist()[:5])}")
     if bad:
         more = f" (and {len(bad) - 5} more inputs)" if len(bad) > 5 else ""
-        raise ValueError(f"token ids outside the model's vocabulary of {vocab} (0 to {vocab - 1}): "
+        raise InputError(f"token ids outside the model's vocabulary of {vocab} (0 to {vocab - 1}): "
                          f"{'; '.join(bad[:5])}{more}. Use the model's own tokenizer (model.to_tokens) or ids below "
                          f"{vocab}")
 
@@ -86,11 +87,11 @@ def check_token_ids(model: HookedTransformer, sequences: Sequence[Sequence[int] 
 def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_chat_template: bool | str) -> list[Tensor]:
     if isinstance(inputs, Tensor):
         if inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
-            raise TypeError(f"token tensors must hold integer ids, got dtype {inputs.dtype}")
+            raise InputError(f"token tensors must hold integer ids, got dtype {inputs.dtype}")
         if inputs.ndim == 1:
             inputs = inputs[None]
         if inputs.ndim != 2:
-            raise ValueError(f"a token tensor must be [batch, pos], got shape {tuple(inputs.shape)}")
+            raise InputError(f"a token tensor must be [batch, pos], got shape {tuple(inputs.shape)}")
         return [row.long().cpu() for row in inputs]
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -102,14 +103,14 @@ def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_ch
         return []
     if all(isinstance(x, str) for x in inputs):
         if model.tokenizer is None:
-            raise ValueError("this model has no tokenizer: pass token ids (a tensor or lists of ints) instead of text")
+            raise InputError("this model has no tokenizer: pass token ids (a tensor or lists of ints) instead of text")
         return [model.to_tokens(x, prepend_bos=model.cfg.default_prepend_bos, truncate=False)[0].cpu()
                 for x in inputs]
     if all(isinstance(x, Tensor) or (isinstance(x, (list, tuple)) and all(isinstance(t, int) for t in x))
            for x in inputs):
         seqs = [torch.as_tensor(x, dtype=torch.long).reshape(-1).cpu() for x in inputs]
         return seqs
-    raise TypeError("inputs must be a string, a list of strings, a Task, a [batch, pos] token tensor, or a list "
+    raise InputError("inputs must be a string, a list of strings, a Task, a [batch, pos] token tensor, or a list "
                     f"of token sequences; got {type(inputs).__name__} of {sorted({type(x).__name__ for x in inputs})}")
 
 

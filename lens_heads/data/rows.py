@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from lens_heads.data.chat import chat_context, resolve_chat_template
+from lens_heads.plumbing.errors import InputError
 
 PROTOCOLS = ("lm-eval", "tl")
 DEFAULT_PROTOCOL = "lm-eval"
@@ -39,7 +40,7 @@ class Row:
 
 def check_protocol(protocol: str) -> str:
     if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}: choose 'lm-eval' (lm-evaluation-harness rows, the paper's) "
+        raise InputError(f"unknown protocol {protocol!r}: choose 'lm-eval' (lm-evaluation-harness rows, the paper's) "
                          "or 'tl' (TransformerLens: BOS prepended, whole continuation input)")
     return protocol
 
@@ -47,7 +48,7 @@ def check_protocol(protocol: str) -> str:
 def encode(model, text: str) -> list[int]:
     """Token ids of ``text`` without special tokens (any BOS is added by the row layout)."""
     if model.tokenizer is None:
-        raise ValueError("this model has no tokenizer: evaluating text tasks needs one (tiny_model(tokenizer=...))")
+        raise InputError("this model has no tokenizer: evaluating text tasks needs one (tiny_model(tokenizer=...))")
     return list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -67,7 +68,7 @@ def build_rows(model, items: Sequence, *, protocol: str = DEFAULT_PROTOCOL,
             for row in item_rows(model, index, item, protocol, apply_chat_template)]
     too_long = [r for r in rows if len(r.tokens) > model.cfg.n_ctx]
     if too_long:
-        raise ValueError(f"{len(too_long)} rows are longer than the model's context of {model.cfg.n_ctx} tokens "
+        raise InputError(f"{len(too_long)} rows are longer than the model's context of {model.cfg.n_ctx} tokens "
                          f"(longest {max(len(r.tokens) for r in too_long)}): use fewer shots, a longer-context model, "
                          "or lens_heads.data.rows.within_context(model, task) to drop those items")
     return rows
@@ -86,9 +87,9 @@ def item_rows(model, index: int, item, protocol: str, apply_chat_template: bool 
     """The rows of one item (``index`` is the item's position, kept in each row)."""
     encoded = _encode(model, item, len(item.contexts), protocol, apply_chat_template)
     if any(not x for _, x in encoded):
-        raise ValueError(f"item {item.id}: a continuation encodes to no tokens")
+        raise InputError(f"item {item.id}: a continuation encodes to no tokens")
     if any(not c for c, _ in encoded):
-        raise ValueError(f"item {item.id}: empty context and no BOS token to condition on")
+        raise InputError(f"item {item.id}: empty context and no BOS token to condition on")
     if len({tuple(c) for c, _ in encoded}) == 1 and all(len(x) == 1 for _, x in encoded):  # MMLU letters
         ctx = encoded[0][0]
         return [Row(index, ctx, [(choice, len(ctx) - 1, x) for choice, (_, x) in enumerate(encoded)])]

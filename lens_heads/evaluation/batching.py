@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, TypeVar
 
 import torch
+from lens_heads.plumbing.errors import InputError
 
 AUTO = "auto"
 AUTO_START = {"cuda": 256}  # first size tried per device type; others (cpu, mps) start at DEFAULT_START
@@ -21,7 +22,7 @@ def check_batch_size(batch_size) -> None:
     if batch_size == AUTO:
         return
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a whole number >= 1 or 'auto', got {batch_size!r}")
+        raise InputError(f"batch_size must be a whole number >= 1 or 'auto', got {batch_size!r}")
 
 
 def first_size(device, n_rows: int) -> int:

@@ -57,6 +57,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.data.inputs import check_token_ids, pad_id, right_pad
+from lens_heads.plumbing.errors import InputError
 
 METRICS = ("sum", "per_token", "per_char")
 ACC_NORM = "per_char: log-likelihood / characters of the choice, without the continuation's leading space (lm-eval's)"
@@ -88,7 +89,7 @@ class ItemRecord:
             return lp / np.maximum(np.asarray(self.n_tokens), 1)
         if metric == "per_char":
             return lp / np.maximum(np.asarray(self.n_chars), 1)
-        raise ValueError(f"unknown metric {metric!r}: choose one of {METRICS}")
+        raise InputError(f"unknown metric {metric!r}: choose one of {METRICS}")
 
     def chosen(self, metric: str = "sum") -> int:
         return int(np.argmax(self.scores(metric)))
@@ -236,7 +237,7 @@ def paired_difference(ablated: EvalResult, base: EvalResult, *, metric: str | No
     metric = metric or base.primary
     base_by_id = {it.id: it for it in base.items}
     if set(base_by_id) != {it.id for it in ablated.items}:
-        raise ValueError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
+        raise InputError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
     values = paired_values([(it, base_by_id[it.id]) for it in ablated.items], metric)
     acc = mean_ci(values["accuracy"])
     return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=mean_ci(values["gold_logprob"]),
@@ -328,7 +329,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
                     apply_chat_template=apply_chat_template, attention=attention, first_input=first_input,
                     _shared_prefixes=_shared_prefixes)
     if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
-        raise ValueError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
+        raise InputError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:
@@ -339,10 +340,10 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     check_batch_size(batch_size)
     check_primary(primary)
     if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+        raise InputError(f"attention must be one of {ATTENTION}, got {attention!r}")
     items = list(task)
     if not items:
-        raise ValueError("the task has no items")
+        raise InputError("the task has no items")
     sets = [hook_set(model, hooks) for hooks in hook_sets]
     check_protocol(protocol)
     chat = resolve_chat_template(model, apply_chat_template)
@@ -379,7 +380,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
 def check_primary(primary: str) -> None:
     """Refuse a scoring of the choices that :class:`ItemRecord` does not know."""
     if primary not in METRICS:
-        raise ValueError(f"primary must be one of {METRICS}, got {primary!r}")
+        raise InputError(f"primary must be one of {METRICS}, got {primary!r}")
 
 
 def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
@@ -657,7 +658,7 @@ def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[E
     """``evaluate_each`` on this rank's block of the items; the blocks' records gathered in order on every rank."""
     items = list(task)
     if not items:
-        raise ValueError("the task has no items")
+        raise InputError("the task has no items")
     distributed.check_agree(_identity(model, items, settings), "model, items and settings of the evaluation")
     mine = distributed.block(len(items), distributed.rank(), distributed.world_size())
     local = None

@@ -42,6 +42,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_eval_bos
 from lens_heads.data.inputs import check_token_ids
+from lens_heads.plumbing.errors import InputError
 
 GSM8K_STOP = ("\n\n", "Question:")
 LM_EVAL_GSM8K_STOP = ("Question:", "</s>", "<|im_end|>")  # lm-eval's gsm8k ``until``; the EOS token stops too
@@ -68,16 +69,16 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
     one, such as Gemma, as lm-eval's ``generate_until``; under ``"tl"`` TransformerLens's ``default_prepend_bos``).
     ``cache``: see the module docstring (what zeroing means at each step)."""
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     stop = [stop] if isinstance(stop, str) else list(stop)  # one string is one stop, not one per character
     pairs, batch_aware = collect_hooks(hooks, model)
     if cache and batch_aware:
-        raise ValueError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "
+        raise InputError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "
                          "that one position: use cache=False (reruns the sequence), or zero_heads(...) pairs for a "
                          "fixed set of heads")
     tokens = _prompt_tokens(model, prompt, protocol)
     if len(tokens) + max_new_tokens > model.cfg.n_ctx:
-        raise ValueError(f"prompt of {len(tokens)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+        raise InputError(f"prompt of {len(tokens)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                          f"context of {model.cfg.n_ctx}: shorten the prompt (fewer shots) or max_new_tokens")
     eos = model.tokenizer.eos_token_id if model.tokenizer is not None else None
     kv = _new_cache(model) if cache else None
@@ -133,14 +134,14 @@ def _prompt_tokens(model, prompt: str | Sequence[int], protocol: str) -> list[in
         tl_bos = [bos_id] if model.cfg.default_prepend_bos and bos_id is not None else []
         tokens = (lm_eval_bos(model) if protocol == "lm-eval" else tl_bos) + encode(model, prompt)
     if not tokens:
-        raise ValueError("the prompt is empty: give text or token ids")
+        raise InputError("the prompt is empty: give text or token ids")
     check_token_ids(model, [tokens], ["the prompt"])
     return tokens
 
 
 def _decode(model, tokens: list[int]) -> str:
     if model.tokenizer is None:
-        raise ValueError("this model has no tokenizer: generation with stop strings needs one")
+        raise InputError("this model has no tokenizer: generation with stop strings needs one")
     return model.tokenizer.decode(tokens)
 
 
@@ -253,9 +254,9 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
 
     items = list(task)
     if not items:
-        raise ValueError("the task has no items")
+        raise InputError("the task has no items")
     if any(it.target is None for it in items):
-        raise ValueError(f"task {getattr(task, 'name', '?')!r} has no reference answers to match generations "
+        raise InputError(f"task {getattr(task, 'name', '?')!r} has no reference answers to match generations "
                          "against: use a generation task such as load_task('gsm8k')")
     name = getattr(task, "name", "task")
     stop = TASK_STOPS.get(name, GSM8K_STOP) if stop is None else stop

@@ -13,6 +13,7 @@ from typing import Iterable
 from lens_heads.evaluation.prefix import hook_scope
 from lens_heads.models import backends
 from lens_heads.models.capture import check_hook_names
+from lens_heads.plumbing.errors import InputError
 
 
 @dataclass
@@ -54,7 +55,7 @@ def collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
         elif isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and callable(obj[1]):
             pairs.append(obj)
         else:
-            raise TypeError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a HeadAblation), "
+            raise InputError(f"hooks must be (hook_name, fn) pairs or objects with .hooks (e.g. a HeadAblation), "
                             f"got {obj!r}")
     check_hook_names(model, [name for name, _ in pairs])
     return pairs, batch_aware

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from lens_heads.stats.inference import BOOTSTRAP, bootstrap_items, kendall, spearman
+from lens_heads.plumbing.errors import InputError
 
 KS = (0.05, 0.10, 0.20, 0.30)
 
@@ -63,11 +64,11 @@ def score_agreement(scores, effects, *, metric: str | None = None, names: Sequen
     names = list(scores.names if names is None else names)
     x = item_scores(scores)
     if x.shape[0] != len(effects) or tuple(x.shape[1:3]) != tuple(effects.values.shape[1:3]):
-        raise ValueError(f"the scores cover {x.shape[0]} items x {tuple(x.shape[1:3])} heads, the effects "
+        raise InputError(f"the scores cover {x.shape[0]} items x {tuple(x.shape[1:3])} heads, the effects "
                          f"{len(effects)} items x {tuple(effects.values.shape[1:3])} heads: score the same task "
                          "(score_heads(model, task)) that head_effects measured")
     if n_boot < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+        raise InputError(f"n_boot must be >= 1, got {n_boot}")
     effect = np.abs(effects.effect(metric).numpy())  # [item, layer, head]
     n, L, H = effect.shape
     heads = L * H

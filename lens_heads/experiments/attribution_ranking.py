@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from lens_heads.data.rows import DEFAULT_PROTOCOL
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.rankings import Head, Ranking
+from lens_heads.plumbing.errors import InputError
 
 
 @dataclass
@@ -46,7 +47,7 @@ def attribution_ranking(model, calibration, *, metric: str = "kl", batch_size: i
     effect|) of each head's linearised ``metric`` (``"kl"`` by default: it reads no gold answer), smallest first.
     The other settings are :func:`head_effects`'s."""
     if len(calibration) == 0:
-        raise ValueError("attribution_ranking: calibration has no items, and attribution needs items to rank the "
+        raise InputError("attribution_ranking: calibration has no items, and attribution needs items to rank the "
                          "heads on: give a task with items (lens_heads.load_task(name, n=20))")
     wall, cpu = time.perf_counter(), time.process_time()
     effects = head_effects(model, calibration, method="attribution", metric=metric, batch_size=batch_size,
@@ -60,6 +61,6 @@ def held_out(task, calibration):
     ids = {it.id for it in calibration}
     kept = [it for it in task if it.id not in ids]
     if not kept:
-        raise ValueError(f"held_out: every item of the task ({len(task)}) is a calibration item, so none is left to "
+        raise InputError(f"held_out: every item of the task ({len(task)}) is a calibration item, so none is left to "
                          "evaluate on: load the task with more items than the calibration (n=...)")
     return replace(task, items=kept)

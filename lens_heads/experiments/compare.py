@@ -40,6 +40,7 @@ from lens_heads.stats import inference as stats
 from lens_heads.stats.curves import normalised_auc, zeroable_within
 from lens_heads.experiments.sweep import SweepResult, load_sweep, read_units
 from lens_heads.experiments.sweep_intervals import replicate_ranks
+from lens_heads.plumbing.errors import InputError
 
 METRICS = {"accuracy": "normalised AUC of accuracy (%), higher is better",
            "kl": "normalised AUC of the paired KL(unablated || ablated) (nats), lower is better"}
@@ -104,9 +105,9 @@ def read_sweep(path: str | Path) -> SweepResult | RecordedSweep:
     try:
         d = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}): give a sweep_<task>.json written by analyses/sweep.py")
+        raise InputError(f"{path} is not valid JSON ({e}): give a sweep_<task>.json written by analyses/sweep.py")
     if not isinstance(d, dict) or not {"table", "sweep_meta", "baseline"} <= set(d):
-        raise ValueError(f"{path} is not a sweep record (it lacks 'table', 'sweep_meta' or 'baseline'): give a "
+        raise InputError(f"{path} is not a sweep record (it lacks 'table', 'sweep_meta' or 'baseline'): give a "
                          "sweep_<task>.json written by analyses/sweep.py or a run_sweep output folder")
     meta = {**d["sweep_meta"], "model": d.get("model"), "task": d.get("task")}
     return RecordedSweep(table=pd.DataFrame(d["table"]), meta=meta, baseline_accuracy=d["baseline"]["accuracy"],
@@ -207,15 +208,15 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
     ``metric``: ``"accuracy"`` (the paper's ranking) or ``"kl"`` (the low-variance companion)."""
     _check_metric(metric)
     if isinstance(sweeps, (SweepResult, RecordedSweep)) or len(sweeps) < 2:
-        raise ValueError("compare_sweeps needs at least two sweeps (one per model and task), got "
+        raise InputError("compare_sweeps needs at least two sweeps (one per model and task), got "
                          f"{1 if isinstance(sweeps, (SweepResult, RecordedSweep)) else len(sweeps)}")
     if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
+        raise InputError(f"top_k must be at least 1, got {top_k}")
     described = [_describe(s) for s in sweeps]
     keys = [(d["model"], d["task"], d["setting"]) for d in described]
     repeated = sorted({k for k in keys if keys.count(k) > 1})
     if repeated:
-        raise ValueError(f"two sweeps of the same (model, task, setting): "
+        raise InputError(f"two sweeps of the same (model, task, setting): "
                          f"{', '.join(f'{m} / {t} ({s})' for m, t, s in repeated)}; give one sweep per (model, task) "
                          "and setting")
     one_setting = len({k[:2] for k in keys}) == len(keys)
@@ -226,7 +227,7 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
     labels = tuple(f"{m} / {t}" if one_setting else f"{m} / {t} ({s})" for m, t, s in keys)
     if len(curves) < 2:
         have = "; ".join(f"{label}: {', '.join(a) or 'none'}" for label, a in zip(labels, aucs))
-        raise ValueError(f"the sweeps have {len(curves)} curve(s) with an AUC in common, ranking needs at least two "
+        raise InputError(f"the sweeps have {len(curves)} curve(s) with an AUC in common, ranking needs at least two "
                          f"({have}): sweep the same scores on every (model, task)")
     sign = -1.0 if metric == "accuracy" else 1.0  # rank 1 = best
     auc = tuple(tuple(a[c] for c in curves) for a in aucs)
@@ -250,7 +251,7 @@ def common_grid(sweeps: Sequence[SweepResult | RecordedSweep]) -> list[float]:
     grids = [_targets(s) for s in sweeps]
     grid = sorted(set.intersection(*grids))
     if len([p for p in grid if p > 0]) < 1:
-        raise ValueError(f"the sweeps share no target share of heads ({[sorted(g) for g in grids]}): sweep a common "
+        raise InputError(f"the sweeps share no target share of heads ({[sorted(g) for g in grids]}): sweep a common "
                          "grid of fractions")
     return grid
 
@@ -292,7 +293,7 @@ def _rank_ends(replicates: np.ndarray | None, n: int, confidence: float) -> tupl
 
 def _check_metric(metric: str) -> str:
     if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
+        raise InputError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
     return metric
 
 
@@ -300,7 +301,7 @@ def _describe(sweep) -> dict:
     """Model, task and sample of a sweep, from its fingerprint; the baseline beside chance."""
     fp = (getattr(sweep, "meta", None) or {}).get("fingerprint")
     if not isinstance(sweep, (SweepResult, RecordedSweep)) or not fp:
-        raise ValueError(f"a {type(sweep).__name__} without a fingerprint can't be placed by model and task: give "
+        raise InputError(f"a {type(sweep).__name__} without a fingerprint can't be placed by model and task: give "
                          "SweepResults from run_sweep or read_sweep")
     model, task = fp.get("model") or {}, fp.get("task") or {}
     if isinstance(sweep, SweepResult):
@@ -335,10 +336,10 @@ def compare_settings(a: SweepResult, b: SweepResult, *, n_resamples: int = stats
     of target shares), with the verdict the interval allows."""
     for s in (a, b):
         if not isinstance(s, SweepResult):
-            raise ValueError("compare_settings needs per-item records: give run_sweep results, or sweep_<task>.json "
+            raise InputError("compare_settings needs per-item records: give run_sweep results, or sweep_<task>.json "
                              "files with their units file beside them (read_sweep)")
     if [it.id for it in a.baseline.items] != [it.id for it in b.baseline.items]:
-        raise ValueError("compare_settings pairs the two sweeps item by item: sweep the same items (task, split, n, "
+        raise InputError("compare_settings pairs the two sweeps item by item: sweep the same items (task, split, n, "
                          "seed) under both settings")
     grid = common_grid([a, b])
     ia, ib = (on_grid(s, grid).intervals(n_resamples=n_resamples, seed=seed) for s in (a, b))

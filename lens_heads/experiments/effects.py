@@ -51,6 +51,7 @@ from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
 from lens_heads.experiments.sweep import run_fingerprint
 from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from tqdm.auto import tqdm
+from lens_heads.plumbing.errors import InputError
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
@@ -77,7 +78,7 @@ class HeadEffects:
         """Per-item effects of one metric."""
         metric = metric or self.metric
         if metric not in self.metrics:
-            raise KeyError(f"no metric {metric!r} here: choose one of {self.metrics}")
+            raise InputError(f"no metric {metric!r} here: choose one of {self.metrics}")
         return self.values[..., self.metrics.index(metric)]
 
     def mean(self, metric: str | None = None) -> Float[Tensor, "layer head"]:
@@ -163,23 +164,23 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
     activations for the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long
     few-shot prompts a small ``batch_size``."""
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: choose one of {METHODS}")
+        raise InputError(f"unknown method {method!r}: choose one of {METHODS}")
     if metric not in EFFECT_METRICS:
-        raise ValueError(f"unknown metric {metric!r}: choose one of {EFFECT_METRICS}")
+        raise InputError(f"unknown metric {metric!r}: choose one of {EFFECT_METRICS}")
     check_primary(primary)
     check_protocol(protocol)
     items = list(task)
     if not items:
-        raise ValueError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
+        raise InputError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
     if method == "attribution" and any(len(it.continuations) < 2 for it in items):
-        raise ValueError(f"method='attribution' linearises log-likelihoods, but {getattr(task, 'name', 'this task')} "
+        raise InputError(f"method='attribution' linearises log-likelihoods, but {getattr(task, 'name', 'this task')} "
                          "has items with one continuation (LAMBADA, GSM8K: correct when it is the greedy answer), "
                          "whose accuracy cannot be linearised: use method='ablation' or 'mean'")
     if method == "attribution" and out_dir is not None:
-        raise ValueError("out_dir keeps the per-head evaluations of ablation and mean ablation; attribution runs in "
+        raise InputError("out_dir keeps the per-head evaluations of ablation and mean ablation; attribution runs in "
                          "one pass: keep its result with HeadEffects.save(path)")
     if model.tokenizer is None:
-        raise ValueError("this model has no tokenizer, and a text task needs one: load the model with its tokenizer "
+        raise InputError("this model has no tokenizer, and a text task needs one: load the model with its tokenizer "
                          "(tiny_model(tokenizer=...) for a toy model)")
     start = time.perf_counter()
     layout = dict(protocol=protocol, apply_chat_template=apply_chat_template)

@@ -29,6 +29,7 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL
 from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_values
 from lens_heads.experiments.sweep import UnitResult, UnitStore, run_fingerprint, unit_result
 from lens_heads.stats import inference
+from lens_heads.plumbing.errors import InputError
 
 METRICS = {  # per-item paired value: what it is, and whether higher is better
     "accuracy_change": ("change of correctness, removed - unablated (accuracy points / 100)", True),
@@ -64,23 +65,23 @@ def check_head_order(order, n_layers: int, n_heads: int) -> tuple[tuple[int, int
     """A ranking of heads: ``[n_layers x n_heads, 2]`` pairs ``(layer, head)``, each head of the model once."""
     array = np.asarray(order)
     if array.ndim != 2 or array.shape[1] != 2:
-        raise ValueError(f"head_order has shape {array.shape}: give [{n_layers * n_heads}, 2] (layer, head) pairs")
+        raise InputError(f"head_order has shape {array.shape}: give [{n_layers * n_heads}, 2] (layer, head) pairs")
     pairs = [tuple(int(v) for v in row) for row in array]
     repeated = sorted({p for p in pairs if pairs.count(p) > 1})
     if repeated:
-        raise ValueError(f"head_order names head(s) {repeated[:5]} more than once: a ranking names each head once")
+        raise InputError(f"head_order names head(s) {repeated[:5]} more than once: a ranking names each head once")
     if sorted(pairs) != [(layer, head) for layer in range(n_layers) for head in range(n_heads)]:
-        raise ValueError(f"head_order must name each of the model's {n_layers} x {n_heads} heads once, got "
+        raise InputError(f"head_order must name each of the model's {n_layers} x {n_heads} heads once, got "
                          f"{len(pairs)} pairs")
     return tuple(pairs)
 
 
 def _check_counts(counts: Sequence[int], n_layers: int) -> list[int]:
     if isinstance(counts, (str, bytes, int)) or not hasattr(counts, "__iter__"):
-        raise ValueError(f"counts takes a list of layer counts, got {counts!r}: write counts=[{counts!r}]")
+        raise InputError(f"counts takes a list of layer counts, got {counts!r}: write counts=[{counts!r}]")
     counts = sorted({int(k) for k in counts})
     if not counts or counts[0] < 1 or counts[-1] >= n_layers:
-        raise ValueError(f"counts {counts}: give numbers of layers to remove from 1 to {n_layers - 1}")
+        raise InputError(f"counts {counts}: give numbers of layers to remove from 1 to {n_layers - 1}")
     return counts
 
 
@@ -98,7 +99,7 @@ def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, 
 
     specs = list(dict.fromkeys([Unablated(), *specs]))
     if chunk < 1:
-        raise ValueError(f"chunk must be at least 1, got {chunk}")
+        raise InputError(f"chunk must be at least 1, got {chunk}")
     store = UnitStore(out_dir, run_fingerprint(model, task, primary=primary, protocol=protocol,
                                                apply_chat_template=False), marker=MARKER)
     measured = {spec: replace(spec, order=None) if isinstance(spec, LayerRemoval) else spec for spec in specs}
@@ -159,7 +160,7 @@ class RemovalCurves:
         for unit in self._curve(curve).values():
             by_id = {it.id: it for it in unit.result.items}
             if set(by_id) != set(ids):
-                raise ValueError(f"{curve!r} was evaluated on other items than the baseline")
+                raise InputError(f"{curve!r} was evaluated on other items than the baseline")
             pairs = [(by_id[i], it) for i, it in zip(ids, self.baseline.items)]
             if metric == "correct":
                 rows.append([float(a.correct(self.baseline.primary)) for a, _ in pairs])
@@ -176,7 +177,7 @@ class RemovalCurves:
         curve, the expectation over orders). Returns the same object."""
         counts = [tuple(self.counts(c)) for c in curves]
         if len(set(counts)) != 1:
-            raise ValueError(f"{list(curves)} were measured at different counts {counts}: a mean needs the same")
+            raise InputError(f"{list(curves)} were measured at different counts {counts}: a mean needs the same")
         self.averaged[label] = tuple(curves)
         return self
 
@@ -195,7 +196,7 @@ class RemovalCurves:
         if members:
             return self.curves[members[0]]
         if curve not in self.curves:
-            raise ValueError(f"unknown curve {curve!r}: choose one of {self.names()}")
+            raise InputError(f"unknown curve {curve!r}: choose one of {self.names()}")
         return self.curves[curve]
 
     def to_dataframe(self, *, n_resamples: int = inference.N_RESAMPLES, seed: int = 0) -> pd.DataFrame:
@@ -225,10 +226,10 @@ class RemovalCurves:
         over those ``k`` (``k = "mean"``): paired bootstrap interval, permutation p-value and the verdict the
         interval supports."""
         if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r}: choose one of {list(METRICS)}")
+            raise InputError(f"unknown metric {metric!r}: choose one of {list(METRICS)}")
         shared = [k for k in self.counts(a) if k in self.counts(b)]
         if not shared:
-            raise ValueError(f"{a!r} and {b!r} share no number of layers removed")
+            raise InputError(f"{a!r} and {b!r} share no number of layers removed")
         pick = lambda c: self.per_item(c, metric)[[self.counts(c).index(k) for k in shared]]  # noqa: E731
         x, y = pick(a), pick(b)
         x, y = np.vstack([x, x.mean(0)]), np.vstack([y, y.mean(0)])

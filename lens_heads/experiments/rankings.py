@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from lens_heads.ablation.specs import InputAblation, StaticAblation, Unablated
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
 from lens_heads.experiments.sweep import DEFAULT_FRACTIONS, SweepResult, UnitStore, run_fingerprint, run_unit
+from lens_heads.plumbing.errors import InputError
 
 Head = tuple[int, int]
 
@@ -45,7 +46,7 @@ class Ranking:
 
     def __post_init__(self):
         if (self.order is None) == (self.per_input is None):
-            raise ValueError(f"Ranking {self.name!r}: give one order for every input (order=...) or one per input "
+            raise InputError(f"Ranking {self.name!r}: give one order for every input (order=...) or one per input "
                              "(per_input=...), not both")
         if self.order is not None:
             object.__setattr__(self, "order", _heads(self.order))
@@ -57,11 +58,11 @@ def check_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = 
     """Refuse an order that does not list each of the model's heads exactly once, naming what is wrong."""
     heads = [(int(layer), int(head)) for layer, head in order]
     if len(heads) != n_layers * n_heads:
-        raise ValueError(f"{what} lists {len(heads)} heads: give each of the model's {n_layers} x {n_heads} = "
+        raise InputError(f"{what} lists {len(heads)} heads: give each of the model's {n_layers} x {n_heads} = "
                          f"{n_layers * n_heads} heads once (HeadEffects.order())")
     outside = [h for h in heads if not (0 <= h[0] < n_layers and 0 <= h[1] < n_heads)]
     if outside:
-        raise ValueError(f"{what} names heads the model does not have: {outside[:5]} (layers 0..{n_layers - 1}, "
+        raise InputError(f"{what} names heads the model does not have: {outside[:5]} (layers 0..{n_layers - 1}, "
                          f"heads 0..{n_heads - 1})")
     seen, repeated = set(), []
     for h in heads:
@@ -69,7 +70,7 @@ def check_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = 
             repeated.append(h)
         seen.add(h)
     if repeated:
-        raise ValueError(f"{what} repeats heads {repeated[:5]} (and so misses as many): give each of the model's "
+        raise InputError(f"{what} repeats heads {repeated[:5]} (and so misses as many): give each of the model's "
                          "heads once")
 
 
@@ -91,7 +92,7 @@ def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT
     L, H = model.cfg.n_layers, model.cfg.n_heads
     plan = [Unablated()] + _specs(rankings, fractions, len(task), L, H)
     if any(r.mode == "mean" for r in rankings) and means is None:
-        raise ValueError("a ranking with mode='mean' needs means=: compute them on calibration inputs "
+        raise InputError("a ranking with mode='mean' needs means=: compute them on calibration inputs "
                          "(lens_heads.experiments.effects.task_means(model, calibration))")
     layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
     settings = dict(key or {})
@@ -120,17 +121,17 @@ def _specs(rankings: Sequence[Ranking], fractions, n_items: int, n_layers: int, 
     """Per target share and ranking, the spec that zeroes the ranking's first heads."""
     curves = [(r.name, r.order is None) for r in rankings]  # a static and a per-input curve may share a name
     if len(set(curves)) != len(curves):
-        raise ValueError(f"rankings of the same kind (static or per-input) must have distinct names, got "
+        raise InputError(f"rankings of the same kind (static or per-input) must have distinct names, got "
                          f"{[r.name for r in rankings]}")
     fractions = sorted({float(p) for p in fractions} | {0.0})
     if not (0.0 <= fractions[0] and fractions[-1] < 1.0):
-        raise ValueError(f"ranking_sweep: fractions must lie in [0, 1), got {fractions}")
+        raise InputError(f"ranking_sweep: fractions must lie in [0, 1), got {fractions}")
     for r in rankings:
         if r.order is not None:
             check_order(r.order, n_layers, n_heads, what=f"ranking {r.name!r}")
             continue
         if len(r.per_input) != n_items:
-            raise ValueError(f"ranking {r.name!r} has {len(r.per_input)} per-input orders for a task of {n_items} "
+            raise InputError(f"ranking {r.name!r} has {len(r.per_input)} per-input orders for a task of {n_items} "
                              "items: give one per item, in the task's order")
         for i, order in enumerate(r.per_input):
             check_order(order, n_layers, n_heads, what=f"ranking {r.name!r} of input {i}")
@@ -166,13 +167,13 @@ def join_heldout(recorded: SweepResult, measured: SweepResult, *, atol: float = 
         gap = np.max(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs))) if len(a.logprobs) == len(
             b.logprobs) else np.inf
         if not gap <= atol or a.correct(sub.baseline.primary) != b.correct(measured.baseline.primary):
-            raise ValueError(f"item {a.id}: the recorded and the measured baselines differ (log-likelihoods "
+            raise InputError(f"item {a.id}: the recorded and the measured baselines differ (log-likelihoods "
                              f"{a.logprobs} vs {b.logprobs}): the sweep was recorded with another model, protocol or "
                              "scoring than these rankings; measure both alike")
         diff = max(diff, float(gap))
     clash = {u.curve for u in sub.units if u.curve} & {u.curve for u in measured.units if u.curve}
     if clash:
-        raise ValueError(f"curves {sorted(k.label for k in clash)} are in both sweeps: name the rankings differently")
+        raise InputError(f"curves {sorted(k.label for k in clash)} are in both sweeps: name the rankings differently")
     targets = {u.target_fraction for u in measured.units}
     units = [u for u in sub.units if u.target_fraction in targets] + [u for u in measured.units if u.mode != "baseline"]
     meta = dict(sub.meta, rankings=measured.meta, baseline_max_abs_logprob_diff=diff, fractions=sorted(targets),

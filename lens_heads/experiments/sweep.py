@@ -52,6 +52,7 @@ from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.plumbing.errors import InputError
 
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 FORMAT_VERSION = 3
@@ -151,11 +152,11 @@ class SweepResult:
             where = {it.id: k for k, it in enumerate(u.result.items)}
             missing = [i for i in ids if i not in where]
             if missing:
-                raise ValueError(f"unit {u.key} has no items {missing[:3]}: give ids of items the sweep evaluated")
+                raise InputError(f"unit {u.key} has no items {missing[:3]}: give ids of items the sweep evaluated")
             picked = [where[i] for i in ids]
             zeroed = None if u.item_zeroed is None else [u.item_zeroed[k] for k in picked]
             if u.mode != "baseline" and zeroed is None:
-                raise ValueError(f"unit {u.key} was recorded without per-item zeroing counts: its realised share on "
+                raise InputError(f"unit {u.key} was recorded without per-item zeroing counts: its realised share on "
                                  "some of its items is unknown")
             share = 0.0 if zeroed is None else (sum(z for _, z in zeroed) /
                                                 (sum(r for r, _ in zeroed) * heads_per_row(self)))
@@ -261,7 +262,7 @@ class SweepResult:
             return 100 * u.result.accuracy
         if metric == "kl":
             return paired_difference(u.result, self.baseline).kl.mean
-        raise ValueError(f"metric must be 'accuracy' or 'kl', got {metric!r}")
+        raise InputError(f"metric must be 'accuracy' or 'kl', got {metric!r}")
 
     def to_dataframe(self):
         """One row per curve point: the baseline appears at fraction 0 of every curve. A curve is named by
@@ -336,7 +337,7 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: i
     rows = [sweep.table2(points, intervals=iv) for sweep, iv in zip(sweeps, ivs)]
     keys = [(r["model"], r["task"]) for r in rows]
     if len(set(keys)) != len(keys):
-        raise ValueError(f"two sweeps of the same model and task in {keys}: give one sweep per (model, task)")
+        raise InputError(f"two sweeps of the same model and task in {keys}: give one sweep per (model, task)")
     if average and rows:
         rows.append(average_row(rows, ivs))
     return pd.DataFrame(rows)
@@ -476,28 +477,28 @@ def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
 def _check_settings(scores, fractions, static_scores, calibration, protocol) -> tuple[list[str], list[float]]:
     for name, value in (("scores", scores), ("static_scores", static_scores), ("fractions", fractions)):
         if isinstance(value, (str, int, float)):
-            raise ValueError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
+            raise InputError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
     scores = list(SCORE_NAMES if scores is None else scores)
     unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES + EXTRA_NAMES]
     if unknown:
-        raise ValueError(f"unknown scores {unknown}: choose from {SCORE_NAMES} or the extras {EXTRA_NAMES}")
+        raise InputError(f"unknown scores {unknown}: choose from {SCORE_NAMES} or the extras {EXTRA_NAMES}")
     fractions = sorted({float(p) for p in fractions} | {0.0})
     if any(not 0.0 <= p < 1.0 for p in fractions):
-        raise ValueError(f"target fractions must lie in [0, 1), got {fractions}")
+        raise InputError(f"target fractions must lie in [0, 1), got {fractions}")
     check_protocol(protocol)
     if isinstance(calibration, str) and calibration not in CALIBRATIONS:
-        raise ValueError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
+        raise InputError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
                          "'prompts', a HeadScores, or inputs to score")
     return scores, fractions
 
 
 def _check_specs(specs) -> list[AblationSpec]:
     if isinstance(specs, AblationSpec) or not hasattr(specs, "__iter__"):
-        raise ValueError(f"specs takes a list of ablation specs, got {specs!r}: write specs=[{specs!r}]")
+        raise InputError(f"specs takes a list of ablation specs, got {specs!r}: write specs=[{specs!r}]")
     specs = list(specs)
     bad = [spec for spec in specs if not isinstance(spec, AblationSpec)]
     if bad:
-        raise ValueError(f"specs must be ablation specs (lens_heads.ablation.specs), got {bad[:3]}")
+        raise InputError(f"specs must be ablation specs (lens_heads.ablation.specs), got {bad[:3]}")
     return list(dict.fromkeys(specs))
 
 
@@ -675,11 +676,11 @@ def read_units(path) -> SweepResult:
     try:
         data = json.loads(gzip.decompress(Path(path).read_bytes()))
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path} is not a units file written by save_units ({e})") from None
+        raise InputError(f"{path} is not a units file written by save_units ({e})") from None
     units = [UnitResult.from_dict(u) for u in data["units"]]
     base = next((u for u in units if u.mode == "baseline"), None)
     if base is None:
-        raise ValueError(f"{path} has no baseline unit")
+        raise InputError(f"{path} has no baseline unit")
     return SweepResult(baseline=base.result, units=units, meta=dict(data["meta"], source=str(path)))
 
 
@@ -699,7 +700,7 @@ def load_sweep(out_dir) -> SweepResult:
              and isinstance(entry.get("key"), dict) and entry["key"].get("run") == fingerprint]
     base = [u for u in units if u.mode == "baseline"]
     if not base:
-        raise ValueError(f"{out} has no finished baseline unit yet: rerun run_sweep with out_dir={str(out)!r}")
+        raise InputError(f"{out} has no finished baseline unit yet: rerun run_sweep with out_dir={str(out)!r}")
     modes = ("baseline", "random", "threshold", "static", "layers")
     rank = {s: i for i, s in enumerate(SCORE_NAMES)}
     units.sort(key=lambda u: (u.target_fraction, modes.index(u.mode), rank.get(u.score, -1)))

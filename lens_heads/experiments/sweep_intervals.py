@@ -26,6 +26,7 @@ from lens_heads.stats import curves
 
 from lens_heads.stats import inference as stats
 from lens_heads.evaluation.evaluate import paired_values
+from lens_heads.plumbing.errors import InputError
 
 SUMMARIES = {
     "accuracy_auc": "normalised AUC of accuracy over realised % zeroed (%), higher is better",
@@ -70,7 +71,7 @@ class CurveItems:
         """Both curves' items side by side (slot ``i`` this curve's item ``i``, ``n + i`` the other's), for a
         permutation test; the two must share their points' targets."""
         if self.target.shape != other.target.shape or not np.allclose(self.target, other.target):
-            raise ValueError(f"{self.name!r} and {other.name!r} were measured at different target shares "
+            raise InputError(f"{self.name!r} and {other.name!r} were measured at different target shares "
                              f"({self.target.tolist()} vs {other.target.tolist()}): a paired test needs the same")
         zeroed = None if self.zeroed is None or other.zeroed is None else np.concatenate([self.zeroed, other.zeroed], 1)
         return CurveItems(self.name, self.target, np.concatenate([self.correct, other.correct], 1),
@@ -91,7 +92,7 @@ def curve_items(sweep, mode: str = "threshold") -> tuple[list[CurveItems], np.nd
         for u in units:
             by_id = {it.id: it for it in u.result.items}
             if set(by_id) != set(ids):
-                raise ValueError(f"unit {u.key} was evaluated on other items than the baseline: resample needs the "
+                raise InputError(f"unit {u.key} was evaluated on other items than the baseline: resample needs the "
                                  "same items at every point")
             values = paired_values([(by_id[i], it) for i, it in zip(ids, base.items)], base.primary)
             correct.append([float(by_id[i].correct(base.primary)) for i in ids])
@@ -111,7 +112,7 @@ def _recorded_rows(sweep, mode: str, rows: np.ndarray) -> np.ndarray:
     recorded = {tuple(r for r, _ in u.item_zeroed) for units in sweep.curves(mode).values() for u in units
                 if u.mode != "baseline" and u.item_zeroed is not None}
     if len(recorded) > 1:
-        raise ValueError("the sweep's units record different rows per item: their realised shares do not share a "
+        raise InputError("the sweep's units record different rows per item: their realised shares do not share a "
                          "denominator")
     return np.array(recorded.pop(), dtype=float) if recorded else rows
 
@@ -128,7 +129,7 @@ def heads_per_row(sweep) -> int:
     if not model.get("n_layers") or not model.get("n_heads"):
         share = next((u.head_share for u in sweep.units if u.head_share), None)
         if share is None:
-            raise ValueError("the sweep records neither its model's shape nor a unit's head shares")
+            raise InputError("the sweep records neither its model's shape nor a unit's head shares")
         return len(share) * len(share[0])
     return int(model["n_layers"]) * int(model["n_heads"])
 
@@ -203,7 +204,7 @@ class SweepIntervals:
         and a two-sided p-value from a paired permutation test over items, with what makes a claim: ``"a better"``,
         ``"b better"`` or ``"cannot tell apart"`` by whether the interval excludes 0."""
         if summary.startswith("rank_") or summary not in self.quantities:
-            raise ValueError(f"unknown summary {summary!r}: choose one of "
+            raise InputError(f"unknown summary {summary!r}: choose one of "
                              f"{[q for q in self.quantities if not q.startswith('rank_')]}")
         q, ia = self._index(summary, a)
         _, ib = self._index(summary, b)
@@ -242,9 +243,9 @@ class SweepIntervals:
 
     def _index(self, quantity: str, curve: str) -> tuple[int, int]:
         if quantity not in self.quantities:
-            raise ValueError(f"unknown summary {quantity!r}: choose one of {list(self.quantities)}")
+            raise InputError(f"unknown summary {quantity!r}: choose one of {list(self.quantities)}")
         if curve not in self.curves:
-            raise ValueError(f"unknown curve {curve!r}: this sweep has {list(self.curves)}")
+            raise InputError(f"unknown curve {curve!r}: this sweep has {list(self.curves)}")
         return self.quantities.index(quantity), self.curves.index(curve)
 
     def _p_value(self, ia: int, ib: int, q: int, n_permutations: int) -> float:
@@ -268,7 +269,7 @@ def sweep_intervals(sweep, *, points: float = 1.0, shares: Sequence[float] | Non
     shares)."""
     items, rows, n_heads = curve_items(sweep, mode)
     if not items:
-        raise ValueError(f"the sweep has no curve of mode {mode!r}")
+        raise InputError(f"the sweep has no curve of mode {mode!r}")
     stats.check_items(len(rows))
     if shares is None:
         shares = [p for p in sweep.meta.get("fractions", []) if p > 0]

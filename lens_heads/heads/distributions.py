@@ -19,6 +19,7 @@ import torch
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.stats.inference import spearman
+from lens_heads.plumbing.errors import InputError
 
 SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -26,16 +27,16 @@ SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 def direction_of(scores: HeadScores, name: str) -> str:
     """'<' or '>': the side of a threshold where a head counts as inactive."""
     if name not in scores.direction:
-        raise KeyError(f"no score {name!r} here: choose one of {scores.all_names}")
+        raise InputError(f"no score {name!r} here: choose one of {scores.all_names}")
     return scores.direction[name]
 
 
 def _pooled(scores: HeadScores, name: str) -> np.ndarray:
     values = scores.score(name).double().reshape(-1).numpy()
     if values.size == 0:
-        raise ValueError("no scores to pool: score at least one input")
+        raise InputError("no scores to pool: score at least one input")
     if not np.isfinite(values).all():
-        raise ValueError(f"{name} has {int((~np.isfinite(values)).sum())} non-finite values; drop those inputs first")
+        raise InputError(f"{name} has {int((~np.isfinite(values)).sum())} non-finite values; drop those inputs first")
     return values
 
 
@@ -75,7 +76,7 @@ def thresholds(scores: HeadScores, name: str, fractions: float | Iterable[float]
     fractions = [fractions] if np.isscalar(fractions) else list(fractions)
     bad = [p for p in fractions if not 0 <= p <= 1]
     if bad:
-        raise ValueError(f"fractions must lie in [0, 1], got {bad}")
+        raise InputError(f"fractions must lie in [0, 1], got {bad}")
     cdf = pooled_cdf(scores, name)
     return {float(p): cdf.quantile(p if cdf.direction == "<" else 1 - p) for p in fractions}
 
@@ -97,7 +98,7 @@ def layer_summary(scores: HeadScores, names: Sequence[str] | None = None) -> pd.
 def rank_correlation(a: HeadScores, b: HeadScores, name: str) -> float:
     """Spearman correlation across heads of one score's per-head mean on two data sets (same model)."""
     if a.values.shape[1:3] != b.values.shape[1:3]:
-        raise ValueError("the two score sets come from models of different shapes")
+        raise InputError("the two score sets come from models of different shapes")
     return spearman(a.mean(name).numpy(), b.mean(name).numpy())
 
 
@@ -107,7 +108,7 @@ def stability_table(score_sets: Mapping[str, HeadScores], names: Sequence[str] =
     and the overlap (Jaccard) of the ``fraction`` most inactive heads by mean score."""
     keys = list(score_sets)
     if len(keys) < 2:
-        raise ValueError("stability needs at least two data sets")
+        raise InputError("stability needs at least two data sets")
     rows = []
     for name in names:
         for i, ka in enumerate(keys):

@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+from lens_heads.plumbing.errors import InputError
 
 ACTIVATIONS = ("pattern", "v", "z")
 
@@ -88,7 +89,7 @@ class Score:
 
     def __post_init__(self):
         if self.direction not in ("<", ">"):
-            raise ValueError(f"score {self.name!r}: direction must be '<' or '>', got {self.direction!r}")
+            raise InputError(f"score {self.name!r}: direction must be '<' or '>', got {self.direction!r}")
 
 
 # ---------------------------------------------------------------- the six base scores
@@ -189,7 +190,7 @@ def score_names(text: str) -> tuple[str, ...]:
     wanted = [name.strip() for name in text.split(",") if name.strip()]
     bad = [name for name in wanted if key(name) not in by_key]
     if bad:
-        raise ValueError(f"unknown score {', '.join(map(repr, bad))}: choose from {', '.join(SCORE_NAMES)} or 'all' "
+        raise InputError(f"unknown score {', '.join(map(repr, bad))}: choose from {', '.join(SCORE_NAMES)} or 'all' "
                          "(comma-separated)")
     return tuple(dict.fromkeys(by_key[key(name)] for name in wanted))
 
@@ -207,7 +208,7 @@ def _full_output_norm(z: Float[Tensor, "batch pos head d_head"], W_O: Float[Tens
 
 def _needs_W_O(layer: Layer) -> Tensor:
     if layer.W_O is None:
-        raise ValueError("full-head-output scores need W_O: pass W_O to layer_scores (score_heads does this)")
+        raise InputError("full-head-output scores need W_O: pass W_O to layer_scores (score_heads does this)")
     return layer.W_O
 
 
@@ -251,7 +252,7 @@ def get_score(name: str) -> Score:
     for s in SCORES + EXTRA_SCORES:
         if s.name == name:
             return s
-    raise KeyError(f"unknown score {name!r}: choose one of {SCORE_NAMES + EXTRA_NAMES}")
+    raise InputError(f"unknown score {name!r}: choose one of {SCORE_NAMES + EXTRA_NAMES}")
 
 
 def as_scores(scores: Sequence[Score | str]) -> tuple[Score, ...]:
@@ -259,7 +260,7 @@ def as_scores(scores: Sequence[Score | str]) -> tuple[Score, ...]:
     out = tuple(get_score(s) if isinstance(s, str) else s for s in scores)
     names = [s.name for s in out]
     if len(set(names)) != len(names):
-        raise ValueError(f"duplicate score names in {names}")
+        raise InputError(f"duplicate score names in {names}")
     return out
 
 
@@ -286,17 +287,17 @@ def layer_scores(
     given = {"pattern": pattern, "v": v, "z": z}
     missing = sorted({name for s in scores for name in s.reads if given[name] is None})
     if missing:
-        raise ValueError(f"the scores {[s.name for s in scores]} read {missing}: pass them to layer_scores")
+        raise InputError(f"the scores {[s.name for s in scores]} read {missing}: pass them to layer_scores")
     b, q, h = z.shape[:3]
     k = pattern.shape[-1] if pattern is not None else (v.shape[1] if v is not None else q)
     if ((pattern is not None and tuple(pattern.shape) != (b, h, q, k))
             or (v is not None and v.shape[:3] != (b, k, h)) or tuple(mask.shape) != (b, q)):
         shape = lambda x: None if x is None else tuple(x.shape)  # noqa: E731
-        raise ValueError(f"shapes disagree: pattern {shape(pattern)}, v {shape(v)} (expand KV heads "
+        raise InputError(f"shapes disagree: pattern {shape(pattern)}, v {shape(v)} (expand KV heads "
                          f"first), z {shape(z)}, mask {shape(mask)}")
     mask = mask.to(device=z.device, dtype=torch.bool)
     if not bool(mask.any(dim=1).all()):
-        raise ValueError("every input needs at least one non-padding position in mask")
+        raise InputError("every input needs at least one non-padding position in mask")
     layer = Layer(pattern, v, z, mask, W_O, causal)
     return torch.stack([layer.value(s) for s in scores], dim=-1)
 
@@ -307,14 +308,14 @@ def inactive(values: Tensor, direction: str, threshold: float) -> Bool[Tensor, "
         return values < threshold
     if direction == ">":
         return values > threshold
-    raise ValueError(f"direction must be '<' or '>', got {direction!r}")
+    raise InputError(f"direction must be '<' or '>', got {direction!r}")
 
 
 def most_inactive(mean: Float[Tensor, "layer head"], direction: str, k: int) -> list[tuple[int, int]]:
     """The ``k`` most inactive ``(layer, head)`` pairs by a score's per-head ``mean``, most inactive first: lowest
     first for a ``"<"`` score, highest first for ``">"``; equal means keep layer-head order."""
     if direction not in ("<", ">"):
-        raise ValueError(f"direction must be '<' or '>', got {direction!r}")
+        raise InputError(f"direction must be '<' or '>', got {direction!r}")
     values = torch.as_tensor(mean).double()
     n_heads = values.shape[1]
     order = torch.argsort((values if direction == "<" else -values).reshape(-1), stable=True)

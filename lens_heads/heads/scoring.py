@@ -30,6 +30,7 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.data.tasks import Task
 from lens_heads.data.inputs import Inputs, tokenize_inputs
 from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -64,7 +65,7 @@ class HeadScores:
             return self.values[..., self.names.index(name)]
         if name in self.extra_names:
             return self.extra_values[..., self.extra_names.index(name)]
-        raise KeyError(f"no score {name!r} here: choose one of {self.all_names}")
+        raise InputError(f"no score {name!r} here: choose one of {self.all_names}")
 
     def mean(self, name: str) -> Float[Tensor, "layer head"]:
         """Mean over inputs of one score (the static, per-head view)."""
@@ -150,7 +151,7 @@ def score_heads(
                                    max_len=max_len)
     if attention_mask is not None:
         if not isinstance(inputs, Tensor):
-            raise ValueError("attention_mask goes with a token tensor; text and tasks are padded for you")
+            raise InputError("attention_mask goes with a token tensor; text and tasks are padded for you")
         if max_len is not None:
             attention_mask = attention_mask[..., :max_len]
         mask = _checked_mask(attention_mask, tokens.shape)
@@ -222,14 +223,14 @@ def _checked_mask(attention_mask: Tensor, shape) -> Bool[Tensor, "b p"]:
     if mask.ndim == 1:
         mask = mask[None]
     if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"attention_mask has shape {tuple(mask.shape)} but the tokens have {tuple(shape)}")
+        raise InputError(f"attention_mask has shape {tuple(mask.shape)} but the tokens have {tuple(shape)}")
     count = mask.sum(1)
     if not bool((count > 0).all()):
-        raise ValueError("attention_mask has a row with no real tokens: drop that input")
+        raise InputError("attention_mask has a row with no real tokens: drop that input")
     first = mask.int().argmax(1)
     last = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
     if not bool((last - first + 1 == count).all()):
-        raise ValueError("attention_mask rows must be one contiguous run of real tokens (right or left padding)")
+        raise InputError("attention_mask rows must be one contiguous run of real tokens (right or left padding)")
     return mask
 
 

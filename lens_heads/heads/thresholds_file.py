@@ -28,6 +28,7 @@ from lens_heads.heads.distributions import thresholds as cdf_thresholds
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import EMBEDDED, model_meta
 from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.errors import InputError
 
 # The target shares of every list in the authors' file, in order.
 AUTHORS_FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
@@ -63,11 +64,11 @@ class Thresholds:
     def threshold(self, score: str, fraction: float) -> float:
         """The threshold of ``score`` at target share ``fraction``; a score or share the file lacks is refused."""
         if score not in self.values:
-            raise ValueError(f"the thresholds file ({self.describe()}) has no {score!r}: its scores are "
+            raise InputError(f"the thresholds file ({self.describe()}) has no {score!r}: its scores are "
                              f"{', '.join(self.scores)}; sweep those, or calibrate on this model instead")
         index = [i for i, p in enumerate(self.fractions) if abs(p - fraction) < 1e-9]
         if not index:
-            raise ValueError(f"the thresholds file has no threshold at target share {fraction:g}: it has "
+            raise InputError(f"the thresholds file has no threshold at target share {fraction:g}: it has "
                              f"{', '.join(f'{p:g}' for p in self.fractions)}")
         return float(self.values[score][index[0]])
 
@@ -75,12 +76,12 @@ class Thresholds:
         """Refuse thresholds made for another model (or on another weight basis) than ``model``."""
         key = model_key(model)
         if key.lower() != self.model.lower():
-            raise ValueError(f"these thresholds are for {self.model} ({self.task}), not for {key}: head scores "
+            raise InputError(f"these thresholds are for {self.model} ({self.task}), not for {key}: head scores "
                              "differ between models, so thresholds do not carry over. Load the file's entry for "
                              f"this model (load_thresholds(path, model={key!r})) or calibrate on it (leave "
                              "thresholds=None)")
         if str(model_meta(model).get("weight_basis", "")).startswith("processed"):
-            raise ValueError("the authors' thresholds are in the raw weight basis; this model was loaded with "
+            raise InputError("the authors' thresholds are in the raw weight basis; this model was loaded with "
                              "weight processing, which changes the value and output norms: load it with "
                              "processing=False")
 
@@ -113,21 +114,21 @@ def load_thresholds(path: str | Path, model=None, *, task: str | None = None) ->
     except FileNotFoundError:
         raise FileNotFoundError(f"load_thresholds: {path} does not exist: give the path of a thresholds.json") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"load_thresholds: {path} is not JSON ({e}): give an authors'-format thresholds.json")
+        raise InputError(f"load_thresholds: {path} is not JSON ({e}): give an authors'-format thresholds.json")
     if not isinstance(data, dict) or not data or not all(isinstance(v, dict) for v in data.values()):
-        raise ValueError(f"load_thresholds: {path} is not in the authors' format {{task: {{model: {{score: "
+        raise InputError(f"load_thresholds: {path} is not in the authors' format {{task: {{model: {{score: "
                          "[7 thresholds]}}}}")
     task = _choose("task", task, list(data), path)
     key = _choose("model", None if model is None else model_key(model), list(data[task]), path)
     entry = data[task][key]
     unknown = [name for name in entry if name not in AUTHORS_NAMES]
     if unknown:
-        raise ValueError(f"load_thresholds: {path} ({task} / {key}) has scores {unknown} that are not the authors' "
+        raise InputError(f"load_thresholds: {path} ({task} / {key}) has scores {unknown} that are not the authors' "
                          f"score set ({', '.join(AUTHORS_NAMES)}): it was made for other scores")
     bad = [name for name, values in entry.items() if not isinstance(values, list) or
            len(values) != len(AUTHORS_FRACTIONS) or not all(isinstance(v, (int, float)) for v in values)]
     if bad:
-        raise ValueError(f"load_thresholds: {path} ({task} / {key}): {bad} do not hold one number per target share "
+        raise InputError(f"load_thresholds: {path} ({task} / {key}): {bad} do not hold one number per target share "
                          f"{list(AUTHORS_FRACTIONS)}")
     if model is not None and not isinstance(model, str):
         Thresholds(key, task, AUTHORS_FRACTIONS, {}).check_model(model)
@@ -139,10 +140,10 @@ def _choose(what: str, wanted: str | None, have: list[str], path: Path) -> str:
     if wanted is None:
         if len(have) == 1:
             return have[0]
-        raise ValueError(f"load_thresholds: {path} holds several {what}s ({', '.join(have)}): give {what}=")
+        raise InputError(f"load_thresholds: {path} holds several {what}s ({', '.join(have)}): give {what}=")
     match = [h for h in have if h.lower() == wanted.lower()]
     if not match:
-        raise ValueError(f"load_thresholds: {path} has no {what} {wanted!r}; it holds {', '.join(have)}"
+        raise InputError(f"load_thresholds: {path} has no {what} {wanted!r}; it holds {', '.join(have)}"
                          + (": thresholds of another model do not carry over, calibrate on yours instead"
                             if what == "model" else ""))
     return match[0]
@@ -155,7 +156,7 @@ def save_thresholds(path: str | Path, scores: HeadScores, *, task: str, model: s
     names = [n for n in scores.all_names if n in LENS_HEADS_NAMES] if names is None else list(names)
     missing = [n for n in names if n not in LENS_HEADS_NAMES]
     if missing:
-        raise ValueError(f"save_thresholds: {missing} have no name in the authors' format; choose from "
+        raise InputError(f"save_thresholds: {missing} have no name in the authors' format; choose from "
                          f"{', '.join(LENS_HEADS_NAMES)}")
     key = model_key(model if model is not None else str(scores.meta.get("model", {}).get("name", "")))
     entry = {LENS_HEADS_NAMES[n]: [cdf_thresholds(scores, n, AUTHORS_FRACTIONS)[p] for p in AUTHORS_FRACTIONS]

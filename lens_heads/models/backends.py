@@ -18,6 +18,7 @@ import importlib.metadata
 from typing import Callable, Sequence
 
 from torch import Tensor
+from lens_heads.plumbing.errors import InputError
 
 BACKENDS = ("hooked", "bridge")
 ATTENTION_HOOKS = ("hook_pattern", "hook_v", "hook_z")
@@ -49,14 +50,14 @@ def check_backend(backend: str | None) -> str:
     if backend is None:
         return default_backend()
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: choose one of {BACKENDS} (or leave it out: the installed "
+        raise InputError(f"unknown backend {backend!r}: choose one of {BACKENDS} (or leave it out: the installed "
                          f"TransformerLens {tl_version()} picks {default_backend()!r})")
     if backend == "hooked" and tl_major() >= 4:
-        raise ValueError(f"backend='hooked' needs HookedTransformer, which TransformerLens {tl_version()} no longer "
+        raise InputError(f"backend='hooked' needs HookedTransformer, which TransformerLens {tl_version()} no longer "
                          "has (4.0 replaced it by TransformerBridge): use backend='bridge', or install "
                          "TransformerLens 3.9 (pip install 'transformer-lens>=3.9,<4', or bash scripts/setup.sh)")
     if backend == "bridge" and tl_major() < 4:
-        raise ValueError(f"backend='bridge' needs TransformerLens 4.x (installed: {tl_version()}, whose "
+        raise InputError(f"backend='bridge' needs TransformerLens 4.x (installed: {tl_version()}, whose "
                          "TransformerBridge is a beta without start/stop at a layer): use backend='hooked', or make "
                          "the 4.x environment with bash scripts/setup.sh --bridge")
     return backend
@@ -75,7 +76,7 @@ def backend_of(model) -> str:
 def require_hooked(model, feature: str) -> None:
     """Refuse ``feature`` on a bridge model, saying it is HookedTransformer only."""
     if is_bridge(model):
-        raise ValueError(f"{feature} is HookedTransformer only: load the model with backend='hooked' "
+        raise InputError(f"{feature} is HookedTransformer only: load the model with backend='hooked' "
                          "(TransformerLens 3.9)")
 
 
@@ -103,7 +104,7 @@ def check_attention_hooks(model, names: Sequence[str] = ATTENTION_HOOKS, *, uses
     if missing:
         arch = getattr(model.cfg, "architecture", None) or getattr(model.cfg, "original_architecture", None) \
             or type(model).__name__
-        raise ValueError(
+        raise InputError(
             f"this {backend_of(model)} model ({arch}) has no {', '.join(f'blocks.0.attn.{m}' for m in missing)}, "
             f"needed for {uses}." + (f" {advice(missing)}" if advice else ""))
 
@@ -116,7 +117,7 @@ def run_to_resid(model, tokens: Tensor, attention_mask: Tensor | None, *, start:
     if not is_bridge(model):
         return model(tokens, attention_mask=attention_mask, start_at_layer=start, stop_at_layer=stop)
     if start is not None:
-        raise ValueError("lens_heads never starts a TransformerBridge at a layer: its start_at_layer still runs the "
+        raise InputError("lens_heads never starts a TransformerBridge at a layer: its start_at_layer still runs the "
                          "blocks before it, hooks included")
     if stop < model.cfg.n_layers:
         return model(tokens, attention_mask=attention_mask, stop_at_layer=stop)

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 from torch import Tensor
 
 from lens_heads.models.backends import get_act_name
+from lens_heads.plumbing.errors import InputError
 
 HookPair = tuple[str, Callable]
 AtZ = Callable[[int, Tensor, dict[str, Tensor]], "Tensor | None"]
@@ -60,5 +61,5 @@ def check_hook_names(model, names: Sequence) -> None:
     if unknown:
         hints = [f"{name!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
             name, list(model.hook_dict), n=1)) else "") for name in dict.fromkeys(unknown)]
-        raise ValueError(f"this model has no hook {', '.join(hints)}: its {model.cfg.n_layers} layers have hooks "
+        raise InputError(f"this model has no hook {', '.join(hints)}: its {model.cfg.n_layers} layers have hooks "
                          "such as 'blocks.0.attn.hook_z' (see model.hook_dict)")

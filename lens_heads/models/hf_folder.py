@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
+from lens_heads.plumbing.errors import InputError
 
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
@@ -35,7 +36,7 @@ def architecture(hf_config) -> str:
 
     found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", None))
     if found is None:
-        raise ValueError(f"config.json names no architecture and its model_type {hf_config.model_type!r} is not a "
+        raise InputError(f"config.json names no architecture and its model_type {hf_config.model_type!r} is not a "
                          "causal language model: save the model with save_pretrained")
     return found
 

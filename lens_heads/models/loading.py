@@ -24,6 +24,7 @@ from torch import Tensor
 from lens_heads.models.backends import backend_of, check_backend, hooked_transformer, tl_version
 from lens_heads.models.hf_folder import hooked_config
 from lens_heads.plumbing import distributed
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -54,7 +55,7 @@ EMBEDDED = {
 PROCESSING_FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(InputError, RuntimeError):
     """The model name is unknown, or its weights can't be reached from here."""
 
 
@@ -92,12 +93,12 @@ def load_model(
     Both fire the same ``hook_pattern``/``hook_v``/``hook_z``; the backend is recorded beside the weight basis.
     """
     if not isinstance(name, (str, Path)) or not str(name):
-        raise ValueError(f"load_model needs a model name or folder, got {name!r}: e.g. load_model() for the "
+        raise InputError(f"load_model needs a model name or folder, got {name!r}: e.g. load_model() for the "
                          f"embedded {DEFAULT_MODEL}, load_model('gemma-3-270m') or a local folder")
     name = str(name)
     backend = check_backend(backend)
     if backend == "bridge" and processing:
-        raise ValueError("backend='bridge' loads raw weights only (so the head scores read the same quantities as "
+        raise InputError("backend='bridge' loads raw weights only (so the head scores read the same quantities as "
                          "HookedTransformer's default): drop processing=True, or use backend='hooked'")
     dtype = _as_dtype(dtype)
     device = resolve_device(device)
@@ -195,7 +196,7 @@ def expand_kv(x: Float[Tensor, "batch pos kv_head d_head"], n_heads: int) -> Flo
     if n_kv == n_heads:
         return x
     if n_heads % n_kv:
-        raise ValueError(f"n_heads={n_heads} is not a multiple of the {n_kv} key/value heads")
+        raise InputError(f"n_heads={n_heads} is not a multiple of the {n_kv} key/value heads")
     return einops.repeat(x, "b p kv d -> b p (kv g) d", g=n_heads // n_kv)
 
 
@@ -210,7 +211,7 @@ def tiny_model(arch: str = "gpt2", *, seed: int = 0, tokenizer=None, **cfg_overr
                       n_key_value_heads=2, rotary_dim=16, final_rms=True),
     }
     if arch not in archs:
-        raise ValueError(f"unknown tiny architecture {arch!r}: choose one of {sorted(archs)}")
+        raise InputError(f"unknown tiny architecture {arch!r}: choose one of {sorted(archs)}")
     HookedTransformer, HookedTransformerConfig = hooked_transformer()
     cfg = HookedTransformerConfig(**{**common, **archs[arch], **cfg_overrides})
     model = HookedTransformer(cfg, tokenizer=tokenizer)
@@ -383,9 +384,9 @@ def _as_dtype(dtype) -> torch.dtype:
             return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
         except KeyError:
-            raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
+            raise InputError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype {dtype} is not supported: use torch.float32, torch.bfloat16 or torch.float16")
+        raise InputError(f"dtype {dtype} is not supported: use torch.float32, torch.bfloat16 or torch.float16")
     return dtype
 
 
@@ -396,11 +397,11 @@ def resolve_device(device) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
+        raise InputError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but CUDA is not available here: use device='cpu'")
+        raise InputError(f"device {device!r} asked for, but CUDA is not available here: use device='cpu'")
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r} asked for, but MPS is not available here: use device='cpu'")
+        raise InputError(f"device {device!r} asked for, but MPS is not available here: use device='cpu'")
     if dev.type == "cuda" and dev.index is None and distributed.launched():
         return distributed.device()  # each torchrun rank on its own GPU
     return str(dev)
@@ -410,7 +411,7 @@ def check_dtype_on(device: str, dtype: torch.dtype) -> None:
     """Refuse a dtype the device can't run a transformer layer's operations in (e.g. bfloat16 on a pre-Ampere
     GPU), before any weights are read."""
     if torch.device(device).type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"this GPU ({torch.cuda.get_device_name(device)}) does not support bfloat16: use "
+        raise InputError(f"this GPU ({torch.cuda.get_device_name(device)}) does not support bfloat16: use "
                          "dtype=torch.float16 or torch.float32")
     try:
         x = torch.randn(2, 8, device=device).to(dtype)
@@ -418,5 +419,5 @@ def check_dtype_on(device: str, dtype: torch.dtype) -> None:
         y = torch.nn.functional.layer_norm(x @ w, (8,))
         torch.nn.functional.gelu(y).softmax(-1).float().sum().item()
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device {device!r} can't compute in {dtype} ({str(e).splitlines()[0]}): use "
+        raise InputError(f"device {device!r} can't compute in {dtype} ({str(e).splitlines()[0]}): use "
                          "dtype=torch.float32") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.errors import InputError
 
 
 def canonical(key: Any) -> Any:
@@ -64,7 +65,7 @@ def claim_folder(folder: str | Path, key: Any, marker: str = "key.json") -> Path
     stored = read_json(folder / marker)
     if isinstance(stored, dict) and "key" in stored:
         if stored["key"] != canonical(key):
-            raise ValueError(f"{folder} holds a run of another configuration ({_diff(stored['key'], canonical(key))}):"
+            raise InputError(f"{folder} holds a run of another configuration ({_diff(stored['key'], canonical(key))}):"
                              " pass a new output folder, or delete this one to start over")
         return folder
     atomic_write_json(folder / marker, {"key": canonical(key)})

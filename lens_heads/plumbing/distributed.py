@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from lens_heads.plumbing.errors import InputError
 
 _LOCAL = contextvars.ContextVar("lens_heads_local", default=False)
 
@@ -138,7 +139,7 @@ def check_agree(value: Any, what: str) -> None:
             keys = sorted(k for k in set(values[0]) | set(values[differ[0]])
                           if values[0].get(k) != values[differ[0]].get(k))
             detail = f" (they differ in {', '.join(map(str, keys))})"
-        raise ValueError(f"the ranks disagree on the {what}: rank(s) {differ} differ from rank 0{detail}. Every "
+        raise InputError(f"the ranks disagree on the {what}: rank(s) {differ} differ from rank 0{detail}. Every "
                          "rank must load the same model and data with the same settings; nothing was written")
 
 
@@ -152,12 +153,12 @@ def unit_workers() -> Workers:
     if "SLURM_ARRAY_TASK_ID" not in os.environ:
         return Workers(group_index, group_count, "torchrun" if group_count > 1 else "single")
     if "SLURM_ARRAY_TASK_COUNT" not in os.environ:
-        raise ValueError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not: a job array shards the "
+        raise InputError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not: a job array shards the "
                          "sweep only when it knows how many tasks share it")
     task = _env_int("SLURM_ARRAY_TASK_ID", 0) - _env_int("SLURM_ARRAY_TASK_MIN", 0)
     count = _env_int("SLURM_ARRAY_TASK_COUNT", 1)
     if not 0 <= task < count:
-        raise ValueError(f"SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN = {task} is outside the {count} array tasks: "
+        raise InputError(f"SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN = {task} is outside the {count} array tasks: "
                          "use a contiguous array such as --array=0-3")
     return Workers(task * group_count + group_index, count * group_count, "array")
 
@@ -169,4 +170,4 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"environment variable {name}={text!r} is not a whole number") from None
+        raise InputError(f"environment variable {name}={text!r} is not a whole number") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
+from lens_heads.plumbing.errors import InputError
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, parse: Callable[[str], Any] | None = None,
@@ -114,18 +115,18 @@ def checked_fields(settings) -> dict[str, Any]:
         default = default_of(f)
         try:
             if meta.get("choices") and value not in meta["choices"] and not (value is None and default is None):
-                raise ValueError(f"choose one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+                raise InputError(f"choose one of {', '.join(map(str, meta['choices']))}, got {value!r}")
             if meta.get("parse") and value not in (None, ()) and value != default:
                 text = ",".join(map(str, value)) if isinstance(value, tuple) else value
                 if isinstance(text, bool) or not isinstance(text, (str, int, float)):
-                    raise ValueError(f"expected {type(default).__name__}, got {value!r}")
+                    raise InputError(f"expected {type(default).__name__}, got {value!r}")
                 value = meta["parse"](str(text))
             elif isinstance(default, bool) and not isinstance(value, bool):
-                raise ValueError(f"expected True or False, got {value!r}")
+                raise InputError(f"expected True or False, got {value!r}")
             elif type(default) in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ValueError(f"expected a number, got {value!r}")
+                raise InputError(f"expected a number, got {value!r}")
         except (ValueError, argparse.ArgumentTypeError) as e:
-            raise ValueError(f"{type(settings).__name__}({f.name}=...): {e}") from None
+            raise InputError(f"{type(settings).__name__}({f.name}=...): {e}") from None
         out[f.name] = value
     return out
 

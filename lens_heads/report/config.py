@@ -23,6 +23,7 @@ from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.plumbing.settings import checked_fields, option
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 from lens_heads.models.loading import resolve_device
+from lens_heads.plumbing.errors import InputError
 
 ALL_SCORES = tuple(SCORE_NAMES)
 # The score the paper found most robust; it picks the "most/least active" heads shown in the attention plots.
@@ -64,7 +65,7 @@ def scores_to_sweep(text: str) -> tuple[str, ...]:
     """At least one score name (:func:`lens_heads.heads.scores.score_names`)."""
     names = score_names(text)
     if not names:
-        raise ValueError(f"name at least one score, or 'all': got {text!r}")
+        raise InputError(f"name at least one score, or 'all': got {text!r}")
     return names
 
 
@@ -148,14 +149,14 @@ class ReportConfig:
         for name, value in checked_fields(self).items():
             object.__setattr__(self, name, value)
         if not self.tasks and not self.task_file:
-            raise ValueError("name a benchmark with --tasks or your own items with --task-file")
+            raise InputError("name a benchmark with --tasks or your own items with --task-file")
         if not all(isinstance(p, str) and p.strip() for p in self.prompts):
-            raise ValueError(f"ReportConfig(prompts=...): each prompt must be a non-empty string, got {self.prompts!r}")
+            raise InputError(f"ReportConfig(prompts=...): each prompt must be a non-empty string, got {self.prompts!r}")
         for path in self.compare:
             try:
                 sweep_path(str(path))
             except argparse.ArgumentTypeError as e:
-                raise ValueError(f"ReportConfig(compare=...): {e}") from None
+                raise InputError(f"ReportConfig(compare=...): {e}") from None
 
     @property
     def out_dir(self) -> str:

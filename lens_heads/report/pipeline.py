@@ -36,6 +36,7 @@ from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
 from lens_heads.data.tasks import load_task
+from lens_heads.plumbing.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def load_tasks(config: ReportConfig) -> dict:
     if config.task_file:
         own = load_task(config.task_file, format=config.task_format, n=config.n, seed=config.seed)
         if own.name in tasks:
-            raise ValueError(f"the task file's name {own.name!r} is also a benchmark of --tasks: rename the file")
+            raise InputError(f"the task file's name {own.name!r} is also a benchmark of --tasks: rename the file")
         tasks[own.name] = own
     return tasks
 

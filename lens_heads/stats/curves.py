@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
+from lens_heads.plumbing.errors import InputError
 
 RULES = ("authors", "censored")  # how zeroable_within reads a crossing
 CURVE_MODES = ("threshold", "random", "static", "per_input", "layers")
@@ -34,7 +35,7 @@ class CurveKey:
 
     def __post_init__(self):
         if self.mode not in CURVE_MODES:
-            raise ValueError(f"curve mode must be one of {CURVE_MODES}, got {self.mode!r}")
+            raise InputError(f"curve mode must be one of {CURVE_MODES}, got {self.mode!r}")
 
     @property
     def name(self) -> str:
@@ -62,12 +63,12 @@ def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, poi
       ends at or above the line gives its largest x, a lower bound ("≥ X%": :func:`ends_above` says when).
     """
     if rule not in RULES:
-        raise ValueError(f"unknown rule {rule!r}: choose 'authors' (the paper's: last crossing, 0 if none) or "
+        raise InputError(f"unknown rule {rule!r}: choose 'authors' (the paper's: last crossing, 0 if none) or "
                          "'censored' (the measured range's end when the curve never drops, a lower bound)")
     if rule == "authors":
         x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
         if x.shape != y.shape or x.size < 2:
-            raise ValueError(f"a curve needs equally many x and y values (at least two), got {x.size} and {y.size}")
+            raise InputError(f"a curve needs equally many x and y values (at least two), got {x.size} and {y.size}")
         x, y = sorted_curve(x, y)
         return _last_crossing(x, y - (baseline - points))
     x, y = sorted_curve(x, y)
@@ -111,7 +112,7 @@ def check_share(share, where: str) -> None:
     """A share of heads is a fraction in [0, 1] everywhere lens_heads takes one; percent appears only in column
     names, figure axes and the curves' x values (realised % zeroed)."""
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
-        raise ValueError(f"{where}: a share of heads is a fraction in [0, 1] (0.1 for 10%), got {share!r}")
+        raise InputError(f"{where}: a share of heads is a fraction in [0, 1] (0.1 for 10%), got {share!r}")
 
 
 def value_at(x: Sequence[float], y: Sequence[float], share: float) -> float:
@@ -124,7 +125,7 @@ def sorted_curve(x, y) -> tuple[np.ndarray, np.ndarray]:
     """The points as float arrays sorted by ``x`` (stable: ties keep their order)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.size == 0:
-        raise ValueError(f"a curve needs equally many x and y values (at least one), got {x.size} and {y.size}")
+        raise InputError(f"a curve needs equally many x and y values (at least one), got {x.size} and {y.size}")
     order = np.argsort(x, kind="stable")
     return x[order], y[order]
 
@@ -134,7 +135,7 @@ def table2_entry(shares: Mapping[str, float], reference: str = "AWFT") -> dict:
     best of every other curve (the first listed among equals)."""
     others = {s: v for s, v in shares.items() if s != reference}
     if not others:
-        raise ValueError(f"Table 2 compares {reference} with other curves: this sweep has no curve besides "
+        raise InputError(f"Table 2 compares {reference} with other curves: this sweep has no curve besides "
                          f"{reference}")
     best = max(others, key=lambda s: others[s])
     return dict(awft_pct=shares.get(reference, float("nan")), best_score=best, best_pct=others[best])

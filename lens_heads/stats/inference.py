@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 from jaxtyping import Float, Int
 from scipy import stats
+from lens_heads.plumbing.errors import InputError
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
@@ -64,7 +65,7 @@ class Bootstrap:
 
 def check_items(n_items: int) -> None:
     if n_items < 2:
-        raise ValueError(f"a bootstrap over items needs at least 2 items to resample, got {n_items}: evaluate more "
+        raise InputError(f"a bootstrap over items needs at least 2 items to resample, got {n_items}: evaluate more "
                          "items (n=...)")
 
 
@@ -75,9 +76,9 @@ def bootstrap_items(statistic: Statistic, n_items: int, *, n_resamples: int = N_
     resamples, so two bootstraps of the same items (in the same order) are paired replicate by replicate."""
     check_items(n_items)
     if n_resamples < 1:
-        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
+        raise InputError(f"n_resamples must be at least 1, got {n_resamples}")
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+        raise InputError(f"confidence must lie in (0, 1), got {confidence}")
     items = np.arange(n_items)
     estimates = np.asarray(statistic(items[None]), dtype=float)[:, 0]
     with warnings.catch_warnings():
@@ -135,7 +136,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
     a, b = np.asarray(a, dtype=float).reshape(-1), np.asarray(b, dtype=float).reshape(-1)
     if a.shape != b.shape or a.size < 2:
-        raise ValueError(f"need two equally long samples of at least 2 values, got {a.size} and {b.size}")
+        raise InputError(f"need two equally long samples of at least 2 values, got {a.size} and {b.size}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", stats.ConstantInputWarning)
         return float(stats.spearmanr(a, b).statistic)

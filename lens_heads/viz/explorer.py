@@ -30,6 +30,7 @@ from lens_heads.data.tasks import Task
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.viz.explorer_view import explorer_fragment
 from lens_heads.viz.explorer_view import standalone_page
+from lens_heads.plumbing.errors import InputError
 
 MAX_PROMPTS = 4
 MAX_TOKENS = 40
@@ -81,7 +82,7 @@ def explore(model, prompts_or_task, *, scores: HeadScores | None = None,
     per_prompt = score_heads(model, sequences, progress=False)
     maps = _maps(scores or per_prompt, effects)
     if score not in maps:
-        raise ValueError(f"unknown score {score!r} for the explorer: choose one of {', '.join(maps)}")
+        raise InputError(f"unknown score {score!r} for the explorer: choose one of {', '.join(maps)}")
     rank_from = "the shown prompts" if rank is None else _rank_source(rank)
     rank = _layer_rank(rank if rank is not None else attention_rank(model, sequences, average=False,
                                                                      progress=False))
@@ -108,7 +109,7 @@ def _rank_source(rank) -> str:
 
 def _prompts(prompts_or_task, max_prompts: int) -> list[str]:
     if max_prompts < 1:
-        raise ValueError(f"max_prompts must be at least 1, got {max_prompts}")
+        raise InputError(f"max_prompts must be at least 1, got {max_prompts}")
     if isinstance(prompts_or_task, str):
         prompts = [prompts_or_task]
     elif isinstance(prompts_or_task, Task):
@@ -116,7 +117,7 @@ def _prompts(prompts_or_task, max_prompts: int) -> list[str]:
     else:
         prompts = list(prompts_or_task)
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-        raise ValueError("explore needs example prompts: a non-empty string, a list of them, or a Task")
+        raise InputError("explore needs example prompts: a non-empty string, a list of them, or a Task")
     return prompts[:max_prompts]
 
 
@@ -124,7 +125,7 @@ def _tokens(model, prompts: list[str], max_tokens: int) -> tuple[list[torch.Tens
     """Each prompt's tokens as the scoring pass reads them (a prompt over the context is an error there), cut to
     ``max_tokens``."""
     if max_tokens < 2:
-        raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+        raise InputError(f"max_tokens must be at least 2, got {max_tokens}")
     tokens, mask = tokenize_inputs(model, prompts)
     full = [tokens[i, : int(mask[i].sum())] for i in range(len(prompts))]
     return [s[:max_tokens] for s in full], [len(s) > max_tokens for s in full]

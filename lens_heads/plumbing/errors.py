@@ -1,0 +1,8 @@
+"""The one error type for bad input to lens_heads: raised at the public functions, naming the argument and what to
+do. A ``ValueError`` subclass, so ``except ValueError`` keeps working."""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Bad input to a lens_heads function; the message names the argument and what to give instead."""

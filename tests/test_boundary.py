@@ -1,0 +1,62 @@
+"""One boundary: bad input to a public function raises lens_heads.InputError (a ValueError) that names the
+argument and what to give instead, before any work; one case per way it was known to fail."""
+
+from __future__ import annotations
+
+import pytest
+
+import lens_heads as lh
+from conftest import text_model
+from lens_heads.collapse.inheritune import InherituneConfig
+from lens_heads.collapse.rank import attention_rank
+from lens_heads.collapse.train import RankTracker, TrainConfig
+from lens_heads.data.tasks import Item, Task
+from lens_heads.evaluation.generate import generate
+
+
+@pytest.fixture(scope="module")
+def model():
+    return text_model(n_layers=2)
+
+
+def greedy_task() -> Task:
+    items = [Item(id=f"g{i}", contexts=(f"Count: {i}, {i + 1},",), continuations=(f" {i + 2}",), gold=0)
+             for i in range(2)]
+    return Task(name="lambada", split="test", shots=0, format="greedy", items=items, n_total=2, seed=0)
+
+
+def cloze_task() -> Task:
+    items = [Item(id="c0", contexts=("The sky is",) * 2, continuations=(" blue", " green"), gold=0)]
+    return Task(name="toy", split="test", shots=0, format="cloze", items=items, n_total=1, seed=0)
+
+
+CASES = {
+    "zero_heads: a head the layer lacks": (lambda m: lh.evaluate(m, cloze_task(), hooks=lh.zero_heads([(0, 99)]),
+                                                                 progress=False), r"head"),
+    "zero_heads: a negative layer": (lambda m: lh.zero_heads([(-1, 0)]), r"layer"),
+    "evaluate: a task name": (lambda m: lh.evaluate(m, "arc_easy"), r"load_task"),
+    "run_sweep: one fraction": (lambda m: lh.run_sweep(m, greedy_task(), fractions=0.1), r"fractions"),
+    "run_sweep: scores as one string": (lambda m: lh.run_sweep(m, greedy_task(), scores="AHON (LN)"), r"scores"),
+    "generate: a token id beyond the vocabulary": (lambda m: generate(m, [10 ** 9]), r"token"),
+    "attention_rank: batch_size 0": (lambda m: attention_rank(m, ["a b c"], batch_size=0), r"batch_size"),
+    "static_zeroing: a negative share": (lambda m: lh.static_zeroing(m, [(0, 0)]) and lh.run_sweep(
+        m, greedy_task(), fractions=(0, -0.1)), r"fraction"),
+    "head_effects attribution: a task of single continuations": (
+        lambda m: lh.head_effects(m, greedy_task(), method="attribution", progress=False), r"method='ablation'"),
+    "head_effects: a task with no items": (lambda m: lh.head_effects(m, Task(
+        name="empty", split="test", shots=0, format="cloze", items=[], n_total=0, seed=0), progress=False), r"n="),
+    "load_model: no name": (lambda m: lh.load_model(None), r"model"),
+    "TrainConfig: log_every 0": (lambda m: TrainConfig(log_every=0), r"log_every"),
+    "RankTracker: every 0": (lambda m: RankTracker(tokens=None, every=0), r"every"),
+    "InherituneConfig: grow_by 0": (lambda m: InherituneConfig(grow_by=0), r"grow_by"),
+    "InherituneConfig: an unknown grow_from": (lambda m: InherituneConfig(grow_from="students"), r"grow_from"),
+    "ReportConfig: n 0": (lambda m: __import__("lens_heads.report.config", fromlist=["x"]).ReportConfig(n=0), r"n="),
+    "at_share: percent": (lambda m: lh.SweepResult.at_share(None, 10), r"fraction in \[0, 1\]"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_raises_the_one_error_type_naming_what_to_do(model, case):
+    call, words = CASES[case]
+    with pytest.raises(lh.InputError, match=words):
+        call(model)
