@@ -35,7 +35,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from lens_heads.data.tasks import load_task

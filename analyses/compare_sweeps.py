@@ -33,10 +33,10 @@ from pathlib import Path
 import pandas as pd
 
 from lens_heads.experiments.compare import METRICS, common_grid, compare_sweeps, on_grid, read_sweep
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.viz.plots import correlation_heatmap, png_writer, rank_heatmap
-from lens_heads.plumbing.settings import from_args, option
 from lens_heads.experiments.sweep import table2
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.viz.plots import correlation_heatmap, png_writer, rank_heatmap
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -36,15 +36,15 @@ import pandas as pd
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.plumbing.cache import Cache
 from lens_heads.evaluation.evaluate import mean_ci
 from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.models.loading import DEFAULT_MODEL, model_meta
-from lens_heads.viz.plots import ablation_curves, save_figure
-from lens_heads.heads.scores import score_names
-from lens_heads.plumbing.settings import from_args, option
 from lens_heads.experiments.sweep import run_sweep
+from lens_heads.heads.scores import score_names
+from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.plumbing.cache import Cache
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.viz.plots import ablation_curves, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 

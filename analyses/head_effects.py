@@ -44,14 +44,14 @@ import pandas as pd
 import torch
 
 from lens_heads import head_effects, load_model, load_task, score_heads
-from lens_heads.experiments.agreement import score_agreement
-from lens_heads.stats.inference import kendall, spearman
-from lens_heads.experiments.effects import HeadEffects, oracle_sweep
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.models.loading import model_meta
 from lens_heads.data.rows import PROTOCOLS
-from lens_heads.viz.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
+from lens_heads.experiments.agreement import score_agreement
+from lens_heads.experiments.effects import HeadEffects, oracle_sweep
+from lens_heads.models.loading import model_meta
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.stats.inference import kendall, spearman
+from lens_heads.viz.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ablation", "attribution")

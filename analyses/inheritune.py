@@ -30,15 +30,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lens_heads.plumbing.cache import keyed
 from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.collapse.inheritune import ABLATIONS, PAPER_TASKS, InherituneConfig, load_result, run_inheritune
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.viz.plots import save_figure
 from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
-from lens_heads.plumbing.settings import from_args, option
 from lens_heads.collapse.train import TrainConfig, eval_windows
+from lens_heads.plumbing.cache import keyed
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.viz.plots import save_figure
+
 
 @dataclass(frozen=True)
 class InherituneSettings:

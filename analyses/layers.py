@@ -39,8 +39,14 @@ import torch
 from lens_heads import layer_scores, load_model, load_task, score_heads
 from lens_heads.ablation.specs import LayerRemoval
 from lens_heads.collapse.layers import LayerScores
-from lens_heads.experiments.layer_removal import (RemovalCurves, evaluate_specs, head_plan, paired_tests,
-                                                  removal_plan, zeroed_by_layer)
+from lens_heads.experiments.layer_removal import (
+    RemovalCurves,
+    evaluate_specs,
+    head_plan,
+    paired_tests,
+    removal_plan,
+    zeroed_by_layer,
+)
 from lens_heads.experiments.sweep import read_units
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores

@@ -57,10 +57,10 @@ import torch
 
 from lens_heads import load_model, load_task
 from lens_heads.data.chat import chat_messages
-from lens_heads.plumbing.cache import load_keyed, save_keyed
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.models.loading import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
+from lens_heads.plumbing.cache import load_keyed, save_keyed
+from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.settings import from_args, option
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +80,8 @@ def import_hflm():
         # transformers 5 removed AutoModelForVision2Seq (now AutoModelForImageTextToText), which lm-eval 0.4.5's
         # hf_vlms.py reads when lm_eval.models is imported. The alias is set after transformers.processing_utils
         # is imported because that import replaces the `transformers` module object (and would drop the alias).
-        import transformers.processing_utils  # noqa: F401
         import transformers
+        import transformers.processing_utils  # noqa: F401
 
         if "AutoModelForVision2Seq" not in vars(transformers) and hasattr(transformers, "AutoModelForImageTextToText"):
             transformers.AutoModelForVision2Seq = transformers.AutoModelForImageTextToText

@@ -25,13 +25,13 @@ from pathlib import Path
 import pandas as pd
 
 from lens_heads import load_model, load_task
-from lens_heads.plumbing.cache import Cache
 from lens_heads.heads.distributions import layer_summary, stability_table, thresholds
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
-from lens_heads.models.loading import cache_dir, model_meta
 from lens_heads.heads.scores import SCORE_NAMES
-from lens_heads.plumbing.settings import from_args, option
 from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.models.loading import cache_dir, model_meta
+from lens_heads.plumbing.cache import Cache
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
+from lens_heads.plumbing.settings import from_args, option
 
 FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 ROOT = Path(__file__).resolve().parents[1]

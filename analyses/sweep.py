@@ -42,20 +42,19 @@ import pandas as pd
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.plumbing import distributed
+from lens_heads.data.chat import parse_chat_setting, resolve_chat_template
+from lens_heads.data.rows import PROTOCOLS
+from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 from lens_heads.evaluation.batching import AUTO
 from lens_heads.evaluation.evaluate import EvalResult, evaluate
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.models.loading import DEFAULT_MODEL, model_meta
-from lens_heads.plumbing.io import safe_name
-from lens_heads.viz.plots import ablation_curves, save_figure
-from lens_heads.heads.scores import SCORE_NAMES, score_names
-from lens_heads.data.rows import PROTOCOLS
-from lens_heads.plumbing.settings import from_args, option
 from lens_heads.experiments.compare import UNITS_SUFFIX
-from lens_heads.data.chat import parse_chat_setting, resolve_chat_template
 from lens_heads.experiments.sweep import CALIBRATIONS, run_sweep, save_units
-from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
+from lens_heads.heads.scores import SCORE_NAMES, score_names
+from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.plumbing import distributed
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_name
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.viz.plots import ablation_curves, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = INACTIVE_HEADS_TASKS

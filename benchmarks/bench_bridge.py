@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from timing import Comparison, alternate, load_average, parse_settings, print_machine, write_printed
 from lens_heads.plumbing.settings import option
+from timing import Comparison, alternate, load_average, parse_settings, print_machine, write_printed
 
 HEADING = "TransformerBridge evaluator"
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +58,8 @@ def item_logprobs(result) -> list[float]:
 def full_logits_evaluate(forward, model, task, batch_size: int) -> list[float]:
     """The evaluator's rows and batches through ``forward(tokens, mask) -> logits`` (full logits at every
     position), then log-softmax at the read positions."""
-    from lens_heads.evaluation.evaluate import batches, build_rows, pad_rows
     from lens_heads.data.inputs import pad_id
+    from lens_heads.evaluation.evaluate import batches, build_rows, pad_rows
 
     items = list(task)
     rows = build_rows(model, items, protocol="lm-eval")

@@ -24,10 +24,17 @@ from lens_heads import head_effects, load_model, load_task
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.plumbing.settings import option
-
 from timing import (
-    Comparison, alternate, batch_size_option, load_average, parse_settings, print_machine, set_threads, threads_option,
-    write_printed)
+    Comparison,
+    alternate,
+    batch_size_option,
+    load_average,
+    parse_settings,
+    print_machine,
+    set_threads,
+    threads_option,
+    write_printed,
+)
 
 HEADING = "Head effects: attribution vs ablation"
 

@@ -22,15 +22,22 @@ import torch
 
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
-from lens_heads.heads.distributions import thresholds
 from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.experiments.sweep import DEFAULT_FRACTIONS
+from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.plumbing.settings import option
-from lens_heads.experiments.sweep import DEFAULT_FRACTIONS
-
 from timing import (
-    Comparison, alternate, load_average, parse_settings, print_machine, set_threads, threads_option, timed,
-    write_printed)
+    Comparison,
+    alternate,
+    load_average,
+    parse_settings,
+    print_machine,
+    set_threads,
+    threads_option,
+    timed,
+    write_printed,
+)
 
 HEADING = "Evaluation and sweep"
 

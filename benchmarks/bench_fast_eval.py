@@ -37,22 +37,36 @@ from unittest import mock
 import numpy as np
 import torch
 
+from flops import (
+    EVALUATIONS_PER_MODEL,
+    GPU_PEAK,
+    MMLU_QUESTIONS,
+    PAPER_MODELS_B,
+    evaluation_flops,
+    forward_flops,
+    matmul_flops_per_s,
+    projected_gpu_hours,
+)
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
-from lens_heads.heads.distributions import thresholds
+from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.evaluation.evaluate import build_rows, evaluate
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
-from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.models.loading import embedded_model_folder
 from lens_heads.plumbing.settings import option
-
-from flops import (
-    EVALUATIONS_PER_MODEL, GPU_PEAK, MMLU_QUESTIONS, PAPER_MODELS_B, evaluation_flops, forward_flops, matmul_flops_per_s,
-    projected_gpu_hours)
 from timing import (
-    Comparison, alternate, load_average, parse_settings, print_machine, repeats_option, timed, write_printed)
+    Comparison,
+    alternate,
+    load_average,
+    parse_settings,
+    print_machine,
+    repeats_option,
+    timed,
+    write_printed,
+)
 
 HEADING = "Evaluator at the compute limit"
 

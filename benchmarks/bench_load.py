@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from lens_heads.plumbing.settings import option
-
 from timing import load_average, parse_settings, print_machine, repeated, timed, write_docs_option, write_printed
 
 

@@ -30,18 +30,27 @@ from pathlib import Path
 
 import torch
 
+from bench_effects import spread_heads
+from flops import forward_flops, trunk_flops_per_token
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.evaluation.evaluate import build_rows, evaluate_each
-from lens_heads.models.loading import embedded_model_folder
 from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
+from lens_heads.models.loading import embedded_model_folder
 from lens_heads.plumbing.settings import option
-
-from bench_effects import spread_heads
-from flops import forward_flops, trunk_flops_per_token
 from timing import (
-    Comparison, alternate, batch_size_option, load_average, parse_settings, print_machine, repeated, repeats_option,
-    set_threads, threads_option, write_printed)
+    Comparison,
+    alternate,
+    batch_size_option,
+    load_average,
+    parse_settings,
+    print_machine,
+    repeated,
+    repeats_option,
+    set_threads,
+    threads_option,
+    write_printed,
+)
 
 HEADING = "Shared prefixes computed once"
 LM_EVAL_HEADING = "Shared prefixes computed once, against lm-eval's HF backend"
@@ -124,8 +133,9 @@ def lm_eval_lines(r: dict, shared) -> list[str]:
 
 def time_evaluator(model, name: str, task, s: PrefixBench, peak: float, lm_eval=None) -> list[str]:
     """Both paths (and lm-eval, when given) on one task, alternating: tokens, times, agreement and FLOP/s share."""
-    run = lambda shared: evaluate_each(model, task, [[]], batch_size=s.batch_size, progress=False,
-                                       _shared_prefixes=shared)[0]
+    def run(shared):
+        return evaluate_each(model, task, [[]], batch_size=s.batch_size, progress=False,
+                                           _shared_prefixes=shared)[0]
     load = load_average()
     compared = {"row": lambda: run(False), "shared": lambda: run(True)}
     if lm_eval is not None:
@@ -153,11 +163,13 @@ def time_effects(model, s: PrefixBench) -> list[str]:
     L, H = model.cfg.n_layers, model.cfg.n_heads
     task = load_task("arc_easy", n=s.effects_n, seed=0)
     layers = sorted({layer for layer, _ in spread_heads(L, 1, s.layers)})
-    run = lambda shared: [evaluate_each(model, task, [zero_heads([(layer, h)]) for h in range(H)],
-                                        batch_size=s.batch_size, progress=False, _shared_prefixes=shared)
-                          for layer in layers]
-    base = lambda shared: evaluate_each(model, task, [[]], batch_size=s.batch_size, progress=False,
-                                        _shared_prefixes=shared)
+    def run(shared):
+        return [evaluate_each(model, task, [zero_heads([(layer, h)]) for h in range(H)],
+                                            batch_size=s.batch_size, progress=False, _shared_prefixes=shared)
+                              for layer in layers]
+    def base(shared):
+        return evaluate_each(model, task, [[]], batch_size=s.batch_size, progress=False,
+                                            _shared_prefixes=shared)
     load = load_average()
     r = alternate({"row": lambda: run(False), "shared": lambda: run(True), "row base": lambda: base(False),
                    "shared base": lambda: base(True)}, s.repeats, keep=())

@@ -31,9 +31,15 @@ from pathlib import Path
 import torch
 
 from lens_heads.plumbing.settings import option
-
 from timing import (
-    alternate, load_average, machine_line, parse_settings, rounds_option, write_docs_option, write_section)
+    alternate,
+    load_average,
+    machine_line,
+    parse_settings,
+    rounds_option,
+    write_docs_option,
+    write_section,
+)
 
 METHODS = ("plain", "plain-trunk", "scoring", "naive")
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,9 +72,9 @@ def make_tokens(model, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
 def runner(model, tokens, method: str):
     from transformer_lens.utils import get_act_name
 
-    from lens_heads.models.loading import expand_kv
     from lens_heads.heads.scores import layer_scores
     from lens_heads.heads.scoring import score_heads
+    from lens_heads.models.loading import expand_kv
 
     L = model.cfg.n_layers
     mask = torch.ones(tokens.shape, dtype=torch.bool)

@@ -22,11 +22,19 @@ import torch.nn.functional as F
 from lens_heads.collapse.corpus import load_corpus
 from lens_heads.collapse.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
 from lens_heads.collapse.gpt2 import gpt2_model as _gpt2_model
-from lens_heads.plumbing.settings import option
 from lens_heads.collapse.train import RankTracker, TrainConfig, batch_at, eval_windows, lr_at, train
-
+from lens_heads.plumbing.settings import option
 from timing import (
-    alternate, load_average, machine_line, parse_settings, repeated, rounds_option, timed, write_docs_option, write_section)
+    alternate,
+    load_average,
+    machine_line,
+    parse_settings,
+    repeated,
+    rounds_option,
+    timed,
+    write_docs_option,
+    write_section,
+)
 
 # the plain baseline below is TransformerLens's GPT-2 layout (biases, untied, 50257 tokens): the hooked model too
 TL_LAYOUT = GPT2Options.transformer_lens()

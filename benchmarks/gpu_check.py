@@ -41,18 +41,17 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lens_heads.ablation.specs import ThresholdAblation
-from lens_heads.heads.distributions import thresholds
-from lens_heads.evaluation.evaluate import batches, build_rows, evaluate, pad_rows
-from lens_heads.heads.scoring import score_heads
-from lens_heads.data.inputs import pad_id
-from lens_heads.plumbing.io import atomic_write_json
-from lens_heads.models.loading import check_dtype_on, hooked_from_hf, model_meta
-from lens_heads.plumbing.settings import option
-from lens_heads.experiments.sweep import run_sweep, run_unit
-from lens_heads.data.tasks import Item, Task
-
 from flops import evaluation_flops, forward_flops, matmul_flops_per_s, paper_flops, synchronize
+from lens_heads.ablation.specs import ThresholdAblation
+from lens_heads.data.inputs import pad_id
+from lens_heads.data.tasks import Item, Task
+from lens_heads.evaluation.evaluate import batches, build_rows, evaluate, pad_rows
+from lens_heads.experiments.sweep import run_sweep, run_unit
+from lens_heads.heads.distributions import thresholds
+from lens_heads.heads.scoring import score_heads
+from lens_heads.models.loading import check_dtype_on, hooked_from_hf, model_meta
+from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.settings import option
 from timing import alternate, machine_line, parse_settings, repeats_option, timed
 
 HERE = Path(__file__).resolve().parent

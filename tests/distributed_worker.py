@@ -28,11 +28,11 @@ def sweep_settings(config: dict) -> dict:
 
 def main(path: str) -> None:
     import lens_heads.experiments.sweep as sweep_module
-    from lens_heads.plumbing import distributed
     from lens_heads.ablation.hooks import random_zeroing
+    from lens_heads.data.tasks import load_task
     from lens_heads.evaluation.evaluate import evaluate
     from lens_heads.heads.scoring import score_heads
-    from lens_heads.data.tasks import load_task
+    from lens_heads.plumbing import distributed
 
     config = json.loads(open(path).read())
     torch.set_num_threads(1)

@@ -8,11 +8,17 @@ import pytest
 import torch
 from transformer_lens.utils import get_act_name
 
-from lens_heads.ablation.specs import (RandomAblation, ScoreCalibration, StaticAblation, ThresholdAblation,
-                                       Unablated, from_dict)
+from lens_heads.ablation.specs import (
+    RandomAblation,
+    ScoreCalibration,
+    StaticAblation,
+    ThresholdAblation,
+    Unablated,
+    from_dict,
+)
+from lens_heads.heads.scores import most_inactive
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.loading import tiny_model
-from lens_heads.heads.scores import most_inactive
 
 
 def _run(model, tokens, mask, spec):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lens_heads.experiments.agreement import precision_at_k, score_agreement
-from lens_heads.stats.inference import kendall, spearman
 from lens_heads.experiments.effects import EFFECT_METRICS, HeadEffects
 from lens_heads.heads.scoring import HeadScores
+from lens_heads.stats.inference import kendall, spearman
 
 
 def kendall_by_pairs(x, y):

@@ -85,15 +85,14 @@ def test_gsm8k_analysis_on_a_tiny_model(tmp_path):
     """Exact match and the bits-per-byte table on a tiny llama and 2 items: the intact bits per byte is the gold
     answer's, read by hand from a plain forward over each item's row, and every zeroed point is paired with it."""
     import json
-
     import math
 
     import torch
     from transformers import AutoTokenizer
 
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
     from lens_heads.data.rows import build_rows
     from lens_heads.data.tasks import load_task
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
 
     script = load_script("gsm8k")
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())

@@ -3,15 +3,14 @@
 import pytest
 import torch
 
-from lens_heads.evaluation import batching
+from conftest import text_model
 from lens_heads.ablation.hooks import random_zeroing
+from lens_heads.data.tasks import load_task
+from lens_heads.evaluation import batching
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.models.loading import tiny_model
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import score_heads
-from lens_heads.data.tasks import load_task
-
-from conftest import text_model
+from lens_heads.models.loading import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,15 @@ if tl_major() < 4:
                 ".venv-bridge (bash scripts/setup.sh --bridge; .ci/run runs them)", allow_module_level=True)
 
 from bridge_agreement import assert_agree, compute, read_reference, reference_path  # noqa: E402
-from lens_heads import (evaluate, evaluate_each, load_model, load_task, model_meta, score_heads,  # noqa: E402
-                        static_zeroing)
+from lens_heads import (  # noqa: E402
+    evaluate,
+    evaluate_each,
+    load_model,
+    load_task,
+    model_meta,
+    score_heads,
+    static_zeroing,
+)
 
 
 @pytest.fixture(scope="module")

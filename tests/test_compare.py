@@ -3,17 +3,17 @@ out by hand on small synthetic sweeps (real EvalResult / UnitResult objects with
 sweeps back from a run folder and from the analysis JSON, and the report's comparison section."""
 
 import json
-from pathlib import Path
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep
-from lens_heads.stats.inference import average_ranks, spearman
 from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
+from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep
 from lens_heads.experiments.sweep import SweepResult, UnitResult, load_sweep, run_sweep
+from lens_heads.stats.inference import average_ranks, spearman
 
 N = 10  # items per synthetic evaluation
 
@@ -133,8 +133,8 @@ def test_bad_input_is_explained(two):
 def tiny_sweep(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
     from lens_heads.data.tasks import load_task
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     model = tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
@@ -333,8 +333,9 @@ def test_two_settings_of_one_model_and_task_compare_item_by_item():
 
 
 def test_zeroed_head_overlap_by_hand():
-    from lens_heads.experiments.compare import zeroed_head_overlap
     from scipy.stats import spearmanr
+
+    from lens_heads.experiments.compare import zeroed_head_overlap
     from synthetic_sweeps import unit
 
     def sweep(shares):

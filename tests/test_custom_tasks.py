@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import lens_heads as lh
-from lens_heads.data.custom_tasks import TaskFileError
 from conftest import text_model
+from lens_heads.data.custom_tasks import TaskFileError
 
 RECORDS = [
     {"id": "q1", "context": "Question: What colour is the sky?\nAnswer:", "choices": ["blue", "green", "red"],

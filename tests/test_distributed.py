@@ -13,12 +13,12 @@ import torch
 
 import lens_heads.experiments.sweep as sweep_module
 from distributed_worker import sweep_settings, tiny_text_model
-from lens_heads.plumbing import distributed
 from lens_heads.ablation.hooks import random_zeroing
-from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.heads.scoring import score_heads
-from lens_heads.experiments.sweep import run_sweep
 from lens_heads.data.tasks import load_task
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.experiments.sweep import run_sweep
+from lens_heads.heads.scoring import score_heads
+from lens_heads.plumbing import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed_worker.py"

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.plumbing.errors import InputError
 from lens_heads.heads.distributions import (
     layer_summary,
     pooled_cdf,
@@ -17,6 +16,7 @@ from lens_heads.heads.distributions import (
 )
 from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, inactive
 from lens_heads.heads.scoring import HeadScores
+from lens_heads.plumbing.errors import InputError
 
 FRACTIONS = (0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 

@@ -10,9 +10,9 @@ import torch
 
 from lens_heads import head_effects
 from lens_heads.ablation.hooks import mean_z
+from lens_heads.data.tasks import Item, Task
 from lens_heads.experiments.effects import EFFECT_METRICS, HeadEffects
 from lens_heads.models.loading import tiny_model
-from lens_heads.data.tasks import Item, Task
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,8 @@ def one_layer(tokenizer, *, norm, scale_W_O=1.0, seed=0):
 
 
 def choice_tokens(model, context, continuation):
-    enc = lambda s: model.tokenizer(s, add_special_tokens=False)["input_ids"]
+    def enc(s):
+        return model.tokenizer(s, add_special_tokens=False)["input_ids"]
     return enc(context), enc(continuation)
 
 
@@ -145,7 +146,8 @@ def test_attribution_matches_ablation_where_the_first_order_term_is_nearly_exact
     task = toy_task()
     ablation = head_effects(model, task, method="ablation", progress=False)
     attribution = head_effects(model, task, method="attribution", progress=False)
-    gold = lambda e: e.effect("gold_logprob").numpy()
+    def gold(e):
+        return e.effect("gold_logprob").numpy()
     assert np.abs(gold(ablation)).max() > 1e-3  # the effects are far larger than the tolerance
     np.testing.assert_allclose(gold(attribution), gold(ablation), atol=1e-5)
     np.testing.assert_allclose(attribution.effect("kl").numpy(), ablation.effect("kl").numpy(), atol=1e-6)
@@ -209,8 +211,8 @@ def test_bad_input_says_what_to_do(tokenizer):
 @pytest.mark.slow
 def test_oracle_zeroes_the_heads_with_the_smallest_effect_first(tokenizer, tmp_path):
     from lens_heads.ablation.hooks import zero_heads
-    from lens_heads.experiments.effects import oracle_sweep
     from lens_heads.evaluation.evaluate import evaluate
+    from lens_heads.experiments.effects import oracle_sweep
 
     model = tiny_model("llama", seed=3, d_vocab=len(tokenizer), tokenizer=tokenizer)
     task = toy_task()

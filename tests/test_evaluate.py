@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.plumbing.errors import InputError
+from conftest import text_model
 from lens_heads.ablation.hooks import static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.evaluation.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
 from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import Item, Task, load_task
-
-from conftest import text_model
+from lens_heads.evaluation.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
+from lens_heads.plumbing.errors import InputError
 
 
 def loop_logprobs(model, item, fwd_hooks=(), protocol="lm-eval"):
@@ -100,7 +99,8 @@ def test_hook_sets_share_the_forward_below_them_and_each_equals_its_own_forward(
     model = tiny_text_model
     task = load_task("arc_easy", split="validation", n=4, seed=5)
     last = model.cfg.n_layers - 1
-    scale = lambda x, hook: 0.5 * x
+    def scale(x, hook):
+        return 0.5 * x
     sets = [zero_heads([(1, 0)]), zero_heads([(0, 2)]), zero_heads([(last, 1), (1, 1)]), [],
             [("ln_final.hook_normalized", scale)], [("hook_embed", scale)]]
     results = evaluate_each(model, task, sets, batch_size=3, progress=False)
@@ -277,8 +277,8 @@ def test_single_continuation_accuracy_is_greedy_match_and_bits_per_byte_by_hand(
 
 
 def test_token_ids_outside_the_vocabulary_and_unknown_hooks_are_named(tiny_text_model):
-    from lens_heads.models.loading import tiny_model
     from lens_heads.heads.scoring import score_heads
+    from lens_heads.models.loading import tiny_model
 
     small = tiny_model("llama", seed=0, d_vocab=97, tokenizer=tiny_text_model.tokenizer)  # 49k-token tokenizer
     task = Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import text_model
 from lens_heads import tiny_model
 from lens_heads.ablation.hooks import random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.fused_attention import eager_reason, fused_attention, sdpa_z
-from lens_heads.data.tasks import load_task
-
-from conftest import text_model
 
 ARCHS = {
     "gpt2": dict(scale_attn_by_inverse_layer_idx=True),  # GPT-2's per-layer score scaling folds into attn_scale

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lens_heads.ablation.hooks import threshold_zeroing, zero_heads
-from lens_heads.evaluation.generate import evaluate_generation, extract_answer, generate
 from lens_heads.data.tasks import Item, Task
+from lens_heads.evaluation.generate import evaluate_generation, extract_answer, generate
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,8 @@ def test_exact_match_against_targets(tiny_text_model, monkeypatch):
 
 
 def test_zero_heads_names_a_head_the_model_does_not_have(tiny_text_model):
-    from lens_heads.evaluation.evaluate import evaluate
     from lens_heads.data.tasks import load_task
+    from lens_heads.evaluation.evaluate import evaluate
 
     task = load_task("arc_easy", split="validation", n=1)
     heads = tiny_text_model.cfg.n_heads
@@ -124,11 +124,10 @@ def test_zero_heads_names_a_head_the_model_does_not_have(tiny_text_model):
 
 def test_bad_prompts_ranks_and_shares_are_refused(tiny_text_model):
     from lens_heads.ablation.specs import StaticAblation
-    from lens_heads.experiments.effects import oracle_sweep
     from lens_heads.collapse.rank import attention_rank
     from lens_heads.data.tasks import load_task
-
     from lens_heads.evaluation.evaluate import evaluate
+    from lens_heads.experiments.effects import oracle_sweep
 
     model = tiny_text_model
     with pytest.raises(ValueError, match=r"load it first, lens_heads.load_task\('arc_easy'\)"):

@@ -6,8 +6,16 @@ import torch
 
 from lens_heads.collapse.corpus import TokenCorpus
 from lens_heads.collapse.gpt2 import GPT2Options
-from lens_heads.collapse.inheritune import (InherituneConfig, gpt2_config, gpt2_model, grow, inherit, inherit_later_layers,
-                                   run_inheritune, stack)
+from lens_heads.collapse.inheritune import (
+    InherituneConfig,
+    gpt2_config,
+    gpt2_model,
+    grow,
+    inherit,
+    inherit_later_layers,
+    run_inheritune,
+    stack,
+)
 from lens_heads.collapse.train import RankTracker, TrainConfig, train
 
 VOCAB = 101

@@ -8,17 +8,21 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import text_model
 from lens_heads import layer_scores, run_sweep
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.ablation.layers import check_order, remove_layers
 from lens_heads.ablation.specs import LayerRemoval, StaticAblation, from_dict
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
-from lens_heads.experiments.layer_removal import (check_head_order, evaluate_specs, head_plan, removal_curves,
-                                                  removal_plan)
+from lens_heads.experiments.layer_removal import (
+    check_head_order,
+    evaluate_specs,
+    head_plan,
+    removal_curves,
+    removal_plan,
+)
 from lens_heads.models.loading import tiny_model
-
-from conftest import text_model
 
 
 def toy_task() -> Task:

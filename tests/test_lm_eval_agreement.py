@@ -4,9 +4,8 @@ import sys
 
 import pytest
 
-from lens_heads.data.tasks import Item, Task
-
 from conftest import load_script
+from lens_heads.data.tasks import Item, Task
 
 
 def test_missing_lm_eval_exits_saying_how_to_install_it(monkeypatch, tmp_path):

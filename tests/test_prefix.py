@@ -9,14 +9,21 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import text_model
 from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
-from lens_heads.evaluation.evaluate import evaluate, evaluate_each
-from lens_heads.evaluation.fused_attention import fused_attention
-from lens_heads.evaluation.prefix import FORWARD_COST, MAX_BATCH_ROWS, Extension, PrefixState, mark, plan_groups, token_batches
 from lens_heads.data.rows import Row, within_context
 from lens_heads.data.tasks import Item, Task, load_task
-
-from conftest import text_model
+from lens_heads.evaluation.evaluate import evaluate, evaluate_each
+from lens_heads.evaluation.fused_attention import fused_attention
+from lens_heads.evaluation.prefix import (
+    FORWARD_COST,
+    MAX_BATCH_ROWS,
+    Extension,
+    PrefixState,
+    mark,
+    plan_groups,
+    token_batches,
+)
 
 # Summed log-likelihoods are sums of float32 log-probabilities (PIQA's: ~20 tokens of ~-11 each on the tiny model),
 # so the tolerance has a relative part of a few float32 ulps beside the 1e-5.
@@ -112,8 +119,9 @@ def test_mmlu_five_shot_rows_share_their_subject_block(model):
 
 def test_several_hook_sets_share_the_trunk_and_the_prefixes(model):
     task = load_task("arc_easy", split="validation", n=5, seed=4)
-    make = lambda: [zero_heads([(1, 0)]), zero_heads([(0, 2)]), [], [static_zeroing(model, [(1, 3)])],
-                    zero_heads([(1, 1), (0, 0)])]
+    def make():
+        return [zero_heads([(1, 0)]), zero_heads([(0, 2)]), [], [static_zeroing(model, [(1, 3)])],
+                        zero_heads([(1, 1), (0, 0)])]
     shared = evaluate_each(model, task, make(), batch_size=3, progress=False)
     rows = evaluate_each(model, task, make(), batch_size=2, progress=False, _shared_prefixes=False)
     for result, row in zip(shared, rows, strict=True):
@@ -154,7 +162,8 @@ def test_a_hook_on_hook_z_sees_the_row_by_row_values_at_its_positions(model):
                   _shared_prefixes=False)
     assert a.meta["shared_prefix"] == "any"
     for item, values in row.seen.items():
-        ordered = lambda xs: sorted(xs, key=lambda x: float(x.detach().sum()))
+        def ordered(xs):
+            return sorted(xs, key=lambda x: float(x.detach().sum()))
         for x, y in zip(ordered(shared.seen[item]), ordered(values), strict=True):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
 
@@ -274,7 +283,8 @@ def test_in_float64_shared_prefixes_equal_the_eager_row_path_to_1e_10(name, kind
     row, to 1e-10, for every ablation kind it takes. (In float32 the two differ by matmul-shape rounding.)"""
     model = float64_model(text_model(n_ctx=512))
     task = mmlu_like(questions=4) if name == "mmlu-like" else within_context(model, load_task(name, n=4, seed=3))[0]
-    make = lambda: ablations(model, kind, task)
+    def make():
+        return ablations(model, kind, task)
     shared = evaluate_each(model, task, [make()], batch_size=3, progress=False)[0]
     eager = evaluate_each(model, task, [make()], batch_size=3, progress=False, attention="eager",
                           _shared_prefixes=False)[0]
@@ -292,7 +302,8 @@ def test_in_float64_the_embedded_model_under_static_zeroing_agrees_to_1e_10():
 
     model = float64_model(load_model())
     task = load_task("arc_easy", n=3, seed=7)
-    make = lambda: [static_zeroing(model, [(0, 1), (5, 3), (17, 8), (29, 0)])]
+    def make():
+        return [static_zeroing(model, [(0, 1), (5, 3), (17, 8), (29, 0)])]
     shared = evaluate_each(model, task, [make()], batch_size=4, progress=False)[0]
     eager = evaluate_each(model, task, [make()], batch_size=4, progress=False, attention="eager",
                           _shared_prefixes=False)[0]

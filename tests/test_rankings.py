@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 
 from conftest import text_model
-from test_effects import hand_linearised, hand_logprobs, metrics_by_hand, one_layer, toy_task
-
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.data.tasks import Task, load_task
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.experiments.effects import task_means
 from lens_heads.experiments.attribution_ranking import attribution_ranking, held_out
+from lens_heads.experiments.effects import task_means
 from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
 from lens_heads.experiments.sweep import run_sweep
+from test_effects import hand_linearised, hand_logprobs, metrics_by_hand, one_layer, toy_task
 
 
 @pytest.fixture(scope="module")

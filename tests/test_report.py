@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from lens_heads.report.__main__ import main
-from lens_heads.viz.attention import pick_heads, script_safe
 from lens_heads.report.config import ALL_SCORES, QUICK, ReportConfig
 from lens_heads.report.render import Section, Table, Text, render_page
+from lens_heads.viz.attention import pick_heads, script_safe
 from report_run import COMPARE_WITH, MARKUP_PROMPT, QUICK_ARGS, quick_report, run_cli
 
 TASK = "arc_easy"
@@ -355,8 +355,8 @@ def test_effects_stage_matches_the_library(tmp_path):
 
     from lens_heads import head_effects, load_task, score_heads
     from lens_heads.experiments.agreement import score_agreement
-    from lens_heads.plumbing.cache import Cache
     from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.plumbing.cache import Cache
     from lens_heads.report.config import ReportConfig
     from lens_heads.report.stages import effects_stage
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.data.rows import build_rows, context_tokens
-from lens_heads.heads.scoring import score_heads
 from lens_heads.data.tasks import load_task
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.heads.scoring import score_heads
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lens_heads.plumbing.errors import InputError
-from lens_heads.models.loading import embedded_model_folder, tiny_model
+from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, layer_scores
 from lens_heads.heads.scoring import HeadScores, score_heads
-from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.models.loading import embedded_model_folder, tiny_model
+from lens_heads.plumbing.errors import InputError
 
 ATOL, RTOL = 1e-5, 1e-4
 LENGTHS = (9, 1, 14, 5)  # a one-token input: A[0, 0] = 1, entropy 0, last token = first token

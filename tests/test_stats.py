@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from lens_heads.experiments.sweep import SweepResult, UnitResult
 from lens_heads.stats import curves
 from lens_heads.stats import inference as stats
-from lens_heads.experiments.sweep import SweepResult, UnitResult
 from synthetic_sweeps import TARGETS, kl_of, synthetic_sweep
+
 
 def expected_kl_auc(levels) -> float:
     x = [0.0] + [100 * p for p in TARGETS]

@@ -7,12 +7,11 @@ import pandas as pd
 import pytest
 
 import lens_heads.experiments.sweep as sweep_module
-from lens_heads.evaluation.evaluate import evaluate, paired_difference
-from lens_heads.stats.curves import ends_above, normalised_auc, zeroable_within
-from lens_heads.experiments.sweep import run_sweep, table2
-from lens_heads.data.tasks import load_task
-
 from conftest import text_model
+from lens_heads.data.tasks import load_task
+from lens_heads.evaluation.evaluate import evaluate, paired_difference
+from lens_heads.experiments.sweep import run_sweep, table2
+from lens_heads.stats.curves import ends_above, normalised_auc, zeroable_within
 
 
 def test_zeroable_within_censored_rule_interpolates_the_last_downward_crossing():

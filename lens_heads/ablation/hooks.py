@@ -33,13 +33,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.evaluation.fused_attention import fused_attention
+from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.prefix import mark
 from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES, get_score, inactive, layer_scores, what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name
 from lens_heads.models.capture import LayerCapture
-from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.models.loading import expand_kv
-from lens_heads.evaluation.packed_weights import packed_weights
-from lens_heads.evaluation.prefix import mark
 from lens_heads.plumbing.errors import InputError
 
 HookFn = Callable[..., Tensor | None]

@@ -26,13 +26,19 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from lens_heads.ablation.hooks import (MODES, HeadAblation, input_zeroing, random_zeroing, static_zeroing,
-                                      threshold_zeroing)
+from lens_heads.ablation.hooks import (
+    MODES,
+    HeadAblation,
+    input_zeroing,
+    random_zeroing,
+    static_zeroing,
+    threshold_zeroing,
+)
 from lens_heads.ablation.layers import PARTS, RemovedLayers, remove_layers
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import most_inactive
-from lens_heads.stats.curves import CurveKey
 from lens_heads.plumbing.errors import InputError
+from lens_heads.stats.curves import CurveKey
 
 
 @dataclass(frozen=True)

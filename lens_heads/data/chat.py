@@ -19,6 +19,7 @@ moves the prefix's trailing newline into the continuation, as lm-eval's encoding
 """
 
 from __future__ import annotations
+
 from lens_heads.plumbing.errors import InputError
 
 CHAT_SETTINGS = (False, True, "single_turn", "auto")

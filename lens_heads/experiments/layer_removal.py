@@ -28,8 +28,8 @@ from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation
 from lens_heads.data.rows import DEFAULT_PROTOCOL
 from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_values
 from lens_heads.experiments.sweep import UnitResult, UnitStore, run_fingerprint, unit_result
-from lens_heads.stats import inference
 from lens_heads.plumbing.errors import InputError
+from lens_heads.stats import inference
 
 METRICS = {  # per-item paired value: what it is, and whether higher is better
     "accuracy_change": ("change of correctness, removed - unablated (accuracy points / 100)", True),

@@ -34,25 +34,29 @@ from typing import Sequence
 
 import numpy as np
 
-from lens_heads.stats import curves, inference
-
-from lens_heads.plumbing import distributed
-from lens_heads.ablation.specs import (AblationSpec, RandomAblation, ScoreCalibration, StaticAblation,
-                                       ThresholdAblation, Unablated)
-from lens_heads.plumbing.cache import Cache, claim_folder, load_keyed, read_json, save_keyed
-from lens_heads.stats.curves import ALL, RANDOM, CurveKey
-from lens_heads.evaluation.evaluate import EvalResult, evaluate, paired_difference
-from lens_heads.plumbing.io import slug
+from lens_heads.ablation.specs import (
+    AblationSpec,
+    RandomAblation,
+    ScoreCalibration,
+    StaticAblation,
+    ThresholdAblation,
+    Unablated,
+)
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, context_tokens
+from lens_heads.evaluation.evaluate import EvalResult, evaluate, paired_difference
 from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_intervals
 from lens_heads.heads.distributions import pooled_cdf
 from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
-from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.models.loading import model_meta
-from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.plumbing import distributed
+from lens_heads.plumbing.cache import Cache, claim_folder, load_keyed, read_json, save_keyed
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_bytes, slug
+from lens_heads.stats import curves, inference
+from lens_heads.stats.curves import ALL, RANDOM, CurveKey
 
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 FORMAT_VERSION = 3

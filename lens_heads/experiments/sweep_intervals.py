@@ -22,11 +22,10 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float, Int
 
-from lens_heads.stats import curves
-
-from lens_heads.stats import inference as stats
 from lens_heads.evaluation.evaluate import paired_values
 from lens_heads.plumbing.errors import InputError
+from lens_heads.stats import curves
+from lens_heads.stats import inference as stats
 
 SUMMARIES = {
     "accuracy_auc": "normalised AUC of accuracy over realised % zeroed (%), higher is better",

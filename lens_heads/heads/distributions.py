@@ -18,8 +18,8 @@ import torch
 
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
-from lens_heads.stats.inference import spearman
 from lens_heads.plumbing.errors import InputError
+from lens_heads.stats.inference import spearman
 
 SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 

@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+
 from lens_heads.plumbing.errors import InputError
 
 ACTIVATIONS = ("pattern", "v", "z")

@@ -19,18 +19,18 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_heads.plumbing import distributed
-from lens_heads.models.backends import check_attention_hooks, run_to_resid
-from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
-from lens_heads.models.capture import LayerCapture, check_hook_names
-from lens_heads.plumbing.io import atomic_write_bytes
-from lens_heads.models.loading import expand_kv, model_meta
-from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores, what_still_works
+from lens_heads.data.inputs import Inputs, tokenize_inputs
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.data.tasks import Task
-from lens_heads.data.inputs import Inputs, tokenize_inputs
+from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores, what_still_works
+from lens_heads.models.backends import check_attention_hooks, run_to_resid
+from lens_heads.models.capture import LayerCapture, check_hook_names
+from lens_heads.models.loading import expand_kv, model_meta
+from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_bytes
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer

@@ -27,8 +27,8 @@ from typing import Sequence
 from lens_heads.heads.distributions import thresholds as cdf_thresholds
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import EMBEDDED, model_meta
-from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_json
 
 # The target shares of every list in the authors' file, in order.
 AUTHORS_FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)

@@ -18,6 +18,7 @@ import importlib.metadata
 from typing import Callable, Sequence
 
 from torch import Tensor
+
 from lens_heads.plumbing.errors import InputError
 
 BACKENDS = ("hooked", "bridge")

@@ -16,8 +16,8 @@ import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
-from lens_heads.plumbing.errors import InputError
 
+from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformerConfig

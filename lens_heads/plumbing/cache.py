@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_json
 
 
 def canonical(key: Any) -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from lens_heads.plumbing.errors import InputError
 
 _LOCAL = contextvars.ContextVar("lens_heads_local", default=False)

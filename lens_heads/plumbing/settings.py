@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
+
 from lens_heads.plumbing.errors import InputError
 
 

@@ -11,12 +11,12 @@ import argparse
 import dataclasses
 import sys
 
-from lens_heads.report.config import DEFAULT_PROMPT, PRESETS, ReportConfig, prompt, sweep_path
-from lens_heads.plumbing.settings import from_args
 from lens_heads.data.custom_tasks import TaskFileError
 from lens_heads.data.tasks import TaskDataUnavailableError
 from lens_heads.models.loading import ModelUnavailableError
 from lens_heads.plumbing import distributed
+from lens_heads.plumbing.settings import from_args
+from lens_heads.report.config import DEFAULT_PROMPT, PRESETS, ReportConfig, prompt, sweep_path
 from lens_heads.report.pipeline import build_report
 
 PROG = "python -m lens_heads.report"

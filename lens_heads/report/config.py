@@ -15,15 +15,14 @@ import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lens_heads.models.backends import BACKENDS
 from lens_heads.data.custom_tasks import CUSTOM_FORMATS
-from lens_heads.plumbing.io import safe_name
-from lens_heads.models.loading import DEFAULT_MODEL
-from lens_heads.heads.scores import SCORE_NAMES, score_names
-from lens_heads.plumbing.settings import checked_fields, option
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
-from lens_heads.models.loading import resolve_device
+from lens_heads.heads.scores import SCORE_NAMES, score_names
+from lens_heads.models.backends import BACKENDS
+from lens_heads.models.loading import DEFAULT_MODEL, resolve_device
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import safe_name
+from lens_heads.plumbing.settings import checked_fields, option
 
 ALL_SCORES = tuple(SCORE_NAMES)
 # The score the paper found most robust; it picks the "most/least active" heads shown in the attention plots.

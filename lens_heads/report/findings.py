@@ -12,9 +12,9 @@ import math
 
 import pandas as pd
 
+from lens_heads.heads.scores import most_inactive
 from lens_heads.report.render import Section, Text
 from lens_heads.stats.inference import Interval
-from lens_heads.heads.scores import most_inactive
 
 INACTIVE_SHOWN = 5
 ALPHA = 0.05  # a difference is called when its 95% interval excludes 0 and its permutation p-value is below this

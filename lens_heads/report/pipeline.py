@@ -24,19 +24,18 @@ from pathlib import Path
 
 import torch
 
-from lens_heads.plumbing import distributed
-
-from lens_heads.viz import plots
-from lens_heads.plumbing.cache import Cache
+from lens_heads.data.tasks import load_task
 from lens_heads.experiments.compare import read_sweep
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.models.loading import load_model, model_meta
+from lens_heads.plumbing import distributed
+from lens_heads.plumbing.cache import Cache
+from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
-from lens_heads.data.tasks import load_task
-from lens_heads.plumbing.errors import InputError
+from lens_heads.viz import plots
 
 
 @dataclass(frozen=True)

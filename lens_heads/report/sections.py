@@ -10,8 +10,18 @@ import pandas as pd
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import summary_table
 from lens_heads.report.render import Figure, Raw, Section, Table, Text
-from lens_heads.report.stages import (AblationResult, AttentionResult, CompareResult, EffectsResult, ExplorerResult,
-                                      LayersResult, RankResult, ScoresResult, StageResult, points_table)
+from lens_heads.report.stages import (
+    AblationResult,
+    AttentionResult,
+    CompareResult,
+    EffectsResult,
+    ExplorerResult,
+    LayersResult,
+    RankResult,
+    ScoresResult,
+    StageResult,
+    points_table,
+)
 
 TITLES = {"scores": "Head scores", "ablation": "Ablation sweep", "effects": "Head effects",
           "rank": "Attention rank", "attention": "Attention patterns", "compare": "Comparison of sweeps",

@@ -14,22 +14,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lens_heads.plumbing import distributed
-
-from lens_heads.viz import plots
-from lens_heads.plumbing.cache import Cache
-from lens_heads.experiments.compare import METRICS, compare_sweeps
-from lens_heads.heads.distributions import layer_summary, thresholds
-from lens_heads.heads.scoring import HeadScores, score_heads
-from lens_heads.viz import attention
-from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
-from lens_heads.heads.scores import SCORE_NAMES
-from lens_heads.experiments.sweep import run_sweep, table2
-from lens_heads.collapse.rank import attention_rank
 from lens_heads.collapse.layers import layer_scores
-from lens_heads.experiments.layer_removal import removal_curves, removal_plan
+from lens_heads.collapse.rank import attention_rank
 from lens_heads.experiments.agreement import score_agreement
+from lens_heads.experiments.compare import METRICS, compare_sweeps
 from lens_heads.experiments.effects import HeadEffects, head_effects
+from lens_heads.experiments.layer_removal import removal_curves, removal_plan
+from lens_heads.experiments.sweep import run_sweep, table2
+from lens_heads.heads.distributions import layer_summary, thresholds
+from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.plumbing import distributed
+from lens_heads.plumbing.cache import Cache
+from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
+from lens_heads.viz import attention, plots
 from lens_heads.viz.explorer import explore
 
 COMPARE_TOP_K = 5

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
+
 from lens_heads.plumbing.errors import InputError
 
 RULES = ("authors", "censored")  # how zeroable_within reads a crossing

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 from jaxtyping import Float, Int
 from scipy import stats
+
 from lens_heads.plumbing.errors import InputError
 
 CONFIDENCE = 0.95

@@ -15,9 +15,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_heads.models.backends import get_act_name
-from lens_heads.heads.scores import most_inactive
 from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.heads.scores import most_inactive
+from lens_heads.models.backends import get_act_name
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer

@@ -20,17 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lens_heads.models.backends import get_act_name
-from lens_heads.experiments.effects import HeadEffects
-from lens_heads.heads.scoring import HeadScores, score_heads
-from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.collapse.rank import RankProfile, attention_rank
-from lens_heads.heads.scores import SCORE_NAMES, most_inactive
+from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.data.tasks import Task
-from lens_heads.plumbing.io import atomic_write_text
-from lens_heads.viz.explorer_view import explorer_fragment
-from lens_heads.viz.explorer_view import standalone_page
+from lens_heads.experiments.effects import HeadEffects
+from lens_heads.heads.scores import SCORE_NAMES, most_inactive
+from lens_heads.heads.scoring import HeadScores, score_heads
+from lens_heads.models.backends import get_act_name
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.viz.explorer_view import explorer_fragment, standalone_page
 
 MAX_PROMPTS = 4
 MAX_TOKENS = 40

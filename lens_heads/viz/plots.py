@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_text
 from lens_heads.heads.scores import LN_NAMES, base_score
+from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_text
 from lens_heads.stats.curves import RANDOM
 from lens_heads.viz.escape import esc
 
