@@ -68,7 +68,7 @@ def test_results_say_what_they_are(results):
     assert s["prompts"] == [MARKUP_PROMPT]
     assert results["weight_basis"].startswith("raw")
     data = results["data"][TASK]
-    assert data["n"] == QUICK["n"] and data["seed"] == 0 and data["split"] == "validation"
+    assert data["n"] == QUICK["n"] and data["seed"] == 0 and data["split"] == "test"
     assert 0 < data["chance"] < 1
     for pkg in ("torch", "transformer_lens", "transformers", "plotly", "circuitsvis", "lens_heads"):
         assert results["versions"][pkg] != "not installed"

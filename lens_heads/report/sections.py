@@ -133,11 +133,20 @@ def layers_skipped() -> Section:
         "comparison.", "note")], anchor="layers")
 
 
+# the per-layer columns the page shows, under short headings (the CSV keeps them all)
+LAYER_COLUMNS = {"layer": "layer", "block_influence": "Block Influence", "attention_influence": "BI, attention",
+                 "max_rank": "max rank", "max_rank_averaged": "max rank, mean matrix", "ahon_mean": "AHON mean",
+                 "ahon_ln_zero_share": "AHON (LN) zero share", "lazy": "lazy"}
+
+
 def layers(r: LayersResult) -> Section:
     t, n = r.task.name, len(r.task)
     lazy = r.numbers["lazy_layers"]
     tests = r.tables[f"layer_removal_tests_{t}"]
-    shown = tests[["a", "b", "metric", "k", "difference", "low", "high", "p_value", "verdict"]]
+    shown = tests[["a", "b", "metric", "k", "difference", "low", "high", "p_value", "verdict"]].copy()
+    for side in ("a", "b"):  # every curve here removes attention: the part is in the caption
+        shown[side] = shown[side].str.replace(" · attention", "", regex=False)
+    per_layer = r.tables[f"layer_scores_{t}"][list(LAYER_COLUMNS)].rename(columns=LAYER_COLUMNS)
     return Section(f"Whole layers on {t}", [
         Text(f"Per layer on these {n} items: Block Influence (ShortGPT: 1 - cos of the residual stream before and "
              "after the block, mean over tokens), the attention rank (max over heads of the approximate rank at 90% "
@@ -149,10 +158,12 @@ def layers(r: LayersResult) -> Section:
              "(hook_attn_out := 0: every head and b_O), beside a random order; intervals: bootstrap over items, "
              "95%."),
         Figure(r.figures[f"layer_removal_{t}"]),
-        Table(shown, caption="Each ranking minus the random order on the same items (KL: lower is better; gold "
+        Table(shown, caption="Each ranking minus the random order on the same items, attention removed (KL: lower is "
+                             "better; gold "
                              "log-prob change: higher is better); 'mean' averages over the counts removed",
               float_format="{:.3g}"),
-        Table(r.tables[f"layer_scores_{t}"], caption="Per-layer scores", float_format="{:.3g}"),
+        Table(per_layer, caption=f"Per-layer scores (every column in layer_scores_{t}.csv; the layer mean of "
+                                 "AHON (LN) is 1 by construction)", float_format="{:.3g}"),
     ], anchor=f"layers-{t}")
 
 

@@ -255,14 +255,15 @@ LAYER_RANKINGS = ("Block Influence", "attention rank", "AHON (LN) zero share")
 
 def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: Cache,
                  base_key: dict) -> LayersResult:
-    """Per-layer scores on the task (``lh.layer_scores``) and the attention of 1, 2 and 4 layers removed in the
-    order of each ranking and of a random order (units kept in the cache folder), each ranking against random."""
+    """Per-layer scores on the task (``lh.layer_scores``) and the attention of 1, 2 and 4 layers (those fewer than
+    the model has) removed in the order of each ranking and of a random order (units kept in the cache folder),
+    each ranking against random."""
     layers = layer_scores(model, task, scores=scores, batch_size=config.batch_size, progress=config.progress)
     random = f"random (seed {config.seed})"
     orders = {**{name: layers.order(name) for name in LAYER_RANKINGS},
               random: [int(x) for x in np.random.default_rng(config.seed).permutation(layers.n_layers)]}
-    plans = {name: removal_plan(model, order, LAYER_COUNTS, part="attention", label=name)
-             for name, order in orders.items()}
+    counts = [k for k in LAYER_COUNTS if k < layers.n_layers]  # a model of few layers keeps at least one
+    plans = {name: removal_plan(model, order, counts, part="attention", label=name) for name, order in orders.items()}
     folder = cache.path(f"layers-{task.name}", {**base_key, "data": task.meta()})
     curves = removal_curves(model, task, plans, out_dir=folder, batch_size=config.batch_size,
                             progress=config.progress)
@@ -274,7 +275,7 @@ def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: C
                        for name in LAYER_RANKINGS for metric in ("kl", "gold_logprob_change")], ignore_index=True)
     t = task.name
     numbers = {"data": task.meta(), "layer_scores": jsonable(layers.to_dict()), "orders": orders,
-               "counts": list(LAYER_COUNTS), "curves": jsonable(table.to_dict(orient="records")),
+               "counts": counts, "curves": jsonable(table.to_dict(orient="records")),
                "tests": jsonable(tests.to_dict(orient="records")), "lazy_layers": layers.lazy.nonzero()[0].tolist()}
     fig = plots.layer_removal_curves(table, title=f"Removing the attention of whole layers on {t} (n={len(task)})")
     return LayersResult(numbers, {f"layer_scores_{t}": layers.to_dataframe(), f"layer_removal_{t}": table,
