@@ -16,7 +16,6 @@ from lens_heads.ablation.specs import LayerRemoval, StaticAblation, from_dict
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.experiments.layer_removal import (
-    check_head_order,
     evaluate_specs,
     head_plan,
     removal_curves,
@@ -244,10 +243,10 @@ def test_bad_input_is_refused_with_what_to_give():
         removal_plan(model, [0, 1, 2, 3], [1], label="x")
     with pytest.raises(ValueError, match="from 1 to 2"):
         removal_plan(model, [0, 1, 2], [3], label="x")
-    with pytest.raises(ValueError, match="shape"):
-        check_head_order([0, 1, 2], 3, 4)
-    with pytest.raises(ValueError, match="more than once"):
-        check_head_order([(0, 0)] * 12, 3, 4)
+    with pytest.raises(ValueError, match="head_order has shape"):
+        head_plan(model, [0, 1, 2], [1], label="x")
+    with pytest.raises(ValueError, match=r"head_order repeats heads \[\(0, 0\),"):
+        head_plan(model, [(0, 0)] * (model.cfg.n_layers * model.cfg.n_heads), [1], label="x")
     with pytest.raises(ValueError, match="specs takes a list"):
         run_sweep(model, toy_task(), scores=[], fractions=[0], specs=LayerRemoval((0,)))
     with pytest.raises(ValueError, match="mode='zero'"):

@@ -23,10 +23,12 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float
 
-from lens_heads.ablation.layers import check_layers, check_order
+from lens_heads.ablation.layers import check_layers
+from lens_heads.ablation.layers import check_order as check_layer_order
 from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation, Unablated
 from lens_heads.data.rows import DEFAULT_PROTOCOL
 from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_values
+from lens_heads.experiments.rankings import check_order
 from lens_heads.experiments.sweep import UnitResult, UnitStore, run_fingerprint, unit_result
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import inference
@@ -46,7 +48,7 @@ def removal_plan(model, order: Sequence[int], counts: Sequence[int], *, part: st
                  label: str) -> list[LayerRemoval]:
     """One curve: for each ``k`` in ``counts``, remove the first ``k`` layers of ``order`` (a ranking of every
     layer, the first removed first), their ``part``; the curve is named ``label``."""
-    order = check_order(order, model.cfg.n_layers)
+    order = check_layer_order(order, model.cfg.n_layers)
     return [LayerRemoval(check_layers(order[:k], model.cfg.n_layers, what=f"the first {k} layers of {label!r}"),
                          part=part, order=label) for k in _check_counts(counts, model.cfg.n_layers)]
 
@@ -56,24 +58,9 @@ def head_plan(model, head_order: Sequence[tuple[int, int]], counts: Sequence[int
     """For each ``k`` in ``counts``, zero the first ``k x n_heads`` heads of ``head_order`` (every ``(layer,
     head)`` once, the first zeroed first) for every input: as many heads as ``k`` layers of attention hold."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    head_order = check_head_order(head_order, L, H)
+    head_order = check_order(head_order, L, H, what="head_order")
     return [StaticAblation(heads=head_order[:k * H], score=label, fraction=k / L)
             for k in _check_counts(counts, L)]
-
-
-def check_head_order(order, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ...]:
-    """A ranking of heads: ``[n_layers x n_heads, 2]`` pairs ``(layer, head)``, each head of the model once."""
-    array = np.asarray(order)
-    if array.ndim != 2 or array.shape[1] != 2:
-        raise InputError(f"head_order has shape {array.shape}: give [{n_layers * n_heads}, 2] (layer, head) pairs")
-    pairs = [tuple(int(v) for v in row) for row in array]
-    repeated = sorted({p for p in pairs if pairs.count(p) > 1})
-    if repeated:
-        raise InputError(f"head_order names head(s) {repeated[:5]} more than once: a ranking names each head once")
-    if sorted(pairs) != [(layer, head) for layer in range(n_layers) for head in range(n_heads)]:
-        raise InputError(f"head_order must name each of the model's {n_layers} x {n_heads} heads once, got "
-                         f"{len(pairs)} pairs")
-    return tuple(pairs)
 
 
 def _check_counts(counts: Sequence[int], n_layers: int) -> list[int]:

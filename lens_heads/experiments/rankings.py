@@ -54,9 +54,13 @@ class Ranking:
             object.__setattr__(self, "per_input", tuple(_heads(o) for o in self.per_input))
 
 
-def check_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = "order") -> None:
-    """Refuse an order that does not list each of the model's heads exactly once, naming what is wrong."""
-    heads = [(int(layer), int(head)) for layer, head in order]
+def check_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = "order") -> tuple[Head, ...]:
+    """The ``(layer, head)`` pairs of ``order``; refused, naming what is wrong, unless it lists each of the model's
+    heads exactly once."""
+    array = np.asarray(order)
+    if array.ndim != 2 or array.shape[1] != 2:
+        raise InputError(f"{what} has shape {array.shape}: give [{n_layers * n_heads}, 2] (layer, head) pairs")
+    heads = [(int(layer), int(head)) for layer, head in array]
     if len(heads) != n_layers * n_heads:
         raise InputError(f"{what} lists {len(heads)} heads: give each of the model's {n_layers} x {n_heads} = "
                          f"{n_layers * n_heads} heads once (HeadEffects.order())")
@@ -72,6 +76,7 @@ def check_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = 
     if repeated:
         raise InputError(f"{what} repeats heads {repeated[:5]} (and so misses as many): give each of the model's "
                          "heads once")
+    return tuple(heads)
 
 
 # ---------------------------------------------------------------- zeroing in the order of rankings
