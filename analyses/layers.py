@@ -28,6 +28,7 @@ lazy-layer tests, layer scores).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import inference
 from lens_heads.viz.plots import layer_panels, layer_removal_curves, save_figure
+from shared_settings import TaskRunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = "oracle (measured layer effect)"
@@ -64,13 +66,13 @@ SHARES = (0.1, 0.2, 0.3)
 
 
 @dataclass(frozen=True)
-class LayersSettings:
+class LayersSettings(TaskRunSettings):
     """What one run measures and writes (each field is a ``--flag``)."""
 
-    model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
-    tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
     n: int = option(200, "items per task (the same items for every measurement)")
     seed: int = option(0, "sampling and bootstrap seed")
+    split: str | None = option(None, "the evaluated split (default: the recorded sweep's, so the zero shares and the "
+                               "removals are measured on the same items)")
     counts: tuple[int, ...] = option((1, 2, 4, 8), "numbers of layers removed on each curve")
     parts: tuple[str, ...] = option(("attention", "block"), "what of a layer is removed: attention, block or both "
                                     "(comma-separated)", parse=lambda text: _parts(text))
@@ -81,9 +83,6 @@ class LayersSettings:
     batch_size: int = option(8, "forward rows per batch")
     chunk: int = option(12, "units sharing one pass over the items")
     out: str = option(str(ROOT / "runs" / "layer_removal"), "resumable units")
-    figures: str = option(str(ROOT / "figures"), "where tables and figures go")
-    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
-    no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -106,8 +105,6 @@ def cached_scores(model, task, folder: Path, args) -> tuple[HeadScores, LayerSco
         scores = score_heads(model, task, batch_size=args.batch_size)
         scores.save(head_path)
     if layer_path.exists():
-        import json
-
         return scores, LayerScores.from_dict(json.loads(layer_path.read_text()))
     layers = layer_scores(model, task, scores=scores, batch_size=args.batch_size)
     atomic_write_json(layer_path, layers.to_dict())
@@ -214,7 +211,7 @@ def lazy_tests(single: RemovalCurves, layers: LayerScores, heads_n: int, task, a
     lazy = [int(layer) for layer in np.flatnonzero(layers.lazy)]
     rest = [layer for layer in range(layers.n_layers) if layer not in lazy]
     ids = [it.id for it in single.baseline.items]
-    ranking_ids = {it.id for it in load_task(task.name, n=heads_n, seed=args.seed)}
+    ranking_ids = {it.id for it in load_task(task.name, n=heads_n, seed=args.seed, split=task.split)}
     subsets = {f"all {len(ids)} items": np.arange(len(ids)),
                f"the {heads_n} head-effect items": np.array([i for i, x in enumerate(ids) if x in ranking_ids])}
     out = []
@@ -237,10 +234,16 @@ def write_figure(fig, path: Path, args) -> None:
     save_figure(fig, path, png=not args.no_png, plotlyjs="cdn")
 
 
+def sweep_split(figures: Path, name: str) -> str:
+    """The split of the recorded sweep whose zero shares this analysis reads."""
+    return read_units(figures / f"sweep_{name}_units.json.gz").baseline.meta["task"]["split"]
+
+
 def run_task(model, name: str, args) -> None:
     figures = Path(args.figures)
-    task = load_task(name, n=args.n, seed=args.seed)
-    folder = Path(args.out) / f"{name}-n{args.n}-seed{args.seed}-lm-eval"
+    split = args.split or sweep_split(figures, name)
+    task = load_task(name, n=args.n, seed=args.seed, split=split)
+    folder = Path(args.out) / f"{name}-{split}-n{args.n}-seed{args.seed}-lm-eval"
     start, cpu = time.perf_counter(), time.process_time()
     scores, layers = cached_scores(model, task, folder, args)
     single, effects = single_layer_effects(model, task, folder, args)
