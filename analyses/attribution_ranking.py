@@ -49,6 +49,7 @@ from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.plots import ablation_curves, save_figure
+from shared_settings import TaskRunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTION = "attribution"
@@ -60,11 +61,9 @@ SUMMARIES = ("accuracy_auc", "kl_auc")
 
 
 @dataclass(frozen=True)
-class RankingSettings:
+class RankingSettings(TaskRunSettings):
     """What one run measures and writes (each field is a ``--flag``)."""
 
-    model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
-    tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
     n: int = option(200, "the recorded sweep's items per task (calibration and held-out together)")
     calibration_n: int = option(20, "calibration items (the attribution ranking's)")
     seed: int = option(0, "the sweep's sampling seed, and the bootstrap's")
@@ -75,9 +74,6 @@ class RankingSettings:
     n_boot: int = option(2000, "bootstrap resamples and permutations over the held-out items")
     batch_size: int = option(16, "forward rows per batch")
     out: str = option(str(ROOT / "runs" / "attribution_ranking"), "resumable units")
-    figures: str = option(str(ROOT / "figures"), "where the recorded sweeps are, and tables and figures go")
-    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
-    no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
 
 
 def parse_args(argv=None) -> RankingSettings:

@@ -52,6 +52,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.inference import kendall, spearman
 from lens_heads.viz.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
+from shared_settings import TaskRunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ablation", "attribution")
@@ -70,11 +71,9 @@ def _at_least(low: int):
 
 
 @dataclass(frozen=True)
-class EffectsSettings:
+class EffectsSettings(TaskRunSettings):
     """What one run measures and writes (each field is a ``--flag``)."""
 
-    model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
-    tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
     n: int = option(20, "ranking items per task", parse=_at_least(2))
     heldout_n: int = option(32, "held-out items for the oracle curve", parse=_at_least(1))
     protocol: str = option("lm-eval", "forward rows: lm-eval's (as the sweep) or TransformerLens's ('tl')",
@@ -84,9 +83,6 @@ class EffectsSettings:
     seed: int = option(0, "sampling and bootstrap seed")
     batch_size: int = option(16, "forward rows per batch")
     out: str = option(str(ROOT / "runs" / "head_effects"), "resumable units")
-    figures: str = option(str(ROOT / "figures"), "where tables and figures go")
-    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
-    no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
     redraw: bool = option(False, "draw the oracle figures again from the recorded head_effects_<task>.json over the "
                                  "sweep now in --figures (no model, nothing measured)")
 

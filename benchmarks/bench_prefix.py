@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+import timing
 from bench_effects import spread_heads
 from flops import forward_flops, trunk_flops_per_token
 from lens_heads import load_model, load_task
@@ -38,19 +39,6 @@ from lens_heads.evaluation.evaluate import build_rows, evaluate_each
 from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
 from lens_heads.models.loading import embedded_model_folder
 from lens_heads.plumbing.settings import option
-from timing import (
-    Comparison,
-    alternate,
-    batch_size_option,
-    load_average,
-    parse_settings,
-    print_machine,
-    repeated,
-    repeats_option,
-    set_threads,
-    threads_option,
-    write_printed,
-)
 
 HEADING = "Shared prefixes computed once"
 LM_EVAL_HEADING = "Shared prefixes computed once, against lm-eval's HF backend"
@@ -58,19 +46,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
-class PrefixBench(Comparison):
+class PrefixBench(timing.Comparison):
     """What the benchmark times."""
 
     arc_n: int = option(40, "ARC-Easy items")
     hellaswag_n: int = option(20, "HellaSwag items")
     mmlu_subjects: int = option(2, "MMLU subjects (the first ones)")
-    repeats: int = repeats_option(1)
-    batch_size: int = batch_size_option(8)
+    repeats: int = timing.repeats_option(1)
+    batch_size: int = timing.batch_size_option(8)
     mmlu_per_subject: int = option(8, "MMLU 5-shot questions per subject")
     effects_n: int = option(20, "ARC-Easy items for the head effects")
     layers: int = option(3, "layers whose heads are ablated (head effects)")
     lm_eval: bool = option(False, "also time lm-eval's HF backend on the same items")
-    threads: int | None = threads_option()
+    threads: int | None = timing.threads_option()
 
 
 def mmlu_task(subjects: int, per_subject: int):
@@ -105,7 +93,7 @@ def matmul_cpu_flops(n: int = 2048, repeats: int = 5) -> float:
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen) for _ in range(2))
     a @ b
-    return 2.0 * n**3 / min(repeated(lambda: a @ b, repeats).cpus)
+    return 2.0 * n**3 / min(timing.repeated(lambda: a @ b, repeats).cpus)
 
 
 def lm_eval_side(batch_size: int):
@@ -136,22 +124,22 @@ def time_evaluator(model, name: str, task, s: PrefixBench, peak: float, lm_eval=
     def run(shared):
         return evaluate_each(model, task, [[]], batch_size=s.batch_size, progress=False,
                                            _shared_prefixes=shared)[0]
-    load = load_average()
+    load = timing.load_average()
     compared = {"row": lambda: run(False), "shared": lambda: run(True)}
     if lm_eval is not None:
         compared["lm-eval"] = lambda: lm_eval(task)
-    r = alternate(compared, s.repeats)
+    r = timing.alternate(compared, s.repeats)
     row, shared = r["row"].out, r["shared"].out
     diff = max(abs(a - b) for x, y in zip(row.items, shared.items) for a, b in zip(x.logprobs, y.logprobs))
     size = max(abs(a) for x in row.items for a in x.logprobs)
     lines = [f"{name}, {len(task)} items, {row.meta['rows']} rows, batch size {s.batch_size} "
-             f"(load average {load:.1f} before, {load_average():.1f} after):"]
-    for label, res, timing, shared_path in (("row by row", row, r["row"], False),
-                                             ("shared prefixes", shared, r["shared"], True)):
+             f"(load average {load:.1f} before, {timing.load_average():.1f} after):"]
+    for label, res, took, shared_path in (("row by row", row, r["row"], False),
+                                           ("shared prefixes", shared, r["shared"], True)):
         flops = path_flops(model, task, s.batch_size, shared_path)
         lines.append(f"  {label:16s} {res.meta['forward_tokens']:6d} tokens ({res.meta['padded_tokens']:6d} padded) "
-                     f"{timing.wall:6.1f} s wall {timing.cpu:6.1f} s CPU  {flops / 1e9:7.1f} GFLOP "
-                     f"{flops / timing.cpu / 1e9:5.1f} GFLOP/s per CPU s = {flops / timing.cpu / peak:5.1%} of matmul")
+                     f"{took.wall:6.1f} s wall {took.cpu:6.1f} s CPU  {flops / 1e9:7.1f} GFLOP "
+                     f"{flops / took.cpu / 1e9:5.1f} GFLOP/s per CPU s = {flops / took.cpu / peak:5.1%} of matmul")
     lines.append(f"  -> {row.meta['forward_tokens'] / shared.meta['forward_tokens']:.2f}x fewer forward tokens, "
                  f"{r['row'].wall / r['shared'].wall:.2f}x wall, {r['row'].cpu / r['shared'].cpu:.2f}x CPU; "
                  f"max |log-likelihood difference| {diff:.1e} (largest |log-likelihood| {size:.0f})")
@@ -170,11 +158,11 @@ def time_effects(model, s: PrefixBench) -> list[str]:
     def base(shared):
         return evaluate_each(model, task, [[]], batch_size=s.batch_size, progress=False,
                                             _shared_prefixes=shared)
-    load = load_average()
-    r = alternate({"row": lambda: run(False), "shared": lambda: run(True), "row base": lambda: base(False),
+    load = timing.load_average()
+    r = timing.alternate({"row": lambda: run(False), "shared": lambda: run(True), "row base": lambda: base(False),
                    "shared base": lambda: base(True)}, s.repeats, keep=())
     lines = [f"head effects, ARC-Easy {len(task)} items (seed 0), every head of layers {layers}, batch size "
-             f"{s.batch_size} (load average {load:.1f} before, {load_average():.1f} after):"]
+             f"{s.batch_size} (load average {load:.1f} before, {timing.load_average():.1f} after):"]
     projected = {}
     for label in ("row", "shared"):
         projected[label] = L * r[label].cpu / len(layers) + r[f"{label} base"].cpu  # + the unablated baseline
@@ -188,9 +176,9 @@ def time_effects(model, s: PrefixBench) -> list[str]:
 
 
 def main(argv=None) -> None:
-    s = parse_settings(PrefixBench, argv, __doc__)
-    set_threads(s.threads)
-    started_load = load_average()
+    s = timing.parse_settings(PrefixBench, argv, __doc__)
+    timing.set_threads(s.threads)
+    started_load = timing.load_average()
     torch.set_grad_enabled(False)
     model = load_model()
     peak = matmul_cpu_flops()
@@ -205,9 +193,9 @@ def main(argv=None) -> None:
     if s.layers:
         blocks.append(time_effects(model, s))
         print("\n".join(blocks[-1]), flush=True)
-    machine = print_machine(started_load)
+    machine = timing.print_machine(started_load)
     if s.write_docs:
-        write_printed(LM_EVAL_HEADING if s.lm_eval else HEADING, f"python benchmarks/bench_prefix.py --arc-n {s.arc_n} --hellaswag-n {s.hellaswag_n} "
+        timing.write_printed(LM_EVAL_HEADING if s.lm_eval else HEADING, f"python benchmarks/bench_prefix.py --arc-n {s.arc_n} --hellaswag-n {s.hellaswag_n} "
                       f"--mmlu-subjects {s.mmlu_subjects} --mmlu-per-subject {s.mmlu_per_subject} --effects-n "
                       f"{s.effects_n} --layers {s.layers} --repeats {s.repeats} --threads {torch.get_num_threads()} "
                       f"{'--lm-eval ' if s.lm_eval else ''}--write-docs", machine, "; embedded SmolLM2-135M-Instruct, fp32. Medians of alternating "

@@ -48,25 +48,29 @@ def choice_tokens(model, context, continuation):
     return enc(context), enc(continuation)
 
 
-def hand_logprobs(model, task, change=None):
-    """Per item, per choice: summed log-prob of the continuation, from the residual stream after the only layer,
-    minus ``change(z) -> [pos, d_model]`` (what the removed head wrote) when given."""
+def per_choice(model, task, measure) -> list[np.ndarray]:
+    """Per item, ``measure(ctx, cont, logits, cache)`` of each choice, the choice run alone with its cache."""
     out = []
     with torch.no_grad():
         for item in task:
-            scores = []
-            for context, continuation in zip(item.contexts, item.continuations):
-                ctx, cont = choice_tokens(model, context, continuation)
-                tokens = torch.tensor([ctx + cont])
-                _, cache = model.run_with_cache(tokens)
-                resid = cache["blocks.0.hook_resid_post"][0]
-                if change is not None:
-                    resid = resid - change(cache["blocks.0.attn.hook_z"][0])
-                final = model.ln_final(resid[None])[0] if model.cfg.normalization_type else resid
-                logp = torch.log_softmax((final @ model.W_U + model.b_U).double(), dim=-1)
-                scores.append(sum(logp[len(ctx) - 1 + k, t].item() for k, t in enumerate(cont)))
-            out.append(np.array(scores))
+            pairs = [choice_tokens(model, c, k) for c, k in zip(item.contexts, item.continuations)]
+            out.append(np.array([measure(ctx, cont, *model.run_with_cache(torch.tensor([ctx + cont])))
+                                 for ctx, cont in pairs]))
     return out
+
+
+def hand_logprobs(model, task, change=None):
+    """Per item, per choice: summed log-prob of the continuation, from the residual stream after the only layer,
+    minus ``change(z) -> [pos, d_model]`` (what the removed head wrote) when given."""
+    def logprob(ctx, cont, _, cache):
+        resid = cache["blocks.0.hook_resid_post"][0]
+        if change is not None:
+            resid = resid - change(cache["blocks.0.attn.hook_z"][0])
+        final = model.ln_final(resid[None])[0] if model.cfg.normalization_type else resid
+        logp = torch.log_softmax((final @ model.W_U + model.b_U).double(), dim=-1)
+        return sum(logp[len(ctx) - 1 + k, t].item() for k, t in enumerate(cont))
+
+    return per_choice(model, task, logprob)
 
 
 def metrics_by_hand(removed, base, task):
@@ -109,23 +113,14 @@ def hand_linearised(model, task, head: int) -> list[np.ndarray]:
     attention-only layer without norms is zeroed. There logits = (resid + sum_h z_h W_O[h]) W_U + b_U, so
     d logP(t at p) / d z_h[p] = W_O[h] W_U (onehot(t) - softmax(logits[p])) at the positions read, 0 elsewhere."""
     W_O, W_U = model.W_O[0].detach().double(), model.W_U.detach().double()
-    linearised = []
-    with torch.no_grad():
-        for item in task:
-            changes = []
-            for context, continuation in zip(item.contexts, item.continuations):
-                ctx, cont = choice_tokens(model, context, continuation)
-                logits, cache = model.run_with_cache(torch.tensor([ctx + cont]))
-                z = cache["blocks.0.attn.hook_z"][0, :, head].double()
-                probs = torch.softmax(logits[0].double(), dim=-1)
-                total = 0.0
-                for k, t in enumerate(cont):
-                    p = len(ctx) - 1 + k
-                    grad = W_O[head] @ (W_U[:, t] - W_U @ probs[p])
-                    total += float(-(z[p] @ grad))
-                changes.append(total)
-            linearised.append(np.array(changes))
-    return linearised
+
+    def change(ctx, cont, logits, cache):
+        z = cache["blocks.0.attn.hook_z"][0, :, head].double()
+        probs = torch.softmax(logits[0].double(), dim=-1)
+        positions = [len(ctx) - 1 + k for k in range(len(cont))]
+        return sum(float(-(z[p] @ (W_O[head] @ (W_U[:, t] - W_U @ probs[p])))) for p, t in zip(positions, cont))
+
+    return per_choice(model, task, change)
 
 
 @pytest.mark.slow

@@ -1,0 +1,24 @@
+"""The options every per-task analysis script shares: which model and tasks, where the outputs go, how many threads.
+
+The scripts' settings dataclasses extend :class:`TaskRunSettings`, so these flags read the same in each of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from lens_heads.plumbing.settings import option
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class TaskRunSettings:
+    """Model, tasks and outputs of one run (each field is a ``--flag``)."""
+
+    model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
+    tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
+    figures: str = option(str(ROOT / "figures"), "where recorded inputs are read, and tables and figures go")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
+    no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
