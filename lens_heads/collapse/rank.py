@@ -175,9 +175,36 @@ def attention_rank(
         length = int(mask.sum(1).min())
         tokens, mask = tokens[:, :length], mask[:, :length]
     check_attention_hooks(model, ["hook_pattern"], uses="attention rank", advice=what_still_works)
+    ranks, masses, pattern_sum = _collect(model, tokens, mask, average=average, energy=energy, mass=mass,
+                                          batch_size=batch_size, progress=progress)
+    per_head, mass_per_head, per_input, layer_max, layer_mean, bands = _aggregate(
+        aggregation, ranks, masses, pattern_sum, energy, mass)
+    lengths, n = mask.sum(1).float(), tokens.shape[0]
+    mode = AGGREGATIONS[aggregation]
+    meta = {
+        "model": getattr(model, "lens_heads_meta", {}).get("name", model.cfg.model_name),
+        "n_inputs": n, "mean_length": float(lengths.mean()), "min_length": int(lengths.min()),
+        "max_length": int(lengths.max()), "average": average, "aggregation": aggregation, "mode": mode,
+        "energy": energy, "mass": mass,
+    }
+    return RankProfile(
+        per_head=per_head, max_rank=layer_max, mean_rank=layer_mean,
+        mass_columns=mass_per_head.mean(1), mass_per_head=mass_per_head,
+        lazy=layer_max <= lazy_rank,
+        lazy_rule=(f"lazy: the layer's max rank over heads, averaged over inputs, is <= {lazy_rank:g}"
+                   if aggregation == "layer_rank" else f"lazy: every head of the layer has approximate rank <= "
+                   f"{lazy_rank:g}") + f" ({energy:.0%} spectral energy; {mode})",
+        per_input=per_input, meta=meta, aggregation=aggregation, **bands,
+        definition=rank_definition(aggregation, energy, mass, n, int(lengths.max())),
+    )
+
+
+def _collect(model, tokens: Tensor, mask: Tensor, *, average: bool, energy: float, mass: float, batch_size: int,
+             progress: bool) -> tuple[Tensor, Tensor, list]:
+    """One pass over the inputs with hooks on ``hook_pattern``: per input, layer and head the rank and the columns
+    holding ``mass`` (``average=False``), or per layer the sum of the patterns (``average=True``)."""
     n, L, H = tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads
-    ranks = torch.zeros(n, L, H)
-    masses = torch.zeros(n, L, H)
+    ranks, masses = torch.zeros(n, L, H), torch.zeros(n, L, H)
     pattern_sum = [None] * L
     offset = 0
 
@@ -204,27 +231,7 @@ def attention_rank(
                 run_to_resid(model, batch, mask[offset: offset + batch_size].long(), stop=L)
             bar.update(len(batch))
     bar.close()
-
-    per_head, mass_per_head, per_input, layer_max, layer_mean, bands = _aggregate(
-        aggregation, ranks, masses, pattern_sum, energy, mass)
-    lengths = mask.sum(1).float()
-    mode = AGGREGATIONS[aggregation]
-    definition = rank_definition(aggregation, energy, mass, n, int(lengths.max()))
-    meta = {
-        "model": getattr(model, "lens_heads_meta", {}).get("name", model.cfg.model_name),
-        "n_inputs": n, "mean_length": float(lengths.mean()), "min_length": int(lengths.min()),
-        "max_length": int(lengths.max()), "average": average, "aggregation": aggregation, "mode": mode,
-        "energy": energy, "mass": mass,
-    }
-    return RankProfile(
-        per_head=per_head, max_rank=layer_max, mean_rank=layer_mean,
-        mass_columns=mass_per_head.mean(1), mass_per_head=mass_per_head,
-        lazy=layer_max <= lazy_rank,
-        lazy_rule=(f"lazy: the layer's max rank over heads, averaged over inputs, is <= {lazy_rank:g}"
-                   if aggregation == "layer_rank" else f"lazy: every head of the layer has approximate rank <= "
-                   f"{lazy_rank:g}") + f" ({energy:.0%} spectral energy; {mode})",
-        per_input=per_input, meta=meta, definition=definition, aggregation=aggregation, **bands,
-    )
+    return ranks, masses, pattern_sum
 
 
 def _aggregate(aggregation: str, ranks: Tensor, masses: Tensor, pattern_sum: list, energy: float, mass: float):
