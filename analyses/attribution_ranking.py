@@ -116,7 +116,7 @@ def measure(model, name: str, task, calibration, heldout, recorded: SweepResult,
         rankings.append(Ranking(ORACLE, order=tuple(oracle)))
         costs[ORACLE] = json.loads((Path(args.figures) / f"head_effects_{name}.json").read_text())["costs"]["ablation"]
     if not args.no_mean:
-        rankings.append(ranking.ranking(MEAN, mode="mean"))
+        rankings.append(ranking.ranking(MEAN, ablation="mean"))
     if not args.no_per_input:  # each held-out input ranked by its own attribution: a backward pass per input
         own = stored_ranking(model, heldout, folder, "per_input_attribution", protocol, args)
         costs["per_input"] = own.effects.meta["cost"]

@@ -61,7 +61,7 @@ def test_mean_ablation_replaces_z_with_its_calibration_mean(arch):
     layer, head = 0, 1
     names = [get_act_name("z", layer), get_act_name("attn_out", layer)]
     base = _cache(model, tokens, mask, names)
-    ablated = _cache(model, tokens, mask, [names[1]], hooks=zero_heads([(layer, head)], mode="mean", means=means))
+    ablated = _cache(model, tokens, mask, [names[1]], hooks=zero_heads([(layer, head)], ablation="mean", means=means))
     delta = (means[layer, head] - base[names[0]][:, :, head]) @ model.W_O[layer, head].detach()
     torch.testing.assert_close(ablated[names[1]] - base[names[1]], delta, atol=2e-5, rtol=1e-4)
 
@@ -226,7 +226,7 @@ def test_random_zeroing_uses_the_given_input_ids():
 def test_bad_arguments_say_what_to_do():
     model = tiny_model("gpt2")
     with pytest.raises(ValueError, match="mean_z"):
-        zero_heads([(0, 0)], mode="mean")
+        zero_heads([(0, 0)], ablation="mean")
     with pytest.raises(ValueError, match="outside"):
         static_zeroing(model, [(5, 0)])
     with pytest.raises(ValueError, match="unknown score"):

@@ -249,8 +249,8 @@ def test_bad_input_is_refused_with_what_to_give():
         head_plan(model, [(0, 0)] * (model.cfg.n_layers * model.cfg.n_heads), [1], label="x")
     with pytest.raises(ValueError, match="specs takes a list"):
         run_sweep(model, toy_task(), scores=[], fractions=[0], specs=LayerRemoval((0,)))
-    with pytest.raises(ValueError, match="mode='zero'"):
-        LayerRemoval((0,), mode="mean")
+    with pytest.raises(ValueError, match="ablation='zero'"):
+        LayerRemoval((0,), ablation="mean")
     with pytest.raises(ValueError, match="takes a Task"):
         layer_scores(model, "arc_easy")
     with pytest.raises(ValueError, match="no items"):

@@ -45,7 +45,7 @@ def ablations(model, kind, task=None):
     if kind == "random":
         return [random_zeroing(model, 0.4, seed=3)]
     if kind == "mean":
-        return [static_zeroing(model, [(0, 0), (1, 1)], mode="mean", means=mean_z(model, task))]
+        return [static_zeroing(model, [(0, 0), (1, 1)], ablation="mean", means=mean_z(model, task))]
     return zero_heads([(1, 2)])  # one head zeroed everywhere, as head_effects does
 
 

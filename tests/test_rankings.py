@@ -70,7 +70,7 @@ def test_static_and_per_input_units_zero_exactly_the_named_heads(tokenizer, tmp_
     order = [heads[i] for i in rng.permutation(len(heads))]
     per_input = [[heads[i] for i in rng.permutation(len(heads))] for _ in task]
     means = task_means(model, task)
-    rankings = [Ranking("fixed", order=order), Ranking("fixed, mean", order=order, mode="mean"),
+    rankings = [Ranking("fixed", order=order), Ranking("fixed, mean", order=order, ablation="mean"),
                 Ranking("own", per_input=per_input)]
     sweep = ranking_sweep(model, task, rankings, fractions=(0.25, 0.5), means=means, out_dir=tmp_path,
                           progress=False)
@@ -85,7 +85,7 @@ def test_static_and_per_input_units_zero_exactly_the_named_heads(tokenizer, tmp_
             elif key.score == "fixed":
                 expected = evaluate(model, task, hooks=zero_heads(order[:k]), progress=False).items
             else:
-                expected = evaluate(model, task, hooks=zero_heads(order[:k], mode="mean", means=means),
+                expected = evaluate(model, task, hooks=zero_heads(order[:k], ablation="mean", means=means),
                                     progress=False).items
             for got, want in zip(unit.result.items, expected):
                 np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
@@ -158,7 +158,7 @@ def test_bad_input_says_what_to_do(tokenizer):
     with pytest.raises(ValueError, match="one per item"):
         ranking_sweep(model, task, [Ranking("own", per_input=[heads])], progress=False)
     with pytest.raises(ValueError, match="needs means="):
-        ranking_sweep(model, task, [Ranking("m", order=heads, mode="mean")], progress=False)
+        ranking_sweep(model, task, [Ranking("m", order=heads, ablation="mean")], progress=False)
     with pytest.raises(ValueError, match="must have distinct names"):
         ranking_sweep(model, task, [Ranking("a", order=heads), Ranking("a", order=heads)], progress=False)
     with pytest.raises(ValueError, match="not both"):

@@ -290,16 +290,16 @@ EXPECTED = {
 
 
 def test_registry_holds_every_task_with_its_defaults():
-    from lens_heads.data.tasks import INACTIVE_HEADS_TASKS, INHERITUNE_METRICS, TASK_SPECS, TASKS
+    from lens_heads.data.tasks import INACTIVE_HEADS_TASKS, INHERITUNE_SCORINGS, TASK_SPECS, TASKS
 
     assert set(TASKS) == set(EXPECTED) and TASKS == tuple(TASK_SPECS)
     assert INACTIVE_HEADS_TASKS == ("mmlu", "arc_easy", "piqa", "winogrande", "hellaswag")
     # the Inheritune paper's order: the default --eval-tasks of analyses/inheritune.py and its cache key
-    assert list(INHERITUNE_METRICS.items()) == [("arc_easy", "sum"), ("piqa", "sum"), ("hellaswag", "per_char"),
+    assert list(INHERITUNE_SCORINGS.items()) == [("arc_easy", "sum"), ("piqa", "sum"), ("hellaswag", "per_char"),
                                                 ("lambada", "sum"), ("sciq", "sum")]
     for name, (split, shots, fmt, total, choices, metric) in EXPECTED.items():
         spec = TASK_SPECS[name]
-        assert (spec.name, spec.split, spec.shots, spec.format, spec.inheritune_metric) == (name, split, shots, fmt,
+        assert (spec.name, spec.split, spec.shots, spec.format, spec.inheritune_scoring) == (name, split, shots, fmt,
                                                                                              metric)
         task = load_task(name, n=3, seed=0)
         assert (task.split, task.shots, task.format, task.n_total, len(task)) == (split, shots, fmt, total, 3)

@@ -45,18 +45,18 @@ from lens_heads.plumbing.errors import InputError
 HookFn = Callable[..., Tensor | None]
 HookPair = tuple[str, HookFn]
 Rule = Callable[[int, Float[Tensor, "batch pos head d_head"], dict], Bool[Tensor, "batch head"]]
-MODES = ("zero", "mean")
+ABLATIONS = ("zero", "mean")  # what replaces an ablated head's z: zeros, or its mean (mean_z)
 
 
 def zero_heads(
     heads: Iterable[tuple[int, int]],
     *,
-    mode: str = "zero",
+    ablation: str = "zero",
     means: Float[Tensor, "layer head d_head"] | None = None,
 ) -> list[HookPair]:
-    """Hooks that zero (``mode="zero"``) or mean-ablate (``mode="mean"``, needs ``means`` from :func:`mean_z`) a
+    """Hooks that zero (``ablation="zero"``) or mean-ablate (``ablation="mean"``, needs ``means`` from :func:`mean_z`) a
     fixed set of ``(layer, head)`` pairs at every position of every input. One hook per affected layer."""
-    _check_mode(mode, means)
+    _check_ablation(ablation, means)
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         if int(layer) < 0 or int(head) < 0:
@@ -70,7 +70,7 @@ def zero_heads(
                                  f"include some it does not have: give heads 0..{z.shape[2] - 1}")
             ablate = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
             ablate[chosen] = True
-            return _replace(z, ablate.expand(z.shape[0], -1), means[layer] if mode == "mean" else None)
+            return _replace(z, ablate.expand(z.shape[0], -1), means[layer] if ablation == "mean" else None)
 
         return hook
 
@@ -78,7 +78,7 @@ def zero_heads(
 
 
 class HeadAblation:
-    """Hooks that zero or mean-ablate (``mode``), in every layer, the heads a rule picks for each input, and count
+    """Hooks that zero or mean-ablate (``ablation``), in every layer, the heads a rule picks for each input, and count
     what they ablated.
 
     Built by :func:`static_zeroing`, :func:`threshold_zeroing` or :func:`random_zeroing`. ``rule(layer, z, acts)``
@@ -90,12 +90,12 @@ class HeadAblation:
     """
 
     def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str, capture: Sequence[str] = (),
-                 mode: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None):
-        _check_mode(mode, means)
+                 ablation: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None):
+        _check_ablation(ablation, means)
         self.prefix_scope = prefix_scope
         self.n_layers, self.n_heads = n_layers, n_heads
         self.description = description
-        self.mode, self.means = mode, means
+        self.ablation, self.means = ablation, means
         self._rule = rule
         self._capture = LayerCapture(n_layers, self._ablate, capture)
         self._mask: Tensor | None = None
@@ -173,7 +173,7 @@ class HeadAblation:
         return out
 
     def __repr__(self) -> str:
-        return f"HeadAblation({self.description}, mode={self.mode!r})"
+        return f"HeadAblation({self.description}, ablation={self.ablation!r})"
 
     # ------------------------------------------------------------ the hooks
 
@@ -216,7 +216,7 @@ class HeadAblation:
 # ---------------------------------------------------------------- the three modes
 
 
-def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero",
+def static_zeroing(model, heads: Iterable[tuple[int, int]], *, ablation: str = "zero",
                    means: Tensor | None = None) -> HeadAblation:
     """Ablate a fixed set of ``(layer, head)`` pairs for every input, counting the share like the other modes
     (the static pruning view: what removing these heads for good would do)."""
@@ -227,10 +227,10 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, mode: str = "zero
         return chosen[layer].to(z.device).expand(z.shape[0], -1)
 
     return HeadAblation(model.cfg.n_layers, model.cfg.n_heads, rule, description=f"static: {int(chosen.sum())} heads",
-                        mode=mode, means=means, prefix_scope="any")
+                        ablation=ablation, means=means, prefix_scope="any")
 
 
-def input_zeroing(model, heads_by_input: Sequence[Iterable[tuple[int, int]]], *, mode: str = "zero",
+def input_zeroing(model, heads_by_input: Sequence[Iterable[tuple[int, int]]], *, ablation: str = "zero",
                   means: Tensor | None = None) -> HeadAblation:
     """Ablate, for input ``i``, its own fixed set ``heads_by_input[i]`` of ``(layer, head)`` pairs (the front of a
     per-input ranking, such as each input's own attribution). Input ids come from :meth:`HeadAblation.batch` (the
@@ -250,7 +250,7 @@ def input_zeroing(model, heads_by_input: Sequence[Iterable[tuple[int, int]]], *,
                              "one per input of the evaluated task")
         return chosen[ids.cpu(), layer].to(z.device)
 
-    return HeadAblation(model.cfg.n_layers, model.cfg.n_heads, rule, mode=mode, means=means, prefix_scope="item",
+    return HeadAblation(model.cfg.n_layers, model.cfg.n_heads, rule, ablation=ablation, means=means, prefix_scope="item",
                         description=f"per input: {chosen.shape[0]} head sets")
 
 
@@ -265,7 +265,7 @@ def _head_mask(model, heads: Iterable[tuple[int, int]]) -> Bool[Tensor, "layer h
     return chosen
 
 
-def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "zero",
+def threshold_zeroing(model, score_name: str, threshold: float, *, ablation: str = "zero",
                       means: Tensor | None = None) -> HeadAblation:
     """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` (one of
     the twelve, or an extra such as LTHON (HN) or the full-head-output AHON (full)) for every head of every input
@@ -299,11 +299,11 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, mode: str = "
         scores = layer_scores(pattern, v, z.float(), acts["mask"], [score], W_O=w)[..., 0]
         return inactive(scores, direction, threshold)
 
-    return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, mode=mode, means=means,
+    return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, ablation=ablation, means=means,
                    description=f"threshold: {score_name} {direction} {threshold:.6g}")
 
 
-def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
+def random_zeroing(model, p: float, seed: int = 0, *, ablation: str = "zero",
                    means: Tensor | None = None) -> HeadAblation:
     """The random baseline: ablate each (input, layer, head) independently with probability ``p``.
 
@@ -327,7 +327,7 @@ def random_zeroing(model, p: float, seed: int = 0, *, mode: str = "zero",
             batch.update(ids=ids, uniforms=torch.stack([_uniforms(seed, i, n_layers, n_heads) for i in ids]))
         return batch["uniforms"][:, layer].to(z.device) < p
 
-    return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", mode=mode,
+    return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", ablation=ablation,
                         means=means, prefix_scope="item")
 
 
@@ -348,7 +348,7 @@ def input_seed(seed: int, i: int) -> int:
 def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: int = 8,
            progress: bool = False) -> Float[Tensor, "layer head d_head"]:
     """Mean of every head's ``hook_z`` over the non-padding positions of calibration ``inputs`` (what
-    ``mode="mean"`` substitutes). ``inputs``: strings, a Task (its prompts) or a token tensor."""
+    ``ablation="mean"`` substitutes). ``inputs``: strings, a Task (its prompts) or a token tensor."""
 
     if attention_mask is None:
         tokens, mask = tokenize_inputs(model, inputs)
@@ -387,11 +387,11 @@ def _replace(z: Float[Tensor, "batch pos head d_head"], ablate: Bool[Tensor, "ba
     return torch.where(where, mean.to(z.device, z.dtype)[None, None], z)
 
 
-def _check_mode(mode: str, means: Tensor | None) -> None:
-    if mode not in MODES:
-        raise InputError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "mean" and means is None:
-        raise InputError("mode='mean' needs means=[layer, head, d_head]: compute them with "
+def _check_ablation(ablation: str, means: Tensor | None) -> None:
+    if ablation not in ABLATIONS:
+        raise InputError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
+    if ablation == "mean" and means is None:
+        raise InputError("ablation='mean' needs means=[layer, head, d_head]: compute them with "
                          "lens_heads.ablation.hooks.mean_z(model, calibration_inputs)")
-    if mode == "zero" and means is not None:
-        raise InputError("means were given with mode='zero': pass mode='mean' to mean-ablate")
+    if ablation == "zero" and means is not None:
+        raise InputError("means were given with ablation='zero': pass ablation='mean' to mean-ablate")

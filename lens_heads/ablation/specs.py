@@ -12,7 +12,7 @@ A spec says what to ablate, not how to hook it:
   (:mod:`lens_heads.ablation.layers`).
 - :class:`InputAblation`: each input its own fixed head set (the front of a per-input ranking).
 
-Each has ``mode`` ``"zero"`` or ``"mean"``. A spec that needs calibration is :meth:`resolved <AblationSpec.resolve>`
+Each has ``ablation``: ``"zero"`` or ``"mean"`` (what replaces an ablated head's output). A spec that needs calibration is :meth:`resolved <AblationSpec.resolve>`
 against a calibration (an object with ``threshold(score, fraction)`` and ``most_inactive(score, fraction)``, such as
 :class:`ScoreCalibration`), then :meth:`built <AblationSpec.build>` into a :class:`lens_heads.ablation.hooks.HeadAblation`.
 ``to_dict``/:func:`from_dict` round-trip through JSON; a sweep's plan is a list of specs, and each stored unit is
@@ -27,7 +27,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from lens_heads.ablation.hooks import (
-    MODES,
+    ABLATIONS,
     HeadAblation,
     input_zeroing,
     random_zeroing,
@@ -43,15 +43,15 @@ from lens_heads.stats.curves import CurveKey
 
 @dataclass(frozen=True)
 class AblationSpec:
-    """What every spec has: its ``kind`` (the name :func:`from_dict` reads) and ``mode``."""
+    """What every spec has: its ``kind`` (the name :func:`from_dict` reads) and ``ablation``."""
 
     kind: ClassVar[str] = ""
     calibrated: ClassVar[str | None] = None  # the field a calibration fills in, where it is None
-    mode: str = field(default="zero", kw_only=True)
+    ablation: str = field(default="zero", kw_only=True)
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise InputError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.ablation not in ABLATIONS:
+            raise InputError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
 
     @property
     def target_fraction(self) -> float:
@@ -85,11 +85,13 @@ class AblationSpec:
         return value
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation | None:
-        """The hooks object for ``model`` (``means`` from :func:`lens_heads.ablation.hooks.mean_z` for ``mode="mean"``)."""
+        """The hooks object for ``model`` (``means`` from :func:`lens_heads.ablation.hooks.mean_z` for ``ablation="mean"``)."""
         raise NotImplementedError
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, **asdict(self)}
+        """The spec as JSON; ``ablation`` is stored under the key ``"mode"`` so that the unit keys of finished runs
+        (hashes of these dicts) stay the same and their folders keep resuming."""
+        return {"kind": self.kind, **{"mode" if k == "ablation" else k: v for k, v in asdict(self).items()}}
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class ThresholdAblation(AblationSpec):
         return float(calibration.threshold(self.score, self.fraction))
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
-        return threshold_zeroing(model, self.score, self._decided(), mode=self.mode, means=means)
+        return threshold_zeroing(model, self.score, self._decided(), ablation=self.ablation, means=means)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ class RandomAblation(AblationSpec):
         return CurveKey("random")
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
-        return random_zeroing(model, self.fraction, self.seed, mode=self.mode, means=means)
+        return random_zeroing(model, self.fraction, self.seed, ablation=self.ablation, means=means)
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ class StaticAblation(AblationSpec):
         return tuple(calibration.most_inactive(self.score, self.fraction))
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
-        return static_zeroing(model, self._decided(), mode=self.mode, means=means)
+        return static_zeroing(model, self._decided(), ablation=self.ablation, means=means)
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,9 @@ class LayerRemoval(AblationSpec):
     kind: ClassVar[str] = "layers"
 
     def __post_init__(self):
-        if self.mode != "zero":
-            raise InputError(f"LayerRemoval(mode={self.mode!r}): a removed layer writes nothing (mode='zero')")
+        if self.ablation != "zero":
+            raise InputError(f"LayerRemoval(ablation={self.ablation!r}): a removed layer writes nothing "
+                             "(ablation='zero')")
         if self.part not in PARTS:
             raise InputError(f"LayerRemoval(part={self.part!r}): choose one of {PARTS}")
         if isinstance(self.layers, (str, bytes, int)) or not hasattr(self.layers, "__iter__"):
@@ -228,7 +231,7 @@ class InputAblation(AblationSpec):
         return CurveKey("per_input", self.score)
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
-        return input_zeroing(model, self.heads, mode=self.mode, means=means)
+        return input_zeroing(model, self.heads, ablation=self.ablation, means=means)
 
 
 
@@ -240,6 +243,8 @@ def from_dict(d: dict) -> AblationSpec:
     """The spec :meth:`AblationSpec.to_dict` wrote."""
     fields = dict(d)
     kind = fields.pop("kind", None)
+    if "mode" in fields:
+        fields["ablation"] = fields.pop("mode")
     if kind not in SPECS:
         raise InputError(f"unknown ablation kind {kind!r}: choose one of {list(SPECS)}")
     return SPECS[kind](**fields)

@@ -30,7 +30,7 @@ from lens_heads.collapse.gpt2 import (  # noqa: F401
 from lens_heads.collapse.rank import RankProfile, attention_rank
 from lens_heads.collapse.train import RankTracker, TrainConfig, TrainResult, eval_windows, train
 from lens_heads.data.rows import within_context
-from lens_heads.data.tasks import INHERITUNE_METRICS, TASKS, load_task
+from lens_heads.data.tasks import INHERITUNE_SCORINGS, TASKS, load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.models.backends import hooked_transformer
 from lens_heads.plumbing.errors import InputError
@@ -393,9 +393,9 @@ def _meta(c: InherituneConfig, corpus, ref: Stage) -> dict:
 # ---------------------------------------------------------------- zero-shot evaluation
 
 # The paper's zero-shot tasks and the accuracy reported for each (lm-eval names: "sum" = acc, "per_char" =
-# acc_norm, which the paper reports for HellaSwag), from the task registry (TaskSpec.inheritune_metric). A task
+# acc_norm, which the paper reports for HellaSwag), from the task registry (TaskSpec.inheritune_scoring). A task
 # asked for that lens_heads.data.tasks does not ship is reported as unavailable.
-PAPER_TASKS = INHERITUNE_METRICS
+PAPER_TASKS = INHERITUNE_SCORINGS
 
 
 def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, n: int | None = None, seed: int = 0,

@@ -458,7 +458,7 @@ class TaskSpec:
     fewshot_split: str | None = None  # the examples' split by default (None: the evaluated split)
     train_examples: Callable[[], list[dict]] | None = None  # the train examples the data ship, where not a split
     inactive_heads: bool = False  # one of the inactive-heads paper's multiple-choice benchmarks
-    inheritune_metric: str | None = None  # the Inheritune paper's zero-shot metric, where it reports the task
+    inheritune_scoring: str | None = None  # the Inheritune paper's zero-shot metric, where it reports the task
 
 
 # Ordered as the papers list them: the inactive-heads benchmarks first, then Inheritune's zero-shot tasks.
@@ -466,18 +466,18 @@ TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", _mmlu_docs, "test", 5, "letter",
              render=_render_mmlu, fewshot_split="dev", inactive_heads=True),
     TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", _arrow_docs, "test", 0,
-             "cloze", pairs=_arc, inactive_heads=True, inheritune_metric="sum"),
+             "cloze", pairs=_arc, inactive_heads=True, inheritune_scoring="sum"),
     TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", _arrow_docs, "validation", 0, "cloze",
-             pairs=_piqa, inactive_heads=True, inheritune_metric="sum"),
+             pairs=_piqa, inactive_heads=True, inheritune_scoring="sum"),
     TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", _arrow_docs,
              "validation", 5, "partial", pairs=_winogrande, fewshot_split="train",
              train_examples=_winogrande_train_docs, inactive_heads=True),
     TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", _arrow_docs, "validation", 0, "cloze",
-             pairs=_hellaswag, inactive_heads=True, inheritune_metric="per_char"),
+             pairs=_hellaswag, inactive_heads=True, inheritune_scoring="per_char"),
     TaskSpec("lambada", "lambada_openai, oe_eval_tasks/lambada/bpb_0shot", "oe_eval_tasks/lambada/bpb_0shot",
-             _request_docs, "test", 0, "greedy", pairs=_lambada, inheritune_metric="sum"),
+             _request_docs, "test", 0, "greedy", pairs=_lambada, inheritune_scoring="sum"),
     TaskSpec("sciq", "sciq", "hf_datasets/sciq/none/{split}", _arrow_docs, "validation", 0, "cloze", pairs=_sciq,
-             inheritune_metric="sum"),
+             inheritune_scoring="sum"),
     TaskSpec("gsm8k", "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)",
              "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", GSM8K_SHOTS, "greedy",
              render=_render_gsm8k, fewshot_split="exemplars"),
@@ -488,4 +488,4 @@ TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
 )}
 TASKS = tuple(TASK_SPECS)
 INACTIVE_HEADS_TASKS = tuple(spec.name for spec in TASK_SPECS.values() if spec.inactive_heads)
-INHERITUNE_METRICS = {spec.name: spec.inheritune_metric for spec in TASK_SPECS.values() if spec.inheritune_metric}
+INHERITUNE_SCORINGS = {spec.name: spec.inheritune_scoring for spec in TASK_SPECS.values() if spec.inheritune_scoring}

@@ -69,7 +69,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
 
-METRICS = ("sum", "per_token", "per_char")
+SCORINGS = ("sum", "per_token", "per_char")  # choice scorings: how a choice's log-likelihood is compared
 ACC_NORM = "per_char: log-likelihood / characters of the choice, without the continuation's leading space (lm-eval's)"
 ATTENTION = ("fused", "eager")
 Z95 = 1.959963984540054
@@ -91,25 +91,25 @@ class ItemRecord:
     greedy: list[bool] = field(default_factory=list)  # per choice: every continuation token is the argmax
     n_bytes: list[int] = field(default_factory=list)  # per choice: UTF-8 bytes of the continuation
 
-    def scores(self, metric: str = "sum") -> np.ndarray:
+    def scores(self, scoring: str = "sum") -> np.ndarray:
         lp = np.asarray(self.logprobs, dtype=float)
-        if metric == "sum":
+        if scoring == "sum":
             return lp
-        if metric == "per_token":
+        if scoring == "per_token":
             return lp / np.maximum(np.asarray(self.n_tokens), 1)
-        if metric == "per_char":
+        if scoring == "per_char":
             return lp / np.maximum(np.asarray(self.n_chars), 1)
-        raise InputError(f"unknown metric {metric!r}: choose one of {METRICS}")
+        raise InputError(f"unknown scoring {scoring!r}: choose one of {SCORINGS}")
 
-    def chosen(self, metric: str = "sum") -> int:
-        return int(np.argmax(self.scores(metric)))
+    def chosen(self, scoring: str = "sum") -> int:
+        return int(np.argmax(self.scores(scoring)))
 
-    def correct(self, metric: str = "sum") -> bool:
+    def correct(self, scoring: str = "sum") -> bool:
         """The argmax choice is gold; with a single continuation (nothing to choose from): it is greedy."""
         if len(self.logprobs) == 1:
-            self.scores(metric)  # still reject an unknown metric
+            self.scores(scoring)  # still reject an unknown scoring
             return bool(self.greedy[0])
-        return self.chosen(metric) == self.gold
+        return self.chosen(scoring) == self.gold
 
     @property
     def gold_bits_per_byte(self) -> float:
@@ -120,9 +120,9 @@ class ItemRecord:
     def gold_logprob(self) -> float:
         return float(self.logprobs[self.gold])
 
-    def answer_distribution(self, metric: str = "sum") -> np.ndarray:
+    def answer_distribution(self, scoring: str = "sum") -> np.ndarray:
         """Softmax of the choice scores: the model's distribution over the answers."""
-        s = self.scores(metric)
+        s = self.scores(scoring)
         e = np.exp(s - s.max())
         return e / e.sum()
 
@@ -147,12 +147,12 @@ class EvalResult:
         """Primary accuracy (``self.primary`` scoring; mean over items = subject-weighted for MMLU)."""
         return self.accuracy_by(self.primary)
 
-    def accuracy_by(self, metric: str) -> float:
-        return float(np.mean([it.correct(metric) for it in self.items])) if self.items else float("nan")
+    def accuracy_by(self, scoring: str) -> float:
+        return float(np.mean([it.correct(scoring) for it in self.items])) if self.items else float("nan")
 
     @property
     def accuracies(self) -> dict[str, float]:
-        return {metric: self.accuracy_by(metric) for metric in METRICS}
+        return {scoring: self.accuracy_by(scoring) for scoring in SCORINGS}
 
     @property
     def ci95(self) -> tuple[float, float]:
@@ -242,26 +242,26 @@ class PairedDifference:
                     kl=self.kl.mean, kl_ci_low=self.kl.ci95[0], kl_ci_high=self.kl.ci95[1])
 
 
-def paired_difference(ablated: EvalResult, base: EvalResult, *, metric: str | None = None) -> PairedDifference:
+def paired_difference(ablated: EvalResult, base: EvalResult, *, scoring: str | None = None) -> PairedDifference:
     """Compare two evaluations of the same items (matched by item id)."""
-    metric = metric or base.primary
+    scoring = scoring or base.primary
     base_by_id = {it.id: it for it in base.items}
     if set(base_by_id) != {it.id for it in ablated.items}:
         raise InputError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
-    values = paired_values([(it, base_by_id[it.id]) for it in ablated.items], metric)
+    values = paired_values([(it, base_by_id[it.id]) for it in ablated.items], scoring)
     acc = mean_ci(values["accuracy"])
     return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=mean_ci(values["gold_logprob"]),
                             kl=mean_ci(values["kl"]))
 
 
-def paired_values(pairs: Sequence[tuple["ItemRecord", "ItemRecord"]], metric: str = "sum") -> dict[str, np.ndarray]:
+def paired_values(pairs: Sequence[tuple["ItemRecord", "ItemRecord"]], scoring: str = "sum") -> dict[str, np.ndarray]:
     """Per item, for ``(ablated, base)`` record pairs: ``accuracy`` (correct ablated - correct base),
     ``gold_logprob`` (ablated - base log-likelihood of the gold answer) and ``kl`` (KL(base || ablated) between
-    the answer distributions under ``metric`` scoring)."""
+    the answer distributions under the choice ``scoring``)."""
     return dict(
-        accuracy=np.array([float(a.correct(metric)) - float(b.correct(metric)) for a, b in pairs]),
+        accuracy=np.array([float(a.correct(scoring)) - float(b.correct(scoring)) for a, b in pairs]),
         gold_logprob=np.array([a.gold_logprob - b.gold_logprob for a, b in pairs]),
-        kl=np.array([_kl(b.answer_distribution(metric), a.answer_distribution(metric)) for a, b in pairs]))
+        kl=np.array([_kl(b.answer_distribution(scoring), a.answer_distribution(scoring)) for a, b in pairs]))
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -387,8 +387,8 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
 
 def check_primary(primary: str) -> None:
     """Refuse a scoring of the choices that :class:`ItemRecord` does not know."""
-    if primary not in METRICS:
-        raise InputError(f"primary must be one of {METRICS}, got {primary!r}")
+    if primary not in SCORINGS:
+        raise InputError(f"primary must be one of {SCORINGS}, got {primary!r}")
 
 
 def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:

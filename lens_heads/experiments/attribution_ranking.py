@@ -31,8 +31,8 @@ class AttributionRanking:
     def order(self) -> list[Head]:
         return self.effects.order()
 
-    def ranking(self, name: str = "attribution", mode: str = "zero") -> Ranking:
-        return Ranking(name, order=tuple(self.order), mode=mode)
+    def ranking(self, name: str = "attribution", ablation: str = "zero") -> Ranking:
+        return Ranking(name, order=tuple(self.order), ablation=ablation)
 
     def cost(self) -> dict:
         return dict(wall_s=self.wall_s, cpu_s=self.cpu_s, items=len(self.effects),

@@ -254,7 +254,7 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
         base = evaluate(model, task, batch_size=batch_size, progress=False, primary=primary, **layout)
         store("baseline", base)
     removed = {}
-    mode = "mean" if method == "mean" else "zero"
+    ablation = "mean" if method == "mean" else "zero"
     bar = tqdm(total=model.cfg.n_layers * model.cfg.n_heads, desc=f"{method} of each head on "
                f"{getattr(task, 'name', 'task')}", unit="head", disable=not progress)
     for layer in range(model.cfg.n_layers):  # a layer's heads share the forward below it (evaluate_each)
@@ -266,7 +266,7 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
                 todo.append(head)
             else:
                 removed[(layer, head)] = found.items
-        results = evaluate_each(model, task, [zero_heads([(layer, head)], mode=mode, means=means) for head in todo],
+        results = evaluate_each(model, task, [zero_heads([(layer, head)], ablation=ablation, means=means) for head in todo],
                                 batch_size=batch_size, progress=False, primary=primary, **layout) if todo else []
         for head, result in zip(todo, results):
             store(names[head], result)

@@ -36,13 +36,13 @@ Head = tuple[int, int]
 @dataclass(frozen=True)
 class Ranking:
     """A named order of heads to zero: one ``order`` for every input (a static curve), or ``per_input`` orders
-    (input ``i`` of the evaluated task zeroes the front of its own order: a per-input curve). ``mode``: ``"zero"``
+    (input ``i`` of the evaluated task zeroes the front of its own order: a per-input curve). ``ablation``: ``"zero"``
     or ``"mean"`` (mean ablation with the means given to :func:`ranking_sweep`)."""
 
     name: str
     order: tuple[Head, ...] | None = None
     per_input: tuple[tuple[Head, ...], ...] | None = None
-    mode: str = "zero"
+    ablation: str = "zero"
 
     def __post_init__(self):
         if (self.order is None) == (self.per_input is None):
@@ -91,13 +91,13 @@ def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT
 
     A ranking with one ``order`` gives a static curve named by the ranking (every input loses the same heads);
     one with ``per_input`` orders (one per item of ``task``, in its order) a per-input curve. ``means``
-    (:func:`lens_heads.ablation.hooks.mean_z` of calibration inputs) serve the rankings with ``mode="mean"``.
+    (:func:`lens_heads.ablation.hooks.mean_z` of calibration inputs) serve the rankings with ``ablation="mean"``.
     ``out_dir``: each finished unit is kept there under the run's fingerprint (model, items, settings, ``key``,
     the means) and its spec (which names its heads), and reused on a rerun."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     plan = [Unablated()] + _specs(rankings, fractions, len(task), L, H)
-    if any(r.mode == "mean" for r in rankings) and means is None:
-        raise InputError("a ranking with mode='mean' needs means=: compute them on calibration inputs "
+    if any(r.ablation == "mean" for r in rankings) and means is None:
+        raise InputError("a ranking with ablation='mean' needs means=: compute them on calibration inputs "
                          "(lens_heads.experiments.effects.task_means(model, calibration))")
     layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
     settings = dict(key or {})
@@ -110,7 +110,7 @@ def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT
     for spec in bar:
         unit = store.load(spec)
         if unit is None:
-            unit = run_unit(model, task, spec, means=means if spec.mode == "mean" else None, batch_size=batch_size,
+            unit = run_unit(model, task, spec, means=means if spec.ablation == "mean" else None, batch_size=batch_size,
                             progress=False, primary=primary, **layout)
             unit.head_share = None  # the spec names the heads
             store.save(spec, unit)
@@ -118,7 +118,7 @@ def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT
     static = [r.name for r in rankings if r.order is not None]
     meta = dict(fingerprint=fingerprint, fractions=sorted({float(p) for p in fractions} | {0.0}), scores=[],
                 static_scores=static, per_input_scores=[r.name for r in rankings if r.per_input is not None],
-                rankings={r.name: r.mode for r in rankings}, out_dir=store.describe(), **layout)
+                rankings={r.name: r.ablation for r in rankings}, out_dir=store.describe(), **layout)
     return SweepResult(baseline=units[0].result, units=units, meta=meta)
 
 
@@ -144,10 +144,10 @@ def _specs(rankings: Sequence[Ranking], fractions, n_items: int, n_layers: int, 
     for p in fractions[1:]:
         k = int(round(p * n_layers * n_heads))
         for r in rankings:
-            specs.append(StaticAblation(heads=r.order[:k], score=r.name, fraction=p, mode=r.mode)
+            specs.append(StaticAblation(heads=r.order[:k], score=r.name, fraction=p, ablation=r.ablation)
                          if r.order is not None else
                          InputAblation(heads=tuple(o[:k] for o in r.per_input), score=r.name, fraction=p,
-                                       mode=r.mode))
+                                       ablation=r.ablation))
     return specs
 
 

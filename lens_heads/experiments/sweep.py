@@ -453,7 +453,7 @@ def sweep_plan(scores: Sequence[str], fractions: Sequence[float], *, seed: int =
 
 
 def run_unit(model, task, spec: AblationSpec, *, means=None, **settings) -> UnitResult:
-    """Evaluate ``task`` under one resolved ablation ``spec`` (``means``: what a ``mode="mean"`` spec substitutes,
+    """Evaluate ``task`` under one resolved ablation ``spec`` (``means``: what an ``ablation="mean"`` spec substitutes,
     from :func:`lens_heads.ablation.hooks.mean_z`; ``settings``: :func:`lens_heads.evaluation.evaluate`'s)."""
     ablation = spec.build(model, means=means)
     start = time.perf_counter()
