@@ -22,7 +22,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import datasets
 import numpy as np
+from transformers import AutoTokenizer, GPT2TokenizerFast
 
 from lens_heads.models.loading import cache_dir  # LENS_HEADS_CACHE, default ~/.cache/lens_heads
 from lens_heads.plumbing.errors import InputError
@@ -70,8 +72,6 @@ def gpt2_tokenizer(cache: Path | None = None):
 
     Saved to, and loaded from, a local folder (TransformerLens reloads tokenizers by ``name_or_path``).
     """
-    from transformers import AutoTokenizer, GPT2TokenizerFast
-
     root = Path(cache or cache_dir())
     folder = root / "tokenizers" / "gpt2"
     if not (folder / "tokenizer.json").exists():
@@ -126,8 +126,6 @@ def hf_documents(path: str, name: str | None = None, *, split: str = "train", te
                  **load_kwargs) -> Iterator[Document]:
     """Documents of any Hugging Face text dataset (e.g. ``"openwebtext"``, ``"HuggingFaceFW/fineweb"``),
     a seeded random ``val_fraction`` of them held out (nanoGPT holds out 0.05% of OpenWebText)."""
-    import datasets
-
     ds = datasets.load_dataset(path, name, split=split, **load_kwargs)
     if text_field not in ds.column_names:
         raise InputError(f"dataset {path!r} has no column {text_field!r}; its columns are {ds.column_names}: "

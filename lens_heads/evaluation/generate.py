@@ -31,8 +31,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
@@ -108,8 +111,6 @@ def _new_cache(model):
     Hugging Face's back from its first step."""
     if is_bridge(model):
         return None
-    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
     return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
 
 
@@ -230,8 +231,6 @@ class GenerationResult:
         return out
 
     def to_dataframe(self):
-        import pandas as pd
-
         return pd.DataFrame([asdict(it) for it in self.items])
 
     def __repr__(self) -> str:
@@ -250,8 +249,6 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
     draws). ``apply_chat_template`` renders each prompt as lm-eval does
     (:mod:`lens_heads.data.chat`).
     ``meta`` holds the cost: wall and CPU seconds (this process, all threads) and the tokens generated."""
-    from tqdm.auto import tqdm
-
     items = list(task)
     if not items:
         raise InputError("the task has no items")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 
 from lens_heads.plumbing.errors import InputError
@@ -59,8 +60,6 @@ def score_agreement(scores, effects, *, metric: str | None = None, names: Sequen
                     ks: Sequence[float] = KS, n_boot: int = 1000, seed: int = 0) -> Agreement:
     """Agreement of each score in ``scores`` (a :class:`lens_heads.heads.scoring.HeadScores` of the same items, in the
     same order, as ``effects``) with the effect sizes of ``effects`` under ``metric`` (default: its own)."""
-    import pandas as pd
-
     names = list(scores.names if names is None else names)
     x = item_scores(scores)
     if x.shape[0] != len(effects) or tuple(x.shape[1:3]) != tuple(effects.values.shape[1:3]):

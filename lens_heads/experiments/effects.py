@@ -34,8 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float
+from safetensors import safe_open
+from safetensors.torch import save
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -120,8 +123,6 @@ class HeadEffects:
     def to_dataframe(self, per_item: bool = False):
         """One row per (layer, head, metric): mean with its interval, size with its interval, n. With
         ``per_item=True``, one row per (item, layer, head, metric) with its value."""
-        import pandas as pd
-
         n, L, H, _ = self.values.shape
         if per_item:
             idx = torch.cartesian_prod(torch.arange(n), torch.arange(L), torch.arange(H)).numpy()
@@ -145,8 +146,6 @@ class HeadEffects:
 
     def save(self, path: str | Path) -> Path:
         """Write to one safetensors file (tensor + JSON metadata; no pickle), atomically."""
-        from safetensors.torch import save
-
         header = dict(metrics=self.metrics, metric=self.metric, method=self.method, item_ids=self.item_ids,
                       meta=self.meta)
         return atomic_write_bytes(path, save({"values": self.values.contiguous()},
@@ -154,8 +153,6 @@ class HeadEffects:
 
     @classmethod
     def load(cls, path: str | Path) -> "HeadEffects":
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as f:
             header = json.loads(f.metadata()["lens_heads"])
             values = f.get_tensor("values")

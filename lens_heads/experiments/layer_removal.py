@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
+from tqdm.auto import tqdm
 
 from lens_heads.ablation.layers import check_layers
 from lens_heads.ablation.layers import check_order as check_layer_order
@@ -82,8 +83,6 @@ def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, 
     (always included). ``chunk`` specs at a time share each batch's forward below their first hooked layer; each
     finished unit is kept in ``out_dir`` under the run's fingerprint (model, items, scoring, rows) and its spec.
     Layer removals that differ only in the ranking that named them (``order``) are one measurement."""
-    from tqdm.auto import tqdm
-
     specs = list(dict.fromkeys([Unablated(), *specs]))
     if chunk < 1:
         raise InputError(f"chunk must be at least 1, got {chunk}")

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
 
 from lens_heads.ablation.specs import (
     AblationSpec,
@@ -205,8 +207,6 @@ class SweepResult:
         ``cascade`` (later layers are scored on the ablated stream, which moves their scores across the
         threshold); the larger of the two gaps names the cause. Shares in percent; ``within`` is |miss| <=
         ``tolerance`` points."""
-        import pandas as pd
-
         unablated = self.meta.get("unablated_shares") or {}
         rows = []
         for u in self.units:
@@ -275,8 +275,6 @@ class SweepResult:
         ``"per_input"``);
         paired columns compare with the baseline on the same items; ``gold_logprob_change`` and ``kl`` are the
         low-variance companions."""
-        import pandas as pd
-
         return pd.DataFrame([self._row(key, u) for mode in ("threshold", "static", "per_input")
                              for key, units in self.keyed_curves(mode).items() for u in units])
 
@@ -300,8 +298,6 @@ class SweepResult:
         that its censored share is only a lower bound), the normalised AUC of accuracy and its rank, the normalised
         AUC of the paired KL and its rank, and the KL where a ``share`` (fraction) of heads is zeroed (:meth:`at_share`). With ``intervals``
         (:meth:`intervals`), each number has ``_low`` and ``_high`` columns beside it."""
-        import pandas as pd
-
         zeroable, auc, kl = self.zeroable_within(points), self.normalised_auc(), self.normalised_auc(metric="kl")
         censored, above = self.zeroable_within(points, rule="censored"), self.ends_above(points)
         kl_at = self.at_share(share)
@@ -334,8 +330,6 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: i
     the paper's last row, ``model="Average"``: the mean of each column over the sweeps (the best curve may differ
     from row to row), with 95% intervals where every sweep has per-item records (the mean of the sweeps'
     bootstrap replicates, which resample each sweep's own items)."""
-    import pandas as pd
-
     ivs = [sweep.intervals(points, n_resamples=n_resamples, seed=seed)
            if n_resamples and isinstance(sweep, SweepResult) else None for sweep in sweeps]
     rows = [sweep.table2(points, intervals=iv) for sweep, iv in zip(sweeps, ivs)]
@@ -511,8 +505,6 @@ def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib,
     """Every unit of ``plan`` found in ``store`` or, where it is this worker's (``mine``), evaluated and stored;
     then the other workers' units (gathered, or read from the shared folder). Returns them by plan index, and how
     many units all workers ran."""
-    from tqdm.auto import tqdm
-
     units: dict[int, UnitResult] = {}
     n_run = 0
     bar = tqdm(plan, desc=desc, unit="unit", disable=not settings["progress"])

@@ -14,8 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
+from safetensors import safe_open
+from safetensors.torch import save
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -73,8 +76,6 @@ class HeadScores:
 
     def to_dataframe(self):
         """Tidy table: one row per (input, layer, head, score) with its value."""
-        import pandas as pd
-
         frames = []
         for name in self.all_names:
             x = self.score(name)
@@ -88,8 +89,6 @@ class HeadScores:
 
     def save(self, path: str | Path) -> Path:
         """Write to one safetensors file (tensors + JSON metadata; no pickle), atomically."""
-        from safetensors.torch import save
-
         tensors = {"values": self.values.contiguous()}
         if self.extra_values is not None:
             tensors["extra_values"] = self.extra_values.contiguous()
@@ -98,8 +97,6 @@ class HeadScores:
 
     @classmethod
     def load(cls, path: str | Path) -> "HeadScores":
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as f:
             header = json.loads(f.metadata()["lens_heads"])
             tensors = {k: f.get_tensor(k) for k in f.keys()}

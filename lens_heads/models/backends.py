@@ -84,7 +84,7 @@ def require_hooked(model, feature: str) -> None:
 def hooked_transformer():
     """The ``HookedTransformer`` and ``HookedTransformerConfig`` classes (TransformerLens 3.9), or a clear error."""
     try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
+        from transformer_lens import HookedTransformer, HookedTransformerConfig  # 3.9 only: imported here
     except ImportError:
         raise ImportError(f"this needs HookedTransformer, which TransformerLens {tl_version()} no longer has: install "
                           "TransformerLens 3.9 (bash scripts/setup.sh) or use backend='bridge' where it is "
@@ -122,7 +122,7 @@ def run_to_resid(model, tokens: Tensor, attention_mask: Tensor | None, *, start:
                          "blocks before it, hooks included")
     if stop < model.cfg.n_layers:
         return model(tokens, attention_mask=attention_mask, stop_at_layer=stop)
-    from transformer_lens.model_bridge.exceptions import StopAtLayerException
+    from transformer_lens.model_bridge.exceptions import StopAtLayerException  # TransformerLens 4.x only
 
     def stop_before_final_norm(resid: Tensor, hook=None):
         raise StopAtLayerException(resid)

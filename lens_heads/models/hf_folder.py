@@ -17,6 +17,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
 from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
@@ -32,8 +34,6 @@ def architecture(hf_config) -> str:
     names = getattr(hf_config, "architectures", None)
     if names:
         return names[0]
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", None))
     if found is None:
         raise InputError(f"config.json names no architecture and its model_type {hf_config.model_type!r} is not a "
@@ -44,7 +44,7 @@ def architecture(hf_config) -> str:
 def hooked_config(folder: Path, hf_config, *, fold_ln: bool, device, dtype) -> HookedTransformerConfig:
     """The ``HookedTransformerConfig`` of the model in ``folder`` (``hf_config``: its loaded ``config.json``)."""
     from transformer_lens import HookedTransformerConfig  # TransformerLens 3.9 (models.load_model checks)
-    from transformer_lens import loading_from_pretrained as tl_loading
+    from transformer_lens import loading_from_pretrained as tl_loading  # 3.9 only (removed in 4.0)
 
     arch = architecture(hf_config)
     with warnings.catch_warnings():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import socket
 import warnings
 from pathlib import Path
@@ -18,8 +19,10 @@ from urllib.parse import urlparse
 
 import einops
 import torch
+from huggingface_hub import constants, try_to_load_from_cache
 from jaxtyping import Float
 from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lens_heads.models.backends import backend_of, check_backend, hooked_transformer, tl_version
 from lens_heads.models.hf_folder import hooked_config
@@ -148,7 +151,7 @@ def _from_hub(name: str, *, processing: bool, device, dtype, backend: str):
 
 def _boot_bridge(source: str | Path, *, device, dtype, hf_model=None, tokenizer=None):
     """A ``TransformerBridge`` (TransformerLens 4.x) over the Hugging Face model at ``source``, raw weights."""
-    from transformer_lens import TransformerBridge
+    from transformer_lens import TransformerBridge  # TransformerLens 4.x only
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -280,8 +283,6 @@ def _reassemble(parts: list[Path], target: Path, sha256: str, pip: str) -> Path:
 
 
 def _dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCausalLM") -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = quantised.config
@@ -296,7 +297,6 @@ def _dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCaus
     tokenizer.save_pretrained(tmp)
     folder.parent.mkdir(parents=True, exist_ok=True)
     if folder.exists():  # another process finished first
-        import shutil
         shutil.rmtree(tmp)
         return
     os.replace(tmp, folder)
@@ -305,8 +305,6 @@ def _dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCaus
 def _from_local_folder(folder: Path, *, processing: bool, device, dtype, backend: str = "hooked"):
     """A HookedTransformer (or TransformerBridge) of a local Hugging Face folder, its architecture read from
     ``config.json``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if backend == "bridge":
         return _boot_bridge(folder, device=device, dtype=dtype)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True,
@@ -318,7 +316,7 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype, backend
 def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dtype) -> HookedTransformer:
     """A HookedTransformer holding the weights of the Hugging Face model ``hf`` (its config saved in ``folder``,
     which names the model; ``tokenizer=None``: none, for token-id inputs)."""
-    from transformer_lens import loading_from_pretrained as tl_loading
+    from transformer_lens import loading_from_pretrained as tl_loading  # 3.9 only (removed in 4.0)
 
     HookedTransformer, _ = hooked_transformer()
     with warnings.catch_warnings():
@@ -344,7 +342,7 @@ def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dty
 
 
 def _official_name(name: str) -> str:
-    from transformer_lens import loading_from_pretrained as tl_loading
+    from transformer_lens import loading_from_pretrained as tl_loading  # 3.9 only (removed in 4.0)
 
     try:
         return tl_loading.get_official_model_name(name)
@@ -357,8 +355,6 @@ def _official_name(name: str) -> str:
 
 def _check_hub_reachable(name: str, official: str, timeout: float = 3.0) -> None:
     """Fail in seconds, not after the hub client's retries, when the weights are neither cached nor reachable."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
     cached = try_to_load_from_cache(official, "config.json")
     if isinstance(cached, str):
         return

@@ -42,7 +42,7 @@ def chromium_path() -> str | None:
 @contextmanager
 def offline_page(path: str | Path, *, width: int = 1360, height: int = 900, settle_ms: int = 2500):
     """Yield ``(page, log)`` with ``path`` loaded; any request that is not a local file is aborted and recorded."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # optional (browser checks, dev extras)
 
     log = PageLog()
     with sync_playwright() as p:

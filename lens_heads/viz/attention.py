@@ -54,7 +54,7 @@ def str_tokens(model: HookedTransformer, tokens: Tensor) -> list[str]:
 
 def render_attention(tokens: list[str], patterns: Float[Tensor, "n_heads query key"], names: list[str]) -> str:
     """circuitsvis ``attention_heads`` with its JS bundle inlined (no CDN), safe for any token text."""
-    import circuitsvis as cv
+    import circuitsvis as cv  # deferred: its import takes over a second
 
     rendered = cv.attention.attention_heads(attention=patterns, tokens=list(tokens), attention_head_names=names)
     return f'<div class="circuitsvis">{script_safe(rendered.local_src)}</div>'

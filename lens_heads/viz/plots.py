@@ -319,7 +319,7 @@ def correlation_heatmap(matrix, *, title: str = "", label: str = "Spearman") -> 
 @contextmanager
 def png_writer():
     """Yields ``write(fig, path)``; one headless Chromium serves every figure (the first one costs seconds)."""
-    import kaleido
+    import kaleido  # deferred: only PNG export needs its Chromium driver
 
     started = False
     try:
