@@ -6,7 +6,7 @@
 
 Per task in ``--tasks``, against the sweep recorded in ``--figures`` (``sweep_<task>.json`` with its units file):
 
-1. **Items.** The sweep's ``--n`` items (seed ``--seed``); the **calibration** items are the first
+1. **Items.** The sweep's ``--n`` items (seed ``--seed``, the sweep's split); the **calibration** items are the first
    ``--calibration-n`` of the same seeded draw (``load_task(task, n=calibration_n, seed)``: a subset of the sweep's
    items, and the ranking items of ``analyses/head_effects.py``), the **held-out** items the sweep's others.
 2. **Attribution ranking** on the calibration items (``lens_heads.experiments.rankings.attribution_ranking``:
@@ -132,8 +132,9 @@ def measure(model, name: str, task, calibration, heldout, recorded: SweepResult,
 def run_task(model, name: str, args) -> dict:
     figures = Path(args.figures)
     recorded = read_sweep(figures / f"sweep_{name}.json")
-    task = load_task(name, n=args.n, seed=args.seed)
-    calibration = load_task(name, n=args.calibration_n, seed=args.seed)
+    split = recorded.baseline.meta["task"]["split"]  # the sweep's items, whatever the task's default split now is
+    task = load_task(name, n=args.n, seed=args.seed, split=split)
+    calibration = load_task(name, n=args.calibration_n, seed=args.seed, split=split)
     heldout = held_out(task, calibration)
     measured, extra = measure(model, name, task, calibration, heldout, recorded, args)
     joined = join_heldout(recorded, measured)

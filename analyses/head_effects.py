@@ -52,7 +52,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.inference import kendall, spearman
 from lens_heads.viz.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
-from shared_settings import TaskRunSettings
+from shared_settings import TaskRunSettings, sweep_split
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ablation", "attribution")
@@ -75,6 +75,8 @@ class EffectsSettings(TaskRunSettings):
     """What one run measures and writes (each field is a ``--flag``)."""
 
     n: int = option(20, "ranking items per task", parse=_at_least(2))
+    split: str | None = option(None, "the evaluated split (default: the recorded sweep's in --figures, whose curves the "
+                               "oracle is drawn beside; the task's own where none is recorded)")
     heldout_n: int = option(32, "held-out items for the oracle curve", parse=_at_least(1))
     protocol: str = option("lm-eval", "forward rows: lm-eval's (as the sweep) or TransformerLens's ('tl')",
                            choices=PROTOCOLS)
@@ -110,7 +112,7 @@ def effects_of(model, task, method: str, args) -> tuple[HeadEffects, dict]:
 
 def heldout_items(task, n: int, heldout_n: int, seed: int):
     """The next ``heldout_n`` items of the same seeded draw: disjoint from the first ``n``."""
-    wider = load_task(task.name, n=n + heldout_n, seed=seed)
+    wider = load_task(task.name, n=n + heldout_n, seed=seed, split=task.split)
     ranked = {it.id for it in task}
     return replace(wider, items=[it for it in wider if it.id not in ranked])
 
@@ -209,7 +211,7 @@ def what_of(model: str, name: str, data: dict, weight_basis: str, seed: int) -> 
 
 def run_task(model, name: str, args) -> dict:
     figures = Path(args.figures)
-    task = load_task(name, n=args.n, seed=args.seed)
+    task = load_task(name, n=args.n, seed=args.seed, split=args.split or sweep_split(args.figures, name))
     scores = score_heads(model, task, batch_size=args.batch_size, protocol=args.protocol)
     effects, costs = {}, {}
     for method in METHODS:

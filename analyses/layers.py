@@ -56,7 +56,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import inference
 from lens_heads.viz.plots import layer_panels, layer_removal_curves, save_figure
-from shared_settings import TaskRunSettings
+from shared_settings import TaskRunSettings, sweep_split
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = "oracle (measured layer effect)"
@@ -232,11 +232,6 @@ def lazy_tests(single: RemovalCurves, layers: LayerScores, heads_n: int, task, a
 
 def write_figure(fig, path: Path, args) -> None:
     save_figure(fig, path, png=not args.no_png, plotlyjs="cdn")
-
-
-def sweep_split(figures: Path, name: str) -> str:
-    """The split of the recorded sweep whose zero shares this analysis reads."""
-    return read_units(figures / f"sweep_{name}_units.json.gz").baseline.meta["task"]["split"]
 
 
 def run_task(model, name: str, args) -> None:

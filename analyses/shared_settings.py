@@ -1,4 +1,5 @@
-"""The options every per-task analysis script shares: which model and tasks, where the outputs go, how many threads.
+"""The options every per-task analysis script shares: which model and tasks, where the outputs go, how many threads;
+and the split of the recorded sweep they measure beside.
 
 The scripts' settings dataclasses extend :class:`TaskRunSettings`, so these flags read the same in each of them.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from lens_heads.experiments.sweep import read_units
 from lens_heads.plumbing.settings import option
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,3 +24,10 @@ class TaskRunSettings:
     figures: str = option(str(ROOT / "figures"), "where recorded inputs are read, and tables and figures go")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
+
+
+def sweep_split(figures: str | Path, name: str) -> str | None:
+    """The split of the sweep recorded in ``figures`` for task ``name`` (None where none is recorded): the analyses
+    that measure beside it read the same items, whatever the task's default split is now."""
+    path = Path(figures) / f"sweep_{name}_units.json.gz"
+    return read_units(path).baseline.meta["task"]["split"] if path.exists() else None
