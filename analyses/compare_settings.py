@@ -14,7 +14,9 @@ of the same items. Outputs in ``--figures`` (default ``figures/``), named by ``-
 - ``<name>_heads.csv``: per curve and target share, the heads zeroed on most rows under each setting, how many
   both zero (Jaccard) and the Spearman correlation of every head's share of rows zeroed (descriptive);
 - ``<name>.json``: the inputs (model, task, split, chat template, n, seed), the Spearman correlation of the two
-  rankings (accuracy and KL) with its paired interval, and both tables.
+  rankings (accuracy and KL) with its paired interval, the unablated model's change from a to b on the same items
+  (``baseline_change``: paired accuracy, gold log-likelihood and KL with their intervals, the items each setting
+  alone answers right), and both tables.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from lens_heads.evaluation.evaluate import paired_difference
 from lens_heads.experiments.compare import METRICS, compare_settings, compare_sweeps, read_sweep, zeroed_head_overlap
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
@@ -59,6 +62,7 @@ def main(argv=None) -> None:
     except (OSError, ValueError) as e:
         sys.exit(f"compare_settings: {e}")
     heads = zeroed_head_overlap(a, b, args.majority)
+    baseline = baseline_change(a, b)
     out = Path(args.figures)
     atomic_write_text(out / f"{args.name}.csv", table.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(out / f"{args.name}_heads.csv", heads.to_csv(index=False, float_format="%.4g"))
@@ -68,15 +72,28 @@ def main(argv=None) -> None:
              "differences (b - a) and their bootstrap intervals, the Spearman correlation of the two rankings, and "
              "the heads each zeroes",
         inputs=[str(p) for p in args.sweeps], a=rankings["accuracy"].sweeps[0], b=rankings["accuracy"].sweeps[1],
-        intervals=rankings["accuracy"].intervals,
+        intervals=rankings["accuracy"].intervals, baseline_change=baseline,
         spearman={m: dict(what=METRICS[m], estimate=s.estimate, low=s.low, high=s.high) for m, s in spearman.items()},
         curves=table.to_dict(orient="records"), zeroed_heads=heads.to_dict(orient="records"),
         zeroed_heads_rule=f"a head is zeroed by a curve when zeroed on at least {args.majority:g} of the rows; "
                           "descriptive, no interval"))
+    print(f"baseline accuracy b - a: {baseline['paired_diff']:+.3f} [{baseline['paired_ci_low']:+.3f}, "
+          f"{baseline['paired_ci_high']:+.3f}]; items right only under a: {baseline['right_only_a']}, only under b: "
+          f"{baseline['right_only_b']}")
     for m, s in spearman.items():
         print(f"Spearman of the rankings by {METRICS[m]}: {s.estimate:.3f} [{s.low:.3f}, {s.high:.3f}]")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(heads.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+def baseline_change(a, b) -> dict:
+    """The unablated model under b against a on the same items: the paired accuracy difference with its interval,
+    and how many items each setting alone answers right."""
+    right = {it.id: it.correct(a.baseline.primary) for it in a.baseline.items}
+    right_b = {it.id: it.correct(b.baseline.primary) for it in b.baseline.items}
+    return dict(paired_difference(b.baseline, a.baseline).to_dict(),
+                right_only_a=sum(right[i] and not right_b[i] for i in right),
+                right_only_b=sum(right_b[i] and not right[i] for i in right))
 
 
 if __name__ == "__main__":
