@@ -70,8 +70,8 @@ def build_parser(cls, *, presets: Mapping[str, Mapping[str, Any]] | None = None,
             continue
         default = default_of(f)
         help_text = f"{meta.get('help', '')} (default: {_show(default)})".strip()
-        kwargs = dict(help=argparse.SUPPRESS if meta.get("hidden") else help_text.replace("%", "%%"),
-                      default=argparse.SUPPRESS)
+        kwargs: dict[str, Any] = dict(help=argparse.SUPPRESS if meta.get("hidden") else help_text.replace("%", "%%"),
+                                      default=argparse.SUPPRESS)
         if meta.get("choices"):
             kwargs["choices"] = list(meta["choices"])
         if meta.get("metavar"):
@@ -95,7 +95,7 @@ def from_args(cls, argv: Sequence[str] | None = None, *, presets: Mapping[str, M
               parser: argparse.ArgumentParser | None = None, **parser_kwargs):
     """Settings from the command line: the dataclass's defaults, then the preset, then the flags given."""
     parser = build_parser(cls, presets=presets, parser=parser, **parser_kwargs)
-    args = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
+    args: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
     preset = dict((presets or {}).get(args.pop("preset", None), {}))
     try:
         return cls(**{**preset, **args})
