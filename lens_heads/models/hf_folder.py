@@ -34,7 +34,7 @@ def architecture(hf_config) -> str:
     names = getattr(hf_config, "architectures", None)
     if names:
         return names[0]
-    found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", None))
+    found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", ""))
     if found is None:
         raise InputError(f"config.json names no architecture and its model_type {hf_config.model_type!r} is not a "
                          "causal language model: save the model with save_pretrained")

