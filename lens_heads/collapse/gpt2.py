@@ -32,6 +32,7 @@ from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.components import Embed
 
 GPT2_VOCAB = 50257
 PADDED_VOCAB = 50304  # GPT-2's 50257 rounded up to a multiple of 64, as the authors train
@@ -87,7 +88,9 @@ def gpt2_config(n_layers: int, *, d_model: int = 768, n_heads: int = 12, n_ctx: 
 class TiedUnembed(nn.Module):
     """The unembedding as the transpose of the token embedding (one tensor, gradients from both uses)."""
 
-    def __init__(self, embed: nn.Module, b_U: nn.Parameter):
+    _embed: Embed
+
+    def __init__(self, embed: Embed, b_U: nn.Parameter):
         super().__init__()
         object.__setattr__(self, "_embed", embed)  # not a submodule: W_E stays owned (and saved) by `embed` alone
         self.b_U = b_U

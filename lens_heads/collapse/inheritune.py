@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -64,7 +64,7 @@ def inherited_names(model: HookedTransformer, n_layers: int, *, parts: str = "bo
     if parts not in PARTS:
         raise InputError(f"parts must be one of {sorted(PARTS)}, got {parts!r}")
     state = model.state_dict()
-    names = [k for k in ("embed.W_E", "unembed.W_U", "unembed.b_U") if k in state]
+    names: list[str] = [k for k in ("embed.W_E", "unembed.W_U", "unembed.b_U") if k in state]
     names += [k for k in state for layer in range(n_layers)
               if any(k.startswith(f"blocks.{layer}.{part}.") for part in PARTS[parts])]
     return names
@@ -87,6 +87,12 @@ def _block_from(mapping: dict[int, int]):
         _, i, rest = name.split(".", 2)
         return f"blocks.{mapping[int(i)]}.{rest}"
     return rename
+
+
+def _meta_of(model: HookedTransformer) -> dict:
+    """The ``lens_heads_meta`` dict `gpt2_model` and `same_size_random` set on the model (not an nn.Module attribute
+    mypy can see)."""
+    return cast(dict, model.lens_heads_meta)
 
 
 def _sized_like(model: HookedTransformer, n_layers: int, name: str, seed: int) -> HookedTransformer:
@@ -112,9 +118,9 @@ def inherit(reference: HookedTransformer, n_layers: int, *, seed: int = 0, layer
         raise InputError(f"layers must name {n_layers} reference blocks in 0..{reference.cfg.n_layers - 1}, got {layers}")
     student = _sized_like(reference, n_layers, f"inheritune-{n_layers}L-of-{reference.cfg.n_layers}L", seed)
     _copy(student, reference, inherited_names(student, n_layers, parts=parts), _block_from(dict(enumerate(layers))))
-    student.lens_heads_meta["source"] = (f"Inheritune: {PARTS[parts]} of blocks {layers} (as blocks 0..{n_layers - 1}), "
-                                         f"token embedding and unembedding of {reference.cfg.model_name}; "
-                                         f"rest fresh init seed {seed}")
+    _meta_of(student)["source"] = (f"Inheritune: {PARTS[parts]} of blocks {layers} (as blocks 0..{n_layers - 1}), "
+                                   f"token embedding and unembedding of {reference.cfg.model_name}; "
+                                   f"rest fresh init seed {seed}")
     return student
 
 
@@ -134,7 +140,7 @@ def stack(source: HookedTransformer, n_layers: int, *, seed: int = 0) -> HookedT
         raise InputError(f"stacking grows a model: n_layers must exceed the source's {depth} layers, got {n_layers}")
     stacked = _sized_like(source, n_layers, f"stacked-{n_layers}L-of-{depth}L", seed)
     _copy(stacked, source, list(stacked.state_dict()), _block_from({i: i % depth for i in range(n_layers)}))
-    stacked.lens_heads_meta["source"] = f"stacking: blocks 0..{depth - 1} of {source.cfg.model_name} repeated"
+    _meta_of(stacked)["source"] = f"stacking: blocks 0..{depth - 1} of {source.cfg.model_name} repeated"
     return stacked
 
 
@@ -164,7 +170,7 @@ def inherit_first_layers(reference: HookedTransformer, n_layers: int, *, seed: i
     student = same_size_random(reference, n_layers, seed=seed)
     student.cfg.model_name = f"inheritune-{n_layers}L-of-{reference.cfg.model_name}"
     _copy(student, reference, [k for k in student.state_dict() if not k.startswith(fresh)])
-    student.lens_heads_meta.update(name=student.cfg.model_name, source=(
+    _meta_of(student).update(name=student.cfg.model_name, source=(
         f"Inheritune: embedding, blocks 0..{n_layers - 1}, unembedding of {reference.cfg.model_name}; {fresh} "
         f"fresh init seed {seed}"), weight_basis=getattr(reference, "lens_heads_meta", {}).get("weight_basis", "raw"))
     return student
@@ -184,7 +190,7 @@ def grow(reference: HookedTransformer, n_layers: int, *, student: HookedTransfor
         if student.cfg.n_layers >= n_layers:
             raise InputError(f"grow to {n_layers} layers needs a student with fewer layers, got {student.cfg.n_layers}")
         _copy(grown, student, [k for k in student.state_dict()])
-        grown.lens_heads_meta["source"] += f"; blocks 0..{student.cfg.n_layers - 1} and embeddings from the trained student"
+        _meta_of(grown)["source"] += f"; blocks 0..{student.cfg.n_layers - 1} and embeddings from the trained student"
     return grown
 
 

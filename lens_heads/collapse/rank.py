@@ -249,6 +249,7 @@ def _aggregate(aggregation: str, ranks: Tensor, masses: Tensor, pattern_sum: lis
         per_input = ranks.numpy().astype(np.int64)
     layer_max, layer_mean = per_head.max(1), per_head.mean(1)
     if aggregation == "layer_rank":  # the SVD per input, the layer statistic per input, then the mean over inputs
+        assert per_input is not None  # set for every aggregation but "matrix"
         per_input_max, per_input_mean = per_input.max(2).astype(float), per_input.mean(2)
         layer_max, layer_mean = per_input_max.mean(0), per_input_mean.mean(0)
         ddof = 1 if ranks.shape[0] > 1 else 0

@@ -130,6 +130,7 @@ def validation_loss(model: HookedTransformer, val: np.ndarray, cfg: TrainConfig)
 
 
 def _autocast(model: HookedTransformer, cfg: TrainConfig):
+    assert model.cfg.device is not None  # HookedTransformerConfig sets it when built
     device_type = torch.device(model.cfg.device).type
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp and device_type == "cuda")
 
