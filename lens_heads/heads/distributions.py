@@ -10,7 +10,7 @@ the inactive side (``lens_heads.heads.scores.inactive``), so p = 0 zeroes nothin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -73,7 +73,7 @@ def thresholds(scores: HeadScores, name: str, fractions: float | Iterable[float]
     The p quantile for '<' scores and the (1 - p) quantile for '>' scores (AWFT). Ties can make the realised
     fraction differ from p: report ``EmpiricalCDF.inactive_fraction`` (or the realised share of an ablation).
     """
-    fractions = [fractions] if np.isscalar(fractions) else list(fractions)
+    fractions = [cast(float, fractions)] if np.isscalar(fractions) else list(cast(Iterable[float], fractions))
     bad = [p for p in fractions if not 0 <= p <= 1]
     if bad:
         raise InputError(f"fractions must lie in [0, 1], got {bad}")

@@ -100,8 +100,14 @@ def _at(x: Float[Tensor, "batch pos head d"], index: Tensor) -> Float[Tensor, "b
     return x[torch.arange(x.shape[0], device=x.device), index.to(x.device)]
 
 
+def _read(x: Tensor | None, name: str) -> Tensor:
+    if x is None:
+        raise InputError(f"this score reads {name}, which the layer lacks: list {name!r} in its Score.reads")
+    return x
+
+
 def average_weight_of_first_token(layer: Layer) -> Float[Tensor, "batch head"]:
-    A = layer.pattern
+    A = _read(layer.pattern, "pattern")
     first = layer.first.to(A.device)
     a_first = A.gather(-1, first[:, None, None, None].expand(*A.shape[:3], 1))[..., 0]  # [b, h, q]
     return layer.mean_over_positions(a_first)
@@ -111,7 +117,7 @@ ENTROPY_CHUNK = 64  # query rows per step: bounds the temporary and, for causal 
 
 
 def average_entropy_of_query_distributions(layer: Layer) -> Float[Tensor, "batch head"]:
-    A = layer.pattern
+    A = _read(layer.pattern, "pattern")
     q, k = A.shape[-2:]
     entropy = A.new_empty(A.shape[:-1])  # [b, h, q]
     for r0 in range(0, q, ENTROPY_CHUNK):
@@ -123,11 +129,11 @@ def average_entropy_of_query_distributions(layer: Layer) -> Float[Tensor, "batch
 
 
 def first_token_value_vector_norm(layer: Layer) -> Float[Tensor, "batch head"]:
-    return _at(layer.v, layer.first).norm(dim=-1)
+    return _at(_read(layer.v, "v"), layer.first).norm(dim=-1)
 
 
 def average_value_vector_norm(layer: Layer) -> Float[Tensor, "batch head"]:
-    return layer.mean_over_positions(layer.v.norm(dim=-1).transpose(1, 2))
+    return layer.mean_over_positions(_read(layer.v, "v").norm(dim=-1).transpose(1, 2))
 
 
 def last_token_head_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:

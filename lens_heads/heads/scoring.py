@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pandas as pd
 import torch
@@ -67,6 +67,8 @@ class HeadScores:
         if name in self.names:
             return self.values[..., self.names.index(name)]
         if name in self.extra_names:
+            if self.extra_values is None:
+                raise InputError(f"score {name!r} is in extra_names but there are no extra_values")
             return self.extra_values[..., self.extra_names.index(name)]
         raise InputError(f"no score {name!r} here: choose one of {self.all_names}")
 
@@ -132,14 +134,16 @@ def score_heads(
     every rank returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores are computed in float32 whatever the
     model's dtype.
     """
-    settings = dict(attention_mask=attention_mask, batch_size=batch_size, progress=progress, extras=extras,
-                    hooks=hooks, max_len=max_len, protocol=protocol, apply_chat_template=apply_chat_template)
+    settings: dict[str, Any] = dict(attention_mask=attention_mask, batch_size=batch_size, progress=progress,
+                                    extras=extras, hooks=hooks, max_len=max_len, protocol=protocol,
+                                    apply_chat_template=apply_chat_template)
     if distributed.sharding():
         return _score_shards(model, inputs, settings)
     if batch_size == AUTO:
         start = first_size(model.cfg.device, _count(inputs))
         return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
     check_batch_size(batch_size)
+    assert isinstance(batch_size, int)  # check_batch_size let only "auto" (returned above) or an int through
     check_hook_names(model, [h[0] for h in hooks])
     check_attention_hooks(model, advice=what_still_works)
     task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \

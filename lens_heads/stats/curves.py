@@ -50,8 +50,8 @@ class CurveKey:
         return {"static": f"{self.name} (static)", "per_input": f"{self.name} (per input)"}.get(self.mode, self.name)
 
 
-def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0, *,
-                    rule: str = "authors") -> float:
+def zeroable_within(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], baseline: float,
+                    points: float = 1.0, *, rule: str = "authors") -> float:
     """Share of heads zeroable before accuracy drops ``points`` below ``baseline``.
 
     ``x``: realised % of heads zeroed, ``y``: accuracy in % (same units as ``baseline`` and ``points``).
@@ -83,7 +83,8 @@ def zeroable_within(x: Sequence[float], y: Sequence[float], baseline: float, poi
     return float(x[i] + (y[i] - line) / (y[i] - y[i + 1]) * (x[i + 1] - x[i]))
 
 
-def ends_above(x: Sequence[float], y: Sequence[float], baseline: float, points: float = 1.0) -> bool:
+def ends_above(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], baseline: float,
+               points: float = 1.0) -> bool:
     """Whether the curve ends at or above ``baseline - points``: its censored share is only a lower bound."""
     x, y = sorted_curve(x, y)
     return bool(y[-1] >= baseline - points)
@@ -100,7 +101,7 @@ def _last_crossing(x: np.ndarray, d: np.ndarray) -> float:
     return 0.0 if last is None else float(last)
 
 
-def normalised_auc(x: Sequence[float], y: Sequence[float]) -> float:
+def normalised_auc(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float]) -> float:
     """Trapezoid integral of ``y`` over ``x`` divided by the x range (a mean accuracy over the swept range)."""
     x, y = sorted_curve(x, y)
     width = x[-1] - x[0]
@@ -116,7 +117,7 @@ def check_share(share, where: str) -> None:
         raise InputError(f"{where}: a share of heads is a fraction in [0, 1] (0.1 for 10%), got {share!r}")
 
 
-def value_at(x: Sequence[float], y: Sequence[float], share: float) -> float:
+def value_at(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float], share: float) -> float:
     """``y`` linearly interpolated at ``x = share``; NaN where the curve doesn't reach it (never extrapolated)."""
     x, y = sorted_curve(x, y)
     return float(np.interp(share, x, y)) if x[0] <= share <= x[-1] else float("nan")

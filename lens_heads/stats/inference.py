@@ -116,7 +116,7 @@ def permutation_p_value(statistic: Callable[[np.ndarray, np.ndarray], np.ndarray
     return float(res.pvalue)
 
 
-def adjusted_p_values(p: Sequence[float]) -> np.ndarray:
+def adjusted_p_values(p: np.ndarray | Sequence[float]) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (``scipy.stats.false_discovery_control``) for a family of tests; NaN
     stays NaN."""
     p = np.asarray(p, dtype=float)
@@ -133,7 +133,7 @@ def average_ranks(values: Sequence[float], decimals: int = 9) -> np.ndarray:
     return stats.rankdata(np.round(np.asarray(values, dtype=float), decimals), method="average")
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+def spearman(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float]) -> float:
     """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
     a, b = np.asarray(a, dtype=float).reshape(-1), np.asarray(b, dtype=float).reshape(-1)
     if a.shape != b.shape or a.size < 2:
@@ -143,7 +143,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
         return float(stats.spearmanr(a, b).statistic)
 
 
-def kendall(a: Sequence[float], b: Sequence[float]) -> float:
+def kendall(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float]) -> float:
     """Kendall's tau-b (ties handled); NaN when either side is constant."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

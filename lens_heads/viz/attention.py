@@ -9,7 +9,7 @@ with no network.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from jaxtyping import Float
@@ -49,7 +49,7 @@ def head_patterns(model: HookedTransformer, tokens: Tensor, heads: list[tuple[in
 
 
 def str_tokens(model: HookedTransformer, tokens: Tensor) -> list[str]:
-    return list(model.to_str_tokens(tokens[0]))
+    return list(cast(list[str], model.to_str_tokens(tokens[0])))  # one sequence in, one list of strings out
 
 
 def render_attention(tokens: list[str], patterns: Float[Tensor, "n_heads query key"], names: list[str]) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -66,8 +67,8 @@ class Explorer:
 
 
 def explore(model, prompts_or_task, *, scores: HeadScores | None = None,
-            effects: HeadEffects | dict | None = None, rank: RankProfile | None = None, score: str = "AHON (LN)",
-            max_prompts: int = MAX_PROMPTS, max_tokens: int = MAX_TOKENS) -> Explorer:
+            effects: HeadEffects | dict | None = None, rank: RankProfile | dict | None = None,
+            score: str = "AHON (LN)", max_prompts: int = MAX_PROMPTS, max_tokens: int = MAX_TOKENS) -> Explorer:
     """An interactive head explorer of ``model`` on example prompts (a string, a list of them, or a Task: its first
     items' prompts).
 
@@ -83,12 +84,12 @@ def explore(model, prompts_or_task, *, scores: HeadScores | None = None,
     if score not in maps:
         raise InputError(f"unknown score {score!r} for the explorer: choose one of {', '.join(maps)}")
     rank_from = "the shown prompts" if rank is None else _rank_source(rank)
-    rank = _layer_rank(rank if rank is not None else attention_rank(model, sequences, average=False,
-                                                                     progress=False))
+    layer_rank = _layer_rank(rank if rank is not None else attention_rank(model, sequences, average=False,
+                                                                           progress=False))
     data = dict(model=str(model.cfg.model_name), n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
                 initial=score, maps=maps, score_names=list(SCORE_NAMES), max_tokens=max_tokens,
                 scores_from="the shown prompts" if scores is None else _describe(scores),
-                layer_rank=rank, rank_from=rank_from,
+                layer_rank=layer_rank, rank_from=rank_from,
                 prompts=[_prompt_data(model, text, seq, was_cut, per_prompt.values[i])
                          for i, (text, seq, was_cut) in enumerate(zip(prompts, sequences, cut))])
     return Explorer(data)
@@ -96,7 +97,7 @@ def explore(model, prompts_or_task, *, scores: HeadScores | None = None,
 
 def _layer_rank(rank: RankProfile | dict) -> dict:
     """max, mean and lazy per layer, from a RankProfile or its ``to_dict()``."""
-    get = rank.get if isinstance(rank, dict) else lambda key: getattr(rank, key)
+    get: Callable[[str], Any] = rank.get if isinstance(rank, dict) else lambda key: getattr(rank, key)
     return dict(max=_plain(get("max_rank")), mean=_plain(get("mean_rank")),
                 lazy=[bool(x) for x in np.asarray(get("lazy"))])
 
@@ -168,7 +169,8 @@ def _prompt_data(model, text: str, tokens: torch.Tensor, cut: bool, values: torc
 def _plain(values: np.ndarray) -> list:
     """Nested lists of rounded floats, None where not finite (JSON has no NaN)."""
     values = np.asarray(values, dtype=float)
-    return np.where(np.isfinite(values), np.round(values, 6), None).tolist()
+    # numpy's stubs leave None out of where's arguments; an object array with None is what JSON needs here
+    return np.where(np.isfinite(values), np.round(values, 6), None).tolist()  # type: ignore[call-overload]
 
 
 def _describe(scores: HeadScores) -> str:

@@ -350,6 +350,7 @@ def png_bytes(fig: go.Figure, *, width: int | None = None, height: int | None = 
             if attempt == 2:
                 raise
             time.sleep(2.0 * (attempt + 1))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def save_figure(fig: go.Figure, stem: str | Path, *, png: bool = True, plotlyjs: bool | str = True,
