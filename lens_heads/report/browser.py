@@ -61,11 +61,15 @@ def offline_page(path: str | Path, *, width: int = 1360, height: int = 900, sett
                     log.outside.append(url)
                     r.abort()
 
+            def dialog(d):
+                log.dialogs.append(d.message)
+                d.dismiss()
+
             page.route("**/*", route)
             page.on("request", lambda r: log.requests.append(r.url))
             page.on("console", lambda m: log.console.append((m.type, m.text)))
             page.on("pageerror", lambda e: log.errors.append(str(e)))
-            page.on("dialog", lambda d: (log.dialogs.append(d.message), d.dismiss()))
+            page.on("dialog", dialog)
             page.goto(Path(path).resolve().as_uri(), wait_until="load")
             page.wait_for_timeout(settle_ms)  # plotly and React render after load
             yield page, log

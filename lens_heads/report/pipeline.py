@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import Any, Callable, Generic, TypeVar
 
 import torch
 
@@ -37,9 +38,11 @@ from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
 from lens_heads.viz import plots
 
+R = TypeVar("R", bound=stages.StageResult, covariant=True)
+
 
 @dataclass(frozen=True)
-class Ran:
+class Ran(Generic[R]):
     """One stage's outcome: its result where it finished, else why not; wall and CPU seconds (all threads: on a
     shared machine the wall time says little)."""
 
@@ -47,7 +50,7 @@ class Ran:
     status: str  # "done" | "failed" | "skipped"
     seconds: float | None = None
     cpu_seconds: float | None = None
-    result: stages.StageResult | None = None
+    result: R | None = None
     reason: str = ""
     traceback: str = ""
 
@@ -60,12 +63,14 @@ class Ran:
         return entry
 
 
-def run_stage(name: str, log, compute) -> Ran:
+def run_stage(name: str, log, compute: Callable[[], R]) -> Ran[R]:
     """Run one stage; a stage's error must not lose the other stages' work, so it is recorded, not raised."""
     log(f"[report] stage {name} ...")
     t0, c0 = time.perf_counter(), time.process_time()
-    seconds = lambda: dict(seconds=round(time.perf_counter() - t0, 2),  # noqa: E731
-                           cpu_seconds=round(time.process_time() - c0, 2))
+
+    def seconds() -> dict[str, Any]:
+        return dict(seconds=round(time.perf_counter() - t0, 2), cpu_seconds=round(time.process_time() - c0, 2))
+
     try:
         return Ran(name, "done", result=compute(), **seconds())
     except (KeyboardInterrupt, MemoryError):
@@ -75,10 +80,11 @@ def run_stage(name: str, log, compute) -> Ran:
         return Ran(name, "failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), **seconds())
 
 
-def needs(ran: Ran, what: str) -> stages.StageResult:
+def needs(ran: Ran[R], what: str) -> R:
     """The result a later stage builds on, or an error saying which stage it waits for."""
     if ran.status != "done":
         raise RuntimeError(f"it needs the {what}, which {ran.status}")
+    assert ran.result is not None  # a stage that ran to the end returned its result
     return ran.result
 
 
@@ -96,20 +102,21 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     model = model if model is not None else load_model(config.model, device=config.device, dtype=config.dtype,
                                                            backend=config.backend)
     meta = model_meta(model)
-    ran = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
+    ran: list[Ran[stages.StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
 
     scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
               for t, task in tasks.items()}
-    calibration = {t: s.result.scores if s.status == "done" else None for t, s in scores.items()}
+    calibration = {t: s.result.scores if s.status == "done" and s.result is not None else None
+                   for t, s in scores.items()}
     ablations = {t: run_stage(f"ablation:{t}", log, partial(
         stages.ablation_stage, model, task, calibration[t], config, cache, key)) for t, task in tasks.items()}
-    sweeps = [a.result.sweep for a in ablations.values() if a.status == "done"]
+    sweeps = [a.result.sweep for a in ablations.values() if a.status == "done" and a.result is not None]
     compare = [run_stage("compare", log, lambda: stages.compare_stage(
         sweeps + [read_sweep(path) for path in config.compare]))] if len(sweeps) + len(config.compare) > 1 else []
     effects = {t: Ran(f"effects:{t}", "skipped", reason="--quick") if config.quick else run_stage(
-        f"effects:{t}", log, lambda task=task, t=t: stages.effects_stage(
+        f"effects:{t}", log, lambda: stages.effects_stage(
             model, task, needs(scores[t], "head scores").scores, config, cache, key)) for t, task in tasks.items()}
     rank = run_stage("rank", log, partial(stages.rank_stage, model, next(iter(tasks.values())), config, cache, key))
     first_scores = next((s for s in scores.values() if s.status == "done"), next(iter(scores.values())))
@@ -121,7 +128,7 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     first_effects = next((e.result for e in effects.values() if e.status == "done"), None)
     explorer = run_stage("explorer", log, lambda: stages.explorer_stage(
         model, needs(first_scores, "head scores").scores, first_effects,
-        rank.result.numbers if rank.status == "done" else None, config))
+        rank.result.numbers if rank.status == "done" and rank.result is not None else None, config))
 
     ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, layers, attention, explorer]
     card = stages.model_card(meta, config)
@@ -171,9 +178,10 @@ def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> d
 
 def page_sections(card: stages.StageResult, ran: list[Ran], config: ReportConfig, weight_basis: str) -> list:
     """The page, section by section, in the order the stages ran."""
-    render = {"scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,
-              "compare": sections.compare, "effects": sections.effects, "rank": sections.rank,
-              "attention": sections.attention, "explorer": sections.explorer, "layers": sections.layers}
+    render: dict[str, Callable[[Any], sections.Section]] = {
+        "scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,
+        "compare": sections.compare, "effects": sections.effects, "rank": sections.rank,
+        "attention": sections.attention, "explorer": sections.explorer, "layers": sections.layers}
     done = {r.name: r.result for r in ran if r.status == "done"}
     of = lambda kind: [v for k, v in done.items() if k.partition(":")[0] == kind]  # noqa: E731
     out = [findings(of("scores"), of("ablation"), done.get("rank")), sections.model_card(card, config)]

@@ -184,6 +184,7 @@ def rank(r: RankResult) -> Section:
 def attention(r: AttentionResult) -> Section:
     a = r.numbers
     roles = [h["role"] for h in a["prompts"][0]["heads"]] if a["prompts"] else []
+    blocks: list[Text | Raw | Table]
     blocks = [Text(f"Attention patterns of the {roles.count('most active')} most and {roles.count('least active')} "
                    f"least active heads by mean {a['score']} over the scored items, on each example prompt. Click a "
                    "head to enlarge it; hover a cell for the source and destination tokens.")]

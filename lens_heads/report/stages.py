@@ -9,6 +9,8 @@ writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -16,8 +18,9 @@ import torch
 
 from lens_heads.collapse.layers import layer_scores
 from lens_heads.collapse.rank import attention_rank
+from lens_heads.data.tasks import Task
 from lens_heads.experiments.agreement import score_agreement
-from lens_heads.experiments.compare import METRICS, compare_sweeps
+from lens_heads.experiments.compare import METRICS, SweepComparison, compare_sweeps
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.layer_removal import removal_curves, removal_plan
 from lens_heads.experiments.sweep import run_sweep, table2
@@ -26,9 +29,10 @@ from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
+from lens_heads.plumbing.errors import InputError
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.viz import attention, plots
-from lens_heads.viz.explorer import explore
+from lens_heads.viz.explorer import Explorer, explore
 
 COMPARE_TOP_K = 5
 
@@ -59,10 +63,18 @@ def jsonable(obj):
     return str(obj)
 
 
-def cached_file(cache: Cache, label: str, key: dict, suffix: str, compute, load) -> tuple[object, bool]:
+class _Saveable(Protocol):
+    def save(self, path: Path) -> object: ...
+
+
+S = TypeVar("S", bound=_Saveable)
+
+
+def cached_file(cache: Cache, label: str, key: dict, suffix: str, compute: Callable[[], S],
+                load: Callable[[Path], S]) -> tuple[S, bool]:
     """``(value, reused)``: the value kept under ``key`` (read by ``load(path)``), or ``compute()`` saved there by
     rank 0 (the value's own ``.save(path)``)."""
-    fresh = []
+    fresh: list[S] = []
 
     def write(path):
         fresh.append(compute())
@@ -94,8 +106,8 @@ def model_card(meta: dict, config: ReportConfig) -> StageResult:
 
 @dataclass(frozen=True)
 class ScoresResult(StageResult):
-    scores: HeadScores = None
-    task: object = None
+    scores: HeadScores = field(kw_only=True)
+    task: Task = field(kw_only=True)
     reused: bool = False
 
 
@@ -143,7 +155,7 @@ INTERVAL_RESAMPLES = 1000  # bootstrap replicates (and permutations) of the swee
 @dataclass(frozen=True)
 class AblationResult(StageResult):
     sweep: object = None
-    task: object = None
+    task: Task = field(kw_only=True)
     intervals: object = None  # lens_heads.experiments.sweep_intervals.SweepIntervals
     tests: dict = field(default_factory=dict)  # the paired differences the findings rest on (SweepIntervals.difference)
 
@@ -152,7 +164,7 @@ def headline_tests(iv) -> dict:
     """The paired differences the findings state: the best curve by KL AUC against the runner-up and against
     random, and the best by % zeroable within 1 point (authors' rule) against random."""
     scores = [c for c in iv.curves if c != "random"]
-    tests = {}
+    tests: dict[str, dict] = {}
     if not scores:
         return tests
     by_kl = sorted(scores, key=lambda c: iv.interval(c, "kl_auc").estimate)
@@ -170,15 +182,20 @@ def ablation_stage(model, task, scores: HeadScores | None, config: ReportConfig,
     """Zero the heads each score picks at each target fraction, beside random zeroing (``run_sweep``, which keeps
     each finished unit in its folder and resumes from it)."""
     folder = cache.path(f"sweep-{task.name}", {**base_key, "data": task.meta()})
+    calibration: dict[str, Any] = {"calibration": scores} if scores is not None else {}
     result = run_sweep(model, task, scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder,
                        seed=config.seed, batch_size=config.batch_size, progress=config.progress,
-                       **({"calibration": scores} if scores is not None else {}))
+                       **calibration)
+    if result is None:
+        raise InputError(f"the sweep on {task.name} has units left to other tasks of the job array "
+                         "(SLURM_ARRAY_TASK_ID): once every task is done, a run without the array reuses them all")
     shares = sorted({0.1, *(f for f in config.fractions if f > 0)})  # the summary's KL at 10% among them
     iv = result.intervals(1.0, shares=shares, n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
     tests = headline_tests(iv)
     df, summary, t = result.to_dataframe(), result.summary(1.0, intervals=iv), task.name
     base = result.baseline
-    baseline = {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95], "n": int(base.n)}
+    baseline: dict[str, Any] = {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95],
+                                "n": int(base.n)}
     numbers = {
         "data": task.meta(), "baseline": baseline, "chance": task.chance,
         "protocol": result.meta["protocol"], "zeroable_rule": "authors",
@@ -214,8 +231,8 @@ def points_table(df: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class EffectsResult(StageResult):
-    task: object = None
-    precision_chance: dict = None
+    task: Task = field(kw_only=True)
+    precision_chance: dict = field(kw_only=True)
 
 
 def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: Cache,
@@ -246,7 +263,7 @@ def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: 
 
 @dataclass(frozen=True)
 class LayersResult(StageResult):
-    task: object = None
+    task: Task = field(kw_only=True)
 
 
 LAYER_COUNTS = (1, 2, 4)  # layers removed on each curve
@@ -284,7 +301,7 @@ def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: C
 
 @dataclass(frozen=True)
 class RankResult(StageResult):
-    task: object = None
+    task: Task = field(kw_only=True)
 
 
 def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) -> RankResult:
@@ -353,7 +370,7 @@ def attention_stage(model, scores: HeadScores, config: ReportConfig) -> Attentio
 
 @dataclass(frozen=True)
 class CompareResult(StageResult):
-    comparisons: dict = None  # by metric: lens_heads.experiments.compare.SweepComparison
+    comparisons: dict[str, SweepComparison] = field(kw_only=True)  # by metric
 
 
 def compare_stage(sweeps: list) -> CompareResult:
@@ -388,7 +405,7 @@ def compare_stage(sweeps: list) -> CompareResult:
 
 @dataclass(frozen=True)
 class ExplorerResult(StageResult):
-    explorer: object = None  # lens_heads.viz.explorer.Explorer
+    explorer: Explorer = field(kw_only=True)
 
 
 def explorer_stage(model, scores: HeadScores, effects: EffectsResult | None, rank: dict | None,
