@@ -70,7 +70,7 @@ def zero_heads(
                                  f"include some it does not have: give heads 0..{z.shape[2] - 1}")
             ablate = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
             ablate[chosen] = True
-            return _replace(z, ablate.expand(z.shape[0], -1), means[layer] if ablation == "mean" else None)
+            return _replace(z, ablate.expand(z.shape[0], -1), None if means is None else means[layer])
 
         return hook
 
@@ -99,7 +99,7 @@ class HeadAblation:
         self._rule = rule
         self._capture = LayerCapture(n_layers, self._ablate, capture)
         self._mask: Tensor | None = None
-        self._inputs: Tensor | None = None
+        self._inputs: Tensor | int | None = None
         self._counting = True
         self.reset()
 
@@ -164,7 +164,7 @@ class HeadAblation:
         resamples. Empty where the batches were not told their inputs."""
         if not self._zeroed[0] or any(ids is None for ids in self._zeroed_inputs):
             return {}
-        ids = torch.cat(self._zeroed_inputs)
+        ids = torch.cat([ids for ids in self._zeroed_inputs if ids is not None])
         pairs = self.zeroed().flatten(1).sum(1)
         out: dict[int, tuple[int, int]] = {}
         for i, n in zip(ids.tolist(), pairs.tolist()):
@@ -177,7 +177,7 @@ class HeadAblation:
 
     # ------------------------------------------------------------ the hooks
 
-    def _ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict[str, Tensor]) -> Tensor:
+    def _ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict) -> Tensor:
         acts["mask"] = self._batch_mask(z)
         acts["inputs"] = self._batch_inputs(z)
         ablate = self._rule(layer, z, acts).to(torch.bool)

@@ -84,7 +84,7 @@ class AblationSpec:
                              "(spec.resolve(...))")
         return value
 
-    def build(self, model, *, means: Tensor | None = None) -> HeadAblation | None:
+    def build(self, model, *, means: Tensor | None = None) -> HeadAblation | RemovedLayers | None:
         """The hooks object for ``model`` (``means`` from :func:`lens_heads.ablation.hooks.mean_z` for ``ablation="mean"``)."""
         raise NotImplementedError
 

@@ -70,7 +70,8 @@ def _task(rows: list, positions: list[int], *, name: str, format: str, delimiter
         raise InputError(f"unknown format {format!r} for a custom task: choose one of {', '.join(CUSTOM_FORMATS)}")
     if not rows:
         raise TaskFileError(f"{name}: no records")
-    items, seen = [], {}
+    items: list[Item] = []
+    seen: dict[str, int] = {}
     for pos, record in zip(positions, rows):
         at = f"{where} {pos}"
         item = _item(record, at, name, pos, format, delimiter)

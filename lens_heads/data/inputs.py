@@ -98,20 +98,21 @@ def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_ch
     elif isinstance(inputs, Task):
         rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template)
         return [torch.tensor(row.tokens, dtype=torch.long) for row in rows]
-    inputs = list(inputs)
-    if not inputs:
+    given = list(inputs)
+    if not given:
         return []
-    if all(isinstance(x, str) for x in inputs):
+    texts = [x for x in given if isinstance(x, str)]
+    if len(texts) == len(given):
         if model.tokenizer is None:
             raise InputError("this model has no tokenizer: pass token ids (a tensor or lists of ints) instead of text")
         return [model.to_tokens(x, prepend_bos=model.cfg.default_prepend_bos, truncate=False)[0].cpu()
-                for x in inputs]
+                for x in texts]
     if all(isinstance(x, Tensor) or (isinstance(x, (list, tuple)) and all(isinstance(t, int) for t in x))
-           for x in inputs):
-        seqs = [torch.as_tensor(x, dtype=torch.long).reshape(-1).cpu() for x in inputs]
+           for x in given):
+        seqs = [torch.as_tensor(x, dtype=torch.long).reshape(-1).cpu() for x in given]
         return seqs
     raise InputError("inputs must be a string, a list of strings, a Task, a [batch, pos] token tensor, or a list "
-                    f"of token sequences; got {type(inputs).__name__} of {sorted({type(x).__name__ for x in inputs})}")
+                    f"of token sequences; got {type(given).__name__} of {sorted({type(x).__name__ for x in given})}")
 
 
 def pad_id(model: HookedTransformer) -> int:

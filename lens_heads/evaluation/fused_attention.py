@@ -41,7 +41,7 @@ from lens_heads.models.backends import is_bridge
 try:  # HookedTransformer's attention (TransformerLens 3.9); 4.x has none, and nothing here to fuse
     from transformer_lens.components import Attention, GroupedQueryAttention
 except ImportError:
-    Attention = GroupedQueryAttention = None
+    Attention = GroupedQueryAttention = None  # type: ignore[misc,assignment]  # TransformerLens 4.x has no such modules
 
 FUSABLE_POSITIONS = ("standard", "rotary", "shortformer")
 FULL_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")

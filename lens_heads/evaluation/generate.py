@@ -216,10 +216,11 @@ class GenerationResult:
     def share_zeroed(self) -> float:
         """Realised share of heads zeroed over every forward step of every item (NaN without a per-input zeroing):
         triples zeroed / (steps x layers x heads)."""
-        if not self.items or any(it.zeroed is None for it in self.items):
+        zeroed = [it.zeroed for it in self.items if it.zeroed is not None]
+        if not self.items or len(zeroed) < len(self.items):
             return float("nan")
         heads = self.meta["model"]["n_layers"] * self.meta["model"]["n_heads"]
-        return sum(it.zeroed[1] for it in self.items) / (sum(it.zeroed[0] for it in self.items) * heads)
+        return sum(z[1] for z in zeroed) / (sum(z[0] for z in zeroed) * heads)
 
     def summary(self) -> dict:
         low, high = self.ci95

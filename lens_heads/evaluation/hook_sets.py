@@ -32,8 +32,9 @@ def hook_set(model, hooks) -> HookSet:
     """``hooks`` (pairs and hook objects, or one object) checked against ``model``'s hook points."""
     pairs, batch_aware = collect_hooks(hooks, model)
     layers = [layer_of(name, model.cfg.n_layers) for name, _ in pairs]
-    first = None if None in layers or model.cfg.positional_embedding_type == "shortformer" \
-        or not backends.can_start_at_layer(model) else min(layers, default=model.cfg.n_layers)
+    known = [layer for layer in layers if layer is not None]
+    first = None if len(known) < len(layers) or model.cfg.positional_embedding_type == "shortformer" \
+        or not backends.can_start_at_layer(model) else min(known, default=model.cfg.n_layers)
     return HookSet(pairs, batch_aware, first, hook_scope([hooks] if hasattr(hooks, "hooks") else list(hooks)))
 
 

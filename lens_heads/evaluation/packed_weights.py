@@ -29,7 +29,7 @@ try:  # HookedTransformer's modules (TransformerLens 3.9); 4.x's bridge runs the
     from transformer_lens.components import Unembed
     from transformer_lens.components.mlps.gated_mlp import GatedMLP
 except ImportError:
-    Unembed = GatedMLP = None
+    Unembed = GatedMLP = None  # type: ignore[misc,assignment]  # TransformerLens 4.x has no such modules
 
 
 class Packed:
@@ -57,17 +57,18 @@ def packed_weights(model) -> Iterator[None]:
     if is_bridge(model):
         yield
         return
-    swapped = []
+    swapped: list[torch.nn.Module] = []
     if type(model.unembed) is Unembed and "forward" not in vars(model.unembed):
         packed = Packed(lambda w, b: (w.T.contiguous(), b if bool(b.any()) else None), model.unembed.W_U,
                         model.unembed.b_U)
-        model.unembed.forward = functools.partial(_unembed, model.unembed, packed)
+        # an instance attribute shadows the method for the block (deleted on exit): mypy reads a method assigned
+        model.unembed.forward = functools.partial(_unembed, model.unembed, packed)  # type: ignore[method-assign]
         swapped.append(model.unembed)
     for block in model.blocks:
         mlp = getattr(block, "mlp", None)  # attention-only models have none
         if type(mlp) is GatedMLP and not mlp.cfg.is_layer_norm_activation() and "forward" not in vars(mlp):
             packed = Packed(lambda *ws: tuple(w.T.contiguous() for w in ws), mlp.W_gate, mlp.W_in, mlp.W_out)
-            mlp.forward = functools.partial(_gated_mlp, mlp, packed)
+            mlp.forward = functools.partial(_gated_mlp, mlp, packed)  # type: ignore[method-assign]  # as above
             swapped.append(mlp)
     try:
         yield

@@ -173,8 +173,9 @@ def merge_kv(parts: Sequence[dict]) -> dict[int, tuple[Tensor, Tensor]]:
     out = {}
     for layer in parts[0]:
         n_pos = max(part[layer][0].shape[1] for part in parts)
-        out[layer] = tuple(torch.cat([F.pad(part[layer][j], (0, 0, 0, 0, 0, n_pos - part[layer][j].shape[1]))
-                                      for part in parts]) for j in (0, 1))
+        keys, values = (torch.cat([F.pad(part[layer][j], (0, 0, 0, 0, 0, n_pos - part[layer][j].shape[1]))
+                                   for part in parts]) for j in (0, 1))
+        out[layer] = (keys, values)
     return out
 
 

@@ -78,7 +78,7 @@ class RecordedSweep:
     def table2(self, points: float = 1.0, intervals=None) -> dict:
         """The paper's Table 2 entry for this model and task (:meth:`SweepResult.table2` on the recorded points;
         no intervals without per-item records)."""
-        return SweepResult.table2(self, points)
+        return SweepResult.table2(self, points)  # type: ignore[arg-type]  # duck-typed: meta and zeroable_within
 
     def _curves(self):
         """(curve, its rows in order of target fraction) for every curve of per-input zeroing, named by its

@@ -136,13 +136,16 @@ class RemovalCurves:
         curves: dict[str, dict[int, UnitResult]] = {}
         for spec, unit in units.items():
             if not isinstance(spec, Unablated):
-                curves.setdefault(spec.ranked_by, {})[removed_count(spec, n_heads)] = unit
+                name = spec.ranked_by
+                if name is None:
+                    raise InputError(f"{spec} names no curve: give a static head set a score (its curve's name)")
+                curves.setdefault(name, {})[removed_count(spec, n_heads)] = unit
         return cls(base.result, {c: dict(sorted(ks.items())) for c, ks in curves.items()}, n_heads, meta or {})
 
     def values(self, curve: str, metric: str) -> Float[np.ndarray, "k item"]:
         """Per-item paired ``metric`` (:data:`METRICS`, or ``"correct"``) at each ``k`` of ``curve``."""
         ids = [it.id for it in self.baseline.items]
-        rows = []
+        rows: list[list[float] | np.ndarray] = []
         for unit in self._curve(curve).values():
             by_id = {it.id: it for it in unit.result.items}
             if set(by_id) != set(ids):
@@ -242,7 +245,7 @@ def removed_count(spec: AblationSpec, n_heads: int) -> int:
     """``k`` of a unit: layers removed, or heads zeroed / heads per layer."""
     if isinstance(spec, LayerRemoval):
         return len(spec.layers)
-    return int(round(len(spec.heads) / n_heads))
+    return int(round(len(spec.heads) / n_heads))  # type: ignore[attr-defined]  # a head set's (head_plan)
 
 
 def _removed(unit: UnitResult) -> str:

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from lens_heads.ablation.specs import InputAblation, StaticAblation, Unablated
+from lens_heads.ablation.specs import AblationSpec, InputAblation, StaticAblation, Unablated
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
 from lens_heads.experiments.sweep import DEFAULT_FRACTIONS, SweepResult, UnitStore, run_fingerprint, run_unit
 from lens_heads.plumbing.errors import InputError
@@ -85,7 +85,7 @@ def check_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = 
 def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT_FRACTIONS, means=None,
                   out_dir=None, marker: str = "rankings.json", key: dict | None = None, batch_size: int = 8,
                   progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-                  apply_chat_template: bool = False) -> SweepResult:
+                  apply_chat_template: bool | str = False) -> SweepResult:
     """Evaluate ``task`` with the first ``round(p x layers x heads)`` heads of each ranking zeroed (or
     mean-ablated) at each target share ``p`` of ``fractions``, beside one unablated baseline.
 
@@ -135,19 +135,22 @@ def _specs(rankings: Sequence[Ranking], fractions, n_items: int, n_layers: int, 
         if r.order is not None:
             check_order(r.order, n_layers, n_heads, what=f"ranking {r.name!r}")
             continue
+        assert r.per_input is not None  # a Ranking holds exactly one of order and per_input
         if len(r.per_input) != n_items:
             raise InputError(f"ranking {r.name!r} has {len(r.per_input)} per-input orders for a task of {n_items} "
                              "items: give one per item, in the task's order")
         for i, order in enumerate(r.per_input):
             check_order(order, n_layers, n_heads, what=f"ranking {r.name!r} of input {i}")
-    specs = []
+    specs: list[AblationSpec] = []
     for p in fractions[1:]:
         k = int(round(p * n_layers * n_heads))
         for r in rankings:
-            specs.append(StaticAblation(heads=r.order[:k], score=r.name, fraction=p, ablation=r.ablation)
-                         if r.order is not None else
-                         InputAblation(heads=tuple(o[:k] for o in r.per_input), score=r.name, fraction=p,
-                                       ablation=r.ablation))
+            if r.order is not None:
+                specs.append(StaticAblation(heads=r.order[:k], score=r.name, fraction=p, ablation=r.ablation))
+            else:
+                assert r.per_input is not None  # a Ranking holds exactly one of order and per_input
+                specs.append(InputAblation(heads=tuple(o[:k] for o in r.per_input), score=r.name, fraction=p,
+                                           ablation=r.ablation))
     return specs
 
 

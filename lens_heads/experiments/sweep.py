@@ -30,7 +30,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -135,7 +135,10 @@ class SweepResult:
         out: dict[CurveKey, list[UnitResult]] = {}
         for u in self.units:
             if u.mode == mode or (mode == "threshold" and u.mode == RANDOM) or (mode == ALL and u.curve is not None):
-                out.setdefault(u.curve, [base]).append(u)
+                curve = u.curve
+                if curve is None:
+                    raise InputError(f"mode={mode!r}: the unablated baseline is a point of every curve, not a curve")
+                out.setdefault(curve, [base]).append(u)
         listed = self.meta.get("scores", [])
         order = ([k for s in listed for k in out if k.score == s] + [k for k in out if k.score not in listed and
                                                                       k.mode != RANDOM] +
@@ -212,6 +215,7 @@ class SweepResult:
         for u in self.units:
             if u.mode != "threshold":
                 continue
+            assert u.score is not None  # a threshold unit is a ThresholdAblation's, which has a score
             target, realised = 100 * u.target_fraction, 100 * u.realised_fraction
             before = 100 * unablated.get(calibration_key(u.score, u.target_fraction), float("nan"))
             ties, cascade = before - target, realised - before
@@ -303,6 +307,7 @@ class SweepResult:
         kl_at = self.at_share(share)
         ranking = sorted(auc, key=lambda s: -auc[s] if not math.isnan(auc[s]) else math.inf)
         kl_ranking = sorted(kl, key=lambda s: kl[s] if not math.isnan(kl[s]) else math.inf)
+        columns: dict[str, tuple[str, Mapping[str, float]]]  # values per score (ranks are ints)
         columns = {f"zeroable_within_{points:g}_point_pct": ("zeroable_authors", zeroable),
                    f"zeroable_within_{points:g}_point_censored_pct": ("zeroable_censored", censored),
                    "normalised_auc_pct": ("accuracy_auc", auc),
@@ -346,11 +351,12 @@ def average_row(rows: list[dict], intervals: Sequence | None = None) -> dict:
     difference; with every row's ``intervals``, the percentile intervals of those means from the mean of the rows'
     bootstrap replicates (replicate r of each sweep averaged)."""
     awft, best = [r["awft_pct"] for r in rows], [r["best_pct"] for r in rows]
+    row: dict[str, Any]
     row = dict(model="Average", task=f"{len(rows)} sweeps", awft_pct=float(np.mean(awft)), best_score="",
                best_pct=float(np.mean(best)), difference=float(np.mean(np.subtract(awft, best))))
     if intervals is None or any(iv is None or "AWFT" not in iv.curves for iv in intervals):
         return row
-    reps = {"awft": [], "best": []}
+    reps: dict[str, list[np.ndarray]] = {"awft": [], "best": []}
     for r, iv in zip(rows, intervals):
         q = iv.quantities.index("zeroable_authors")
         reps["awft"].append(iv.replicates[q, iv.curves.index("AWFT")])
@@ -403,8 +409,9 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         scores = thresholds.scores if scores is None else scores
     scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
     chat = resolve_chat_template(model, apply_chat_template)
-    for s, p in [(s, p) for s in scores for p in fractions] if thresholds is not None else []:
-        thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
+    if thresholds is not None:
+        for s, p in [(s, p) for s in scores for p in fractions]:
+            thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
     rows = dict(protocol=protocol, apply_chat_template=chat)
     fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat, thresholds)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
@@ -537,6 +544,7 @@ class UnitStore:
             claim_folder(self.out, fingerprint, marker=marker)
 
     def path(self, spec: AblationSpec) -> Path:
+        assert self.out is not None  # load and save read it only with an out_dir
         return Cache(self.out).path(unit_key(spec.kind, spec.ranked_by, spec.target_fraction), spec.to_dict(),
                                     ".json")
 
@@ -562,7 +570,7 @@ class _Calibration:
     need and kept in ``out_dir/calibration.json`` under the run's fingerprint, so a resumed sweep uses exactly the
     thresholds of the first run without scoring again."""
 
-    def __init__(self, model, task, calibration, store: UnitStore, batch_size: int, progress: bool, rows: dict,
+    def __init__(self, model, task, calibration, store: UnitStore, batch_size: int | str, progress: bool, rows: dict,
                  extras=(), thresholds=None):
         self._model, self._task, self._calibration, self._rows = model, task, calibration, rows
         self._extras, self._thresholds = list(extras), thresholds
@@ -698,7 +706,7 @@ def load_sweep(out_dir) -> SweepResult:
     if not base:
         raise InputError(f"{out} has no finished baseline unit yet: rerun run_sweep with out_dir={str(out)!r}")
     modes = ("baseline", "random", "threshold", "static", "layers")
-    rank = {s: i for i, s in enumerate(SCORE_NAMES)}
+    rank: dict[str | None, int] = {s: i for i, s in enumerate(SCORE_NAMES)}
     units.sort(key=lambda u: (u.target_fraction, modes.index(u.mode), rank.get(u.score, -1)))
     scores = sorted({u.score for u in units if u.mode == "threshold"}, key=lambda s: rank.get(s, len(rank)))
     static = sorted({u.score for u in units if u.mode == "static"}, key=lambda s: rank.get(s, len(rank)))
