@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -288,7 +288,7 @@ def paired_tests(x: Float[np.ndarray, "row item"], y: Float[np.ndarray, "row ite
     return out
 
 
-def removal_curves(model, task, plans: dict[str, list[AblationSpec]], *, out_dir=None, **settings
+def removal_curves(model, task, plans: Mapping[str, Sequence[AblationSpec]], *, out_dir=None, **settings
                    ) -> RemovalCurves:
     """Evaluate every plan's units (:func:`evaluate_specs`, resumable in ``out_dir``) and pair them with the
     baseline as :class:`RemovalCurves` (``plans``: by curve label, from :func:`removal_plan`/:func:`head_plan`)."""

@@ -127,7 +127,7 @@ def adjusted_p_values(p: np.ndarray | Sequence[float]) -> np.ndarray:
     return out
 
 
-def average_ranks(values: Sequence[float], decimals: int = 9) -> np.ndarray:
+def average_ranks(values: np.ndarray | Sequence[float], decimals: int = 9) -> np.ndarray:
     """Ranks 1..n, smallest first; ties share the mean of the ranks they span. Values equal to ``decimals`` places
     tie: two curves with the same accuracies give AUCs that differ in the last bits through their x values."""
     return stats.rankdata(np.round(np.asarray(values, dtype=float), decimals), method="average")
