@@ -24,7 +24,8 @@ Outputs in ``--figures``: ``attribution_ranking_<task>.json`` (model, data, cali
 weight basis, chance, costs, the orders, summaries and tests), ``attribution_ranking_<task>.csv`` (every curve
 point), ``attribution_ranking_<task>_summary.csv``, ``attribution_ranking_<task>_tests.csv``,
 ``attribution_ranking_<task>_units.json.gz`` (the measured units with per-item records) and
-``attribution_ranking_<task>.png/.html`` (the curves).
+``attribution_ranking_<task>.png/.html`` (the curves). For a model other than the embedded one, ``<task>`` reads
+``<model>_<task>`` in every name, the recorded sweep's included, as ``analyses/sweep.py`` names its files.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.plots import ablation_curves, save_figure
-from shared_settings import TaskRunSettings
+from shared_settings import TaskRunSettings, recorded_name
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTION = "attribution"
@@ -80,9 +81,9 @@ def parse_args(argv=None) -> RankingSettings:
     return from_args(RankingSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def recorded_oracle(figures: Path, name: str, calibration, seed: int) -> list | None:
+def recorded_oracle(figures: Path, key: str, calibration, seed: int) -> list | None:
     """The ablation oracle's order from ``head_effects_<task>.json`` where it ranked the same calibration items."""
-    path = figures / f"head_effects_{name}.json"
+    path = figures / f"head_effects_{key}.json"
     if not path.exists():
         return None
     result = json.loads(path.read_text())
@@ -104,17 +105,17 @@ def stored_ranking(model, items, folder: Path, label: str, protocol: str, args) 
     return AttributionRanking(effects, wall_s=effects.meta["cost"]["wall_s"], cpu_s=effects.meta["cost"]["cpu_s"])
 
 
-def measure(model, name: str, task, calibration, heldout, recorded: SweepResult, args) -> tuple[SweepResult, dict]:
+def measure(model, key: str, task, calibration, heldout, recorded: SweepResult, args) -> tuple[SweepResult, dict]:
     """The ranking curves on the held-out items, and what each ranking cost."""
-    folder = Path(args.out) / name / f"n{len(task)}-cal{len(calibration)}-seed{args.seed}"
+    folder = Path(args.out) / key / f"n{len(task)}-cal{len(calibration)}-seed{args.seed}"
     protocol = recorded.meta.get("protocol", "lm-eval")
     ranking = stored_ranking(model, calibration, folder, "calibration_attribution", protocol, args)
     costs = {ATTRIBUTION: ranking.effects.meta["cost"]}
     rankings = [ranking.ranking(ATTRIBUTION)]
-    oracle = recorded_oracle(Path(args.figures), name, calibration, args.seed)
+    oracle = recorded_oracle(Path(args.figures), key, calibration, args.seed)
     if oracle is not None and not args.no_oracle:
         rankings.append(Ranking(ORACLE, order=tuple(oracle)))
-        costs[ORACLE] = json.loads((Path(args.figures) / f"head_effects_{name}.json").read_text())["costs"]["ablation"]
+        costs[ORACLE] = json.loads((Path(args.figures) / f"head_effects_{key}.json").read_text())["costs"]["ablation"]
     if not args.no_mean:
         rankings.append(ranking.ranking(MEAN, ablation="mean"))
     if not args.no_per_input:  # each held-out input ranked by its own attribution: a backward pass per input
@@ -130,20 +131,20 @@ def measure(model, name: str, task, calibration, heldout, recorded: SweepResult,
 
 
 def run_task(model, name: str, args) -> dict:
-    figures = Path(args.figures)
-    recorded = read_sweep(figures / f"sweep_{name}.json")
+    figures, key = Path(args.figures), recorded_name(args.model, name)
+    recorded = read_sweep(figures / f"sweep_{key}.json")
     split = recorded.baseline.meta["task"]["split"]  # the sweep's items, whatever the task's default split now is
     task = load_task(name, n=args.n, seed=args.seed, split=split)
     calibration = load_task(name, n=args.calibration_n, seed=args.seed, split=split)
     heldout = held_out(task, calibration)
-    measured, extra = measure(model, name, task, calibration, heldout, recorded, args)
+    measured, extra = measure(model, key, task, calibration, heldout, recorded, args)
     joined = join_heldout(recorded, measured)
     shares = [p for p in args.fractions if p > 0]
     intervals = joined.intervals(mode="all", shares=shares, n_resamples=args.n_boot, seed=args.seed)
     tests = intervals.versus(REFERENCE, summaries=SUMMARIES + tuple(kl_at(100 * s) for s in shares))
     summary = intervals.to_dataframe()
     table = joined.to_dataframe()
-    stem = figures / f"attribution_ranking_{name}"
+    stem = figures / f"attribution_ranking_{key}"
     atomic_write_text(stem.with_suffix(".csv"), table.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(figures / f"{stem.name}_summary.csv", summary.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(figures / f"{stem.name}_tests.csv", tests.to_csv(index=False, float_format="%.6g"))
@@ -165,7 +166,7 @@ def run_task(model, name: str, args) -> dict:
         heldout=dict(heldout.meta(), item_ids=[it.id for it in heldout]), seed=args.seed, chance=heldout.chance,
         baseline=dict(accuracy=joined.baseline.accuracy, ci95=list(joined.baseline.ci95), n=joined.baseline.n),
         baseline_max_abs_logprob_diff=joined.meta["baseline_max_abs_logprob_diff"],
-        recorded_sweep=f"sweep_{name}.json", fractions=list(args.fractions), intervals=intervals.meta,
+        recorded_sweep=f"sweep_{key}.json", fractions=list(args.fractions), intervals=intervals.meta,
         threads=torch.get_num_threads(), **extra,
         summary=summary.to_dict(orient="records"), tests=tests.to_dict(orient="records"))
     atomic_write_json(stem.with_suffix(".json"), result)

@@ -29,7 +29,9 @@ Outputs in ``--figures``: ``head_effects_<task>.json`` (model, data, n, seed, we
 ``head_effects_agreement_<task>.csv``, ``head_effects_<task>.csv`` (per head: mean and size with intervals, both
 methods), ``head_effects_agreement_<task>.png`` (correlations with intervals), ``head_effects_scatter_<task>.png``
 (score vs effect per score), ``head_effects_attribution_<task>.png`` (attribution vs ablation per head),
-``head_effects_oracle_<task>.png/.html`` (the sweep figure with the oracle curves).
+``head_effects_oracle_<task>.png/.html`` (the sweep figure with the oracle curves). For a model other than the
+embedded one, ``<task>`` reads ``<model>_<task>`` in every name and resumable folder, as ``analyses/sweep.py`` names
+its files.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.inference import kendall, spearman
 from lens_heads.viz.plots import ablation_curves, agreement_bars, save_figure, score_vs_effect
-from shared_settings import TaskRunSettings, sweep_split
+from shared_settings import TaskRunSettings, recorded_name, sweep_split
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ablation", "attribution")
@@ -93,9 +95,9 @@ def parse_args(argv=None) -> EffectsSettings:
     return from_args(EffectsSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def effects_of(model, task, method: str, args) -> tuple[HeadEffects, dict]:
+def effects_of(model, task, key: str, method: str, args) -> tuple[HeadEffects, dict]:
     """Each method's effects, kept in --out (ablation resumes per head), with the wall and CPU seconds it took."""
-    folder = Path(args.out) / task.name / f"{method}-n{len(task)}-seed{args.seed}-{args.protocol}"
+    folder = Path(args.out) / key / f"{method}-n{len(task)}-seed{args.seed}-{args.protocol}"
     stored = folder / "effects.safetensors"
     if stored.exists():
         effects = HeadEffects.load(stored)
@@ -149,13 +151,13 @@ def recorded_sweep(sweep_csv: Path) -> tuple[pd.DataFrame | None, str]:
         "protocol", "tl")
 
 
-def oracle_curves(model, name: str, task, heldout, order, args) -> dict:
+def oracle_curves(model, key: str, task, heldout, order, args) -> dict:
     """The oracle's static curve on the ranking items and on the held-out ones, each resumable in its folder."""
     oracles = {}
     for label, items in (("oracle (ranking items)", task), ("oracle (held-out items)", heldout)):
         oracles[label] = oracle_sweep(model, items, order, fractions=args.fractions, label=label,
                                       batch_size=args.batch_size, protocol=args.protocol,
-                                      out_dir=Path(args.out) / name / f"oracle-{'held' if 'held' in label else 'rank'}"
+                                      out_dir=Path(args.out) / key / f"oracle-{'held' if 'held' in label else 'rank'}"
                                                                       f"-n{len(task)}-seed{args.seed}-{args.protocol}")
     return oracles
 
@@ -176,7 +178,7 @@ def write_scatters(scores, effects: dict, what: str, spearman_kl: str, cost_rati
                  attribution, args)
 
 
-def write_oracle_figure(what: str, name: str, n_items: int, protocol: str, oracle_table: pd.DataFrame,
+def write_oracle_figure(what: str, key: str, n_items: int, protocol: str, oracle_table: pd.DataFrame,
                         recorded, recorded_protocol: str, args) -> None:
     """The recorded sweep's curves (where figures/ holds one for the task) with the oracle curves beside them."""
     curves = pd.concat([recorded, oracle_table], ignore_index=True) if recorded is not None else oracle_table
@@ -187,20 +189,20 @@ def write_oracle_figure(what: str, name: str, n_items: int, protocol: str, oracl
              f"{protocol} rows) with the oracle (heads zeroed in order of measured ablation KL on {n_items} ranking "
              f"items; also on {int(heldout['n'])} held-out items, baseline {100 * heldout['accuracy']:.1f}%)")
     write_figure(ablation_curves(curves, baseline=100 * float(base["accuracy"]), chance=float(base["chance"]),
-                                 title=title), Path(args.figures) / f"head_effects_oracle_{name}", args)
+                                 title=title), Path(args.figures) / f"head_effects_oracle_{key}", args)
 
 
-def redraw_oracle_figure(name: str, args) -> None:
+def redraw_oracle_figure(key: str, args) -> None:
     """The oracle figure drawn again from the recorded ``head_effects_<task>.json`` over the sweep now recorded in
     figures/ (no model needed); the JSON's ``recorded_sweep`` entry is updated to say which sweep it shows."""
     figures = Path(args.figures)
-    path = figures / f"head_effects_{name}.json"
+    path = figures / f"head_effects_{key}.json"
     result = json.loads(path.read_text())
     oracle_table = pd.DataFrame(result["oracle"]["table"]).sort_values(["score", "target_fraction"], kind="stable")
-    sweep_csv = figures / f"sweep_{name}.csv"
+    sweep_csv = figures / f"sweep_{key}.csv"
     recorded, recorded_protocol = recorded_sweep(sweep_csv)
-    write_oracle_figure(what_of(result["model"]["name"], name, result["data"], result["weight_basis"], result["seed"]),
-                        name, result["n"], result["protocol"], oracle_table, recorded, recorded_protocol, args)
+    write_oracle_figure(what_of(result["model"]["name"], result["data"]["task"], result["data"], result["weight_basis"],
+                                result["seed"]), key, result["n"], result["protocol"], oracle_table, recorded, recorded_protocol, args)
     result["recorded_sweep"] = dict(file=sweep_csv.name, protocol=recorded_protocol) if recorded is not None else None
     atomic_write_json(path, result)
 
@@ -210,12 +212,12 @@ def what_of(model: str, name: str, data: dict, weight_basis: str, seed: int) -> 
 
 
 def run_task(model, name: str, args) -> dict:
-    figures = Path(args.figures)
-    task = load_task(name, n=args.n, seed=args.seed, split=args.split or sweep_split(args.figures, name))
+    figures, key = Path(args.figures), recorded_name(args.model, name)
+    task = load_task(name, n=args.n, seed=args.seed, split=args.split or sweep_split(args.figures, key))
     scores = score_heads(model, task, batch_size=args.batch_size, protocol=args.protocol)
     effects, costs = {}, {}
     for method in METHODS:
-        effects[method], costs[method] = effects_of(model, task, method, args)
+        effects[method], costs[method] = effects_of(model, task, key, method, args)
         print(f"[{name}] {method}: {costs[method]['wall_s']:.0f} s wall, {costs[method]['cpu_s']:.0f} s CPU")
 
     agreement, agreement_meta, attribution_vs_ablation = agreement_of(scores, effects, args)
@@ -224,27 +226,27 @@ def run_task(model, name: str, args) -> dict:
 
     order = effects["ablation"].order("kl")
     heldout = heldout_items(task, args.n, args.heldout_n, args.seed)
-    oracles = oracle_curves(model, name, task, heldout, order, args)
+    oracles = oracle_curves(model, key, task, heldout, order, args)
     oracle_table = pd.concat([o.to_dataframe() for o in oracles.values()], ignore_index=True)
     oracle_table["mode"] = oracle_table["mode"].replace("static", "oracle")  # drawn as a reference, not a score
 
     meta = model_meta(model)
     per_head = pd.concat([effects[m].to_dataframe() for m in METHODS], ignore_index=True)
-    stem = f"head_effects_{name}"
+    stem = f"head_effects_{key}"
     atomic_write_text(figures / f"{stem}.csv", per_head.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(figures / f"head_effects_agreement_{name}.csv", agreement.to_csv(index=False,
+    atomic_write_text(figures / f"head_effects_agreement_{key}.csv", agreement.to_csv(index=False,
                                                                                        float_format="%.4g"))
     what = what_of(meta["name"], name, task.meta(), meta["weight_basis"], args.seed)
-    sweep_csv = figures / f"sweep_{name}.csv"
+    sweep_csv = figures / f"sweep_{key}.csv"
     recorded, recorded_protocol = recorded_sweep(sweep_csv)
-    write_oracle_figure(what, name, len(task), effects["ablation"].meta["protocol"], oracle_table, recorded,
+    write_oracle_figure(what, key, len(task), effects["ablation"].meta["protocol"], oracle_table, recorded,
                         recorded_protocol, args)
     shown = agreement[(agreement["method"] == "ablation") & (agreement["metric"] == "kl")]
     write_figure(agreement_bars(shown, title=f"{what}: rank agreement of each score with the ablation KL of each "
                                              f"head (n={len(task)} items, bootstrap 95%)"),
-                 figures / f"head_effects_agreement_{name}", args)
+                 figures / f"head_effects_agreement_{key}", args)
     write_scatters(scores, effects, what, f"{attribution_vs_ablation['kl']['spearman']:.2f}", cost_ratio,
-                   figures / f"head_effects_scatter_{name}", figures / f"head_effects_attribution_{name}", args)
+                   figures / f"head_effects_scatter_{key}", figures / f"head_effects_attribution_{key}", args)
 
     result = dict(
         what="ground-truth effect of every head (zeroed on hook_z at all positions; attribution patching beside "
@@ -274,7 +276,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.redraw:
         for name in args.tasks:
-            redraw_oracle_figure(name, args)
+            redraw_oracle_figure(recorded_name(args.model, name), args)
         return
     if args.threads:
         torch.set_num_threads(args.threads)

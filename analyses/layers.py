@@ -9,7 +9,7 @@ Per task (the same items for everything; lm-eval rows, the sweep's):
    answers, the gold answer's log-prob change and the accuracy change, with bootstrap intervals over items. The
    measured effect orders the layers for the oracle.
 3. **Lazy layers meet inactive heads**: per layer, beside 1 and 2, the share of its heads each score zeroed at
-   10/20/30% in the recorded sweep (``figures/sweep_<task>_units.json.gz``, n=200) and the sum of its heads'
+   10/20/30% in the recorded sweep (``figures/sweep_<task>_units.json.gz``, its n) and the sum of its heads'
    single-head ablation effects (``figures/head_effects_<task>.csv``, n=20); the lazy layers' removal against the
    mean of the other layers' (paired over items).
 4. **Removal curves**: remove the first k layers of each ranking (attention, and whole blocks): Block Influence
@@ -22,7 +22,9 @@ Per task (the same items for everything; lm-eval rows, the sweep's):
 Units resume from ``--out``. Writes to ``--figures``: ``layers_<task>.csv`` (per layer), ``layers_<task>.png``
 (aligned panels), ``layer_removal_<task>.csv`` (every curve point with intervals), ``layer_removal_<task>.png``,
 ``layer_removal_tests_<task>.csv`` (paired differences) and ``layers_<task>.json`` (settings, data, orders, the
-lazy-layer tests, layer scores).
+lazy-layer tests, layer scores). For a model other than the embedded one, ``<task>`` reads ``<model>_<task>`` in
+every name, recorded inputs included (``sweep_gemma-3-270m_arc_easy_units.json.gz``), as ``analyses/sweep.py`` names
+its files.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from lens_heads.experiments.layer_removal import (
     removal_plan,
     zeroed_by_layer,
 )
-from lens_heads.experiments.sweep import read_units
+from lens_heads.experiments.sweep import SweepResult, read_units
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import model_meta
@@ -56,7 +58,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import inference
 from lens_heads.viz.plots import layer_panels, layer_removal_curves, save_figure
-from shared_settings import TaskRunSettings, sweep_split
+from shared_settings import TaskRunSettings, recorded_name, sweep_split
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = "oracle (measured layer effect)"
@@ -182,7 +184,7 @@ def removal_tests(curves: RemovalCurves, style: dict, args) -> pd.DataFrame:
     return table
 
 
-def layer_table(layers: LayerScores, effects: pd.DataFrame, name: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
+def layer_table(layers: LayerScores, effects: pd.DataFrame, sweep: SweepResult, key: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Item 1's table, one row per layer: rank, the recorded sweep's zero shares, the recorded summed single-head
     effects, the layer's removal effects; and the zero shares as scores x layers at 30% for the figure."""
     table = layers.to_dataframe()
@@ -191,12 +193,12 @@ def layer_table(layers: LayerScores, effects: pd.DataFrame, name: str, args) -> 
         for metric in ("kl", "gold_logprob_change", "accuracy_change"):
             for suffix in ("", "_low", "_high"):
                 table[f"{part}_{metric}{suffix}"] = mine.loc[table["layer"], f"{metric}{suffix}"].to_numpy()
-    heads = pd.read_csv(Path(args.figures) / f"head_effects_{name}.csv")
+    heads = pd.read_csv(Path(args.figures) / f"head_effects_{key}.csv")
     heads = heads[heads["method"] == "ablation"]
     for metric in ("kl", "gold_logprob"):
         summed = heads[heads["metric"] == metric].groupby("layer")["mean"].sum()
         table[f"summed_head_{metric}"] = summed.loc[table["layer"]].to_numpy()
-    shares = zeroed_by_layer(read_units(Path(args.figures) / f"sweep_{name}_units.json.gz"))
+    shares = zeroed_by_layer(sweep)
     shares = shares[shares["target_fraction"].round(6).isin(SHARES)]
     for (curve, fraction), group in shares.groupby(["curve", "target_fraction"]):
         table[f"zeroed_{fraction:.0%}_{curve}"] = group.set_index("layer").loc[table["layer"], "share"].to_numpy()
@@ -235,10 +237,10 @@ def write_figure(fig, path: Path, args) -> None:
 
 
 def run_task(model, name: str, args) -> None:
-    figures = Path(args.figures)
-    split = args.split or sweep_split(figures, name)
+    figures, key = Path(args.figures), recorded_name(args.model, name)
+    split = args.split or sweep_split(figures, key)
     task = load_task(name, n=args.n, seed=args.seed, split=split)
-    folder = Path(args.out) / f"{name}-{split}-n{args.n}-seed{args.seed}-lm-eval"
+    folder = Path(args.out) / f"{key}-{split}-n{args.n}-seed{args.seed}-lm-eval"
     start, cpu = time.perf_counter(), time.process_time()
     scores, layers = cached_scores(model, task, folder, args)
     single, effects = single_layer_effects(model, task, folder, args)
@@ -249,22 +251,23 @@ def run_task(model, name: str, args) -> None:
     table.insert(2, "ranking", [style[c][1] for c in table["curve"]])
     table.insert(3, "style", [style[c][2] for c in table["curve"]])
     tests = removal_tests(curves, style, args)
-    per_layer, grid = layer_table(layers, effects, name, args)
-    heads_n = int(pd.read_csv(figures / f"head_effects_{name}.csv")["n"].iloc[0])
+    sweep = read_units(figures / f"sweep_{key}_units.json.gz")
+    per_layer, grid = layer_table(layers, effects, sweep, key, args)
+    heads_n = int(pd.read_csv(figures / f"head_effects_{key}.csv")["n"].iloc[0])
     lazy = lazy_tests(single, layers, heads_n, task, args)
 
     meta = model_meta(model)
     base = single.baseline
     what = (f"{meta['name']} on {name} ({task.split}, n={len(task)}, seed {args.seed}, weight basis "
             f"{meta['weight_basis']}; baseline {100 * base.accuracy:.1f}%, chance {100 * task.chance:.0f}%)")
-    atomic_write_text(figures / f"layers_{name}.csv", per_layer.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(figures / f"layer_removal_{name}.csv", table.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(figures / f"layer_removal_tests_{name}.csv", tests.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(figures / f"layers_{key}.csv", per_layer.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(figures / f"layer_removal_{key}.csv", table.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(figures / f"layer_removal_tests_{key}.csv", tests.to_csv(index=False, float_format="%.6g"))
     write_figure(layer_panels(per_layer, grid, title=f"Lazy layers meet inactive heads: {what}"),
-                 figures / f"layers_{name}", args)
+                 figures / f"layers_{key}", args)
     write_figure(layer_removal_curves(table, title=f"Removing whole layers: {what}; 95% bootstrap intervals"),
-                 figures / f"layer_removal_{name}", args)
-    atomic_write_json(figures / f"layers_{name}.json", dict(
+                 figures / f"layer_removal_{key}", args)
+    atomic_write_json(figures / f"layers_{key}.json", dict(
         what="per-layer scores, each layer removed alone, the recorded sweep's zero shares and head effects per "
              "layer, whole-layer removal curves in each ranking's order with paired tests",
         model=meta, weight_basis=meta["weight_basis"], data=task.meta(), n=len(task), seed=args.seed,
@@ -272,8 +275,8 @@ def run_task(model, name: str, args) -> None:
         baseline=dict(accuracy=base.accuracy, ci95=list(base.ci95), n=base.n),
         intervals=dict(method=inference.BOOTSTRAP, n_resamples=args.n_boot, confidence=inference.CONFIDENCE,
                        tests=inference.PERMUTATION + "; Benjamini-Hochberg over the file's tests"),
-        recorded_inputs=dict(zero_shares=f"sweep_{name}_units.json.gz (n=200, target shares {list(SHARES)})",
-                             head_effects=f"head_effects_{name}.csv (ablation, n={heads_n}, no per-item records: "
+        recorded_inputs=dict(zero_shares=f"sweep_{key}_units.json.gz (n={len(sweep.baseline.items)}, target shares {list(SHARES)})",
+                             head_effects=f"head_effects_{key}.csv (ablation, n={heads_n}, no per-item records: "
                                           "the summed effects have no interval)"),
         layer_scores=layers.to_dict(), orders=orders, head_order_score=args.head_score,
         lazy_layers=[int(x) for x in np.flatnonzero(layers.lazy)], lazy_tests=lazy,

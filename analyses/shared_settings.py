@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lens_heads.experiments.sweep import read_units
+from lens_heads.models.loading import DEFAULT_MODEL
+from lens_heads.plumbing.io import safe_name
 from lens_heads.plumbing.settings import option
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,15 +21,22 @@ ROOT = Path(__file__).resolve().parents[1]
 class TaskRunSettings:
     """Model, tasks and outputs of one run (each field is a ``--flag``)."""
 
-    model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
+    model: str = option(DEFAULT_MODEL, "model name (the embedded SmolLM2-135M by default)")
     tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
     figures: str = option(str(ROOT / "figures"), "where recorded inputs are read, and tables and figures go")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
 
 
+def recorded_name(model: str, task: str) -> str:
+    """How recorded files and resumable folders name a task run on ``model``: ``<task>`` for the embedded default
+    model, ``<model>_<task>`` for any other (``sweep_gemma-3-270m_arc_easy.json``), so no model's recordings are read
+    or overwritten as another's."""
+    return task if model == DEFAULT_MODEL else f"{safe_name(model)}_{task}"
+
+
 def sweep_split(figures: str | Path, name: str) -> str | None:
-    """The split of the sweep recorded in ``figures`` for task ``name`` (None where none is recorded): the analyses
-    that measure beside it read the same items, whatever the task's default split is now."""
+    """The split of the sweep recorded in ``figures`` under ``name`` (a :func:`recorded_name`; None where none is
+    recorded): the analyses that measure beside it read the same items, whatever the task's default split is now."""
     path = Path(figures) / f"sweep_{name}_units.json.gz"
     return read_units(path).baseline.meta["task"]["split"] if path.exists() else None

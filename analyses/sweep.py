@@ -52,9 +52,10 @@ from lens_heads.experiments.sweep import CALIBRATIONS, run_sweep, save_units
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.models.loading import DEFAULT_MODEL, model_meta
 from lens_heads.plumbing import distributed
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_name
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.plots import ablation_curves, save_figure
+from shared_settings import recorded_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = INACTIVE_HEADS_TASKS
@@ -238,7 +239,7 @@ def _chat_title(chat: bool | str) -> str:
 
 def output_name(model: str, what: str, tag: str = "") -> str:
     """``sweep_<what>`` for the embedded default model, ``sweep_<model>_<what>`` for any other; ``_<tag>`` after."""
-    name = f"sweep_{what}" if model == DEFAULT_MODEL else f"sweep_{safe_name(model)}_{what}"
+    name = f"sweep_{recorded_name(model, what)}"
     return f"{name}_{tag}" if tag else name
 
 
