@@ -374,3 +374,8 @@ def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
     report = json.loads((tmp_path / "cmp.json").read_text())
     assert report["a"]["setting"] == "validation, no chat template" and report["b"]["setting"].endswith("chat template")
     assert -1 <= report["spearman"]["accuracy"]["estimate"] <= 1 and (tmp_path / "cmp_heads.csv").exists()
+    right = [[int(np.argmax(it.logprobs)) == it.gold for it in s.baseline.items] for s in (plain, chat)]
+    change = report["baseline_change"]  # the unablated model under b against a, item by item
+    assert change["n"] == 30 and change["right_only_a"] == sum(x and not y for x, y in zip(*right))
+    assert change["right_only_b"] == sum(y and not x for x, y in zip(*right))
+    assert change["paired_diff"] == pytest.approx(np.mean(right[1]) - np.mean(right[0]))
