@@ -50,7 +50,7 @@ from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.plots import ablation_curves, save_figure
-from shared_settings import TaskRunSettings, recorded_name
+from shared_settings import TaskRunSettings, recorded_name, split_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTION = "attribution"
@@ -133,7 +133,7 @@ def measure(model, key: str, task, calibration, heldout, recorded: SweepResult, 
 def run_task(model, name: str, args) -> dict:
     figures, key = Path(args.figures), recorded_name(args.model, name)
     recorded = read_sweep(figures / f"sweep_{key}.json")
-    split = recorded.baseline.meta["task"]["split"]  # the sweep's items, whatever the task's default split now is
+    split = split_of(recorded)
     task = load_task(name, n=args.n, seed=args.seed, split=split)
     calibration = load_task(name, n=args.calibration_n, seed=args.seed, split=split)
     heldout = held_out(task, calibration)

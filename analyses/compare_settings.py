@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_heads.evaluation.evaluate import paired_difference
+from lens_heads.evaluation.evaluate import paired_difference, paired_values
 from lens_heads.experiments.compare import METRICS, compare_settings, compare_sweeps, read_sweep, zeroed_head_overlap
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
@@ -89,11 +89,10 @@ def main(argv=None) -> None:
 def baseline_change(a, b) -> dict:
     """The unablated model under b against a on the same items: the paired accuracy difference with its interval,
     and how many items each setting alone answers right."""
-    right = {it.id: it.correct(a.baseline.primary) for it in a.baseline.items}
-    right_b = {it.id: it.correct(b.baseline.primary) for it in b.baseline.items}
-    return dict(paired_difference(b.baseline, a.baseline).to_dict(),
-                right_only_a=sum(right[i] and not right_b[i] for i in right),
-                right_only_b=sum(right_b[i] and not right[i] for i in right))
+    under_a = {it.id: it for it in a.baseline.items}
+    flips = paired_values([(it, under_a[it.id]) for it in b.baseline.items], a.baseline.primary)["accuracy"]
+    return dict(paired_difference(b.baseline, a.baseline).to_dict(), right_only_a=int((flips < 0).sum()),
+                right_only_b=int((flips > 0).sum()))
 
 
 if __name__ == "__main__":

@@ -77,8 +77,8 @@ class EffectsSettings(TaskRunSettings):
     """What one run measures and writes (each field is a ``--flag``)."""
 
     n: int = option(20, "ranking items per task", parse=_at_least(2))
-    split: str | None = option(None, "the evaluated split (default: the recorded sweep's in --figures, whose curves the "
-                               "oracle is drawn beside; the task's own where none is recorded)")
+    split: str | None = option(None, "the evaluated split (default: the recorded sweep's in --figures, whose curves "
+                               "the oracle is drawn beside; the task's own where none is recorded)")
     heldout_n: int = option(32, "held-out items for the oracle curve", parse=_at_least(1))
     protocol: str = option("lm-eval", "forward rows: lm-eval's (as the sweep) or TransformerLens's ('tl')",
                            choices=PROTOCOLS)
@@ -201,8 +201,9 @@ def redraw_oracle_figure(key: str, args) -> None:
     oracle_table = pd.DataFrame(result["oracle"]["table"]).sort_values(["score", "target_fraction"], kind="stable")
     sweep_csv = figures / f"sweep_{key}.csv"
     recorded, recorded_protocol = recorded_sweep(sweep_csv)
-    write_oracle_figure(what_of(result["model"]["name"], result["data"]["task"], result["data"], result["weight_basis"],
-                                result["seed"]), key, result["n"], result["protocol"], oracle_table, recorded, recorded_protocol, args)
+    what = what_of(result["model"]["name"], result["data"]["task"], result["data"], result["weight_basis"],
+                   result["seed"])
+    write_oracle_figure(what, key, result["n"], result["protocol"], oracle_table, recorded, recorded_protocol, args)
     result["recorded_sweep"] = dict(file=sweep_csv.name, protocol=recorded_protocol) if recorded is not None else None
     atomic_write_json(path, result)
 

@@ -58,7 +58,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import inference
 from lens_heads.viz.plots import layer_panels, layer_removal_curves, save_figure
-from shared_settings import TaskRunSettings, recorded_name, sweep_split
+from shared_settings import TaskRunSettings, recorded_name, split_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = "oracle (measured layer effect)"
@@ -184,7 +184,8 @@ def removal_tests(curves: RemovalCurves, style: dict, args) -> pd.DataFrame:
     return table
 
 
-def layer_table(layers: LayerScores, effects: pd.DataFrame, sweep: SweepResult, key: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
+def layer_table(layers: LayerScores, effects: pd.DataFrame, sweep: SweepResult, heads: pd.DataFrame, args
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Item 1's table, one row per layer: rank, the recorded sweep's zero shares, the recorded summed single-head
     effects, the layer's removal effects; and the zero shares as scores x layers at 30% for the figure."""
     table = layers.to_dataframe()
@@ -193,7 +194,6 @@ def layer_table(layers: LayerScores, effects: pd.DataFrame, sweep: SweepResult, 
         for metric in ("kl", "gold_logprob_change", "accuracy_change"):
             for suffix in ("", "_low", "_high"):
                 table[f"{part}_{metric}{suffix}"] = mine.loc[table["layer"], f"{metric}{suffix}"].to_numpy()
-    heads = pd.read_csv(Path(args.figures) / f"head_effects_{key}.csv")
     heads = heads[heads["method"] == "ablation"]
     for metric in ("kl", "gold_logprob"):
         summed = heads[heads["metric"] == metric].groupby("layer")["mean"].sum()
@@ -238,7 +238,9 @@ def write_figure(fig, path: Path, args) -> None:
 
 def run_task(model, name: str, args) -> None:
     figures, key = Path(args.figures), recorded_name(args.model, name)
-    split = args.split or sweep_split(figures, key)
+    sweep = read_units(figures / f"sweep_{key}_units.json.gz")  # the recorded inputs, read before any work
+    heads = pd.read_csv(figures / f"head_effects_{key}.csv")
+    split = args.split or split_of(sweep)
     task = load_task(name, n=args.n, seed=args.seed, split=split)
     folder = Path(args.out) / f"{key}-{split}-n{args.n}-seed{args.seed}-lm-eval"
     start, cpu = time.perf_counter(), time.process_time()
@@ -251,9 +253,8 @@ def run_task(model, name: str, args) -> None:
     table.insert(2, "ranking", [style[c][1] for c in table["curve"]])
     table.insert(3, "style", [style[c][2] for c in table["curve"]])
     tests = removal_tests(curves, style, args)
-    sweep = read_units(figures / f"sweep_{key}_units.json.gz")
-    per_layer, grid = layer_table(layers, effects, sweep, key, args)
-    heads_n = int(pd.read_csv(figures / f"head_effects_{key}.csv")["n"].iloc[0])
+    per_layer, grid = layer_table(layers, effects, sweep, heads, args)
+    heads_n = int(heads["n"].iloc[0])
     lazy = lazy_tests(single, layers, heads_n, task, args)
 
     meta = model_meta(model)
@@ -275,7 +276,8 @@ def run_task(model, name: str, args) -> None:
         baseline=dict(accuracy=base.accuracy, ci95=list(base.ci95), n=base.n),
         intervals=dict(method=inference.BOOTSTRAP, n_resamples=args.n_boot, confidence=inference.CONFIDENCE,
                        tests=inference.PERMUTATION + "; Benjamini-Hochberg over the file's tests"),
-        recorded_inputs=dict(zero_shares=f"sweep_{key}_units.json.gz (n={len(sweep.baseline.items)}, target shares {list(SHARES)})",
+        recorded_inputs=dict(zero_shares=f"sweep_{key}_units.json.gz (n={len(sweep.baseline.items)}, target shares "
+                                         f"{list(SHARES)})",
                              head_effects=f"head_effects_{key}.csv (ablation, n={heads_n}, no per-item records: "
                                           "the summed effects have no interval)"),
         layer_scores=layers.to_dict(), orders=orders, head_order_score=args.head_score,

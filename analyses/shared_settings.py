@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_heads.experiments.sweep import read_units
+from lens_heads.experiments.sweep import SweepResult, read_units
 from lens_heads.models.loading import DEFAULT_MODEL
 from lens_heads.plumbing.io import safe_name
 from lens_heads.plumbing.settings import option
@@ -35,8 +35,14 @@ def recorded_name(model: str, task: str) -> str:
     return task if model == DEFAULT_MODEL else f"{safe_name(model)}_{task}"
 
 
+def split_of(sweep: SweepResult) -> str:
+    """The split a recorded sweep evaluated: the analyses that measure beside it read the same items, whatever the
+    task's default split is now."""
+    return sweep.baseline.meta["task"]["split"]
+
+
 def sweep_split(figures: str | Path, name: str) -> str | None:
-    """The split of the sweep recorded in ``figures`` under ``name`` (a :func:`recorded_name`; None where none is
-    recorded): the analyses that measure beside it read the same items, whatever the task's default split is now."""
+    """:func:`split_of` the sweep recorded in ``figures`` under ``name`` (a :func:`recorded_name`; None where none
+    is recorded)."""
     path = Path(figures) / f"sweep_{name}_units.json.gz"
-    return read_units(path).baseline.meta["task"]["split"] if path.exists() else None
+    return split_of(read_units(path)) if path.exists() else None

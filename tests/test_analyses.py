@@ -150,8 +150,8 @@ def test_attribution_ranking_analysis_on_a_tiny_model(tmp_path, model_flag, key)
     heads = [[layer, head] for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
     (fig / f"head_effects_{key}.json").write_text(json.dumps(dict(
         data=dict(n=2, seed=0), oracle=dict(order=heads[::-1]), costs=dict(ablation=dict(cpu_s=1.0)))))
-    args = script.parse_args([*model_flag, "--tasks", "piqa", "--n", "6", "--calibration-n", "2", "--fractions", "0,.25",
-                              "--n-boot", "20", "--batch-size", "4", "--out", str(tmp_path / "runs"),
+    args = script.parse_args([*model_flag, "--tasks", "piqa", "--n", "6", "--calibration-n", "2", "--fractions",
+                              "0,.25", "--n-boot", "20", "--batch-size", "4", "--out", str(tmp_path / "runs"),
                               "--figures", str(fig), "--no-png"])
     script.run_task(model, "piqa", args)
     stem = f"attribution_ranking_{key}"
