@@ -10,7 +10,7 @@ of the same items. Outputs in ``--figures`` (default ``figures/``), named by ``-
 
 - ``<name>.csv``: per curve, its normalised AUC of accuracy and of the paired KL and its rank by each under ``a``
   and ``b``, the paired difference b - a with its 95% bootstrap interval (the same resampled items for both
-  sweeps) and the verdict the interval allows;
+  sweeps), for the AUCs a paired permutation p-value, and the verdict of the one calling rule (ranks: not tested);
 - ``<name>_heads.csv``: per curve and target share, the heads zeroed on most rows under each setting, how many
   both zero (Jaccard) and the Spearman correlation of every head's share of rows zeroed (descriptive);
 - ``<name>.json``: the inputs (model, task, split, chat template, n, seed), the Spearman correlation of the two

@@ -51,7 +51,7 @@ from lens_heads.models.loading import DEFAULT_MODEL, model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.stats.inference import bootstrap_items
+from lens_heads.stats import calling
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,21 +107,21 @@ def generations(model, task, args, name: str, hooks_for, cache: bool, threshold:
 
 
 def paired(intact: GenerationResult, zeroed: GenerationResult, args) -> dict:
-    """Zeroed minus intact exact match per reading, on the same items: bootstrap interval over items."""
+    """Zeroed minus intact exact match per reading, on the same items: bootstrap interval and permutation test over
+    items, called by the one rule over the readings."""
     readings = list(intact.accuracies) or ["exact_match"]
     def correct(result, name):
         return np.array([it.matches[name] if it.matches else it.correct for it in result.items], dtype=float)
-    diffs = np.stack([correct(zeroed, r) - correct(intact, r) for r in readings])  # [reading, item]
-    boot = bootstrap_items(lambda idx: diffs[:, idx].mean(-1), diffs.shape[1], n_resamples=args.n_resamples,
-                           seed=args.seed)
+    x, y = (np.stack([correct(r, name) for name in readings]) for r in (zeroed, intact))  # [reading, item]
+    tests = calling.paired_tests(x, y, readings, True, a="zeroed", b="intact", n_resamples=args.n_resamples,
+                                 seed=args.seed)
     out = {}
-    for k, name in enumerate(readings):
-        low, high = float(boot.low[k]), float(boot.high[k])
-        out[name] = dict(difference=float(boot.estimates[k]), low=low, high=high, items_changed=int((diffs[k] != 0).sum()),
-                         verdict="zeroing changes exact match" if low > 0 or high < 0 else
-                         "the data cannot tell the zeroed model from the intact one")
+    for k, (name, row) in enumerate(zip(readings, tests.to_dict("records"))):
+        out[name] = dict(difference=row["difference"], low=row["low"], high=row["high"], p_value=row["p_value"],
+                         p_adjusted=row["p_adjusted"], items_changed=int((x[k] != y[k]).sum()), verdict=row["verdict"])
     changed = sum(a.text != b.text for a, b in zip(intact.items, zeroed.items))
-    return dict(method=f"percentile bootstrap over items, {args.n_resamples} replicates, seed {args.seed}",
+    return dict(method=f"percentile bootstrap over items and paired permutation test, {args.n_resamples} "
+                       f"resamples, seed {args.seed}; {calling.RULE}",
                 generations_changed=dict(items=changed, of=len(intact.items), what="items whose zeroed generation is "
                                          "not the intact one's (same prompt, same budget)"), **out)
 

@@ -46,7 +46,6 @@ from lens_heads.experiments.layer_removal import (
     RemovalCurves,
     evaluate_specs,
     head_plan,
-    paired_tests,
     removal_plan,
     zeroed_by_layer,
 )
@@ -56,7 +55,7 @@ from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.stats import inference
+from lens_heads.stats import calling, inference
 from lens_heads.viz.plots import layer_panels, layer_removal_curves, save_figure
 from shared_settings import TaskRunSettings, recorded_name, split_of
 
@@ -179,9 +178,7 @@ def removal_tests(curves: RemovalCurves, style: dict, args) -> pd.DataFrame:
             pairs.append((f"{args.head_score} heads (static)", curve))
     rows = [row for a, b in pairs for metric in ("kl", "gold_logprob_change", "accuracy_change")
             for row in curves.difference(a, b, metric, n_resamples=args.n_boot, seed=args.seed).to_dict("records")]
-    table = pd.DataFrame(rows)
-    table["p_adjusted"] = inference.adjusted_p_values(table["p_value"])
-    return table
+    return calling.call_table(pd.DataFrame(rows))  # the table is the family its p-values are adjusted over
 
 
 def layer_table(layers: LayerScores, effects: pd.DataFrame, sweep: SweepResult, heads: pd.DataFrame, args
@@ -225,11 +222,11 @@ def lazy_tests(single: RemovalCurves, layers: LayerScores, heads_n: int, task, a
                 for label, idx in subsets.items():
                     if len(idx) < 2:
                         continue
-                    out += paired_tests(mine[idx][None], others[idx][None], [f"layer {layer}"],
-                                        metric != "kl", a=f"layer {layer} {part}", b=f"mean of the {len(rest)} "
-                                        f"non-lazy layers", metric=metric, items=label, n_resamples=args.n_boot,
-                                        seed=args.seed)
-    return out
+                    out.append(calling.paired_tests(mine[idx][None], others[idx][None], [f"layer {layer}"],
+                                            metric != "kl", a=f"layer {layer} {part}", b=f"mean of the {len(rest)} "
+                                            f"non-lazy layers", metric=metric, items=label,
+                                            n_resamples=args.n_boot, seed=args.seed))
+    return calling.call_table(pd.concat(out, ignore_index=True)).to_dict("records") if out else []
 
 
 def write_figure(fig, path: Path, args) -> None:
@@ -275,7 +272,7 @@ def run_task(model, name: str, args) -> None:
         protocol="lm-eval", chance=task.chance, settings=asdict(args),
         baseline=dict(accuracy=base.accuracy, ci95=list(base.ci95), n=base.n),
         intervals=dict(method=inference.BOOTSTRAP, n_resamples=args.n_boot, confidence=inference.CONFIDENCE,
-                       tests=inference.PERMUTATION + "; Benjamini-Hochberg over the file's tests"),
+                       tests=inference.PERMUTATION + "; Benjamini-Hochberg over each table's tests", calling_rule=calling.RULE),
         recorded_inputs=dict(zero_shares=f"sweep_{key}_units.json.gz (n={len(sweep.baseline.items)}, target shares "
                                          f"{list(SHARES)})",
                              head_effects=f"head_effects_{key}.csv (ablation, n={heads_n}, no per-item records: "

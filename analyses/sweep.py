@@ -54,6 +54,7 @@ from lens_heads.models.loading import DEFAULT_MODEL, model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.stats import calling
 from lens_heads.viz.plots import ablation_curves, save_figure
 from shared_settings import recorded_name
 
@@ -174,8 +175,8 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     save_units(result, f"{stem}{UNITS_SUFFIX}")
     intervals = result.intervals(n_resamples=args.n_resamples, seed=args.seed)
     summary, check = result.summary(intervals=intervals), result.target_check(TOLERANCE)
-    tests = pd.concat([intervals.versus(ref, TESTED).assign(reference=ref) for ref in ("random", "best")],
-                      ignore_index=True)
+    tests = calling.call_table(pd.concat([intervals.versus(ref, TESTED).assign(reference=ref)
+                                          for ref in ("random", "best")], ignore_index=True))  # one family
     atomic_write_text(f"{stem}_summary.csv", summary.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(f"{stem}_tests.csv", tests.to_csv(index=False, float_format="%.6g"))
     static = result.zeroable_within(mode="static") if args.static_scores else {}
@@ -201,7 +202,8 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
         intervals=dict(intervals.meta, table=intervals.to_dataframe().to_dict(orient="records")),
         tests=dict(what="every curve against random and against the best curve of each summary: paired "
                         "difference (curve - reference) with its bootstrap interval, permutation p-value and "
-                        "Benjamini-Hochberg adjusted p over the table; the verdict is what the interval supports",
+                        "Benjamini-Hochberg adjusted p over the table; the verdict by the calling rule",
+                   calling_rule=calling.RULE,
                    table=tests.to_dict(orient="records")),
         units_file=Path(f"{stem}{UNITS_SUFFIX}").name,
         target_check=check.to_dict(orient="records"),

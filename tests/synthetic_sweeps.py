@@ -30,14 +30,19 @@ def unit(mode, score, p, drops, zeroed=None, heads=10) -> UnitResult:
                       result=result, item_zeroed=None if zeroed is None else [[2, int(z)] for z in zeroed])
 
 
-def synthetic_sweep(rng, n, drop_levels: dict, zeroed=False, *, model="m", task="t") -> SweepResult:
+def synthetic_sweep(rng, n, drop_levels: dict, zeroed=True, *, model="m", task="t", share_factor=None
+                    ) -> SweepResult:
     """Per curve, the gold log-likelihood of each item drops by one of two levels at every point, chosen at
-    random (probability 1/2 each): the curve's expected KL at a point is the mean of the two levels' KLs."""
+    random (probability 1/2 each): the curve's expected KL at a point is the mean of the two levels' KLs. Each
+    item's zeroed triples (of 2 rows x 10 heads) are binomial at the target share times the curve's
+    ``share_factor`` (default 1), so curves can realise different shares; ``zeroed=False``: units recorded
+    without per-item counts, as old records are."""
     units = [unit("baseline", None, 0.0, np.zeros(n))]
     for p in TARGETS:
         for name, levels in drop_levels.items():
             drops = np.where(rng.random(n) < 0.5, levels[0], levels[1]) * p / 0.1
-            counts = rng.binomial(20, p, n) if zeroed else None
+            share = min(1.0, p * (share_factor or {}).get(name, 1.0))
+            counts = rng.binomial(20, share, n) if zeroed else None
             units.append(unit("random" if name == "random" else "threshold", name, p, drops, counts))
     return SweepResult(baseline=units[0].result, units=units,
                        meta=dict(scores=[s for s in drop_levels if s != "random"], fractions=[0.0, *TARGETS],

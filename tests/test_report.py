@@ -410,14 +410,18 @@ def test_summary_table_formats_intervals():
 
 
 def test_findings_call_a_difference_only_when_interval_and_test_agree():
-    from lens_heads.report.findings import difference_sentence
+    from lens_heads.stats.calling import call_table, sentence
 
-    test = dict(a="AHON (LN)", b="random", difference=-0.6, low=-0.8, high=-0.4, p_value=0.001,
-                verdict="AHON (LN) better")
-    assert difference_sentence(test, "KL AUC").startswith("AHON (LN) costs less than random by KL AUC: "
-                                                          "difference (AHON (LN) − random) -0.60 [-0.80, -0.40]")
-    assert "not called apart" in difference_sentence({**test, "p_value": 0.2}, "KL AUC")
-    assert difference_sentence({**test, "low": -0.8, "high": 0.1, "verdict": "cannot tell apart"},
-                               "KL AUC").startswith("the data cannot tell AHON (LN) and random apart by KL AUC")
-    assert difference_sentence({**test, "difference": 5.0, "low": 2.0, "high": 8.0}, "% zeroable").startswith(
-        "AHON (LN) beats random by % zeroable")
+    test = dict(a="AHON (LN)", b="random", difference=-0.6, low=-0.8, high=-0.4, p_value=0.001, higher_is_better=False)
+
+    def said(**change):
+        return sentence(call_table(pd.DataFrame([{**test, **change}])).iloc[0].to_dict(), "KL AUC",
+                        lower_is_better=True)
+
+    assert said().startswith("AHON (LN) costs less than random by KL AUC: difference (AHON (LN) − random) -0.60 "
+                             "[-0.80, -0.40]")
+    assert said(p_value=0.2).startswith("the two tests disagree on AHON (LN) against random by KL AUC")
+    assert said(low=-0.8, high=0.1, p_value=0.2).startswith("the data cannot tell AHON (LN) and random apart by KL AUC")
+    assert sentence(call_table(pd.DataFrame([{**test, "difference": 5.0, "low": 2.0, "high": 8.0,
+                                              "higher_is_better": True}])).iloc[0].to_dict(),
+                    "% zeroable").startswith("AHON (LN) beats random by % zeroable")

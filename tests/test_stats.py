@@ -76,7 +76,7 @@ def test_curves_of_one_distribution_give_uniform_p_values_and_identical_curves_n
 
 
 def test_a_real_difference_is_claimed_and_a_table_against_random_and_the_best():
-    sweep = synthetic_sweep(np.random.default_rng(1), 80, {"A": (0.05, 0.1), "B": (0.06, 0.1), "random": (1, 3)})
+    sweep = synthetic_sweep(np.random.default_rng(1), 80, {"A": (0.05, 0.1), "B": (0.1, 0.2), "random": (1, 3)})
     iv = sweep.intervals(n_resamples=300)
     d = iv.difference("A", "random", "kl_auc", n_permutations=199)
     assert d["verdict"] == "A better" and d["high"] < 0 and d["p_value"] <= 0.01  # the smallest p 199 permutations give

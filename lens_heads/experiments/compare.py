@@ -37,8 +37,9 @@ import numpy as np
 import pandas as pd
 
 from lens_heads.experiments.sweep import SweepResult, load_sweep, read_units
-from lens_heads.experiments.sweep_intervals import replicate_ranks
+from lens_heads.experiments.sweep_intervals import paired_statistic, replicate_ranks
 from lens_heads.plumbing.errors import InputError
+from lens_heads.stats import calling
 from lens_heads.stats import inference as stats
 from lens_heads.stats.curves import normalised_auc, zeroable_within
 
@@ -229,9 +230,8 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
         have = "; ".join(f"{label}: {', '.join(a) or 'none'}" for label, a in zip(labels, aucs))
         raise InputError(f"the sweeps have {len(curves)} curve(s) with an AUC in common, ranking needs at least two "
                          f"({have}): sweep the same scores on every (model, task)")
-    sign = -1.0 if metric == "accuracy" else 1.0  # rank 1 = best
     auc = tuple(tuple(a[c] for c in curves) for a in aucs)
-    rank = tuple(tuple(stats.average_ranks([sign * v for v in row]).tolist()) for row in auc)
+    rank = tuple(tuple(stats.ranks(row, higher_is_better=metric == "accuracy").tolist()) for row in auc)
     replicates = [_rank_replicates(s, curves, metric, n_resamples, seed) for s in sweeps]
     confidence = stats.CONFIDENCE
     ends = [_rank_ends(r, len(curves), confidence) for r in replicates]
@@ -333,7 +333,9 @@ def compare_settings(a: SweepResult, b: SweepResult, *, n_resamples: int = stats
     """One model and task swept under two settings on the same items: per curve, its normalised AUC of accuracy and
     of the KL and its rank by each under ``a`` and under ``b``, and the paired difference b - a with its percentile
     interval (both sweeps bootstrapped with the same resampled items, replicate by replicate, on their common grid
-    of target shares), with the verdict the interval allows."""
+    of target shares) and, for the AUCs, a paired permutation test that swaps each item's outcomes under the two
+    settings; called by the one rule over the table (:mod:`lens_heads.stats.calling`). A rank depends on every
+    curve at once, so its change has an interval and no test: "not tested"."""
     for s in (a, b):
         if not isinstance(s, SweepResult):
             raise InputError("compare_settings needs per-item records: give run_sweep results, or sweep_<task>.json "
@@ -350,12 +352,23 @@ def compare_settings(a: SweepResult, b: SweepResult, *, n_resamples: int = stats
                               ib.curves.index(curve))
             iv = stats.percentile_interval(ib.estimates[qb, cb] - ia.estimates[qa, ca],
                                            ib.replicates[qb, cb] - ia.replicates[qa, ca], ia.meta["confidence"])
+            p = float("nan") if quantity.startswith("rank_") else _settings_p_value(ia, ib, ca, cb, qb, n_resamples)
             rows.append(dict(quantity=quantity, curve=curve, a=float(ia.estimates[qa, ca]),
                              b=float(ib.estimates[qb, cb]), difference=iv.estimate, low=iv.low, high=iv.high,
-                             verdict=("cannot tell apart" if not iv.excludes(0) else
-                                      "higher under b" if iv.low > 0 else "lower under b")))
-    return pd.DataFrame(rows).assign(setting_a=setting_of(a), setting_b=setting_of(b), grid_pct=str(
-        [100 * p for p in grid]), n_items=len(a.baseline.items), n_resamples=n_resamples, seed=seed)
+                             p_value=p, higher_is_better=None))
+    table = calling.call_table(pd.DataFrame(rows))
+    table["verdict"] = [f"{v} under b" if v in (calling.HIGHER, calling.LOWER) else v for v in table["verdict"]]
+    return table.assign(setting_a=setting_of(a), setting_b=setting_of(b), grid_pct=str(
+        [100 * p for p in grid]), n_items=len(a.baseline.items), n_resamples=n_resamples, seed=seed,
+        calling_rule=calling.RULE)
+
+
+def _settings_p_value(ia, ib, ca: int, cb: int, q: int, n_resamples: int) -> float:
+    """The paired permutation p of curve b-minus-a in summary ``q`` across two settings' intervals (same items)."""
+    (items_a, rows_a, heads), (items_b, rows_b, _) = ia.data, ib.data
+    statistic = paired_statistic(items_b[cb], items_a[ca], rows_b, rows_a, heads, q, points=ib.meta["points"],
+                                 shares=ib.meta["shares"])
+    return stats.permutation_p_value(statistic, len(rows_a), n_resamples=n_resamples, seed=ia.meta["seed"])
 
 
 def zeroed_head_overlap(a: SweepResult, b: SweepResult, majority: float = 0.5) -> pd.DataFrame:

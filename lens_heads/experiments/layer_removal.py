@@ -32,7 +32,7 @@ from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_val
 from lens_heads.experiments.rankings import check_order
 from lens_heads.experiments.sweep import UnitResult, UnitStore, run_fingerprint, unit_result
 from lens_heads.plumbing.errors import InputError
-from lens_heads.stats import inference
+from lens_heads.stats import calling, inference
 
 METRICS = {  # per-item paired value: what it is, and whether higher is better
     "accuracy_change": ("change of correctness, removed - unablated (accuracy points / 100)", True),
@@ -212,8 +212,8 @@ class RemovalCurves:
     def difference(self, a: str, b: str, metric: str = "kl", *, n_resamples: int = inference.N_RESAMPLES,
                    seed: int = 0) -> pd.DataFrame:
         """Curve ``a`` minus curve ``b`` in ``metric`` on the same items, at each ``k`` both have and as the mean
-        over those ``k`` (``k = "mean"``): paired bootstrap interval, permutation p-value and the verdict the
-        interval supports."""
+        over those ``k`` (``k = "mean"``): paired bootstrap interval, permutation p-value and the calling rule's
+        verdict over these rows (:func:`lens_heads.stats.calling.paired_tests`)."""
         if metric not in METRICS:
             raise InputError(f"unknown metric {metric!r}: choose one of {list(METRICS)}")
         shared = [k for k in self.counts(a) if k in self.counts(b)]
@@ -222,8 +222,8 @@ class RemovalCurves:
         pick = lambda c: self.per_item(c, metric)[[self.counts(c).index(k) for k in shared]]  # noqa: E731
         x, y = pick(a), pick(b)
         x, y = np.vstack([x, x.mean(0)]), np.vstack([y, y.mean(0)])
-        return pd.DataFrame(paired_tests(x, y, [*shared, "mean"], METRICS[metric][1], a=a, b=b, metric=metric,
-                                         n_resamples=n_resamples, seed=seed))
+        return calling.paired_tests(x, y, [*shared, "mean"], METRICS[metric][1], a=a, b=b, metric=metric,
+                                    n_resamples=n_resamples, seed=seed)
 
 
 def zeroed_by_layer(sweep, mode: str = "threshold") -> pd.DataFrame:
@@ -266,26 +266,6 @@ def mean_intervals(x: Float[np.ndarray, "row item"], *, n_resamples: int = infer
     count resample the same items, so intervals of different rows and calls are paired."""
     return inference.bootstrap_items(lambda idx: x[:, idx].mean(-1), x.shape[1], n_resamples=n_resamples,
                                      seed=seed, confidence=confidence)
-
-
-def paired_tests(x: Float[np.ndarray, "row item"], y: Float[np.ndarray, "row item"], labels: Sequence,
-                 higher_is_better: bool, *, n_resamples: int = inference.N_RESAMPLES, seed: int = 0,
-                 **describe) -> list[dict]:
-    """Per row, mean(x - y) over items with its paired bootstrap interval, a paired permutation p-value (each
-    item's two values swapped at random) and the verdict: ``"a better"``, ``"b better"`` or ``"cannot tell
-    apart"`` by whether the interval excludes 0."""
-    boot = mean_intervals(x - y, n_resamples=n_resamples, seed=seed)
-    out = []
-    for r, label in enumerate(labels):
-        both = np.concatenate([x[r], y[r]])
-        p = inference.permutation_p_value(lambda sa, sb: both[sa].mean(-1) - both[sb].mean(-1), x.shape[1],
-                                          n_resamples=n_resamples, seed=seed)
-        interval = inference.Interval(float(boot.estimates[r]), float(boot.low[r]), float(boot.high[r]))
-        verdict = ("cannot tell apart" if not interval.excludes(0) else
-                   "a better" if (interval.low > 0) == higher_is_better else "b better")
-        out.append(dict(describe, k=label, difference=interval.estimate, low=interval.low, high=interval.high,
-                        p_value=p, verdict=verdict, n=x.shape[1], method=inference.BOOTSTRAP))
-    return out
 
 
 def removal_curves(model, task, plans: Mapping[str, Sequence[AblationSpec]], *, out_dir=None, **settings

@@ -201,7 +201,7 @@ class SweepResult:
             d = intervals.difference("AWFT", entry["best_score"], "zeroable_authors")
             entry.update(awft_low=awft.low, awft_high=awft.high, best_low=best.low, best_high=best.high,
                          difference=d["difference"], difference_low=d["low"], difference_high=d["high"],
-                         p_value=d["p_value"], verdict=d["verdict"])
+                         p_value=d["p_value"], verdict=d["verdict"], test_note=d["test_note"])
         return entry
 
     def target_check(self, tolerance: float = 2.0):
@@ -244,7 +244,8 @@ class SweepResult:
                    seed: int = 0) -> dict:
         """Curve ``a`` minus curve ``b`` in ``summary`` (``"accuracy_auc"``, ``"kl_auc"``, ``"zeroable_authors"``,
         ``"zeroable_censored"``, ``"kl_at_<share>pct"``) on the same items: paired bootstrap interval, permutation
-        p-value and the verdict the interval supports. For many comparisons, compute :meth:`intervals` once."""
+        p-value and the calling rule's verdict (:mod:`lens_heads.stats.calling`). For many comparisons, compute
+        :meth:`intervals` once."""
         return self.intervals(points, n_resamples=n_resamples, seed=seed).difference(a, b, summary)
 
     def normalised_auc(self, *, mode: str = "threshold", metric: str = "accuracy") -> dict[str, float]:
@@ -306,14 +307,16 @@ class SweepResult:
         censored, above = self.zeroable_within(points, rule="censored"), self.ends_above(points)
         kl_at = self.at_share(share)
         ranking = sorted(auc, key=lambda s: -auc[s] if not math.isnan(auc[s]) else math.inf)
-        kl_ranking = sorted(kl, key=lambda s: kl[s] if not math.isnan(kl[s]) else math.inf)
+        # the one rank rule (ties averaged, NaN last), as the rank intervals resample it
+        auc_rank = dict(zip(auc, inference.ranks(list(auc.values()), higher_is_better=True)))
+        kl_rank = dict(zip(kl, inference.ranks(list(kl.values()), higher_is_better=False)))
         columns: dict[str, tuple[str, Mapping[str, float]]]  # values per score (ranks are ints)
         columns = {f"zeroable_within_{points:g}_point_pct": ("zeroable_authors", zeroable),
                    f"zeroable_within_{points:g}_point_censored_pct": ("zeroable_censored", censored),
                    "normalised_auc_pct": ("accuracy_auc", auc),
-                   "auc_rank": ("rank_accuracy_auc", {s: ranking.index(s) + 1 for s in ranking}),
+                   "auc_rank": ("rank_accuracy_auc", auc_rank),
                    "normalised_auc_kl": ("kl_auc", kl),
-                   "kl_rank": ("rank_kl_auc", {s: kl_ranking.index(s) + 1 for s in kl_ranking}),
+                   "kl_rank": ("rank_kl_auc", kl_rank),
                    f"kl_at_{100 * share:g}pct": (f"kl_at_{100 * share:g}pct", kl_at)}
         rows = []
         for s in ranking:

@@ -9,8 +9,9 @@ resampled items with the same functions as the point estimates, and gives percen
 between curves are taken replicate by replicate (paired), and tested by a paired permutation test that swaps each
 item's outcomes under the two curves (:func:`lens_heads.stats.inference.permutation_p_value`).
 
-Units recorded without per-item zeroing counts hold their realised share at its full-sample value (``meta``
-says so).
+Units recorded without per-item zeroing counts hold their realised share at its full-sample value in the
+bootstrap (``meta`` says so) and are refused by the permutation test, which must test the quantity whose interval
+is reported. Verdicts follow the one calling rule (:mod:`lens_heads.stats.calling`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from jaxtyping import Float, Int
 
 from lens_heads.evaluation.evaluate import paired_values
 from lens_heads.plumbing.errors import InputError
-from lens_heads.stats import curves
+from lens_heads.stats import calling, curves
 from lens_heads.stats import inference as stats
 
 SUMMARIES = {
@@ -68,13 +69,27 @@ class CurveItems:
 
     def paired_with(self, other: "CurveItems") -> "CurveItems":
         """Both curves' items side by side (slot ``i`` this curve's item ``i``, ``n + i`` the other's), for a
-        permutation test; the two must share their points' targets."""
+        permutation test: each slot keeps its own zeroing count, so either side of a permutation has the realised
+        share of the items it holds, and the unpermuted sides are the two curves as the bootstrap sees them. The two
+        must share their points' targets and record per-item zeroing counts (without them a curve's realised share
+        on a permuted half of the items is unknown, and holding it fixed would test another statistic)."""
         if self.target.shape != other.target.shape or not np.allclose(self.target, other.target):
             raise InputError(f"{self.name!r} and {other.name!r} were measured at different target shares "
                              f"({self.target.tolist()} vs {other.target.tolist()}): a paired test needs the same")
-        zeroed = None if self.zeroed is None or other.zeroed is None else np.concatenate([self.zeroed, other.zeroed], 1)
+        missing = [c.name for c in (self, other) if c.zeroed is None]
+        if missing:
+            raise InputError(untestable_message(missing))
+        assert self.zeroed is not None and other.zeroed is not None
         return CurveItems(self.name, self.target, np.concatenate([self.correct, other.correct], 1),
-                          np.concatenate([self.kl, other.kl], 1), zeroed, self.realised)
+                          np.concatenate([self.kl, other.kl], 1), np.concatenate([self.zeroed, other.zeroed], 1),
+                          self.realised)
+
+
+def untestable_message(curves: Sequence[str]) -> str:
+    """Why curves recorded without per-item zeroing counts get no permutation test, and what to do."""
+    return (f"{list(curves)} recorded no per-item zeroing counts (units written before lens_heads kept them), so a "
+            "permutation test cannot keep each curve's realised share of heads zeroed: re-record the sweep (run_sweep "
+            "with a new out_dir, or delete the old units there) to test it; its intervals stay available")
 
 
 def curve_items(sweep, mode: str = "threshold") -> tuple[list[CurveItems], np.ndarray, int]:
@@ -159,9 +174,9 @@ def summary_names(shares: Sequence[float]) -> list[str]:
 
 
 def replicate_ranks(values: Float[np.ndarray, "curve rep"], higher_is_better: bool) -> np.ndarray:
-    """Per replicate (columns), the rank of each curve (rows), 1 = best, ties averaged, NaN last."""
-    signed = np.where(np.isnan(values), np.inf, -values if higher_is_better else values)
-    return np.apply_along_axis(stats.average_ranks, 0, signed)
+    """Per replicate (columns), the rank of each curve (rows) by the one rank rule (:func:`lens_heads.stats.
+    inference.ranks`: 1 = best, ties averaged, NaN last)."""
+    return np.apply_along_axis(stats.ranks, 0, values, higher_is_better)
 
 
 # ---------------------------------------------------------------- the result
@@ -199,9 +214,32 @@ class SweepIntervals:
         return pd.DataFrame(rows)
 
     def difference(self, a: str, b: str, summary: str, *, n_permutations: int | None = None) -> dict:
-        """Curve ``a`` minus curve ``b`` in ``summary``: the paired bootstrap interval (the replicates' differences)
-        and a two-sided p-value from a paired permutation test over items, with what makes a claim: ``"a better"``,
-        ``"b better"`` or ``"cannot tell apart"`` by whether the interval excludes 0."""
+        """Curve ``a`` minus curve ``b`` in ``summary``: the paired bootstrap interval (the replicates' differences),
+        a two-sided p-value from a paired permutation test of the same statistic over items, and the verdict of the
+        calling rule (:mod:`lens_heads.stats.calling`) with this test as its own family; a table of several tests
+        adjusts their p-values together (:meth:`versus`, :func:`lens_heads.stats.calling.call_table`). A curve
+        recorded without per-item zeroing counts is not tested (``test_note`` says how to re-record it)."""
+        return self.differences([(a, b, summary)], n_permutations=n_permutations).iloc[0].to_dict()
+
+    def versus(self, reference: str = "random", summaries: Sequence[str] = ("accuracy_auc", "kl_auc"), *,
+               n_permutations: int | None = None) -> pd.DataFrame:
+        """Every other curve against ``reference`` (a curve name, or ``"best"``: per summary the curve with the best
+        estimate) in each of ``summaries``, with paired intervals, permutation p-values, Benjamini-Hochberg adjusted
+        p-values over the table's tests and the calling rule's verdicts."""
+        pairs = []
+        for summary in summaries:
+            ref = self.best(summary) if reference == "best" else reference
+            pairs += [(c, ref, summary) for c in self.curves if c != ref]
+        return self.differences(pairs, n_permutations=n_permutations)
+
+    def differences(self, pairs: Sequence[tuple[str, str, str]], *, n_permutations: int | None = None
+                    ) -> pd.DataFrame:
+        """One row per ``(a, b, summary)`` of ``pairs`` as :meth:`difference` gives it, the rows one family: their
+        p-values adjusted together and called by the one rule."""
+        return calling.call_table(pd.DataFrame([self._difference(a, b, summary, n_permutations)
+                                                for a, b, summary in pairs]))
+
+    def _difference(self, a: str, b: str, summary: str, n_permutations: int | None) -> dict:
         if summary.startswith("rank_") or summary not in self.quantities:
             raise InputError(f"unknown summary {summary!r}: choose one of "
                              f"{[q for q in self.quantities if not q.startswith('rank_')]}")
@@ -209,29 +247,13 @@ class SweepIntervals:
         _, ib = self._index(summary, b)
         interval = stats.percentile_interval(self.estimates[q, ia] - self.estimates[q, ib],
                                              self.replicates[q, ia] - self.replicates[q, ib], self.meta["confidence"])
-        # a curve that does not reach a share has no value there: nothing to test
-        p = self._p_value(ia, ib, q, n_permutations or self.meta["n_resamples"]) if np.isfinite(
-            interval.estimate) else float("nan")
-        higher_better = HIGHER_IS_BETTER.get(summary, False)  # the KL at a share: lower is better
-        verdict = ("cannot tell apart" if not interval.excludes(0) else
-                   f"{a} better" if (interval.low > 0) == higher_better else f"{b} better")
+        untestable = self.untestable(a, b)
+        # nothing to test where a curve does not reach a share (no value there) or lacks per-item zeroing counts
+        testable = np.isfinite(interval.estimate) and not untestable
+        p = self._p_value(ia, ib, q, n_permutations or self.meta["n_resamples"]) if testable else float("nan")
         return dict(a=a, b=b, summary=summary, difference=interval.estimate, low=interval.low, high=interval.high,
-                    p_value=p, verdict=verdict)
-
-    def versus(self, reference: str = "random", summaries: Sequence[str] = ("accuracy_auc", "kl_auc"), *,
-               n_permutations: int | None = None) -> pd.DataFrame:
-        """Every other curve against ``reference`` (a curve name, or ``"best"``: per summary the curve with the best
-        estimate) in each of ``summaries``, with paired intervals, permutation p-values and Benjamini-Hochberg
-        adjusted p-values over the table's tests."""
-        rows = []
-        for summary in summaries:
-            ref = self.best(summary) if reference == "best" else reference
-            rows += [self.difference(c, ref, summary, n_permutations=n_permutations)
-                     for c in self.curves if c != ref]
-        table = pd.DataFrame(rows)
-        if len(table):
-            table["p_adjusted"] = stats.adjusted_p_values(table["p_value"])
-        return table
+                    p_value=p, higher_is_better=HIGHER_IS_BETTER.get(summary, False),  # a KL at a share: lower
+                    test_note=untestable_message(untestable) if untestable else "")
 
     def best(self, summary: str) -> str:
         """The curve with the best estimate of ``summary`` (NaN last)."""
@@ -240,6 +262,11 @@ class SweepIntervals:
         signed = np.where(np.isnan(values), -np.inf, values if HIGHER_IS_BETTER.get(summary, False) else -values)
         return self.curves[int(np.argmax(signed))]
 
+    def untestable(self, *curves: str) -> list[str]:
+        """Those of ``curves`` recorded without per-item zeroing counts: no permutation test can be run on them."""
+        items = self.data[0]
+        return [c for c in curves if items[self._index(self.quantities[0], c)[1]].zeroed is None]
+
     def _index(self, quantity: str, curve: str) -> tuple[int, int]:
         if quantity not in self.quantities:
             raise InputError(f"unknown summary {quantity!r}: choose one of {list(self.quantities)}")
@@ -247,17 +274,39 @@ class SweepIntervals:
             raise InputError(f"unknown curve {curve!r}: this sweep has {list(self.curves)}")
         return self.quantities.index(quantity), self.curves.index(curve)
 
-    def _p_value(self, ia: int, ib: int, q: int, n_permutations: int) -> float:
+    def permuted_difference(self, a: str, b: str, summary: str):
+        """The statistic the permutation test of ``a`` against ``b`` in ``summary`` permutes
+        (:func:`paired_statistic`); unpermuted, it is the bootstrap's estimate of the difference."""
+        q, ia = self._index(summary, a)
+        _, ib = self._index(summary, b)
         items, rows, n_heads = self.data
-        pair = items[ia].paired_with(items[ib])
-        both_rows = np.concatenate([rows, rows])
-        settings = dict(points=self.meta["points"], shares=self.meta["shares"])
+        return paired_statistic(items[ia], items[ib], rows, rows, n_heads, q, points=self.meta["points"],
+                                shares=self.meta["shares"])
 
-        def difference(sa, sb):
-            return (summarise(pair, sa, both_rows, n_heads, **settings)[q]
-                    - summarise(pair, sb, both_rows, n_heads, **settings)[q])
+    def _p_value(self, ia: int, ib: int, q: int, n_permutations: int) -> float:
+        difference = self.permuted_difference(self.curves[ia], self.curves[ib], self.quantities[q])
+        n = len(self.data[1])
+        observed = float(difference(np.arange(n)[None], np.arange(n, 2 * n)[None])[0])
+        estimate = float(self.estimates[q, ia] - self.estimates[q, ib])
+        if not np.isclose(observed, estimate, rtol=1e-9, atol=1e-9):  # the test must be of the reported quantity
+            raise RuntimeError(f"the permutation test of {self.curves[ia]!r} vs {self.curves[ib]!r} in "
+                               f"{self.quantities[q]} would test {observed} while the interval is of {estimate}")
+        return stats.permutation_p_value(difference, n, n_resamples=n_permutations, seed=self.meta["seed"])
 
-        return stats.permutation_p_value(difference, len(rows), n_resamples=n_permutations, seed=self.meta["seed"])
+
+def paired_statistic(a: CurveItems, b: CurveItems, rows_a: np.ndarray, rows_b: np.ndarray, n_heads: int, q: int, *,
+                     points: float, shares: Sequence[float]):
+    """``f(sa, sb)``: per permutation (rows of ``sa``/``sb``), summary ``q`` of the items in slots ``sa`` minus that
+    of the items in slots ``sb``, slot ``i`` being curve ``a``'s item ``i`` and ``n + i`` curve ``b``'s
+    (:meth:`CurveItems.paired_with`); ``rows_a``/``rows_b``: the rows each item's zeroing was counted over."""
+    pair = a.paired_with(b)
+    both_rows = np.concatenate([rows_a, rows_b])
+
+    def difference(sa, sb):
+        return (summarise(pair, sa, both_rows, n_heads, points=points, shares=shares)[q]
+                - summarise(pair, sb, both_rows, n_heads, points=points, shares=shares)[q])
+
+    return difference
 
 
 def sweep_intervals(sweep, *, points: float = 1.0, shares: Sequence[float] | None = None,
@@ -293,7 +342,7 @@ def sweep_intervals(sweep, *, points: float = 1.0, shares: Sequence[float] | Non
         realised_share=("resampled with the items (per-item zeroing counts)" if all(c.zeroed is not None
                                                                                     for c in items)
                         else "held at the full-sample value for curves recorded without per-item zeroing counts"),
-        paired_test=stats.PERMUTATION)
+        paired_test=stats.PERMUTATION, calling_rule=calling.RULE)
     return SweepIntervals(curves=tuple(c.name for c in items), quantities=quantities,
                           estimates=boot.estimates.reshape(shape), low=boot.low.reshape(shape),
                           high=boot.high.reshape(shape), replicates=boot.replicates.reshape(*shape, -1), meta=meta,

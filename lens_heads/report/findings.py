@@ -1,9 +1,8 @@
 """What the report claims, in words a reader takes in first: the findings box at the top of the page and the sweep
 summary under human column names, every number with its 95% interval as ``x [lo, hi]``.
 
-A claim that one curve beats another is made only where the paired interval of the difference excludes 0
-(``SweepIntervals.difference``'s verdict) and the paired permutation test agrees (p < 0.05); otherwise the box says
-the data cannot tell them apart, or that the two tests disagree.
+A claim that one curve beats another follows the one calling rule (:mod:`lens_heads.stats.calling`), whose words
+the box uses: the findings' tests of one task are one family.
 """
 
 from __future__ import annotations
@@ -14,10 +13,10 @@ import pandas as pd
 
 from lens_heads.heads.scores import most_inactive
 from lens_heads.report.render import Section, Text
+from lens_heads.stats import calling
 from lens_heads.stats.inference import Interval
 
 INACTIVE_SHOWN = 5
-ALPHA = 0.05  # a difference is called when its 95% interval excludes 0 and its permutation p-value is below this
 
 # summary() column (points = 1, share = 10) -> (page heading, number format)
 HUMAN_COLUMNS = {
@@ -53,21 +52,6 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def difference_sentence(test: dict, what: str, spec: str = ".2f") -> str:
-    """One paired comparison in words, claiming only what its interval supports."""
-    diff = Interval(test["difference"], test["low"], test["high"]).format(spec)
-    a, b = test["a"], test["b"]
-    if test["verdict"] == "cannot tell apart":
-        return f"the data cannot tell {a} and {b} apart by {what}: difference {diff} (p = {test['p_value']:.2g})."
-    if not test["p_value"] < ALPHA:  # the two tests disagree (small samples): no claim
-        return (f"{a} and {b} are not called apart by {what}: difference {diff} excludes 0, but the permutation "
-                f"test gives p = {test['p_value']:.2g}.")
-    winner = a if test["verdict"] == f"{a} better" else b
-    loser = b if winner == a else a
-    verb = "costs less than" if "KL" in what else "beats"
-    return f"{winner} {verb} {loser} by {what}: difference ({a} − {b}) {diff} (p = {test['p_value']:.2g})."
-
-
 def inactive_sentence(scores_result, score: str) -> str:
     """The heads a score calls most inactive on average over the task's rows."""
     heads = most_inactive(scores_result.scores.mean(score), scores_result.scores.direction[score], INACTIVE_SHOWN)
@@ -89,10 +73,10 @@ def ablation_sentences(r) -> list[str]:
         best, rand = (with_interval(rows.loc[c], column, ".1f") for c in (test["a"], "random"))
         out.append(f"{t}: zeroing by {test['a']} keeps accuracy within 1 point of the baseline up to "
                    f"{best}% of heads (authors' rule), random zeroing {rand}%; "
-                   + difference_sentence(test, "% zeroable within 1 point", ".1f"))
+                   + calling.sentence(test, "% zeroable within 1 point", ".1f"))
     for key in ("best_vs_second_kl", "best_vs_random_kl"):
         if key in tests:
-            out.append(f"{t}: " + difference_sentence(tests[key], "KL AUC"))
+            out.append(f"{t}: " + calling.sentence(tests[key], "KL AUC", lower_is_better=True))
     return out
 
 
@@ -111,6 +95,6 @@ def findings(scores: list, ablations: list, rank=None) -> Section:
                      f"{', '.join(map(str, lazy)) if lazy else 'none'}.")
     if not lines:
         lines.append("No stage finished that the findings rest on; see the sections below.")
-    note = ("Intervals: 95% percentile bootstrap over items, paired across curves; p: paired permutation test. "
-            f"A difference is called only where its interval excludes 0 and p < {ALPHA:g}.")
+    note = ("Intervals: 95% percentile bootstrap over items, paired across curves; p: paired permutation test; "
+            f"{calling.RULE}.")
     return Section("Findings", [Text(line, "finding") for line in lines] + [Text(note, "note")], anchor="findings")

@@ -143,7 +143,7 @@ def layers(r: LayersResult) -> Section:
     t, n = r.task.name, len(r.task)
     lazy = r.numbers["lazy_layers"]
     tests = r.tables[f"layer_removal_tests_{t}"]
-    shown = tests[["a", "b", "metric", "k", "difference", "low", "high", "p_value", "verdict"]].copy()
+    shown = tests[["a", "b", "metric", "k", "difference", "low", "high", "p_value", "p_adjusted", "verdict"]].copy()
     for side in ("a", "b"):  # every curve here removes attention: the part is in the caption
         shown[side] = shown[side].str.replace(" · attention", "", regex=False)
     per_layer = r.tables[f"layer_scores_{t}"][list(LAYER_COLUMNS)].rename(columns=LAYER_COLUMNS)

@@ -133,6 +133,13 @@ def average_ranks(values: np.ndarray | Sequence[float], decimals: int = 9) -> np
     return stats.rankdata(np.round(np.asarray(values, dtype=float), decimals), method="average")
 
 
+def ranks(values: np.ndarray | Sequence[float], higher_is_better: bool) -> np.ndarray:
+    """The one rank rule of lens_heads: 1 = best, ties averaged (:func:`average_ranks`), undefined (NaN) values
+    last. Point estimates and every bootstrap replicate are ranked by it, so a rank lies inside its own interval."""
+    values = np.asarray(values, dtype=float)
+    return average_ranks(np.where(np.isnan(values), np.inf, -values if higher_is_better else values))
+
+
 def spearman(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float]) -> float:
     """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
     a, b = np.asarray(a, dtype=float).reshape(-1), np.asarray(b, dtype=float).reshape(-1)

@@ -1,0 +1,131 @@
+"""The one calling rule: the permutation test tests the quantity whose interval is reported, verdicts need the
+interval and the adjusted p to agree, one rank rule for estimates and intervals, and sentences that never
+contradict their own numbers."""
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lens_heads import InputError
+from lens_heads.experiments.sweep import SweepResult, UnitResult
+from lens_heads.report.stages import headline_tests
+from lens_heads.stats import calling
+from lens_heads.stats import inference as stats
+from synthetic_sweeps import synthetic_sweep
+
+LEVELS = {"A": (0.05, 0.3), "B": (0.2, 1.0), "random": (0.5, 2.0)}
+
+
+def test_the_permutation_test_permutes_the_reported_difference_when_realised_shares_differ():
+    """Curves that realise very different shares of heads zeroed: unpermuted, the permutation test's statistic is
+    the difference of the two curves' full-sample summaries, each on its own realised x axis."""
+    sweep = synthetic_sweep(np.random.default_rng(0), 30, LEVELS, share_factor={"A": 0.4, "random": 2.5})
+    realised = {name: [u.realised_fraction for u in units[1:]] for name, units in sweep.curves().items()}
+    assert realised["random"][0] > 2 * realised["A"][0]  # the shares do differ
+    iv = sweep.intervals(n_resamples=50)
+    n = 30
+    for summary, direct in (("zeroable_authors", sweep.zeroable_within(rule="authors")),
+                            ("kl_auc", sweep.normalised_auc(metric="kl")),
+                            ("accuracy_auc", sweep.normalised_auc())):
+        observed = iv.permuted_difference("A", "random", summary)(np.arange(n)[None], np.arange(n, 2 * n)[None])
+        # both sides summarise the same items in the same order: only float summation order may differ
+        assert observed[0] == pytest.approx(direct["A"] - direct["random"], rel=1e-12, abs=1e-12)
+        assert iv.difference("A", "random", summary, n_permutations=20)["difference"] == pytest.approx(
+            direct["A"] - direct["random"], rel=1e-12, abs=1e-12)
+
+
+def test_a_curve_without_per_item_zeroing_counts_is_refused_a_test_but_keeps_its_intervals():
+    sweep = synthetic_sweep(np.random.default_rng(1), 20, LEVELS, zeroed=False)
+    iv = sweep.intervals(n_resamples=30)
+    assert iv.meta["realised_share"].startswith("held")
+    d = iv.difference("A", "random", "kl_auc")
+    assert d["low"] <= d["difference"] <= d["high"] and np.isnan(d["p_value"])
+    assert d["verdict"] == calling.NOT_TESTED and "re-record the sweep" in d["test_note"]
+    assert (iv.versus("random")["verdict"] == calling.NOT_TESTED).all()
+    items = iv.data[0]
+    with pytest.raises(InputError, match="re-record the sweep"):  # the test itself refuses another statistic
+        items[0].paired_with(items[-1])
+
+
+@pytest.mark.parametrize("low, high, p, expected", [
+    (0.1, 0.5, 0.01, "a better"),            # both call it, a higher and higher is better
+    (-0.5, -0.1, 0.01, "b better"),
+    (-0.2, 0.4, 0.002, calling.DISAGREE),    # the report's first box: interval holds 0, p small
+    (0.1, 0.5, 0.3, calling.DISAGREE),       # interval excludes 0, p large
+    (-0.2, 0.4, 0.3, calling.CANNOT_TELL),
+    (float("nan"), float("nan"), float("nan"), calling.NOT_TESTED),
+    (0.1, 0.5, float("nan"), calling.NOT_TESTED),
+])
+def test_the_rule_calls_a_difference_only_where_interval_and_adjusted_p_agree(low, high, p, expected):
+    assert calling.verdict(low, high, p, higher_is_better=True) == expected
+
+
+def test_a_table_is_one_family_its_p_values_adjusted_together():
+    table = pd.DataFrame(dict(a=["x", "y", "z"], b="r", difference=[1.0, 1.0, 1.0], low=[0.5, 0.5, 0.5],
+                              high=[1.5, 1.5, 1.5], p_value=[0.01, 0.04, 0.045], higher_is_better=True))
+    called = calling.call_table(table)
+    # Benjamini-Hochberg by hand: p_(i) * m / i, made monotone from the largest down
+    assert called["p_adjusted"].tolist() == pytest.approx([0.03, 0.045, 0.045])
+    assert called["verdict"].tolist() == ["x better", "y better", "z better"]
+    alone = calling.call_table(table.iloc[[0]].assign(p_value=0.04))
+    assert alone["p_adjusted"].tolist() == pytest.approx([0.04])
+    spread = calling.call_table(table.assign(p_value=[0.04, 0.5, 0.9]))
+    assert spread["verdict"].tolist() == [calling.DISAGREE] * 3  # 0.04 adjusted over three tests is 0.12
+
+
+def sentence_numbers(text: str) -> tuple[float, float, list[float]]:
+    low, high = map(float, re.search(r"\[(-?[\d.]+), (-?[\d.]+)\]", text).groups())
+    return low, high, [float(p) for p in re.findall(r"(?:p = |, )(\d[\d.e-]*)(?: adjusted)?", text.split("]")[-1])]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_findings_line_contradicts_its_own_interval_or_p_value(seed):
+    """Headline tests of synthetic sweeps, some with real differences, some without, curves at different realised
+    shares: a line that claims a difference shows an interval excluding 0 and an adjusted p below 0.05; a line
+    that says the data cannot tell them apart shows neither; a line that says the tests disagree shows one."""
+    rng = np.random.default_rng(seed)
+    levels = {"A": (0.05, 0.3), "B": tuple(rng.uniform(0.05, 1.0, 2)), "random": tuple(rng.uniform(0.05, 2, 2))}
+    sweep = synthetic_sweep(rng, 25, levels, share_factor={"random": rng.uniform(0.5, 2)})
+    tests = headline_tests(sweep.intervals(n_resamples=200, seed=seed))
+    assert tests
+    for key, test in tests.items():
+        line = calling.sentence(test, "KL AUC" if "kl" in key else "% zeroable", ".3f",
+                                lower_is_better="kl" in key)
+        low, high, p = sentence_numbers(line)
+        p_used = p[-1]  # the adjusted p where it differs from the raw one
+        excludes = low > 0 or high < 0
+        if " beats " in line or " costs less than " in line:
+            assert excludes and p_used < 0.05, line
+        elif line.startswith("the data cannot tell"):
+            assert not excludes and p_used >= 0.05 - 1e-12, line
+        elif line.startswith("the two tests disagree"):
+            assert excludes != (p_used < 0.05), line
+        else:
+            pytest.fail(line)
+
+
+def test_the_report_box_example_reads_as_a_disagreement_not_as_cannot_tell_apart():
+    test = dict(a="FTVVN (LN)", b="random", difference=30.4, low=-26.5, high=30.4, p_value=0.002,
+                higher_is_better=True)
+    row = calling.call_table(pd.DataFrame([test])).iloc[0].to_dict()
+    line = calling.sentence(row, "% zeroable within 1 point", ".1f")
+    assert row["verdict"] == calling.DISAGREE
+    assert line.startswith("the two tests disagree on FTVVN (LN) against random") and "holds 0" in line
+
+
+def test_summary_ranks_by_the_rule_its_intervals_use_so_a_tied_rank_lies_inside_its_interval():
+    sweep = synthetic_sweep(np.random.default_rng(4), 30, {"A": (0.2, 1.0), "random": (0.5, 2.0)})
+    twin = [UnitResult(**{**u.__dict__, "score": "A2"}) for u in sweep.units if u.score == "A"]
+    sweep = SweepResult(sweep.baseline, sweep.units + twin, dict(sweep.meta, scores=["A", "A2"]))
+    iv = sweep.intervals(n_resamples=100)
+    summary = sweep.summary(intervals=iv).set_index("score")
+    for column in ("auc_rank", "kl_rank"):
+        assert summary.loc["A", column] == summary.loc["A2", column]  # tied: they share the mean of ranks 1 and 2
+        for curve in summary.index:
+            assert summary.loc[curve, f"{column}_low"] <= summary.loc[curve, column] <= summary.loc[curve,
+                                                                                                    f"{column}_high"]
+    assert summary.loc["A", "kl_rank"] == 1.5 and summary.loc["random", "kl_rank"] == 3.0
+    # the rule by hand: higher is better for accuracy, NaN last, ties averaged
+    assert stats.ranks([2.0, float("nan"), 2.0, 5.0], higher_is_better=True).tolist() == [2.5, 4.0, 2.5, 1.0]
