@@ -7,6 +7,7 @@ import pytest
 
 import lens_heads as lh
 from conftest import text_model
+from lens_heads.ablation.hooks import mean_z
 from lens_heads.collapse.inheritune import InherituneConfig
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.collapse.train import RankTracker, TrainConfig
@@ -52,6 +53,13 @@ CASES = {
     "InherituneConfig: an unknown grow_from": (lambda m: InherituneConfig(grow_from="students"), r"grow_from"),
     "ReportConfig: n 0": (lambda m: __import__("lens_heads.report.config", fromlist=["x"]).ReportConfig(n=0), r"n="),
     "at_share: percent": (lambda m: lh.SweepResult.at_share(None, 10), r"fraction in \[0, 1\]"),
+    # an empty text still makes a row (its BOS), whose scores would describe the BOS alone
+    "score_heads: an empty string": (lambda m: lh.score_heads(m, [""], progress=False), r"input 0 of 1 is empty text"),
+    "score_heads: a blank text among others": (lambda m: lh.score_heads(m, ["The sky is blue.", " \n"],
+                                                                        progress=False), r"input 1 of 2 is empty"),
+    "attention_rank: an empty string": (lambda m: attention_rank(m, ["a b c", "", "d e"]), r"input 1 of 3 is empty"),
+    "mean_z: an empty calibration text": (lambda m: mean_z(m, ["a b", ""]), r"input 1 of 2 is empty"),
+    "generate: an empty prompt": (lambda m: generate(m, ""), r"prompt is empty text.*token ids"),
 }
 
 

@@ -2,6 +2,7 @@
 the same log-likelihoods, and a bad record is refused naming its line and field."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -72,16 +73,19 @@ def test_custom_task_evaluates_as_the_same_items_given_as_records(tmp_path):
     ('{"context": "x", "choices": ["a", "b"], "gold": "c"}', ["line 3", "field 'gold'"]),
     ('{"context": "x", "choices": "ab", "gold": 0}', ["line 3", "field 'choices'"]),
     ('{"context": "", "choices": ["a"], "gold": 0}', ["line 3", "field 'context'"]),
-    ('{"id": "q1", "context": "x", "choices": ["a"], "gold": 0}', ["line 3", "field 'id'", "line 1"]),
+    ('{"id": "q1", "context": "x", "choices": ["a", "b"], "gold": 0}', ["line 3", "field 'id'", "line 1"]),
     ('{"context": "x", "choices": ["a"], "gold": 0', ["line 3", "not valid JSON"]),
     ('["x"]', ["line 3", "JSON object"]),
-    ('{"context": "x", "choices": ["a"], "gold": 0, "fewshot": [{"context": "y"}]}', ["line 3", "fewshot", "choices"]),
+    ('{"context": "x", "choices": ["a", "b"], "gold": 0, "fewshot": [{"context": "y"}]}',
+     ["line 3", "fewshot", "choices"]),
+    ('{"context": "x", "choices": ["a"], "gold": 0}', ["line 3", "field 'choices' has 1 choice", "at least two"]),
+    ('{"context": "x", "choices": ["a", " "], "gold": 0}', ["line 3", "field 'choices'", "non-empty texts"]),
 ])
 def test_a_malformed_file_names_the_line_and_field(tmp_path, bad_line, words):
     path = write_jsonl(tmp_path / "items.jsonl", RECORDS[:1], ["", bad_line])  # line 2 is blank: skipped
     with pytest.raises(TaskFileError) as e:
         lh.load_task(str(path))
-    for w in words:
+    for w in [str(path)] + words:
         assert w in str(e.value), (w, str(e.value))
 
 
@@ -92,6 +96,34 @@ def test_records_errors_name_the_record():
         lh.task_from_records([RECORDS[0], RECORDS[0]])
     with pytest.raises(ValueError, match="unknown format"):
         lh.task_from_records(RECORDS, format="essay")
+    with pytest.raises(lh.InputError, match=r"record 1: field 'choices' has 1 choice.*at least two"):
+        lh.task_from_records([RECORDS[0], dict(RECORDS[1], choices=["four"], gold=0)])
+
+
+def test_a_few_shot_example_needs_only_its_gold_choice():
+    solved = {"context": "Question: Which is wet?\nAnswer:", "choices": ["water"], "gold": 0}
+    task = lh.task_from_records([dict(RECORDS[0], fewshot=[solved])])
+    assert task.items[0].contexts[0].startswith("Question: Which is wet?\nAnswer: water\n\nQuestion: What colour")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_file_with_a_byte_order_mark_loads_as_the_same_file_without(tmp_path, suffix):
+    text = "\n".join(json.dumps(r) for r in RECORDS) + "\n" if suffix == ".jsonl" else json.dumps(RECORDS)
+    for folder in ("plain", "marked"):  # one file name in two folders: the same task name and ids
+        (tmp_path / folder).mkdir()
+    plain, marked = tmp_path / "plain" / f"items{suffix}", tmp_path / "marked" / f"items{suffix}"
+    plain.write_bytes(text.encode("utf-8"))
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))  # as spreadsheet tools save "UTF-8" text
+    with_mark, without = lh.load_task(str(marked)), lh.load_task(str(plain))
+    assert len(without) == len(RECORDS) and with_mark.items == without.items
+
+
+def test_a_file_not_in_utf8_is_refused_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "items.jsonl"
+    latin = json.dumps({"context": "Caf\u00e9?", "choices": ["yes", "no"], "gold": 0}, ensure_ascii=False)
+    path.write_bytes((json.dumps(RECORDS[0]) + "\n" + latin + "\n").encode("latin-1"))  # a legacy code page
+    with pytest.raises(lh.InputError, match=re.escape(f"{path} line 2: not UTF-8 text")):
+        lh.load_task(str(path))
 
 
 def test_file_tasks_sample_by_seed_and_refuse_registry_options(tmp_path):

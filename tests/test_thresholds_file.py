@@ -4,12 +4,13 @@ Expected thresholds are numpy quantiles of the pooled scores computed here; the 
 hand (made-up numbers in their layout)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 from conftest import text_model
-from lens_heads import load_thresholds, save_thresholds
+from lens_heads import InputError, load_thresholds, save_thresholds
 from lens_heads.heads.thresholds_file import AUTHORS_FRACTIONS, Thresholds, model_key
 
 SEVEN = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
@@ -35,7 +36,8 @@ def _write(tmp_path, data, name="thresholds.json"):
 
 
 def test_an_authors_file_reads_with_their_names_mapped_to_ours(tmp_path):
-    path = _write(tmp_path, {"mmlu": {"meta-llama_Llama-3.2-3B": {"Dormant": SEVEN, "HONOR": [2 * x for x in SEVEN],
+    path = _write(tmp_path, {"mmlu": {"meta-llama_Llama-3.2-3B": {"Dormant": SEVEN[::-1],  # a '>' score: falls
+                                                                  "HONOR": [2 * x for x in SEVEN],
                                                                   "HeadOutputMagnitudeNormalizedHeadLastToken": SEVEN,
                                                                   "FullHeadOutputNormalized": SEVEN}}})
     th = load_thresholds(path, "meta-llama/Llama-3.2-3B")  # a Hugging Face id finds the file's key
@@ -43,7 +45,7 @@ def test_an_authors_file_reads_with_their_names_mapped_to_ours(tmp_path):
     assert th.scores == ["AWFT", "AHON (LN)", "LTHON (HN)", "AHON (full, LN)"]
     assert th.fractions == (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
     assert th.threshold("AHON (LN)", 0.1) == pytest.approx(0.6)  # the third of seven: p = 10%
-    assert th.threshold("AWFT", 0.3) == pytest.approx(0.7)
+    assert th.threshold("AWFT", 0.3) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="has no 'AEQD'.*its scores are AWFT, AHON \\(LN\\)"):
         th.threshold("AEQD", 0.1)
     with pytest.raises(ValueError, match="no threshold at target share 0.12"):
@@ -69,6 +71,47 @@ def test_files_for_another_model_task_or_score_set_are_refused(tmp_path, model):
         th.check_model(model)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_thresholds(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("values, words", [
+    ("[0.1, 0.2, NaN, 0.4, 0.5, 0.6, 0.7]", ["'HONOR' (AHON (LN))", "non-finite", "[0.1]"]),
+    ("[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, Infinity]", ["'HONOR' (AHON (LN))", "non-finite", "[0.3]"]),
+    ("[0.1, 0.2, 0.3, 0.25, 0.5, 0.6, 0.7]", ["'HONOR' (AHON (LN), inactive when < threshold)", "not fall",
+                                              "from 0.3 at 0.1 to 0.25 at 0.15"]),
+    ("[0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]", ["'HONOR'", "not fall", "reversed"]),
+])
+def test_non_finite_or_non_monotone_thresholds_are_refused_naming_the_file_and_score(tmp_path, values, words):
+    path = tmp_path / "thresholds.json"
+    path.write_text('{"mmlu": {"org_a": {"Dormant": [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3], "HONOR": %s}}}' % values)
+    with pytest.raises(InputError) as e:
+        load_thresholds(path)
+    for w in [str(path), "mmlu / org_a"] + words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_monotone_means_each_scores_own_direction(tmp_path):
+    """The paper's directions: AWFT (Dormant) is inactive above its threshold, so its thresholds fall with the share;
+    AHON (HONOR) below, so they rise. Ties (a flat stretch) and a step back within float32 rounding pass."""
+    rising, falling = SEVEN, SEVEN[::-1]
+    flat_and_rounded = [0.1, 0.1, 0.1, 0.3, 0.3 * (1 - 1e-7), 0.6, 0.7]
+    ok = _write(tmp_path, {"t": {"m": {"Dormant": falling, "HONOR": rising, "Entropy": flat_and_rounded}}})
+    assert load_thresholds(ok).values["AWFT"] == tuple(falling)
+    for name, values in (("Dormant", rising), ("HONOR", falling)):
+        bad = _write(tmp_path, {"t": {"m": {name: values}}}, f"{name}.json")
+        with pytest.raises(InputError, match=f"{re.escape(str(bad))}.*'{name}'.*must not {'rise' if name == 'Dormant' else 'fall'}"):
+            load_thresholds(bad)
+
+
+def test_a_file_with_a_byte_order_mark_reads_and_one_not_in_utf8_is_refused(tmp_path):
+    data = {"t": {"m": {"HONOR": SEVEN}}}
+    plain = _write(tmp_path, data)
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_thresholds(marked).values == load_thresholds(plain).values
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"t\xe9": {"m": {"HONOR": [0, 1, 2, 3, 4, 5, 6]}}}')
+    with pytest.raises(InputError, match=re.escape(f"{latin} is not UTF-8")):
+        load_thresholds(latin)
 
 
 def test_thresholds_written_here_read_back_as_the_pooled_quantiles(tmp_path, scored):

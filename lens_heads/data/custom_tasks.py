@@ -11,8 +11,9 @@ examples put before the context: records with the same three fields, or ready st
   and the continuations are " A", " B", ...
 
 :func:`task_from_records` takes a list of dicts or a Hugging Face ``datasets.Dataset``; :func:`read_task_file`
-reads a JSON Lines file (one record a line) or a JSON list. A bad record is refused with its line (or position)
-and field.
+reads a JSON Lines file (one record a line) or a JSON list, UTF-8 with or without the byte-order mark spreadsheet
+tools write. A bad record is refused with its line (or position) and field; an item needs at least two choices
+(a few-shot example only its gold one).
 """
 
 from __future__ import annotations
@@ -53,13 +54,15 @@ def read_task_file(path: str | Path, *, name: str | None = None, format: str = "
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file {str(path)!r} does not exist")
+    data = path.read_bytes()
+    text = _text(path, data)
     if path.suffix == ".json":
-        rows = _json_list(path)
+        rows = _json_list(path, text)
         lines, where = list(range(len(rows))), f"{path} record"
     else:
-        numbered = _json_lines(path)
+        numbered = _json_lines(path, text)
         rows, lines, where = [r for _, r in numbered], [k for k, _ in numbered], f"{path} line"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]  # in the meta, so caches see a changed file
+    digest = hashlib.sha256(data).hexdigest()[:12]  # in the meta, so caches see a changed file
     return _task(rows, lines, name=name or path.stem, format=format, delimiter=target_delimiter, n=n, seed=seed,
                  source=f"{path} (sha256 {digest})", where=where)
 
@@ -91,9 +94,19 @@ def looks_like_file(name: str) -> bool:
     return name.endswith((".jsonl", ".json")) or Path(name).is_file()
 
 
-def _json_lines(path: Path) -> list[tuple[int, dict]]:
+def _text(path: Path, data: bytes) -> str:
+    """The file's bytes as text: UTF-8, a leading byte-order mark dropped (spreadsheet tools write one)."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise TaskFileError(f"{path} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): "
+                            "save the file as UTF-8 (in a spreadsheet tool: CSV/text UTF-8)") from None
+
+
+def _json_lines(path: Path, text: str) -> list[tuple[int, dict]]:
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -107,9 +120,9 @@ def _json_lines(path: Path) -> list[tuple[int, dict]]:
     return records
 
 
-def _json_list(path: Path) -> list[dict]:
+def _json_list(path: Path, text: str) -> list[dict]:
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        records = json.loads(text)
     except json.JSONDecodeError as e:
         raise TaskFileError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(records, list):
@@ -122,6 +135,9 @@ def _item(record, at: str, name: str, pos: int, format: str, delimiter: str) -> 
     if not isinstance(record, dict):
         raise TaskFileError(f"{at}: expected a record with fields {', '.join(REQUIRED)}, got {type(record).__name__}")
     context, choices, gold = _fields(record, at)
+    if len(choices) < 2:
+        raise TaskFileError(f"{at}: field 'choices' has {len(choices)} choice; a multiple-choice item needs at least "
+                            f"two (the right one and a wrong one), got {choices!r}")
     item_id = record.get("id", pos)
     if not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
         raise TaskFileError(f"{at}: field 'id' must be a string or a whole number, got {item_id!r}")
@@ -146,8 +162,8 @@ def _fields(record: dict, at: str) -> tuple[str, list[str], int]:
     if not isinstance(context, str) or not context.strip():
         raise TaskFileError(f"{at}: field 'context' must be non-empty text, got {context!r}")
     choices = _list(choices, at, "choices")
-    if not choices or not all(isinstance(c, str) and c for c in choices):
-        raise TaskFileError(f"{at}: field 'choices' must be a non-empty list of non-empty strings, got {choices!r}")
+    if not choices or not all(isinstance(c, str) and c.strip() for c in choices):
+        raise TaskFileError(f"{at}: field 'choices' must be a non-empty list of non-empty texts, got {choices!r}")
     if isinstance(gold, str) and gold in choices:
         gold = choices.index(gold)
     if isinstance(gold, bool) or not isinstance(gold, (int, np.integer)):

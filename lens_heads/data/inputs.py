@@ -103,6 +103,7 @@ def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_ch
         return []
     texts = [x for x in given if isinstance(x, str)]
     if len(texts) == len(given):
+        check_texts(texts)
         if model.tokenizer is None:
             raise InputError("this model has no tokenizer: pass token ids (a tensor or lists of ints) instead of text")
         return [model.to_tokens(x, prepend_bos=model.cfg.default_prepend_bos, truncate=False)[0].cpu()
@@ -113,6 +114,17 @@ def _sequences(model: HookedTransformer, inputs: Inputs, protocol: str, apply_ch
         return seqs
     raise InputError("inputs must be a string, a list of strings, a Task, a [batch, pos] token tensor, or a list "
                     f"of token sequences; got {type(given).__name__} of {sorted({type(x).__name__ for x in given})}")
+
+
+def check_texts(texts: Sequence[str]) -> None:
+    """Refuse empty or whitespace-only texts, naming each input by its index: with the BOS prepended such a
+    text still makes a one-token row, and its scores would describe the BOS alone, not the text."""
+    empty = [i for i, text in enumerate(texts) if not text.strip()]
+    if empty:
+        more = f" (and {len(empty) - 5} more)" if len(empty) > 5 else ""
+        raise InputError(f"input {', '.join(map(str, empty[:5]))}{more} of {len(texts)} "
+                         f"{'is' if len(empty) == 1 else 'are'} empty text: drop {'it' if len(empty) == 1 else 'them'} "
+                         "or give the text to read")
 
 
 def pad_id(model: HookedTransformer) -> int:

@@ -130,6 +130,9 @@ def _prompt_tokens(model, prompt: str | Sequence[int], protocol: str) -> list[in
     check_protocol(protocol)
     if not isinstance(prompt, str):
         tokens = [int(t) for t in prompt]
+    elif not prompt.strip():
+        raise InputError(f"the prompt is empty text ({prompt!r}): give text to continue, or token ids ([bos_id]) "
+                         "to generate from the BOS alone")
     else:
         bos_id = model.tokenizer.bos_token_id if model.tokenizer is not None else None
         tl_bos = [bos_id] if model.cfg.default_prepend_bos and bos_id is not None else []

@@ -19,12 +19,15 @@ scores in the same basis, so a model loaded with TransformerLens weight processi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from lens_heads.heads.distributions import thresholds as cdf_thresholds
+from lens_heads.heads.scores import get_score
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import EMBEDDED, model_meta
 from lens_heads.plumbing.errors import InputError
@@ -107,12 +110,21 @@ def load_thresholds(path: str | Path, model=None, *, task: str | None = None) ->
     ``model``: a Hugging Face id ("meta-llama/Llama-3.2-3B"), the file's key ("meta-llama_Llama-3.2-3B") or a loaded
     model; ``task``: a key of the file ("mmlu"). Either may be left out where the file holds only one. A model or
     task the file lacks, score names that are not the authors' (a file for another score set) or lists that are
-    not one threshold per target share are refused, saying what the file holds."""
+    not one threshold per target share are refused, saying what the file holds.
+
+    So are non-finite thresholds (``NaN``, ``Infinity``: JSON readers accept them) and lists that are not monotone
+    in the target share. Monotone is how such a file is made: each list is read off one CDF at growing shares, so a
+    larger share's threshold zeroes at least as many heads (it never falls for a '<' score, never rises for a '>'
+    one: AWFT). A list that breaks this was reversed, shuffled or written for a score of the other direction, and
+    a sweep on it would zero fewer heads at a larger share, so it is refused rather than warned about; a step back
+    within rounding (relative 1e-6, float32 quantiles) passes."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark, where an editor wrote one, dropped
     except FileNotFoundError:
         raise FileNotFoundError(f"load_thresholds: {path} does not exist: give the path of a thresholds.json") from None
+    except UnicodeDecodeError:
+        raise InputError(f"load_thresholds: {path} is not UTF-8 text: give an authors'-format thresholds.json") from None
     except json.JSONDecodeError as e:
         raise InputError(f"load_thresholds: {path} is not JSON ({e}): give an authors'-format thresholds.json")
     if not isinstance(data, dict) or not data or not all(isinstance(v, dict) for v in data.values()):
@@ -125,15 +137,35 @@ def load_thresholds(path: str | Path, model=None, *, task: str | None = None) ->
     if unknown:
         raise InputError(f"load_thresholds: {path} ({task} / {key}) has scores {unknown} that are not the authors' "
                          f"score set ({', '.join(AUTHORS_NAMES)}): it was made for other scores")
-    bad = [name for name, values in entry.items() if not isinstance(values, list) or
-           len(values) != len(AUTHORS_FRACTIONS) or not all(isinstance(v, (int, float)) for v in values)]
+    bad = [name for name, values in entry.items() if not isinstance(values, list) or len(values) !=
+           len(AUTHORS_FRACTIONS) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)]
     if bad:
         raise InputError(f"load_thresholds: {path} ({task} / {key}): {bad} do not hold one number per target share "
                          f"{list(AUTHORS_FRACTIONS)}")
+    for name, values in entry.items():
+        _check_list(values, name, f"load_thresholds: {path} ({task} / {key})")
     if model is not None and not isinstance(model, str):
         Thresholds(key, task, AUTHORS_FRACTIONS, {}).check_model(model)
     values = {AUTHORS_NAMES[name]: tuple(float(v) for v in values) for name, values in entry.items()}
     return Thresholds(model=key, task=task, fractions=AUTHORS_FRACTIONS, values=values, source=str(path))
+
+
+def _check_list(values: list[float], name: str, where: str) -> None:
+    """Refuse a score's thresholds that are not finite or not monotone in the target share (see load_thresholds)."""
+    ours = AUTHORS_NAMES[name]
+    non_finite = [p for p, v in zip(AUTHORS_FRACTIONS, values) if not math.isfinite(v)]
+    if non_finite:
+        raise InputError(f"{where}: {name!r} ({ours}) has non-finite thresholds (NaN or infinity) at target shares "
+                         f"{non_finite}: {values}; regenerate the file (save_thresholds) from finite scores")
+    direction = get_score(ours).direction
+    sign = 1 if direction == "<" else -1  # '<': thresholds grow with the share; '>': they fall
+    for (p, a), (q, b) in itertools.pairwise(zip(AUTHORS_FRACTIONS, values)):
+        if sign * (b - a) < -1e-6 * max(abs(a), abs(b)):
+            raise InputError(
+                f"{where}: {name!r} ({ours}, inactive when {direction} threshold) must "
+                f"{'not fall' if sign > 0 else 'not rise'} as the target share grows (a larger share zeroes more "
+                f"heads), but goes from {a:g} at {p:g} to {b:g} at {q:g}: {values}. Was the list reversed or "
+                "written for another score?")
 
 
 def _choose(what: str, wanted: str | None, have: list[str], path: Path) -> str:
