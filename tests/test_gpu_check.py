@@ -8,6 +8,7 @@ from io import StringIO
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (flops, timing) by name
 
 import gpu_check  # noqa: E402
-from flops import forward_flops, trunk_flops_per_token  # noqa: E402
+from flops import forward_flops, paper_flops, trunk_flops_per_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -37,14 +38,26 @@ def smoke(tmp_path_factory):
     return result, printed.getvalue(), out
 
 
-def test_smoke_table_has_every_row_and_every_shape(smoke):
+def test_smoke_table_shows_each_shapes_numbers(smoke):
+    """Every row and shape is printed, and the printed cells carry the numbers recomputed here from the inputs and
+    the measured rates (not only the labels)."""
     result, printed, _ = smoke
-    for label, _ in gpu_check.ROWS:
-        assert label in printed
+    lines = printed.splitlines()
+
+    def row(label: str) -> str:
+        return next(line for line in lines if line.startswith(label + " "))
+
     for name in gpu_check.SHAPES:
         assert f"{name} (smoke)" in printed
-    assert "torchrun --nproc_per_node=1 sweep" in printed and "GPU-hours" in printed
     assert [r.shape for r in result.shapes] == list(gpu_check.SHAPES)
+    tokens = sum(gpu_check.check_lengths(8, True, 0))  # the smoke run's rows, as the check builds them
+    for r in result.shapes:
+        assert f"8 / {tokens}" in row("rows / tokens")
+        assert f"{r.evaluator_tokens_per_s / r.hf_sdpa_tokens_per_s:.2f}x" in row("evaluator / HF SDPA")
+        assert f"{r.threshold_unit_share_zeroed:.1%}" in row("threshold unit: heads zeroed")
+        assert f"{r.scoring_flops_per_s / result.matmul_flops_per_s:.1%}" in row("scoring pass FLOP/s / matmul")
+    hours = paper_flops(float(np.mean(gpu_check.mmlu_lengths()))) / result.shapes[-1].evaluator_flops_per_s / 3600
+    assert f"{hours:,.0f} GPU-hours" in printed and "torchrun --nproc_per_node=1 sweep" in printed
 
 
 def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
