@@ -21,21 +21,21 @@ def model():
 
 
 def _plain_shapes(model) -> tuple[dict[str, tuple], int]:
+    """Every hook point's shape in a plain forward of the prompt, and the prompt's length: a dimension equal to it
+    is read as a position dimension, so the length must differ from every model dimension (else a wrong shape in
+    a model dimension would pass for a position)."""
     tokens = model.to_tokens([PROMPT])
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-    return {name: tuple(x.shape) for name, x in cache.items()}, tokens.shape[1]
+    n_pos, cfg = tokens.shape[1], model.cfg
+    dims = {cfg.d_model, cfg.d_head, cfg.n_heads, cfg.d_mlp, cfg.d_vocab, cfg.n_key_value_heads or 0}
+    assert n_pos not in dims, f"PROMPT has {n_pos} tokens, a dimension of the model: change its length"
+    return {name: tuple(x.shape) for name, x in cache.items()}, n_pos
 
 
 def _same_but_batch_and_positions(seen: tuple, plain: tuple, n_pos: int) -> bool:
     """Equal rank, and equal in every dimension that is neither the batch nor a position dimension."""
     return len(seen) == len(plain) and all(p == n_pos or s == p for s, p in zip(seen[1:], plain[1:]))
-
-
-def test_the_prompt_length_is_no_model_dimension(model):
-    _, n_pos = _plain_shapes(model)
-    cfg = model.cfg
-    assert n_pos not in {cfg.d_model, cfg.d_head, cfg.n_heads, cfg.d_mlp, cfg.d_vocab, cfg.n_key_value_heads or 0}
 
 
 def test_every_hook_point_fires_with_its_shape_in_evaluate(model):
