@@ -127,10 +127,17 @@ def test_a_file_not_in_utf8_is_refused_naming_the_file_and_line(tmp_path):
 
 
 def test_file_tasks_sample_by_seed_and_refuse_registry_options(tmp_path):
-    path = write_jsonl(tmp_path / "items.jsonl", RECORDS)
-    assert [it.id for it in lh.load_task(str(path), n=2, seed=1).items] == \
-           [it.id for it in lh.load_task(str(path), n=2, seed=1).items]
+    many = [dict(RECORDS[0], id=f"r{i}", context=f"Question {i}: What colour is the sky?\nAnswer:") for i in range(12)]
+    path = write_jsonl(tmp_path / "items.jsonl", many)
+    samples = {}
+    for seed in range(5):
+        ids = [it.id for it in lh.load_task(str(path), n=4, seed=seed).items]
+        # the documented sample: the first n of a seeded permutation of the file's records, kept in file order
+        assert ids == [f"items/r{i}" for i in sorted(np.random.default_rng(seed).permutation(12)[:4])]
+        samples[seed] = tuple(ids)
+    assert len(set(samples.values())) > 1  # the seed changes the sample
     assert len(lh.load_task(str(path), n=2)) == 2
+    assert [it.id for it in lh.load_task(str(path)).items] == [f"items/{r['id']}" for r in many]  # all, in order
     with pytest.raises(ValueError, match="fewshot"):
         lh.load_task(str(path), shots=2)
     with pytest.raises(ValueError, match="format"):
