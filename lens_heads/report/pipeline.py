@@ -6,7 +6,8 @@ the report holds more than one sweep (several tasks, or recorded sweeps given wi
 head effects per task (skipped under ``quick``); the attention-rank profile; whole layers on the first task (per-layer
 scores and the attention of whole layers removed in each ranking's order; skipped under ``quick``); attention
 patterns of the most and least active heads. A stage that raises is recorded as failed (with its traceback in results.json and a note on the page)
-and the others still run; the command then exits non-zero.
+and the others still run; the command then exits non-zero. PNG export is a step of its own: skipped where kaleido or
+Chromium is missing, failed where a figure fails to draw.
 """
 
 from __future__ import annotations
@@ -210,9 +211,8 @@ def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], res
             atomic_write_text(out_dir / f"{name}.csv", df.to_csv(index=False))
             files.append(f"{name}.csv")
     figures = {name: fig for result in done for name, fig in result.figures.items()}
-    png = write_pngs(out_dir, figures, log) if config.png and figures else None
-    if png and png["status"] == "done":
-        files += [f"{name}.png" for name in figures]
+    png, pngs = write_pngs(out_dir, figures, log) if config.png and figures else (None, [])
+    files += pngs
     meta = results["model"]
     subtitle = (f"{meta.get('name')} — {meta.get('n_layers')} layers x {meta.get('n_heads')} heads — "
                 f"{results['weight_basis']} — seed {config.seed} — lens_heads "
@@ -223,18 +223,33 @@ def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], res
     return files + ["report.html", "results.json"], png
 
 
-def write_pngs(out_dir: Path, figures: dict, log) -> dict:
-    """Every figure as PNG; without Chromium they are skipped (the numbers, CSVs and report.html do not need them)."""
+def write_pngs(out_dir: Path, figures: dict, log) -> tuple[dict, list[str]]:
+    """Every figure as PNG: the PNG step's stage entry and the files written. Where kaleido or Chromium is missing
+    the step is skipped, saying what to install (the numbers, CSVs and report.html do not need the PNGs); a figure
+    that fails to draw fails the step, naming the figure, and the others are still written."""
     t0 = time.perf_counter()
+    written, failed, tracebacks = [], [], []
     try:
         with plots.png_writer() as write:
             for name, fig in figures.items():
-                write(fig, out_dir / f"{name}.png")
-    except Exception as e:  # no Chromium for kaleido: not a failed analysis; say it and what to do
-        reason = f"{type(e).__name__}: {e}".splitlines()[0]
-        log(f"[report] PNG figures skipped ({reason}); install Chromium for kaleido (apt-get install chromium)")
-        return {"status": "skipped", "reason": reason, "what_to_do": "install Chromium (apt-get install chromium)"}
-    return {"status": "done", "seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": None}
+                try:
+                    write(fig, out_dir / f"{name}.png")
+                    written.append(f"{name}.png")
+                except (plots.PngUnavailable, KeyboardInterrupt, MemoryError):
+                    raise
+                except Exception as e:
+                    failed.append(f"{name}: {type(e).__name__}: {e}".splitlines()[0])
+                    tracebacks.append(f"{name}\n{traceback.format_exc()}")
+    except plots.PngUnavailable as e:
+        log(f"[report] PNG figures skipped: {e}")
+        return {"status": "skipped", "reason": str(e)}, []
+    # Chromium draws in its own process: this process's CPU time would leave it out
+    timing = {"seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": None}
+    if failed:
+        log(f"[report] stage png FAILED: {len(failed)} of {len(figures)} figures not drawn: {'; '.join(failed)}")
+        return {"status": "failed", **timing, "reason": f"{len(failed)} of {len(figures)} figures not drawn: "
+                f"{'; '.join(failed)}", "traceback": "\n".join(tracebacks)}, written
+    return {"status": "done", **timing}, written
 
 
 def versions() -> dict[str, str]:
