@@ -436,6 +436,48 @@ def run_table(html: str) -> dict[str, list[str]]:
     return {cells[0]: cells[1:] for cells in rows if cells}
 
 
+def test_a_stage_whose_input_failed_is_not_run_and_says_which(tmp_path, monkeypatch, capsys):
+    """The scores stage failing on one task: its ablation sweep is not rescored from scratch but not run, saying
+    it needs the scores, and so are the stages built on the first task's scores and the comparison of the sweeps;
+    the other task's stages run, and the command exits 1 naming the stage that failed."""
+    from conftest import text_model
+    from lens_heads.report import pipeline, stages
+
+    model = text_model(n_ctx=512)
+    monkeypatch.setattr(pipeline, "load_model", lambda *args, **kwargs: model)
+    score_stage, ablation_stage, ablated = stages.score_stage, stages.ablation_stage, []
+
+    def broken_scores(model, task, *args):
+        if task.name == "arc_easy":
+            raise RuntimeError("scores broke")
+        return score_stage(model, task, *args)
+
+    def ablation_spy(model, task, *args):
+        ablated.append(task.name)
+        return ablation_stage(model, task, *args)
+
+    monkeypatch.setattr(stages, "score_stage", broken_scores)
+    monkeypatch.setattr(stages, "ablation_stage", ablation_spy)
+    out = tmp_path / "report"
+    code = main(["tiny", "--tasks", "arc_easy,piqa", "--quick", "--n", "2", "--rank-n", "2", "--fractions", "0,0.25",
+                 "--scores", "AWFT", "--no-png", "--no-progress", "--out", str(out)])
+    assert code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "stage(s) scores:arc_easy failed" in errors[0]
+    assert ablated == ["piqa"]
+    results = json.loads((out / "results.json").read_text())
+    st = results["stages"]
+    assert st["scores:arc_easy"]["status"] == "failed" and "scores broke" in st["scores:arc_easy"]["reason"]
+    for name in ("ablation:arc_easy", "attention", "explorer"):
+        assert (st[name]["status"], st[name]["reason"]) == ("not run", "needs scores:arc_easy"), name
+    assert (st["compare"]["status"], st["compare"]["reason"]) == ("not run", "needs ablation:arc_easy")
+    assert st["ablation:piqa"]["status"] == st["rank"]["status"] == "done"
+    assert set(results["ablation"]) == {"piqa"}
+    table = run_table((out / "report.html").read_text())
+    assert table["ablation:arc_easy"][0] == "not run" and table["ablation:arc_easy"][-1] == "needs scores:arc_easy"
+    assert table["scores:arc_easy"][0] == "failed" and "scores broke" in table["scores:arc_easy"][-1]
+
+
 def _outputs_with_figures(tmp_path, figures: dict):
     """write_outputs on one finished stage holding ``figures``: results.json's PNG entry, the files and the page."""
     from lens_heads.report import pipeline, stages

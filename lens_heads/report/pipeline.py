@@ -5,8 +5,10 @@ write the folder.
 the report holds more than one sweep (several tasks, or recorded sweeps given with ``compare``), their comparison;
 head effects per task (skipped under ``quick``); the attention-rank profile; whole layers on the first task (per-layer
 scores and the attention of whole layers removed in each ranking's order; skipped under ``quick``); attention
-patterns of the most and least active heads. A stage that raises is recorded as failed (with its traceback in results.json and a note on the page)
-and the others still run; the command then exits non-zero. PNG export is a step of its own: skipped where kaleido or
+patterns of the most and least active heads. Each stage names the stages it needs (``run_stage(..., needs=)``). A
+stage that raises is recorded as failed (with its traceback in results.json and a note on the page) and the others
+still run; a stage that needs one that failed or did not run is not run (status "not run", "needs <stage>"), never
+run on a substitute; the command then exits non-zero. PNG export is a step of its own: skipped where kaleido or
 Chromium is missing, failed where a figure fails to draw.
 """
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import torch
 
@@ -48,7 +50,7 @@ class Ran(Generic[R]):
     shared machine the wall time says little)."""
 
     name: str
-    status: str  # "done" | "failed" | "skipped"
+    status: str  # "done" | "failed" | "skipped" | "not run" (a stage it needs did not finish)
     seconds: float | None = None
     cpu_seconds: float | None = None
     result: R | None = None
@@ -64,8 +66,15 @@ class Ran(Generic[R]):
         return entry
 
 
-def run_stage(name: str, log, compute: Callable[[], R]) -> Ran[R]:
-    """Run one stage; a stage's error must not lose the other stages' work, so it is recorded, not raised."""
+def run_stage(name: str, log, compute: Callable[..., R], needs: Sequence[Ran] = ()) -> Ran[R]:
+    """Run one stage on the results of the stages it ``needs`` (``compute(*their results)``); a stage's error must
+    not lose the other stages' work, so it is recorded, not raised. Where a stage it needs failed or did not run, it
+    is not run either ("not run", naming that stage): never run on a substitute."""
+    missing = [r.name for r in needs if r.status != "done" or r.result is None]
+    if missing:
+        reason = f"needs {', '.join(missing)}"
+        log(f"[report] stage {name} not run: {reason}")
+        return Ran(name, "not run", reason=reason)
     log(f"[report] stage {name} ...")
     t0, c0 = time.perf_counter(), time.process_time()
 
@@ -73,7 +82,7 @@ def run_stage(name: str, log, compute: Callable[[], R]) -> Ran[R]:
         return dict(seconds=round(time.perf_counter() - t0, 2), cpu_seconds=round(time.process_time() - c0, 2))
 
     try:
-        return Ran(name, "done", result=compute(), **seconds())
+        return Ran(name, "done", result=compute(*[r.result for r in needs]), **seconds())
     except (KeyboardInterrupt, MemoryError):
         raise
     except Exception as e:
@@ -81,16 +90,9 @@ def run_stage(name: str, log, compute: Callable[[], R]) -> Ran[R]:
         return Ran(name, "failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), **seconds())
 
 
-def needs(ran: Ran[R], what: str) -> R:
-    """The result a later stage builds on, or an error saying which stage it waits for."""
-    if ran.status != "done":
-        raise RuntimeError(f"it needs the {what}, which {ran.status}")
-    assert ran.result is not None  # a stage that ran to the end returned its result
-    return ran.result
-
-
 def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
-    """Run every stage for ``config`` and write the report folder; returns the ``results.json`` content."""
+    """Run every stage for ``config`` and write the report folder; returns the ``results.json`` content. Each stage
+    names the stages whose results it takes (``needs=``)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if distributed.is_main() else None)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -106,30 +108,28 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     ran: list[Ran[stages.StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
+    first = next(iter(tasks))  # the task of the stages run once: rank, layers, attention, explorer
 
     scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
               for t, task in tasks.items()}
-    calibration = {t: s.result.scores if s.status == "done" and s.result is not None else None
-                   for t, s in scores.items()}
-    ablations = {t: run_stage(f"ablation:{t}", log, partial(
-        stages.ablation_stage, model, task, calibration[t], config, cache, key)) for t, task in tasks.items()}
-    sweeps = [a.result.sweep for a in ablations.values() if a.status == "done" and a.result is not None]
-    compare = [run_stage("compare", log, lambda: stages.compare_stage(
-        sweeps + [read_sweep(path) for path in config.compare]))] if len(sweeps) + len(config.compare) > 1 else []
+    ablations = {t: run_stage(f"ablation:{t}", log, lambda s: stages.ablation_stage(
+        model, task, s.scores, config, cache, key), needs=[scores[t]]) for t, task in tasks.items()}
+    compare = [run_stage("compare", log, lambda *done: stages.compare_stage(
+        [a.sweep for a in done] + [read_sweep(path) for path in config.compare]), needs=list(ablations.values()))
+               ] if len(tasks) + len(config.compare) > 1 else []
     effects = {t: Ran(f"effects:{t}", "skipped", reason="--quick") if config.quick else run_stage(
-        f"effects:{t}", log, lambda: stages.effects_stage(
-            model, task, needs(scores[t], "head scores").scores, config, cache, key)) for t, task in tasks.items()}
-    rank = run_stage("rank", log, partial(stages.rank_stage, model, next(iter(tasks.values())), config, cache, key))
-    first_scores = next((s for s in scores.values() if s.status == "done"), next(iter(scores.values())))
-    layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda: (
-        stages.layers_stage(model, next(iter(tasks.values())), needs(first_scores, "head scores").scores, config,
-                            cache, key)))
-    attention = run_stage("attention", log, lambda: stages.attention_stage(
-        model, needs(first_scores, "head scores").scores, config))
-    first_effects = next((e.result for e in effects.values() if e.status == "done"), None)
-    explorer = run_stage("explorer", log, lambda: stages.explorer_stage(
-        model, needs(first_scores, "head scores").scores, first_effects,
-        rank.result.numbers if rank.status == "done" and rank.result is not None else None, config))
+        f"effects:{t}", log, lambda s: stages.effects_stage(model, task, s.scores, config, cache, key),
+        needs=[scores[t]]) for t, task in tasks.items()}
+    rank = run_stage("rank", log, partial(stages.rank_stage, model, tasks[first], config, cache, key))
+    layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda s: (
+        stages.layers_stage(model, tasks[first], s.scores, config, cache, key)), needs=[scores[first]])
+    attention = run_stage("attention", log, lambda s: stages.attention_stage(model, s.scores, config),
+                          needs=[scores[first]])
+    # the explorer adds the head effects and the rank profile where those stages finished (they are not needed)
+    explorer = run_stage("explorer", log, lambda s: stages.explorer_stage(
+        model, s.scores, effects[first].result if effects[first].status == "done" else None,
+        rank.result.numbers if rank.status == "done" and rank.result is not None else None, config),
+        needs=[scores[first]])
 
     ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, layers, attention, explorer]
     card = stages.model_card(meta, config)
