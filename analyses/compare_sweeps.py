@@ -36,7 +36,7 @@ from lens_heads.experiments.compare import METRICS, common_grid, compare_sweeps,
 from lens_heads.experiments.sweep import table2
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.viz.plots import correlation_heatmap, png_writer, rank_heatmap
+from lens_heads.viz.plots import PngUnavailable, correlation_heatmap, png_writer, rank_heatmap
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,8 +96,8 @@ def main(argv=None) -> None:
             with png_writer() as write:
                 for name, fig in figs.items():
                     write(fig, out / f"{name}.png")
-        except Exception as e:  # kaleido needs a Chrome: say so, keep the HTML
-            print(f"PNG not written ({type(e).__name__}: {e}); install chromium or pass --no-png", file=sys.stderr)
+        except PngUnavailable as e:  # kaleido needs a Chromium: say so, keep the HTML
+            print(f"PNG not written ({e}); or pass --no-png", file=sys.stderr)
     atomic_write_json(out / "compare_sweeps.json", dict(
         what="ranking of the head scores (and random zeroing) by normalised AUC per (model, task), Spearman "
              "correlation of the rankings and top-k overlap between every pair (lens_heads.experiments.compare)",

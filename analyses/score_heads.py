@@ -111,7 +111,7 @@ def main(argv=None) -> None:
 
 
 def _figures(means: dict, scores: HeadScores, data: str, meta: dict, out: Path, *, png: bool) -> list[str]:
-    from lens_heads.viz.plots import png_writer, score_heatmaps
+    from lens_heads.viz.plots import PngUnavailable, png_writer, score_heatmaps
 
     title = (f"{meta.get('name')}: head scores, mean over {len(scores)} {data} inputs; weight basis: "
              f"{meta.get('weight_basis')}; dark = inactive side")
@@ -132,9 +132,8 @@ def _figures(means: dict, scores: HeadScores, data: str, meta: dict, out: Path, 
                 fig.update_layout(width=560, height=560)
                 write(fig, out / f"heatmap_{slug(name.lower())}.png")
                 written.append(f"heatmap_{slug(name.lower())}.png")
-    except Exception as err:  # no Chromium: keep the HTML and tables, say how to get the PNGs
-        print(f"PNG figures skipped ({type(err).__name__}: {err}); install Chromium (apt-get install chromium) "
-              "or pass --no-png", file=sys.stderr)
+    except PngUnavailable as err:  # no Chromium: keep the HTML and tables, say how to get the PNGs
+        print(f"PNG figures skipped ({err}); or pass --no-png", file=sys.stderr)
     return written
 
 

@@ -9,6 +9,10 @@ import torch
 from transformer_lens.utils import get_act_name
 
 from lens_heads.ablation.specs import (
+    SPECS,
+    UNIT_MODES,
+    InputAblation,
+    LayerRemoval,
     RandomAblation,
     ScoreCalibration,
     StaticAblation,
@@ -19,6 +23,7 @@ from lens_heads.ablation.specs import (
 from lens_heads.heads.scores import most_inactive
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.loading import tiny_model
+from lens_heads.stats.curves import CURVE_MODES
 
 
 def _run(model, tokens, mask, spec):
@@ -60,6 +65,18 @@ def test_a_plan_round_trips_through_json_and_rebuilds_the_same_ablation():
         ThresholdAblation("AWFT", 0.1).build(model)
     with pytest.raises(ValueError, match="unknown ablation kind"):
         from_dict({"kind": "prune"})
+
+
+def test_the_spec_kinds_are_the_baseline_and_the_curve_modes():
+    """A unit's mode is its spec's kind (UNIT_MODES, what load_sweep orders by), and CurveKey accepts the curve
+    modes of the layer below (CURVE_MODES): the two must name the same modes, and each spec's curve its own."""
+    assert UNIT_MODES == tuple(SPECS) and UNIT_MODES[0] == "baseline"
+    assert sorted(UNIT_MODES[1:]) == sorted(CURVE_MODES)
+    one = {"random": RandomAblation(0.1), "threshold": ThresholdAblation("AWFT", 0.1),
+           "static": StaticAblation(heads=[(0, 1)], score="hand"), "per_input": InputAblation((((0, 1),),), "hand"),
+           "layers": LayerRemoval((1,))}
+    assert sorted(one) == sorted(CURVE_MODES) and Unablated().curve is None
+    assert all(type(spec) is SPECS[kind] and spec.curve.mode == kind for kind, spec in one.items())
 
 
 def test_calibration_resolves_thresholds_and_heads_as_numpy_reads_them():

@@ -91,6 +91,24 @@ def test_evaluate_each_runs_every_set_whole_and_equals_evaluate(bridge):
     assert each[0].meta["model"]["backend"] == "bridge"
 
 
+def test_evaluation_records_the_attention_the_bridge_ran(bridge):
+    """No fused SDPA is swapped into a bridge: its meta names the bridge's own attention and the Hugging Face
+    attn_implementation, not a count of fused calls that never run; and that attention materialises the pattern
+    in every layer (hook_pattern fires in all 30)."""
+    task = load_task("arc_easy", split="validation", n=1)
+    fired = set()
+    seen = ("hook_pattern", lambda x, hook: fired.add(hook.name))
+    attention = evaluate(bridge, task, hooks=[(f"blocks.{i}.attn.{seen[0]}", seen[1]) for i in range(30)],
+                         progress=False).meta["attention"]
+    assert len(fired) == 30
+    attn = bridge.blocks[0].attn
+    assert attention == (f"TransformerBridge attention: {type(attn).__name__} over "
+                         f"{type(attn.original_component).__name__} in 30 of 30 layers; Hugging Face "
+                         f"attn_implementation={bridge.original_model.config._attn_implementation!r}")
+    assert bridge.original_model.config._attn_implementation == "eager"
+    assert evaluate(bridge, task, progress=False).meta["attention"] == attention  # unhooked: the same attention
+
+
 def test_scores_refuse_an_architecture_without_the_attention_hooks(bridge, monkeypatch):
     hooks = {k: v for k, v in bridge.hook_dict.items() if not k.endswith("attn.hook_pattern")}
     monkeypatch.setattr(type(bridge), "hook_dict", property(lambda self: hooks))

@@ -161,6 +161,52 @@ def test_a_run_folder_reads_back_as_the_sweep_that_wrote_it(tiny_sweep, tmp_path
         load_sweep(tmp_path)
 
 
+def test_a_run_folder_with_per_input_units_reads_back(tiny_sweep, tmp_path):
+    """Each input its own heads (InputAblation, curve mode per_input) reads back beside the threshold curves; its
+    realised share is worked out by hand: every input zeroes 2 of the 2 x 4 heads."""
+    from lens_heads.ablation.specs import InputAblation
+
+    model, task, _, _ = tiny_sweep
+    heads = [((0, i % 4), (1, (i + 1) % 4)) for i in range(len(task))]
+    spec = InputAblation(heads=heads, score="hand", fraction=0.25)
+    out = tmp_path / "per_input"
+    result = run_sweep(model, task, scores=["AWFT"], fractions=(0, 0.25), out_dir=out, specs=[spec], seed=1,
+                       batch_size=4, progress=False)
+    loaded = load_sweep(out)
+    assert sorted(u.mode for u in loaded.units) == ["baseline", "per_input", "random", "threshold"]
+    (unit,) = loaded.curves("per_input")["hand"][1:]
+    assert unit.realised_fraction == pytest.approx(2 / 8, abs=1e-12)  # the shares are ratios of small counts
+    assert unit.result.to_dict() == next(u for u in result.units if u.mode == "per_input").result.to_dict()
+
+    def rows(df):
+        return df.sort_values(["mode", "score", "target_fraction"], kind="stable").reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(rows(loaded.to_dataframe()), rows(result.to_dataframe()))
+
+
+def test_unreadable_unit_files_are_refused_by_name_and_recomputed_once_deleted(tiny_sweep, tmp_path):
+    import shutil
+
+    model, task, result, out = tiny_sweep
+    folder = tmp_path / "copy"
+    shutil.copytree(out, folder)
+    units = sorted(folder.glob("*__*__*.json"))
+    torn, foreign = units[1], units[2]
+    torn.write_text(torn.read_text()[:100])  # a write cut short
+    foreign.write_text("[1, 2]")  # JSON, but no unit
+    with pytest.raises(ValueError) as e:
+        load_sweep(folder)
+    message = str(e.value)
+    assert "2 unit file(s) can't be read" in message and torn.name in message and foreign.name in message
+    assert "Delete them and rerun run_sweep" in message and str(folder) in message
+    torn.unlink()
+    foreign.unlink()
+    again = run_sweep(model, task, scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2, 0.4), out_dir=folder,
+                      static_scores=["AHON (LN)"], seed=1, batch_size=4, progress=False)
+    assert again.meta["units_run"] == 2  # only the two deleted units were evaluated again
+    assert len(load_sweep(folder).units) == len(result.units)
+
+
 def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
     from conftest import load_script
     from lens_heads.evaluation.evaluate import evaluate

@@ -7,9 +7,11 @@ rank profile and the baseline accuracy. Bad arguments and unreachable models mus
 traceback.
 """
 
+import contextlib
 import json
 import re
 import shutil
+import sys
 
 import numpy as np
 import pandas as pd
@@ -425,3 +427,123 @@ def test_findings_call_a_difference_only_when_interval_and_test_agree():
     assert sentence(call_table(pd.DataFrame([{**test, "difference": 5.0, "low": 2.0, "high": 8.0,
                                               "higher_is_better": True}])).iloc[0].to_dict(),
                     "% zeroable").startswith("AHON (LN) beats random by % zeroable")
+
+
+def run_table(html: str) -> dict[str, list[str]]:
+    """The Run section's stage table as {stage: [status, seconds, CPU seconds, note]} (cells as rendered)."""
+    section = html[html.index('id="run"'):]
+    table = section[:section.index("</table>")]
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+    return {cells[0]: cells[1:] for cells in rows if cells}
+
+
+def test_a_stage_whose_input_failed_is_not_run_and_says_which(tmp_path, monkeypatch, capsys):
+    """The scores stage failing on one task: its ablation sweep is not rescored from scratch but not run, saying
+    it needs the scores, and so are the stages built on the first task's scores and the comparison of the sweeps;
+    the other task's stages run, and the command exits 1 naming the stage that failed."""
+    from conftest import text_model
+    from lens_heads.report import pipeline, stages
+
+    model = text_model(n_ctx=512)
+    monkeypatch.setattr(pipeline, "load_model", lambda *args, **kwargs: model)
+    score_stage, ablation_stage, ablated = stages.score_stage, stages.ablation_stage, []
+
+    def broken_scores(model, task, *args):
+        if task.name == "arc_easy":
+            raise RuntimeError("scores broke")
+        return score_stage(model, task, *args)
+
+    def ablation_spy(model, task, *args):
+        ablated.append(task.name)
+        return ablation_stage(model, task, *args)
+
+    monkeypatch.setattr(stages, "score_stage", broken_scores)
+    monkeypatch.setattr(stages, "ablation_stage", ablation_spy)
+    out = tmp_path / "report"
+    code = main(["tiny", "--tasks", "arc_easy,piqa", "--quick", "--n", "2", "--rank-n", "2", "--fractions", "0,0.25",
+                 "--scores", "AWFT", "--no-png", "--no-progress", "--out", str(out)])
+    assert code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "stage(s) scores:arc_easy failed" in errors[0]
+    assert ablated == ["piqa"]
+    results = json.loads((out / "results.json").read_text())
+    st = results["stages"]
+    assert st["scores:arc_easy"]["status"] == "failed" and "scores broke" in st["scores:arc_easy"]["reason"]
+    for name in ("ablation:arc_easy", "attention", "explorer"):
+        assert (st[name]["status"], st[name]["reason"]) == ("not run", "needs scores:arc_easy"), name
+    assert (st["compare"]["status"], st["compare"]["reason"]) == ("not run", "needs ablation:arc_easy")
+    assert st["ablation:piqa"]["status"] == st["rank"]["status"] == "done"
+    assert set(results["ablation"]) == {"piqa"}
+    table = run_table((out / "report.html").read_text())
+    assert table["ablation:arc_easy"][0] == "not run" and table["ablation:arc_easy"][-1] == "needs scores:arc_easy"
+    assert table["scores:arc_easy"][0] == "failed" and "scores broke" in table["scores:arc_easy"][-1]
+
+
+def _outputs_with_figures(tmp_path, figures: dict):
+    """write_outputs on one finished stage holding ``figures``: results.json's PNG entry, the files and the page."""
+    from lens_heads.report import pipeline, stages
+
+    config = ReportConfig(out=str(tmp_path), progress=False)
+    meta = dict(name="tiny", source="test", n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16, n_ctx=64,
+                n_params=1, weight_basis="raw", dtype="float32")
+    results = {"model": meta, "weight_basis": "raw", "versions": {"lens_heads": "test"}, "created": "now"}
+    ran = [pipeline.Ran("figures", "done", result=stages.StageResult({}, figures=figures))]
+    files, png = pipeline.write_outputs(tmp_path, config, stages.model_card(meta, config), ran, results,
+                                        lambda msg: None)
+    return png, files, (tmp_path / "report.html").read_text()
+
+
+def test_a_figure_that_fails_to_draw_fails_the_png_step_and_shows_in_the_run_table(tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+
+    from lens_heads.plumbing.io import atomic_write_bytes
+    from lens_heads.viz import plots
+
+    good, bad = go.Figure(go.Scatter(y=[1, 2])), go.Figure(go.Bar(y=[3]))
+
+    @contextlib.contextmanager
+    def writer():  # kaleido as it answers a figure it can't draw; no Chromium needed for the test
+        def write(fig, path):
+            if fig is bad:
+                raise ValueError("Invalid value of type 'builtins.str' received for 'marker.color'")
+            return atomic_write_bytes(path, b"\x89PNG\r\n\x1a\n")
+
+        yield write
+
+    monkeypatch.setattr(plots, "png_writer", writer)
+    png, files, page = _outputs_with_figures(tmp_path, {"bad_figure": bad, "good_figure": good})
+    assert png["status"] == "failed"
+    assert png["reason"].startswith("1 of 2 figures not drawn: bad_figure: ValueError: Invalid value")
+    assert "good_figure.png" in files and "bad_figure.png" not in files and (tmp_path / "good_figure.png").exists()
+    table = run_table(page)
+    assert table["png"][0] == "failed" and "bad_figure: ValueError" in table["png"][-1]
+
+
+def test_without_chromium_the_png_step_is_skipped_saying_what_to_install(tmp_path, monkeypatch):
+    """kaleido's figure server started without a Chromium waits for it for ever: the writer asks first."""
+    import plotly.graph_objects as go
+    from choreographer.browsers.chromium import Chromium
+
+    from lens_heads.viz import plots
+
+    monkeypatch.setattr(Chromium, "find_browser", classmethod(lambda cls, **kwargs: None))
+    png, files, page = _outputs_with_figures(tmp_path, {"figure": go.Figure(go.Scatter(y=[1, 2]))})
+    assert png["status"] == "skipped" and "no Chromium" in png["reason"] and "apt-get install chromium" in png["reason"]
+    assert not [f for f in files if f.endswith(".png")] and not list(tmp_path.glob("*.png"))
+    assert run_table(page)["png"][0] == "skipped" and "no Chromium" in run_table(page)["png"][-1]
+    with pytest.raises(plots.PngUnavailable, match="no Chromium"):  # save_figure's PNG path asks too
+        plots.png_bytes(go.Figure())
+
+
+def test_a_figure_server_that_does_not_start_is_said(monkeypatch, tmp_path):
+    import kaleido
+    from choreographer.browsers.chromium import Chromium
+
+    from lens_heads.viz import plots
+
+    monkeypatch.setattr(Chromium, "find_browser", classmethod(lambda cls, **kwargs: sys.executable))  # a file
+    monkeypatch.setattr(kaleido, "start_sync_server", lambda **kwargs: (_ for _ in ()).throw(OSError("no pipe")))
+    monkeypatch.setattr(kaleido, "stop_sync_server", lambda **kwargs: pytest.fail("stopped a server never started"))
+    with pytest.warns(RuntimeWarning, match=r"kaleido's figure server did not start \(OSError: no pipe\)"):
+        with plots.png_writer():
+            pass

@@ -234,9 +234,13 @@ class InputAblation(AblationSpec):
         return input_zeroing(model, self.heads, ablation=self.ablation, means=means)
 
 
-
+# The registry of spec kinds, in a sweep plan's order (the baseline, then per share random, threshold, static; the
+# further specs after). A unit's ``mode`` is its spec's kind: UNIT_MODES is every mode a unit can have, and every
+# kind but the baseline is one of the curve modes CurveKey accepts (lens_heads.stats.curves.CURVE_MODES, a layer
+# below; tests/test_ablation_specs.py holds the two to the same modes).
 SPECS: dict[str, type[AblationSpec]] = {cls.kind: cls for cls in (
-    Unablated, ThresholdAblation, RandomAblation, StaticAblation, InputAblation, LayerRemoval)}
+    Unablated, RandomAblation, ThresholdAblation, StaticAblation, InputAblation, LayerRemoval)}
+UNIT_MODES: tuple[str, ...] = tuple(SPECS)
 
 
 def from_dict(d: dict) -> AblationSpec:

@@ -372,7 +372,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, acc_norm=ACC_NORM,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
-                attention=attention_calls.describe() if attention == "fused" else "eager",
+                attention=_attention_ran(model, attention, attention_calls),
                 shared_prefix=scope if state is not None else None, row_tokens=sum(len(r.tokens) for r in rows),
                 **stats)
     if len(sets) > 1:
@@ -383,6 +383,14 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
                        meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj)
                                               for obj in hook_objects(hooks)]))
             for hooks, (logprobs, greedy) in zip(hook_sets, outputs)]
+
+
+def _attention_ran(model, attention: str, calls: AttentionCalls) -> str:
+    """What attention the forwards ran: on HookedTransformer the fused and eager layer calls (``"eager"`` where
+    asked for); on a TransformerBridge, which keeps its own attention, that attention."""
+    if backends.is_bridge(model):
+        return backends.bridge_attention(model)
+    return calls.describe() if attention == "fused" else "eager"
 
 
 def check_primary(primary: str) -> None:

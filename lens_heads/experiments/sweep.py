@@ -37,6 +37,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lens_heads.ablation.specs import (
+    UNIT_MODES,
     AblationSpec,
     RandomAblation,
     ScoreCalibration,
@@ -72,7 +73,7 @@ MARKER = "sweep.json"
 class UnitResult:
     """One evaluated point of the sweep."""
 
-    mode: str  # "baseline" | "threshold" | "random" | "static"
+    mode: str  # its spec's kind, one of lens_heads.ablation.specs.UNIT_MODES
     score: str | None
     target_fraction: float
     threshold: float | None
@@ -696,21 +697,30 @@ def read_units(path) -> SweepResult:
 
 def load_sweep(out_dir) -> SweepResult:
     """The sweep kept in a ``run_sweep`` output folder, read back without a model: every unit stored under the
-    folder's fingerprint (``sweep.json``); a sweep interrupted midway gives the units it finished."""
+    folder's fingerprint (``sweep.json``); a sweep interrupted midway gives the units it finished. A unit file that
+    can't be read is refused, naming it: the folder keeps no plan, so a unit left out would be a point silently
+    missing from its curve."""
     out = Path(out_dir)
     stored = read_json(out / MARKER)
     if not isinstance(stored, dict) or "key" not in stored:
         raise FileNotFoundError(f"{out} holds no sweep (no readable {MARKER}): give the out_dir of run_sweep")
     fingerprint = stored["key"]
-    entries = [read_json(path) for path in sorted(out.glob("*__*__*.json"))]
-    units = [UnitResult.from_dict(entry["value"]) for entry in entries if isinstance(entry, dict)
-             and isinstance(entry.get("key"), dict) and entry["key"].get("run") == fingerprint]
+    units, unreadable = [], []
+    for path in sorted(out.glob("*__*__*.json")):
+        unit, why = _read_unit(path, fingerprint)
+        if why:
+            unreadable.append(f"{path.name} ({why})")
+        elif unit is not None:  # None: another run's unit (a folder may hold runs under other markers)
+            units.append(unit)
+    if unreadable:
+        raise InputError(f"{out}: {len(unreadable)} unit file(s) can't be read: {'; '.join(unreadable)}. Delete "
+                         f"them and rerun run_sweep with out_dir={str(out)!r} and the same settings to recompute "
+                         "those units (the others are reused)")
     base = [u for u in units if u.mode == "baseline"]
     if not base:
         raise InputError(f"{out} has no finished baseline unit yet: rerun run_sweep with out_dir={str(out)!r}")
-    modes = ("baseline", "random", "threshold", "static", "layers")
     rank: dict[str | None, int] = {s: i for i, s in enumerate(SCORE_NAMES)}
-    units.sort(key=lambda u: (u.target_fraction, modes.index(u.mode), rank.get(u.score, -1)))
+    units.sort(key=lambda u: (u.target_fraction, UNIT_MODES.index(u.mode), rank.get(u.score, -1)))
     scores = sorted({u.score for u in units if u.mode == "threshold"}, key=lambda s: rank.get(s, len(rank)))
     static = sorted({u.score for u in units if u.mode == "static"}, key=lambda s: rank.get(s, len(rank)))
     calibration = load_keyed(out / "calibration.json", fingerprint)
@@ -721,3 +731,20 @@ def load_sweep(out_dir) -> SweepResult:
                 unablated_shares=calibration.get("unablated_shares", {}) if calibration else {},
                 units_reused=len(units), units_run=0)
     return SweepResult(baseline=base[0].result, units=units, meta=meta)
+
+
+def _read_unit(path: Path, fingerprint: dict) -> tuple[UnitResult | None, str]:
+    """``(unit, "")`` for the unit stored in ``path`` under the run ``fingerprint``, ``(None, "")`` for another
+    run's, ``(None, why)`` where it can't be read."""
+    entry = read_json(path)
+    if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict) or "value" not in entry:
+        return None, "not JSON, or torn" if entry is None else "not a stored unit"
+    if entry["key"].get("run") != fingerprint:
+        return None, ""
+    try:
+        unit = UnitResult.from_dict(entry["value"])
+    except (KeyError, TypeError, ValueError) as e:
+        return None, f"not a unit: {type(e).__name__}: {e}"
+    if unit.mode not in UNIT_MODES:
+        return None, f"unknown mode {unit.mode!r}, not one of {UNIT_MODES}"
+    return unit, ""

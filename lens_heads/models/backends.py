@@ -15,6 +15,7 @@ runs the blocks before it, with any hooks on them, so lens_heads never starts th
 from __future__ import annotations
 
 import importlib.metadata
+from collections import Counter
 from typing import Callable, Sequence
 
 from torch import Tensor
@@ -129,6 +130,18 @@ def run_to_resid(model, tokens: Tensor, attention_mask: Tensor | None, *, start:
 
     with model.hooks(fwd_hooks=[("ln_final.hook_in", stop_before_final_norm)]):
         return model(tokens, attention_mask=attention_mask)
+
+
+def bridge_attention(model) -> str:
+    """What attention a TransformerBridge runs (lens_heads swaps in no fused attention there): its attention
+    components, the Hugging Face attention modules they wrap, and the Hugging Face model's ``attn_implementation``
+    (which the bridge sets to ``"eager"`` so that ``hook_pattern`` fires)."""
+    kinds = Counter((type(block.attn).__name__, type(getattr(block.attn, "original_component", None)).__name__)
+                    for block in model.blocks)
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    layers = ", ".join(f"{bridge} over {hf} in {n} of {len(model.blocks)} layers" for (bridge, hf), n in kinds.items())
+    return f"TransformerBridge attention: {layers}; Hugging Face attn_implementation={implementation!r}"
 
 
 def can_start_at_layer(model) -> bool:

@@ -5,8 +5,11 @@ write the folder.
 the report holds more than one sweep (several tasks, or recorded sweeps given with ``compare``), their comparison;
 head effects per task (skipped under ``quick``); the attention-rank profile; whole layers on the first task (per-layer
 scores and the attention of whole layers removed in each ranking's order; skipped under ``quick``); attention
-patterns of the most and least active heads. A stage that raises is recorded as failed (with its traceback in results.json and a note on the page)
-and the others still run; the command then exits non-zero.
+patterns of the most and least active heads. Each stage names the stages it needs (``run_stage(..., needs=)``). A
+stage that raises is recorded as failed (with its traceback in results.json and a note on the page) and the others
+still run; a stage that needs one that failed or did not run is not run (status "not run", "needs <stage>"), never
+run on a substitute; the command then exits non-zero. PNG export is a step of its own: skipped where kaleido or
+Chromium is missing, failed where a figure fails to draw.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import torch
 
@@ -47,7 +50,7 @@ class Ran(Generic[R]):
     shared machine the wall time says little)."""
 
     name: str
-    status: str  # "done" | "failed" | "skipped"
+    status: str  # "done" | "failed" | "skipped" | "not run" (a stage it needs did not finish)
     seconds: float | None = None
     cpu_seconds: float | None = None
     result: R | None = None
@@ -63,8 +66,15 @@ class Ran(Generic[R]):
         return entry
 
 
-def run_stage(name: str, log, compute: Callable[[], R]) -> Ran[R]:
-    """Run one stage; a stage's error must not lose the other stages' work, so it is recorded, not raised."""
+def run_stage(name: str, log, compute: Callable[..., R], needs: Sequence[Ran] = ()) -> Ran[R]:
+    """Run one stage on the results of the stages it ``needs`` (``compute(*their results)``); a stage's error must
+    not lose the other stages' work, so it is recorded, not raised. Where a stage it needs failed or did not run, it
+    is not run either ("not run", naming that stage): never run on a substitute."""
+    missing = [r.name for r in needs if r.status != "done" or r.result is None]
+    if missing:
+        reason = f"needs {', '.join(missing)}"
+        log(f"[report] stage {name} not run: {reason}")
+        return Ran(name, "not run", reason=reason)
     log(f"[report] stage {name} ...")
     t0, c0 = time.perf_counter(), time.process_time()
 
@@ -72,7 +82,7 @@ def run_stage(name: str, log, compute: Callable[[], R]) -> Ran[R]:
         return dict(seconds=round(time.perf_counter() - t0, 2), cpu_seconds=round(time.process_time() - c0, 2))
 
     try:
-        return Ran(name, "done", result=compute(), **seconds())
+        return Ran(name, "done", result=compute(*[r.result for r in needs]), **seconds())
     except (KeyboardInterrupt, MemoryError):
         raise
     except Exception as e:
@@ -80,16 +90,9 @@ def run_stage(name: str, log, compute: Callable[[], R]) -> Ran[R]:
         return Ran(name, "failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), **seconds())
 
 
-def needs(ran: Ran[R], what: str) -> R:
-    """The result a later stage builds on, or an error saying which stage it waits for."""
-    if ran.status != "done":
-        raise RuntimeError(f"it needs the {what}, which {ran.status}")
-    assert ran.result is not None  # a stage that ran to the end returned its result
-    return ran.result
-
-
 def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
-    """Run every stage for ``config`` and write the report folder; returns the ``results.json`` content."""
+    """Run every stage for ``config`` and write the report folder; returns the ``results.json`` content. Each stage
+    names the stages whose results it takes (``needs=``)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if distributed.is_main() else None)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -105,30 +108,28 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     ran: list[Ran[stages.StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
+    first = next(iter(tasks))  # the task of the stages run once: rank, layers, attention, explorer
 
     scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
               for t, task in tasks.items()}
-    calibration = {t: s.result.scores if s.status == "done" and s.result is not None else None
-                   for t, s in scores.items()}
-    ablations = {t: run_stage(f"ablation:{t}", log, partial(
-        stages.ablation_stage, model, task, calibration[t], config, cache, key)) for t, task in tasks.items()}
-    sweeps = [a.result.sweep for a in ablations.values() if a.status == "done" and a.result is not None]
-    compare = [run_stage("compare", log, lambda: stages.compare_stage(
-        sweeps + [read_sweep(path) for path in config.compare]))] if len(sweeps) + len(config.compare) > 1 else []
+    ablations = {t: run_stage(f"ablation:{t}", log, lambda s: stages.ablation_stage(
+        model, task, s.scores, config, cache, key), needs=[scores[t]]) for t, task in tasks.items()}
+    compare = [run_stage("compare", log, lambda *done: stages.compare_stage(
+        [a.sweep for a in done] + [read_sweep(path) for path in config.compare]), needs=list(ablations.values()))
+               ] if len(tasks) + len(config.compare) > 1 else []
     effects = {t: Ran(f"effects:{t}", "skipped", reason="--quick") if config.quick else run_stage(
-        f"effects:{t}", log, lambda: stages.effects_stage(
-            model, task, needs(scores[t], "head scores").scores, config, cache, key)) for t, task in tasks.items()}
-    rank = run_stage("rank", log, partial(stages.rank_stage, model, next(iter(tasks.values())), config, cache, key))
-    first_scores = next((s for s in scores.values() if s.status == "done"), next(iter(scores.values())))
-    layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda: (
-        stages.layers_stage(model, next(iter(tasks.values())), needs(first_scores, "head scores").scores, config,
-                            cache, key)))
-    attention = run_stage("attention", log, lambda: stages.attention_stage(
-        model, needs(first_scores, "head scores").scores, config))
-    first_effects = next((e.result for e in effects.values() if e.status == "done"), None)
-    explorer = run_stage("explorer", log, lambda: stages.explorer_stage(
-        model, needs(first_scores, "head scores").scores, first_effects,
-        rank.result.numbers if rank.status == "done" and rank.result is not None else None, config))
+        f"effects:{t}", log, lambda s: stages.effects_stage(model, task, s.scores, config, cache, key),
+        needs=[scores[t]]) for t, task in tasks.items()}
+    rank = run_stage("rank", log, partial(stages.rank_stage, model, tasks[first], config, cache, key))
+    layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda s: (
+        stages.layers_stage(model, tasks[first], s.scores, config, cache, key)), needs=[scores[first]])
+    attention = run_stage("attention", log, lambda s: stages.attention_stage(model, s.scores, config),
+                          needs=[scores[first]])
+    # the explorer adds the head effects and the rank profile where those stages finished (they are not needed)
+    explorer = run_stage("explorer", log, lambda s: stages.explorer_stage(
+        model, s.scores, effects[first].result if effects[first].status == "done" else None,
+        rank.result.numbers if rank.status == "done" and rank.result is not None else None, config),
+        needs=[scores[first]])
 
     ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, layers, attention, explorer]
     card = stages.model_card(meta, config)
@@ -210,9 +211,8 @@ def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], res
             atomic_write_text(out_dir / f"{name}.csv", df.to_csv(index=False))
             files.append(f"{name}.csv")
     figures = {name: fig for result in done for name, fig in result.figures.items()}
-    png = write_pngs(out_dir, figures, log) if config.png and figures else None
-    if png and png["status"] == "done":
-        files += [f"{name}.png" for name in figures]
+    png, pngs = write_pngs(out_dir, figures, log) if config.png and figures else (None, [])
+    files += pngs
     meta = results["model"]
     subtitle = (f"{meta.get('name')} — {meta.get('n_layers')} layers x {meta.get('n_heads')} heads — "
                 f"{results['weight_basis']} — seed {config.seed} — lens_heads "
@@ -223,18 +223,33 @@ def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], res
     return files + ["report.html", "results.json"], png
 
 
-def write_pngs(out_dir: Path, figures: dict, log) -> dict:
-    """Every figure as PNG; without Chromium they are skipped (the numbers, CSVs and report.html do not need them)."""
+def write_pngs(out_dir: Path, figures: dict, log) -> tuple[dict, list[str]]:
+    """Every figure as PNG: the PNG step's stage entry and the files written. Where kaleido or Chromium is missing
+    the step is skipped, saying what to install (the numbers, CSVs and report.html do not need the PNGs); a figure
+    that fails to draw fails the step, naming the figure, and the others are still written."""
     t0 = time.perf_counter()
+    written, failed, tracebacks = [], [], []
     try:
         with plots.png_writer() as write:
             for name, fig in figures.items():
-                write(fig, out_dir / f"{name}.png")
-    except Exception as e:  # no Chromium for kaleido: not a failed analysis; say it and what to do
-        reason = f"{type(e).__name__}: {e}".splitlines()[0]
-        log(f"[report] PNG figures skipped ({reason}); install Chromium for kaleido (apt-get install chromium)")
-        return {"status": "skipped", "reason": reason, "what_to_do": "install Chromium (apt-get install chromium)"}
-    return {"status": "done", "seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": None}
+                try:
+                    write(fig, out_dir / f"{name}.png")
+                    written.append(f"{name}.png")
+                except (plots.PngUnavailable, KeyboardInterrupt, MemoryError):
+                    raise
+                except Exception as e:
+                    failed.append(f"{name}: {type(e).__name__}: {e}".splitlines()[0])
+                    tracebacks.append(f"{name}\n{traceback.format_exc()}")
+    except plots.PngUnavailable as e:
+        log(f"[report] PNG figures skipped: {e}")
+        return {"status": "skipped", "reason": str(e)}, []
+    # Chromium draws in its own process: this process's CPU time would leave it out
+    timing = {"seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": None}
+    if failed:
+        log(f"[report] stage png FAILED: {len(failed)} of {len(figures)} figures not drawn: {'; '.join(failed)}")
+        return {"status": "failed", **timing, "reason": f"{len(failed)} of {len(figures)} figures not drawn: "
+                f"{'; '.join(failed)}", "traceback": "\n".join(tracebacks)}, written
+    return {"status": "done", **timing}, written
 
 
 def versions() -> dict[str, str]:

@@ -35,10 +35,12 @@ def stage_title(name: str) -> str:
 
 
 def not_done(name: str, status: str, reason: str) -> Section:
-    """A stage that failed or was skipped says so, with no numbers."""
-    what = (f"This stage failed with {reason}. See results.json for the traceback." if status == "failed" else
-            f"Skipped ({reason}).")
-    return Section(f"{stage_title(name)} ({status})", [Text(what, "unavailable" if status == "failed" else "note")])
+    """A stage that failed, was not run (a stage it needs did not finish) or was skipped says so, with no
+    numbers."""
+    what = {"failed": f"This stage failed with {reason}. See results.json for the traceback.",
+            "not run": f"Not run: it {reason}, which did not finish (see the Run table)."}.get(
+        status, f"Skipped ({reason}).")
+    return Section(f"{stage_title(name)} ({status})", [Text(what, "note" if status == "skipped" else "unavailable")])
 
 
 def effects_skipped(task: str) -> Section:

@@ -1,5 +1,9 @@
 """The report's stages: each computes through the library and returns a frozen result (numbers for results.json,
 CSV tables, figures). Nothing here writes the page: ``sections`` renders results; ``pipeline`` runs the stages.
+A stage takes what it needs as required arguments (never recomputed in its place): the ablation
+sweep, head effects, whole layers, attention patterns and explorer take the head scores of the scores stage, the
+comparison the sweeps of the ablation stages; ``pipeline`` names those stages (``needs=``) and does not run a stage
+whose inputs did not finish.
 
 Finished work is kept in the report folder's ``cache/`` (:class:`lens_heads.plumbing.cache.Cache`), keyed by everything its
 numbers depend on, so a rerun with the same settings reuses it. Under torchrun every rank computes and rank 0 alone
@@ -179,15 +183,15 @@ def headline_tests(iv) -> dict:
     return {key: row for key, row in zip(pairs, table.to_dict("records"))}
 
 
-def ablation_stage(model, task, scores: HeadScores | None, config: ReportConfig, cache: Cache,
+def ablation_stage(model, task, scores: HeadScores, config: ReportConfig, cache: Cache,
                    base_key: dict) -> AblationResult:
     """Zero the heads each score picks at each target fraction, beside random zeroing (``run_sweep``, which keeps
-    each finished unit in its folder and resumes from it)."""
+    each finished unit in its folder and resumes from it); thresholds from the scores stage's ``scores`` of the
+    same rows."""
     folder = cache.path(f"sweep-{task.name}", {**base_key, "data": task.meta()})
-    calibration: dict[str, Any] = {"calibration": scores} if scores is not None else {}
     result = run_sweep(model, task, scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder,
                        seed=config.seed, batch_size=config.batch_size, progress=config.progress,
-                       **calibration)
+                       calibration=scores)
     if result is None:
         raise InputError(f"the sweep on {task.name} has units left to other tasks of the job array "
                          "(SLURM_ARRAY_TASK_ID): once every task is done, a run without the array reuses them all")
