@@ -92,12 +92,18 @@ def _neutral_copy(hf_config, arch: str) -> Iterator[Path]:
 # ---------------------------------------------------------------- the families TransformerLens knows by name only
 
 
-def _rope_theta(c, layer_type: str | None = None, default: float = 10000.0) -> float:
+def _rope_parameters(c, layer_type: str | None = None) -> dict:
     params = getattr(c, "rope_parameters", None) or {}
     if layer_type is not None and isinstance(params.get(layer_type), dict):
         params = params[layer_type]
+    return params
+
+
+def _rope_theta(c, layer_type: str | None = None, default: float = 10000.0,
+                scalings: tuple[str | None, ...] = ("default", None)) -> float:
+    params = _rope_parameters(c, layer_type)
     scaling = params.get("rope_type", "default")
-    if scaling not in ("default", None):
+    if scaling not in scalings:
         raise NotImplementedError(f"rope scaling {scaling!r} of this config is not supported by TransformerLens 3.9")
     return float(params.get("rope_theta", getattr(c, "rope_theta", default)))
 
@@ -139,8 +145,11 @@ def _gemma2(c) -> dict:
 
 def _gemma3(c) -> dict:
     d = dict(_gemma_family(c), **_local_global(c), use_qk_norm=True,
-             rotary_base=_rope_theta(c, "full_attention", 1_000_000.0),
+             rotary_base=_rope_theta(c, "full_attention", 1_000_000.0, ("default", None, "linear")),
              rotary_base_local=_rope_theta(c, "sliding_attention", 10_000.0))
+    full = _rope_parameters(c, "full_attention")
+    if full.get("rope_type") == "linear":  # Gemma 3 4B-27B: TransformerLens scales the global layers' positions only
+        d["rotary_scaling_factor"] = float(full["factor"])
     if c.attn_logit_softcapping or c.final_logit_softcapping:
         d.update(attn_scores_soft_cap=c.attn_logit_softcapping or -1.0,
                  output_logits_soft_cap=c.final_logit_softcapping or -1.0)
