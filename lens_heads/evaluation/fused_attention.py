@@ -33,15 +33,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.utilities.activation_functions import softcap_enabled
 
-from lens_heads.evaluation.prefix import PrefixState, prefixed_z, rotate_at, suffix_positions
+from lens_heads.evaluation.prefix import PrefixState, prefixed_z, suffix_positions
+from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import is_bridge
-
-try:  # HookedTransformer's attention (TransformerLens 3.9); 4.x has none, and nothing here to fuse
-    from transformer_lens.components import Attention, GroupedQueryAttention
-except ImportError:
-    Attention = GroupedQueryAttention = None  # type: ignore[misc,assignment]  # TransformerLens 4.x has no such modules
 
 FUSABLE_POSITIONS = ("standard", "rotary", "shortformer")
 FULL_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -63,12 +58,12 @@ def eager_reason(attn) -> str | None:
     """Why this attention layer can never run fused (None: it can, while no hook reads its pattern)."""
     cfg = attn.cfg
     checks = [
-        (type(attn) not in (Attention, GroupedQueryAttention), f"{type(attn).__name__} is not a standard attention"),
+        (type(attn) not in tl.ATTENTION_CLASSES, f"{type(attn).__name__} is not a standard attention"),
         (cfg.load_in_4bit, "4-bit weights"),
         (cfg.use_attn_result, "use_attn_result (hook_result needs per-head outputs)"),
         (cfg.positional_embedding_type not in FUSABLE_POSITIONS, f"{cfg.positional_embedding_type} positions"),
         (attn.attn_type != "global", "local (windowed) attention"),
-        (softcap_enabled(cfg.attn_scores_soft_cap), "soft-capped attention scores"),
+        (tl.softcap_enabled(cfg.attn_scores_soft_cap), "soft-capped attention scores"),
         (cfg.use_attention_sinks, "attention sinks"),
         (cfg.clip_qkv is not None, "Q/K/V clipping"),
         (cfg.original_architecture in FULL_VECTOR_QK_NORM, "full-vector QK norm"),
@@ -94,7 +89,10 @@ def fused_attention(model, calls: AttentionCalls | None = None,
     runs its own attention: nothing is swapped there."""
     calls = calls if calls is not None else AttentionCalls()
     swapped = []
-    for block in [] if is_bridge(model) else model.blocks:
+    blocks = [] if is_bridge(model) else model.blocks
+    if len(blocks):
+        tl.require(tl.FUSED_ATTENTION)
+    for block in blocks:
         attn = block.attn
         # an enclosing block may have swapped it already: kept, unless this block brings a prefix state
         if eager_reason(attn) is None and ("forward" not in vars(attn) or prefix is not None):
@@ -120,21 +118,22 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_inpu
             raise RuntimeError(f"layer {attn.layer_id} must run eagerly, which knows no shared prefix: run these "
                                "hooks on the row-by-row path (their prefix_scope None)")
         calls.eager += 1
-        return type(attn).forward(attn, query_input, key_input, value_input, past_kv_cache_entry=past_kv_cache_entry,
+        return tl.eager_attention(attn, query_input, key_input, value_input, past_kv_cache_entry=past_kv_cache_entry,
                                   additive_attention_mask=additive_attention_mask, attention_mask=attention_mask,
                                   position_bias=position_bias)
     calls.fused += 1
     extension = prefix.extend if prefix is not None else None
-    q, k, v = attn.calculate_qkv_matrices(query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
+    q, k, v = tl.qkv(attn, query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
     if attn.cfg.positional_embedding_type == "rotary" and extension is not None:
         positions = suffix_positions(extension, q.shape[1])
-        q, k = attn.hook_rot_q(rotate_at(attn, q, positions)), attn.hook_rot_k(rotate_at(attn, k, positions))
+        q = attn.hook_rot_q(tl.rotary_at(attn, q, positions))
+        k = attn.hook_rot_k(tl.rotary_at(attn, k, positions))
     elif attn.cfg.positional_embedding_type == "rotary":
-        q = attn.hook_rot_q(attn.apply_rotary(q, 0, attention_mask))
-        k = attn.hook_rot_k(attn.apply_rotary(k, 0, attention_mask))
+        q = attn.hook_rot_q(tl.rotary(attn, q, attention_mask))
+        k = attn.hook_rot_k(tl.rotary(attn, k, attention_mask))
     if prefix is not None and prefix.record is not None:
         prefix.record[attn.layer_id] = (k, v)
-    causal = (attn._attention_dir_override or attn.cfg.attention_dir) == "causal"
+    causal = tl.causal(attn)
     scale = 1.0 / attn.attn_scale
     z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal) if extension is None
                     else prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))

@@ -35,7 +35,6 @@ import pandas as pd
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
@@ -43,6 +42,7 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_ev
 from lens_heads.evaluation.evaluate import wilson_interval
 from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
 from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
+from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import final_logits, is_bridge, run_to_resid
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.errors import InputError
@@ -111,7 +111,7 @@ def _new_cache(model):
     Hugging Face's back from its first step."""
     if is_bridge(model):
         return None
-    return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    return tl.new_kv_cache(model.cfg, model.cfg.device, 1)
 
 
 def _next_token(model, ids: Tensor, kv, cache: bool) -> tuple[int, object]:

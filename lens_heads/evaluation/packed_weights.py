@@ -23,13 +23,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import is_bridge
-
-try:  # HookedTransformer's modules (TransformerLens 3.9); 4.x's bridge runs the Hugging Face modules
-    from transformer_lens.components import Unembed
-    from transformer_lens.components.mlps.gated_mlp import GatedMLP
-except ImportError:
-    Unembed = GatedMLP = None  # type: ignore[misc,assignment]  # TransformerLens 4.x has no such modules
 
 
 class Packed:
@@ -57,8 +52,9 @@ def packed_weights(model) -> Iterator[None]:
     if is_bridge(model):
         yield
         return
+    tl.require(tl.PACKED_WEIGHTS)
     swapped: list[torch.nn.Module] = []
-    if type(model.unembed) is Unembed and "forward" not in vars(model.unembed):
+    if tl.is_plain_unembed(model.unembed) and "forward" not in vars(model.unembed):
         packed = Packed(lambda w, b: (w.T.contiguous(), b if bool(b.any()) else None), model.unembed.W_U,
                         model.unembed.b_U)
         # an instance attribute shadows the method for the block (deleted on exit): mypy reads a method assigned
@@ -66,7 +62,7 @@ def packed_weights(model) -> Iterator[None]:
         swapped.append(model.unembed)
     for block in model.blocks:
         mlp = getattr(block, "mlp", None)  # attention-only models have none
-        if type(mlp) is GatedMLP and not mlp.cfg.is_layer_norm_activation() and "forward" not in vars(mlp):
+        if mlp is not None and tl.is_plain_gated_mlp(mlp) and "forward" not in vars(mlp):
             packed = Packed(lambda *ws: tuple(w.T.contiguous() for w in ws), mlp.W_gate, mlp.W_in, mlp.W_out)
             mlp.forward = functools.partial(_gated_mlp, mlp, packed)  # type: ignore[method-assign]  # as above
             swapped.append(mlp)
@@ -80,16 +76,16 @@ def packed_weights(model) -> Iterator[None]:
 def _unembed(unembed, packed: Packed, residual: Float[Tensor, "batch pos d_model"]
              ) -> Float[Tensor, "batch pos d_vocab"]:
     if residual.device != unembed.W_U.device:
-        return type(unembed).forward(unembed, residual)
+        return tl.eager_forward(unembed, residual)
     w, b = packed.get()
     return unembed.hook_out(F.linear(unembed.hook_in(residual), w, b))
 
 
 def _gated_mlp(mlp, packed: Packed, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
     if x.device != mlp.W_gate.device:
-        return type(mlp).forward(mlp, x)
+        return tl.eager_forward(mlp, x)
     w_gate, w_in, w_out = packed.get()
     pre_act = mlp.hook_pre(F.linear(x, w_gate))
     pre_linear = mlp.hook_pre_linear(F.linear(x, w_in))
-    post_act = mlp.hook_post((mlp.act_fn(pre_act) * pre_linear) + mlp.b_in)
+    post_act = mlp.hook_post((tl.activation(mlp)(pre_act) * pre_linear) + mlp.b_in)
     return F.linear(post_act, w_out, mlp.b_out)

@@ -8,9 +8,10 @@ cloze item (its choices: the context repeated, then a different continuation) an
 while every fused attention layer records its keys and values (post-rotary, with the grouped-query KV heads), then
 runs the rows' remaining tokens (the *suffix*: at least every position whose logits are read) with each layer
 attending to its row's prefix keys/values and to the suffix's own, the suffix's rotary positions continuing the
-prefix's (:func:`prefixed_z`, :func:`rotate_at`). Hooks run in both passes: a hook on ``hook_z`` sees the prefix
-positions in the prefix pass and the suffix positions in the suffix pass, each with the values the whole row has
-there, so ablations that zero a head everywhere act on the prefix's keys/values as on the whole row.
+prefix's (:func:`prefixed_z`, :func:`lens_heads.models.tl_internals.rotary_at`). Hooks run in both passes: a hook on
+``hook_z`` sees the prefix positions in the prefix pass and the suffix positions in the suffix pass, each with the
+values the whole row has there, so ablations that zero a head everywhere act on the prefix's keys/values as on the
+whole row.
 
 This is exact only for hooks whose action at a position does not depend on the rest of the row. Hook objects say so
 with a ``prefix_scope`` attribute (hook pairs: on the function): ``"any"`` (the same action on every row: no hooks,
@@ -224,17 +225,6 @@ class PrefixState:
             yield
         finally:
             self.extend = None
-
-
-def rotate_at(attn, x: Float[Tensor, "batch pos head d_head"], positions: Int[Tensor, "batch pos"]
-              ) -> Float[Tensor, "batch pos head d_head"]:
-    """TransformerLens's rotary embedding (``apply_rotary``'s arithmetic) at explicit per-row positions."""
-    rotary_dim = attn.cfg.rotary_dim
-    x = x.to(attn.rotary_sin.device)
-    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-    positions = positions.clamp(max=attn.rotary_cos.shape[0] - 1).to(attn.rotary_cos.device)
-    cos, sin = attn.rotary_cos[positions, None, :], attn.rotary_sin[positions, None, :]
-    return torch.cat([x_rot * cos + attn.rotate_every_two(x_rot) * sin, x_pass], dim=-1)
 
 
 def suffix_positions(extension: Extension, n_pos: int) -> Int[Tensor, "batch pos"]:

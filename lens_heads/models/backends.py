@@ -14,12 +14,13 @@ runs the blocks before it, with any hooks on them, so lens_heads never starts th
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections import Counter
 from typing import Callable, Sequence
 
 from torch import Tensor
 
+from lens_heads.models import tl_internals as tl
+from lens_heads.models.tl_internals import tl_major, tl_version  # noqa: F401  (re-exported)
 from lens_heads.plumbing.errors import InputError
 
 BACKENDS = ("hooked", "bridge")
@@ -29,16 +30,6 @@ try:  # 3.9
     from transformer_lens.utils import get_act_name  # noqa: F401  (re-exported)
 except ImportError:  # 4.x
     from transformer_lens.utilities import get_act_name  # noqa: F401
-
-
-def tl_version() -> str:
-    """The installed TransformerLens version."""
-    return importlib.metadata.version("transformer-lens")
-
-
-def tl_major() -> int:
-    """The installed TransformerLens major version (3 or 4)."""
-    return int(tl_version().split(".")[0])
 
 
 def default_backend() -> str:
@@ -123,10 +114,8 @@ def run_to_resid(model, tokens: Tensor, attention_mask: Tensor | None, *, start:
                          "blocks before it, hooks included")
     if stop < model.cfg.n_layers:
         return model(tokens, attention_mask=attention_mask, stop_at_layer=stop)
-    from transformer_lens.model_bridge.exceptions import StopAtLayerException  # TransformerLens 4.x only
-
     def stop_before_final_norm(resid: Tensor, hook=None):
-        raise StopAtLayerException(resid)
+        tl.stop_bridge(resid)
 
     with model.hooks(fwd_hooks=[("ln_final.hook_in", stop_before_final_norm)]):
         return model(tokens, attention_mask=attention_mask)
@@ -155,6 +144,4 @@ def final_logits(model, resid: Tensor) -> Tensor:
     norm = getattr(model.cfg, "normalization_type", None)
     if norm is not None:
         resid = model.ln_final(resid)
-    from transformer_lens.utilities import apply_softcap  # in 3.9 and 4.x
-
-    return apply_softcap(model.unembed(resid), getattr(model.cfg, "output_logits_soft_cap", None))
+    return tl.apply_softcap(model.unembed(resid), getattr(model.cfg, "output_logits_soft_cap", None))

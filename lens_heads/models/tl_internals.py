@@ -1,0 +1,250 @@
+"""The TransformerLens internals lens_heads relies on, in one place, each checked against the parameters it was
+written for.
+
+The evaluator's fast paths replace the forwards of HookedTransformer's modules (TransformerLens 3.9) for a block of
+forwards and call what those forwards call: fused attention and shared prefixes replace ``AbstractAttention.forward``
+and call ``calculate_qkv_matrices``, ``apply_rotary``, ``rotate_every_two``, the rotary tables and the layer's
+causal direction; packed weights replace ``Unembed.forward`` and ``GatedMLP.forward``; cached generation builds
+TransformerLens's key/value cache. The bridge (4.x) is stopped before its final norm by its
+``StopAtLayerException``, and both backends' logits end in ``apply_softcap``. None of these is public API, so a
+release may rename one or change its parameters without notice. :data:`INTERNALS` lists each with its parameters as
+of :data:`CHECKED`; :func:`require` checks those a feature uses before the feature first runs and raises
+:class:`InternalsChanged`, naming each function that is missing or different, rather than let a replaced forward
+compute something else. Under TransformerLens 4.x the HookedTransformer internals don't exist and nothing asks for
+them (the bridge runs its own modules); this module imports there all the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+CHECKED = {3: "3.9", 4: "4.3"}  # per TransformerLens major: the release whose internals INTERNALS describes
+SETUP = {3: "bash scripts/setup.sh", 4: "bash scripts/setup.sh --bridge"}  # how to install that release
+
+FUSED_ATTENTION, PACKED_WEIGHTS, CACHED_GENERATION = "fused attention", "packed weights", "cached generation"
+FINAL_LOGITS, BRIDGE_STOP = "final logits", "stopping the bridge before its final norm"
+
+
+@dataclass(frozen=True)
+class Internal:
+    """One internal: where it lives (``module:Qualified.name``), its parameters in order (None: a class, only
+    looked up), the TransformerLens majors that have it, and the features of lens_heads that use it."""
+
+    where: str
+    params: tuple[str, ...] | None
+    majors: tuple[int, ...]
+    features: tuple[str, ...]
+
+
+_ATTENTION = "transformer_lens.components.abstract_attention:AbstractAttention"
+_QKV = ("self", "query_input", "key_input", "value_input")
+INTERNALS = {
+    "Attention": Internal("transformer_lens.components:Attention", None, (3,), (FUSED_ATTENTION,)),
+    "GroupedQueryAttention": Internal("transformer_lens.components:GroupedQueryAttention", None, (3,),
+                                      (FUSED_ATTENTION,)),
+    "Unembed": Internal("transformer_lens.components:Unembed", None, (3,), (PACKED_WEIGHTS,)),
+    "GatedMLP": Internal("transformer_lens.components.mlps.gated_mlp:GatedMLP", None, (3,), (PACKED_WEIGHTS,)),
+    "AbstractAttention.forward": Internal(
+        f"{_ATTENTION}.forward", _QKV + ("past_kv_cache_entry", "additive_attention_mask", "attention_mask",
+                                         "position_bias"), (3,), (FUSED_ATTENTION,)),
+    "AbstractAttention.calculate_qkv_matrices": Internal(f"{_ATTENTION}.calculate_qkv_matrices", _QKV, (3,),
+                                                         (FUSED_ATTENTION,)),
+    "GroupedQueryAttention.calculate_qkv_matrices": Internal(
+        "transformer_lens.components:GroupedQueryAttention.calculate_qkv_matrices", _QKV, (3,), (FUSED_ATTENTION,)),
+    "AbstractAttention.apply_rotary": Internal(f"{_ATTENTION}.apply_rotary",
+                                               ("self", "x", "past_kv_pos_offset", "attention_mask"), (3,),
+                                               (FUSED_ATTENTION,)),
+    "AbstractAttention.rotate_every_two": Internal(f"{_ATTENTION}.rotate_every_two", ("self", "x"), (3,),
+                                                   (FUSED_ATTENTION,)),
+    "softcap_enabled": Internal("transformer_lens.utilities.activation_functions:softcap_enabled", ("cap",), (3, 4),
+                                (FUSED_ATTENTION,)),
+    "Unembed.forward": Internal("transformer_lens.components:Unembed.forward", ("self", "residual"), (3,),
+                                (PACKED_WEIGHTS,)),
+    "GatedMLP.forward": Internal("transformer_lens.components.mlps.gated_mlp:GatedMLP.forward", ("self", "x"), (3,),
+                                 (PACKED_WEIGHTS,)),
+    "HookedTransformerConfig.is_layer_norm_activation": Internal(
+        "transformer_lens:HookedTransformerConfig.is_layer_norm_activation", ("self",), (3,), (PACKED_WEIGHTS,)),
+    "TransformerLensKeyValueCache.init_cache": Internal(
+        "transformer_lens.cache.key_value_cache:TransformerLensKeyValueCache.init_cache",
+        ("cfg", "device", "batch_size"), (3,), (CACHED_GENERATION,)),
+    "apply_softcap": Internal("transformer_lens.utilities:apply_softcap", ("x", "cap"), (3, 4), (FINAL_LOGITS,)),
+    "StopAtLayerException": Internal("transformer_lens.model_bridge.exceptions:StopAtLayerException",
+                                     ("layer_output",), (4,), (BRIDGE_STOP,)),
+}
+# Instance attributes set in the modules' __init__ (no signature to check): read only through the functions below,
+# which name the attribute when it is gone.
+ATTRIBUTES = {"AbstractAttention": ("_attention_dir_override", "rotary_sin", "rotary_cos"), "GatedMLP": ("act_fn",)}
+
+
+class InternalsChanged(RuntimeError):
+    """The installed TransformerLens lacks, or changed, an internal that a lens_heads feature relies on."""
+
+
+def tl_version() -> str:
+    """The installed TransformerLens version."""
+    return importlib.metadata.version("transformer-lens")
+
+
+def tl_major() -> int:
+    """The installed TransformerLens major version (3 or 4)."""
+    return int(tl_version().split(".")[0])
+
+
+def load(where: str) -> Any:
+    """The object at ``module:Qualified.name`` (ImportError or AttributeError where it is gone)."""
+    module, _, qualname = where.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check(name: str) -> str | None:
+    """What is wrong with internal ``name`` (a key of :data:`INTERNALS`) in the installed TransformerLens: None
+    when it is there with the expected parameters."""
+    internal = INTERNALS[name]
+    obj = _optional(name)
+    if obj is None:
+        return f"{name} ({internal.where}) is gone"
+    if internal.params is None:
+        return None
+    found = tuple(inspect.signature(obj).parameters)
+    if found != internal.params:
+        return f"{name} takes ({', '.join(found)}), not ({', '.join(internal.params)})"
+    return None
+
+
+def require(feature: str) -> None:
+    """Refuse to run ``feature`` when an internal it uses is missing or changed in the installed TransformerLens."""
+    major = tl_major()
+    problems = [problem for name, internal in INTERNALS.items()
+                if feature in internal.features and major in internal.majors and (problem := check(name))]
+    if problems:
+        raise InternalsChanged(_changed(feature, "; ".join(problems)))
+
+
+def _changed(feature: str, what: str) -> str:
+    major = tl_major() if tl_major() in CHECKED else 3
+    return (f"lens_heads's {feature} relies on TransformerLens internals that TransformerLens {tl_version()} changed "
+            f"({what}; lens_heads was checked against {CHECKED[major]}): install TransformerLens {CHECKED[major]} "
+            f"({SETUP[major]})" + (", or evaluate with attention='eager'" if feature == FUSED_ATTENTION else ""))
+
+
+def _attribute(module, name: str, feature: str) -> Any:
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise InternalsChanged(_changed(feature, f"{type(module).__name__} has no {name}")) from None
+
+
+def _get(name: str, feature: str) -> Any:
+    """Internal ``name``, or :class:`InternalsChanged` naming it where it is gone."""
+    obj = _optional(name)
+    if obj is None:
+        raise InternalsChanged(_changed(feature, f"{name} ({INTERNALS[name].where}) is gone"))
+    return obj
+
+
+def _optional(name: str) -> Any:
+    """Internal ``name``, or None where the installed TransformerLens lacks it (4.x: HookedTransformer's modules;
+    :func:`require` names it where a feature needs it)."""
+    try:
+        return load(INTERNALS[name].where)
+    except (ImportError, AttributeError):
+        return None
+
+
+# ---------------------------------------------------------------- attention (fused attention, shared prefixes)
+
+ATTENTION_CLASSES = (_optional("Attention"), _optional("GroupedQueryAttention"))  # the layers fused attention replaces
+UNEMBED, GATED_MLP = _optional("Unembed"), _optional("GatedMLP")
+
+
+def softcap_enabled(cap: float | None) -> bool:
+    """Whether a soft-cap setting caps at all (TransformerLens's own test)."""
+    return _get("softcap_enabled", FUSED_ATTENTION)(cap)
+
+
+def eager_attention(attn, query_input, key_input, value_input, **kwargs) -> Float[Tensor, "batch pos d_model"]:
+    """The layer's own (class) forward, for a layer whose instance forward is replaced."""
+    return type(attn).forward(attn, query_input, key_input, value_input, **kwargs)
+
+
+def qkv(attn, query_input, key_input, value_input) -> tuple[Tensor, Tensor, Tensor]:
+    """The layer's queries ``[batch, pos, head, d_head]`` and keys/values ``[batch, pos, kv_head, d_head]``
+    (fires ``hook_q``, ``hook_k``, ``hook_v``)."""
+    return attn.calculate_qkv_matrices(query_input, key_input, value_input)
+
+
+def rotary(attn, x: Float[Tensor, "batch pos head d_head"], attention_mask: Int[Tensor, "batch pos"] | None
+           ) -> Float[Tensor, "batch pos head d_head"]:
+    """The layer's rotary embedding of ``x`` from position 0 (left padding counted as the layer counts it)."""
+    return attn.apply_rotary(x, 0, attention_mask)
+
+
+def rotary_at(attn, x: Float[Tensor, "batch pos head d_head"], positions: Int[Tensor, "batch pos"]
+              ) -> Float[Tensor, "batch pos head d_head"]:
+    """The layer's rotary embedding (``apply_rotary``'s arithmetic) at explicit per-row positions."""
+    cos_table = _attribute(attn, "rotary_cos", FUSED_ATTENTION)
+    sin_table = _attribute(attn, "rotary_sin", FUSED_ATTENTION)
+    rotary_dim = attn.cfg.rotary_dim
+    x = x.to(sin_table.device)
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    positions = positions.clamp(max=cos_table.shape[0] - 1).to(cos_table.device)
+    cos, sin = cos_table[positions, None, :], sin_table[positions, None, :]
+    return torch.cat([x_rot * cos + attn.rotate_every_two(x_rot) * sin, x_pass], dim=-1)
+
+
+def causal(attn) -> bool:
+    """Whether the layer attends causally (its own override, else its config's direction)."""
+    return (_attribute(attn, "_attention_dir_override", FUSED_ATTENTION) or attn.cfg.attention_dir) == "causal"
+
+
+# ---------------------------------------------------------------- packed weights
+
+
+def is_plain_unembed(module) -> bool:
+    """Whether ``module`` is TransformerLens's own ``Unembed`` (not a subclass)."""
+    return UNEMBED is not None and type(module) is UNEMBED
+
+
+def is_plain_gated_mlp(mlp) -> bool:
+    """Whether ``mlp`` is TransformerLens's own ``GatedMLP`` (not a subclass) without a layer-norm activation."""
+    return GATED_MLP is not None and type(mlp) is GATED_MLP and not mlp.cfg.is_layer_norm_activation()
+
+
+def eager_forward(module, *args) -> Tensor:
+    """The module's own (class) forward, for a module whose instance forward is replaced."""
+    return type(module).forward(module, *args)
+
+
+def activation(mlp):
+    """The gated MLP's activation function."""
+    return _attribute(mlp, "act_fn", PACKED_WEIGHTS)
+
+
+# ---------------------------------------------------------------- generation, logits, the bridge's stop
+
+
+def new_kv_cache(cfg, device, batch_size: int = 1):
+    """An empty TransformerLens key/value cache for HookedTransformer's cached forward."""
+    require(CACHED_GENERATION)
+    return _get("TransformerLensKeyValueCache.init_cache", CACHED_GENERATION)(cfg, device, batch_size)
+
+
+def apply_softcap(logits: Tensor, cap: float | None) -> Tensor:
+    """The logits soft-capped as the model's own forward caps them (unchanged where ``cap`` is None)."""
+    return _get("apply_softcap", FINAL_LOGITS)(logits, cap)
+
+
+def stop_bridge(resid: Tensor):
+    """Stop a TransformerBridge's forward here, returning ``resid`` (raised from a hook; TransformerLens 4.x)."""
+    raise _get("StopAtLayerException", BRIDGE_STOP)(resid)
