@@ -6,14 +6,17 @@ raw weights. Both fire ``blocks.{l}.attn.hook_pattern`` ``[batch, head, query, k
 ``[batch, pos, kv_head, d_head]`` and ``hook_z`` ``[batch, pos, head, d_head]`` (before ``W_O``), and take
 TransformerLens ``(hook_name, fn)`` pairs through ``model.hooks(...)``; the rest of lens_heads speaks only those.
 
-What differs, and is decided here: which backends the installed TransformerLens has; how a forward stops at the
-residual stream after the last block (the bridge runs the Hugging Face forward and returns logits, so it is stopped
-by a hook at ``ln_final.hook_in``); and whether a forward can start at a block (the bridge's ``start_at_layer`` still
-runs the blocks before it, with any hooks on them, so lens_heads never starts the bridge mid-way).
+What differs is decided here: which backends the installed TransformerLens has, and, per model, one
+:class:`Backend` object (:func:`backend`) that says what lens_heads may do on it (fused attention and shared
+prefixes, packed weights, forwards that start at a block) and runs what the backends do differently (a forward to
+the residual stream after a block, the final logits, a key/value-cached generation step). Code outside this module
+asks that object, never the model's type. TransformerLens internals are used through
+:mod:`lens_heads.models.tl_internals` only.
 """
 
 from __future__ import annotations
 
+import abc
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -63,7 +66,7 @@ def is_bridge(model) -> bool:
 
 def backend_of(model) -> str:
     """``"bridge"`` or ``"hooked"``."""
-    return "bridge" if is_bridge(model) else "hooked"
+    return backend(model).name
 
 
 def require_hooked(model, feature: str) -> None:
@@ -102,23 +105,102 @@ def check_attention_hooks(model, names: Sequence[str] = ATTENTION_HOOKS, *, uses
             f"needed for {uses}." + (f" {advice(missing)}" if advice else ""))
 
 
+class Backend(abc.ABC):
+    """What lens_heads may do on the models of one backend, and the calls in which the backends differ: the
+    evaluation code asks a model's backend (:func:`backend`) rather than testing the model's type."""
+
+    name: str
+    fuses_attention: bool  # its attention layers may be swapped for lens_heads's fused SDPA (and shared prefixes)
+    packs_weights: bool  # its unembedding and gated MLPs may run on weights laid out once per block of forwards
+    starts_at_layer: bool  # a forward may start at a block (the evaluator's shared trunk)
+
+    @abc.abstractmethod
+    def run_to_resid(self, model, tokens: Tensor, attention_mask: Tensor | None, *, start: int | None = None,
+                     stop: int) -> Tensor:
+        """The forward of ``model`` (under the hooks already added) from the tokens (``start=None``) or from the
+        residual stream ``tokens`` before block ``start``, to the residual stream before block ``stop``
+        (``stop = n_layers``: after the last block, before the final norm)."""
+
+    def final_logits(self, model, resid: Tensor) -> Tensor:
+        """The residual stream after the last block to logits: final norm, unembedding, soft-cap (as both
+        backends' own forward does)."""
+        if getattr(model.cfg, "normalization_type", None) is not None:
+            resid = model.ln_final(resid)
+        return tl.apply_softcap(model.unembed(resid), getattr(model.cfg, "output_logits_soft_cap", None))
+
+    @abc.abstractmethod
+    def new_kv_cache(self, model):
+        """An empty key/value cache for :meth:`cached_logits` (one row)."""
+
+    @abc.abstractmethod
+    def cached_logits(self, model, ids: Tensor, kv) -> tuple[Tensor, object]:
+        """The logits ``[d_vocab]`` after the last of ``ids`` (one row: only the tokens ``kv`` has not seen), run
+        against the key/value cache ``kv``, and the cache updated."""
+
+
+class HookedBackend(Backend):
+    """``HookedTransformer`` (TransformerLens 3.9): every fast path, and forwards from any block to any block."""
+
+    name, fuses_attention, packs_weights, starts_at_layer = "hooked", True, True, True
+
+    def run_to_resid(self, model, tokens, attention_mask, *, start=None, stop):
+        return model(tokens, attention_mask=attention_mask, start_at_layer=start, stop_at_layer=stop)
+
+    def new_kv_cache(self, model):
+        return tl.new_kv_cache(model.cfg, model.cfg.device, 1)
+
+    def cached_logits(self, model, ids, kv):
+        resid = model(ids, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
+        return self.final_logits(model, resid[:, -1:])[0, -1], kv
+
+
+class BridgeBackend(Backend):
+    """``TransformerBridge`` (TransformerLens 4.x): it runs the Hugging Face modules (no attention or weights of
+    TransformerLens's to swap), its ``start_at_layer`` still runs the blocks before it with any hooks on them (so
+    lens_heads never starts it mid-way), and its forward returns logits (stopped by a hook at ``ln_final.hook_in``
+    to read the residual stream after the last block)."""
+
+    name, fuses_attention, packs_weights, starts_at_layer = "bridge", False, False, False
+
+    def run_to_resid(self, model, tokens, attention_mask, *, start=None, stop):
+        if start is not None:
+            raise InputError("lens_heads never starts a TransformerBridge at a layer: its start_at_layer still runs "
+                             "the blocks before it, hooks included")
+        if stop < model.cfg.n_layers:
+            return model(tokens, attention_mask=attention_mask, stop_at_layer=stop)
+
+        def stop_before_final_norm(resid: Tensor, hook=None):
+            tl.stop_bridge(resid)
+
+        with model.hooks(fwd_hooks=[("ln_final.hook_in", stop_before_final_norm)]):
+            return model(tokens, attention_mask=attention_mask)
+
+    def new_kv_cache(self, model):
+        return None  # the first step starts one; Hugging Face's comes back from each step
+
+    def cached_logits(self, model, ids, kv):
+        logits, kv = model(ids, return_type="logits_and_cache", past_key_values=kv)
+        return logits[0, -1], kv
+
+
+HOOKED, BRIDGE = HookedBackend(), BridgeBackend()
+
+
+def backend(model) -> Backend:
+    """The backend of ``model``: what lens_heads may do on it, and how (a model built like a HookedTransformer is
+    one)."""
+    return BRIDGE if is_bridge(model) else HOOKED
+
+
 def run_to_resid(model, tokens: Tensor, attention_mask: Tensor | None, *, start: int | None = None,
                  stop: int) -> Tensor:
-    """The forward of ``model`` (under the hooks already added) from the tokens (``start=None``) or from the
-    residual stream ``tokens`` before block ``start``, to the residual stream before block ``stop``
-    (``stop = n_layers``: after the last block, before the final norm)."""
-    if not is_bridge(model):
-        return model(tokens, attention_mask=attention_mask, start_at_layer=start, stop_at_layer=stop)
-    if start is not None:
-        raise InputError("lens_heads never starts a TransformerBridge at a layer: its start_at_layer still runs the "
-                         "blocks before it, hooks included")
-    if stop < model.cfg.n_layers:
-        return model(tokens, attention_mask=attention_mask, stop_at_layer=stop)
-    def stop_before_final_norm(resid: Tensor, hook=None):
-        tl.stop_bridge(resid)
+    """:meth:`Backend.run_to_resid` of ``model``'s backend."""
+    return backend(model).run_to_resid(model, tokens, attention_mask, start=start, stop=stop)
 
-    with model.hooks(fwd_hooks=[("ln_final.hook_in", stop_before_final_norm)]):
-        return model(tokens, attention_mask=attention_mask)
+
+def final_logits(model, resid: Tensor) -> Tensor:
+    """:meth:`Backend.final_logits` of ``model``'s backend."""
+    return backend(model).final_logits(model, resid)
 
 
 def bridge_attention(model) -> str:
@@ -135,13 +217,4 @@ def bridge_attention(model) -> str:
 
 def can_start_at_layer(model) -> bool:
     """Whether a forward may start at a block (the evaluator's shared trunk): HookedTransformer only."""
-    return not is_bridge(model)
-
-
-def final_logits(model, resid: Tensor) -> Tensor:
-    """The residual stream after the last block to logits: final norm, unembedding, soft-cap (as both backends'
-    own forward does)."""
-    norm = getattr(model.cfg, "normalization_type", None)
-    if norm is not None:
-        resid = model.ln_final(resid)
-    return tl.apply_softcap(model.unembed(resid), getattr(model.cfg, "output_logits_soft_cap", None))
+    return backend(model).starts_at_layer
