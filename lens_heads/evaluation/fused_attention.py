@@ -36,7 +36,7 @@ from torch import Tensor
 
 from lens_heads.evaluation.prefix import PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
-from lens_heads.models.backends import is_bridge
+from lens_heads.models.backends import backend
 
 FUSABLE_POSITIONS = ("standard", "rotary", "shortformer")
 FULL_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -85,11 +85,11 @@ def fused_attention(model, calls: AttentionCalls | None = None,
     """Run every fusable attention layer of ``model`` with fused SDPA for the duration of the block (see the module
     docstring); yields the :class:`AttentionCalls` counts (``calls``, if given, is counted into). ``prefix``: the
     state through which the caller has the layers record or extend shared prefixes (it replaces an enclosing
-    block's fused forward for the duration). The layers' own forwards are restored on exit. A TransformerBridge
-    runs its own attention: nothing is swapped there."""
+    block's fused forward for the duration). The layers' own forwards are restored on exit. Nothing is swapped on a
+    backend whose attention lens_heads doesn't fuse (a TransformerBridge runs its own)."""
     calls = calls if calls is not None else AttentionCalls()
     swapped = []
-    blocks = [] if is_bridge(model) else model.blocks
+    blocks = model.blocks if backend(model).fuses_attention else []
     if len(blocks):
         tl.require(tl.FUSED_ATTENTION)
     for block in blocks:
