@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_heads.models import tl_internals as tl
-from lens_heads.models.backends import is_bridge
+from lens_heads.models.backends import backend
 
 
 class Packed:
@@ -47,9 +47,9 @@ class Packed:
 @contextlib.contextmanager
 def packed_weights(model) -> Iterator[None]:
     """Run the unembedding and the gated MLPs of ``model`` on weights laid out once, for the duration of the block
-    (see the module docstring); the modules' own forwards are restored on exit. Nothing changes on a
-    TransformerBridge, which runs the Hugging Face modules."""
-    if is_bridge(model):
+    (see the module docstring); the modules' own forwards are restored on exit. Nothing changes on a backend whose
+    weights lens_heads doesn't pack (a TransformerBridge runs the Hugging Face modules)."""
+    if not backend(model).packs_weights:
         yield
         return
     tl.require(tl.PACKED_WEIGHTS)
