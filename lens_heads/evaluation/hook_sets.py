@@ -34,7 +34,7 @@ def hook_set(model, hooks) -> HookSet:
     layers = [layer_of(name, model.cfg.n_layers) for name, _ in pairs]
     known = [layer for layer in layers if layer is not None]
     first = None if len(known) < len(layers) or model.cfg.positional_embedding_type == "shortformer" \
-        or not backends.can_start_at_layer(model) else min(known, default=model.cfg.n_layers)
+        or not backends.backend(model).starts_at_layer else min(known, default=model.cfg.n_layers)
     return HookSet(pairs, batch_aware, first, hook_scope([hooks] if hasattr(hooks, "hooks") else list(hooks)))
 
 

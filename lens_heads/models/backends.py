@@ -213,8 +213,3 @@ def bridge_attention(model) -> str:
     implementation = getattr(config, "_attn_implementation", None)
     layers = ", ".join(f"{bridge} over {hf} in {n} of {len(model.blocks)} layers" for (bridge, hf), n in kinds.items())
     return f"TransformerBridge attention: {layers}; Hugging Face attn_implementation={implementation!r}"
-
-
-def can_start_at_layer(model) -> bool:
-    """Whether a forward may start at a block (the evaluator's shared trunk): HookedTransformer only."""
-    return backend(model).starts_at_layer
