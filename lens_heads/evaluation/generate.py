@@ -42,8 +42,7 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_ev
 from lens_heads.evaluation.evaluate import wilson_interval
 from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
 from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
-from lens_heads.models import tl_internals as tl
-from lens_heads.models.backends import final_logits, is_bridge, run_to_resid
+from lens_heads.models.backends import backend
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.errors import InputError
 
@@ -84,7 +83,7 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
         raise InputError(f"prompt of {len(tokens)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                          f"context of {model.cfg.n_ctx}: shorten the prompt (fewer shots) or max_new_tokens")
     eos = model.tokenizer.eos_token_id if model.tokenizer is not None else None
-    kv = _new_cache(model) if cache else None
+    kv = backend(model).new_kv_cache(model) if cache else None
     new: list[int] = []
     step_input = tokens
     with model.hooks(fwd_hooks=pairs):
@@ -106,24 +105,15 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_ne
     return Generation(new, _decode(model, new), "max_new_tokens")
 
 
-def _new_cache(model):
-    """An empty key/value cache: TransformerLens's for HookedTransformer; the bridge starts from None and gets
-    Hugging Face's back from its first step."""
-    if is_bridge(model):
-        return None
-    return tl.new_kv_cache(model.cfg, model.cfg.device, 1)
-
-
 def _next_token(model, ids: Tensor, kv, cache: bool) -> tuple[int, object]:
     """The greedy next token after ``ids`` (only the new tokens where ``cache``), and the updated cache."""
-    if cache and is_bridge(model):  # the bridge's KV-cached step returns the logits of the new tokens
-        logits, kv = model(ids, return_type="logits_and_cache", past_key_values=kv)
-        return int(logits[0, -1].argmax()), kv
+    runs = backend(model)
     if cache:
-        resid = model(ids, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
+        logits, kv = runs.cached_logits(model, ids, kv)
     else:
-        resid = run_to_resid(model, ids, None, stop=model.cfg.n_layers)
-    return int(final_logits(model, resid[:, -1:])[0, -1].argmax()), kv
+        resid = runs.run_to_resid(model, ids, None, stop=model.cfg.n_layers)
+        logits = runs.final_logits(model, resid[:, -1:])[0, -1]
+    return int(logits.argmax()), kv
 
 
 def _prompt_tokens(model, prompt: str | Sequence[int], protocol: str) -> list[int]:
