@@ -329,9 +329,10 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     one head at a time (:func:`lens_heads.head_effects`) thus costs about half of one full evaluation per head.
     Each result equals ``evaluate`` under that set alone (the same operations on the same batches). Shared prefixes
     (module docstring) are computed once where every set allows it (``_shared_prefixes=False``: never, the
-    row-by-row reference the tests compare with). On a TransformerBridge, whose forward can't start at a block
-    without running the blocks before it, each set runs whole (no shared trunk: one full evaluation per set) and
-    rows run one by one (no shared prefixes: its attention is its own)."""
+    row-by-row reference the tests compare with). On a backend whose forward can't start at a block (a
+    TransformerBridge runs the blocks before it) each set runs whole (no shared trunk: one full evaluation per set),
+    and on one whose attention lens_heads doesn't fuse (the bridge's is its own) rows run one by one (no shared
+    prefixes)."""
     settings: dict[str, Any] = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
                                     apply_chat_template=apply_chat_template, attention=attention,
                                     first_input=first_input, _shared_prefixes=_shared_prefixes)
@@ -402,7 +403,7 @@ def check_primary(primary: str) -> None:
 def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
     """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
     every attention layer must run fused with rotary (or no) positions, causally, with no hook left on the model."""
-    if backends.is_bridge(model):
+    if not backends.backend(model).fuses_attention:  # the prefixes' keys/values live in the fused layers
         return None
     cfg = model.cfg
     fusable = attention == "fused" and cfg.positional_embedding_type == "rotary" and not cfg.use_dynamic_ntk_rope \
@@ -527,13 +528,11 @@ def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[H
         parts = [dict(part) for part in trunk_parts]  # the set's own layers are recorded over the trunk's
         for p, part in zip(prefixes, parts):
             with _hooked(model, hook_set, p.mask, p.inputs, count=False), state.recording(part):
-                model(p.tokens if first is None else p.trunk, attention_mask=p.mask, start_at_layer=first,
-                      stop_at_layer=L)
+                backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
         kv = merge_kv(parts) if prefixes else {}
         for p in suffixes:
             with _hooked(model, hook_set, p.mask, p.inputs), state.extending(_with_kv(p, kv)):
-                resid = model(p.tokens if first is None else p.trunk, attention_mask=p.mask, start_at_layer=first,
-                              stop_at_layer=L)
+                resid = backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
             _read_logprobs(model, resid, p.rows, *outputs[i])
 
 
