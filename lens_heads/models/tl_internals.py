@@ -8,9 +8,9 @@ causal direction; packed weights replace ``Unembed.forward`` and ``GatedMLP.forw
 TransformerLens's key/value cache. The bridge (4.x) is stopped before its final norm by its
 ``StopAtLayerException``, and both backends' logits end in ``apply_softcap``. None of these is public API, so a
 release may rename one or change its parameters without notice. :data:`INTERNALS` lists each with its parameters as
-of :data:`CHECKED`; :func:`require` checks those a feature uses before the feature first runs and raises
+of :data:`CHECKED`; :func:`require` checks those a feature uses each time the feature starts and raises
 :class:`InternalsChanged`, naming each function that is missing or different, rather than let a replaced forward
-compute something else. Under TransformerLens 4.x the HookedTransformer internals don't exist and nothing asks for
+compute something else (instance attributes, :data:`ATTRIBUTES`, are named where they are read). Under TransformerLens 4.x the HookedTransformer internals don't exist and nothing asks for
 them (the bridge runs its own modules); this module imports there all the same.
 """
 
