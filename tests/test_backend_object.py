@@ -15,12 +15,16 @@ from lens_heads.models.backends import BRIDGE, HOOKED, backend, backend_of, tl_m
 ATOL, RTOL = 1e-5, 1e-5
 
 
+@pytest.fixture(scope="module")
+def llama():
+    return text_model(n_ctx=32)  # with a tokenizer: the cached forward builds its attention mask with one
+
+
 @pytest.mark.skipif(tl_major() >= 4, reason="HookedTransformer: TransformerLens 3.9 (.venv)")
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_hooked_backend_does_everything_and_its_forwards_are_the_models(arch):
+def test_hooked_backend_does_everything_and_its_forwards_are_the_models(arch, llama):
     from lens_heads.models.loading import tiny_model
 
-    llama = text_model(n_ctx=32)  # a tokenizer: the cached forward builds its attention mask with one
     model = llama if arch == "llama" else tiny_model(arch, n_ctx=32, d_vocab=llama.cfg.d_vocab,
                                                      tokenizer=llama.tokenizer)
     assert backend(model) is HOOKED and backend_of(model) == "hooked"

@@ -70,6 +70,7 @@ def test_a_changed_internal_is_refused_at_use_naming_it(llama, monkeypatch):
     from lens_heads.evaluation.fused_attention import fused_attention
     from lens_heads.evaluation.packed_weights import packed_weights
 
+    tl.require.cache_clear()  # a feature's success is kept for the process: forget it for the patched release
     abstract = tl.load("transformer_lens.components.abstract_attention:AbstractAttention")
     monkeypatch.setattr(abstract, "apply_rotary", lambda self, x, offset=0, mask=None, extra=None: x)
     with pytest.raises(tl.InternalsChanged, match=r"AbstractAttention\.apply_rotary takes \(self, x, offset, mask, "

@@ -8,7 +8,7 @@ causal direction; packed weights replace ``Unembed.forward`` and ``GatedMLP.forw
 TransformerLens's key/value cache. The bridge (4.x) is stopped before its final norm by its
 ``StopAtLayerException``, and both backends' logits end in ``apply_softcap``. None of these is public API, so a
 release may rename one or change its parameters without notice. :data:`INTERNALS` lists each with its parameters as
-of :data:`CHECKED`; :func:`require` checks those a feature uses each time the feature starts and raises
+of :data:`CHECKED`; :func:`require` checks those a feature uses when the feature starts and raises
 :class:`InternalsChanged`, naming each function that is missing or different, rather than let a replaced forward
 compute something else (instance attributes, :data:`ATTRIBUTES`, are named where they are read). Under TransformerLens 4.x the HookedTransformer internals don't exist and nothing asks for
 them (the bridge runs its own modules); this module imports there all the same.
@@ -16,6 +16,7 @@ them (the bridge runs its own modules); this module imports there all the same.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -122,6 +123,7 @@ def check(name: str) -> str | None:
     return None
 
 
+@functools.cache  # a success only (a refusal raises): the installed TransformerLens stays put in a process
 def require(feature: str) -> None:
     """Refuse to run ``feature`` when an internal it uses is missing or changed in the installed TransformerLens."""
     major = tl_major()
