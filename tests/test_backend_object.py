@@ -29,6 +29,7 @@ def test_hooked_backend_does_everything_and_its_forwards_are_the_models(arch, ll
                                                      tokenizer=llama.tokenizer)
     assert backend(model) is HOOKED and backend_of(model) == "hooked"
     assert HOOKED.fuses_attention and HOOKED.packs_weights and HOOKED.starts_at_layer
+    assert HOOKED.own_attention(model) is None  # the evaluator counts lens_heads's own fused and eager calls
     tokens = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(tokens)
     mask[1, 5:] = 0
@@ -55,6 +56,7 @@ def test_bridge_backend_runs_the_models_own_forward_and_refuses_to_start_mid_way
     model = load_model()
     assert backend(model) is BRIDGE and backend_of(model) == "bridge"
     assert not (BRIDGE.fuses_attention or BRIDGE.packs_weights or BRIDGE.starts_at_layer)
+    assert BRIDGE.own_attention(model).startswith("TransformerBridge attention: ")
     tokens = torch.tensor([[1, 504, 3458, 314, 260, 2911]])
     with torch.no_grad():
         want = model(tokens)

@@ -389,8 +389,9 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
 def _attention_ran(model, attention: str, calls: AttentionCalls) -> str:
     """What attention the forwards ran: on HookedTransformer the fused and eager layer calls (``"eager"`` where
     asked for); on a TransformerBridge, which keeps its own attention, that attention."""
-    if backends.is_bridge(model):
-        return backends.bridge_attention(model)
+    own = backends.backend(model).own_attention(model)
+    if own is not None:
+        return own
     return calls.describe() if attention == "fused" else "eager"
 
 

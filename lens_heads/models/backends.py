@@ -128,6 +128,11 @@ class Backend(abc.ABC):
             resid = model.ln_final(resid)
         return tl.apply_softcap(model.unembed(resid), getattr(model.cfg, "output_logits_soft_cap", None))
 
+    def own_attention(self, model) -> str | None:
+        """What attention ``model`` runs where lens_heads swaps none in, in words (None: lens_heads's fused or
+        eager attention, which the evaluator counts)."""
+        return None
+
     @abc.abstractmethod
     def new_kv_cache(self, model):
         """An empty key/value cache for :meth:`cached_logits` (one row)."""
@@ -174,6 +179,9 @@ class BridgeBackend(Backend):
 
         with model.hooks(fwd_hooks=[("ln_final.hook_in", stop_before_final_norm)]):
             return model(tokens, attention_mask=attention_mask)
+
+    def own_attention(self, model):
+        return bridge_attention(model)
 
     def new_kv_cache(self, model):
         return None  # the first step starts one; Hugging Face's comes back from each step
