@@ -72,7 +72,7 @@ def make_tokens(model, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
 def runner(model, tokens, method: str):
     from transformer_lens.utils import get_act_name
 
-    from lens_heads.heads.scores import layer_scores
+    from lens_heads.heads.scores import scores_of_layer
     from lens_heads.heads.scoring import score_heads
     from lens_heads.models.loading import expand_kv
 
@@ -94,7 +94,7 @@ def runner(model, tokens, method: str):
         wanted = {get_act_name(k, l) for l in range(L) for k in ("v", "pattern", "z")}
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
-            return torch.stack([layer_scores(cache[get_act_name("pattern", l)],
+            return torch.stack([scores_of_layer(cache[get_act_name("pattern", l)],
                                              expand_kv(cache[get_act_name("v", l)], model.cfg.n_heads),
                                              cache[get_act_name("z", l)], mask) for l in range(L)], dim=1)
 

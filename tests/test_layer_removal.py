@@ -11,7 +11,7 @@ import torch
 from conftest import text_model
 from lens_heads import layer_scores, run_sweep
 from lens_heads.ablation.hooks import zero_heads
-from lens_heads.ablation.layers import check_order, remove_layers
+from lens_heads.ablation.layers import check_layer_order, remove_layers
 from lens_heads.ablation.specs import LayerRemoval, StaticAblation, from_dict
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
@@ -234,11 +234,11 @@ def test_bad_input_is_refused_with_what_to_give():
     with pytest.raises(ValueError, match="not a layer index"):
         remove_layers(model, ["1"])
     with pytest.raises(ValueError, match="shape"):
-        check_order(np.zeros((3, 1), dtype=int), 3)
+        check_layer_order(np.zeros((3, 1), dtype=int), 3)
     with pytest.raises(ValueError, match="more than once"):
-        check_order([0, 0, 1], 3)
+        check_layer_order([0, 0, 1], 3)
     with pytest.raises(ValueError, match="each of the model's layers"):
-        check_order([0, 1], 3)
+        check_layer_order([0, 1], 3)
     with pytest.raises(ValueError, match="each of the model's layers"):
         removal_plan(model, [0, 1, 2, 3], [1], label="x")
     with pytest.raises(ValueError, match="from 1 to 2"):

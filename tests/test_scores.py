@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lens_heads.data.inputs import tokenize_inputs
-from lens_heads.heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, layer_scores
+from lens_heads.heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, scores_of_layer
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.loading import embedded_model_folder, tiny_model
 from lens_heads.plumbing.errors import InputError
@@ -258,7 +258,7 @@ def random_layer(seed: int, batch: int = 2, heads: int = 3, pos: int = 4, d_head
 def test_layer_scores_is_pure_and_checks_shapes():
     A, v, z, mask = random_layer(seed=0)
     before = [t.clone() for t in (A, v, z)]
-    out = layer_scores(A, v, z, mask)
+    out = scores_of_layer(A, v, z, mask)
     assert out.shape == (2, 3, 12)
     for t, b in zip((A, v, z), before):
         assert torch.equal(t, b)
@@ -266,12 +266,12 @@ def test_layer_scores_is_pure_and_checks_shapes():
         torch.testing.assert_close(out[i], reference_twelve(A[i], v[i], z[i]).float(), atol=ATOL, rtol=RTOL)
     # The causal shortcut (entropy over past keys only, in row chunks) changes nothing on a causal pattern.
     big, vb, zb, mb = random_layer(seed=2, batch=1, heads=2, pos=150)
-    torch.testing.assert_close(layer_scores(big, vb, zb, mb, causal=True)[0],
+    torch.testing.assert_close(scores_of_layer(big, vb, zb, mb, causal=True)[0],
                                reference_twelve(big[0], vb[0], zb[0]).float(), atol=ATOL, rtol=RTOL)
     with pytest.raises(ValueError, match="expand KV heads"):
-        layer_scores(A, v[:, :, :1], z, mask)
+        scores_of_layer(A, v[:, :, :1], z, mask)
     with pytest.raises(ValueError, match="non-padding"):
-        layer_scores(A, v, z, torch.tensor([[True] * 4, [False] * 4]))
+        scores_of_layer(A, v, z, torch.tensor([[True] * 4, [False] * 4]))
 
 
 # ---------------------------------------------------------------- the pass itself
@@ -402,13 +402,13 @@ def test_scores_declare_what_they_read_and_run_on_just_that():
     """``reads`` is honest: each score computes on only its declared activations (the others None), to the same
     values as with all three; asking for one that isn't given is an error naming it."""
     A, v, z, mask = random_layer(seed=1)
-    full = layer_scores(A, v, z, mask)
+    full = scores_of_layer(A, v, z, mask)
     expected_reads = {"AWFT": {"pattern"}, "AEQD": {"pattern"}, "FTVVN": {"v"}, "AVVN": {"v"}, "LTHON": {"z"},
                       "AHON": {"z"}, "LTHON (LN)": {"z"}}
     for k, name in enumerate(SCORE_NAMES):
         score = get_score(name)
         assert score.reads == expected_reads.get(name, expected_reads.get(name.removesuffix(" (LN)"))), name
         kept = {key: (x if key in score.reads else None) for key, x in (("pattern", A), ("v", v))}
-        torch.testing.assert_close(layer_scores(kept["pattern"], kept["v"], z, mask, [name])[..., 0], full[..., k])
+        torch.testing.assert_close(scores_of_layer(kept["pattern"], kept["v"], z, mask, [name])[..., 0], full[..., k])
     with pytest.raises(ValueError, match=r"read \['pattern'\]"):
-        layer_scores(None, v, z, mask, ["AWFT"])
+        scores_of_layer(None, v, z, mask, ["AWFT"])

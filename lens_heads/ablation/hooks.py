@@ -36,7 +36,7 @@ from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import mark
-from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES, get_score, inactive, layer_scores, what_still_works
+from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES, get_score, inactive, scores_of_layer, what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name
 from lens_heads.models.capture import LayerCapture
 from lens_heads.models.loading import expand_kv
@@ -296,7 +296,7 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, ablation: str
         v = expand_kv(acts["v"], n_heads).float() if "v" in acts else None
         pattern = acts["pattern"].float() if "pattern" in acts else None
         w = W_O[layer].to(z.device).float() if W_O is not None else None
-        scores = layer_scores(pattern, v, z.float(), acts["mask"], [score], W_O=w)[..., 0]
+        scores = scores_of_layer(pattern, v, z.float(), acts["mask"], [score], W_O=w)[..., 0]
         return inactive(scores, direction, threshold)
 
     return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, ablation=ablation, means=means,

@@ -100,7 +100,7 @@ def _zero_output(out: Float[Tensor, "batch pos d_model"], hook=None) -> Tensor:
     return torch.zeros_like(out)
 
 
-def check_order(order, n_layers: int, *, what: str = "order") -> tuple[int, ...]:
+def check_layer_order(order, n_layers: int, *, what: str = "order") -> tuple[int, ...]:
     """A ranking of layers (the first is removed first): a flat sequence naming each of the model's ``n_layers``
     layers once, or a ValueError saying what is wrong with it."""
     shape = getattr(order, "shape", None)

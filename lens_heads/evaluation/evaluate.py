@@ -379,7 +379,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
-                       items=_records(items, rows, logprobs, greedy),
+                       items=_row_records(items, rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,
                        meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj)
                                               for obj in hook_objects(hooks)]))
@@ -580,7 +580,7 @@ def continuation_tokens(items, rows: list[Row]) -> list[list[int]]:
     return n_tokens
 
 
-def _records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
+def _row_records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
     n_tokens = continuation_tokens(items, rows)
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
                        n_chars=[choice_chars(x) for x in it.continuations], greedy=gr,

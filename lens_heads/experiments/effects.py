@@ -329,13 +329,13 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
         bar.update(len(batch))
     bar.close()
     base = EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), primary=primary,
-                      chance=float(getattr(task, "chance", math.nan)), items=_records(items, logprobs, n_tokens))
-    removed = {(layer, head): _records(items, logprobs + change[..., layer, head], n_tokens)
+                      chance=float(getattr(task, "chance", math.nan)), items=_records_from_logprobs(items, logprobs, n_tokens))
+    removed = {(layer, head): _records_from_logprobs(items, logprobs + change[..., layer, head], n_tokens)
                for layer in range(L) for head in range(H)}
     return base, removed, stats
 
 
-def _records(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRecord]:
+def _records_from_logprobs(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRecord]:
     """Item records from ``[item, choice]`` log-likelihoods (NaN past an item's last choice)."""
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=logprobs[i, :len(it.continuations)].tolist(),
                        n_tokens=n_tokens[i], n_chars=[choice_chars(x) for x in it.continuations], subject=it.subject)

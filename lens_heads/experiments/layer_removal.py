@@ -24,12 +24,11 @@ import pandas as pd
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from lens_heads.ablation.layers import check_layers
-from lens_heads.ablation.layers import check_order as check_layer_order
+from lens_heads.ablation.layers import check_layer_order, check_layers
 from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation, Unablated
 from lens_heads.data.rows import DEFAULT_PROTOCOL
 from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_values
-from lens_heads.experiments.rankings import check_order
+from lens_heads.experiments.rankings import check_head_order
 from lens_heads.experiments.sweep import UnitResult, UnitStore, run_fingerprint, unit_result
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling, inference
@@ -59,7 +58,7 @@ def head_plan(model, head_order: Sequence[tuple[int, int]], counts: Sequence[int
     """For each ``k`` in ``counts``, zero the first ``k x n_heads`` heads of ``head_order`` (every ``(layer,
     head)`` once, the first zeroed first) for every input: as many heads as ``k`` layers of attention hold."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    head_order = check_order(head_order, L, H, what="head_order")
+    head_order = check_head_order(head_order, L, H, what="head_order")
     return [StaticAblation(heads=head_order[:k * H], score=label, fraction=k / L)
             for k in _check_counts(counts, L)]
 

@@ -54,7 +54,7 @@ class Ranking:
             object.__setattr__(self, "per_input", tuple(_heads(o) for o in self.per_input))
 
 
-def check_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = "order") -> tuple[Head, ...]:
+def check_head_order(order: Sequence[Head], n_layers: int, n_heads: int, what: str = "order") -> tuple[Head, ...]:
     """The ``(layer, head)`` pairs of ``order``; refused, naming what is wrong, unless it lists each of the model's
     heads exactly once."""
     array = np.asarray(order)
@@ -133,14 +133,14 @@ def _specs(rankings: Sequence[Ranking], fractions, n_items: int, n_layers: int, 
         raise InputError(f"ranking_sweep: fractions must lie in [0, 1), got {fractions}")
     for r in rankings:
         if r.order is not None:
-            check_order(r.order, n_layers, n_heads, what=f"ranking {r.name!r}")
+            check_head_order(r.order, n_layers, n_heads, what=f"ranking {r.name!r}")
             continue
         assert r.per_input is not None  # a Ranking holds exactly one of order and per_input
         if len(r.per_input) != n_items:
             raise InputError(f"ranking {r.name!r} has {len(r.per_input)} per-input orders for a task of {n_items} "
                              "items: give one per item, in the task's order")
         for i, order in enumerate(r.per_input):
-            check_order(order, n_layers, n_heads, what=f"ranking {r.name!r} of input {i}")
+            check_head_order(order, n_layers, n_heads, what=f"ranking {r.name!r} of input {i}")
     specs: list[AblationSpec] = []
     for p in fractions[1:]:
         k = int(round(p * n_layers * n_heads))

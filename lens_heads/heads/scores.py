@@ -23,7 +23,7 @@ by :func:`layer_normalised`, not written again. Where a whole layer scores 0 (AE
 taken as 1: all heads tie at the layer mean.
 
 A score is a :class:`Score`; a new one is a few lines (``Score("MY", "<", lambda layer: ...)``) passed to
-:func:`layer_scores` or ``score_heads(..., extras=[...])``; the streaming pass needs no change. ``Score.reads``
+:func:`scores_of_layer` or ``score_heads(..., extras=[...])``; the streaming pass needs no change. ``Score.reads``
 names the activations it needs: a per-input zeroing on a score that doesn't read the pattern lets the evaluator
 run fused attention (:mod:`lens_heads.evaluation.fused_attention`).
 """
@@ -215,7 +215,7 @@ def _full_output_norm(z: Float[Tensor, "batch pos head d_head"], W_O: Float[Tens
 
 def _needs_W_O(layer: Layer) -> Tensor:
     if layer.W_O is None:
-        raise InputError("full-head-output scores need W_O: pass W_O to layer_scores (score_heads does this)")
+        raise InputError("full-head-output scores need W_O: pass W_O to scores_of_layer (score_heads does this)")
     return layer.W_O
 
 
@@ -274,7 +274,7 @@ def as_scores(scores: Sequence[Score | str]) -> tuple[Score, ...]:
 # ---------------------------------------------------------------- one layer, all scores
 
 
-def layer_scores(
+def scores_of_layer(
     pattern: Float[Tensor, "batch head q k"] | None,
     v: Float[Tensor, "batch k head d_head"] | None,
     z: Float[Tensor, "batch q head d_head"],
@@ -294,7 +294,7 @@ def layer_scores(
     given = {"pattern": pattern, "v": v, "z": z}
     missing = sorted({name for s in scores for name in s.reads if given[name] is None})
     if missing:
-        raise InputError(f"the scores {[s.name for s in scores]} read {missing}: pass them to layer_scores")
+        raise InputError(f"the scores {[s.name for s in scores]} read {missing}: pass them to scores_of_layer")
     b, q, h = z.shape[:3]
     k = pattern.shape[-1] if pattern is not None else (v.shape[1] if v is not None else q)
     if ((pattern is not None and tuple(pattern.shape) != (b, h, q, k))

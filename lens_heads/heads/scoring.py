@@ -27,7 +27,7 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.data.tasks import Task
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.packed_weights import packed_weights
-from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, layer_scores, what_still_works
+from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, scores_of_layer, what_still_works
 from lens_heads.models.backends import check_attention_hooks, run_to_resid
 from lens_heads.models.capture import LayerCapture, check_hook_names
 from lens_heads.models.loading import expand_kv, model_meta
@@ -196,7 +196,7 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, 
         f32 = (lambda x: x.float()) if z.dtype != torch.float32 else (lambda x: x)
         v = expand_kv(acts["v"], cfg.n_heads)
         w = W_O[layer].float() if W_O is not None else None
-        out[:, layer] = layer_scores(f32(acts["pattern"]), f32(v), f32(z), mask_dev, scores, W_O=w,
+        out[:, layer] = scores_of_layer(f32(acts["pattern"]), f32(v), f32(z), mask_dev, scores, W_O=w,
                                      causal=causal).cpu()
 
     capture = LayerCapture(cfg.n_layers, reduce_layer, ("v", "pattern"))
