@@ -7,7 +7,7 @@ Methods, all under torch.no_grad on the same token batch (random ids after a BOS
   plain-trunk  model(tokens, stop_at_layer=n_layers): the blocks only, no unembedding (the work scoring must do)
   scoring      lens_heads.score_heads: hooks on hook_v/hook_pattern/hook_z reduce each layer and drop it
   naive        model.run_with_cache(tokens, names_filter=hook_v|hook_pattern|hook_z), then the same
-               layer_scores on the cache (names_filter keeps the naive run as small as it can be)
+               scores_of_layer on the cache (names_filter keeps the naive run as small as it can be)
 
 Time: median wall time over ``--rounds`` interleaved rounds in this process (after a short warm-up forward
 on one 64-token input).
