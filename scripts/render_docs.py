@@ -26,11 +26,20 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.stats import calling
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = "docs/src"
 # page -> its template in docs/src
 PAGES = {
     "README.md": "README.md.j2",
+    "docs/protocol.md": "protocol.md.j2",
+    "docs/results.md": "results.md.j2",
+    "docs/report.md": "report.md.j2",
+    "docs/performance.md": "performance.md.j2",
+    "docs/gpu.md": "gpu.md.j2",
+    "docs/architecture.md": "architecture.md.j2",
 }
 
 
@@ -46,14 +55,29 @@ def num(value: Any, spec: str = ".2f") -> str:
     return "–" if math.isnan(x) else f"{x:{spec}}"
 
 
-def iv(value: Any, low: Any, high: Any, spec: str = ".2f") -> str:
-    """A number with its interval: ``x [lo, hi]``."""
-    return f"{num(value, spec)} [{num(low, spec)}, {num(high, spec)}]"
+def iv(value: Any, low: Any, high: Any, spec: str = ".2f", unit: str = "") -> str:
+    """A number with its interval: ``x [lo, hi]`` (``unit`` after the number: ``25.0% [0.0, 28.3]``)."""
+    return f"{num(value, spec)}{unit} [{num(low, spec)}, {num(high, spec)}]"
+
+
+def ivc(row: dict, column: str, spec: str = ".2f", unit: str = "") -> str:
+    """A table row's ``column`` with its interval (the columns ``<column>_low`` and ``<column>_high``)."""
+    return iv(row[column], row[f"{column}_low"], row[f"{column}_high"], spec, unit)
 
 
 def pct(share: Any, spec: str = ".1f") -> str:
     """A share in [0, 1] as a percentage."""
     return f"{num(100 * _number(share), spec)}%"
+
+
+def _is_cost(row: dict) -> bool:
+    """A KL is a cost (lower is better); accuracy, gold log-prob and shares zeroable are better higher."""
+    return str(row.get("summary", row.get("metric", ""))).startswith("kl")
+
+
+def upper_first(text: str) -> str:
+    """A sentence's first letter in capitals (the calling rule's sentences start in lower case)."""
+    return text[:1].upper() + text[1:]
 
 
 def pct_iv(share: Any, low: Any, high: Any, spec: str = ".1f") -> str:
@@ -66,6 +90,9 @@ class Records:
 
     def __init__(self, root: Path):
         self.root = root
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).exists()
 
     def path(self, name: str) -> Path:
         path = self.root / name
@@ -86,16 +113,40 @@ class Records:
         """A CSV record, one dict a row."""
         return pd.read_csv(self.path(name), keep_default_na=False, na_values=[""]).to_dict("records")
 
-    def rows(self, name: str, **where: Any) -> list[dict]:
-        """The rows of a CSV record whose columns equal ``where``."""
-        return [r for r in self.table(name) if all(str(r.get(k)) == str(v) for k, v in where.items())]
+    def rows(self, source: str | list[dict], **where: Any) -> list[dict]:
+        """The rows whose columns equal ``where``, of a CSV record (by name) or of a list of a JSON record's rows."""
+        table = self.table(source) if isinstance(source, str) else source
+        return [r for r in table if all(str(r.get(k)) == str(v) for k, v in where.items())]
 
-    def row(self, name: str, **where: Any) -> dict:
-        """The one row of a CSV record whose columns equal ``where``."""
-        found = self.rows(name, **where)
+    def row(self, source: str | list[dict], **where: Any) -> dict:
+        """The one row whose columns equal ``where`` (see :meth:`rows`)."""
+        found = self.rows(source, **where)
         if len(found) != 1:
+            name = source if isinstance(source, str) else "a JSON record's rows"
             raise LookupError(f"{name}: {len(found)} rows match {where}, expected one")
         return found[0]
+
+    def tested(self, source: str | list[dict], **where: Any) -> dict:
+        """The one comparison of a tests CSV (columns a, b, difference, low, high, p_value and p_adjusted where the
+        table was adjusted) matching ``where``, its verdict decided again by the calling rule from the recorded
+        interval and p-value (not read from the file: records older than the rule have other words)."""
+        r = dict(self.row(source, **where))
+        adjusted = r.get("p_adjusted")
+        r["p_adjusted"] = r["p_value"] if adjusted is None or math.isnan(_number(adjusted)) else adjusted
+        r["higher_is_better"] = not _is_cost(r)
+        r["verdict"] = calling.verdict(r["low"], r["high"], r["p_adjusted"], higher_is_better=r["higher_is_better"],
+                                       a=str(r["a"]), b=str(r["b"]))
+        return r
+
+    def tested_all(self, source: str | list[dict], **where: Any) -> list[dict]:
+        """Every comparison matching ``where``, each as :meth:`tested` gives it (a table's family stays whole: the
+        adjusted p-values are the recorded ones)."""
+        return [self.tested([r]) for r in self.rows(source, **where)]
+
+    def said(self, source: str | list[dict], what: str, spec: str = ".2f", **where: Any) -> str:
+        """That comparison in the calling rule's words (``calling.sentence``)."""
+        r = self.tested(source, **where)
+        return calling.sentence(r, what, spec, lower_is_better=not r["higher_is_better"])
 
     @functools.lru_cache(maxsize=None)
     def _log_sections(self, name: str) -> dict[str, str]:
@@ -103,15 +154,38 @@ class Records:
         parts = re.split(r"^## (.+)$", text, flags=re.M)
         return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2])}
 
-    def printed(self, name: str, section: str, pattern: str, group: int = 1) -> str:
-        """What a benchmark printed: ``pattern``'s group in the ``## section`` of a Markdown log of runs."""
+    def printed(self, name: str, section: str, around: str) -> str:
+        """What a benchmark printed: the token at ``{}`` in the first line of the ``## section`` of a Markdown log of
+        runs that reads as ``around`` (literal text), e.g. ``"Maximum resident set size (kbytes): {}"``."""
         sections = self._log_sections(name)
         if section not in sections:
             raise LookupError(f"{name} has no section {section!r}")
-        found = re.search(pattern, sections[section])
+        before, after = around.split("{}")
+        found = re.search(re.escape(before) + r"([^\s;,()\[\]]+?)" + re.escape(after) + (r"" if after else r"(?=[\s;,()\[\]]|$)"),
+                          sections[section], re.M)
         if not found:
-            raise LookupError(f"{name}, section {section!r}: nothing matches {pattern!r}")
-        return found.group(group)
+            raise LookupError(f"{name}, section {section!r}: no line reads {around!r}")
+        return found.group(1)
+
+
+HELP_WIDTH = 100  # columns of the rendered --help (argparse reads COLUMNS)
+
+
+def report_help() -> str:
+    """``python -m lens_heads.report --help`` as a terminal HELP_WIDTH wide prints it."""
+    from lens_heads.plumbing.settings import build_parser
+    from lens_heads.report.__main__ import parser
+    from lens_heads.report.config import PRESETS, ReportConfig
+
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(HELP_WIDTH)
+    try:
+        return build_parser(ReportConfig, presets=PRESETS, parser=parser()).format_help().rstrip()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
 
 
 def environment(root: Path = ROOT) -> jinja2.Environment:
@@ -119,7 +193,10 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / SOURCES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
-                       printed=records.printed, num=num, iv=iv, pct=pct, pct_iv=pct_iv)
+                       tested=records.tested, tested_all=records.tested_all, said=records.said, printed=records.printed, exists=records.exists,
+                       num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
+                       report_help=report_help)
+    env.filters["upper_first"] = upper_first
     return env
 
 

@@ -6,6 +6,8 @@ import importlib.util
 import json
 import shutil
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -52,3 +54,16 @@ def test_a_changed_record_changes_the_page(tmp_path):
     path.write_text(json.dumps(record))
     readme = renderer().render(tmp_path)["README.md"]
     assert arc_baseline_text(record) in readme and before != arc_baseline_text(record)
+
+
+def test_the_report_options_in_the_docs_are_its_help(capsys, monkeypatch):
+    from lens_heads.report.__main__ import main
+
+    monkeypatch.setenv("COLUMNS", str(renderer().HELP_WIDTH))
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out.rstrip()
+    page = (ROOT / "docs" / "report.md").read_text()
+    shown = page.split("## Options", 1)[1].split("```\n", 1)[1].split("\n```", 1)[0]
+    assert shown == printed
