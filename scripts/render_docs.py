@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,8 @@ class Records:
         r["higher_is_better"] = not _is_cost(r)
         r["verdict"] = calling.verdict(r["low"], r["high"], r["p_adjusted"], higher_is_better=r["higher_is_better"],
                                        a=str(r["a"]), b=str(r["b"]))
+        # which side the rule calls better ("a", "b"), or the uncalled verdict itself
+        r["winner"] = {f"{r['a']} better": "a", f"{r['b']} better": "b"}.get(r["verdict"], r["verdict"])
         return r
 
     def tested_all(self, source: str | list[dict], **where: Any) -> list[dict]:
@@ -191,11 +194,12 @@ def report_help() -> str:
 def environment(root: Path = ROOT) -> jinja2.Environment:
     records = Records(root)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / SOURCES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                             extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
                        tested=records.tested, tested_all=records.tested_all, said=records.said, printed=records.printed, exists=records.exists,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
-                       report_help=report_help)
+                       report_help=report_help, median=statistics.median)
     env.filters["upper_first"] = upper_first
     return env
 
