@@ -158,16 +158,19 @@ class Records:
         return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2])}
 
     def printed(self, name: str, section: str, around: str) -> str:
-        """What a benchmark printed: the token at ``{}`` in the first line of the ``## section`` of a Markdown log of
-        runs that reads as ``around`` (literal text), e.g. ``"Maximum resident set size (kbytes): {}"``."""
+        """What a benchmark printed, from the ``## section`` of a Markdown log of runs: the token (a number, a date,
+        a commit) at ``{}`` in the first place the text reads as ``around``, where ``{*}`` skips any text and a space
+        matches any run of white space, e.g. ``"piqa, 8 items{*}ablation (shared) costs {}x"``."""
         sections = self._log_sections(name)
         if section not in sections:
             raise LookupError(f"{name} has no section {section!r}")
-        before, after = around.split("{}")
-        found = re.search(re.escape(before) + r"([^\s;,()\[\]]+?)" + re.escape(after) + (r"" if after else r"(?=[\s;,()\[\]]|$)"),
-                          sections[section], re.M)
+        pattern = "".join(
+            r"([^\s;()\[\]]+?)" if piece == "{}" else r"[\s\S]*?" if piece == "{*}"
+            else re.sub(r"(\\ )+", r"\\s+", re.escape(piece))
+            for piece in re.split(r"(\{\*?\})", around) if piece)
+        found = re.search(pattern + r"(?=[\s;,()\[\]*]|$)" if around.endswith("{}") else pattern, sections[section])
         if not found:
-            raise LookupError(f"{name}, section {section!r}: no line reads {around!r}")
+            raise LookupError(f"{name}, section {section!r}: nothing reads {around!r}")
         return found.group(1)
 
 
