@@ -204,6 +204,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median)
     env.filters["upper_first"] = upper_first
+    env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
     return env
 
 
