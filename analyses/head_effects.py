@@ -21,7 +21,7 @@ Per task in ``--tasks``:
 
 Cost: ablating every head cost 99 (ARC-Easy) and 80 (PIQA) CPU seconds per ranking item on one thread in the
 recorded run (a layer's heads share the forward below them; ``benchmarks/bench_effects.py`` times it beside
-attribution, docs/benchmarks.md), attribution 1-2 CPU seconds per item, the oracle one evaluation of the ranking
+attribution, docs/records/benchmarks.md), attribution 1-2 CPU seconds per item, the oracle one evaluation of the ranking
 and held-out items per fraction: the defaults came to 65 CPU minutes for both tasks; two hours of 2 cores allow
 about n=60.
 

@@ -1,7 +1,7 @@
 """Benchmark the two ways of measuring every head's effect on the embedded model, side by side in one process.
 
     python benchmarks/bench_effects.py --threads 1               # ARC-Easy and PIQA, 8 items each, ~10 min idle
-    python benchmarks/bench_effects.py --threads 1 --write-docs  # the same, written into docs/benchmarks.md
+    python benchmarks/bench_effects.py --threads 1 --write-docs  # the same, written into docs/records/benchmarks.md
 
 Per task: ``attribution`` (``head_effects(method="attribution")``: one forward and one backward pass per batch, all
 270 heads) against ablation two ways: ``separate``, ``--heads`` single-head ablations spread over the depth, one

@@ -11,7 +11,7 @@
    6 random units, the baseline and the calibration) in units of one unablated evaluation.
 
 Timings alternate the compared runs (A B A B ...) and report medians, so a neighbour's load hits both alike.
-``--write-docs`` puts the figures into docs/benchmarks.md under "Evaluation and sweep" (that section only).
+``--write-docs`` puts the figures into docs/records/benchmarks.md under "Evaluation and sweep" (that section only).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@
    evaluating half of the items with ``torch.set_num_threads(1)``; item-by-item log-likelihoods checked equal),
    and the paper's full experiment projected in GPU-hours from the measured FLOP/s fraction (assumptions printed).
 
-``--write-docs`` writes the printed figures into docs/benchmarks.md under "Evaluator at the compute limit".
+``--write-docs`` writes the printed figures into docs/records/benchmarks.md under "Evaluator at the compute limit".
 """
 
 from __future__ import annotations

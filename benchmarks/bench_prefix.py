@@ -1,7 +1,7 @@
 """Benchmark shared prefixes computed once against the row-by-row evaluator, side by side in one process.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_prefix.py --threads 1              # ~10 min on a loaded 2-core machine
-    OMP_NUM_THREADS=1 python benchmarks/bench_prefix.py --threads 1 --write-docs # the same, into docs/benchmarks.md
+    OMP_NUM_THREADS=1 python benchmarks/bench_prefix.py --threads 1 --write-docs # the same, into docs/records/benchmarks.md
 
 1. The evaluator (``evaluate``, unablated) on ARC-Easy, MMLU 5-shot and HellaSwag, with shared prefixes (the
    default) and row by row (``evaluate_each(..., _shared_prefixes=False)``), alternating: forward tokens (real, and

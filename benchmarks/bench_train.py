@@ -5,7 +5,7 @@ architecture in the same process, and the cost of tracking attention rank during
     python benchmarks/bench_train.py --device cuda --layers 12 --d-model 768 --batch 16 --seq 512
 
 Targets: hooked >= 0.8x plain tokens/s; rank tracking <= 10% of training time. With --write, the figures go into
-docs/benchmarks.md under "Training and rank tracking".
+docs/records/benchmarks.md under "Training and rank tracking".
 """
 
 from __future__ import annotations

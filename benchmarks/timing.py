@@ -1,5 +1,5 @@
 """Shared by the benchmark scripts: threads, wall and CPU timing, alternating runs, the machine line and the
-writing of one section of docs/benchmarks.md.
+writing of one section of docs/records/benchmarks.md.
 
 Compared runs alternate (A B A B ...) so that a neighbour's load hits both alike; each run's wall and CPU seconds
 are kept, so a script reports medians (``.wall``, ``.cpu``), the least disturbed round (``.best``) or round-by-round
@@ -23,7 +23,7 @@ import torch
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "records" / "benchmarks.md"
 
 
 # ---------------------------------------------------------------- settings: the flags the scripts share
@@ -46,7 +46,7 @@ def threads_option() -> Any:
 
 
 def write_docs_option(section: str) -> Any:
-    return option(False, f"replace the '{section}' section of docs/benchmarks.md")
+    return option(False, f"replace the '{section}' section of docs/records/benchmarks.md")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Comparison:
 
     repeats: int = repeats_option(2)
     batch_size: int = batch_size_option(8)
-    write_docs: bool = option(False, "write the figures into docs/benchmarks.md")
+    write_docs: bool = option(False, "write the figures into docs/records/benchmarks.md")
 
 
 def parse_settings(cls, argv, doc: str):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh machine: venv, CPU torch, lens_heads, the embedded assets.
+# Idempotent set-up for a fresh machine: venv, torch (pinned; see its line), lens_heads, the embedded assets.
 #   bash scripts/setup.sh           .venv with TransformerLens 3.9 (HookedTransformer, the default backend)
 #   bash scripts/setup.sh --bridge  .venv-bridge with TransformerLens 4.3 (TransformerBridge, the "bridge" backend)
 set -euo pipefail
@@ -21,8 +21,10 @@ fi
 PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
-# torch first and pinned: otherwise transformer-lens resolves a multi-GB CUDA build.
-pip install "torch==2.13.0"
+# torch first and pinned, so that transformer-lens's dependency keeps it. Which build pip finds is its configuration's
+# choice: PyPI's Linux wheel brings CUDA libraries (GBs); LENS_HEADS_TORCH_INDEX (e.g. PyTorch's CPU index) asks
+# another index for it.
+pip install "torch==2.13.0" ${LENS_HEADS_TORCH_INDEX:+--index-url "$LENS_HEADS_TORCH_INDEX"}
 # pyproject allows both TransformerLens lines; the line is chosen here. transformers<5.24: 5.24 broke KV-cached
 # generation.
 pip install -e ".[dev]" "$TL" "transformers>=5.9,<5.24"

@@ -1,4 +1,4 @@
-"""The folders are the layers of the README's layout: a module imports only from its own folder or a folder below
+"""The folders are the layers of the layout (docs/architecture.md): a module imports only from its own folder or a folder below
 it, and the app (``lens_heads.report``) is used by nobody but its command line and its tests."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lens_heads"
-# bottom to top, as the README's layout section draws them
+# bottom to top, as the layout section of docs/architecture.md draws them
 LAYERS = ("plumbing", "stats", "data", "models", "evaluation", "heads", "ablation", "experiments", "collapse", "viz",
           "report")
 
@@ -69,13 +69,14 @@ def test_only_the_command_line_and_tests_use_the_app():
         assert not re.search(r"^\s*(from|import) lens_heads\.report", code, re.M), notebook
 
 
-def test_the_readme_layout_names_every_module():
-    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+def test_the_layout_names_every_module():
+    layout = (ROOT / "docs" / "architecture.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     for layer in LAYERS[:-1]:
         line_block = re.search(rf"^  {layer}/(.*?)(?=^  \w+/|^```)", layout, re.M | re.S)
-        assert line_block, f"the README's layout has no {layer}/"
+        assert line_block, f"the layout in docs/architecture.md has no {layer}/"
         for module in sorted(p.stem for p in (PACKAGE / layer).glob("*.py") if p.stem != "__init__"):
-            assert re.search(rf"\b{module}\b", line_block.group(1)), f"{layer}/{module}.py is not in the README's layout"
+            assert re.search(rf"\b{module}\b", line_block.group(1)), \
+                f"{layer}/{module}.py is not in the layout in docs/architecture.md"
 
 
 def test_every_lens_heads_import_names_something_that_exists():

@@ -29,7 +29,7 @@ against its keys/values). In float64 it equals TransformerLens's eager attention
 ablation kind above (``tests/test_prefix.py``). In float32 the matmuls of a prefix, a suffix and a whole row differ
 in shape, and so in rounding: on the embedded model the summed log-likelihoods differ by up to ~4e-5 at a
 log-likelihood of ~70 (ARC-Easy, 100 items), 1.3e-5 on MMLU's letters and 6.3e-5 at ~190 (HellaSwag), the order of
-the row path's own change between batch sizes 1 and 8 and of lm-eval's difference from it (``docs/benchmarks.md``).
+the row path's own change between batch sizes 1 and 8 and of lm-eval's difference from it (``docs/records/benchmarks.md``).
 A 1e-5 agreement holds in float64; in float32 it holds to the float32 rounding of the forward, not to 1e-5.
 """
 

@@ -37,8 +37,9 @@ def parser() -> OneLineParser:
                     "report folder: report.html (interactive, works offline), results.json (every number, with "
                     "model, data, sample sizes, seed, weight basis and versions), CSV tables and PNG figures. "
                     "Finished stages are cached in the folder, so a rerun (or a resumed interrupted run) reuses them.",
-        epilog=f"Examples: `{PROG}` (embedded SmolLM2-135M, about 10 min on 2 CPU cores); `{PROG} --quick` (about "
-               f"3 min); `{PROG} gpt2-medium --device cuda --n 500` (needs the Hugging Face hub or its cache).",
+        epilog=f"Examples: `{PROG}` (the embedded SmolLM2-135M; its recorded time and memory are in the README); "
+               f"`{PROG} --quick` (a smaller run); `{PROG} gpt2-medium --device cuda --n 500` (needs the Hugging "
+               "Face hub or its cache).",
         argument_default=argparse.SUPPRESS)
     p.add_argument("--prompt", dest="prompts", type=prompt, action="append", metavar="TEXT",
                    help=f"example prompt for the attention plots; repeat for several (default: {DEFAULT_PROMPT!r})")

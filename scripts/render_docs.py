@@ -1,0 +1,251 @@
+"""Render README.md and docs/*.md from the templates in docs/src/, every recorded number read from its file.
+
+    python scripts/render_docs.py          # write the pages
+    python scripts/render_docs.py --check  # exit 1 with a diff where a committed page differs from its rendering
+
+A template is Markdown with Jinja2 placeholders. Numbers come from the recorded files themselves (``figures/*.json``,
+``figures/*.csv``, ``docs/records/*``) through the few helpers below, and every claim of a difference takes its
+verdict and its words from the one calling rule (``lens_heads.stats.calling``), so a rerun that changes a record
+changes the page, and a number edited by hand in a page fails ``--check`` (``tests/test_docs.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import gzip
+import json
+import math
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.stats import calling
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = "docs/src"
+# page -> its template in docs/src
+PAGES = {
+    "README.md": "README.md.j2",
+    "docs/protocol.md": "protocol.md.j2",
+    "docs/results.md": "results.md.j2",
+    "docs/report.md": "report.md.j2",
+    "docs/performance.md": "performance.md.j2",
+    "docs/gpu.md": "gpu.md.j2",
+    "docs/architecture.md": "architecture.md.j2",
+}
+
+
+def _number(value: Any) -> float:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return math.nan
+    return float(value)
+
+
+def num(value: Any, spec: str = ".2f") -> str:
+    """One number; "–" where there is none (NaN, None)."""
+    x = _number(value)
+    return "–" if math.isnan(x) else f"{x:{spec}}"
+
+
+def iv(value: Any, low: Any, high: Any, spec: str = ".2f", unit: str = "") -> str:
+    """A number with its interval: ``x [lo, hi]`` (``unit`` after the number: ``25.0% [0.0, 28.3]``)."""
+    return f"{num(value, spec)}{unit} [{num(low, spec)}, {num(high, spec)}]"
+
+
+def ivc(row: dict, column: str, spec: str = ".2f", unit: str = "") -> str:
+    """A table row's ``column`` with its interval (the columns ``<column>_low`` and ``<column>_high``)."""
+    return iv(row[column], row[f"{column}_low"], row[f"{column}_high"], spec, unit)
+
+
+def pct(share: Any, spec: str = ".1f") -> str:
+    """A share in [0, 1] as a percentage."""
+    return f"{num(100 * _number(share), spec)}%"
+
+
+def _is_cost(row: dict) -> bool:
+    """A KL is a cost (lower is better); accuracy, gold log-prob and shares zeroable are better higher."""
+    return str(row.get("summary", row.get("metric", ""))).startswith("kl")
+
+
+def upper_first(text: str) -> str:
+    """A sentence's first letter in capitals (the calling rule's sentences start in lower case)."""
+    return text[:1].upper() + text[1:]
+
+
+def pct_iv(share: Any, low: Any, high: Any, spec: str = ".1f") -> str:
+    """A share with its interval, in percent: ``52.0% [45.1, 58.8]``."""
+    return f"{pct(share, spec)} [{num(100 * _number(low), spec)}, {num(100 * _number(high), spec)}]"
+
+
+class Records:
+    """The recorded files under one root, read once each."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).exists()
+
+    def path(self, name: str) -> Path:
+        path = self.root / name
+        if not path.exists():
+            raise FileNotFoundError(f"a template reads {name}, which does not exist under {self.root}")
+        return path
+
+    @functools.lru_cache(maxsize=None)
+    def record(self, name: str) -> Any:
+        """A JSON record (``.json`` or ``.json.gz``)."""
+        path = self.path(name)
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+
+    @functools.lru_cache(maxsize=None)
+    def table(self, name: str) -> list[dict]:
+        """A CSV record, one dict a row."""
+        return pd.read_csv(self.path(name), keep_default_na=False, na_values=[""]).to_dict("records")
+
+    def rows(self, source: str | list[dict], **where: Any) -> list[dict]:
+        """The rows whose columns equal ``where``, of a CSV record (by name) or of a list of a JSON record's rows."""
+        table = self.table(source) if isinstance(source, str) else source
+        return [r for r in table if all(str(r.get(k)) == str(v) for k, v in where.items())]
+
+    def row(self, source: str | list[dict], **where: Any) -> dict:
+        """The one row whose columns equal ``where`` (see :meth:`rows`)."""
+        found = self.rows(source, **where)
+        if len(found) != 1:
+            name = source if isinstance(source, str) else "a JSON record's rows"
+            raise LookupError(f"{name}: {len(found)} rows match {where}, expected one")
+        return found[0]
+
+    def tested(self, source: str | list[dict], **where: Any) -> dict:
+        """The one comparison of a tests CSV (columns a, b, difference, low, high, p_value and p_adjusted where the
+        table was adjusted) matching ``where``, its verdict decided again by the calling rule from the recorded
+        interval and p-value (not read from the file: records older than the rule have other words)."""
+        r = dict(self.row(source, **where))
+        adjusted = r.get("p_adjusted")
+        r["p_adjusted"] = r["p_value"] if adjusted is None or math.isnan(_number(adjusted)) else adjusted
+        r["higher_is_better"] = not _is_cost(r)
+        r["verdict"] = calling.verdict(r["low"], r["high"], r["p_adjusted"], higher_is_better=r["higher_is_better"],
+                                       a=str(r["a"]), b=str(r["b"]))
+        # which side the rule calls better ("a", "b"), or the uncalled verdict itself
+        r["winner"] = {f"{r['a']} better": "a", f"{r['b']} better": "b"}.get(r["verdict"], r["verdict"])
+        return r
+
+    def tested_all(self, source: str | list[dict], **where: Any) -> list[dict]:
+        """Every comparison matching ``where``, each as :meth:`tested` gives it (a table's family stays whole: the
+        adjusted p-values are the recorded ones)."""
+        return [self.tested([r]) for r in self.rows(source, **where)]
+
+    def said(self, source: str | list[dict], what: str, spec: str = ".2f", **where: Any) -> str:
+        """That comparison in the calling rule's words (``calling.sentence``)."""
+        r = self.tested(source, **where)
+        return calling.sentence(r, what, spec, lower_is_better=not r["higher_is_better"])
+
+    @functools.lru_cache(maxsize=None)
+    def _log_sections(self, name: str) -> dict[str, str]:
+        text = self.path(name).read_text(encoding="utf-8")
+        parts = re.split(r"^## (.+)$", text, flags=re.M)
+        return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2])}
+
+    def printed(self, name: str, section: str, around: str) -> str:
+        """What a benchmark printed, from the ``## section`` of a Markdown log of runs: the token (a number, a date,
+        a commit) at ``{}`` in the first place the text reads as ``around``, where ``{*}`` skips any text and a space
+        matches any run of white space, e.g. ``"piqa, 8 items{*}ablation (shared) costs {}x"``."""
+        sections = self._log_sections(name)
+        if section not in sections:
+            raise LookupError(f"{name} has no section {section!r}")
+        pattern = "".join(
+            r"([^\s;()\[\]]+?)" if piece == "{}" else r"[\s\S]*?" if piece == "{*}"
+            else re.sub(r"(\\ )+", r"\\s+", re.escape(piece))
+            for piece in re.split(r"(\{\*?\})", around) if piece)
+        found = re.search(pattern + r"(?=[\s;,()\[\]*]|$)" if around.endswith("{}") else pattern, sections[section])
+        if not found:
+            raise LookupError(f"{name}, section {section!r}: nothing reads {around!r}")
+        return found.group(1)
+
+
+HELP_WIDTH = 100  # columns of the rendered --help (argparse reads COLUMNS)
+
+
+def report_help() -> str:
+    """``python -m lens_heads.report --help`` as a terminal HELP_WIDTH wide prints it."""
+    from lens_heads.plumbing.settings import build_parser
+    from lens_heads.report.__main__ import parser
+    from lens_heads.report.config import PRESETS, ReportConfig
+
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(HELP_WIDTH)
+    try:
+        return build_parser(ReportConfig, presets=PRESETS, parser=parser()).format_help().rstrip()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def environment(root: Path = ROOT) -> jinja2.Environment:
+    records = Records(root)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / SOURCES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                             extensions=["jinja2.ext.do"])
+    env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
+                       tested=records.tested, tested_all=records.tested_all, said=records.said, printed=records.printed, exists=records.exists,
+                       num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
+                       report_help=report_help, median=statistics.median)
+    env.filters["upper_first"] = upper_first
+    env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
+    return env
+
+
+def render(root: Path = ROOT) -> dict[str, str]:
+    """Every page's rendering, by its path under the root."""
+    env = environment(root)
+    return {page: env.get_template(template).render() for page, template in PAGES.items()}
+
+
+def differences(rendered: dict[str, str], committed_root: Path = ROOT) -> list[str]:
+    """A unified diff per committed page that differs from its rendering (a missing page counts as empty)."""
+    out = []
+    for page, text in rendered.items():
+        path = committed_root / page
+        committed = path.read_text(encoding="utf-8") if path.exists() else ""
+        if committed != text:
+            out.append("".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
+                                                    f"{page} (committed)", f"{page} (rendered)")))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python scripts/render_docs.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 with a diff where a committed page differs from its rendering")
+    args = p.parse_args(argv)
+    os.chdir(ROOT)
+    rendered = render(ROOT)
+    if args.check:
+        diffs = differences(rendered)
+        for diff in diffs:
+            sys.stdout.write(diff)
+        if diffs:
+            print(f"\n{len(diffs)} page(s) differ from their rendering: edit docs/src/, not the page, and run "
+                  "python scripts/render_docs.py", file=sys.stderr)
+        return 1 if diffs else 0
+    for page, text in rendered.items():
+        (ROOT / page).write_text(text, encoding="utf-8")
+    print(f"rendered {len(rendered)} page(s): {', '.join(rendered)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""The docs are rendered, not typed: README.md and docs/*.md equal what scripts/render_docs.py renders from the
+templates in docs/src/ and the recorded files, a number edited by hand in a page fails the check, and a changed
+record changes the page."""
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+
+from conftest import ROOT
+
+
+def renderer():
+    spec = importlib.util.spec_from_file_location("render_docs", ROOT / "scripts" / "render_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def arc_baseline_text(record: dict) -> str:
+    """The ARC-Easy sweep's baseline as the README shows it, written out here from the record."""
+    b = record["baseline"]
+    return f"{100 * b['accuracy']:.1f}% [{100 * b['ci95'][0]:.1f}, {100 * b['ci95'][1]:.1f}]"
+
+
+def test_committed_pages_are_their_rendering():
+    diffs = renderer().differences(renderer().render())
+    assert not diffs, "edit docs/src/ and run python scripts/render_docs.py:\n" + "\n".join(diffs)
+
+
+def test_a_number_edited_by_hand_fails_the_check(tmp_path):
+    r = renderer()
+    rendered = r.render()
+    shown = arc_baseline_text(json.loads((ROOT / "figures" / "sweep_arc_easy.json").read_text()))
+    for page in rendered:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / page, tmp_path / page)
+    readme = (tmp_path / "README.md").read_text()
+    assert shown in readme
+    assert not r.differences(rendered, tmp_path)
+    (tmp_path / "README.md").write_text(readme.replace(shown, shown.replace("[", "[1", 1), 1))
+    diffs = r.differences(rendered, tmp_path)
+    assert len(diffs) == 1 and "README.md" in diffs[0] and shown in diffs[0]
+
+
+def test_a_changed_record_changes_the_page(tmp_path):
+    shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
+    shutil.copytree(ROOT / "figures", tmp_path / "figures", ignore=shutil.ignore_patterns("*.png", "*.gz"))
+    path = tmp_path / "figures" / "sweep_arc_easy.json"
+    record = json.loads(path.read_text())
+    before = arc_baseline_text(record)
+    record["baseline"]["accuracy"] = 0.4321
+    path.write_text(json.dumps(record))
+    readme = renderer().render(tmp_path)["README.md"]
+    assert arc_baseline_text(record) in readme and before != arc_baseline_text(record)
+
+
+def test_the_report_options_in_the_docs_are_its_help(capsys, monkeypatch):
+    from lens_heads.report.__main__ import main
+
+    monkeypatch.setenv("COLUMNS", str(renderer().HELP_WIDTH))
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out.rstrip()
+    page = (ROOT / "docs" / "report.md").read_text()
+    shown = page.split("## Options", 1)[1].split("```\n", 1)[1].split("\n```", 1)[0]
+    assert shown == printed
