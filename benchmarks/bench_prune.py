@@ -4,9 +4,11 @@
     nice python benchmarks/bench_prune.py [--counts 1,2,4 --arc-n 16 --batch 4 --seq 128 --repeats 3] [--write-docs]
 
 Per k: parameters and weight bytes (tied embeddings once); the KV cache a Hugging Face forward of ``batch x seq``
-tokens keeps (``past_key_values``, measured); peak memory, each model in a fresh process that loads the folder with
-plain transformers and runs that forward (``VmHWM``, Linux: the peak resident memory of load + forward, and the
-forward's peak above the memory before it, after a first forward and an allocator trim); the throughput of a plain
+tokens keeps (``past_key_values``, measured); memory, each model in fresh processes (the median of ``--memory-runs``)
+that load the folder with plain transformers and run that forward twice: the resident memory before the second
+forward (weights, runtime and libraries: ``RSS MB``) and the second forward's peak above it (``VmHWM`` after a reset
+through ``/proc/self/clear_refs``, Linux, after an allocator trim: ``fwd MB``, activations and cache, which moves by
+~20 MB from run to run); the throughput of a plain
 Hugging Face forward (tokens/s) and of lens_heads' evaluator on ARC-Easy (``evaluate``: the original unhooked, the
 original under the hooked removal, the exported folder loaded with ``load_model``; items/s); and the agreement of
 the exported model with the hooked removal on the original (the largest per-choice log-likelihood difference in the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,7 @@ class PruneBench:
     batch: int = option(4, "inputs per Hugging Face forward")
     seq: int = option(128, "tokens per input of the Hugging Face forward")
     repeats: int = repeats_option(3)
+    memory_runs: int = option(3, "fresh processes per model for the memory figures (median reported)")
     threads: int | None = threads_option()
     out: str = option("docs/records/bench_prune.json", "the JSON record written (relative to the repository)")
     write_docs: bool = write_docs_option(HEADING)
@@ -111,11 +115,17 @@ def memory_child(folder: str, batch: int, seq: int) -> None:
 
 
 def measure_memory(folder: Path, s: PruneBench) -> dict:
-    run = subprocess.run([sys.executable, __file__, "--memory-child", str(folder), "--batch", str(s.batch), "--seq",
-                          str(s.seq)], capture_output=True, text=True, check=False, cwd=ROOT)
-    if run.returncode != 0:
-        raise RuntimeError(f"memory run of {folder} failed:\n{run.stderr[-3000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    """The memory child's numbers for ``folder``, the median of ``--memory-runs`` fresh processes (the forward's
+    peak moves by ~20 MB from run to run; the resident memory before it by well under 1 MB)."""
+    runs = []
+    for _ in range(s.memory_runs):
+        run = subprocess.run([sys.executable, __file__, "--memory-child", str(folder), "--batch", str(s.batch),
+                              "--seq", str(s.seq)], capture_output=True, text=True, check=False, cwd=ROOT)
+        if run.returncode != 0:
+            raise RuntimeError(f"memory run of {folder} failed:\n{run.stderr[-3000:]}")
+        runs.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]} | dict(
+        forward_peak_delta_runs_mb=[r["forward_peak_delta_mb"] for r in runs])
 
 
 def block_order(model, task) -> list[int]:
@@ -184,7 +194,7 @@ def main(argv=None) -> None:
     n_params, n_bytes = weights(original)
     base = dict(params=n_params, weights_mb=n_bytes / 2**20, **measure_memory(embedded_model_folder(), s))
     lines = [f"Block Influence order (lowest first): {order[:8]} ...",
-             f"{'k':>2} {'model':9} {'params M':>8} {'weights MB':>10} {'KV MB':>6} {'peak RSS MB':>11} "
+             f"{'k':>2} {'model':9} {'params M':>8} {'weights MB':>10} {'KV MB':>6} {'RSS MB':>6} "
              f"{'fwd MB':>6} {'HF tok/s (best)':>15} {'eval items/s (best)':>19} {'max |dLL|':>9} {'|dlogit|':>8}"]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-prune-") as tmp:
@@ -195,10 +205,10 @@ def main(argv=None) -> None:
             for name, m in (("original", base), ("exported", row)):
                 agree = f" {row['max_abs_loglik_diff']:9.1e} {row['max_abs_logit_diff_hf']:8.1e}" if m is row else ""
                 lines.append(f"{k:>2} {name:9} {m['params'] / 1e6:8.1f} {m['weights_mb']:10.1f} {m['kv_cache_mb']:6.2f} "
-                             f"{m['peak_rss_mb']:11.0f} {m['forward_peak_delta_mb']:6.0f} "
+                             f"{m['rss_before_forward_mb']:6.0f} {m['forward_peak_delta_mb']:6.0f} "
                              f"{hf[name]['median']:8.0f} ({hf[name]['best']:4.0f}) "
                              f"{ev[name]['median']:11.2f} ({ev[name]['best']:5.2f}){agree}")
-            lines.append(f"{k:>2} {'hooked':9} {'':>8} {'':>10} {'':>6} {'':>11} {'':>6} {'':>15} "
+            lines.append(f"{k:>2} {'hooked':9} {'':>8} {'':>10} {'':>6} {'':>6} {'':>6} {'':>15} "
                          f"{ev['hooked']['median']:11.2f} ({ev['hooked']['best']:5.2f})")
     machine = machine_line(started_load)
     print("\n".join(lines))
