@@ -98,6 +98,8 @@ def test_exported_folder_equals_the_hooked_static_ablation(model_type, tmp_path)
             # TransformerLens and transformers order the same float32 operations differently (einsum vs matmul,
             # SDPA vs eager softmax); logits are O(1), and differ by ~1e-7 here.
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+            with torch.no_grad():  # the hooks the export says it bakes in are those same hooks
+                assert torch.equal(model.run_with_hooks(tokens, fwd_hooks=pruned.hook_pairs(model)), want)
             assert (got - unablated).abs().max() > 1e-2  # the ablation changes the logits: the check can fail
             config = json.loads((out / "config.json").read_text())
             n_key = "n_layer" if model_type == "gpt2" else "num_hidden_layers"

@@ -144,7 +144,9 @@ def prune(model, *, heads: Iterable[tuple[int, int]] = (), layers: Sequence[int]
     weights (module docstring). ``.save(folder)`` exports it.
 
     ``model``: a model from :func:`lens_heads.load_model` in the raw weight basis, loaded from the embedded model or
-    a local Hugging Face folder, or such a folder's path. Indices are the original model's."""
+    a local Hugging Face folder, or such a folder's path. Indices are the original model's. The export is built on
+    the CPU from the folder's weights, in the checkpoint's dtype (a model loaded in bfloat16 is checked against them
+    in bfloat16, and exported in the checkpoint's float32)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = source_folder(model)
