@@ -145,8 +145,7 @@ def prune(model, *, heads: Iterable[tuple[int, int]] = (), layers: Sequence[int]
 
     ``model``: a model from :func:`lens_heads.load_model` in the raw weight basis, loaded from the embedded model or
     a local Hugging Face folder, or such a folder's path. Indices are the original model's. The export is built on
-    the CPU from the folder's weights, in the checkpoint's dtype (a model loaded in bfloat16 is checked against them
-    in bfloat16, and exported in the checkpoint's float32)."""
+    the CPU from the folder's weights and keeps the checkpoint's dtype, whatever dtype ``model`` was loaded in."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = source_folder(model)
@@ -191,14 +190,16 @@ def prune(model, *, heads: Iterable[tuple[int, int]] = (), layers: Sequence[int]
         chosen = [h for l, h in heads if l == layer]
         if not chosen:
             continue
-        per_head = einops.rearrange(weight, "m (h d) -> h d m", h=n_heads)  # a view: W_O[layer]
+        d_head = weight.shape[1] // n_heads
+        columns = [slice(h * d_head, (h + 1) * d_head) for h in chosen]  # head h's W_O[layer, h], transposed
         if ablation == "mean":
             assert means is not None
-            shift = torch.stack([means[layer, h].double() @ per_head[h].double() for h in chosen]).sum(0)
+            shift = torch.stack([weight[:, c].double() @ means[layer, h].double() for h, c in zip(chosen, columns)])
             bias = state.get(f"{prefix}.bias")
-            state[f"{prefix}.bias"] = (shift if bias is None else bias.double() + shift).to(weight.dtype)
+            state[f"{prefix}.bias"] = (shift.sum(0) if bias is None else bias.double() + shift.sum(0)).to(weight.dtype)
             folded = True
-        per_head[chosen] = 0
+        for c in columns:
+            weight[:, c] = 0  # a slice of a view: writes into the state dict's tensor
 
     kept = tuple(layer for layer in range(n_layers) if layer not in dropped)
     new_config = _pruned_config(config, family, kept, bias=folded)
