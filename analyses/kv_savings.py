@@ -1,7 +1,7 @@
 """The KV cache inactive heads hold, against what removing them costs, on a generation task with chat-length
 prompts: GSM8K's 8-shot chain-of-thought rows (~900 tokens each) on the embedded model.
 
-    nice python analyses/kv_savings.py --threads 1                   # n=12, the twelve scores, 4 shares, 3 draws
+    nice python analyses/kv_savings.py --threads 1                   # n=12, the twelve scores, 3 shares, 3 draws
     python analyses/kv_savings.py --n 2 --scores "AHON (LN)" --fractions 0.3 --draws 1 --no-png   # a smoke run
 
 Per score and share ``f``: the static head set of the ``round(f x layers x heads)`` most inactive heads by the
@@ -63,9 +63,9 @@ class KVSettings:
     seed: int = option(0, "sampling, random head sets and bootstrap seed")
     scores: tuple[str, ...] = option(tuple(SCORE_NAMES), "comma-separated scores that choose heads",
                                      parse=score_names)
-    fractions: tuple[float, ...] = option((0.1, 0.2, 0.3, 0.5), "shares of heads removed")
+    fractions: tuple[float, ...] = option((0.1, 0.3, 0.5), "shares of heads removed")
     draws: int = option(3, "random head sets per share")
-    batch_size: int = option(4, "forward rows per batch (8-shot rows are ~900 tokens)")
+    batch_size: int = option(12, "forward rows per batch (8-shot rows of ~900 tokens sharing their exemplars)")
     n_resamples: int = option(inference.N_RESAMPLES, "bootstrap resamples")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
     figures: str = option(str(ROOT / "figures"), "where the table and figure go")
@@ -115,7 +115,7 @@ def table(model, base, results, sets: list[dict], s: KVSettings) -> pd.DataFrame
 def figure(t: pd.DataFrame, title: str) -> go.Figure:
     fig = go.Figure()
     for i, (curve, rows) in enumerate(t.groupby("curve", sort=False)):
-        color = "#7f7f7f" if curve == RANDOM else PALETTE[i % len(PALETTE)]
+        color = "black" if curve == RANDOM else PALETTE[i % len(PALETTE)]
         fig.add_trace(go.Scatter(
             x=100 * rows["kv_share"], y=rows["bpb_change"], name=esc(curve), mode="lines+markers",
             line=dict(color=color, dash="dot" if curve == RANDOM else "solid"),
