@@ -5,6 +5,8 @@ The names below are the public API; each lives in a module of its own (``lens_he
 """
 
 from lens_heads.ablation.hooks import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.kv_cache import kv_account
+from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
 from lens_heads.collapse.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.collapse.gpt2 import GPT2Options, gpt2_config, gpt2_model
 from lens_heads.collapse.inheritune import (
@@ -51,6 +53,7 @@ __all__ = [
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds", "Thresholds", "load_thresholds", "save_thresholds", "Thresholds", "load_thresholds", "save_thresholds",
     "EvalResult", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
+    "PrunedModel", "prune", "prune_arguments", "first_layers", "kv_account",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
     "HeadEffects", "head_effects",
     "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores", "Explorer", "explore",

@@ -227,3 +227,55 @@ def test_gsm8k_generation_analysis_on_a_tiny_model(tmp_path):
         items=changed, of=2, what=rows["paired_difference"]["generations_changed"]["what"])
     again = script.run(model, args)  # every item comes back from --out
     assert again["zeroed"]["summary"] == record["zeroed"]["summary"]
+
+
+@pytest.mark.slow  # ~900-token GSM8K rows: tens of seconds on a busy 2-core machine
+def test_kv_savings_analysis_on_a_tiny_model(tmp_path):
+    """KV shares counted by hand from each head set (a KV group freed only with all its query heads), and the cost
+    of the score's set read by hand: the gold answer's bits per byte from plain forwards with its heads zeroed."""
+    import json
+    import math
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from lens_heads.ablation.hooks import zero_heads
+    from lens_heads.data.rows import build_rows
+    from lens_heads.data.tasks import load_task
+    from lens_heads.models.loading import embedded_model_folder, tiny_model
+
+    script = load_script("kv_savings")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=2048)  # 4 heads on 2 KV heads
+    s = script.parse_args(["--n", "2", "--scores", "AHON (LN)", "--fractions", "0.5", "--draws", "2",
+                           "--n-resamples", "200", "--figures", str(tmp_path), "--no-png"])
+    table = script.run(model, s).set_index("curve")
+    record = json.loads((tmp_path / "kv_savings_gsm8k.json").read_text())
+    sets = {(hs["curve"], hs["draw"]): [tuple(h) for h in hs["heads"]] for hs in record["head_sets"]}
+    assert all(len(heads) == 4 for heads in sets.values())  # half of 2 layers x 4 heads
+
+    def by_hand(heads):
+        return sum(all((layer, h) in heads for h in (2 * kv, 2 * kv + 1)) for layer in range(2) for kv in range(2)) / 4
+
+    assert table.loc["AHON (LN)", "kv_share"] == by_hand(sets["AHON (LN)", 0])
+    random_share = (by_hand(sets["random", 0]) + by_hand(sets["random", 1])) / 2
+    assert table.loc["random", "kv_share"] == pytest.approx(random_share)
+    assert (table["physical_kv_share"] == 0).all()
+
+    def bits_per_byte(heads):
+        out = []
+        with torch.no_grad():
+            for item, row in zip(task, build_rows(model, list(task))):
+                (choice, first, ids), = row.reads
+                logits = model.run_with_hooks(torch.tensor([row.tokens]), fwd_hooks=zero_heads(heads) if heads else [])
+                logp = torch.log_softmax(logits[0].double(), dim=-1)
+                gold = sum(logp[first + k, t].item() for k, t in enumerate(ids))
+                out.append(-gold / math.log(2) / len(item.continuations[0].encode("utf-8")))
+        return sum(out) / len(out)
+
+    task = load_task("gsm8k", n=2, seed=0)
+    assert record["intact_bits_per_byte"] == pytest.approx(bits_per_byte([]), abs=1e-4)
+    change = bits_per_byte(sets["AHON (LN)", 0]) - bits_per_byte([])
+    assert table.loc["AHON (LN)", "bpb_change"] == pytest.approx(change, abs=1e-4)  # float32 forwards, two paths
+    row = table.loc["AHON (LN)"]
+    assert row["bpb_change_low"] <= row["bpb_change"] <= row["bpb_change_high"]

@@ -123,3 +123,21 @@ def test_report_quick_runs_on_the_bridge(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["backend"] == "bridge" and results["model"]["backend"] == "bridge"
+
+
+def test_pruned_folder_equals_the_bridge_s_hooked_ablation(bridge, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from lens_heads import prune
+    from lens_heads.ablation.layers import remove_layers
+
+    tokens = torch.tensor([[1, 504, 3458, 282, 4649, 314, 7042, 28, 284, 260]])
+    heads, layers = [(3, 1), (10, 4), (20, 0)], [12, 25]
+    out = prune(bridge, heads=heads, layers=layers, part="block").save(tmp_path / "pruned")
+    hooks = static_zeroing(bridge, heads).hooks + remove_layers(bridge, layers, part="block").hooks
+    with torch.no_grad():
+        want = bridge.run_with_hooks(tokens, fwd_hooks=hooks)
+        got = AutoModelForCausalLM.from_pretrained(out).eval()(tokens).logits
+    # the bridge runs the Hugging Face modules themselves: only the hooks' zeroing and the dropped blocks differ
+    torch.testing.assert_close(got, want, atol=5e-4, rtol=1e-5)
+    assert (got - bridge(tokens)).abs().max() > 1e-2
