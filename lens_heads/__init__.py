@@ -1,36 +1,28 @@
 """lens_heads: find inactive attention heads and lazy layers, prove it by ablation, build smaller models.
 
-The names below are the public API; each lives in a module of its own (``lens_heads.heads.scores``,
-``lens_heads.ablation.hooks``, ``lens_heads.experiments.sweep``, ``lens_heads.collapse.rank``, ``lens_heads.collapse.inheritune``, ...).
+The heads workflow is at the top level, by topic: models and data, head scores, evaluation and ablation, sweeps and
+their statistics, layers, smaller models, the explorer (``import lens_heads as lh``; ``lh.score_heads``). The
+attention-collapse side's training is in namespaces: ``lh.inheritune`` (inherit, grow, stack, the baselines,
+``run_inheritune``), ``lh.train`` (``train``, ``TrainConfig``, ``RankTracker``), ``lh.gpt2`` (the authors' GPT-2) and
+``lh.corpus`` (the offline corpus). Everything else is imported from its module
+(``from lens_heads.heads.scores import SCORES``).
 """
 
-from lens_heads.ablation.hooks import random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.ablation.kv_cache import kv_account
+from lens_heads.ablation.layers import remove_layers
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
-from lens_heads.collapse.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
-from lens_heads.collapse.gpt2 import GPT2Options, gpt2_config, gpt2_model
-from lens_heads.collapse.inheritune import (
-                                   InherituneConfig,
-                                   InherituneResult,
-                                   grow,
-                                   inherit,
-                                   inherit_first_layers,
-                                   inherit_later_layers,
-                                   run_inheritune,
-                                   stack,
-)
+from lens_heads.collapse import corpus, gpt2, inheritune, train
 from lens_heads.collapse.layers import LayerScores, layer_scores
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
-from lens_heads.collapse.train import (  # train() itself: lens_heads.collapse.train.train (keeps the module reachable)
-                                   RankTracker,
-                                   TrainConfig,
-)
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.tasks import Item, Task, TaskDataUnavailableError, load_task
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
 from lens_heads.experiments.effects import HeadEffects, head_effects
+from lens_heads.experiments.rankings import ranking_sweep
 from lens_heads.experiments.sweep import SweepResult, load_sweep, run_sweep
+from lens_heads.experiments.sweep_intervals import sweep_intervals
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -47,18 +39,40 @@ from lens_heads.plumbing.errors import InputError
 from lens_heads.viz.explorer import Explorer, explore
 
 __all__ = [
+    # errors
     "InputError",
+    # models and data
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
     "Item", "Task", "TaskDataUnavailableError", "load_task", "TaskFileError", "task_from_records",
-    "SCORE_NAMES", "HeadScores", "score_heads", "thresholds", "Thresholds", "load_thresholds", "save_thresholds", "Thresholds", "load_thresholds", "save_thresholds",
+    # head scores
+    "SCORE_NAMES", "HeadScores", "score_heads", "thresholds", "Thresholds", "load_thresholds", "save_thresholds",
+    # evaluation and ablation
     "EvalResult", "evaluate", "evaluate_each", "paired_difference",
-    "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
+    "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads", "mean_z", "remove_layers",
+    # sweeps, effects and their statistics
+    "SweepResult", "load_sweep", "run_sweep", "sweep_intervals", "ranking_sweep",
+    "SweepComparison", "compare_sweeps", "read_sweep", "HeadEffects", "head_effects",
+    # layers
+    "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores",
+    # smaller models
     "PrunedModel", "prune", "prune_arguments", "first_layers", "kv_account",
-    "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
-    "HeadEffects", "head_effects",
-    "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores", "Explorer", "explore",
-    "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
-    "GPT2Options", "gpt2_config", "gpt2_model",
-    "InherituneConfig", "InherituneResult", "grow", "inherit", "inherit_first_layers", "inherit_later_layers",
-    "run_inheritune", "stack",
+    # the explorer
+    "Explorer", "explore",
+    # namespaces of the attention-collapse side
+    "inheritune", "train", "gpt2", "corpus",
 ]
+
+# names that were top-level before the namespaces: where each is now
+_MOVED = {
+    **{name: "inheritune" for name in ("InherituneConfig", "InherituneResult", "grow", "inherit",
+                                        "inherit_first_layers", "inherit_later_layers", "run_inheritune", "stack")},
+    **{name: "train" for name in ("RankTracker", "TrainConfig")},
+    **{name: "gpt2" for name in ("GPT2Options", "gpt2_config", "gpt2_model")},
+    **{name: "corpus" for name in ("TokenCorpus", "gpt2_tokenizer", "load_corpus")},
+}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise AttributeError(f"lens_heads.{name} moved to its namespace: use lens_heads.{_MOVED[name]}.{name}")
+    raise AttributeError(f"module 'lens_heads' has no attribute {name!r}")
