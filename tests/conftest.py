@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded model is loaded once per test session (it takes seconds, not minutes)."""
+"""Shared fixtures: the embedded model is loaded once per test session (it takes seconds, not minutes); tiny random
+models speak a tiny tokenizer (``tests/data/tiny_tokenizer``), so the fast tier never touches the embedded model."""
 
 import importlib.util
 import socket
@@ -12,15 +13,25 @@ torch.set_grad_enabled(True)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def text_model(n_layers: int | None = None, **overrides):
-    """A tiny random llama that speaks the embedded model's tokenizer (fast: tests the plumbing, not the numbers);
-    ``overrides``: config fields (a longer ``n_ctx`` for few-shot prompts)."""
+TINY_TOKENIZER = ROOT / "tests" / "data" / "tiny_tokenizer"
+
+
+def tiny_tokenizer():
+    """A fresh copy (tests change theirs) of the tests' tiny byte-level BPE (1,024 tokens; SmolLM2's special tokens,
+    roles and chat rendering; written by ``tests/tiny_tokenizer.py``)."""
     from transformers import AutoTokenizer
 
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    return AutoTokenizer.from_pretrained(TINY_TOKENIZER)
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    size = ({} if n_layers is None else {"n_layers": n_layers}) | overrides
+
+def text_model(n_layers: int | None = None, **overrides):
+    """A tiny random llama that speaks the tiny tokenizer (fast: tests the plumbing, not the numbers), with a
+    context of 128 tokens (a zero-shot item or two); ``overrides``: config fields (a longer ``n_ctx`` for few-shot
+    prompts)."""
+    from lens_heads.models.loading import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    size = {"n_ctx": 128} | ({} if n_layers is None else {"n_layers": n_layers}) | overrides
     return tiny_model("llama", seed=0, d_vocab=len(tokenizer), tokenizer=tokenizer, default_prepend_bos=True, **size)
 
 
@@ -48,6 +59,42 @@ def pytest_collection_modifyitems(config, items):
         report_run = item.module.__name__ == "test_report" and "run" in item.fixturenames  # the report, end to end
         if report_run or SLOW_FIXTURES & set(item.fixturenames) or SLOW_MARKERS & {m.name for m in item.iter_markers()}:
             item.add_marker(pytest.mark.slow)
+
+
+# The guard: a test outside the slow tier that reaches the embedded model (its dequantised folder in the cache, or
+# the dequantisation of its GGUF) fails, naming the test, even where the cache is warm and loading would be quick.
+# Fixtures count for the test whose set-up runs them (a module fixture for the module's first test).
+_RUNNING: list = [None]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _RUNNING[0] = item
+
+
+def _refuse_outside_slow(what: str) -> None:
+    item = _RUNNING[0]
+    if item is not None and item.get_closest_marker("slow") is None:
+        pytest.fail(f"{item.nodeid} is in the fast tier but {what}: give it the tiny tokenizer (conftest.text_model, "
+                    "tiny_tokenizer) or mark it @pytest.mark.slow", pytrace=False)
+
+
+def pytest_configure(config):
+    from lens_heads.models import loading
+
+    cache, dequantise = loading.cache_dir, loading._dequantise_gguf
+    shared_cache = cache().resolve()
+
+    def cache_dir():  # in loading.py only the embedded model's folder and GGUF ask for it
+        if cache().resolve() == shared_cache:  # a test's own empty cache (LENS_HEADS_CACHE) holds no model
+            _refuse_outside_slow(f"reads the embedded model's cache ({shared_cache})")
+        return cache()
+
+    def dequantise_gguf(*args, **kwargs):
+        _refuse_outside_slow("dequantises an embedded model's GGUF")
+        return dequantise(*args, **kwargs)
+
+    loading.cache_dir, loading._dequantise_gguf = cache_dir, dequantise_gguf
 
 
 @pytest.fixture(scope="session")

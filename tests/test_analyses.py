@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, load_script, tiny_tokenizer
 
 
 def test_gpt2_medium_preset_is_the_papers_run():
@@ -34,14 +34,13 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     import json
 
     import numpy as np
-    from transformers import AutoTokenizer
 
     from lens_heads.experiments.effects import HeadEffects
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.models.loading import tiny_model
     from lens_heads.stats.inference import spearman
 
     script = load_script("head_effects")
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer = tiny_tokenizer()
     model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
     args = script.parse_args(["--n", "3", "--heldout-n", "2", "--fractions", "0,.25", "--n-boot", "20",
                               "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"), "--no-png"])
@@ -88,14 +87,13 @@ def test_gsm8k_analysis_on_a_tiny_model(tmp_path):
     import math
 
     import torch
-    from transformers import AutoTokenizer
 
     from lens_heads.data.rows import build_rows
     from lens_heads.data.tasks import load_task
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.models.loading import tiny_model
 
     script = load_script("gsm8k")
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer = tiny_tokenizer()
     model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=2048)
     args = script.parse_args(["--n", "2", "--max-new-tokens", "3", "--fractions", "0,.25", "--out",
                               str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"), "--no-png"])
@@ -131,15 +129,13 @@ def test_attribution_ranking_analysis_on_a_tiny_model(tmp_path, model_flag, key)
     and output is named <model>_<task>, as the sweep names its files (no other model's files are read or written)."""
     import json
 
-    from transformers import AutoTokenizer
-
     from lens_heads.data.tasks import load_task
     from lens_heads.experiments.effects import head_effects
     from lens_heads.experiments.sweep import run_sweep, save_units
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.models.loading import tiny_model
 
     script = load_script("attribution_ranking")
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer = tiny_tokenizer()
     model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
     fig = tmp_path / "fig"
     fig.mkdir()
@@ -181,15 +177,14 @@ def test_gsm8k_generation_analysis_on_a_tiny_model(tmp_path):
 
     import numpy as np
     import torch
-    from transformers import AutoTokenizer
 
     from lens_heads.ablation.hooks import threshold_zeroing
     from lens_heads.data.tasks import load_task
     from lens_heads.heads.scoring import score_heads
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.models.loading import tiny_model
 
     script = load_script("gsm8k_generation")
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer = tiny_tokenizer()
     model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=2048)
     args = script.from_args(script.Settings, ["--n", "2", "--max-new-tokens", "3", "--fraction", "0.3", "--out",
                                               str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"),

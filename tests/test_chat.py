@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tiny_tokenizer
 from lens_heads.data.chat import CHAT_MODEL_MARKERS, check_chat_setting, parse_chat_setting, resolve_chat_template
 from lens_heads.data.rows import build_rows, request_pairs
 from lens_heads.data.tasks import load_task
@@ -17,11 +18,7 @@ REFERENCE = Path(__file__).resolve().parent / "data" / "chat_reference.json"
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    from lens_heads.models.loading import embedded_model_folder
-
-    return AutoTokenizer.from_pretrained(embedded_model_folder())
+    return tiny_tokenizer()
 
 
 def chat_model(tokenizer, hf_name="HuggingFaceTB/SmolLM2-135M-Instruct"):

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import text_model
 from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
 from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep
 from lens_heads.experiments.sweep import SweepResult, UnitResult, load_sweep, run_sweep
@@ -131,14 +132,9 @@ def test_bad_input_is_explained(two):
 
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
-    from transformers import AutoTokenizer
-
     from lens_heads.data.tasks import load_task
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
-    model = tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
-                       default_prepend_bos=True)
+    model = text_model(n_layers=2)
     task = load_task("arc_easy", split="validation", n=4, seed=1)
     out = tmp_path_factory.mktemp("sweep") / "arc_easy"
     result = run_sweep(model, task, scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2, 0.4), out_dir=out,

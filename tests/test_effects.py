@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_tokenizer
 from lens_heads import head_effects
 from lens_heads.ablation.hooks import mean_z
 from lens_heads.data.tasks import Item, Task
@@ -17,11 +18,7 @@ from lens_heads.models.loading import tiny_model
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    from lens_heads.models.loading import embedded_model_folder
-
-    return AutoTokenizer.from_pretrained(embedded_model_folder())
+    return tiny_tokenizer()
 
 
 def toy_task() -> Task:

@@ -133,7 +133,7 @@ def test_threshold_zeroing_in_the_evaluator_sees_each_batch_mask(tiny_text_model
 
 
 def test_items_longer_than_the_context_are_refused_or_dropped(tiny_text_model):
-    """A toy context of 64 tokens: the evaluator refuses rows that don't fit and says what to do; within_context
+    """A toy context of 128 tokens: the evaluator refuses rows that don't fit and says what to do; within_context
     keeps exactly the items whose every choice fits (counted here with TransformerLens's own tokenizer calls)."""
     model = tiny_text_model
     task = load_task("piqa", n=40, seed=5)
@@ -217,7 +217,7 @@ def test_round_trip_through_a_dict():
 def test_bad_input_is_explained(tiny_text_model):
     task = Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,
                 items=[Item(id="x", contexts=("word " * 80,) * 2, continuations=(" a", " b"), gold=0)])
-    with pytest.raises(ValueError, match="context of 64 tokens"):
+    with pytest.raises(ValueError, match="context of 128 tokens"):
         evaluate(tiny_text_model, task, progress=False)
     with pytest.raises(InputError, match="hook_name"):
         evaluate(tiny_text_model, task, hooks=["blocks.0.attn.hook_z"], progress=False)
@@ -280,7 +280,7 @@ def test_token_ids_outside_the_vocabulary_and_unknown_hooks_are_named(tiny_text_
     from lens_heads.heads.scoring import score_heads
     from lens_heads.models.loading import tiny_model
 
-    small = tiny_model("llama", seed=0, d_vocab=97, tokenizer=tiny_text_model.tokenizer)  # 49k-token tokenizer
+    small = tiny_model("llama", seed=0, d_vocab=97, tokenizer=tiny_text_model.tokenizer)  # 1,024-token tokenizer
     task = Task(name="t", split="s", shots=0, format="cloze", n_total=1, seed=0,
                 items=[Item(id="q7", contexts=("The sky is",) * 2, continuations=(" blue", " green"), gold=0)])
     ids = tiny_text_model.tokenizer("The sky is blue", add_special_tokens=False)["input_ids"]

@@ -4,6 +4,7 @@ answer extraction on hand-written strings."""
 import pytest
 import torch
 
+from conftest import tiny_tokenizer
 from lens_heads.ablation.hooks import threshold_zeroing, zero_heads
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.generate import evaluate_generation, extract_answer, generate
@@ -11,11 +12,9 @@ from lens_heads.evaluation.generate import evaluate_generation, extract_answer, 
 
 @pytest.fixture(scope="module")
 def tiny_text_model():
-    from transformers import AutoTokenizer
+    from lens_heads.models.loading import tiny_model
 
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer = tiny_tokenizer()
     return tiny_model("llama", seed=1, d_vocab=len(tokenizer), tokenizer=tokenizer)
 
 

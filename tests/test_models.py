@@ -7,6 +7,7 @@ from lens_heads import ModelUnavailableError, load_model, tiny_model, weight_bas
 from lens_heads.models.loading import embedded_model_folder, expand_kv
 
 
+@pytest.mark.slow
 def test_embedded_model_loads_offline_and_knows_paris(no_network):
     model = load_model()
     logits = model("The capital of France is")
@@ -255,3 +256,42 @@ def test_architecture_falls_back_to_the_model_type():
     assert architecture(AutoConfig.for_model("olmo2", architectures=["Olmo2ForCausalLM"])) == "Olmo2ForCausalLM"
     with pytest.raises(ValueError, match="not a causal language model"):
         architecture(AutoConfig.for_model("vit"))
+
+
+@pytest.mark.slow
+def test_the_tests_tiny_tokenizer_is_shaped_as_the_embedded_one():
+    """The fast tests' tokenizer stands in for SmolLM2's: the same pre-tokenizer and decoder, special tokens at the
+    same ids in the same roles, the same chat rendering (the stored lm-eval chat reference was rendered with
+    SmolLM2's), and the file is what ``tests/tiny_tokenizer.py`` builds."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from conftest import TINY_TOKENIZER, tiny_tokenizer
+    from tiny_tokenizer import build
+
+    tiny, smol = tiny_tokenizer(), AutoTokenizer.from_pretrained(embedded_model_folder())
+    for role in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        assert (getattr(tiny, role), getattr(tiny, f"{role}_id")) == (getattr(smol, role), getattr(smol, f"{role}_id"))
+    shape = {k: v for k, v in json.loads(smol.backend_tokenizer.to_str()).items()
+             if k in ("normalizer", "pre_tokenizer", "decoder")}
+    assert {k: json.loads(tiny.backend_tokenizer.to_str())[k] for k in shape} == shape
+    chats = [[{"role": "user", "content": "Is the sky blue?"}],
+             [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Sky?"},
+              {"role": "assistant", "content": "Blue"}, {"role": "user", "content": "Grass?"}]]
+    for chat in chats:
+        for prompt in (True, False):
+            assert tiny.apply_chat_template(chat, tokenize=False, add_generation_prompt=prompt) == \
+                smol.apply_chat_template(chat, tokenize=False, add_generation_prompt=prompt)
+    text = "Question: which is 3 times 4?\nA. 7\nB. 12\nAnswer: B <|im_end|>"
+    assert tiny.decode(tiny.encode(text, add_special_tokens=False)) == text
+    assert json.loads(build().to_str()) == json.loads((TINY_TOKENIZER / "tokenizer.json").read_text())
+
+
+def test_the_fast_tier_cannot_reach_the_embedded_model():
+    """conftest's guard: outside the slow tier, asking for the embedded model's folder fails the test (before any
+    dequantisation, and even where the cache already holds the model)."""
+    with pytest.raises(pytest.fail.Exception, match="is in the fast tier but reads the embedded model's cache"):
+        embedded_model_folder()
+    with pytest.raises(pytest.fail.Exception, match="is in the fast tier"):
+        load_model()

@@ -296,6 +296,7 @@ def test_in_float64_shared_prefixes_equal_the_eager_row_path_to_1e_10(name, kind
         assert x.greedy == y.greedy
 
 
+@pytest.mark.slow
 def test_in_float64_the_embedded_model_under_static_zeroing_agrees_to_1e_10():
     """SmolLM2 (30 layers, 9 query / 3 KV heads) in float64 on ARC-Easy: shared prefixes against the eager row path."""
     from lens_heads.models.loading import load_model

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import tiny_tokenizer
 from lens_heads.report.__main__ import main
 from lens_heads.report.config import ALL_SCORES, QUICK, ReportConfig
 from lens_heads.report.render import Section, Table, Text, render_page
@@ -353,16 +354,15 @@ def test_pick_heads_by_direction():
 def test_effects_stage_matches_the_library(tmp_path):
     """The report's head-effects stage on a tiny model: its effects and agreement table are the library's, and a
     rerun reads them from the cache."""
-    from transformers import AutoTokenizer
 
     from lens_heads import head_effects, load_task, score_heads
     from lens_heads.experiments.agreement import score_agreement
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.models.loading import tiny_model
     from lens_heads.plumbing.cache import Cache
     from lens_heads.report.config import ReportConfig
     from lens_heads.report.stages import effects_stage
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer = tiny_tokenizer()
     model = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=512)
     task = load_task("piqa", n=4, seed=0)
     scores = score_heads(model, task, progress=False)

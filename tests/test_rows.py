@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_tokenizer
 from lens_heads.data.rows import build_rows, context_tokens
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
@@ -12,18 +13,14 @@ from lens_heads.heads.scoring import score_heads
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    from lens_heads.models.loading import embedded_model_folder
-
-    return AutoTokenizer.from_pretrained(embedded_model_folder())
+    return tiny_tokenizer()
 
 
 def text_model(tokenizer, **overrides):
     from lens_heads.models.loading import tiny_model
 
     return tiny_model("llama", seed=0, n_layers=2, d_vocab=len(tokenizer), tokenizer=tokenizer,
-                      default_prepend_bos=True, n_ctx=2048, **overrides)
+                      default_prepend_bos=True, n_ctx=4096, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +113,8 @@ def test_bad_protocol_and_missing_chat_template_are_explained(model, tokenizer):
     task = load_task("arc_easy", split="validation", n=1)
     with pytest.raises(ValueError, match="unknown protocol"):
         evaluate(model, task, protocol="harness", progress=False)
-    base = text_model(tokenizer)
-    base.tokenizer.chat_template = None  # a base model's tokenizer
+    base = text_model(tiny_tokenizer())
+    base.tokenizer.chat_template = None  # a base model's tokenizer (its own copy)
     with pytest.raises(ValueError, match="no chat template"):
         evaluate(base, task, apply_chat_template=True, progress=False)
     assert np.isfinite(evaluate(base, task, progress=False).items[0].logprobs).all()
