@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_agreement import assert_agree, compute, read_reference
+from bridge_agreement import SAME_CODE, assert_agree, compute, read_reference
 from lens_heads import load_model, model_meta
 from lens_heads.heads.scores import what_still_works
 from lens_heads.models.backends import check_attention_hooks, default_backend, tl_major
@@ -42,11 +42,12 @@ def test_missing_attention_hook_is_named_with_what_still_works():
                               advice=what_still_works)
 
 
+@pytest.mark.floats  # slow (the embedded model), but the one comparison with values stored on another machine
 def test_bridge_reference_is_what_hookedtransformer_computes(smollm):
     """The stored values the bridge is checked against are HookedTransformer's, at the stored thresholds (rewrite
     them with ``python tests/bridge_agreement.py`` when the scores or the evaluator change on purpose)."""
     want, meta = read_reference("smollm2-135m")
     got, _ = compute(smollm, meta["thresholds"])
-    assert_agree(got, want, score_rtol=1e-5, logprob_atol=1e-5, logprob_rtol=0, effects_atol=5e-4)
+    assert_agree(got, want, **SAME_CODE)  # stored on another machine: its rounding, not another implementation's
     for name in meta["thresholds"]:  # each zeroing removes some heads, not none or all
         assert 0.05 < float(want[f"zeroed {name}"].float().mean()) < 0.95
