@@ -61,7 +61,7 @@ def test_auto_batch_in_the_scoring_pass_and_what_is_not_out_of_memory(tiny_text_
     auto = score_heads(model, texts, hooks=[memory_limit(2, tried, runtime_oom)], batch_size="auto", progress=False)
     assert tried[:2] == [6, 4] and auto.meta["batch_size"] == 2  # 6 texts: 8 per batch, then 4, then 2
     torch.testing.assert_close(auto.values, score_heads(model, texts, batch_size=2, progress=False).values,
-                               rtol=0, atol=0)
+                               rtol=0, atol=0)  # the same batches of 2: the same sums, bit for bit
     with pytest.raises(ValueError, match="not memory"):  # other errors are not retried
         score_heads(model, texts, hooks=[memory_limit(0, [], lambda: ValueError("not memory"))], batch_size="auto",
                     progress=False)
@@ -72,6 +72,7 @@ def test_auto_batch_in_the_scoring_pass_and_what_is_not_out_of_memory(tiny_text_
             score_heads(model, texts, batch_size=bad, progress=False)
 
 
+@pytest.mark.floats
 def test_bfloat16_model_is_scored_in_float32_from_its_activations(tiny_text_model):
     model = tiny_model("llama", seed=0, n_layers=2, dtype=torch.bfloat16)
     tokens = torch.randint(0, model.cfg.d_vocab, (3, 12))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import text_model
+from conftest import assert_close_to_scale, text_model
 from lens_heads import evaluate
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.fused_attention import fused_attention
@@ -54,6 +54,7 @@ def test_every_hook_point_fires_with_its_shape_in_evaluate(model):
         assert all(_same_but_batch_and_positions(s, plain[name], n_pos) for s in shapes), (name, shapes[0], plain[name])
 
 
+@pytest.mark.floats
 def test_under_fused_attention_and_packed_weights_each_hook_sees_the_plain_values(model):
     tokens = model.to_tokens([PROMPT, PROMPT[:-10]], padding_side="right")
     mask = (tokens != model.tokenizer.pad_token_id).long()
@@ -69,7 +70,6 @@ def test_under_fused_attention_and_packed_weights_each_hook_sees_the_plain_value
                                      fwd_hooks=[(name, lambda x, hook: seen.__setitem__(hook.name, x.clone()))])
             assert name in seen, name
             assert seen[name].shape == plain[name].shape, name
-            real = mask.bool()
-            torch.testing.assert_close(seen[name][real] if seen[name].dim() > 2 else seen[name],
-                                       plain[name][real] if plain[name].dim() > 2 else plain[name],
-                                       atol=1e-4, rtol=0, msg=name)
+            real = mask.bool()  # other kernels (SDPA, one packed matmul): float32 rounding, to each hook's scale
+            assert_close_to_scale(seen[name][real] if seen[name].dim() > 2 else seen[name],
+                                  plain[name][real] if plain[name].dim() > 2 else plain[name], msg=name)

@@ -297,6 +297,7 @@ def test_inherit_first_layers_of_a_llama_shaped_model():
         tokens = torch.randint(0, reference.cfg.d_vocab, (2, 8), generator=torch.Generator().manual_seed(0))
         _, cache = reference.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
         _, mine = student.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
+    # the same blocks and weights on the same shapes: the same sums (torch's default float32 tolerance, relative)
     torch.testing.assert_close(mine["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"])
     for name in ("blocks.0.attn.W_Q", "blocks.1.mlp.W_in"):  # the random baseline is initialised, not empty memory
         assert new[name].std().item() == pytest.approx(reference.cfg.initializer_range, rel=0.2), name
