@@ -46,9 +46,10 @@ def test_batched_evaluator_matches_a_per_choice_loop_on_the_embedded_model(smoll
     assert result.n == n and result.chance == pytest.approx(task.chance) and result.meta["protocol"] == protocol
     for item, record in zip(task, result.items):
         expected = loop_logprobs(smollm, item, protocol=protocol)
-        # 30 float32 layers on other paths (batches, fused attention, packed weights): seen 2.7e-6 of |L| apart,
-        # 8e-6 between machines (tests/bridge_agreement.py)
-        np.testing.assert_allclose(record.logprobs, expected, atol=1e-5, rtol=3e-5)
+        # 30 float32 layers on other paths (batches, fused attention, packed weights): seen up to 1.4e-4 apart at
+        # -43 and 4.2e-5 at -7.3 (one MMLU letter: its logits' rounding, ~20 in size); as tests/bridge_agreement.py's
+        # BRIDGE bound for another implementation
+        np.testing.assert_allclose(record.logprobs, expected, atol=1e-4, rtol=3e-5)
         gap = np.sort(expected)[-1] - np.sort(expected)[-2]
         if gap > 1e-2:  # choices agree wherever the reference is not a near-tie
             assert record.chosen() == int(np.argmax(expected))
