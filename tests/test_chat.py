@@ -18,6 +18,7 @@ REFERENCE = Path(__file__).resolve().parent / "data" / "chat_reference.json"
 
 @pytest.fixture(scope="module")
 def tokenizer():
+    # its chat template renders as SmolLM2-135M-Instruct's, which the reference was made with (test_models.py)
     return tiny_tokenizer()
 
 
