@@ -30,6 +30,8 @@ from lens_heads import (  # noqa: E402
     static_zeroing,
 )
 
+pytestmark = pytest.mark.slow  # the embedded model, through the bridge (the fast tier's guard would refuse it)
+
 
 @pytest.fixture(scope="module")
 def bridge():
