@@ -27,6 +27,7 @@ from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.tasks import Item, Task, TaskDataUnavailableError, load_task
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
+from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.sweep import SweepResult, load_sweep, run_sweep
 from lens_heads.heads.distributions import thresholds
@@ -52,6 +53,7 @@ __all__ = [
     "EvalResult", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
+    "DistributionComparison", "compare_distributions",
     "HeadEffects", "head_effects",
     "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores", "Explorer", "explore",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
