@@ -66,34 +66,40 @@ class PooledValues:
         for every item and replicate). Sides not named weigh nothing. Side 0 against side 1 on the items as they
         are: ``{0: (1, 0), 1: (0, 1)}``; a bootstrap replicate gives both the item counts; a permutation that
         swaps item ``i``'s values between the sides gives side 0 ``(1 - f, f)`` and side 1 ``(f, 1 - f)``."""
-        keep = np.isin(self.side, list(weights))
-        x, item, side = self.x[keep], self.item[keep], self.side[keep]
-        last = np.ones(x.size, dtype=bool)  # the last of each run of equal values: where a CDF's step is read
-        last[:-1] = x[1:] != x[:-1]
+        slots = list(weights)
+        keep = np.isin(self.side, slots)
+        x = self.x[keep]
+        # each kept value reads one column of a [replicate, slot x item] matrix of signed, normalised weights
+        slot_of = np.zeros(int(self.side.max()) + 1, dtype=np.int64)
+        slot_of[slots] = np.arange(len(slots))
+        column = slot_of[self.side[keep]] * self.n_items + self.item[keep]
+        n_cols = len(slots) * self.n_items
+        per_column = np.bincount(column, minlength=n_cols).astype(float)  # values per (side, item)
+        ties = x[1:] == x[:-1]
+        last = np.append(~ties, True)  # the last of each run of equal values: where a CDF's step is read
         dx = np.diff(x)
-        arrays = {s: tuple(np.atleast_2d(np.asarray(w, dtype=float)) for w in pair) for s, pair in weights.items()}
-        n_rep = max(w.shape[0] for pair in arrays.values() for w in pair)
-        for pair in arrays.values():
+        arrays = [tuple(np.atleast_2d(np.asarray(w, dtype=float)) for w in weights[s]) for s in slots]
+        n_rep = max(w.shape[0] for pair in arrays for w in pair)
+        for pair in arrays:
             for w in pair:
                 if w.shape[0] not in (1, n_rep) or w.shape[1] not in (1, self.n_items):
                     raise InputError(f"weights must be [replicate, item] ({n_rep} x {self.n_items}), [1, item] or "
                                      f"scalars, got {w.shape}")
-        masks = {s: side == s for s in arrays}
         w1, ks = np.empty(n_rep), np.empty(n_rep)
         step = max(1, CHUNK_VALUES // max(x.size, 1))
         for start in range(0, n_rep, step):
             rows = min(step, n_rep - start)
-            wa, wb = np.zeros((rows, x.size)), np.zeros((rows, x.size))
-            for s, (to_a, to_b) in arrays.items():
-                for out, w in ((wa, to_a), (wb, to_b)):
-                    w = w[start:start + rows] if w.shape[0] > 1 else w
-                    out[:, masks[s]] = w[:, item[masks[s]]] if w.shape[1] > 1 else w
-            total_a, total_b = wa.sum(1, keepdims=True), wb.sum(1, keepdims=True)
+            to_a, to_b = (np.concatenate([np.broadcast_to(pair[j] if pair[j].shape[0] == 1 else
+                                                          pair[j][start:start + rows], (rows, self.n_items))
+                                          for pair in arrays], axis=1) for j in (0, 1))
+            total_a, total_b = to_a @ per_column, to_b @ per_column
             if (total_a <= 0).any() or (total_b <= 0).any():
                 raise InputError("a replicate left one sample without weight: give each sample positive weight")
-            diff = np.cumsum(wa, 1) / total_a - np.cumsum(wb, 1) / total_b
-            w1[start:start + rows] = np.abs(diff[:, :-1]) @ dx
-            ks[start:start + rows] = np.abs(diff[:, last]).max(1)
+            signed = to_a / total_a[:, None] - to_b / total_b[:, None]
+            gap = np.cumsum(signed[:, column], axis=1)  # F_a - F_b after each sorted value
+            np.abs(gap, out=gap)
+            w1[start:start + rows] = gap[:, :-1] @ dx
+            ks[start:start + rows] = (gap if not ties.any() else gap[:, last]).max(1)
         return w1, ks
 
 
