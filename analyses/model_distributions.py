@@ -32,10 +32,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
 from lens_heads import compare_distributions, evaluate, load_model, load_task, score_heads
+from lens_heads.evaluation.evaluate import EvalResult
 from lens_heads.experiments.finetune import FinetuneConfig, examples, finetune
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores
@@ -70,7 +72,8 @@ class DistributionSettings:
     lr: float = option(5e-5, "fine-tune peak learning rate")
     warmup_steps: int = option(10, "fine-tune warm-up steps")
     eval_every: int = option(25, "steps between held-out losses")
-    n_resamples: int = option(1000, "bootstrap replicates and permutations")
+    n_resamples: int = option(500, "bootstrap replicates and permutations (the comparison's CPU time grows "
+                              "linearly with them)")
     depth_bins: int = option(3, "relative-depth bins (early, middle, late)")
     shares: tuple[float, ...] = option((0.1, 0.3), "target shares of the zeroing overlaps")
     score_batch_size: int = option(16, "rows per forward when scoring and evaluating")
@@ -117,14 +120,16 @@ def run_finetune(args: DistributionSettings, scored) -> tuple[str, dict]:
                              eval_steps=result.eval_steps, eval_loss=result.eval_loss, meta=result.meta)
 
 
-def scores_and_accuracy(name: str, label: str, task, args: DistributionSettings) -> tuple[HeadScores, dict]:
+def scores_and_accuracy(name: str, label: str, task, args: DistributionSettings
+                        ) -> tuple[HeadScores, dict, EvalResult]:
     """Step 2 for one model: its scores on the task's rows and its accuracy, from ``--out`` where kept."""
     out = Path(args.out) / safe_name(label)
     key = dict(model=name, task=task.meta(), version=1)
     path, acc_path = out / "scores.safetensors", out / "accuracy.json"
     if path.exists() and acc_path.exists() and json.loads(acc_path.read_text()).get("key") == key:
         stored = json.loads(acc_path.read_text())
-        return HeadScores.load(path), dict(stored["accuracy"], model=stored["model"])
+        return HeadScores.load(path), dict(stored["accuracy"], model=stored["model"]), EvalResult.from_dict(
+            stored["records"])
     model = load_model(name)
     t = time.perf_counter()
     scores = score_heads(model, task, batch_size=args.score_batch_size)
@@ -142,10 +147,27 @@ def scores_and_accuracy(name: str, label: str, task, args: DistributionSettings)
     meta = model_meta(model)
     del model
     gc.collect()
-    return scores, dict(accuracy, model=meta)
+    return scores, dict(accuracy, model=meta), result
 
 
-def write_outputs(args: DistributionSettings, comparison, accuracy: dict, tuned: dict | None, labels: dict) -> None:
+def accuracy_changes(results: dict[str, EvalResult], reference: str, args: DistributionSettings) -> pd.DataFrame:
+    """Each model against the reference on the same items: the paired change of accuracy and of the gold answer's
+    log-likelihood, with bootstrap intervals, permutation p-values and the one rule's verdict."""
+    base = {it.id: it for it in results[reference].items}
+    parts = []
+    for label, result in results.items():
+        if label == reference:
+            continue
+        pairs = [(it, base[it.id]) for it in result.items]
+        x = np.array([[float(a.correct()) for a, _ in pairs], [a.gold_logprob for a, _ in pairs]])
+        y = np.array([[float(b.correct()) for _, b in pairs], [b.gold_logprob for _, b in pairs]])
+        parts.append(calling.paired_tests(x, y, ["accuracy", "gold log-likelihood"], True, a=label, b=reference,
+                                          n_resamples=args.n_resamples, seed=args.seed))
+    return calling.call_table(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
+
+
+def write_outputs(args: DistributionSettings, comparison, accuracy: dict, changes: pd.DataFrame, tuned: dict | None,
+                  labels: dict) -> None:
     figures = Path(args.figures)
     figures.mkdir(parents=True, exist_ok=True)
     stem = figures / f"distributions_{args.tag or args.task}"
@@ -157,6 +179,9 @@ def write_outputs(args: DistributionSettings, comparison, accuracy: dict, tuned:
              "permutation tests; the difference of two models' distances from the reference; per-head ranks and "
              "zeroing overlap",
         settings=asdict(args), models=labels, accuracy=accuracy, finetune=tuned, meta=comparison.meta,
+        accuracy_change=dict(what="each model minus the reference on the same items (paired bootstrap interval over "
+                                  "items, permutation p-value, Benjamini-Hochberg over the table)",
+                             table=changes.to_dict(orient="records")),
         calling_rule=calling.RULE, distances=comparison.distances.to_dict(orient="records"),
         versus=comparison.versus.to_dict(orient="records"), heads=comparison.heads.to_dict(orient="records")))
     names = list(labels)
@@ -174,6 +199,7 @@ def write_outputs(args: DistributionSettings, comparison, accuracy: dict, tuned:
     print(comparison.versus[comparison.versus["view"] == "pooled"].to_string(
         index=False, float_format=lambda v: f"{v:.3g}"))
     print(comparison.heads.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(changes.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
 def main(argv=None) -> None:
@@ -188,15 +214,16 @@ def main(argv=None) -> None:
             names[f"{args.models[0]} fine-tuned"] = folder
         else:
             names[name] = name
-    score_sets, accuracy = {}, {}
+    score_sets, accuracy, results = {}, {}, {}
     for label, name in names.items():
-        score_sets[label], accuracy[label] = scores_and_accuracy(name, label, task, args)
+        score_sets[label], accuracy[label], results[label] = scores_and_accuracy(name, label, task, args)
     t = time.process_time()
     comparison = compare_distributions(score_sets, reference=args.reference, names=SCORE_NAMES,
                                        depth_bins=args.depth_bins, shares=args.shares, n_resamples=args.n_resamples,
                                        seed=args.seed, progress=True)
     comparison.meta["cpu_s"] = time.process_time() - t
-    write_outputs(args, comparison, accuracy, tuned, names)
+    changes = accuracy_changes(results, comparison.meta["reference"], args)
+    write_outputs(args, comparison, accuracy, changes, tuned, names)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ to it). For each score and each model against the ``reference`` model:
   that swapping the two models' values within items leaves (the **null level**: the mean over permutations) and
   the **excess** over it. The excess has a 95% percentile-bootstrap interval over items (each replicate resamples
   the items and also measures one swap of its own: each drawn item's values change models with probability 1/2,
-  all its copies alike; the replicate's excess is its distance minus that swapped distance), and the distance a one-sided permutation
-  p-value (each item's values swapped between the two models at random). The verdict is the one calling rule's
-  (:mod:`lens_heads.stats.calling`, Benjamini-Hochberg over the table): ``"higher"`` says the two distributions
-  differ.
+  all its copies alike; the replicate's excess is its distance minus that swapped distance), and the distance a
+  one-sided permutation p-value (each item's values swapped between the two models at random). The verdict is the
+  one calling rule's (:mod:`lens_heads.stats.calling`, Benjamini-Hochberg within each view's rows): ``"higher"``
+  says the two distributions differ.
 - **Versus**: for two models compared with the reference (a fine-tuned copy and another model), the difference of
   their excess distances, paired over the same items (both bootstraps resample the same items), with a two-sided
   permutation test that swaps the two models' values within items; called by the same rule.
