@@ -441,7 +441,8 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
                  for s in plan if isinstance(s, ThresholdAblation)}
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
                 random_baseline=random_baseline, random_draw=random, seed=seed, batch_size=batch_size,
-                out_dir=store.describe(), calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
+                out_dir=store.describe(), calibration=calib.describe(), unablated_shares=unablated,
+                units_reused=len(plan) - n_run,
                 thresholds=None if thresholds is None else thresholds.describe(),
                 units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
