@@ -4,6 +4,8 @@
                                     # 5-30%; figures/ holds a smaller run of it (command in figures/README.md)
     python analyses/sweep.py --n 64 --fractions 0,.1,.2,.3 --scores "AHON (LN),AWFT"   # a quick look
     python analyses/sweep.py --model gpt2-medium --tasks mmlu --n 1000 --fractions 0,.05,.1,.15,.2,.25,.3
+    python analyses/sweep.py --authors    # the authors' grid: 13 scores (the twelve and LTHON (HN)), random drawn
+                                          # per row, shares 0-30% by 5 (outputs sweep_<task>_authors.*)
     torchrun --nproc_per_node=8 analyses/sweep.py --model Qwen/Qwen2.5-0.5B --tasks mmlu ...   # 8 GPUs share the
                                     # units (rank 0 writes); in a SLURM job array each task runs its share into --out
                                     # and a final plain run merges them
@@ -42,6 +44,7 @@ import pandas as pd
 import torch
 
 from lens_heads import load_model, load_task
+from lens_heads.ablation.hooks import DRAWS
 from lens_heads.data.chat import parse_chat_setting, resolve_chat_template
 from lens_heads.data.rows import PROTOCOLS
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
@@ -91,6 +94,8 @@ class SweepSettings:
     static_scores: tuple[str, ...] = option(("AHON (LN)",), "comma-separated scores for the static pruning view "
                                             "('' for none)", parse=score_names)
     no_random: bool = option(False, "skip the random baseline")
+    random: str = option("per_item", "the random baseline's draw: once per item (all choices lose the same heads) or "
+                         "once per forward row (the authors')", choices=DRAWS)
     check_tasks: tuple[str, ...] = option(CHECK_TASKS, "tasks whose baseline is checked vs chance ('' for none)")
     check_n: int = option(100, "items per task for the baseline check")
     check_n_mmlu: int = option(60, "items for MMLU's check (5-shot prompts are long)")
@@ -119,8 +124,16 @@ class SweepSettings:
                               "paired tests; seeded by --seed")
 
 
+# The authors' grid (their figures' 13 score curves and the random baseline): every target share from 0 to 30% by
+# 5, the twelve scores and LTHON (HN), random zeroing drawn per forward row, no static view.
+PRESETS = {"authors": dict(scores=tuple(SCORE_NAMES) + ("LTHON (HN)",), fractions=(0.0, .05, .1, .15, .2, .25, .3),
+                           random="per_row", static_scores=(), tag="authors",
+                           out=str(ROOT / "runs" / "sweep_authors"))}
+
+
 def parse_args(argv=None) -> SweepSettings:
-    return from_args(SweepSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return from_args(SweepSettings, argv, presets=PRESETS, description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 # ---------------------------------------------------------------- step 1: baselines against chance
@@ -186,7 +199,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
              "baseline, static pruning view",
         model=model_meta(model), task=task.meta(), protocol=args.protocol,
         apply_chat_template=result.meta["apply_chat_template"], chat_template=result.meta["chat_template"],
-        calibration=args.calibration,
+        calibration=args.calibration, random_draw=args.random,
         seed=args.seed, fractions=args.fractions, scores=args.scores,
         static_scores=args.static_scores,
         baseline=dict(accuracy=result.baseline.accuracy, ci95=[low, high], n=result.baseline.n,
@@ -269,7 +282,7 @@ def main(argv=None) -> None:
                            seed=args.seed, batch_size=args.batch_size, random_baseline=not args.no_random,
                            static_scores=args.static_scores, protocol=args.protocol,
                            apply_chat_template=parse_chat_setting(args.apply_chat_template),
-                           calibration=args.calibration)
+                           calibration=args.calibration, random=args.random)
         if result is None:
             print(f"[sweep] {name}: this job array task's units are done in {Path(args.out) / name}; once every "
                   "task has finished, run the same command outside the array to merge them and write the figures")

@@ -19,6 +19,7 @@ from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.tasks import Item, Task, TaskDataUnavailableError, load_task
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
+from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.rankings import ranking_sweep
 from lens_heads.experiments.sweep import SweepResult, load_sweep, run_sweep
@@ -52,6 +53,8 @@ __all__ = [
     # sweeps, effects and their statistics
     "SweepResult", "load_sweep", "run_sweep", "sweep_intervals", "ranking_sweep",
     "SweepComparison", "compare_sweeps", "read_sweep", "HeadEffects", "head_effects",
+    # score distributions across models
+    "DistributionComparison", "compare_distributions",
     # layers
     "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores",
     # smaller models

@@ -14,8 +14,9 @@ draws per input, so it must know which input each row is).
 
 Shared prefixes (:mod:`lens_heads.evaluation.prefix`): each hook says whether its action at a position depends on the rest of
 the row (``prefix_scope``): static zeroing, mean ablation and :func:`zero_heads` act alike on every row (``"any"``),
-random and per-input zeroing alike on the rows of one input (``"item"``), and the threshold zeroing decides from the
-whole row (None), so the evaluator runs it row by row.
+random (drawn per input) and per-input zeroing alike on the rows of one input (``"item"``), and the threshold zeroing
+(which decides from the whole row) and random zeroing drawn per row (each row its own heads) on one row only (None),
+so the evaluator runs them row by row.
 
 Composition: hooks on the same hook point run in the order given. List an ablation before scoring hooks to score the
 ablated output; two ablations compose (a head ablated by either stays ablated).
@@ -46,6 +47,7 @@ HookFn = Callable[..., Tensor | None]
 HookPair = tuple[str, HookFn]
 Rule = Callable[[int, Float[Tensor, "batch pos head d_head"], dict], Bool[Tensor, "batch head"]]
 ABLATIONS = ("zero", "mean")  # what replaces an ablated head's z: zeros, or its mean (mean_z)
+DRAWS = ("per_item", "per_row")  # random zeroing: one draw for all rows of an input, or one for every forward row
 
 
 def zero_heads(
@@ -84,15 +86,18 @@ class HeadAblation:
     Built by :func:`static_zeroing`, :func:`threshold_zeroing` or :func:`random_zeroing`. ``rule(layer, z, acts)``
     returns ``Bool[batch, head]`` (True = ablate); ``acts`` holds the layer's captured ``pattern``/``v`` (when the
     rule needs them), the batch's ``mask`` and the ``inputs`` (input ids of the batch rows, None outside
-    :meth:`batch`). ``prefix_scope``: over which rows the rule decides alike at every position, so that a shared
-    prefix may be computed once for them (``"any"``, ``"item"``; None: it reads the whole row, see
-    :mod:`lens_heads.evaluation.prefix`).
+    :meth:`batch`) and the ``rows`` (each row's key among the rows of its input, where the caller gave them).
+    ``prefix_scope``: over which rows the rule decides alike at every position, so that a shared prefix may be
+    computed once for them (``"any"``, ``"item"``; None: it reads the whole row or draws per row, see
+    :mod:`lens_heads.evaluation.prefix`). ``reads_rows``: the rule needs the rows' keys (the evaluator passes them).
     """
 
     def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str, capture: Sequence[str] = (),
-                 ablation: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None):
+                 ablation: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None,
+                 reads_rows: bool = False):
         _check_ablation(ablation, means)
         self.prefix_scope = prefix_scope
+        self.reads_rows = reads_rows  # the rule tells the rows of one input apart: the evaluator passes rows=
         self.n_layers, self.n_heads = n_layers, n_heads
         self.description = description
         self.ablation, self.means = ablation, means
@@ -100,6 +105,7 @@ class HeadAblation:
         self._capture = LayerCapture(n_layers, self._ablate, capture)
         self._mask: Tensor | None = None
         self._inputs: Tensor | int | None = None
+        self._rows: Tensor | None = None
         self._counting = True
         self.reset()
 
@@ -113,23 +119,27 @@ class HeadAblation:
     @contextlib.contextmanager
     def batch(self, attention_mask: Bool[Tensor, "batch pos"] | None = None, *, first: int | None = None,
               inputs: Int[Tensor, "batch"] | Sequence[int] | None = None,
+              rows: Int[Tensor, "batch"] | Sequence[int] | None = None,
               count: bool = True) -> Iterator["HeadAblation"]:
         """Tell the hooks, for the forward passes inside the block, which positions are real (``attention_mask``;
         None: all) and which input each batch row is: ``first`` (rows are inputs ``first, first+1, ...``) or
         ``inputs`` (one id per row; the random mode draws per input, so rows of the same input, e.g. the choices of
-        one question, get the same draw). Give exactly one of ``first`` and ``inputs``. ``count=False``: what the
-        block ablates is not counted (a shared prefix, whose rows are counted in their own forwards)."""
+        one question, get the same draw). Give exactly one of ``first`` and ``inputs``. ``rows``: one key per row
+        telling the rows of one input apart (the evaluator gives each row's first choice), for a random draw per
+        row. ``count=False``: what the block ablates is not counted (a shared prefix, whose rows are counted in
+        their own forwards)."""
         if (first is None) == (inputs is None):
             raise InputError("HeadAblation.batch() needs the batch's first input index (first=) or one input id per "
                              "row (inputs=), not both")
         self._mask = None if attention_mask is None else attention_mask.bool()
         self._inputs = (torch.as_tensor(inputs, dtype=torch.long).reshape(-1) if inputs is not None else
                         None if first is None else int(first))
+        self._rows = None if rows is None else torch.as_tensor(rows, dtype=torch.long).reshape(-1)
         self._counting = count
         try:
             yield self
         finally:
-            self._mask, self._inputs, self._counting = None, None, True
+            self._mask, self._inputs, self._rows, self._counting = None, None, None, True
 
     def reset(self) -> None:
         """Forget what was counted so far."""
@@ -180,6 +190,7 @@ class HeadAblation:
     def _ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict) -> Tensor:
         acts["mask"] = self._batch_mask(z)
         acts["inputs"] = self._batch_inputs(z)
+        acts["rows"] = self._batch_rows(z)
         ablate = self._rule(layer, z, acts).to(torch.bool)
         if ablate.shape != (z.shape[0], self.n_heads):
             raise RuntimeError(f"ablation rule returned shape {tuple(ablate.shape)}, expected "
@@ -211,6 +222,12 @@ class HeadAblation:
             raise InputError(f"HeadAblation.batch() was given {self._inputs.numel()} input ids for a batch of "
                              f"{z.shape[0]} rows")
         return self._inputs
+
+    def _batch_rows(self, z: Tensor) -> Int[Tensor, "batch"] | None:
+        if self._rows is not None and self._rows.numel() != z.shape[0]:
+            raise InputError(f"HeadAblation.batch() was given {self._rows.numel()} row keys for a batch of "
+                             f"{z.shape[0]} rows")
+        return self._rows
 
 
 # ---------------------------------------------------------------- the three modes
@@ -303,42 +320,66 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, ablation: str
                    description=f"threshold: {score_name} {direction} {threshold:.6g}")
 
 
-def random_zeroing(model, p: float, seed: int = 0, *, ablation: str = "zero",
+def random_zeroing(model, p: float, seed: int = 0, *, draw: str = "per_item", ablation: str = "zero",
                    means: Tensor | None = None) -> HeadAblation:
     """The random baseline: ablate each (input, layer, head) independently with probability ``p``.
 
-    Input ``i`` draws ``u ~ U[0, 1)`` of shape [layer, head] from a ``torch.Generator`` seeded with
-    :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or order,
-    the same input gets the same heads in every run, and the zeroed sets are nested as ``p`` grows. Input ids come
-    from :meth:`HeadAblation.batch` (the evaluator passes item indices, so all choices of a question share one
-    draw)."""
+    ``draw="per_item"``: input ``i`` draws ``u ~ U[0, 1)`` of shape [layer, head] from a ``torch.Generator`` seeded
+    with :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or
+    order, the same input gets the same heads in every run, and the zeroed sets are nested as ``p`` grows. Input ids
+    come from :meth:`HeadAblation.batch` (the evaluator passes item indices, so all choices of a question share one
+    draw, and their shared prefix is computed once).
+
+    ``draw="per_row"`` (the authors' baseline: each forward row its own draw, so each choice of a cloze item loses
+    other heads): row ``k`` of input ``i`` (the evaluator's key: the row's first choice) draws from
+    ``input_seed(seed, i, k)``, as reproducible and nested as the per-item draw. Rows of one item differ, so no
+    prefix is shared (``prefix_scope`` None: the evaluator runs the rows whole)."""
     if not 0.0 <= p <= 1.0:
         raise InputError(f"p must be a probability in [0, 1], got {p}")
+    if draw not in DRAWS:
+        raise InputError(f"draw must be one of {DRAWS}, got {draw!r}")
     check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    batch: dict = {}  # the current batch's input ids and their [row, layer, head] uniforms
+    per_row = draw == "per_row"
+    batch: dict = {}  # the current batch's (input, row) keys and their [row, layer, head] uniforms
 
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
         if acts["inputs"] is None:
             raise InputError("random ablation draws per input: run the forward inside "
                              "`with ablation.batch(attention_mask, first=...)` (or inputs=...), or use evaluate()")
-        ids = tuple(acts["inputs"].tolist())
-        if batch.get("ids") != ids:
-            batch.update(ids=ids, uniforms=torch.stack([_uniforms(seed, i, n_layers, n_heads) for i in ids]))
+        ids = acts["inputs"].tolist()
+        rows = [None] * len(ids) if not per_row else _row_keys(ids, acts["rows"])
+        keys = tuple(zip(ids, rows))
+        if batch.get("keys") != keys:
+            batch.update(keys=keys, uniforms=torch.stack([_uniforms(seed, i, n_layers, n_heads, k) for i, k in keys]))
         return batch["uniforms"][:, layer].to(z.device) < p
 
-    return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}", ablation=ablation,
-                        means=means, prefix_scope="item")
+    return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}" + (
+        ", drawn per row" if per_row else ""), ablation=ablation, means=means,
+        prefix_scope=None if per_row else "item", reads_rows=per_row)
 
 
-def _uniforms(seed: int, i: int, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]:
-    return torch.rand(n_layers, n_heads, generator=torch.Generator().manual_seed(input_seed(seed, i)))
+def _row_keys(ids: list[int], rows: Tensor | None) -> list[int]:
+    """Each row's key within its input; without keys, only rows of distinct inputs can be told apart."""
+    if rows is not None:
+        return rows.tolist()
+    if len(set(ids)) < len(ids):
+        raise InputError("a per-row random draw must tell the rows of one input apart: give "
+                         "`ablation.batch(mask, inputs=..., rows=...)` (one key per row), or use evaluate()")
+    return [0] * len(ids)
 
 
-def input_seed(seed: int, i: int) -> int:
-    """The generator seed of input ``i`` under ``seed``: mixed by numpy's SeedSequence into 32 bits (torch's CPU
-    generator keeps only 32 bits of a seed, so ``seed * 2**32 + i`` would ignore ``seed``)."""
-    return int(np.random.SeedSequence([int(seed), int(i)]).generate_state(1)[0])
+def _uniforms(seed: int, i: int, n_layers: int, n_heads: int, row: int | None = None) -> Float[Tensor, "layer head"]:
+    return torch.rand(n_layers, n_heads, generator=torch.Generator().manual_seed(input_seed(seed, i, row)))
+
+
+def input_seed(seed: int, i: int, row: int | None = None) -> int:
+    """The generator seed of input ``i`` (and of its row ``row``, for a per-row draw) under ``seed``: mixed by
+    numpy's SeedSequence into 32 bits (torch's CPU generator keeps only 32 bits of a seed, so ``seed * 2**32 + i``
+    would ignore ``seed``). SeedSequence pads its entropy with zeros, so a row is mixed in as ``row + 1``: row 0's
+    draw differs from its input's per-item draw."""
+    entropy = [int(seed), int(i)] + ([] if row is None else [int(row) + 1])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 # ---------------------------------------------------------------- mean ablation

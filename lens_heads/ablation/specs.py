@@ -5,7 +5,8 @@ A spec says what to ablate, not how to hook it:
 - :class:`Unablated`: nothing (the baseline every curve starts from).
 - :class:`ThresholdAblation`: per input, the heads on the inactive side of a threshold on ``score``; the threshold is
   the one that ablates ``fraction`` of the calibration's pooled values (``threshold`` once resolved).
-- :class:`RandomAblation`: each (input, layer, head) with probability ``fraction``, drawn from ``seed``.
+- :class:`RandomAblation`: each (input, layer, head) with probability ``fraction``, drawn from ``seed``, once per item
+  (``draw="per_item"``) or once per forward row (``"per_row"``, the authors').
 - :class:`StaticAblation`: a fixed head set for every input: ``heads`` given, or the ``fraction`` most inactive heads
   of ``score`` by its mean over the calibration.
 - :class:`LayerRemoval`: whole layers for every input, their attention or their whole block
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from lens_heads.ablation.hooks import (
     ABLATIONS,
+    DRAWS,
     HeadAblation,
     input_zeroing,
     random_zeroing,
@@ -124,17 +126,34 @@ class ThresholdAblation(AblationSpec):
 
 @dataclass(frozen=True)
 class RandomAblation(AblationSpec):
+    """Each (input, layer, head) ablated with probability ``fraction``: ``draw="per_item"`` draws once for all rows
+    of an item, ``"per_row"`` once for every forward row (:func:`lens_heads.ablation.hooks.random_zeroing`)."""
+
     fraction: float
     seed: int = 0
+    draw: str = "per_item"
 
     kind: ClassVar[str] = "random"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.draw not in DRAWS:
+            raise InputError(f"RandomAblation(draw={self.draw!r}): choose one of {DRAWS}")
 
     @property
     def curve(self) -> CurveKey:
         return CurveKey("random")
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
-        return random_zeroing(model, self.fraction, self.seed, ablation=self.ablation, means=means)
+        return random_zeroing(model, self.fraction, self.seed, draw=self.draw, ablation=self.ablation, means=means)
+
+    def to_dict(self) -> dict:
+        """As every spec's; ``draw`` only where it is ``"per_row"``, so that the per-item units stored before the
+        setting existed keep their keys, and a per-row unit never answers for a per-item one."""
+        d = super().to_dict()
+        if self.draw == "per_item":
+            d.pop("draw")
+        return d
 
 
 @dataclass(frozen=True)

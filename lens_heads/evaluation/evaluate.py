@@ -13,8 +13,8 @@ Shared prefixes (:mod:`lens_heads.evaluation.prefix`): where every hook acts on 
 hooks, static zeroing, mean ablation, :func:`lens_heads.ablation.hooks.zero_heads`; random zeroing within an item), rows
 that begin alike (an item's choices after its context; the MMLU questions of a subject after its five shots) run
 that beginning once and their remaining tokens against its keys and values: the same log-likelihoods (to float
-rounding) from fewer forward tokens. Per-input threshold zeroing decides from the whole row, and unknown hooks may,
-so they keep the row-by-row path. ``meta["shared_prefix"]`` says which was taken, ``meta["row_tokens"]`` how many
+rounding) from fewer forward tokens. Per-input threshold zeroing decides from the whole row, random zeroing drawn per
+row gives each row its own heads, and unknown hooks may do either, so they keep the row-by-row path. ``meta["shared_prefix"]`` says which was taken, ``meta["row_tokens"]`` how many
 tokens the row-by-row path runs (``forward_tokens``: how many were run).
 
 Metrics: ``accuracy`` is the argmax of the *summed* log-likelihood (lm-eval's ``acc``; the primary metric by
@@ -309,9 +309,9 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     ``attention="fused"`` runs fused SDPA attention in every layer whose pattern no hook reads
     (:mod:`lens_heads.evaluation.fused_attention`; same log-likelihoods to float rounding); ``"eager"`` materialises every
     pattern. Rows that begin alike compute their common beginning once (:mod:`lens_heads.evaluation.prefix`) wherever the hooks
-    allow it: unhooked, static zeroing, mean ablation, ``zero_heads`` and random zeroing (within an item); the
-    per-input threshold zeroing decides from the whole row and keeps the row-by-row path, as do unknown hooks and
-    ``attention="eager"``.
+    allow it: unhooked, static zeroing, mean ablation, ``zero_heads`` and random zeroing drawn per item; the
+    per-input threshold zeroing decides from the whole row and keeps the row-by-row path, as do random zeroing drawn
+    per row (told each row's key: its first choice), unknown hooks and ``attention="eager"``.
     """
     return evaluate_each(model, task, [hooks], batch_size=batch_size, progress=progress, primary=primary,
                          protocol=protocol, apply_chat_template=apply_chat_template, attention=attention,
@@ -433,7 +433,7 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet
             if hook_set.first_layer is not None:
                 trunk = _advance(model, trunk, mask, trunk_layer, hook_set.first_layer)
                 trunk_layer = hook_set.first_layer
-            with _hooked(model, hook_set, mask, [first_input + row.item for row in batch]):
+            with _hooked(model, hook_set, mask, [first_input + row.item for row in batch], _row_keys(batch)):
                 start = hook_set.first_layer
                 resid = backends.run_to_resid(model, tokens if start is None else trunk, mask, start=start, stop=L)
                 _read_logprobs(model, resid, batch, *outputs[i])
@@ -528,11 +528,11 @@ def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[H
             trunk_layer = first
         parts = [dict(part) for part in trunk_parts]  # the set's own layers are recorded over the trunk's
         for p, part in zip(prefixes, parts):
-            with _hooked(model, hook_set, p.mask, p.inputs, count=False), state.recording(part):
+            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows), count=False), state.recording(part):
                 backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
         kv = merge_kv(parts) if prefixes else {}
         for p in suffixes:
-            with _hooked(model, hook_set, p.mask, p.inputs), state.extending(_with_kv(p, kv)):
+            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows)), state.extending(_with_kv(p, kv)):
                 resid = backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
             _read_logprobs(model, resid, p.rows, *outputs[i])
 
@@ -553,15 +553,22 @@ def _set_order(sets: list[HookSet]) -> list[int]:
 
 
 @contextlib.contextmanager
-def _hooked(model, hook_set: HookSet, mask: Tensor, inputs: list[int], count: bool = True):
-    """The set's hooks on the model, its batch-aware objects told the batch's mask and input ids (``count=False``:
-    a shared prefix, not counted by the objects)."""
+def _hooked(model, hook_set: HookSet, mask: Tensor, inputs: list[int], rows: list[int], count: bool = True):
+    """The set's hooks on the model, its batch-aware objects told the batch's mask and input ids (and, those that
+    draw per row, ``reads_rows``, each row's key within its item: ``rows``; ``count=False``: a shared prefix, not
+    counted by the objects)."""
     with contextlib.ExitStack() as stack:
         for obj in hook_set.batch_aware:
-            stack.enter_context(obj.batch(mask, inputs=inputs) if count else
-                                obj.batch(mask, inputs=inputs, count=False))
+            told = dict(inputs=inputs, rows=rows) if getattr(obj, "reads_rows", False) else dict(inputs=inputs)
+            stack.enter_context(obj.batch(mask, **told) if count else obj.batch(mask, **told, count=False))
         stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
         yield
+
+
+def _row_keys(rows: list[Row]) -> list[int]:
+    """Each row's key among the rows of its item: the first choice it reads (an item's rows read different
+    choices), so a per-row draw depends on the row, not on its batch."""
+    return [row.reads[0][0] if row.reads else 0 for row in rows]
 
 
 def _advance(model, resid: Tensor, mask: Tensor, start: int | None, stop: int) -> Tensor:

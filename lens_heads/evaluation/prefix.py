@@ -17,7 +17,8 @@ This is exact only for hooks whose action at a position does not depend on the r
 with a ``prefix_scope`` attribute (hook pairs: on the function): ``"any"`` (the same action on every row: no hooks,
 static zeroing, mean ablation, :func:`lens_heads.ablation.hooks.zero_heads`), ``"item"`` (the same action on the rows of
 one item: random zeroing, drawn per item), or None (decides from the whole row, e.g. the per-input threshold
-zeroing; unknown user hooks): then the evaluator keeps the row-by-row path.
+zeroing; acts differently on each row, e.g. random zeroing drawn per row; unknown user hooks): then the evaluator
+keeps the row-by-row path.
 
 Each row continues one prefix: an item's context across its choices, or a subject's description and shots across
 its questions (MMLU). Where both levels exist (a few-shot cloze task), the grouping keeps whichever its greedy rule

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from lens_heads.ablation.hooks import DRAWS
 from lens_heads.ablation.specs import (
     UNIT_MODES,
     AblationSpec,
@@ -387,7 +388,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
               random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
               primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
               apply_chat_template: bool | str = False, specs: Sequence[AblationSpec] = (),
-              thresholds: Thresholds | None = None) -> SweepResult | None:
+              thresholds: Thresholds | None = None, random: str = "per_item") -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
     ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
@@ -398,6 +399,9 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
     the meta records the chat setting given and what it resolved to, ``chat_template``, and the task's split).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
+    ``random``: how the random baseline draws, once per item (``"per_item"``: all choices of a question lose the same
+    heads, and their shared prefix runs once) or once per forward row (``"per_row"``, the authors' baseline; kept in
+    the run's fingerprint and each unit's key, so a folder never mixes the two).
     ``batch_size``: rows per forward pass, or ``"auto"``. ``thresholds``: zero at given thresholds instead of
     calibrating them (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused
     for another model; ``scores`` default to the file's, and every target fraction must be one the file has.
@@ -412,14 +416,17 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
         thresholds.check_model(model)
         scores = thresholds.scores if scores is None else scores
     scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
+    if random not in DRAWS:
+        raise InputError(f"random must be one of {DRAWS}, got {random!r}")
     chat = resolve_chat_template(model, apply_chat_template)
     if thresholds is not None:
         for s, p in [(s, p) for s in scores for p in fractions]:
             thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
     rows = dict(protocol=protocol, apply_chat_template=chat)
-    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat, thresholds)
+    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat, thresholds, random)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
-    plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores)
+    plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores,
+                      random=random)
     plan += [spec for spec in _check_specs(specs) if spec not in plan]
     store = UnitStore(out_dir, fingerprint)
     progress = progress and distributed.is_main()
@@ -434,8 +441,9 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     unablated = {calibration_key(s.score, s.fraction): calib.unablated_share(s.score, s.fraction)
                  for s in plan if isinstance(s, ThresholdAblation)}
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
-                random_baseline=random_baseline, seed=seed, batch_size=batch_size, out_dir=store.describe(),
-                calibration=calib.describe(), unablated_shares=unablated, units_reused=len(plan) - n_run,
+                random_baseline=random_baseline, random_draw=random, seed=seed, batch_size=batch_size,
+                out_dir=store.describe(), calibration=calib.describe(), unablated_shares=unablated,
+                units_reused=len(plan) - n_run,
                 thresholds=None if thresholds is None else thresholds.describe(),
                 units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
@@ -444,14 +452,15 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
 
 
 def sweep_plan(scores: Sequence[str], fractions: Sequence[float], *, seed: int = 0, random_baseline: bool = True,
-               static_scores: Sequence[str] = ()) -> list[AblationSpec]:
-    """The units of a sweep, in order: the baseline, then per target fraction the random ablation, each score's
-    threshold ablation and each static score's most inactive heads."""
+               static_scores: Sequence[str] = (), random: str = "per_item") -> list[AblationSpec]:
+    """The units of a sweep, in order: the baseline, then per target fraction the random ablation (drawn
+    ``random``: per item or per row), each score's threshold ablation and each static score's most inactive
+    heads."""
     plan: list[AblationSpec] = [Unablated()]
     for p in fractions:
         if p == 0:
             continue
-        plan += [RandomAblation(p, seed)] if random_baseline else []
+        plan += [RandomAblation(p, seed, draw=random)] if random_baseline else []
         plan += [ThresholdAblation(s, p) for s in scores]
         plan += [StaticAblation(score=s, fraction=p) for s in static_scores]
     return plan
@@ -637,11 +646,13 @@ class _Calibration:
 
 
 def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str,
-                 thresholds: Thresholds | None = None) -> dict:
+                 thresholds: Thresholds | None = None, random: str = "per_item") -> dict:
     calibration = _calibration_id(calibration) if thresholds is None else \
         f"thresholds {thresholds.describe()} {thresholds.digest()}"
+    # the per-row draw is named only where chosen, so the folders of runs made before it existed keep resuming
+    drawn = {"random_draw": random} if random != "per_item" else {}
     return run_fingerprint(model, task, seed=seed, primary=primary, calibration=calibration,
-                           protocol=protocol, apply_chat_template=chat_template)  # resolved: "auto" is never stored
+                           protocol=protocol, apply_chat_template=chat_template, **drawn)  # resolved chat setting
 
 
 def run_fingerprint(model, task, **settings) -> dict:
@@ -726,7 +737,7 @@ def load_sweep(out_dir) -> SweepResult:
     calibration = load_keyed(out / "calibration.json", fingerprint)
     meta = dict(fingerprint=fingerprint, fractions=sorted({u.target_fraction for u in units}), scores=scores,
                 static_scores=static, random_baseline=any(u.mode == "random" for u in units),
-                seed=fingerprint.get("seed"), out_dir=str(out),
+                random_draw=fingerprint.get("random_draw", "per_item"), seed=fingerprint.get("seed"), out_dir=str(out),
                 calibration=calibration.get("inputs") if calibration else None,
                 unablated_shares=calibration.get("unablated_shares", {}) if calibration else {},
                 units_reused=len(units), units_run=0)

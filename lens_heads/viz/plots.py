@@ -492,3 +492,68 @@ def layer_removal_curves(table, *, title: str = "") -> go.Figure:
     fig.update_layout(title=esc(title), height=430 * len(parts) + 90, width=1500, legend=dict(font=dict(size=11)),
                       margin=dict(t=90, l=60, r=20, b=50))
     return fig
+
+
+def score_cdfs(cdfs: dict, models: list[str], *, title: str = "", cols: int = 4) -> go.Figure:
+    """The empirical CDF of each score (one panel each), one curve per model: pooled over every (row, layer, head)
+    value; the menu switches to a relative-depth bin or a single layer (models of another depth have no curve in a
+    layer view: their layers are compared by depth). The reference (the first model) is drawn wide and pale under
+    the others; the raw norm scores on a log axis. ``cdfs[view][level][score][model] = (x, F(x))`` (the
+    ``cdfs`` of :class:`lens_heads.experiments.compare_distributions.DistributionComparison`)."""
+    views = [(view, level) for view in ("pooled", "depth", "layer") for level in sorted(cdfs.get(view, {}))]
+    names = list(cdfs["pooled"][0]) if "pooled" in cdfs else list(next(iter(next(iter(cdfs.values())).values())))
+    rows = math.ceil(len(names) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[esc(n) for n in names], horizontal_spacing=0.05,
+                        vertical_spacing=0.09)
+    owner = []
+    for v, (view, level) in enumerate(views):
+        for i, name in enumerate(names):
+            for m, model in enumerate(models):
+                curve = cdfs[view][level].get(name, {}).get(model)
+                if curve is None:
+                    continue
+                x, q = curve
+                fig.add_trace(go.Scatter(x=x, y=q, mode="lines", name=esc(model), legendgroup=esc(model),
+                                         showlegend=i == 0, visible=v == 0,
+                                         line=dict(color=PALETTE[m % len(PALETTE)], width=4 if m == 0 else 1.6),
+                                         opacity=0.45 if m == 0 else 1.0,
+                                         hovertemplate=f"{esc(model)}<br>%{{x:.4g}}: F = %{{y:.3f}}<extra></extra>"),
+                              row=i // cols + 1, col=i % cols + 1)
+                owner.append(v)
+    labels = [_view_label(view, level, len(cdfs.get("depth", {}))) for view, level in views]
+    fig.update_layout(updatemenus=[dict(buttons=[
+        dict(label=esc(label), method="update",
+             args=[{"visible": [o == v for o in owner]}, {"title.text": esc(f"{title} [{label}]")}])
+        for v, label in enumerate(labels)], x=1.0, xanchor="right", y=1.08, yanchor="bottom")] if len(views) > 1
+        else [])
+    fig.update_yaxes(range=[0, 1], title_text="F", title_standoff=2)
+    for i, name in enumerate(names):  # raw norms of different models differ by orders of magnitude
+        if name in RAW_NORMS:
+            fig.update_xaxes(type="log", row=i // cols + 1, col=i % cols + 1)
+    fig.update_layout(title=esc(f"{title} [{labels[0]}]") if views else esc(title), height=300 * rows + 90,
+                      width=1400, margin=dict(t=100, l=50, r=20, b=40), legend=dict(orientation="h", y=-0.05))
+    return fig
+
+
+RAW_NORMS = ("FTVVN", "AVVN", "LTHON", "AHON")
+
+
+def _view_label(view: str, level: int, depth_bins: int) -> str:
+    if view == "pooled":
+        return "pooled over every layer"
+    if view == "depth":
+        return f"relative depth {level + 1}/{depth_bins}"
+    return f"layer {level}"
+
+
+def loss_curves(train_loss, eval_steps, eval_loss, *, title: str = "") -> go.Figure:
+    """A training run's loss per step (each step's batch) and its held-out loss where it was measured."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=list(range(1, len(train_loss) + 1)), y=list(train_loss), mode="lines",
+                             name="training batch", line=dict(color=PALETTE[0], width=1)))
+    fig.add_trace(go.Scatter(x=list(eval_steps), y=list(eval_loss), mode="lines+markers", name="held out",
+                             line=dict(color=PALETTE[1], width=2)))
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="loss (nats per answer token)")
+    fig.update_layout(title=esc(title), width=900, height=450)
+    return fig

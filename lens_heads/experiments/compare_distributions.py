@@ -1,0 +1,413 @@
+"""Score distributions across models: how far apart two models' head scores lie on the same inputs, per score,
+pooled, per relative depth and per layer; whether the same heads rank alike and are zeroed alike.
+
+Every model is scored on the same items (``score_heads`` on one task; the rows of an item, one per choice, belong
+to it). For each score and each model against the ``reference`` model:
+
+- **Distances** between the two score distributions: Wasserstein-1 (in the score's units) and the Kolmogorov-Smirnov
+  statistic (the largest gap between the CDFs, in [0, 1]), on every (row, layer, head) value pooled (view
+  ``"pooled"``), on the layers of each relative-depth bin (``"depth"``: layer ``l`` of ``L`` falls in bin
+  ``floor((l + 0.5) / L * depth_bins)``, so models of different depths compare their early, middle and late layers)
+  and layer by layer (``"layer"``: only between models with the same number of layers).
+- A distance between two finite samples is positive even between identical models, so each comes with the distance
+  that swapping the two models' values within items leaves (the **null level**: the mean over permutations) and
+  the **excess** over it. The excess has a 95% percentile-bootstrap interval over items (each replicate resamples
+  the items and also measures one swap of its own: each drawn item's values change models with probability 1/2,
+  all its copies alike; the replicate's excess is its distance minus that swapped distance), and the distance a
+  one-sided permutation p-value (each item's values swapped between the two models at random). The verdict is the
+  one calling rule's (:mod:`lens_heads.stats.calling`, Benjamini-Hochberg within each view's rows): ``"higher"``
+  says the two distributions differ.
+- **Versus**: for two models compared with the reference (a fine-tuned copy and another model), the difference of
+  their excess distances, paired over the same items (both bootstraps resample the same items), with a two-sided
+  permutation test that swaps the two models' values within items; called by the same rule.
+- **Heads** (only between models of one layer x head shape): Spearman correlation of the per-head mean scores, and
+  at each target ``share`` the Jaccard overlap of the (row, layer, head) triples each model's own threshold zeroes
+  (rows aligned: the same rows per item) and of the heads with the most inactive mean (the static view), with
+  bootstrap intervals over items (thresholds held at the full sample's). Two independent draws of a share ``p``
+  overlap by ``p / (2 - p)`` on average (``chance``). Descriptive: no test.
+
+Scores of different models live on different scales where they are raw norms (FTVVN, AVVN, LTHON, AHON: the norms
+of each model's own value and output vectors); the (LN) scores and the attention scores (AWFT, AEQD) are comparable
+across models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from scipy import stats
+from tqdm.auto import tqdm
+
+from lens_heads.heads.distributions import thresholds as score_thresholds
+from lens_heads.heads.scores import inactive
+from lens_heads.heads.scoring import HeadScores
+from lens_heads.plumbing.errors import InputError
+from lens_heads.stats import calling, inference
+from lens_heads.stats.distances import PooledValues, counts, greater_p_value, replicate_swaps, swap_draws
+
+VIEWS = ("pooled", "depth", "layer", "head")
+STATISTICS = ("wasserstein", "ks")
+DEPTH_BINS = 3
+SHARES = (0.1, 0.3)
+CDF_POINTS = 200
+NULL = ("swap: each item's values exchanged between the two models at random (a paired permutation over items); "
+        "the null level is the mean distance over the permutations")
+EXCESS = ("percentile bootstrap over items (lens_heads.stats.inference.bootstrap_items); in each replicate every "
+          "drawn item's values also swap models with probability 1/2 (all its copies alike, seeded by the replicate's "
+          "draw), and the replicate's excess is its distance minus that swapped distance")
+
+
+@dataclass
+class DistributionComparison:
+    """Distances between score distributions (:attr:`distances`), the comparison of two models' distances from
+    the reference (:attr:`versus`), per-head agreement (:attr:`heads`) and the curves of the CDF figure."""
+
+    distances: pd.DataFrame
+    versus: pd.DataFrame
+    heads: pd.DataFrame
+    cdfs: dict = field(repr=False)  # {view: {level: {score: {model: (x, q)}}}}: each model's quantile curve
+    meta: dict = field(default_factory=dict)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """The distances table (one row per score, model pair, view, level and statistic)."""
+        return self.distances
+
+    def summary(self, view: str = "pooled", statistic: str = "ks") -> pd.DataFrame:
+        """One row per score and compared model: distance, excess with its interval, p-value and verdict."""
+        d = self.distances
+        return d[(d["view"] == view) & (d["statistic"] == statistic)].reset_index(drop=True)
+
+
+def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: str | None = None,
+                          names: Sequence[str] | None = None, views: Sequence[str] | str = "auto",
+                          depth_bins: int = DEPTH_BINS, shares: Sequence[float] = SHARES,
+                          n_resamples: int = inference.N_RESAMPLES, seed: int = 0,
+                          confidence: float = inference.CONFIDENCE, cdf_points: int = CDF_POINTS,
+                          progress: bool = False) -> DistributionComparison:
+    """Compare the head-score distributions of several models scored on the same items (module docstring).
+
+    ``score_sets``: model name -> its :class:`HeadScores` (from ``score_heads`` on the same task, or on the same
+    list of inputs). ``reference``: the model every other is compared with (default: the first). ``names``: the
+    scores (default: those all sets have). ``views``: ``"auto"`` (pooled and depth for every pair, per layer and per
+    head where the shapes allow) or a list from :data:`VIEWS`; asking for ``"layer"`` or ``"head"`` between models
+    of different shapes is refused. ``n_resamples``: bootstrap replicates and permutations, seeded by ``seed``.
+    """
+    models = list(score_sets)
+    if len(models) < 2:
+        raise InputError(f"compare_distributions needs at least two models' scores, got {len(models)}")
+    reference = models[0] if reference is None else reference
+    if reference not in score_sets:
+        raise InputError(f"reference {reference!r} is not among the models {models}")
+    if depth_bins < 1:
+        raise InputError(f"depth_bins must be at least 1, got {depth_bins}")
+    bad_shares = [p for p in shares if not 0 < p < 1]
+    if bad_shares:
+        raise InputError(f"shares must lie in (0, 1), got {bad_shares}")
+    n_items, items = _check_items(score_sets)
+    names = _check_names(score_sets, names)
+    others = [m for m in models if m != reference]
+    shapes = {m: tuple(s.values.shape[1:3]) for m, s in score_sets.items()}
+    chosen = _check_views(views, reference, others, shapes)
+    pairs = [(reference, m) for m in others]
+    levels = _levels(shapes, reference, chosen, depth_bins)
+    draws = swap_draws(n_items, n_resamples, seed)  # the permutations, shared by every score and level
+    rows, versus_rows, head_rows = [], [], []
+    cdfs: dict = {}
+    bar = tqdm(names, desc="comparing distributions", unit="score", disable=not progress)
+    for name in bar:
+        values = {m: score_sets[m].score(name).double().numpy() for m in models}
+        pooled = {key: PooledValues.of([(_select(values[m], *key, depth_bins), _row_items(items[m], values[m], *key,
+                                                                                       depth_bins)) for m in members],
+                                       n_items) for key, members in levels.items()}
+        for (view, level), members in levels.items():
+            cdfs.setdefault(view, {}).setdefault(level, {})[name] = {
+                m: _quantile_curve(_select(values[m], view, level, depth_bins).reshape(-1), cdf_points)
+                for m in members}
+        boot = _bootstrap(pooled, levels, pairs, n_items, n_resamples, seed, confidence)
+        for (view, level), members in levels.items():
+            data = pooled[(view, level)]
+            measured = {}
+            for a, b in pairs:
+                if b not in members:
+                    continue
+                ia, ib = members.index(a), members.index(b)
+                observed = data.distances({ia: (1.0, 0.0), ib: (0.0, 1.0)})
+                null = _swapped(data, ia, ib, draws)
+                measured[(view, level, b)] = ([float(o[0]) for o in observed], null)
+                for k, statistic in enumerate(STATISTICS):
+                    excess = observed[k][0] - null[k].mean()
+                    iv = inference.percentile_interval(excess, boot[(view, level, a, b)][k], confidence)
+                    rows.append(dict(score=name, a=a, b=b, view=view, level=level, statistic=statistic,
+                                     distance=float(observed[k][0]), null_level=float(null[k].mean()),
+                                     difference=iv.estimate, low=iv.low, high=iv.high,
+                                     p_value=greater_p_value(observed[k][0], null[k]), higher_is_better=None,
+                                     n_items=n_items, n_values_a=int((data.side == ia).sum()),
+                                     n_values_b=int((data.side == ib).sum())))
+            for (ref, m1), (_, m2) in combinations([p for p in pairs if p[1] in members], 2):
+                versus_rows += _versus(name, view, level, data, members, measured, ref, m1, m2, boot, draws,
+                                       confidence)
+        for a, b in pairs:
+            if "head" in chosen and shapes[a] == shapes[b]:
+                head_rows += _head_agreement(name, a, b, score_sets, items, n_items, shares, n_resamples, seed,
+                                             confidence)
+    distances, versus = _called(rows), _called(versus_rows)
+    meta = dict(models={m: score_sets[m].meta.get("model", {}) for m in models},
+                data={m: {k: v for k, v in score_sets[m].meta.get("data", {}).items() if k != "row_items"}
+                      for m in models},
+                reference=reference, names=list(names), views=list(chosen), depth_bins=depth_bins,
+                shares=list(shares), n_items=n_items, shapes={m: list(s) for m, s in shapes.items()},
+                views_by_pair={f"{a} vs {b}": sorted({v for (v, _), mem in levels.items() if b in mem}, key=VIEWS.index)
+                               + (["head"] if "head" in chosen and shapes[a] == shapes[b] else []) for a, b in pairs},
+                null=NULL, interval=EXCESS, n_resamples=n_resamples, seed=seed, confidence=confidence,
+                p_value="one-sided (distance at least the observed one), (1 + count) / (1 + permutations); versus: "
+                        "two-sided on the difference of distances",
+                heads_interval="percentile bootstrap over items; thresholds and static head counts held at the full "
+                               "sample's", chance="p / (2 - p): two independent draws of a share p",
+                calling_rule=calling.RULE)
+    return DistributionComparison(distances, versus, pd.DataFrame(head_rows), cdfs, meta)
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _check_items(score_sets: Mapping[str, HeadScores]) -> tuple[int, dict[str, np.ndarray]]:
+    """The number of items and, per model, the item of each scored row; the same items for every model."""
+    items, described = {}, {}
+    for m, s in score_sets.items():
+        if not isinstance(s, HeadScores):
+            raise InputError(f"{m!r}: give HeadScores (lens_heads.score_heads), got {type(s).__name__}")
+        if len(s) == 0:
+            raise InputError(f"{m!r} has no scored inputs")
+        data = s.meta.get("data", {}) or {}
+        row_items = data.get("row_items")
+        items[m] = np.asarray(row_items if row_items is not None else np.arange(len(s)), dtype=np.int64)
+        if items[m].size != len(s):
+            raise InputError(f"{m!r}: {len(s)} scored rows but {items[m].size} row items in its meta")
+        described[m] = {k: data.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}
+    sizes = {m: int(v.max()) + 1 for m, v in items.items()}
+    if len(set(sizes.values())) > 1 or len({str(d) for d in described.values()}) > 1:
+        raise InputError("the models were not scored on the same items: "
+                         + "; ".join(f"{m}: {sizes[m]} items of {described[m]}" for m in score_sets)
+                         + ". Score every model on the same task (same split, n and seed) or the same inputs")
+    n_items = next(iter(sizes.values()))
+    if n_items < 2:
+        raise InputError("a bootstrap over items needs at least 2 items: score more inputs")
+    return n_items, items
+
+
+def _check_names(score_sets: Mapping[str, HeadScores], names) -> list[str]:
+    common = [n for n in next(iter(score_sets.values())).all_names
+              if all(n in s.all_names for s in score_sets.values())]
+    if names is None:
+        return common
+    if isinstance(names, str):
+        raise InputError(f"names takes a list, got {names!r}: write names=[{names!r}]")
+    missing = [n for n in names if n not in common]
+    if missing:
+        raise InputError(f"scores {missing} are not in every model's HeadScores: choose from {common}")
+    return list(names)
+
+
+def _check_views(views, reference: str, others: list[str], shapes: dict) -> list[str]:
+    if views == "auto":
+        return list(VIEWS)
+    if isinstance(views, str):
+        views = [views]
+    unknown = [v for v in views if v not in VIEWS]
+    if unknown:
+        raise InputError(f"unknown views {unknown}: choose from {VIEWS} or 'auto'")
+    for view, part, what in (("layer", slice(0, 1), "number of layers"), ("head", slice(0, 2), "layer x head shape")):
+        if view in views:
+            differ = [m for m in others if shapes[m][part] != shapes[reference][part]]
+            if differ:
+                raise InputError(
+                    f"view {view!r} compares models of one {what}, but {', '.join(differ)} differ from "
+                    f"{reference} ({', '.join(f'{m}: {shapes[m][0]} x {shapes[m][1]}' for m in [reference, *differ])}"
+                    "): compare them 'pooled' or by 'depth', or leave views='auto'")
+    return [v for v in VIEWS if v in views]
+
+
+def _levels(shapes: dict, reference: str, views: list[str], depth_bins: int) -> dict[tuple[str, int], list[str]]:
+    """Per (view, level): the models that have it, the reference first."""
+    models = [reference] + [m for m in shapes if m != reference]
+    out: dict[tuple[str, int], list[str]] = {}
+    if "pooled" in views:
+        out[("pooled", 0)] = models
+    if "depth" in views:
+        for k in range(depth_bins):
+            out[("depth", k)] = [m for m in models if (_depth_bin(shapes[m][0], depth_bins) == k).any()]
+    if "layer" in views:
+        same = [m for m in models if shapes[m][0] == shapes[reference][0]]
+        if len(same) > 1:
+            out.update({("layer", layer): same for layer in range(shapes[reference][0])})
+    return {key: members for key, members in out.items() if reference in members and len(members) > 1}
+
+
+def _depth_bin(n_layers: int, depth_bins: int) -> Int[np.ndarray, "layer"]:
+    """The relative-depth bin of each layer: ``floor((l + 0.5) / n_layers * depth_bins)``."""
+    return np.floor((np.arange(n_layers) + 0.5) / n_layers * depth_bins).astype(int)
+
+
+def _select(values: Float[np.ndarray, "row layer head"], view: str, level: int, depth_bins: int) -> np.ndarray:
+    """The [row, layer', head] values a view's level holds."""
+    if view == "pooled":
+        return values
+    if view == "depth":
+        return values[:, _depth_bin(values.shape[1], depth_bins) == level]
+    return values[:, level:level + 1]
+
+
+def _row_items(items: np.ndarray, values: np.ndarray, view: str, level: int, depth_bins: int
+               ) -> Int[np.ndarray, "row layer head"]:
+    """The item of every value :func:`_select` keeps."""
+    selected = _select(values, view, level, depth_bins)
+    return np.broadcast_to(items[:, None, None], selected.shape)
+
+
+def _quantile_curve(values: np.ndarray, points: int) -> tuple[list[float], list[float]]:
+    """``points`` points (x, F(x)) of a sample's empirical CDF, evenly spaced in probability (for drawing)."""
+    q = np.linspace(0.0, 1.0, points)
+    return np.quantile(values, q).tolist(), q.tolist()
+
+
+# ---------------------------------------------------------------- distances, nulls and intervals
+
+
+def _bootstrap(pooled: dict, levels: dict, pairs: list, n_items: int, n_resamples: int, seed: int,
+               confidence: float) -> dict:
+    """Per (view, level, a, b): the bootstrap replicates of the excess W1 and KS (``[2, replicate]``), every pair
+    and level on the same resampled items."""
+    keys = [(view, level, a, b) for (view, level), members in levels.items() for a, b in pairs if b in members]
+    if not keys:  # per-head comparisons only
+        return {}
+
+    def statistic(idx: np.ndarray) -> np.ndarray:
+        c = counts(idx, n_items).astype(float)
+        swapped = c * replicate_swaps(idx, seed)
+        kept = c - swapped
+        out = []
+        for view, level, a, b in keys:
+            members = levels[(view, level)]
+            data, ia, ib = pooled[(view, level)], members.index(a), members.index(b)
+            w1, ks = data.distances({ia: (c, 0.0), ib: (0.0, c)})
+            w1_swap, ks_swap = data.distances({ia: (kept, swapped), ib: (swapped, kept)})
+            out += [w1 - w1_swap, ks - ks_swap]
+        return np.stack(out)
+
+    boot = inference.bootstrap_items(statistic, n_items, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    return {key: boot.replicates[2 * k:2 * k + 2] for k, key in enumerate(keys)}
+
+
+def _swapped(data: PooledValues, ia: int, ib: int, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(W1, KS) under each permutation: where ``draws[r, i]``, item ``i``'s values change models."""
+    f = draws.astype(float)
+    return data.distances({ia: (1.0 - f, f), ib: (f, 1.0 - f)})
+
+
+def _versus(name: str, view: str, level: int, data: PooledValues, members: list[str], measured: dict, ref: str,
+            m1: str, m2: str, boot: dict, draws: np.ndarray, confidence: float) -> list[dict]:
+    """Excess distance of (ref, m2) minus that of (ref, m1), paired over items; the permutation swaps m1's and
+    m2's values within items (the reference's stay)."""
+    ir, i1, i2 = members.index(ref), members.index(m1), members.index(m2)
+    f = draws.astype(float)
+    to_m1 = data.distances({ir: (1.0, 0.0), i1: (0.0, 1.0 - f), i2: (0.0, f)})
+    to_m2 = data.distances({ir: (1.0, 0.0), i1: (0.0, f), i2: (0.0, 1.0 - f)})
+    rows = []
+    for k, statistic in enumerate(STATISTICS):
+        (obs1, null1), (obs2, null2) = measured[(view, level, m1)], measured[(view, level, m2)]
+        excess = (obs2[k] - null2[k].mean()) - (obs1[k] - null1[k].mean())
+        iv = inference.percentile_interval(excess, boot[(view, level, ref, m2)][k] - boot[(view, level, ref, m1)][k],
+                                           confidence)
+        observed, null = obs2[k] - obs1[k], to_m2[k] - to_m1[k]
+        rows.append(dict(score=name, reference=ref, a=m1, b=m2, view=view, level=level, statistic=statistic,
+                         distance_a=float(obs1[k]), distance_b=float(obs2[k]), difference=iv.estimate, low=iv.low,
+                         high=iv.high, p_value=greater_p_value(abs(observed), np.abs(null)), higher_is_better=None,
+                         n_items=data.n_items))
+    return rows
+
+
+def _called(rows: list[dict]) -> pd.DataFrame:
+    """The rows called by the one rule, Benjamini-Hochberg within each view (a view's rows are one table)."""
+    if not rows:
+        return pd.DataFrame()
+    table = pd.DataFrame(rows)
+    return pd.concat([calling.call_table(part) for _, part in table.groupby("view", sort=False)], ignore_index=True)
+
+
+# ---------------------------------------------------------------- per head
+
+
+def _head_agreement(name: str, a: str, b: str, score_sets: Mapping[str, HeadScores], items: dict, n_items: int,
+                    shares: Sequence[float], n_resamples: int, seed: int, confidence: float) -> list[dict]:
+    """Spearman of the per-head means, and the Jaccard overlaps of the zeroed triples and static head sets, with
+    bootstrap intervals over items."""
+    sa, sb = score_sets[a], score_sets[b]
+    va, vb = (s.score(name).double().numpy() for s in (sa, sb))
+    direction = sa.direction[name]
+    n_heads = va.shape[1] * va.shape[2]
+    sums = [_item_sums(v.reshape(v.shape[0], -1), items[m], n_items) for v, m in ((va, a), (vb, b))]
+    rows_aligned = np.array_equal(items[a], items[b])
+    quantities: list[tuple[str, float | None]] = [("spearman_heads", None)]
+    zeroed = []
+    for p in shares:
+        if rows_aligned:
+            za, zb = (inactive(torch.from_numpy(v), direction, score_thresholds(s, name, [p])[p]).numpy()
+                      for v, s in ((va, sa), (vb, sb)))
+            both, either = ((za & zb).sum((1, 2)), (za | zb).sum((1, 2)))
+            zeroed.append(tuple(np.bincount(items[a], weights=x, minlength=n_items) for x in (both, either)))
+            quantities.append(("jaccard_rows", p))
+        quantities.append(("jaccard_static", p))
+
+    def statistic(idx: np.ndarray) -> np.ndarray:
+        c = counts(idx, n_items).astype(float)
+        means = [(c @ total) / (c @ n)[:, None] for total, n in sums]
+        out, z = [_spearman_rows(*means)], iter(zeroed)
+        for quantity, p in quantities[1:]:
+            if quantity == "jaccard_rows":
+                both, either = next(z)
+                out.append((c @ both) / np.maximum(c @ either, 1e-300))
+            else:
+                k = int(round(p * n_heads))
+                out.append(_jaccard_rows(*(_top(m, direction, k) for m in means)))
+        return np.stack(out)
+
+    boot = inference.bootstrap_items(statistic, n_items, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    return [dict(score=name, a=a, b=b, quantity=quantity, share=p, estimate=float(boot.estimates[k]),
+                 low=float(boot.low[k]), high=float(boot.high[k]),
+                 chance=float("nan") if p is None else p / (2 - p), n_items=n_items)
+            for k, (quantity, p) in enumerate(quantities)]
+
+
+def _item_sums(values: Float[np.ndarray, "row head"], items: np.ndarray, n_items: int
+               ) -> tuple[Float[np.ndarray, "item head"], np.ndarray]:
+    """Per item: the sum of its rows' values per head, and its number of rows."""
+    total = np.zeros((n_items, values.shape[1]))
+    np.add.at(total, items, values)
+    return total, np.bincount(items, minlength=n_items).astype(float)
+
+
+def _spearman_rows(x: Float[np.ndarray, "r n"], y: Float[np.ndarray, "r n"]) -> Float[np.ndarray, "k"]:
+    """Spearman's correlation of each row of ``x`` with the same row of ``y`` (average ranks for ties)."""
+    rx, ry = (stats.rankdata(v, axis=1, method="average") for v in (x, y))
+    rx, ry = rx - rx.mean(1, keepdims=True), ry - ry.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (rx * ry).sum(1) / np.sqrt((rx ** 2).sum(1) * (ry ** 2).sum(1))
+
+
+def _top(means: Float[np.ndarray, "r head"], direction: str, k: int) -> np.ndarray:
+    """Per row, a mask of the ``k`` most inactive heads (:func:`lens_heads.heads.scores.most_inactive`'s order)."""
+    order = np.argsort(means if direction == "<" else -means, axis=1, kind="stable")[:, :k]
+    mask = np.zeros(means.shape, dtype=bool)
+    np.put_along_axis(mask, order, True, axis=1)
+    return mask
+
+
+def _jaccard_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    union = (x | y).sum(1)
+    return np.where(union > 0, (x & y).sum(1) / np.maximum(union, 1), np.nan)
