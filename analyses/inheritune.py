@@ -1,13 +1,18 @@
 """Attention rank collapse and Inheritune, reproduced at CPU scale (or at paper scale on a GPU).
 
     OMP_NUM_THREADS=1 python analyses/inheritune.py                      # CPU scale on one core
+    OMP_NUM_THREADS=1 python analyses/inheritune.py --preset cpu-medium  # the gpt2-medium depth ratios at CPU scale
     OMP_NUM_THREADS=1 python analyses/inheritune.py --preset smollm2     # inherit from the embedded SmolLM2
-    python analyses/inheritune.py --preset gpt2-medium --device cuda     # paper scale: 24 -> 12..16 layers, OpenWebText
+    python analyses/inheritune.py --preset gpt2-medium --device cuda     # the paper's 24 -> 16 on OpenWebText
+    python analyses/inheritune.py --preset gpt2-xl --device cuda         # the paper's 48 -> 24
+    python analyses/inheritune.py --preset gpt2-xl --plan                # its stages, FLOPs and GPU-hours; no training
 
 The GPT-2 is the authors' (lens_heads.collapse.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
 50304, scaled residual init; ``--architecture transformer-lens`` for TransformerLens's GPT-2). Rows: reference,
-Inheritune students (growth stages), same-size scratch (1x, 2x steps) and the paper's ablations (later layers,
-attention only, MLP only, stacking). The ``smollm2`` preset skips the GPT-2 runs and inherits the first k layers
+Inheritune students (growth stages: by default the trained student grows by the reference's next blocks,
+``--grow-from reference`` re-inherits), same-size scratch (1x, 2x steps) and the paper's baselines and ablations
+(later layers, attention only, MLP only, stacking, hybrid stacking, half width, logit distillation, DistilBERT),
+each with its FLOPs. The ``smollm2`` preset skips the GPT-2 runs and inherits the first k layers
 of the embedded SmolLM2-135M (k: its first lazy layer), trains that student and a same-size random init briefly on
 SOTU text in SmolLM2's tokenizer, and compares them with the full model by loss and zero-shot accuracy.
 
@@ -30,12 +35,22 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lens_heads.collapse.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
 from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
+from lens_heads.collapse.distill import DistillConfig
 from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.collapse.inheritune import ABLATIONS, PAPER_TASKS, InherituneConfig, load_result, run_inheritune
+from lens_heads.collapse.inheritune import (
+    ABLATIONS,
+    PAPER_TASKS,
+    InherituneConfig,
+    load_result,
+    planned_stages,
+    run_inheritune,
+)
 from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
 from lens_heads.collapse.train import TrainConfig, eval_windows
 from lens_heads.plumbing.cache import keyed
+from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.plots import save_figure
@@ -44,11 +59,11 @@ from lens_heads.viz.plots import save_figure
 @dataclass(frozen=True)
 class InherituneSettings:
     """One run's settings; the defaults are the ``cpu`` preset (one CPU core, OMP_NUM_THREADS=1: the reference,
-    students, scratch baselines and four ablations, 200 steps of 8x128 tokens each; the GPT-2 vocabulary (50304)
-    dominates the cost at this width)."""
+    students, scratch baselines and the paper's baselines and ablations, 200 steps of 8x128 tokens each; the GPT-2
+    vocabulary (50304) dominates the cost at this width)."""
 
-    preset: str = option("cpu", "base settings; flags given explicitly override them", choices=("cpu", "gpt2-medium",
-                                                                                                "smollm2"))
+    preset: str = option("cpu", "base settings; flags given explicitly override them",
+                         choices=("cpu", "cpu-medium", "cpu-xl", "gpt2-medium", "gpt2-xl", "smollm2"))
     ref_layers: int = option(8, "reference depth")
     student_layers: int = option(4, "first student depth")
     grow_by: int = option(2, "layers added per growth stage")
@@ -74,8 +89,18 @@ class InherituneSettings:
                                   "averaged matrix")
     ablations: str = option(",".join(ABLATIONS), f"comma list of {ABLATIONS} ('' for none)")
     smollm_k: int | None = option(None, "smollm2 preset: student layers (default: first lazy)", parse=int)
-    grow_from: str = option("reference", "growth: fresh re-inheritance from the reference or keep the trained "
-                            "student", choices=("reference", "student"))
+    grow_from: str = option("student", "growth: keep the trained student and append the reference's next blocks "
+                            "(the paper's recipe) or re-inherit from the reference at each size",
+                            choices=("student", "reference"))
+    distill_temperature: float = option(2.0, "distillation baselines: temperature T of the soft targets (> 0)")
+    distill_alpha: float = option(0.5, "logit distillation: weight of the T^2 KL term (the language-model loss gets "
+                                  "1 - alpha); DistilBERT's weights are its own (5 soft, 2 LM, 1 cosine)")
+    widen_noise: float = option(1e-3, "half-width warm start: std of the noise on the second copy of each weight")
+    plan: bool = option(False, "print every stage's tokens and FLOPs and the projected GPU-hours, then stop")
+    gpu_peak_tflops: float = option(GPU_PEAK_FLOPS / 1e12, "--plan: the GPU's dense bf16 peak (TFLOP/s)")
+    gpu_fraction: float = option(ASSUMED_FRACTION_OF_PEAK, "--plan: the share of that peak training reaches "
+                                 "(default: the share docs/benchmarks.md measured for the evaluator; no GPU training "
+                                 "rate is measured yet)")
     rank_inputs: int = option(100, "validation windows for attention rank (N)")
     rank_len: int = option(100, "tokens per window (T, at most --seq)")
     smollm_inputs: int = option(32, "SmolLM2 rank profile: N texts (0 to skip)")
@@ -95,16 +120,36 @@ class InherituneSettings:
     def __post_init__(self):
         if self.rank_len > self.seq:
             raise ValueError(f"--rank-len {self.rank_len} is longer than the models' context --seq {self.seq}")
+        distill_configs(self)  # a temperature <= 0 or a mixing weight outside 0..1 is refused here
+        if self.preset in GPU_PRESETS and torch.device(self.device).type != "cuda" and not self.plan:
+            raise InputError(f"--preset {self.preset} trains {GPU_PRESETS[self.preset]}, which needs a CUDA GPU "
+                             f"(--device cuda; this run asked for {self.device!r}). On a CPU use --preset "
+                             f"{'cpu-medium' if self.preset == 'gpt2-medium' else 'cpu-xl'} (the same depth ratios at "
+                             "CPU scale), or add --plan to see its cost")
 
+
+GPU_PRESETS = {"gpt2-medium": "a 24-layer GPT-2 medium reference and 12..16-layer students on OpenWebText",
+               "gpt2-xl": "a 48-layer GPT-2 XL reference and 24-layer students on OpenWebText"}
 
 PRESETS = {
     "cpu": dict(preset="cpu"),  # the defaults
+    # the paper-scale presets' depth ratios at the cpu preset's width and schedule: medium's 24 -> 12..16 by 2 as
+    # 12 -> 6..8 by 1, XL's 48 -> 24 as 8 -> 4
+    "cpu-medium": dict(preset="cpu-medium", ref_layers=12, student_layers=6, grow_by=1, max_layers=8),
+    "cpu-xl": dict(preset="cpu-xl", ref_layers=8, student_layers=4, grow_by=2, max_layers=4),
     # the paper's GPT-2 medium run (authors' train_iniheritune.py: lr 2e-4 cosine to 1e-5 over 100K steps, 2000
     # warm-up steps, 2 sequences x 8 accumulation steps x 3 GPUs of 1024 tokens = 49K tokens a step)
-    "gpt2-medium": dict(preset="gpt2-medium", ref_layers=24, student_layers=12, grow_by=2, max_layers=22,
+    # the paper's 24 -> 16: students from 12 layers growing by 2 to 16 (12, 14, 16 in the authors' logs)
+    "gpt2-medium": dict(preset="gpt2-medium", ref_layers=24, student_layers=12, grow_by=2, max_layers=16,
                         d_model=1024, heads=16, seq=1024, batch=12, grad_accum=4, steps=100_000, warmup=2000, lr=2e-4,
                         min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext",
                         amp=True, eval_n=1000, smollm_inputs=100),
+    # the paper's 48 -> 24 (GPT-2 XL: d 1600, 25 heads); the same 49K tokens a step as 4 sequences x 12 accumulation
+    # steps (a 48-layer model's activations at 12 x 1024 tokens exceed one GPU's memory without checkpointing)
+    "gpt2-xl": dict(preset="gpt2-xl", ref_layers=48, student_layers=24, grow_by=2, max_layers=24, d_model=1600,
+                    heads=25, seq=1024, batch=4, grad_accum=12, steps=100_000, warmup=2000, lr=2e-4, min_lr=1e-5,
+                    eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext", amp=True, eval_n=1000,
+                    smollm_inputs=100),
     # part 3 of the collapse story on a real model: the embedded SmolLM2-135M's first k layers as a student
     "smollm2": dict(preset="smollm2", ref_layers=30, student_layers=0, grow_by=0, max_layers=30, d_model=576,
                     heads=9, batch=4, steps=100, warmup=10, lr=3e-4, min_lr=3e-5, eval_every=25, rank_every=0,
@@ -124,14 +169,32 @@ def train_config(a) -> TrainConfig:
                        checkpoint_every=a.eval_every, seed=a.seed, amp=a.amp, decay_embeddings=a.decay_embeddings)
 
 
+def distill_configs(a) -> tuple[DistillConfig, DistillConfig]:
+    """The logit-distillation and DistilBERT losses at ``--distill-temperature`` (and ``--distill-alpha``)."""
+    return (DistillConfig.logit(temperature=a.distill_temperature, kd_weight=a.distill_alpha),
+            DistillConfig.distilbert(temperature=a.distill_temperature))
+
+
 def build_config(a) -> InherituneConfig:
     train = train_config(a)
     options = GPT2Options() if a.architecture == "authors" else GPT2Options.transformer_lens()
+    logit, distilbert = distill_configs(a)
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
                             max_layers=a.max_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, train=train,
-                            d_vocab=a.vocab, rank_average=not a.rank_per_input, options=options, grow_from=a.grow_from, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
-                            ablations=tuple(x for x in a.ablations.split(",") if x),
+                            d_vocab=a.vocab, rank_average=not a.rank_per_input, options=options,
+                            grow_from=a.grow_from, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
+                            ablations=tuple(x for x in a.ablations.split(",") if x), distill_logit=logit,
+                            distill_distilbert=distilbert, widen_noise=a.widen_noise,
                             rank_every=a.rank_every, seed=a.seed, device=a.device)
+
+
+def plan(a) -> pd.DataFrame:
+    """Every stage the run trains (the students grown to --max-layers, the costliest case) with its tokens, FLOPs
+    and GPU-hours at --gpu-fraction of --gpu-peak-tflops."""
+    table = planned_stages(build_config(a))
+    total = table["flops"] + table["teacher_flops"]
+    table["gpu_hours"] = [GPUProjection(f, a.gpu_peak_tflops * 1e12, a.gpu_fraction).gpu_hours for f in total]
+    return table
 
 
 # ---------------------------------------------------------------- extra measurements
@@ -183,7 +246,8 @@ def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> l
 
     rows = []
     for stage in result.stages:
-        if stage.kind == "stack_source" or (stage.kind == "student" and stage.n_layers != result.final_layers):
+        if stage.kind in ("stack_source", "width_source") or (stage.kind == "student"
+                                                               and stage.n_layers != result.final_layers):
             continue
         cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=a.vocab)
         model = gpt2_model(cfg, seed=0, options=options, tokenizer=tokenizer, device=a.device)
@@ -238,9 +302,11 @@ def write_figure(fig, stem: Path) -> list[str]:
     return save_figure(fig, stem, width=1100, height=600, scale=1.5)
 
 
-STAGE_COLORS = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa"}
+STAGE_COLORS = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa",
+                "width_source": "#cccccc"}
 ABLATION_COLORS = {"later_layers": "#ff7f0e", "attention_only": "#2ca02c", "mlp_only": "#9467bd",
-                   "stacking": "#8c564b"}
+                   "stacking": "#8c564b", "hybrid_stacking": "#e377c2", "half_width": "#7f7f7f",
+                   "distill_logit": "#bcbd22", "distill_distilbert": "#17becf"}
 SCRATCH_DASHES = {"scratch_1x": "dot", "scratch_2x": "dash"}
 
 
@@ -350,6 +416,16 @@ def smollm_figure(smollm: dict, out: Path) -> list[str]:
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.plan:
+        table = plan(a)
+        print(table.to_string(index=False))
+        total = GPUProjection(float((table["flops"] + table["teacher_flops"]).sum()), a.gpu_peak_tflops * 1e12,
+                              a.gpu_fraction)
+        print(f"{a.preset}: {len(table)} stages, {total.describe()}")
+        return table
+    if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {a.device}: this machine has no CUDA GPU (torch {torch.__version__}); run the "
+                         f"{a.preset} preset on a GPU machine, or use a cpu preset")
     torch.manual_seed(a.seed)
     out = Path(a.figures)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,19 +5,48 @@ import pytest
 from conftest import LOGLIK_TOL, ROOT, load_script, tiny_tokenizer
 
 
-def test_gpt2_medium_preset_is_the_papers_run():
-    """The paper (Sanyal et al.) and its authors' config: GPT-2 medium 24 layers (d 1024, 16 heads), students
-    from 12 layers growing by 2, AdamW lr 2e-4 cosine to 1e-5, warmup 2000, weight decay 0.1, betas (0.9, 0.95),
-    clip 1.0, block 1024, about 49K tokens a step, 100K steps, on OpenWebText."""
+@pytest.mark.parametrize("preset, shape", [("gpt2-medium", (24, 1024, 16, 12, 16)), ("gpt2-xl", (48, 1600, 25, 24, 24))])
+def test_gpt2_presets_are_the_papers_runs(preset, shape):
+    """The paper (Sanyal et al.) and its authors' config: GPT-2 medium 24 layers (d 1024, 16 heads) -> 16, students
+    from 12 layers growing by 2; GPT-2 XL 48 layers (d 1600, 25 heads) -> 24; AdamW lr 2e-4 cosine to 1e-5, warmup
+    2000, weight decay 0.1, betas (0.9, 0.95), clip 1.0, block 1024, about 49K tokens a step, 100K steps, on
+    OpenWebText; growth keeps the trained student (the paper's recipe)."""
     script = load_script("inheritune")
-    config = script.build_config(script.parse_args(["--preset", "gpt2-medium", "--device", "cpu"]))
-    assert (config.ref_layers, config.d_model, config.n_heads, config.n_ctx) == (24, 1024, 16, 1024)
-    assert (config.student_layers, config.grow_by) == (12, 2)
+    config = script.build_config(script.parse_args(["--preset", preset, "--device", "cuda"]))
+    assert (config.ref_layers, config.d_model, config.n_heads, config.student_layers, config.max_layers) == shape
+    assert config.n_ctx == 1024 and config.grow_by == 2 and config.grow_from == "student"
     t = config.train
     assert (t.steps, t.lr, t.min_lr, t.warmup_steps, t.weight_decay) == (100_000, 2e-4, 1e-5, 2000, 0.1)
     assert (t.beta1, t.beta2, t.grad_clip, t.seq_len) == (0.9, 0.95, 1.0, 1024)
     assert t.tokens_per_step == pytest.approx(49_000, rel=0.01)
-    assert script.parse_args(["--preset", "gpt2-medium"]).corpus == "openwebtext"
+    assert script.parse_args(["--preset", preset, "--device", "cuda"]).corpus == "openwebtext"
+    assert set(config.ablations) == set(script.ABLATIONS)  # every baseline, the distillations included
+
+
+def test_cpu_presets_keep_the_paper_presets_depth_ratios():
+    script = load_script("inheritune")
+    for cpu, gpu in (("cpu-medium", "gpt2-medium"), ("cpu-xl", "gpt2-xl")):
+        small = script.build_config(script.parse_args(["--preset", cpu]))
+        big = script.build_config(script.parse_args(["--preset", gpu, "--device", "cuda"]))
+        scale = big.ref_layers / small.ref_layers
+        assert (big.student_layers, big.max_layers) == (scale * small.student_layers, scale * small.max_layers)
+        if big.max_layers > big.student_layers:  # the growth steps too, where the students grow
+            assert big.grow_by == scale * small.grow_by
+        assert small.train.steps == script.parse_args([]).steps and small.d_model == 64
+
+
+def test_presets_refuse_devices_they_cannot_run_on(capsys):
+    script = load_script("inheritune")
+    for preset in ("gpt2-medium", "gpt2-xl"):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--preset", preset, "--device", "cpu"])
+        err = capsys.readouterr().err
+        assert "needs a CUDA GPU" in err and "--preset cpu-" in err
+    plan = script.main(["--preset", "gpt2-xl", "--device", "cpu", "--plan"])  # its cost, without a GPU
+    assert plan["stage"].iloc[0] == "reference_48L" and plan["gpu_hours"].sum() > 100
+    with pytest.raises(SystemExit):
+        script.parse_args(["--distill-temperature", "0"])
+    assert "temperature must be > 0" in capsys.readouterr().err
 
 
 def test_rank_windows_must_fit_the_models_context():

@@ -8,9 +8,12 @@ import pytest
 import lens_heads as lh
 from conftest import text_model
 from lens_heads.ablation.hooks import mean_z
+from lens_heads.collapse.distill import DistillConfig
+from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
 from lens_heads.collapse.inheritune import InherituneConfig
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.collapse.train import RankTracker, TrainConfig
+from lens_heads.collapse.widen import widen
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.generate import generate
 
@@ -62,6 +65,11 @@ CASES = {
     "InherituneConfig: grow_by 0": (lambda m: InherituneConfig(grow_by=0), r"grow_by=0 must be at least 1"),
     "InherituneConfig: an unknown grow_from": (lambda m: InherituneConfig(grow_from="students"),
                                                r"grow_from='students' must be one of"),
+    "DistillConfig: temperature 0": (lambda m: DistillConfig(temperature=0.0),
+                                     r"distillation temperature must be > 0, got 0.0"),
+    "widen: a source that does not halve the width": (lambda m: widen(gpt2_model(gpt2_config(
+        1, d_model=16, n_heads=2, n_ctx=8, d_vocab=11), seed=0), d_model=64, n_heads=4),
+        r"a half-width source must have half the target's width: the target has d_model 64, so the source needs 32"),
     "ReportConfig: n 0": (lambda m: __import__("lens_heads.report.config", fromlist=["x"]).ReportConfig(n=0),
                           r"ReportConfig\(n=...\): expected a positive whole number, got 0"),
     "at_share: percent": (lambda m: lh.SweepResult.at_share(None, 10), r"fraction in \[0, 1\]"),

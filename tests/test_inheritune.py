@@ -134,7 +134,7 @@ def test_bad_depths_are_refused_naming_the_limit():
         run_inheritune(InherituneConfig(ref_layers=8, max_layers=9), None, out_dir="unused")
     with pytest.raises(ValueError, match="grow_by=0 must be at least 1"):  # it looped forever
         run_inheritune(InherituneConfig(grow_by=0), None, out_dir="unused")
-    with pytest.raises(ValueError, match=r"grow_from='students' must be one of \('reference', 'student'\)"):
+    with pytest.raises(ValueError, match=r"grow_from='students' must be one of \('student', 'reference'\)"):
         run_inheritune(InherituneConfig(grow_from="students"), None, out_dir="unused")
     from lens_heads.collapse.train import RankTracker, TrainConfig
 
@@ -237,7 +237,8 @@ def test_rank_tracker_logs_every_layer(corpus):
 
 def test_run_inheritune_stages(corpus, tmp_path):
     cfg = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0)
+                           d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0,
+                           ablations=("later_layers", "attention_only", "mlp_only", "stacking"), grow_from="reference")
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     df = result.to_dataframe()
     kinds = list(df["kind"])
@@ -245,6 +246,7 @@ def test_run_inheritune_stages(corpus, tmp_path):
     assert kinds[0] == "reference" and kinds[-7:] == ["scratch", "scratch"] + ["ablation"] * 3 + ["stack_source", "ablation"]
     assert list(df["stage"])[-5:] == [f"later_layers_{n}L", f"attention_only_{n}L", f"mlp_only_{n}L",
                                       f"stack_source_{n // 2}L", f"stacking_{n}L"]
+    assert result.meta["growth"]["grow_from"] == "reference"
     assert "averaged over N=2 inputs" in result.meta["rank"]["definition"]
     students = df[df["kind"] == "student"]
     # grow rule: every student but the last is worse than the reference, unless it reached max_layers

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pandas as pd
@@ -38,6 +38,14 @@ if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
 
 Callback = Callable[["HookedTransformer", int], "dict | None"]
+
+
+class Objective(Protocol):
+    """A training loss other than the language-model loss (e.g. `lens_heads.collapse.distill.Distillation`)."""
+
+    def __call__(self, model: HookedTransformer, windows: Tensor) -> Tensor: ...
+
+    def describe(self) -> dict: ...
 
 
 @dataclass
@@ -244,6 +252,7 @@ def train(
     *,
     out_dir: str | Path | None = None,
     callbacks: Sequence[Callback] = (),
+    objective: Objective | None = None,
     progress: bool = True,
     desc: str = "train",
 ) -> TrainResult:
@@ -251,13 +260,14 @@ def train(
 
     With ``out_dir``: checkpoints every ``checkpoint_every`` steps, resumes from the last one, and a finished run
     (``out_dir/final``) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned
-    dict is logged at that step (e.g. `RankTracker`).
+    dict is logged at that step (e.g. `RankTracker`). ``objective(model, windows)``: the training loss (default: the
+    next-token cross-entropy, `lm_loss`); the validation loss is always `lm_loss`, so runs compare.
     """
     cfg = config
     _check_fits(model, corpus, cfg)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:  # the folder holds this run only: another configuration is refused before anything is read
-        claim_folder(out, run_key(model, cfg))
+        claim_folder(out, run_key(model, cfg, objective))
         if (out / "final" / "result.json").exists():
             load_model_state(model, out / "final" / "model.safetensors")
             return TrainResult(**json.loads((out / "final" / "result.json").read_text()))
@@ -269,7 +279,7 @@ def train(
     log = _Log(cfg, run, tqdm(total=cfg.steps, initial=run.step, desc=desc, disable=not progress, unit="step"))
     for step in range(run.step, cfg.steps):
         t0 = time.perf_counter()
-        lr, loss, grad_norm = _train_step(model, optimizer, corpus, cfg, step)
+        lr, loss, grad_norm = _train_step(model, optimizer, corpus, cfg, step, objective or lm_loss)
         run.step, run.tokens_seen = step + 1, run.tokens_seen + cfg.tokens_per_step
         run.wall_time_s += time.perf_counter() - t0
         log(loss, lr, grad_norm, _measurements(model, corpus, cfg, callbacks, run.step))
@@ -279,7 +289,7 @@ def train(
             _prune_checkpoints(out, cfg.keep_checkpoints)
     log.bar.close()
     model.eval()
-    return _finish(model, corpus, cfg, run, out)
+    return _finish(model, corpus, cfg, run, out, objective)
 
 
 def _check_fits(model: HookedTransformer, corpus, cfg: TrainConfig) -> None:
@@ -308,7 +318,8 @@ def _first_record(model: HookedTransformer, corpus, cfg: TrainConfig, callbacks:
     return run
 
 
-def _train_step(model: HookedTransformer, optimizer, corpus, cfg: TrainConfig, step: int) -> tuple[float, float, float]:
+def _train_step(model: HookedTransformer, optimizer, corpus, cfg: TrainConfig, step: int,
+                objective: Callable[[HookedTransformer, Tensor], Tensor]) -> tuple[float, float, float]:
     """One optimizer step (``grad_accum`` micro-batches); its learning rate, training loss and gradient norm."""
     lr = lr_at(step, cfg)
     for group in optimizer.param_groups:
@@ -317,7 +328,7 @@ def _train_step(model: HookedTransformer, optimizer, corpus, cfg: TrainConfig, s
     for micro in range(cfg.grad_accum):
         windows = batch_at(corpus.train, step, micro, cfg).to(model.cfg.device)
         with _autocast(model, cfg):
-            loss = lm_loss(model, windows) / cfg.grad_accum
+            loss = objective(model, windows) / cfg.grad_accum
         loss.backward()
         loss_sum += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
@@ -366,7 +377,8 @@ class _Log:
         self.bar.update(1)
 
 
-def _finish(model: HookedTransformer, corpus, cfg: TrainConfig, run: _Run, out: Path | None) -> TrainResult:
+def _finish(model: HookedTransformer, corpus, cfg: TrainConfig, run: _Run, out: Path | None,
+            objective: Objective | None = None) -> TrainResult:
     """The run's result; with ``out``, the final weights and then the result, which marks the run finished."""
     val_losses = [h["val_loss"] for h in run.history if "val_loss" in h]
     result = TrainResult(
@@ -374,7 +386,8 @@ def _finish(model: HookedTransformer, corpus, cfg: TrainConfig, run: _Run, out: 
         tokens_seen=run.tokens_seen, wall_time_s=run.wall_time_s,
         meta={"config": asdict(cfg), "corpus": dict(getattr(corpus, "meta", {})),
               "n_params": sum(p.numel() for p in model.parameters()),
-              "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model},
+              "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model,
+              "objective": objective.describe() if objective is not None else "language-model loss"},
     )
     if out is not None:
         atomic_write_bytes(out / "final" / "model.safetensors", model_state_bytes(model))
@@ -389,10 +402,12 @@ def _run_callbacks(callbacks: Sequence[Callback], model, step: int) -> dict:
     return merged
 
 
-def run_key(model: HookedTransformer, cfg: TrainConfig) -> dict:
-    """What a training run's checkpoints depend on besides the data: its settings and the model's shape."""
+def run_key(model: HookedTransformer, cfg: TrainConfig, objective: Objective | None = None) -> dict:
+    """What a training run's checkpoints depend on besides the data: its settings, the model's shape and (where it
+    is not the language-model loss) the objective."""
     shape = {k: getattr(model.cfg, k) for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx")}
-    return {"train": asdict(cfg), "model": shape}
+    key = {"train": asdict(cfg), "model": shape}
+    return key if objective is None else {**key, "objective": objective.describe()}
 
 
 def _prune_checkpoints(out: Path, keep: int) -> None:

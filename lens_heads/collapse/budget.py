@@ -1,0 +1,57 @@
+"""Training compute of a GPT-2 stage: FLOPs counted from the model's shape and the tokens it trained on.
+
+A multiply-add is 2 FLOPs. Per token of a window of T tokens, a forward costs
+
+    trunk:      2 * n_layers * (4 * d_model * n_heads * d_head + 2 * d_model * d_mlp)   (Q, K, V, O and the MLP)
+    attention:  2 * n_layers * n_heads * d_head * (T + 1)     (causal QK^T and AV: T (T + 1) / 2 pairs a head)
+    logits:     2 * d_model * d_vocab
+
+(the same count as the benchmarks' evaluation FLOPs; LayerNorms, softmax and embedding lookups are left out, a few
+percent). Training is forward and backward, 3 x the forward (Kaplan et al. 2020, "Scaling laws for neural language
+models"). Distillation adds the teacher's forward on every training token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# H100/H200 SXM dense bf16 tensor-core peak (vendor figure), the peak docs/benchmarks.md projects against
+GPU_PEAK_FLOPS = 989e12
+# the share of peak docs/benchmarks.md measured for the evaluator (44%, on the CPU against its matmul rate) and
+# assumed for GPUs there; no GPU training rate has been measured, so projections say they assume it
+ASSUMED_FRACTION_OF_PEAK = 0.44
+
+
+def forward_flops_per_token(cfg, seq_len: int) -> float:
+    """FLOPs of one token's forward through a GPT-2 of config ``cfg`` (n_layers, d_model, n_heads, d_head, d_mlp,
+    d_vocab) in windows of ``seq_len`` tokens."""
+    trunk = 2.0 * cfg.n_layers * (4 * cfg.d_model * cfg.n_heads * cfg.d_head + 2 * cfg.d_model * cfg.d_mlp)
+    attention = 2.0 * cfg.n_layers * cfg.n_heads * cfg.d_head * (seq_len + 1)
+    return trunk + attention + 2.0 * cfg.d_model * cfg.d_vocab
+
+
+def training_flops(cfg, tokens: int, seq_len: int) -> float:
+    """FLOPs of training on ``tokens`` tokens: forward and backward, 3 x the forward."""
+    return 3.0 * forward_flops_per_token(cfg, seq_len) * tokens
+
+
+def teacher_flops(cfg, tokens: int, seq_len: int) -> float:
+    """FLOPs of a teacher's forward on ``tokens`` training tokens (distillation)."""
+    return forward_flops_per_token(cfg, seq_len) * tokens
+
+
+@dataclass(frozen=True)
+class GPUProjection:
+    """GPU-hours for ``flops`` at ``fraction`` of a ``peak`` FLOP/s."""
+
+    flops: float
+    peak: float = GPU_PEAK_FLOPS
+    fraction: float = ASSUMED_FRACTION_OF_PEAK
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.flops / (self.peak * self.fraction) / 3600
+
+    def describe(self) -> str:
+        return (f"{self.flops:.3g} FLOPs = {self.gpu_hours:,.0f} GPU-hours at {self.fraction:.0%} of "
+                f"{self.peak / 1e12:,.0f} TFLOP/s")
