@@ -1,5 +1,6 @@
 """The analyses' paper-scale presets say what the specs say (they can't be run here: no GPU, no hub)."""
 
+import numpy as np
 import pytest
 
 from conftest import LOGLIK_TOL, ROOT, load_script, tiny_tokenizer
@@ -305,3 +306,58 @@ def test_kv_savings_analysis_on_a_tiny_model(tmp_path):
     assert table.loc["AHON (LN)", "bpb_change"] == pytest.approx(change, abs=1e-4)  # float32 forwards, two paths
     row = table.loc["AHON (LN)"]
     assert row["bpb_change_low"] <= row["bpb_change"] <= row["bpb_change_high"]
+
+
+def test_steps_to_reach_interpolates_the_first_crossing():
+    script = load_script("inheritune_baselines")
+    h = [{"step": 0, "val_loss": 10.0}, {"step": 5, "train_loss": 9.0}, {"step": 10, "val_loss": 7.0},
+         {"step": 20, "val_loss": 8.0}, {"step": 30, "val_loss": 6.0}]
+    assert script.steps_to_reach(h, 7.5) == pytest.approx(10 * (10 - 7.5) / (10 - 7))  # first crossing, 0..10
+    assert script.steps_to_reach(h, 7.0) == 10 and script.steps_to_reach(h, 10.0) == 0
+    assert script.steps_to_reach(h, 6.5) == pytest.approx(20 + 10 * (8 - 6.5) / (8 - 6))
+    assert np.isnan(script.steps_to_reach(h, 5.0))
+
+
+@pytest.mark.slow
+def test_inheritune_baselines_analysis_end_to_end(tmp_path):
+    """Two seeds of a tiny run: every method is compared with Inheritune over seeds and over windows, the final
+    losses are the runs' own, the speed-up is the geometric mean of the per-seed step ratios read from the
+    histories, and a rerun reads everything back."""
+    import json
+
+    script = load_script("inheritune_baselines")
+    argv = ["--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "2", "--student-layers", "1",
+            "--steps", "2", "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
+            "--baselines", "hybrid_stacking,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
+            "--loss-windows", "3", "--eval-tasks", "arc_easy", "--eval-n", "2", "--n-resamples", "50",
+            "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"), "--no-png", "--no-progress"]
+    with pytest.raises(SystemExit):  # one seed leaves nothing to resample
+        script.parse_args(["--seeds", "0"])
+    argv[argv.index("--ref-layers") + 1], argv[argv.index("--student-layers") + 1] = "4", "2"
+    methods = script.main(argv)
+    result = json.loads((tmp_path / "fig" / "inheritune_baselines.json").read_text())
+    assert set(methods["method"]) == {"reference (4L)", "Inheritune", "scratch 1x", "scratch 2x", "hybrid stacking",
+                                      "distill logit"}
+    stages = {s: {st["name"]: st for st in json.loads((tmp_path / "runs" / f"seed_{s}" / "result.json").read_text())
+                  ["stages"]} for s in (0, 1)}
+    for row in result["per_seed"]:
+        assert row["val_loss"] == stages[row["seed"]][row["stage"]]["val_loss"]
+    logit = methods.set_index("method").loc["distill logit"]
+    assert logit["val_loss_mean"] == pytest.approx(np.mean([stages[s]["distill_logit_2L"]["val_loss"] for s in (0, 1)]))
+    steps = []
+    for s in (0, 1):
+        inh, other = stages[s]["student_2L"], stages[s]["distill_logit_2L"]
+        target = max(inh["val_loss"], other["val_loss"])
+        steps.append((script.steps_to_reach(other["history"], target), script.steps_to_reach(inh["history"], target)))
+    if all(a > 0 and b > 0 for a, b in steps):  # the geometric mean of the per-seed ratios
+        assert logit["speedup"] == pytest.approx(np.exp(np.mean([np.log(a / b) for a, b in steps])))
+    else:  # a side already at the loss before its first step: no ratio, and the row says why
+        row = next(t for t in result["convergence_tests"] if t["k"] == "distill logit")
+        assert np.isnan(logit["speedup"]) and row["verdict"] == "not tested" and "unbounded" in row["test_note"]
+    tests = result["final_loss_tests"]
+    assert {t["unit"] for t in tests} == {"training seed", "(seed, validation window)"}
+    assert all(t["b"] == "Inheritune" and t["verdict"] for t in tests)
+    assert {t["n"] for t in tests} == {2, 2 * 3}  # seeds; seeds x windows
+    assert result["zero_shot_accuracy"] and result["stage_methods"]["distill logit"].startswith("fresh n layers")
+    again = script.main(argv)  # from the runs and the cached measurements
+    assert again["val_loss_mean"].tolist() == methods["val_loss_mean"].tolist()

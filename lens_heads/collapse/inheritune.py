@@ -154,8 +154,9 @@ def hybrid_stack(source: HookedTransformer, n_layers: int, *, seed: int = 0) -> 
     (seed ``seed``) between them; embeddings and final LayerNorm from ``source``.
 
     Stacking (Gong et al. 2019, "Efficient training of BERT by progressively stacking"; `stack`) repeats every
-    trained block; Sanyal et al. also compare with a hybrid of the two warm starts, half trained blocks and half
-    fresh, whose placement their text leaves open: here the fresh blocks are interleaved with the trained ones."""
+    trained block. Sanyal et al. report a "hybrid stacking" warm start too, but their public code holds no script
+    for it: this is lens_heads' definition (trained blocks stacked depth-wise with fresh blocks interleaved), not
+    checked against theirs."""
     _check_gpt2(source, "source")
     depth = source.cfg.n_layers
     if not depth < n_layers <= 2 * depth:

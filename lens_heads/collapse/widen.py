@@ -1,5 +1,7 @@
 """The half-width warm start: a trained GPT-2 of half the width, doubled to full width.
 
+Sanyal et al. report a half-width warm start among their baselines; their public code holds no script for it, so
+this is lens_heads' definition, not checked against theirs.
 `widen` follows Net2WiderNet (Chen, Goodfellow & Shlens 2016, "Net2Net: accelerating learning via knowledge
 transfer") with bert2BERT's treatment of LayerNorm and attention heads (Chen et al. 2022, function-preserving
 initialisation): every unit is duplicated and whatever reads a duplicated unit takes half of each copy, so the wider
