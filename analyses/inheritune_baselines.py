@@ -10,12 +10,13 @@ missing:
 
 - validation loss against steps for every method (the runs' histories) and the final loss per validation window;
 - the final-loss comparison of every method with Inheritune, paired over training seeds (the seed is the unit that
-  is resampled: n = the number of seeds) and, as a second view, paired over (seed, validation window) items (the
-  variation between windows within the trained models, not between trainings);
+  is resampled: n = the number of seeds) and, as a second view, paired over validation windows, each window's loss
+  averaged over the seeds (the variation between windows, with the trainings averaged out);
 - "converges faster": for each method against Inheritune, the loss both reach (the worse of the two final losses),
   the steps each needs to reach it (linear between the recorded validation points) and their ratio, with its
   interval over seeds;
-- zero-shot accuracy on the paper's tasks with chance, and paired tests against Inheritune over (seed, item) pairs;
+- zero-shot accuracy on the paper's tasks with chance, and paired tests against Inheritune over items (each item's
+  correctness averaged over the seeds: the same items are evaluated for every seed);
 - the attention-rank profile (max rank over heads per layer) of every model: "no lazy layers".
 
 Comparisons are called by the project's rule (`lens_heads.stats.calling`). Writes ``inheritune_baselines.json``
@@ -221,7 +222,7 @@ def per_seed_table(runs: dict[int, dict]) -> pd.DataFrame:
 
 def loss_tests(table: pd.DataFrame, runs: dict[int, dict], n_resamples: int) -> pd.DataFrame:
     """Every method's final validation loss against Inheritune's: over seeds (the trainings as the unit) and over
-    (seed, window) items (the windows as the unit, within the trained models)."""
+    validation windows (each window's loss averaged over the seeds: the windows as the unit)."""
     methods = [m for m in table["method"].unique() if m != INHERITUNE]
     wide = table.pivot(index="seed", columns="method", values="val_loss")
     seeds = sorted(runs)
@@ -229,12 +230,12 @@ def loss_tests(table: pd.DataFrame, runs: dict[int, dict], n_resamples: int) -> 
                              methods, False, n_resamples, quantity="final validation loss", unit="training seed")
 
     def windows(method: str) -> np.ndarray:
-        return np.concatenate([runs[s]["measured"][_stage_of(table, s, method)]["window_losses"] for s in seeds])
+        return np.mean([runs[s]["measured"][_stage_of(table, s, method)]["window_losses"] for s in seeds], axis=0)
 
     x = np.stack([windows(m) for m in methods])
     y = np.tile(windows(INHERITUNE), (len(methods), 1))
     over_windows = named_tests(x, y, methods, False, n_resamples, quantity="final validation loss",
-                               unit="(seed, validation window)")
+                               unit="validation window (mean over seeds)")
     return pd.concat([over_seeds, over_windows], ignore_index=True)
 
 
@@ -287,25 +288,25 @@ def convergence_tests(table: pd.DataFrame, n_resamples: int) -> pd.DataFrame:
 
 
 def zero_shot_tests(table: pd.DataFrame, runs: dict[int, dict], n_resamples: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Accuracy per (method, task) pooled over seeds, with chance; paired tests against Inheritune over (seed, item)
-    pairs, every (method, task) one row of one table."""
+    """Accuracy per (method, task) over seeds and items, with chance; paired tests against Inheritune over items (each
+    item's correctness averaged over the seeds), every (method, task) one row of one table."""
     seeds = sorted(runs)
     methods = list(table["method"].unique())
     first = runs[seeds[0]]["measured"][_stage_of(table, seeds[0], INHERITUNE)]["zero_shot"]
     acc_rows, per_task = [], []
     for task, info in first.items():
         def correct(method: str) -> np.ndarray:
-            return np.concatenate([np.asarray(runs[s]["measured"][_stage_of(table, s, method)]["zero_shot"][task]
-                                              ["correct"], dtype=float) for s in seeds])
+            return np.mean([np.asarray(runs[s]["measured"][_stage_of(table, s, method)]["zero_shot"][task]
+                                       ["correct"], dtype=float) for s in seeds], axis=0)
         for m in methods:
             c = correct(m)
             acc_rows.append({"method": m, "task": task, "metric": info["metric"], "accuracy": float(c.mean()),
-                             "n_items": len(info["ids"]), "n_pairs": len(c), "chance": info["chance"],
+                             "n_items": len(c), "seeds": len(seeds), "chance": info["chance"],
                              "dropped": info["dropped"]})
         others = [m for m in methods if m != INHERITUNE]
         if others and len(correct(INHERITUNE)) >= 2:
             t = named_tests(np.stack([correct(m) for m in others]), np.tile(correct(INHERITUNE), (len(others), 1)),
-                            others, True, n_resamples, quantity="zero-shot accuracy", unit="(seed, item)")
+                            others, True, n_resamples, quantity="zero-shot accuracy", unit="item (mean over seeds)")
             per_task.append(t.assign(task=task, method=t["k"]))
     if not per_task:
         return pd.DataFrame(acc_rows), pd.DataFrame()
@@ -324,7 +325,7 @@ def method_table(table: pd.DataFrame, tests: pd.DataFrame, speed: pd.DataFrame) 
                "val_loss_max": g["val_loss"].max(), "train_flops": g["train_flops"].mean(),
                "total_flops": g["total_flops"].mean(), "uses_reference": bool(g["uses_reference"].iloc[0]),
                "n_lazy_layers_max": int(g["n_lazy_layers"].max()), "min_max_rank": float(g["min_max_rank"].min())}
-        for unit, tag in (("training seed", "seeds"), ("(seed, validation window)", "windows")):
+        for unit, tag in (("training seed", "seeds"), ("validation window (mean over seeds)", "windows")):
             t = tests[(tests["k"] == m) & (tests["unit"] == unit)]
             if len(t):
                 r = t.iloc[0]
@@ -360,13 +361,17 @@ def curves_figure(runs: dict[int, dict], out: Path, subtitle: str, png: bool) ->
         df = pd.concat(series, axis=1)
         c = palette[i % len(palette)]
         x = list(df.index)
-        fig.add_scatter(x=x + x[::-1], y=list(df.max(axis=1)) + list(df.min(axis=1))[::-1], fill="toself",
+        fig.add_scatter(x=x + x[::-1], y=list(df.max(axis=1)) + list(df.min(axis=1))[::-1], fill="toself", mode="lines",
                         fillcolor=c, opacity=0.15, line=dict(width=0), showlegend=False, hoverinfo="skip")
         fig.add_scatter(x=x, y=df.mean(axis=1), mode="lines", name=m,
                         line=dict(color=c, width=3 if m == INHERITUNE else 1.5))
-    fig.update_layout(title=f"Validation loss against steps, mean over {len(runs)} seeds (band: min to max)<br>"
-                            f"<sup>{subtitle}</sup>", xaxis_title="step of the model's own training",
-                      yaxis_title="validation loss", template="plotly_white")
+    finals = [v for series in curves.values() for sr in series for v in sr.iloc[-1:]]
+    warm = [v for series in curves.values() for sr in series for v in sr.iloc[:1] if v < max(finals) + 2]
+    top = max(warm + finals) + 0.2  # the warm starts' first points; the fresh inits start far above (ln of vocab)
+    fig.update_layout(title=f"Validation loss against steps, mean over {len(runs)} seeds (band: min to max; y axis "
+                            f"cut at {top:.1f}, the fresh initialisations start near 10.8)<br><sup>{subtitle}</sup>",
+                      xaxis_title="step of the model's own training (warm starts' sources not counted)",
+                      yaxis_title="validation loss", yaxis_range=[min(finals) - 0.1, top], template="plotly_white")
     return save_figure(fig, out / "inheritune_baselines_val_loss", png=png, width=1100, height=600, scale=1.5)
 
 

@@ -320,8 +320,8 @@ def test_steps_to_reach_interpolates_the_first_crossing():
 
 @pytest.mark.slow
 def test_inheritune_baselines_analysis_end_to_end(tmp_path):
-    """Two seeds of a tiny run: every method is compared with Inheritune over seeds and over windows, the final
-    losses are the runs' own, the speed-up is the geometric mean of the per-seed step ratios read from the
+    """Two seeds of a tiny run: every method is compared with Inheritune over seeds and over windows (each window's
+    loss averaged over the seeds), the final losses are the runs' own, the speed-up is the geometric mean of the per-seed step ratios read from the
     histories, and a rerun reads everything back."""
     import json
 
@@ -355,9 +355,16 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
         row = next(t for t in result["convergence_tests"] if t["k"] == "distill logit")
         assert np.isnan(logit["speedup"]) and row["verdict"] == "not tested" and "unbounded" in row["test_note"]
     tests = result["final_loss_tests"]
-    assert {t["unit"] for t in tests} == {"training seed", "(seed, validation window)"}
+    assert {t["unit"] for t in tests} == {"training seed", "validation window (mean over seeds)"}
     assert all(t["b"] == "Inheritune" and t["verdict"] for t in tests)
-    assert {t["n"] for t in tests} == {2, 2 * 3}  # seeds; seeds x windows
+    assert {t["n"] for t in tests} == {2, 3}  # seeds; windows
+    windows = {s: json.loads(next((tmp_path / "runs" / "extras").glob(f"seed_{s}_distill_logit_2L.json")).read_text())
+               ["value"]["window_losses"] for s in (0, 1)}
+    inh = {s: json.loads(next((tmp_path / "runs" / "extras").glob(f"seed_{s}_student_2L.json")).read_text())
+           ["value"]["window_losses"] for s in (0, 1)}
+    by_window = next(t for t in tests if t["k"] == "distill logit" and t["unit"].startswith("validation window"))
+    expected = np.mean([np.mean(windows[s]) - np.mean(inh[s]) for s in (0, 1)])  # the mean of per-window differences
+    assert by_window["difference"] == pytest.approx(expected)
     assert result["zero_shot_accuracy"] and result["stage_methods"]["distill logit"].startswith("fresh n layers")
     again = script.main(argv)  # from the runs and the cached measurements
     assert again["val_loss_mean"].tolist() == methods["val_loss_mean"].tolist()
