@@ -96,7 +96,8 @@ class InherituneSettings:
     distill_alpha: float = option(0.5, "logit distillation: weight of the T^2 KL term (the language-model loss gets "
                                   "1 - alpha); DistilBERT's weights are its own (5 soft, 2 LM, 1 cosine)")
     widen_noise: float = option(1e-3, "half-width warm start: std of the noise on the second copy of each weight")
-    plan: bool = option(False, "print every stage's tokens and FLOPs and the projected GPU-hours, then stop")
+    plan: bool = option(False, "print every stage's tokens and FLOPs and the projected GPU-hours, write them to "
+                        "--figures/inheritune_plan_<preset>.csv, then stop")
     gpu_peak_tflops: float = option(GPU_PEAK_FLOPS / 1e12, "--plan: the GPU's dense bf16 peak (TFLOP/s)")
     gpu_fraction: float = option(ASSUMED_FRACTION_OF_PEAK, "--plan: the share of that peak training reaches "
                                  "(default: the share docs/benchmarks.md measured for the evaluator; no GPU training "
@@ -419,6 +420,9 @@ def main(argv=None):
     if a.plan:
         table = plan(a)
         print(table.to_string(index=False))
+        Path(a.figures).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(a.figures) / f"inheritune_plan_{a.preset}.csv", table.assign(
+            gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=a.gpu_fraction).to_csv(index=False))
         total = GPUProjection(float((table["flops"] + table["teacher_flops"]).sum()), a.gpu_peak_tflops * 1e12,
                               a.gpu_fraction)
         print(f"{a.preset}: {len(table)} stages, {total.describe()}")

@@ -36,15 +36,19 @@ def test_cpu_presets_keep_the_paper_presets_depth_ratios():
         assert small.train.steps == script.parse_args([]).steps and small.d_model == 64
 
 
-def test_presets_refuse_devices_they_cannot_run_on(capsys):
+def test_presets_refuse_devices_they_cannot_run_on(capsys, tmp_path):
+    import pandas as pd
+
     script = load_script("inheritune")
     for preset in ("gpt2-medium", "gpt2-xl"):
         with pytest.raises(SystemExit):
             script.parse_args(["--preset", preset, "--device", "cpu"])
         err = capsys.readouterr().err
         assert "needs a CUDA GPU" in err and "--preset cpu-" in err
-    plan = script.main(["--preset", "gpt2-xl", "--device", "cpu", "--plan"])  # its cost, without a GPU
+    plan = script.main(["--preset", "gpt2-xl", "--device", "cpu", "--plan", "--figures", str(tmp_path)])  # its cost
     assert plan["stage"].iloc[0] == "reference_48L" and plan["gpu_hours"].sum() > 100
+    written = pd.read_csv(tmp_path / "inheritune_plan_gpt2-xl.csv")
+    assert written["flops"].tolist() == pytest.approx(plan["flops"].tolist()) and (written["gpu_fraction"] == 0.44).all()
     with pytest.raises(SystemExit):
         script.parse_args(["--distill-temperature", "0"])
     assert "temperature must be > 0" in capsys.readouterr().err
