@@ -19,6 +19,7 @@ from lens_heads.collapse.inheritune import (
                                    run_inheritune,
                                    stack,
 )
+from lens_heads.collapse.heal import Healed, heal, removal_arms, truncation
 from lens_heads.collapse.layers import LayerScores, layer_scores
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.collapse.train import (  # train() itself: lens_heads.collapse.train.train (keeps the module reachable)
@@ -56,7 +57,8 @@ __all__ = [
     "PrunedModel", "prune", "prune_arguments", "first_layers", "kv_account",
     "SweepResult", "load_sweep", "run_sweep", "SweepComparison", "compare_sweeps", "read_sweep",
     "HeadEffects", "head_effects",
-    "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores", "Explorer", "explore",
+    "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores", "Healed", "heal", "removal_arms",
+    "truncation", "Explorer", "explore",
     "TokenCorpus", "gpt2_tokenizer", "load_corpus", "RankTracker", "TrainConfig",
     "GPT2Options", "gpt2_config", "gpt2_model",
     "InherituneConfig", "InherituneResult", "grow", "inherit", "inherit_first_layers", "inherit_later_layers",
