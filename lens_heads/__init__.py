@@ -9,6 +9,7 @@ from lens_heads.ablation.kv_cache import kv_account
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
 from lens_heads.collapse.corpus import TokenCorpus, gpt2_tokenizer, load_corpus
 from lens_heads.collapse.gpt2 import GPT2Options, gpt2_config, gpt2_model
+from lens_heads.collapse.heal import Healed, heal, removal_arms, truncation
 from lens_heads.collapse.inheritune import (
                                    InherituneConfig,
                                    InherituneResult,
@@ -19,7 +20,6 @@ from lens_heads.collapse.inheritune import (
                                    run_inheritune,
                                    stack,
 )
-from lens_heads.collapse.heal import Healed, heal, removal_arms, truncation
 from lens_heads.collapse.layers import LayerScores, layer_scores
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.collapse.train import (  # train() itself: lens_heads.collapse.train.train (keeps the module reachable)
