@@ -65,7 +65,8 @@ class HealSettings:
     min_lr: float = option(1e-5, "final learning rate (cosine)", parse=float)
     warmup_steps: int = option(3, "linear warm-up steps", parse=int)
     eval_every: int = option(10, "validation loss every this many steps", parse=int)
-    eval_batches: int = option(2, "validation batches (windows = eval_batches x batch_size)", parse=int)
+    eval_batches: int = option(2, "validation batches of the loss curve (eval_batches x batch_size windows)", parse=int)
+    windows: int = option(16, "validation windows of the final per-window losses the tests pair", parse=int)
     out: str = option(str(cache_dir() / "heal"), "resumable run folder")
     figures: str = option(str(ROOT / "figures"), "where layer scores are read and results go")
     threads: int | None = option(None, "torch CPU threads", parse=int)
@@ -79,9 +80,9 @@ class HealSettings:
 
 
 @torch.no_grad()
-def window_losses(model, corpus, cfg: TrainConfig) -> list[float]:
-    """The final loss of each fixed validation window (the windows ``validation_loss`` averages)."""
-    windows = eval_windows(corpus.val, cfg.eval_batches * cfg.batch_size, cfg.seq_len).to(model.cfg.device)
+def window_losses(model, corpus, n: int, seq_len: int) -> list[float]:
+    """The loss of each of ``n`` fixed validation windows, evenly spaced over the held-out split."""
+    windows = eval_windows(corpus.val, n, seq_len).to(model.cfg.device)
     return [lm_loss(model, w[None]).item() for w in windows]
 
 
@@ -121,7 +122,7 @@ def run(s: HealSettings) -> dict:
             healed = heal(model, arms[arm], corpus, cfg, out_dir=folder, progress=False)
             losses_path = folder / "window_losses.json"
             if not losses_path.exists():
-                atomic_write_json(losses_path, window_losses(healed.model, corpus, cfg))
+                atomic_write_json(losses_path, window_losses(healed.model, corpus, s.windows, s.seq_len))
             windows[arm, seed] = json.loads(losses_path.read_text())
             result = evaluated(healed.model, task, folder / "eval.json")
             correct[arm, seed] = [float(it.correct("sum")) for it in result.items]
@@ -140,10 +141,12 @@ def run(s: HealSettings) -> dict:
 
     loss_tests = calling.paired_tests(np.stack([mean_over_seeds(windows, a) for a in others]),
                                       np.stack([mean_over_seeds(windows, REFERENCE)] * len(others)), others,
-                                      higher_is_better=False, b=REFERENCE, outcome="final validation loss")
+                                      higher_is_better=False, b=REFERENCE, outcome="final validation loss",
+                                      metric="val_loss")
     acc_tests = calling.paired_tests(np.stack([mean_over_seeds(correct, a) for a in others]),
                                      np.stack([mean_over_seeds(correct, REFERENCE)] * len(others)), others,
-                                     higher_is_better=True, b=REFERENCE, outcome="accuracy")
+                                     higher_is_better=True, b=REFERENCE, outcome="accuracy",
+                                     metric="accuracy")
     tests = calling.call_table(pd.concat([loss_tests, acc_tests], ignore_index=True).assign(a=lambda d: d["k"]))
     tests["sentence"] = [calling.sentence(r, r["outcome"], ".3f", lower_is_better=r["outcome"] != "accuracy")
                          for r in tests.to_dict("records")]
@@ -158,7 +161,7 @@ def run(s: HealSettings) -> dict:
              "against Inheritune's truncation (first layers kept), paired over validation windows and task items",
         model=s.model, weight_basis=model_meta(model).get("weight_basis"), model_meta=model_meta(model),
         data=dict(task=task.meta() if hasattr(task, "meta") else s.task, corpus=dict(corpus.meta)),
-        n=len(task), n_windows=s.eval_batches * s.batch_size, seeds=list(s.seeds), steps=s.steps,
+        n=len(task), n_windows=s.windows, seeds=list(s.seeds), steps=s.steps,
         tokens_per_step=s.batch_size * s.seq_len, chance=full.chance, full_accuracy=full.accuracy,
         n_layers=scores.n_layers, k=len(next(iter(arms_by_seed.values()))["lazy"]),
         lazy_layers=[int(i) for i in np.flatnonzero(scores.lazy)], layer_scores_source=scores_source,

@@ -72,8 +72,9 @@ def pct(share: Any, spec: str = ".1f") -> str:
 
 
 def _is_cost(row: dict) -> bool:
-    """A KL is a cost (lower is better); accuracy, gold log-prob and shares zeroable are better higher."""
-    return str(row.get("summary", row.get("metric", ""))).startswith("kl")
+    """A KL and a validation loss are costs (lower is better); accuracy, gold log-prob and shares zeroable are
+    better higher."""
+    return str(row.get("summary", row.get("metric", ""))).startswith(("kl", "val_loss"))
 
 
 def upper_first(text: str) -> str:
