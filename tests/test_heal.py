@@ -127,3 +127,37 @@ def test_a_folder_of_other_blocks_is_refused(tmp_path):
         heal(source, [2], corpus(), CONFIG, out_dir=tmp_path / "arm", device="cpu", progress=False)
     with pytest.raises(InputError):
         truncation(4, 4)
+
+
+@pytest.mark.slow
+def test_heal_analysis_end_to_end_and_resumed(tmp_path, monkeypatch):
+    """The analysis on a tiny folder (corpus: the 7-token cycle): every arm's budget equal, each accuracy test's
+    difference the difference of the two arms' accuracies, and a second run reading every arm back unchanged."""
+    import json
+
+    from conftest import load_script
+
+    script = load_script("heal")
+    monkeypatch.setattr(script, "load_corpus", lambda *a, **k: corpus())
+    folder = llama_folder(tmp_path / "tiny", n_layers=5)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    layers = scores(5, lazy=(2, 3)).to_dict()
+    (figures / f"layers_{script.recorded_name(str(folder), 'arc_easy')}.json").write_text(
+        json.dumps({"layer_scores": layers}))
+    argv = ["--model", str(folder), "--n", "6", "--seeds", "0,1", "--steps", "4", "--batch-size", "2", "--seq-len",
+            "16", "--warmup-steps", "1", "--eval-every", "2", "--eval-batches", "1", "--windows", "6", "--out",
+            str(tmp_path / "runs"), "--figures", str(figures), "--no-png"]
+    script.main(argv)
+    path = next(figures.glob("heal_*.json"))
+    first = json.loads(path.read_text())
+    budget = {(r["budget_steps"], r["budget_tokens_seen"], r["budget_n_params"]) for r in first["table"]}
+    assert len(budget) == 1 and next(iter(budget))[:2] == (4, 4 * 2 * 16)  # steps, steps x batch x seq_len
+    assert {a: v["inheritune"] for a, v in first["arms"].items()} == {"0": [3, 4], "1": [3, 4]}
+    for t in first["tests"]:
+        if t["metric"] == "accuracy":
+            s = first["summary"]
+            assert t["difference"] == pytest.approx(s[t["a"]]["accuracy"] - s["inheritune"]["accuracy"])
+    script.main(argv)
+    again = json.loads(path.read_text())
+    assert again["table"] == first["table"] and again["tests"] == first["tests"]
