@@ -72,12 +72,13 @@ def pct(share: Any, spec: str = ".1f") -> str:
 
 
 def _is_cost(row: dict) -> bool:
-    """A KL is a cost (lower is better); accuracy, gold log-prob and shares zeroable are better higher. A record that
-    states its direction (a ``higher_is_better`` column of True or False: a loss, steps to a loss) is taken at it."""
+    """A KL and a validation loss are costs (lower is better); accuracy, gold log-prob and shares zeroable are better
+    higher. A record that states its direction (a ``higher_is_better`` column of True or False: a loss, steps to a
+    loss) is taken at it."""
     stated = row.get("higher_is_better")
     if isinstance(stated, bool):
         return not stated
-    return str(row.get("summary", row.get("metric", ""))).startswith("kl")
+    return str(row.get("summary", row.get("metric", ""))).startswith(("kl", "val_loss"))
 
 
 def upper_first(text: str) -> str:
