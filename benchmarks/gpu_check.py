@@ -346,10 +346,13 @@ def measure_shape(name: str, s: GpuCheck) -> ShapeResult:
     size, memory = auto.meta["batch_size"], peak_memory_gib(device)
     runs = alternate({"evaluator": lambda: logprobs_of(evaluate(model, task, batch_size=size, progress=False)),
                       "HF SDPA": lambda: hf_logprobs(hf, model, task, size)}, s.repeats)
-    scoring = timed(lambda: _synced(lambda: score_heads(model, task, batch_size=size, progress=False), device))
+    # the scoring pass and a threshold unit read attention patterns (eager attention): they size their own batches,
+    # found once before timing (the evaluator's fused-attention size runs them out of memory)
+    score_size = score_heads(model, task, batch_size="auto", progress=False).meta["batch_size"]
+    scoring = timed(lambda: _synced(lambda: score_heads(model, task, batch_size=score_size, progress=False), device))
     threshold = thresholds(scoring.out, SCORE, [FRACTION])[FRACTION]
     unit = timed(lambda: run_unit(model, task, ThresholdAblation(SCORE, FRACTION, threshold=threshold),
-                                  batch_size=size, progress=False))
+                                  batch_size=score_size, progress=False))
     eval_flops, cfg = evaluation_flops(model, task), model.cfg
     score_flops, tokens = forward_flops(cfg, lengths, 0), sum(lengths)
     walls = dict(evaluator=runs["evaluator"].wall, hf=runs["HF SDPA"].wall, scoring=scoring.wall, unit=unit.wall)
