@@ -41,7 +41,6 @@ from lens_heads import load_model, load_task, score_heads
 from lens_heads.ablation.hooks import static_zeroing
 from lens_heads.ablation.kv_cache import freed_groups
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
-from lens_heads.experiments.layer_removal import mean_intervals
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive, score_names
 from lens_heads.models.loading import DEFAULT_MODEL, model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
@@ -103,7 +102,7 @@ def table(model, base, results, sets: list[dict], s: KVSettings) -> pd.DataFrame
             kv.append(float(freed.float().mean()))
             layers.append(int(mask.all(1).sum()))
         change = np.mean([[it.gold_bits_per_byte for it in r.items] for r in group["result"]], axis=0) - base_bpb
-        boot = mean_intervals(change[None], n_resamples=s.n_resamples, seed=s.seed)
+        boot = inference.mean_intervals(change[None], n_resamples=s.n_resamples, seed=s.seed)
         rows.append(dict(curve=curve, fraction=f, heads=len(group["heads"].iloc[0]), draws=len(group),
                          kv_share=float(np.mean(kv)), kv_share_min=min(kv), kv_share_max=max(kv),
                          whole_layers=float(np.mean(layers)), physical_kv_share=0.0,

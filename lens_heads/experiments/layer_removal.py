@@ -194,7 +194,7 @@ class RemovalCurves:
         for curve in self.names():
             counts = self.counts(curve)
             stacked = np.concatenate([self.per_item(curve, m) for m in ("correct", *METRICS)])
-            boot = mean_intervals(stacked, n_resamples=n_resamples, seed=seed)
+            boot = inference.mean_intervals(stacked, n_resamples=n_resamples, seed=seed)
             members = self.averaged.get(curve)
             for i, k in enumerate(counts):
                 unit = self._curve(curve)[k]
@@ -254,17 +254,6 @@ def _removed(unit: UnitResult) -> str:
     layers = [layer for layer in range(share.shape[0]) if share[layer].all()]
     return " ".join(map(str, layers)) if layers and share.sum() == len(layers) * share.shape[1] else \
         f"{int(share.sum())} heads"
-
-
-# ---------------------------------------------------------------- intervals and tests over items
-
-
-def mean_intervals(x: Float[np.ndarray, "row item"], *, n_resamples: int = inference.N_RESAMPLES, seed: int = 0,
-                   confidence: float = inference.CONFIDENCE) -> inference.Bootstrap:
-    """The mean over items of each row of ``x`` with its percentile-bootstrap interval; equal ``seed`` and item
-    count resample the same items, so intervals of different rows and calls are paired."""
-    return inference.bootstrap_items(lambda idx: x[:, idx].mean(-1), x.shape[1], n_resamples=n_resamples,
-                                     seed=seed, confidence=confidence)
 
 
 def removal_curves(model, task, plans: Mapping[str, Sequence[AblationSpec]], *, out_dir=None, **settings

@@ -58,11 +58,6 @@ def verdict(low: float, high: float, p_adjusted: float, *, higher_is_better: boo
     return f"{a} better" if (called == HIGHER) == higher_is_better else f"{b} better"
 
 
-def is_called(verdict_: str) -> bool:
-    """Whether a verdict claims a difference."""
-    return verdict_ not in UNCALLED
-
-
 def call_table(table: pd.DataFrame, *, alpha: float = ALPHA) -> pd.DataFrame:
     """``table`` (one comparison a row: ``difference``, ``low``, ``high``, ``p_value``, ``higher_is_better`` (True,
     False or None: no better direction); ``a`` and ``b`` name the sides where it has them) with ``p_adjusted``
@@ -84,8 +79,7 @@ def paired_tests(x: Float[np.ndarray, "row item"], y: Float[np.ndarray, "row ite
     """Per row, mean(x - y) over the same items with its paired bootstrap interval and a paired permutation p-value
     (each item's two values swapped at random), called by the rule over these rows (``describe``: columns every row
     carries, e.g. ``a=``/``b=`` naming the sides)."""
-    boot = inference.bootstrap_items(lambda idx: (x - y)[:, idx].mean(-1), x.shape[1], n_resamples=n_resamples,
-                                     seed=seed)
+    boot = inference.mean_intervals(x - y, n_resamples=n_resamples, seed=seed)
     out = []
     for r, label in enumerate(labels):
         both = np.concatenate([x[r], y[r]])

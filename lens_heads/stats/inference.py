@@ -92,6 +92,14 @@ def bootstrap_items(statistic: Statistic, n_items: int, *, n_resamples: int = N_
     return Bootstrap(estimates, replicates, low, high, n_items, n_resamples, seed, confidence)
 
 
+def mean_intervals(x: Float[np.ndarray, "row item"], *, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                   confidence: float = CONFIDENCE) -> Bootstrap:
+    """The mean over items of each row of ``x`` with its percentile-bootstrap interval; equal ``seed`` and item
+    count resample the same items, so intervals of different rows and calls are paired."""
+    return bootstrap_items(lambda idx: x[:, idx].mean(-1), x.shape[1], n_resamples=n_resamples, seed=seed,
+                           confidence=confidence)
+
+
 def percentile_interval(estimate: float, replicates: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """The percentile interval of a quantity derived from bootstrap replicates (a difference of two of them): the
     same interval ``scipy.stats.bootstrap(method='percentile')`` gives for that quantity on the same resamples."""
