@@ -61,6 +61,29 @@ REFUSED = {("olmo-2-gqa", "hooked"): (NotImplementedError, "OLMo-2 weights only 
 INPUTS = [[BOS, 17, 42, 5, 88, 23, 61, 9, 30, 77, 12], [BOS, 64, 3, 51, 19, 95, 40], [BOS, 8, 73, 26, 58, 33, 90, 14, 47]]
 
 
+def family_configs(n_layers: int) -> dict[str, dict]:
+    """Tiny sizes per Hugging Face ``model_type`` with ``n_layers`` layers (grouped-query attention and sliding
+    windows where the family has them): the folders the loading and pruning tests build."""
+    small = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=n_layers,
+                 num_attention_heads=4, max_position_embeddings=64)
+    windows = dict(sliding_window=4, query_pre_attn_scalar=16)
+    return {
+        "llama": dict(small, num_key_value_heads=2),
+        "qwen2": dict(small, num_key_value_heads=2),
+        "gpt2": dict(vocab_size=101, n_embd=64, n_layer=n_layers, n_head=4, n_positions=64),
+        "gemma3_text": dict(small, num_key_value_heads=2, head_dim=16, **windows,
+                            layer_types=(["sliding_attention", "full_attention"] * n_layers)[:n_layers]),
+        "qwen3": dict(small, num_key_value_heads=2, head_dim=16),
+        "mistral": dict(small, num_key_value_heads=2, head_dim=16),
+        "olmo": dict(small),
+        "olmo2": dict(small),
+        "gemma": dict(small, num_key_value_heads=1, head_dim=16),
+        "gemma2": dict(small, num_key_value_heads=2, head_dim=16, **windows),
+        "gpt_neox": dict(small),
+        "phi3": dict(small, num_key_value_heads=2, pad_token_id=0),
+    }
+
+
 def build_folder(family: str, folder: Path, *, config: dict | None = None, seed: int = 0, tokenizer=None) -> Path:
     """Save a tiny random ``family`` model (``config``: fields over its tiny ones) and a word-level tokenizer of
     ``VOCAB`` tokens ("t0".."t99") into ``folder`` (or ``tokenizer``, with the model's vocabulary its size). Norm

@@ -3,6 +3,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from families import family_configs
 from lens_heads import ModelUnavailableError, load_model, tiny_model, weight_basis
 from lens_heads.models.loading import embedded_model_folder, expand_kv
 
@@ -211,23 +212,7 @@ def test_reduced_precision_loads_and_unsupported_dtypes_or_devices_are_refused(g
         load_model(str(folder), dtype="float16", device="cpu")
 
 
-SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-             max_position_embeddings=64)
-FAMILIES = {  # model_type: tiny sizes (grouped-query attention and sliding windows where the family has them)
-    "gpt2": dict(vocab_size=101, n_embd=64, n_layer=3, n_head=4, n_positions=64),
-    "llama": dict(SMALL, num_key_value_heads=2),
-    "qwen2": dict(SMALL, num_key_value_heads=2),
-    "qwen3": dict(SMALL, num_key_value_heads=2, head_dim=16),
-    "mistral": dict(SMALL, num_key_value_heads=2, head_dim=16),
-    "olmo": dict(SMALL),
-    "olmo2": dict(SMALL),
-    "gemma": dict(SMALL, num_key_value_heads=1, head_dim=16),
-    "gemma2": dict(SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=16),
-    "gemma3_text": dict(SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
-                        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
-    "gpt_neox": dict(SMALL),
-    "phi3": dict(SMALL, num_key_value_heads=2, pad_token_id=0),
-}
+FAMILIES = family_configs(3)  # model_type: tiny sizes
 
 
 @pytest.mark.floats

@@ -15,29 +15,14 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from families import family_configs
 from lens_heads import InputError, load_model
 from lens_heads.ablation.hooks import mean_z, static_zeroing
 from lens_heads.ablation.layers import remove_layers
 from lens_heads.ablation.prune import first_layers, prune, prune_arguments
 from lens_heads.ablation.specs import LayerRemoval, RandomAblation, StaticAblation
 
-SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-             max_position_embeddings=64)
-FAMILIES = {  # model_type: tiny sizes (grouped-query attention and sliding windows where the family has them)
-    "llama": dict(SMALL, num_key_value_heads=2),
-    "qwen2": dict(SMALL, num_key_value_heads=2),
-    "gpt2": dict(vocab_size=101, n_embd=64, n_layer=4, n_head=4, n_positions=64),
-    "gemma3_text": dict(SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
-                        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
-    "qwen3": dict(SMALL, num_key_value_heads=2, head_dim=16),
-    "mistral": dict(SMALL, num_key_value_heads=2, head_dim=16),
-    "olmo": dict(SMALL),
-    "olmo2": dict(SMALL),
-    "gemma": dict(SMALL, num_key_value_heads=1, head_dim=16),
-    "gemma2": dict(SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=16),
-    "gpt_neox": dict(SMALL),
-    "phi3": dict(SMALL, num_key_value_heads=2, pad_token_id=0),
-}
+FAMILIES = family_configs(4)  # model_type: tiny sizes
 FAST = ("llama", "qwen2", "gpt2", "gemma3_text")  # the rest run in the full suite
 NO_OUTPUT_BIAS = ("qwen2", "mistral", "phi3")  # configs that can't give the attention output a bias
 HEADS = [(0, 1), (2, 0), (2, 3), (1, 2)]  # (1, 2) sits in the removed layer
