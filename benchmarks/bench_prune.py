@@ -148,7 +148,7 @@ def measure_k(model, original, task, tokens, layers: list[int], folder: Path, s:
     from transformers import AutoModelForCausalLM
 
     from lens_heads import load_model, prune
-    from lens_heads.ablation.layers import remove_layers
+    from lens_heads.ablation.removed_layers import remove_layers
     from lens_heads.evaluation.evaluate import evaluate
 
     prune(model, layers=layers, part="block").save(folder)

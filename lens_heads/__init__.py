@@ -10,8 +10,8 @@ attention-collapse side's training is in namespaces: ``lh.inheritune`` (inherit,
 
 from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.ablation.kv_cache import kv_account
-from lens_heads.ablation.layers import remove_layers
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
+from lens_heads.ablation.removed_layers import remove_layers
 from lens_heads.collapse import corpus, gpt2, inheritune, train
 from lens_heads.collapse.heal import Healed, heal, removal_arms, truncation
 from lens_heads.collapse.layers import LayerScores, layer_scores
@@ -30,12 +30,12 @@ from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.heads.thresholds_file import Thresholds, load_thresholds, save_thresholds
 from lens_heads.models.loading import (
-                                   DEFAULT_MODEL,
-                                   ModelUnavailableError,
-                                   load_model,
-                                   model_meta,
-                                   tiny_model,
-                                   weight_basis,
+    DEFAULT_MODEL,
+    ModelUnavailableError,
+    load_model,
+    model_meta,
+    tiny_model,
+    weight_basis,
 )
 from lens_heads.plumbing.errors import InputError
 from lens_heads.viz.explorer import Explorer, explore

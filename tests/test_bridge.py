@@ -131,7 +131,7 @@ def test_pruned_folder_equals_the_bridge_s_hooked_ablation(bridge, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from lens_heads import prune
-    from lens_heads.ablation.layers import remove_layers
+    from lens_heads.ablation.removed_layers import remove_layers
 
     tokens = torch.tensor([[1, 504, 3458, 282, 4649, 314, 7042, 28, 284, 260]])
     heads, layers = [(3, 1), (10, 4), (20, 0)], [12, 25]

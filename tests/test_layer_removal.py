@@ -11,7 +11,7 @@ import torch
 from conftest import LOGLIK_TOL, text_model
 from lens_heads import layer_scores, run_sweep
 from lens_heads.ablation.hooks import zero_heads
-from lens_heads.ablation.layers import check_layer_order, remove_layers
+from lens_heads.ablation.removed_layers import check_layer_order, remove_layers
 from lens_heads.ablation.specs import LayerRemoval, StaticAblation, from_dict
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each

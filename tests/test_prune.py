@@ -18,8 +18,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 from families import family_configs
 from lens_heads import InputError, load_model
 from lens_heads.ablation.hooks import mean_z, static_zeroing
-from lens_heads.ablation.layers import remove_layers
 from lens_heads.ablation.prune import first_layers, prune, prune_arguments
+from lens_heads.ablation.removed_layers import remove_layers
 from lens_heads.ablation.specs import LayerRemoval, RandomAblation, StaticAblation
 
 FAMILIES = family_configs(4)  # model_type: tiny sizes

@@ -1,6 +1,6 @@
 """Bake a static ablation into a Hugging Face model and export it: :func:`prune`.
 
-What the hooks of :mod:`lens_heads.ablation.hooks` and :mod:`lens_heads.ablation.layers` do at run time, written into
+What the hooks of :mod:`lens_heads.ablation.hooks` and :mod:`lens_heads.ablation.removed_layers` do at run time, written into
 the weights of the Hugging Face model the lens_heads model was loaded from, so that plain ``transformers`` runs the
 ablated model with no lens_heads installed:
 
@@ -39,7 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_heads.ablation.hooks import ABLATIONS
-from lens_heads.ablation.layers import PARTS, check_layer_order, check_layers
+from lens_heads.ablation.removed_layers import PARTS, check_layer_order, check_layers
 from lens_heads.ablation.specs import LayerRemoval, StaticAblation
 from lens_heads.models.loading import EMBEDDED, embedded_model_folder, weight_basis
 from lens_heads.plumbing.errors import InputError
@@ -109,7 +109,7 @@ class PrunedModel:
         """The hooked ablation this export bakes in, on the original lens_heads ``model``: static zeroing of
         ``heads`` (under ``ablation``) and the removal of ``layers``, as TransformerLens hook pairs."""
         from lens_heads.ablation.hooks import static_zeroing
-        from lens_heads.ablation.layers import remove_layers
+        from lens_heads.ablation.removed_layers import remove_layers
 
         hooks = static_zeroing(model, self.heads, ablation=self.ablation, means=self.means).hooks if self.heads else []
         return hooks + (remove_layers(model, self.layers, part=self.part).hooks if self.layers else [])

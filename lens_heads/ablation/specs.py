@@ -10,7 +10,7 @@ A spec says what to ablate, not how to hook it:
 - :class:`StaticAblation`: a fixed head set for every input: ``heads`` given, or the ``fraction`` most inactive heads
   of ``score`` by its mean over the calibration.
 - :class:`LayerRemoval`: whole layers for every input, their attention or their whole block
-  (:mod:`lens_heads.ablation.layers`).
+  (:mod:`lens_heads.ablation.removed_layers`).
 - :class:`InputAblation`: each input its own fixed head set (the front of a per-input ranking).
 
 Each has ``ablation``: ``"zero"`` or ``"mean"`` (what replaces an ablated head's output). A spec that needs calibration is :meth:`resolved <AblationSpec.resolve>`
@@ -36,7 +36,7 @@ from lens_heads.ablation.hooks import (
     static_zeroing,
     threshold_zeroing,
 )
-from lens_heads.ablation.layers import PARTS, RemovedLayers, remove_layers
+from lens_heads.ablation.removed_layers import PARTS, RemovedLayers, remove_layers
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import most_inactive
 from lens_heads.plumbing.errors import InputError

@@ -24,7 +24,7 @@ import pandas as pd
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from lens_heads.ablation.layers import check_layer_order, check_layers
+from lens_heads.ablation.removed_layers import check_layer_order, check_layers
 from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation, Unablated
 from lens_heads.data.rows import DEFAULT_PROTOCOL
 from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_values
