@@ -15,7 +15,7 @@ from lens_heads import InputError
 from lens_heads.ablation.prune import prune
 from lens_heads.collapse.corpus import TokenCorpus
 from lens_heads.collapse.heal import ARMS, heal, removal_arms, truncation
-from lens_heads.collapse.layers import LayerScores
+from lens_heads.collapse.layer_ranking import LayerScores
 from lens_heads.collapse.train import TrainConfig, eval_windows
 
 VOCAB = 61

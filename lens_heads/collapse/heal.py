@@ -18,7 +18,7 @@ import numpy as np
 
 from lens_heads.ablation.prune import RECORD, prune
 from lens_heads.ablation.removed_layers import check_layers
-from lens_heads.collapse.layers import LayerScores
+from lens_heads.collapse.layer_ranking import LayerScores
 from lens_heads.collapse.train import TrainConfig, TrainResult, train
 from lens_heads.models.loading import load_model
 from lens_heads.plumbing.errors import InputError

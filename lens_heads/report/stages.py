@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lens_heads.collapse.layers import layer_scores
+from lens_heads.collapse.layer_ranking import layer_scores
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.data.tasks import Task
 from lens_heads.experiments.agreement import score_agreement
