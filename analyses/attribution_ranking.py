@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from lens_heads.data.tasks import load_task
-from lens_heads.experiments.attribution_ranking import AttributionRanking, attribution_ranking, held_out
+from lens_heads.experiments.attribution import AttributionRanking, attribution_ranking, held_out
 from lens_heads.experiments.compare import read_sweep
 from lens_heads.experiments.effects import HeadEffects, task_means
 from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep

@@ -33,7 +33,7 @@ import torch
 
 from lens_heads import evaluate, layer_scores, load_model, load_task
 from lens_heads.collapse.corpus import load_corpus
-from lens_heads.collapse.heal import ARMS, heal, removal_arms
+from lens_heads.collapse.healing import ARMS, heal, removal_arms
 from lens_heads.collapse.layer_ranking import LayerScores
 from lens_heads.collapse.train import TrainConfig, eval_windows, lm_loss
 from lens_heads.evaluation.evaluate import EvalResult

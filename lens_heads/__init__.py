@@ -13,7 +13,7 @@ from lens_heads.ablation.kv_cache import kv_account
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
 from lens_heads.ablation.removed_layers import remove_layers
 from lens_heads.collapse import corpus, gpt2, inheritune, train
-from lens_heads.collapse.heal import Healed, heal, removal_arms, truncation
+from lens_heads.collapse.healing import Healed, heal, removal_arms, truncation
 from lens_heads.collapse.layer_ranking import LayerScores, layer_scores
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records

@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 from lens_heads import InputError
 from lens_heads.ablation.prune import prune
 from lens_heads.collapse.corpus import TokenCorpus
-from lens_heads.collapse.heal import ARMS, heal, removal_arms, truncation
+from lens_heads.collapse.healing import ARMS, heal, removal_arms, truncation
 from lens_heads.collapse.layer_ranking import LayerScores
 from lens_heads.collapse.train import TrainConfig, eval_windows
 

@@ -9,7 +9,7 @@ from conftest import LOGLIK_TOL, text_model, tiny_tokenizer
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.data.tasks import Task, load_task
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.experiments.attribution_ranking import attribution_ranking, held_out
+from lens_heads.experiments.attribution import attribution_ranking, held_out
 from lens_heads.experiments.effects import task_means
 from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
 from lens_heads.experiments.sweep import run_sweep

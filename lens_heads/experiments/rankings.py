@@ -2,7 +2,7 @@
 
 A :class:`Ranking` lists every ``(layer, head)`` of the model, the head to zero first at the front: one order for
 every input (the ablation oracle's :meth:`HeadEffects.order`, an attribution ranking from
-:mod:`lens_heads.experiments.attribution_ranking`, a score's means) or one per input (each input's own attribution,
+:mod:`lens_heads.experiments.attribution`, a score's means) or one per input (each input's own attribution,
 :meth:`HeadEffects.input_orders`).
 
 :func:`ranking_sweep` zeroes (or mean-ablates) the first ``round(p x layers x heads)`` heads of each ranking at each
