@@ -431,7 +431,7 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     store = UnitStore(out_dir, fingerprint)
     progress = progress and distributed.is_main()
     extras = [s for s in dict.fromkeys(list(scores) + list(static_scores)) if s not in SCORE_NAMES]
-    calib = _Calibration(model, task, calibration, store, batch_size, progress, rows, extras, thresholds)
+    calib = Calibration(model, task, calibration, store, batch_size, progress, rows, extras, thresholds)
     settings = dict(batch_size=batch_size, progress=progress, primary=primary, **rows)
     workers = distributed.unit_workers()
     units, n_run = _run_units(model, task, plan, store, calib, set(workers.share(len(plan))), settings,
@@ -578,7 +578,7 @@ class UnitStore:
         return str(self.out) if self.out is not None else None
 
 
-class _Calibration:
+class Calibration:
     """Thresholds and static head sets from the unablated scores (:class:`ScoreCalibration`), computed on first
     need and kept in ``out_dir/calibration.json`` under the run's fingerprint, so a resumed sweep uses exactly the
     thresholds of the first run without scoring again."""
@@ -642,12 +642,12 @@ class _Calibration:
             return {"data": self._scores.meta.get("data"), "n_inputs": len(self._scores)}
         if self._stored and self._stored.get("inputs"):
             return self._stored["inputs"]
-        return {"source": _calibration_id(self._calibration)}
+        return {"source": calibration_id(self._calibration)}
 
 
 def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str,
                  thresholds: Thresholds | None = None, random: str = "per_item") -> dict:
-    calibration = _calibration_id(calibration) if thresholds is None else \
+    calibration = calibration_id(calibration) if thresholds is None else \
         f"thresholds {thresholds.describe()} {thresholds.digest()}"
     # the per-row draw is named only where chosen, so the folders of runs made before it existed keep resuming
     drawn = {"random_draw": random} if random != "per_item" else {}
@@ -670,7 +670,7 @@ def run_fingerprint(model, task, **settings) -> dict:
                 **settings)
 
 
-def _calibration_id(calibration) -> str:
+def calibration_id(calibration) -> str:
     if isinstance(calibration, str) and calibration in CALIBRATIONS:
         return {"rows": "evaluated rows", "prompts": "item prompts"}[calibration]
     values = getattr(calibration, "values", None)
