@@ -43,8 +43,9 @@ from lens_heads.experiments.attribution import AttributionRanking, attribution_r
 from lens_heads.experiments.compare import read_sweep
 from lens_heads.experiments.effects import HeadEffects, task_means
 from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
-from lens_heads.experiments.sweep import SweepResult, save_units
 from lens_heads.experiments.sweep_intervals import kl_at
+from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.unit_store import save_units
 from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text

@@ -15,7 +15,7 @@ has per-item records (its ``sweep_<task>_units.json.gz`` beside the JSON). Outpu
 - ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap (count and
   intersection over union), shared curves;
 - ``compare_spearman_<metric>.csv``: the correlation matrix;
-- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.experiments.sweep.table2``): per (model, task), AWFT's % of heads
+- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.experiments.table2.table2``): per (model, task), AWFT's % of heads
   zeroable within 1 accuracy point (authors' rule) beside the best other curve's, random included, and the
   paper's Average row (the mean over the sweeps; an interval only where every sweep has per-item records);
 - ``compare_ranks_<metric>.png`` and ``compare_spearman_<metric>.png`` (and ``.html``): the two heatmaps;
@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from lens_heads.experiments.compare import METRICS, common_grid, compare_sweeps, on_grid, read_sweep
-from lens_heads.experiments.sweep import table2
+from lens_heads.experiments.table2 import table2
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.plots import PngUnavailable, correlation_heatmap, png_writer, rank_heatmap

@@ -44,7 +44,7 @@ from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import threshold_zeroing
 from lens_heads.evaluation.evaluate import mean_ci
 from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
-from lens_heads.experiments.sweep import run_sweep
+from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.loading import DEFAULT_MODEL, model_meta

@@ -49,7 +49,8 @@ from lens_heads.experiments.layer_removal import (
     removal_plan,
     zeroed_by_layer,
 )
-from lens_heads.experiments.sweep import SweepResult, read_units
+from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.unit_store import read_units
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import model_meta

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_heads.experiments.sweep import SweepResult, read_units
+from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.unit_store import read_units
 from lens_heads.models.loading import DEFAULT_MODEL
 from lens_heads.plumbing.io import safe_name
 from lens_heads.plumbing.settings import option

@@ -14,7 +14,7 @@ Steps:
 1. **Baseline against chance** on every task in ``--check-tasks`` (``--check-n`` items each; MMLU in its 5-shot
    letter format): a model at chance has nothing to lose, so the sweep runs only on tasks whose 95% Wilson interval
    lies above chance (``--force`` overrides).
-2. **The sweep** (``lens_heads.experiments.sweep.run_sweep``) on each remaining task in ``--tasks``, rows laid out by
+2. **The sweep** (``lens_heads.experiments.sweep_run.run_sweep``) on each remaining task in ``--tasks``, rows laid out by
    ``--protocol`` (lm-eval's by default): thresholds from the unablated pooled CDF of each score on the evaluated
    rows (``--calibration``), per-input threshold zeroing at each target fraction,
    the random baseline, and the static pruning view for ``--static-scores``. Units are kept under ``--out`` and a
@@ -50,8 +50,10 @@ from lens_heads.data.rows import PROTOCOLS
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 from lens_heads.evaluation.batching import AUTO
 from lens_heads.evaluation.evaluate import EvalResult, evaluate
+from lens_heads.experiments.calibration import CALIBRATIONS
 from lens_heads.experiments.compare import UNITS_SUFFIX
-from lens_heads.experiments.sweep import CALIBRATIONS, run_sweep, save_units
+from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.unit_store import save_units
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.models.loading import DEFAULT_MODEL, model_meta
 from lens_heads.plumbing import distributed

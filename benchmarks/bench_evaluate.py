@@ -23,7 +23,7 @@ import torch
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.experiments.sweep import DEFAULT_FRACTIONS
+from lens_heads.experiments.sweep_run import DEFAULT_FRACTIONS
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.plumbing.settings import option

@@ -14,7 +14,7 @@ SmolLM2's tokenizer; ``--record-lengths`` remakes it), run through the evaluator
 1. ``batch_size="auto"``: the size it settles on for these rows and the peak GPU memory of that evaluation;
 2. the evaluator (``lens_heads.evaluation.evaluate``, at that batch size) against Hugging Face SDPA on the same batches, the
    same weights and logits at the same read positions: tokens/s of each, and the largest log-likelihood difference;
-3. the scoring pass (``lens_heads.score_heads``) and one threshold-zeroing sweep unit (``lens_heads.experiments.sweep.run_unit``,
+3. the scoring pass (``lens_heads.score_heads``) and one threshold-zeroing sweep unit (``lens_heads.experiments.sweep_run.run_unit``,
    AHON (LN) at the threshold that zeroes 10% on the scoring pass): tokens/s;
 4. achieved FLOP/s (useful FLOPs, ``benchmarks/flops.py``) as a share of the dense matmul FLOP/s measured in the same
    run (best of a few 8192^3 matmuls in the check's dtype on a GPU, 1024^3 on the CPU).
@@ -46,7 +46,7 @@ from lens_heads.ablation.specs import ThresholdAblation
 from lens_heads.data.inputs import pad_id
 from lens_heads.data.tasks import Item, Task
 from lens_heads.evaluation.evaluate import batches, build_rows, evaluate, pad_rows
-from lens_heads.experiments.sweep import run_sweep, run_unit
+from lens_heads.experiments.sweep_run import run_sweep, run_unit
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.loading import check_dtype_on, hooked_from_hf, model_meta

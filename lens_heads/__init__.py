@@ -23,8 +23,10 @@ from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read
 from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.rankings import ranking_sweep
-from lens_heads.experiments.sweep import SweepResult, load_sweep, run_sweep
 from lens_heads.experiments.sweep_intervals import sweep_intervals
+from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.unit_store import load_sweep
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads

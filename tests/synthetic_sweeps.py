@@ -4,7 +4,7 @@ ablation lowers the gold choice's log-likelihood by one of two levels at random.
 import numpy as np
 
 from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
-from lens_heads.experiments.sweep import SweepResult, UnitResult
+from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 
 TARGETS = (0.1, 0.2, 0.3)
 BASE = np.array([0.0, -1.0])  # every item: two choices, gold 0, answered right before any ablation

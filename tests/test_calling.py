@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from lens_heads import InputError
-from lens_heads.experiments.sweep import SweepResult, UnitResult
+from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 from lens_heads.report.stages import headline_tests
 from lens_heads.stats import calling
 from lens_heads.stats import inference as stats

@@ -13,7 +13,9 @@ import pytest
 from conftest import text_model
 from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
 from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep
-from lens_heads.experiments.sweep import SweepResult, UnitResult, load_sweep, run_sweep
+from lens_heads.experiments.sweep_result import SweepResult, UnitResult
+from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.unit_store import load_sweep
 from lens_heads.stats.inference import average_ranks, spearman
 
 N = 10  # items per synthetic evaluation
@@ -277,7 +279,7 @@ def test_report_cli_checks_compare_paths(tmp_path):
 
 
 def test_table2_of_sweeps_and_of_their_records_by_hand():
-    from lens_heads.experiments.sweep import table2
+    from lens_heads.experiments.table2 import table2
 
     # line = 80 - 1 = 79; authors' rule: last crossing in order of target fraction, 0 if none
     curves = {"AWFT": (80, 70), "S2": (70, 60), "S3": (80, 80), "random": (60, 40)}
@@ -399,7 +401,7 @@ def test_zeroed_head_overlap_by_hand():
 def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
     from conftest import load_script
     from lens_heads.experiments.compare import compare_settings
-    from lens_heads.experiments.sweep import save_units
+    from lens_heads.experiments.unit_store import save_units
     from synthetic_sweeps import synthetic_sweep as item_sweep
 
     plain = _with_setting(item_sweep(np.random.default_rng(0), 30, {"S1": (0.5, 3.0), "random": (0.2, 2.0)},

@@ -12,7 +12,8 @@ from lens_heads.ablation.specs import RandomAblation, from_dict
 from lens_heads.data.custom_tasks import task_from_records
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.experiments.sweep import UnitStore, run_sweep
+from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.unit_store import UnitStore
 from lens_heads.plumbing.errors import InputError
 
 RECORDS = [dict(context=f"Question {q}: which one is the answer here?", choices=[f" option {c} for {q}" for c in

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lens_heads.experiments.sweep import SweepResult, UnitResult
+from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 from lens_heads.stats import curves
 from lens_heads.stats import inference as stats
 from synthetic_sweeps import TARGETS, kl_of, synthetic_sweep

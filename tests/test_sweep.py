@@ -6,11 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import lens_heads.experiments.sweep as sweep_module
+import lens_heads.experiments.sweep_run as sweep_module
 from conftest import text_model
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate, paired_difference
-from lens_heads.experiments.sweep import run_sweep, table2
+from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.table2 import table2
 from lens_heads.stats.curves import ends_above, normalised_auc, zeroable_within
 
 
@@ -224,7 +225,7 @@ def _sweep(model_name, task_name, curves):
     """A SweepResult from hand-chosen accuracies: ``curves[score] = [(target, realised, accuracy %), ...]``,
     baseline 50% on 1,000 items."""
     from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
-    from lens_heads.experiments.sweep import SweepResult, UnitResult
+    from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 
     def result(accuracy):
         k = round(10 * accuracy)

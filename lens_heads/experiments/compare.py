@@ -1,7 +1,7 @@
 """Comparing sweeps across models and tasks: does a score that spares accuracy on one (model, task) spare it on
 another?
 
-Given several sweeps, one per (model, task) (:class:`lens_heads.experiments.sweep.SweepResult`, or the tables that
+Given several sweeps, one per (model, task) (:class:`lens_heads.experiments.sweep_result.SweepResult`, or the tables that
 ``analyses/sweep.py`` records, read back with :func:`read_sweep`):
 
 - the **rank** of every curve (the scores and ``"random"``) by its normalised AUC within its (model, task): 1 is
@@ -36,8 +36,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from lens_heads.experiments.sweep import SweepResult, load_sweep, read_units
 from lens_heads.experiments.sweep_intervals import paired_statistic, replicate_ranks
+from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.unit_store import load_sweep, read_units
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling
 from lens_heads.stats import inference as stats

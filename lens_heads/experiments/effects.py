@@ -60,7 +60,7 @@ from lens_heads.evaluation.evaluate import (
     read_logprobs,
 )
 from lens_heads.experiments.rankings import Ranking, ranking_sweep
-from lens_heads.experiments.sweep import run_fingerprint
+from lens_heads.experiments.unit_store import run_fingerprint
 from lens_heads.models.backends import get_act_name, run_to_resid
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
@@ -351,7 +351,7 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
     first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
-    :class:`lens_heads.experiments.sweep.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
+    :class:`lens_heads.experiments.sweep_result.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
     kept and reused like the sweep's units."""
     order = [(int(layer), int(head)) for layer, head in order]
     # the order keys the run, as it did before rankings shared this sweep: stored oracle units stay valid

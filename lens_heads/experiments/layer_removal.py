@@ -29,7 +29,9 @@ from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation
 from lens_heads.data.rows import DEFAULT_PROTOCOL
 from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_values
 from lens_heads.experiments.rankings import check_head_order
-from lens_heads.experiments.sweep import UnitResult, UnitStore, run_fingerprint, unit_result
+from lens_heads.experiments.sweep_result import UnitResult
+from lens_heads.experiments.sweep_run import unit_result
+from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling, inference
 
@@ -226,7 +228,7 @@ class RemovalCurves:
 
 
 def zeroed_by_layer(sweep, mode: str = "threshold") -> pd.DataFrame:
-    """Per unit of a head-zeroing sweep (:class:`lens_heads.experiments.sweep.SweepResult`) of ``mode``
+    """Per unit of a head-zeroing sweep (:class:`lens_heads.experiments.sweep_result.SweepResult`) of ``mode``
     (``"threshold"`` includes random) and layer: the share of the layer's (input, head) pairs it zeroed, from the
     units' recorded ``head_share``."""
     rows = []

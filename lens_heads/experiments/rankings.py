@@ -9,7 +9,7 @@ every input (the ablation oracle's :meth:`HeadEffects.order`, an attribution ran
 target share ``p``, for every input of a task (a static curve) or, for a per-input ranking, each input's own first
 heads (a per-input curve), beside one unablated baseline; every unit is kept and reused like a sweep's.
 :func:`join_heldout` puts a recorded sweep's curves, restricted to the same items, beside these curves on one
-baseline, so that every curve is paired with every other (:meth:`lens_heads.experiments.sweep.SweepResult.intervals`
+baseline, so that every curve is paired with every other (:meth:`lens_heads.experiments.sweep_result.SweepResult.intervals`
 with ``mode="all"``).
 """
 
@@ -24,7 +24,9 @@ from tqdm.auto import tqdm
 
 from lens_heads.ablation.specs import AblationSpec, InputAblation, StaticAblation, Unablated
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
-from lens_heads.experiments.sweep import DEFAULT_FRACTIONS, SweepResult, UnitStore, run_fingerprint, run_unit
+from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.sweep_run import DEFAULT_FRACTIONS, run_unit
+from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 
 Head = tuple[int, int]

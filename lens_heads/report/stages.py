@@ -27,7 +27,8 @@ from lens_heads.experiments.agreement import score_agreement
 from lens_heads.experiments.compare import METRICS, SweepComparison, compare_sweeps
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.layer_removal import removal_curves, removal_plan
-from lens_heads.experiments.sweep import run_sweep, table2
+from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.table2 import table2
 from lens_heads.heads.distributions import layer_summary, thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads

@@ -1,0 +1,223 @@
+"""The inactive-heads sweep: how much accuracy each head score loses as it zeroes more heads, against random zeroing.
+
+For each score and target fraction p (the paper's protocol, as its authors' code runs it):
+
+1. **Thresholds** from the *unablated* pooled CDF of the score over exactly the forward rows the evaluation runs
+   (``calibration="rows"``: for cloze tasks one row per choice, context + continuation), read by
+   :func:`lens_heads.heads.distributions.thresholds`; ``calibration="prompts"`` or given inputs stay available.
+2. **Per-input threshold zeroing** (:func:`lens_heads.ablation.hooks.threshold_zeroing`) during a full evaluation of the
+   task; the x axis is the *realised* share of heads zeroed (it can still miss p: later layers are scored on the
+   ablated stream, and ties in a score make the CDF step).
+3. **Random baseline**: each (row, layer, head) zeroed with probability p (one draw per question, shared by its
+   choices). p = 0 is the unablated baseline, evaluated once and shared by all curves.
+4. Optionally the **static pruning view**: rank heads by their mean score over the calibration inputs and zero the
+   most inactive ``round(p x layers x heads)`` heads for every input, as removing them for good would.
+
+The plan is a list of ablation specs (:mod:`lens_heads.ablation.specs`), one per unit. Rows and tokens follow a
+named protocol (:mod:`lens_heads.data.rows`: ``"lm-eval"`` by default, ``"tl"``), recorded in the result. Each finished
+unit is written at once to ``out_dir``, keyed by the run's fingerprint and its spec (:mod:`lens_heads.plumbing.cache`); a
+rerun with the same model, data, protocol, seed and calibration skips the finished units. Headline numbers (from
+:mod:`lens_heads.stats.curves`): "% of heads zeroable within 1 point" (the authors' rule or the censored one) and the
+normalised AUC, both on the realised-% axis, and the paper's Table 2 (:func:`lens_heads.experiments.table2.table2`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from lens_heads.ablation.hooks import DRAWS
+from lens_heads.ablation.specs import (
+    AblationSpec,
+    RandomAblation,
+    StaticAblation,
+    ThresholdAblation,
+    Unablated,
+)
+from lens_heads.data.chat import resolve_chat_template
+from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
+from lens_heads.evaluation.evaluate import EvalResult, evaluate
+from lens_heads.experiments.calibration import CALIBRATIONS, Calibration, calibration_id
+from lens_heads.experiments.sweep_result import SweepResult, UnitResult, calibration_key
+from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
+from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
+from lens_heads.heads.thresholds_file import Thresholds
+from lens_heads.plumbing import distributed
+from lens_heads.plumbing.errors import InputError
+
+DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+
+
+@distributed.local()  # each unit is evaluated whole by the worker that owns it
+def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
+              calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
+              random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
+              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
+              apply_chat_template: bool | str = False, specs: Sequence[AblationSpec] = (),
+              thresholds: Thresholds | None = None, random: str = "per_item") -> SweepResult | None:
+    """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
+    baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
+    ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
+
+    ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
+    unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
+    alone, as its rows begin), a :class:`lens_heads.heads.scoring.HeadScores` already computed, or any inputs
+    ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
+    the meta records the chat setting given and what it resolved to, ``chat_template``, and the task's split).
+    ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
+    ``random``: how the random baseline draws, once per item (``"per_item"``: all choices of a question lose the same
+    heads, and their shared prefix runs once) or once per forward row (``"per_row"``, the authors' baseline; kept in
+    the run's fingerprint and each unit's key, so a folder never mixes the two).
+    ``batch_size``: rows per forward pass, or ``"auto"``. ``thresholds``: zero at given thresholds instead of
+    calibrating them (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused
+    for another model; ``scores`` default to the file's, and every target fraction must be one the file has.
+    ``scores`` may name the extras (``lens_heads.heads.scores.EXTRA_NAMES``: LTHON (HN), the full-head-output
+    scores).
+
+    Several workers (:mod:`lens_heads.plumbing.distributed`) share the units: torchrun ranks gather them all, so every rank
+    returns the whole result (only rank 0 should write it); the tasks of a job array each run their share into the
+    shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
+    """
+    if thresholds is not None:
+        thresholds.check_model(model)
+        scores = thresholds.scores if scores is None else scores
+    scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
+    if random not in DRAWS:
+        raise InputError(f"random must be one of {DRAWS}, got {random!r}")
+    chat = resolve_chat_template(model, apply_chat_template)
+    if thresholds is not None:
+        for s, p in [(s, p) for s in scores for p in fractions]:
+            thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
+    rows = dict(protocol=protocol, apply_chat_template=chat)
+    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat, thresholds, random)
+    distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
+    plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores,
+                      random=random)
+    plan += [spec for spec in _check_specs(specs) if spec not in plan]
+    store = UnitStore(out_dir, fingerprint)
+    progress = progress and distributed.is_main()
+    extras = [s for s in dict.fromkeys(list(scores) + list(static_scores)) if s not in SCORE_NAMES]
+    calib = Calibration(model, task, calibration, store, batch_size, progress, rows, extras, thresholds)
+    settings = dict(batch_size=batch_size, progress=progress, primary=primary, **rows)
+    workers = distributed.unit_workers()
+    units, n_run = _run_units(model, task, plan, store, calib, set(workers.share(len(plan))), settings,
+                              desc=f"sweep {getattr(task, 'name', '')} units")
+    if len(units) < len(plan):
+        return None
+    unablated = {calibration_key(s.score, s.fraction): calib.unablated_share(s.score, s.fraction)
+                 for s in plan if isinstance(s, ThresholdAblation)}
+    meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
+                random_baseline=random_baseline, random_draw=random, seed=seed, batch_size=batch_size,
+                out_dir=store.describe(), calibration=calib.describe(), unablated_shares=unablated,
+                units_reused=len(plan) - n_run,
+                thresholds=None if thresholds is None else thresholds.describe(),
+                units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
+                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
+                split=getattr(task, "split", None), fewshot_split=getattr(task, "fewshot_split", None))
+    return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
+
+
+def sweep_plan(scores: Sequence[str], fractions: Sequence[float], *, seed: int = 0, random_baseline: bool = True,
+               static_scores: Sequence[str] = (), random: str = "per_item") -> list[AblationSpec]:
+    """The units of a sweep, in order: the baseline, then per target fraction the random ablation (drawn
+    ``random``: per item or per row), each score's threshold ablation and each static score's most inactive
+    heads."""
+    plan: list[AblationSpec] = [Unablated()]
+    for p in fractions:
+        if p == 0:
+            continue
+        plan += [RandomAblation(p, seed, draw=random)] if random_baseline else []
+        plan += [ThresholdAblation(s, p) for s in scores]
+        plan += [StaticAblation(score=s, fraction=p) for s in static_scores]
+    return plan
+
+
+def run_unit(model, task, spec: AblationSpec, *, means=None, **settings) -> UnitResult:
+    """Evaluate ``task`` under one resolved ablation ``spec`` (``means``: what an ``ablation="mean"`` spec substitutes,
+    from :func:`lens_heads.ablation.hooks.mean_z`; ``settings``: :func:`lens_heads.evaluation.evaluate`'s)."""
+    ablation = spec.build(model, means=means)
+    start = time.perf_counter()
+    result = evaluate(model, task, hooks=[ablation] if ablation else [], **settings)
+    return unit_result(spec, ablation, result, time.perf_counter() - start)
+
+
+def unit_result(spec: AblationSpec, ablation, result: EvalResult, wall_s: float = float("nan")) -> UnitResult:
+    """The unit of ``spec`` evaluated with its built ``ablation`` (None for the baseline) into ``result``."""
+    return UnitResult(mode=spec.kind, score=spec.ranked_by, target_fraction=spec.target_fraction,
+                      threshold=getattr(spec, "threshold", None),
+                      realised_fraction=ablation.share_zeroed() if ablation else 0.0, result=result,
+                      head_share=ablation.zeroed().float().mean(0).tolist() if ablation else None,
+                      wall_s=wall_s, item_zeroed=_item_zeroed(ablation, result))
+
+
+def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
+    """Per item of ``result`` (inputs are numbered by item, as ``evaluate`` numbers them): [rows, triples zeroed]."""
+    by_input = ablation.zeroed_by_input() if ablation is not None and hasattr(ablation, "zeroed_by_input") else {}
+    if len(by_input) != result.n:
+        return None
+    return [list(by_input[i]) for i in range(result.n)]
+
+
+def _check_settings(scores, fractions, static_scores, calibration, protocol) -> tuple[list[str], list[float]]:
+    for name, value in (("scores", scores), ("static_scores", static_scores), ("fractions", fractions)):
+        if isinstance(value, (str, int, float)):
+            raise InputError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
+    scores = list(SCORE_NAMES if scores is None else scores)
+    unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES + EXTRA_NAMES]
+    if unknown:
+        raise InputError(f"unknown scores {unknown}: choose from {SCORE_NAMES} or the extras {EXTRA_NAMES}")
+    fractions = sorted({float(p) for p in fractions} | {0.0})
+    if any(not 0.0 <= p < 1.0 for p in fractions):
+        raise InputError(f"target fractions must lie in [0, 1), got {fractions}")
+    check_protocol(protocol)
+    if isinstance(calibration, str) and calibration not in CALIBRATIONS:
+        raise InputError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
+                         "'prompts', a HeadScores, or inputs to score")
+    return scores, fractions
+
+
+def _check_specs(specs) -> list[AblationSpec]:
+    if isinstance(specs, AblationSpec) or not hasattr(specs, "__iter__"):
+        raise InputError(f"specs takes a list of ablation specs, got {specs!r}: write specs=[{specs!r}]")
+    specs = list(specs)
+    bad = [spec for spec in specs if not isinstance(spec, AblationSpec)]
+    if bad:
+        raise InputError(f"specs must be ablation specs (lens_heads.ablation.specs), got {bad[:3]}")
+    return list(dict.fromkeys(specs))
+
+
+def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib, mine: set[int], settings: dict,
+               desc: str) -> tuple[dict[int, UnitResult], int]:
+    """Every unit of ``plan`` found in ``store`` or, where it is this worker's (``mine``), evaluated and stored;
+    then the other workers' units (gathered, or read from the shared folder). Returns them by plan index, and how
+    many units all workers ran."""
+    units: dict[int, UnitResult] = {}
+    n_run = 0
+    bar = tqdm(plan, desc=desc, unit="unit", disable=not settings["progress"])
+    for index, spec in enumerate(bar):
+        stored = store.load(spec)
+        if stored is not None:
+            units[index] = stored
+        elif index in mine:
+            bar.set_postfix_str(f"{spec.kind} {spec.ranked_by or ''} {spec.target_fraction:g}".replace("  ", " "))
+            units[index] = run_unit(model, task, spec.resolve(calib), **settings)
+            store.save(spec, units[index])
+            n_run += 1
+    bar.close()
+    gathered = distributed.all_gather((units, n_run))
+    units = {index: unit for part, _ in gathered for index, unit in part.items()}
+    if len(units) < len(plan):  # a job array task: the others may have finished meanwhile
+        units.update({i: u for i, spec in enumerate(plan) if i not in units and (u := store.load(spec)) is not None})
+    return units, sum(n for _, n in gathered)
+
+
+def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str,
+                 thresholds: Thresholds | None = None, random: str = "per_item") -> dict:
+    calibration = calibration_id(calibration) if thresholds is None else \
+        f"thresholds {thresholds.describe()} {thresholds.digest()}"
+    # the per-row draw is named only where chosen, so the folders of runs made before it existed keep resuming
+    drawn = {"random_draw": random} if random != "per_item" else {}
+    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=calibration,
+                           protocol=protocol, apply_chat_template=chat_template, **drawn)  # resolved chat setting
