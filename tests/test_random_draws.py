@@ -8,7 +8,7 @@ import torch
 
 from conftest import load_script, text_model
 from lens_heads.ablation.hooks import random_zeroing, zero_heads
-from lens_heads.ablation.specs import RandomAblation, from_dict
+from lens_heads.ablation.specs import RandomAblation, ThresholdAblation, from_dict
 from lens_heads.data.custom_tasks import task_from_records
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate
@@ -104,16 +104,45 @@ def test_per_row_draws_are_nested_and_need_row_keys_where_inputs_repeat(model):
         random_zeroing(model, 0.5, draw="per_choice")
 
 
-def test_the_spec_keeps_the_draw_in_its_key_and_old_keys_unchanged():
+def test_the_spec_keeps_the_draw_in_its_key_and_reads_old_keys():
     per_item, per_row = RandomAblation(0.1, 3), RandomAblation(0.1, 3, draw="per_row")
-    # a per-item spec writes what specs wrote before the draw existed, so stored units keep resuming
-    assert per_item.to_dict() == {"kind": "random", "fraction": 0.1, "seed": 3, "mode": "zero"}
-    assert per_row.to_dict() == {"kind": "random", "fraction": 0.1, "seed": 3, "mode": "zero", "draw": "per_row"}
-    assert from_dict(per_row.to_dict()) == per_row and from_dict(per_item.to_dict()) == per_item
+    assert per_item.to_dict() == {"kind": "random", "fraction": 0.1, "seed": 3, "ablation": "zero",
+                                  "draw": "per_item"}
+    assert per_row.to_dict() == {"kind": "random", "fraction": 0.1, "seed": 3, "ablation": "zero", "draw": "per_row"}
+    # what runs of earlier versions stored: the ablation under "mode", and no draw where it was per item
+    old_item = {"kind": "random", "fraction": 0.1, "seed": 3, "mode": "zero"}
+    old_row = {"kind": "random", "fraction": 0.1, "seed": 3, "mode": "zero", "draw": "per_row"}
+    assert per_item.legacy_dict() == old_item and per_row.legacy_dict() == old_row
+    for spec, old in ((per_item, old_item), (per_row, old_row)):
+        assert from_dict(spec.to_dict()) == spec and from_dict(old) == spec
     store = UnitStore(None, {"run": 1})
     assert store.key(per_item) != store.key(per_row)
     with pytest.raises(InputError, match="draw"):
         RandomAblation(0.1, draw="sometimes")
+
+
+def test_a_unit_filed_by_an_earlier_version_is_found(tmp_path):
+    """A run folder written before specs stored ``"ablation"``: its unit file is named by the hash of the spec's
+    JSON with ``"mode"`` (built here by hand: sha256 of the sorted JSON, as the file names are documented), and a
+    rerun finds it instead of recomputing."""
+    import hashlib
+    import json
+
+    from lens_heads import EvalResult
+    from lens_heads.experiments.sweep_result import UnitResult
+
+    fingerprint = {"run": "old"}
+    store = UnitStore(tmp_path, fingerprint)
+    spec = ThresholdAblation("AHON (LN)", 0.1, threshold=0.5)
+    old = {"kind": "threshold", "score": "AHON (LN)", "fraction": 0.1, "threshold": 0.5, "mode": "zero"}
+    assert spec.legacy_dict() == old
+    name = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
+    unit = UnitResult(mode="threshold", score="AHON (LN)", target_fraction=0.1, threshold=0.5, realised_fraction=0.1,
+                      result=EvalResult(task="t", format="cloze", items=[], chance=0.25), wall_s=1.0)
+    entry = {"key": {"run": fingerprint, "ablation": old}, "value": unit.to_dict()}
+    (tmp_path / f"threshold__AHON_LN__0.1000-{name}.json").write_text(json.dumps(entry))
+    assert store.load(spec) is not None and store.load(spec).to_dict() == unit.to_dict()
+    assert store.path(spec).name != f"threshold__AHON_LN__0.1000-{name}.json"  # new units are filed by "ablation"
 
 
 def test_sweeps_record_the_draw_and_never_mix_the_two(model, task, tmp_path):

@@ -91,8 +91,12 @@ class AblationSpec:
         raise NotImplementedError
 
     def to_dict(self) -> dict:
-        """The spec as JSON; ``ablation`` is stored under the key ``"mode"`` so that the unit keys of finished runs
-        (hashes of these dicts) stay the same and their folders keep resuming."""
+        """The spec as JSON (:func:`from_dict` reads it back)."""
+        return {"kind": self.kind, **asdict(self)}
+
+    def legacy_dict(self) -> dict:
+        """The JSON of runs stored before the ablation had its own key (it was ``"mode"``, the word for a curve's
+        kind): their units are filed under hashes of this form, so a unit store still finds them."""
         return {"kind": self.kind, **{"mode" if k == "ablation" else k: v for k, v in asdict(self).items()}}
 
 
@@ -147,10 +151,10 @@ class RandomAblation(AblationSpec):
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
         return random_zeroing(model, self.fraction, self.seed, draw=self.draw, ablation=self.ablation, means=means)
 
-    def to_dict(self) -> dict:
-        """As every spec's; ``draw`` only where it is ``"per_row"``, so that the per-item units stored before the
-        setting existed keep their keys, and a per-row unit never answers for a per-item one."""
-        d = super().to_dict()
+    def legacy_dict(self) -> dict:
+        """As every spec's; ``draw`` only where it is ``"per_row"``, as runs stored it before the ablation had its
+        own key (per-item units stored before the draw existed had none)."""
+        d = super().legacy_dict()
         if self.draw == "per_item":
             d.pop("draw")
         return d
@@ -263,7 +267,7 @@ UNIT_MODES: tuple[str, ...] = tuple(SPECS)
 
 
 def from_dict(d: dict) -> AblationSpec:
-    """The spec :meth:`AblationSpec.to_dict` wrote."""
+    """The spec :meth:`AblationSpec.to_dict` (or, from older runs, :meth:`AblationSpec.legacy_dict`) wrote."""
     fields = dict(d)
     kind = fields.pop("kind", None)
     if "mode" in fields:

@@ -31,19 +31,24 @@ class UnitStore:
         if self.out is not None:
             claim_folder(self.out, fingerprint, marker=marker)
 
-    def path(self, spec: AblationSpec) -> Path:
+    def path(self, spec: AblationSpec, form: dict | None = None) -> Path:
+        """Where ``spec``'s unit is filed (``form``: the spec's JSON the file name hashes, ``spec.to_dict()``)."""
         assert self.out is not None  # load and save read it only with an out_dir
-        return Cache(self.out).path(unit_key(spec.kind, spec.ranked_by, spec.target_fraction), spec.to_dict(),
-                                    ".json")
+        form = spec.to_dict() if form is None else form
+        return Cache(self.out).path(unit_key(spec.kind, spec.ranked_by, spec.target_fraction), form, ".json")
 
-    def key(self, spec: AblationSpec) -> dict:
-        return dict(run=self.fingerprint, ablation=spec.to_dict())
+    def key(self, spec: AblationSpec, form: dict | None = None) -> dict:
+        return dict(run=self.fingerprint, ablation=spec.to_dict() if form is None else form)
 
     def load(self, spec: AblationSpec) -> UnitResult | None:
+        """The finished unit of ``spec``, filed under its JSON or, by runs of earlier versions, its legacy JSON."""
         if self.out is None:
             return None
-        stored = load_keyed(self.path(spec), self.key(spec))
-        return None if stored is None else UnitResult.from_dict(stored)
+        for form in (spec.to_dict(), spec.legacy_dict()):
+            stored = load_keyed(self.path(spec, form), self.key(spec, form))
+            if stored is not None:
+                return UnitResult.from_dict(stored)
+        return None
 
     def save(self, spec: AblationSpec, unit: UnitResult) -> None:
         if self.out is not None:
