@@ -7,6 +7,7 @@ import pytest
 from scipy import stats as sps
 
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult
+from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import curves
 from lens_heads.stats import inference as stats
 from synthetic_sweeps import TARGETS, kl_of, synthetic_sweep
@@ -123,3 +124,17 @@ def test_realised_shares_use_the_rows_the_units_recorded_not_the_choices():
         for rule, name in (("authors", "zeroable_authors"), ("censored", "zeroable_censored")):
             assert iv.interval(curve, name).estimate == pytest.approx(sweep.zeroable_within(rule=rule)[curve])
         assert iv.interval(curve, "kl_auc").estimate == pytest.approx(sweep.normalised_auc(metric="kl")[curve])
+
+
+def test_a_curve_mode_selects_only_its_own_curves():
+    sweep = synthetic_sweep(np.random.default_rng(0), 10, {"A": (0.1, 0.5), "B": (0.3, 1.5), "random": (1, 3)})
+    modes = {u.mode for u in sweep.units}
+    assert {"threshold", "random"} <= modes
+    assert set(sweep.curves("threshold")) == {"A", "B"}
+    assert set(sweep.curves("random")) == {"random"}
+    assert list(sweep.curves()) == list(sweep.curves("threshold+random")) == ["A", "B", "random"]
+    assert set(sweep.to_dataframe()["curve"]) == {"A", "B", "random"}
+    for units in sweep.curves("threshold").values():
+        assert all(u.mode in ("baseline", "threshold") for u in units)
+    with pytest.raises(InputError, match="threshold\\+random"):
+        sweep.curves("thresholds")

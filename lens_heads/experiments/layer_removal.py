@@ -34,6 +34,7 @@ from lens_heads.experiments.sweep_run import unit_result
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling, inference
+from lens_heads.stats.curves import SCORES_AND_RANDOM
 
 METRICS = {  # per-item paired value: what it is, and whether higher is better
     "accuracy_change": ("change of correctness, removed - unablated (accuracy points / 100)", True),
@@ -227,9 +228,9 @@ class RemovalCurves:
                                     n_resamples=n_resamples, seed=seed)
 
 
-def zeroed_by_layer(sweep, mode: str = "threshold") -> pd.DataFrame:
+def zeroed_by_layer(sweep, mode: str = SCORES_AND_RANDOM) -> pd.DataFrame:
     """Per unit of a head-zeroing sweep (:class:`lens_heads.experiments.sweep_result.SweepResult`) of ``mode``
-    (``"threshold"`` includes random) and layer: the share of the layer's (input, head) pairs it zeroed, from the
+    (``"threshold+random"``: the score curves and random) and layer: the share of the layer's (input, head) pairs it zeroed, from the
     units' recorded ``head_share``."""
     rows = []
     for units in sweep.curves(mode).values():

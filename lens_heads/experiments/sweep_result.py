@@ -19,7 +19,7 @@ from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_interval
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import slug
 from lens_heads.stats import curves, inference
-from lens_heads.stats.curves import ALL, RANDOM, CurveKey
+from lens_heads.stats.curves import ALL, RANDOM, SCORES_AND_RANDOM, CurveKey, selects
 
 
 @dataclass
@@ -81,17 +81,15 @@ class SweepResult:
     # intervals() by its settings: a comparison ranks by two metrics and tabulates Table 2 from one bootstrap
     _intervals: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def keyed_curves(self, mode: str = "threshold") -> dict[CurveKey, list[UnitResult]]:
-        """Per curve of ``mode`` (``"threshold"`` includes the random curve; ``"all"``: every curve), its units
-        sorted by realised share, starting with the shared unablated baseline at 0; scores in the sweep's order,
-        random last."""
+    def keyed_curves(self, mode: str = SCORES_AND_RANDOM) -> dict[CurveKey, list[UnitResult]]:
+        """Per curve of ``mode`` (a curve mode such as ``"threshold"`` or ``"random"``; ``"threshold+random"``, the
+        paper's figure; ``"all"``: every curve), its units sorted by realised share, starting with the shared
+        unablated baseline at 0; scores in the sweep's order, random last."""
         base = next(u for u in self.units if u.mode == "baseline")
         out: dict[CurveKey, list[UnitResult]] = {}
         for u in self.units:
-            if u.mode == mode or (mode == "threshold" and u.mode == RANDOM) or (mode == ALL and u.curve is not None):
-                curve = u.curve
-                if curve is None:
-                    raise InputError(f"mode={mode!r}: the unablated baseline is a point of every curve, not a curve")
+            curve = u.curve
+            if curve is not None and selects(mode, u.mode):
                 out.setdefault(curve, [base]).append(u)
         listed = self.meta.get("scores", [])
         order = ([k for s in listed for k in out if k.score == s] + [k for k in out if k.score not in listed and
@@ -99,7 +97,7 @@ class SweepResult:
                  [k for k in out if k.mode == RANDOM])
         return {k: sorted(out[k], key=lambda u: (u.realised_fraction, u.target_fraction)) for k in order}
 
-    def curves(self, mode: str = "threshold") -> dict[str, list[UnitResult]]:
+    def curves(self, mode: str = SCORES_AND_RANDOM) -> dict[str, list[UnitResult]]:
         """:meth:`keyed_curves` named by score (``"random"`` for the random baseline); with ``mode="all"`` by
         label, which tells a score's static and per-input curves apart (``"AHON (LN) (static)"``)."""
         return {(k.label if mode == ALL else k.name): units for k, units in self.keyed_curves(mode).items()}
@@ -128,7 +126,7 @@ class SweepResult:
         base = next(u for u in units if u.mode == "baseline")
         return SweepResult(baseline=base.result, units=units, meta=dict(self.meta, items=len(ids)))
 
-    def zeroable_within(self, points: float = 1.0, *, mode: str = "threshold", rule: str = "authors"
+    def zeroable_within(self, points: float = 1.0, *, mode: str = SCORES_AND_RANDOM, rule: str = "authors"
                         ) -> dict[str, float]:
         """Per score (and ``"random"``): % of heads zeroable within ``points`` accuracy points of the baseline, by
         ``rule`` (:func:`lens_heads.stats.curves.zeroable_within`; both rules walk each curve in order of realised
@@ -137,7 +135,7 @@ class SweepResult:
         return {s: curves.zeroable_within(*self._curve(us, "accuracy"), base, points, rule=rule)
                 for s, us in self.curves(mode).items()}
 
-    def ends_above(self, points: float = 1.0, *, mode: str = "threshold") -> dict[str, bool]:
+    def ends_above(self, points: float = 1.0, *, mode: str = SCORES_AND_RANDOM) -> dict[str, bool]:
         """Per score: whether its curve ends at or above ``baseline - points`` (its censored share is "≥")."""
         base = 100 * self.baseline.accuracy
         return {s: curves.ends_above(*self._curve(us, "accuracy"), base, points) for s, us in self.curves(mode).items()}
@@ -182,7 +180,7 @@ class SweepResult:
         return pd.DataFrame(rows)
 
     def intervals(self, points: float = 1.0, *, shares: Sequence[float] | None = None, n_resamples: int = 2000,
-                  seed: int = 0, confidence: float = 0.95, mode: str = "threshold"):
+                  seed: int = 0, confidence: float = 0.95, mode: str = SCORES_AND_RANDOM):
         """95% percentile-bootstrap intervals over items for every curve's summaries (accuracy and KL AUC, KL at
         each target share, % zeroable within ``points`` by both rules) and ranks, paired across the curves of
         ``mode`` (``"all"``: every curve, named by label) (:func:`lens_heads.experiments.sweep_intervals.
@@ -202,13 +200,13 @@ class SweepResult:
         :meth:`intervals` once."""
         return self.intervals(points, n_resamples=n_resamples, seed=seed).difference(a, b, summary)
 
-    def normalised_auc(self, *, mode: str = "threshold", metric: str = "accuracy") -> dict[str, float]:
+    def normalised_auc(self, *, mode: str = SCORES_AND_RANDOM, metric: str = "accuracy") -> dict[str, float]:
         """Per score (and ``"random"``): normalised AUC over realised % zeroed of accuracy (%, the paper's
         ranking, higher is better) or, with ``metric="kl"``, of the paired KL(unablated || ablated) of the answer
         distributions (nats, lower is better: a low-variance companion where accuracy differences are noise)."""
         return {s: curves.normalised_auc(*self._curve(us, metric)) for s, us in self.curves(mode).items()}
 
-    def at_share(self, share: float, *, metric: str = "kl", mode: str = "threshold") -> dict[str, float]:
+    def at_share(self, share: float, *, metric: str = "kl", mode: str = SCORES_AND_RANDOM) -> dict[str, float]:
         """Per score: ``metric`` (``"accuracy"`` in %, or the paired ``"kl"``) linearly interpolated where a
         ``share`` (a fraction in [0, 1], as every share lens_heads takes) of the heads is zeroed, NaN where the curve
         doesn't reach that share. Curves end at different realised shares, and an AUC normalised over a shorter range
@@ -234,7 +232,7 @@ class SweepResult:
         ``"per_input"``);
         paired columns compare with the baseline on the same items; ``gold_logprob_change`` and ``kl`` are the
         low-variance companions."""
-        return pd.DataFrame([self._row(key, u) for mode in ("threshold", "static", "per_input")
+        return pd.DataFrame([self._row(key, u) for mode in ("threshold", RANDOM, "static", "per_input")
                              for key, units in self.keyed_curves(mode).items() for u in units])
 
     def _row(self, key: CurveKey, u: UnitResult) -> dict:

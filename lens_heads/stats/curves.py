@@ -20,7 +20,17 @@ from lens_heads.plumbing.errors import InputError
 RULES = ("authors", "censored")  # how zeroable_within reads a crossing
 CURVE_MODES = ("threshold", "random", "static", "per_input", "layers")
 ALL = "all"  # every curve of a sweep, whatever chose its heads
+SCORES_AND_RANDOM = "threshold+random"  # the paper's figure: every score's per-input curve and the random baseline
+SELECTIONS = CURVE_MODES + (SCORES_AND_RANDOM, ALL)  # what a sweep's ``mode=`` selects: one mode, or one of these
 RANDOM = "random"
+
+
+def selects(selection: str, mode: str) -> bool:
+    """Whether a curve of ``mode`` is among the curves ``selection`` names (one of :data:`SELECTIONS`)."""
+    if selection not in SELECTIONS:
+        raise InputError(f"mode={selection!r}: choose a curve mode {CURVE_MODES}, {SCORES_AND_RANDOM!r} (the score "
+                         f"curves and random, the paper's figure) or {ALL!r}")
+    return selection == ALL or mode == selection or (selection == SCORES_AND_RANDOM and mode in ("threshold", RANDOM))
 
 
 @dataclass(frozen=True, order=True)
