@@ -39,16 +39,12 @@ from lens_heads.collapse.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS,
 from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.collapse.distill import DistillConfig
 from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.collapse.inheritune import (
-    ABLATIONS,
-    PAPER_TASKS,
-    InherituneConfig,
-    load_result,
-    planned_stages,
-    run_inheritune,
-)
+from lens_heads.collapse.inheritune_config import ABLATIONS, InherituneConfig
+from lens_heads.collapse.inheritune_result import load_result
+from lens_heads.collapse.inheritune_run import planned_stages, run_inheritune
 from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
 from lens_heads.collapse.train import TrainConfig, eval_windows
+from lens_heads.collapse.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
@@ -230,7 +226,7 @@ def eval_tasks(a) -> dict[str, str]:
 
 
 def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
-    from lens_heads.collapse.inheritune import zero_shot
+    from lens_heads.collapse.zero_shot import zero_shot
 
     rows = [{"stage": stage_name, **r} for r in zero_shot(model, eval_tasks(a), n=a.eval_n, seed=a.seed)]
     for r in rows:
@@ -242,7 +238,7 @@ def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
 
 def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> list[dict]:
     """Zero-shot accuracy of the reference, the final student, the scratch baselines and the ablations."""
-    from lens_heads.collapse.inheritune import gpt2_config, gpt2_model
+    from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
     from lens_heads.collapse.train import load_model_state
 
     rows = []
@@ -262,7 +258,7 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
     ``--smollm-k``) and a same-size random init, each trained ``--steps`` on SOTU text in SmolLM2's tokenizer,
     against the full model: validation loss and zero-shot accuracy."""
     from lens_heads import load_model
-    from lens_heads.collapse.inheritune import inherit_first_layers, same_size_random
+    from lens_heads.collapse.inherit import inherit_first_layers, same_size_random
     from lens_heads.collapse.train import train, validation_loss
 
     full = load_model(device=a.device)

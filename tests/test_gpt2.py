@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lens_heads import tiny_model
 from lens_heads.collapse.corpus import TokenCorpus
 from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
-from lens_heads.collapse.inheritune import inherit
+from lens_heads.collapse.inherit import inherit
 from lens_heads.collapse.train import TrainConfig, batch_at, train
 
 VOCAB, D, HEADS, LAYERS, CTX = 64, 32, 4, 3, 16

@@ -5,17 +5,10 @@ import pytest
 import torch
 
 from lens_heads.collapse.corpus import TokenCorpus
-from lens_heads.collapse.gpt2 import GPT2Options
-from lens_heads.collapse.inheritune import (
-    InherituneConfig,
-    gpt2_config,
-    gpt2_model,
-    grow,
-    inherit,
-    inherit_later_layers,
-    run_inheritune,
-    stack,
-)
+from lens_heads.collapse.gpt2 import GPT2Options, gpt2_config, gpt2_model
+from lens_heads.collapse.inherit import grow, inherit, inherit_later_layers, stack
+from lens_heads.collapse.inheritune_config import InherituneConfig
+from lens_heads.collapse.inheritune_run import run_inheritune
 from lens_heads.collapse.train import RankTracker, TrainConfig, train
 
 VOCAB = 101
@@ -267,7 +260,7 @@ def test_run_inheritune_stages(corpus, tmp_path):
 
 def test_zero_shot_reports_the_papers_metric_per_task():
     from lens_heads.collapse.corpus import gpt2_tokenizer
-    from lens_heads.collapse.inheritune import zero_shot
+    from lens_heads.collapse.zero_shot import zero_shot
 
     model = gpt2_model(gpt2_config(1, d_model=32, n_heads=2, n_ctx=256), seed=0, tokenizer=gpt2_tokenizer())
     rows = {r["task"]: r for r in zero_shot(model, {"hellaswag": "per_char", "arc_easy": "sum", "no_such_task": "sum"},
@@ -281,7 +274,7 @@ def test_zero_shot_reports_the_papers_metric_per_task():
 
 def test_inherit_first_layers_of_a_llama_shaped_model():
     from lens_heads import tiny_model
-    from lens_heads.collapse.inheritune import inherit_first_layers, same_size_random
+    from lens_heads.collapse.inherit import inherit_first_layers, same_size_random
 
     reference = perturbed(tiny_model("llama", seed=0, n_layers=4), seed=1)
     reference.cfg.init_weights = False  # as in a loaded pretrained model's config
