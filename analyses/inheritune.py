@@ -43,7 +43,8 @@ from lens_heads.collapse.inheritune_config import ABLATIONS, InherituneConfig
 from lens_heads.collapse.inheritune_result import load_result
 from lens_heads.collapse.inheritune_run import planned_stages, run_inheritune
 from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
-from lens_heads.collapse.train import TrainConfig, eval_windows
+from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.collapse.windows import eval_windows
 from lens_heads.collapse.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.errors import InputError
@@ -238,8 +239,8 @@ def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
 
 def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> list[dict]:
     """Zero-shot accuracy of the reference, the final student, the scratch baselines and the ablations."""
+    from lens_heads.collapse.checkpoints import load_model_state
     from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
-    from lens_heads.collapse.train import load_model_state
 
     rows = []
     for stage in result.stages:
@@ -259,7 +260,7 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
     against the full model: validation loss and zero-shot accuracy."""
     from lens_heads import load_model
     from lens_heads.collapse.inherit import inherit_first_layers, same_size_random
-    from lens_heads.collapse.train import train, validation_loss
+    from lens_heads.collapse.train_loop import train, validation_loss
 
     full = load_model(device=a.device)
     paper = smollm_rank["averaged"]

@@ -35,13 +35,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lens_heads.collapse.checkpoints import load_model_state
 from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.collapse.distill import DistillConfig
 from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
 from lens_heads.collapse.inheritune_config import InherituneConfig
 from lens_heads.collapse.inheritune_result import InherituneResult, Stage
 from lens_heads.collapse.inheritune_run import run_inheritune
-from lens_heads.collapse.train import TrainConfig, eval_windows, load_model_state
+from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.collapse.windows import eval_windows
 from lens_heads.collapse.zero_shot import PAPER_TASKS
 from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import load_task

@@ -79,7 +79,7 @@ from lens_heads.collapse.rank import approx_rank, attention_rank
 from lens_heads.collapse.corpus import load_corpus, gpt2_tokenizer
 from lens_heads.collapse.inheritune_config import InherituneConfig
 from lens_heads.collapse.inheritune_run import run_inheritune
-from lens_heads.collapse.train import TrainConfig
+from lens_heads.collapse.train_config import TrainConfig
 from lens_heads.viz import plots"""),
     new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
     new_code_cell("""T = 16

@@ -265,7 +265,8 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
     assert df.loc["student_2L", "source_flops"] == 0 and df.loc["student_2L", "uses_reference"]
     assert not df.loc["half_width_2L", "uses_reference"]
     assert result.meta["growth"]["grow_from"] == "student"
-    from lens_heads.collapse.train import load_model_state, validation_loss
+    from lens_heads.collapse.checkpoints import load_model_state
+    from lens_heads.collapse.train_loop import validation_loss
 
     reference = gpt2(4, 32, 2)  # the DistilBERT student starts from the trained reference's blocks 0 and 3
     load_model_state(reference, tmp_path / "reference_4L" / "final" / "model.safetensors")
@@ -292,7 +293,8 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
     """A student worse than its reference grows: the grown stage starts from the trained 1-layer student plus
     reference block 1 (its loss before training is that model's), and says so."""
     from lens_heads.collapse import inherit, inheritune_run
-    from lens_heads.collapse.train import load_model_state, validation_loss
+    from lens_heads.collapse.checkpoints import load_model_state
+    from lens_heads.collapse.train_loop import validation_loss
 
     train_stage = inheritune_run._Stages.train
 

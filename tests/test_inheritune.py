@@ -9,7 +9,9 @@ from lens_heads.collapse.gpt2 import GPT2Options, gpt2_config, gpt2_model
 from lens_heads.collapse.inherit import grow, inherit, inherit_later_layers, stack
 from lens_heads.collapse.inheritune_config import InherituneConfig
 from lens_heads.collapse.inheritune_run import run_inheritune
-from lens_heads.collapse.train import RankTracker, TrainConfig, train
+from lens_heads.collapse.rank_tracker import RankTracker
+from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.collapse.train_loop import train
 
 VOCAB = 101
 
@@ -129,7 +131,8 @@ def test_bad_depths_are_refused_naming_the_limit():
         run_inheritune(InherituneConfig(grow_by=0), None, out_dir="unused")
     with pytest.raises(ValueError, match=r"grow_from='students' must be one of \('student', 'reference'\)"):
         run_inheritune(InherituneConfig(grow_from="students"), None, out_dir="unused")
-    from lens_heads.collapse.train import RankTracker, TrainConfig
+    from lens_heads.collapse.rank_tracker import RankTracker
+    from lens_heads.collapse.train_config import TrainConfig
 
     with pytest.raises(ValueError, match="log_every=0"):  # it divided by zero at the first step
         TrainConfig(log_every=0)
@@ -212,7 +215,7 @@ def test_finished_run_reloads_and_other_settings_are_refused(corpus, tmp_path):
 
 
 def test_data_order_depends_on_seed_and_step_only(corpus):
-    from lens_heads.collapse.train import batch_at
+    from lens_heads.collapse.windows import batch_at
 
     cfg = _config()
     assert torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 5, 0, cfg))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from lens_heads.collapse.distill import DistillConfig
 from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.collapse.train import TrainConfig
+from lens_heads.collapse.train_config import TrainConfig
 from lens_heads.plumbing.errors import InputError
 
 # the paper's baselines and ablations at the final student size, each one stage (or a source stage and one)

@@ -26,8 +26,11 @@ from lens_heads.collapse.inheritune_config import (
 )
 from lens_heads.collapse.inheritune_result import InherituneResult, Stage
 from lens_heads.collapse.rank import RankProfile, attention_rank
-from lens_heads.collapse.train import RankTracker, TrainConfig, TrainResult, eval_windows, train
+from lens_heads.collapse.rank_tracker import RankTracker
+from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.collapse.train_loop import TrainResult, train
 from lens_heads.collapse.widen import widen
+from lens_heads.collapse.windows import eval_windows
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json
 
