@@ -1,12 +1,15 @@
-"""The figures of analyses/inheritune.py: validation loss curves, attention rank per layer at every stage, the
-reference's rank during training and the rank profile of the embedded SmolLM2, each as PNG and HTML."""
+"""The figures of the Inheritune analyses, each as PNG and HTML. analyses/inheritune.py: validation loss curves,
+attention rank per layer at every stage, the reference's rank during training and the rank profile of the embedded
+SmolLM2. analyses/inheritune_baselines.py: every method's loss curve and rank profile over the training seeds."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
+from inheritune_comparisons import INHERITUNE, compared, label
 from lens_heads.viz.plots import save_figure
 
 
@@ -132,3 +135,51 @@ def smollm_figure(smollm: dict, out: Path) -> list[str]:
     fig.update_xaxes(title_text="layer")
     return write_figure(fig, out / "smollm2_rank_profile")
 
+
+# ---------------------------------------------------------------- the baselines over seeds
+
+
+def curves_figure(runs: dict[int, dict], out: Path, subtitle: str, png: bool) -> list[str]:
+    """Validation loss against steps, mean over seeds with the seeds' range as a band, every method."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    palette = ["#222222", "#d62728", "#1f77b4", "#aec7e8", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+               "#ff7f0e", "#2ca02c", "#9467bd"]
+    curves: dict[str, list[pd.Series]] = {}
+    for run in runs.values():
+        for s in compared(run["result"]):
+            h = [r for r in s.history if "val_loss" in r]
+            curves.setdefault(label(s), []).append(pd.Series([r["val_loss"] for r in h], index=[r["step"] for r in h]))
+    for i, (m, series) in enumerate(curves.items()):
+        df = pd.concat(series, axis=1)
+        c = palette[i % len(palette)]
+        x = list(df.index)
+        fig.add_scatter(x=x + x[::-1], y=list(df.max(axis=1)) + list(df.min(axis=1))[::-1], fill="toself", mode="lines",
+                        fillcolor=c, opacity=0.15, line=dict(width=0), showlegend=False, hoverinfo="skip")
+        fig.add_scatter(x=x, y=df.mean(axis=1), mode="lines", name=m,
+                        line=dict(color=c, width=3 if m == INHERITUNE else 1.5))
+    finals = [v for series in curves.values() for sr in series for v in sr.iloc[-1:]]
+    warm = [v for series in curves.values() for sr in series for v in sr.iloc[:1] if v < max(finals) + 2]
+    top = max(warm + finals) + 0.2  # the warm starts' first points; the fresh inits start far above (ln of vocab)
+    fig.update_layout(title=f"Validation loss against steps, mean over {len(runs)} seeds (band: min to max; y axis "
+                            f"cut at {top:.1f}, the fresh initialisations start near 10.8)<br><sup>{subtitle}</sup>",
+                      xaxis_title="step of the model's own training (warm starts' sources not counted)",
+                      yaxis_title="validation loss", yaxis_range=[min(finals) - 0.1, top], template="plotly_white")
+    return save_figure(fig, out / "inheritune_baselines_val_loss", png=png, width=1100, height=600, scale=1.5)
+
+
+def rank_figure(table: pd.DataFrame, uniform_rank: int, out: Path, subtitle: str, png: bool) -> list[str]:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for m, g in table.groupby("method", sort=False):
+        ranks = np.array(list(g["max_rank"]))
+        bold = m == INHERITUNE or m.startswith(("reference", "scratch 1x"))
+        fig.add_scatter(x=list(range(ranks.shape[1])), y=ranks.mean(0), mode="lines+markers", name=m,
+                        line=dict(width=3 if bold else 1, dash="solid" if bold else "dot"))
+    fig.add_hline(y=uniform_rank, line=dict(color="grey", dash="dot"), annotation_text="uniform causal averaging")
+    fig.add_hline(y=2, line=dict(color="black", dash="dash"), annotation_text="lazy: every head <= 2")
+    fig.update_layout(title=f"Max attention rank over heads per layer, mean over seeds<br><sup>{subtitle}</sup>",
+                      xaxis_title="layer", yaxis_title="approximate rank (90% energy)", template="plotly_white")
+    return save_figure(fig, out / "inheritune_baselines_rank", png=png, width=1100, height=600, scale=1.5)
