@@ -228,15 +228,7 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
 def main(argv=None):
     a = parse_args(argv)
     if a.plan:
-        table = plan(a)
-        print(table.to_string(index=False))
-        Path(a.figures).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(a.figures) / f"inheritune_plan_{a.preset}.csv", table.assign(
-            gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=a.gpu_fraction).to_csv(index=False))
-        total = GPUProjection(float((table["flops"] + table["teacher_flops"]).sum()), a.gpu_peak_tflops * 1e12,
-                              a.gpu_fraction)
-        print(f"{a.preset}: {len(table)} stages, {total.describe()}")
-        return table
+        return main_plan(a)
     if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: this machine has no CUDA GPU (torch {torch.__version__}); run the "
                          f"{a.preset} preset on a GPU machine, or use a cpu preset")
@@ -251,6 +243,26 @@ def main(argv=None):
                     lambda: smollm_profile(corpus, tokenizer, a.smollm_inputs, a.smollm_len)) if a.smollm_inputs else None
     if a.preset == "smollm2":
         return main_smollm(a, runs, out, smollm, started)
+    return main_gpt2(a, runs, out, smollm, started, corpus, tokenizer)
+
+
+def main_plan(a) -> pd.DataFrame:
+    """``--plan``: every stage's tokens, FLOPs and GPU-hours and their total, printed and written to
+    ``inheritune_plan_<preset>.csv``; nothing is trained."""
+    table = plan(a)
+    print(table.to_string(index=False))
+    Path(a.figures).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(a.figures) / f"inheritune_plan_{a.preset}.csv", table.assign(
+        gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=a.gpu_fraction).to_csv(index=False))
+    total = GPUProjection(float((table["flops"] + table["teacher_flops"]).sum()), a.gpu_peak_tflops * 1e12,
+                          a.gpu_fraction)
+    print(f"{a.preset}: {len(table)} stages, {total.describe()}")
+    return table
+
+
+def main_gpt2(a, runs: Path, out: Path, smollm: dict | None, started: float, corpus, tokenizer) -> None:
+    """The GPT-2 presets: every stage trained (or reloaded), the trained models' zero-shot accuracy, the figures and
+    ``inheritune_results.csv/json``."""
     config = build_config(a)
     print(f"corpus: {corpus}\nconfig: {json.dumps(asdict(config))}")
     result = run_inheritune(config, corpus, out_dir=runs, tokenizer=tokenizer, progress=not a.no_progress)

@@ -43,6 +43,7 @@ from inheritune_comparisons import (
     per_seed_table,
     zero_shot_tests,
 )
+from inheritune_extras import uniform_causal_levels
 from inheritune_figures import curves_figure, rank_figure
 from lens_heads.collapse.checkpoints import load_model_state
 from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
@@ -198,10 +199,7 @@ def main(argv=None):
     all_tests = pd.concat([t.assign(table=name) for name, t in (("final loss", tests),
                                                                 ("steps to the same loss", speed),
                                                                 ("zero-shot", zs_tests)) if len(t)], ignore_index=True)
-    from lens_heads.collapse.rank import approx_rank
-
-    U = torch.ones(a.rank_len, a.rank_len).tril()
-    uniform = int(approx_rank(U / U.sum(-1, keepdim=True)))
+    uniform = uniform_causal_levels(a.rank_len)["rank"]
     subtitle = (f"GPT-2 (authors') d_model {a.d_model}, {a.heads} heads, reference {a.ref_layers}L, students "
                 f"{a.student_layers}L; {a.steps} steps of {a.batch}x{a.seq} SOTU tokens; seeds {a.seeds}")
     written = curves_figure(runs, out, subtitle, not a.no_png) + rank_figure(table, uniform, out, subtitle,
