@@ -70,10 +70,10 @@ class InherituneConfig:
     device: str | None = None
 
     def __post_init__(self):
-        _check_config(self)  # refused where it is built, not stages later
+        check_config(self)  # refused where it is built, not stages later
 
 
-def _check_config(c: InherituneConfig) -> int:
+def check_config(c: InherituneConfig) -> int:
     """The largest student size; errors for sizes the reference cannot provide."""
     max_layers = c.max_layers or c.ref_layers - 1
     if max_layers > c.ref_layers:

@@ -21,7 +21,7 @@ from lens_heads.collapse.inheritune_config import (
     DISTILLATIONS,
     GROWTH,
     InherituneConfig,
-    _check_config,
+    check_config,
     half_width_shape,
 )
 from lens_heads.collapse.inheritune_result import InherituneResult, Stage
@@ -56,7 +56,7 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
 
     Every stage trains in its own folder under ``out_dir`` and resumes; a finished run only reloads."""
     c = config
-    max_layers = _check_config(c)
+    max_layers = check_config(c)
     run = _Stages(c, corpus, Path(out_dir), tokenizer, progress)
     reference = run.fresh(c.ref_layers, c.seed)
     ref = run.train(f"reference_{c.ref_layers}L", "reference", reference, method="scratch (the reference)")
@@ -78,7 +78,7 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
     """The stages `run_inheritune` trains when its student ends at ``final_layers`` layers (default: the largest it
     may grow to, the costliest case), in its order, each with its tokens and FLOPs: a run's cost before it runs."""
     c = config
-    max_layers = _check_config(c)
+    max_layers = check_config(c)
     final = max_layers if final_layers is None else final_layers
     if not c.student_layers <= final <= max_layers or (final - c.student_layers) % c.grow_by:
         raise InputError(f"final_layers={final} is not a size the students reach ({c.student_layers} + k x "
