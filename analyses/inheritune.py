@@ -31,29 +31,24 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
+from inheritune_extras import smollm_profile, uniform_causal_levels, zero_shot, zero_shot_rows
+from inheritune_figures import figures, smollm_figure
 from lens_heads.collapse.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
 from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.collapse.distill import DistillConfig
 from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.collapse.inheritune import (
-    ABLATIONS,
-    PAPER_TASKS,
-    InherituneConfig,
-    load_result,
-    planned_stages,
-    run_inheritune,
-)
-from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
-from lens_heads.collapse.train import TrainConfig, eval_windows
+from lens_heads.collapse.inheritune_config import ABLATIONS, InherituneConfig
+from lens_heads.collapse.inheritune_result import load_result
+from lens_heads.collapse.inheritune_run import planned_stages, run_inheritune
+from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.collapse.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.viz.plots import save_figure
 
 
 @dataclass(frozen=True)
@@ -198,72 +193,13 @@ def plan(a) -> pd.DataFrame:
     return table
 
 
-# ---------------------------------------------------------------- extra measurements
-
-
-def uniform_causal_levels(length: int) -> dict:
-    """Rank and m* of uniform causal averaging (each query spreads evenly over its prefix) at ``length`` tokens:
-    the attention of a freshly initialised GPT-2, and of one whose attention has learned nothing yet."""
-    U = torch.ones(length, length).tril()
-    U = U / U.sum(-1, keepdim=True)
-    return {"length": length, "rank": int(approx_rank(U)), "mass_columns": int(mass_columns(U))}
-
-
-def smollm_profile(corpus, tokenizer, n: int, length: int) -> dict:
-    """Rank profile of the embedded SmolLM2-135M on English validation text (per-input and batch-averaged)."""
-    from lens_heads import load_model
-
-    model = load_model()
-    # text from the held-out SOTU years, re-tokenised by SmolLM2's own tokenizer and cut to `length` tokens
-    windows = eval_windows(corpus.val, n, int(length * 1.5))
-    texts = [tokenizer.decode(w.tolist()).replace("<|endoftext|>", "\n") for w in windows]
-    out = {}
-    for average in (False, True):
-        profile = attention_rank(model, texts, average=average, max_len=length, batch_size=8, progress=True)
-        out["averaged" if average else "per_input"] = profile.to_dict()
-    return out
-
-
-def eval_tasks(a) -> dict[str, str]:
-    """The ``--eval-tasks`` with the paper's metric for each (acc; acc_norm for HellaSwag)."""
-    return {t: PAPER_TASKS.get(t, "sum") for t in a.eval_tasks.split(",") if t}
-
-
-def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
-    from lens_heads.collapse.inheritune import zero_shot
-
-    rows = [{"stage": stage_name, **r} for r in zero_shot(model, eval_tasks(a), n=a.eval_n, seed=a.seed)]
-    for r in rows:
-        print(f"zero-shot {r['task']} {stage_name}: " + (f"{r['accuracy']:.3f} ({r['primary']}) on n={r['n']} "
-              f"({r['dropped_longer_than_context']} items longer than the context dropped; chance {r['chance']:.2f})"
-              if r["available"] else "not available (" + r["note"] + ")"))
-    return rows
-
-
-def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> list[dict]:
-    """Zero-shot accuracy of the reference, the final student, the scratch baselines and the ablations."""
-    from lens_heads.collapse.inheritune import gpt2_config, gpt2_model
-    from lens_heads.collapse.train import load_model_state
-
-    rows = []
-    for stage in result.stages:
-        if stage.kind in ("stack_source", "width_source") or (stage.kind == "student"
-                                                               and stage.n_layers != result.final_layers):
-            continue
-        cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=a.vocab)
-        model = gpt2_model(cfg, seed=0, options=options, tokenizer=tokenizer, device=a.device)
-        load_model_state(model, stages_dir / stage.name / "final" / "model.safetensors")
-        rows += zero_shot_rows(a, stage.name, model)
-    return rows
-
-
 def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
     """The embedded SmolLM2's first k layers as a student (k: its first lazy layer by the paper's rank, or
     ``--smollm-k``) and a same-size random init, each trained ``--steps`` on SOTU text in SmolLM2's tokenizer,
     against the full model: validation loss and zero-shot accuracy."""
     from lens_heads import load_model
-    from lens_heads.collapse.inheritune import inherit_first_layers, same_size_random
-    from lens_heads.collapse.train import train, validation_loss
+    from lens_heads.collapse.inherit import inherit_first_layers, same_size_random
+    from lens_heads.collapse.train_loop import train, validation_loss
 
     full = load_model(device=a.device)
     paper = smollm_rank["averaged"]
@@ -289,144 +225,10 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
             "train": asdict(cfg), "model": full.lens_heads_meta}
 
 
-# ---------------------------------------------------------------- figures
-
-
-def wrap(text: str, width: int = 150) -> str:
-    """Plotly titles do not wrap: break long lines with <br>."""
-    import textwrap
-
-    return "<br>".join(textwrap.wrap(text, width))
-
-
-def write_figure(fig, stem: Path) -> list[str]:
-    return save_figure(fig, stem, width=1100, height=600, scale=1.5)
-
-
-STAGE_COLORS = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa",
-                "width_source": "#cccccc"}
-ABLATION_COLORS = {"later_layers": "#ff7f0e", "attention_only": "#2ca02c", "mlp_only": "#9467bd",
-                   "stacking": "#8c564b", "hybrid_stacking": "#e377c2", "half_width": "#7f7f7f",
-                   "distill_logit": "#bcbd22", "distill_distilbert": "#17becf"}
-SCRATCH_DASHES = {"scratch_1x": "dot", "scratch_2x": "dash"}
-
-
-def color(stage) -> str:
-    return next(c for k, c in ABLATION_COLORS.items() if stage.name.startswith(k)) if stage.kind == "ablation" \
-        else STAGE_COLORS[stage.kind]
-
-
-def dash(stage) -> str:  # the two scratch baselines (1x and 2x steps) apart, in every figure
-    return next((d for k, d in SCRATCH_DASHES.items() if stage.name.endswith(k.split("_")[1])), "dot") \
-        if stage.kind == "scratch" else "solid"
-
-
-def figures(result, smollm: dict | None, out: Path, subtitle: str, uniform: dict) -> list[str]:
-    """Validation loss curves, rank per layer at every stage, the reference's rank during training and the SmolLM2
-    rank profile, each as HTML and PNG."""
-    written = val_loss_figure(result, out, subtitle) + rank_figures(result, out, subtitle, uniform)
-    if smollm:
-        written += smollm_figure(smollm, out)
-    return written
-
-
-def val_loss_figure(result, out: Path, subtitle: str) -> list[str]:
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    for s in result.stages:
-        h = [r for r in s.history if "val_loss" in r]
-        fig.add_scatter(x=[r["tokens_seen"] for r in h], y=[r["val_loss"] for r in h], mode="lines+markers",
-                        name=f"{s.name} ({s.n_layers}L)", line=dict(color=color(s), dash=dash(s),
-                                                                     width=3 if s.kind == "reference" else 2),
-                        opacity=1.0 if s.n_layers == result.final_layers or s.kind == "reference" else 0.5)
-    fig.add_hline(y=result.reference_val_loss, line=dict(color="#222222", dash="dot", width=1),
-                  annotation_text=f"reference final {result.reference_val_loss:.3f}")
-    fig.update_layout(title=f"Validation loss: reference, Inheritune students, same-size scratch, ablations<br><sup>{subtitle}</sup>",
-                      xaxis_title="tokens seen by the model (students: own training only)", yaxis_title="validation loss",
-                      template="plotly_white")
-    return write_figure(fig, out / "inheritune_val_loss")
-
-
-def rank_figures(result, out: Path, subtitle: str, uniform: dict) -> list[str]:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("max rank over heads (after training)",
-                                                        "mean rank over heads (after training)"))
-    for s in result.stages:
-        for col, key in ((1, "max_rank"), (2, "mean_rank")):
-            fig.add_scatter(x=list(range(s.n_layers)), y=s.rank[key], mode="lines+markers", name=s.name,
-                            legendgroup=s.name, showlegend=col == 1, line=dict(color=color(s), dash=dash(s)),
-                            row=1, col=col)
-        if s.kind in ("student", "reference"):
-            fig.add_scatter(x=list(range(s.n_layers)), y=s.rank_at_init["max_rank"], mode="markers",
-                            marker=dict(symbol="x", size=9, color=color(s)),
-                            name=f"{s.name} {'at inheritance' if s.kind == 'student' else 'at init'}", row=1, col=1)
-    for col in (1, 2):
-        fig.add_hline(y=uniform["rank"], line=dict(color="grey", dash="dot", width=1), row=1, col=col,
-                      annotation_text=f"uniform causal averaging: rank {uniform['rank']}")
-    meta = result.meta["rank"]
-    fig.update_layout(title=f"Attention rank per layer at every stage ({meta['n_inputs']} validation windows)<br>"
-                            f"<sup>{wrap(meta['definition'])}<br>{subtitle}</sup>", margin=dict(t=170),
-                      template="plotly_white")
-    fig.update_xaxes(title_text="layer")
-    fig.update_yaxes(title_text="approximate rank", row=1, col=1)
-    written = write_figure(fig, out / "inheritune_rank_per_layer")
-
-    ref = result.stages[0]
-    tracked = [r for r in ref.history if "max_rank" in r]
-    if tracked:
-        z = np.array([r["max_rank"] for r in tracked]).T
-        fig = go.Figure(go.Heatmap(z=z, x=[r["step"] for r in tracked], y=list(range(z.shape[0])),
-                                   colorbar=dict(title="max rank"), colorscale="Viridis"))
-        fig.update_layout(title=f"Reference: max attention rank per layer during training<br><sup>"
-                                f"{wrap(result.meta['rank']['definition'])}<br>{subtitle}</sup>", margin=dict(t=170),
-                          xaxis_title="step", yaxis_title="layer", template="plotly_white")
-        written += write_figure(fig, out / "inheritune_rank_during_training")
-    return written
-
-
-def smollm_figure(smollm: dict, out: Path) -> list[str]:
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("approximate rank per layer",
-                                                        "key columns holding 90% of the mass (m*)"))
-    for mode, line_dash in (("per_input", "solid"), ("averaged", "dash")):
-        p = smollm[mode]
-        how = f"aggregation {p.get('aggregation', 'rank' if mode == 'per_input' else 'matrix')!r}"
-        layers = list(range(len(p["max_rank"])))
-        fig.add_scatter(x=layers, y=p["max_rank"], name=f"max over heads ({how})", line=dict(dash=line_dash, color="#d62728"),
-                        row=1, col=1)
-        fig.add_scatter(x=layers, y=p["mean_rank"], name=f"mean over heads ({how})", line=dict(dash=line_dash, color="#1f77b4"),
-                        row=1, col=1)
-        fig.add_scatter(x=layers, y=p["mass_columns"], name=f"m* ({how})", line=dict(dash=line_dash, color="#2ca02c"),
-                        row=1, col=2)
-    paper = smollm["averaged"]  # the paper's aggregation marks the lazy layers
-    lazy = [i for i, flag in enumerate(paper["lazy"]) if flag]
-    fig.add_scatter(x=lazy, y=[paper["max_rank"][i] for i in lazy], mode="markers", name="lazy layer",
-                    marker=dict(symbol="circle-open", size=14, color="black"), row=1, col=1)
-    m = paper["meta"]
-    fig.update_layout(title=f"SmolLM2-135M-Instruct (embedded): attention rank profile, N={m['n_inputs']} texts of "
-                            f"T={m['max_length']} tokens (held-out SOTU text)<br><sup>averaged (paper's): "
-                            f"{wrap(paper.get('definition', '') + '; per_input: ranks of each input matrix, averaged')}"
-                            f"<br>{wrap(paper['lazy_rule'])}</sup>", margin=dict(t=190), template="plotly_white")
-    fig.update_xaxes(title_text="layer")
-    return write_figure(fig, out / "smollm2_rank_profile")
-
-
 def main(argv=None):
     a = parse_args(argv)
     if a.plan:
-        table = plan(a)
-        print(table.to_string(index=False))
-        Path(a.figures).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(a.figures) / f"inheritune_plan_{a.preset}.csv", table.assign(
-            gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=a.gpu_fraction).to_csv(index=False))
-        total = GPUProjection(float((table["flops"] + table["teacher_flops"]).sum()), a.gpu_peak_tflops * 1e12,
-                              a.gpu_fraction)
-        print(f"{a.preset}: {len(table)} stages, {total.describe()}")
-        return table
+        return main_plan(a)
     if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: this machine has no CUDA GPU (torch {torch.__version__}); run the "
                          f"{a.preset} preset on a GPU machine, or use a cpu preset")
@@ -441,6 +243,26 @@ def main(argv=None):
                     lambda: smollm_profile(corpus, tokenizer, a.smollm_inputs, a.smollm_len)) if a.smollm_inputs else None
     if a.preset == "smollm2":
         return main_smollm(a, runs, out, smollm, started)
+    return main_gpt2(a, runs, out, smollm, started, corpus, tokenizer)
+
+
+def main_plan(a) -> pd.DataFrame:
+    """``--plan``: every stage's tokens, FLOPs and GPU-hours and their total, printed and written to
+    ``inheritune_plan_<preset>.csv``; nothing is trained."""
+    table = plan(a)
+    print(table.to_string(index=False))
+    Path(a.figures).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(a.figures) / f"inheritune_plan_{a.preset}.csv", table.assign(
+        gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=a.gpu_fraction).to_csv(index=False))
+    total = GPUProjection(float((table["flops"] + table["teacher_flops"]).sum()), a.gpu_peak_tflops * 1e12,
+                          a.gpu_fraction)
+    print(f"{a.preset}: {len(table)} stages, {total.describe()}")
+    return table
+
+
+def main_gpt2(a, runs: Path, out: Path, smollm: dict | None, started: float, corpus, tokenizer) -> None:
+    """The GPT-2 presets: every stage trained (or reloaded), the trained models' zero-shot accuracy, the figures and
+    ``inheritune_results.csv/json``."""
     config = build_config(a)
     print(f"corpus: {corpus}\nconfig: {json.dumps(asdict(config))}")
     result = run_inheritune(config, corpus, out_dir=runs, tokenizer=tokenizer, progress=not a.no_progress)

@@ -22,7 +22,10 @@ import torch.nn.functional as F
 from lens_heads.collapse.corpus import load_corpus
 from lens_heads.collapse.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
 from lens_heads.collapse.gpt2 import gpt2_model as _gpt2_model
-from lens_heads.collapse.train import RankTracker, TrainConfig, batch_at, eval_windows, lr_at, train
+from lens_heads.collapse.rank_tracker import RankTracker
+from lens_heads.collapse.train_config import TrainConfig, lr_at
+from lens_heads.collapse.train_loop import train
+from lens_heads.collapse.windows import batch_at, eval_windows
 from lens_heads.plumbing.settings import option
 from timing import (
     alternate,

@@ -77,8 +77,9 @@ offline State of the Union corpus."""),
 from lens_heads import load_model
 from lens_heads.collapse.rank import approx_rank, attention_rank
 from lens_heads.collapse.corpus import load_corpus, gpt2_tokenizer
-from lens_heads.collapse.inheritune import InherituneConfig, run_inheritune
-from lens_heads.collapse.train import TrainConfig
+from lens_heads.collapse.inheritune_config import InherituneConfig
+from lens_heads.collapse.inheritune_run import run_inheritune
+from lens_heads.collapse.train_config import TrainConfig
 from lens_heads.viz import plots"""),
     new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
     new_code_cell("""T = 16

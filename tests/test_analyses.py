@@ -314,7 +314,7 @@ def test_kv_savings_analysis_on_a_tiny_model(tmp_path):
 
 
 def test_steps_to_reach_interpolates_the_first_crossing():
-    script = load_script("inheritune_baselines")
+    script = load_script("inheritune_comparisons")
     h = [{"step": 0, "val_loss": 10.0}, {"step": 5, "train_loss": 9.0}, {"step": 10, "val_loss": 7.0},
          {"step": 20, "val_loss": 8.0}, {"step": 30, "val_loss": 6.0}]
     assert script.steps_to_reach(h, 7.5) == pytest.approx(10 * (10 - 7.5) / (10 - 7))  # first crossing, 0..10
@@ -330,7 +330,7 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     histories, and a rerun reads everything back."""
     import json
 
-    script = load_script("inheritune_baselines")
+    script, comparisons = load_script("inheritune_baselines"), load_script("inheritune_comparisons")
     argv = ["--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "2", "--student-layers", "1",
             "--steps", "2", "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
             "--baselines", "hybrid_stacking,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
@@ -353,7 +353,8 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     for s in (0, 1):
         inh, other = stages[s]["student_2L"], stages[s]["distill_logit_2L"]
         target = max(inh["val_loss"], other["val_loss"])
-        steps.append((script.steps_to_reach(other["history"], target), script.steps_to_reach(inh["history"], target)))
+        steps.append((comparisons.steps_to_reach(other["history"], target),
+                      comparisons.steps_to_reach(inh["history"], target)))
     if all(a > 0 and b > 0 for a, b in steps):  # the geometric mean of the per-seed ratios
         assert logit["speedup"] == pytest.approx(np.exp(np.mean([np.log(a / b) for a, b in steps])))
     else:  # a side already at the loss before its first step: no ratio, and the row says why

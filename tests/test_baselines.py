@@ -10,15 +10,9 @@ import torch
 from conftest import assert_close_to_scale
 from lens_heads.collapse.distill import Distillation, DistillConfig, distillation_loss
 from lens_heads.collapse.gpt2 import GPT2Options, bias_names, gpt2_config, gpt2_model
-from lens_heads.collapse.inheritune import (
-    InherituneConfig,
-    distilbert_init,
-    distilbert_layers,
-    half_width_shape,
-    hybrid_stack,
-    planned_stages,
-    run_inheritune,
-)
+from lens_heads.collapse.inherit import distilbert_init, distilbert_layers, hybrid_stack
+from lens_heads.collapse.inheritune_config import InherituneConfig, half_width_shape
+from lens_heads.collapse.inheritune_run import planned_stages, run_inheritune
 from lens_heads.collapse.widen import widen
 from lens_heads.plumbing.errors import InputError
 from test_inheritune import (
@@ -271,7 +265,8 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
     assert df.loc["student_2L", "source_flops"] == 0 and df.loc["student_2L", "uses_reference"]
     assert not df.loc["half_width_2L", "uses_reference"]
     assert result.meta["growth"]["grow_from"] == "student"
-    from lens_heads.collapse.train import load_model_state, validation_loss
+    from lens_heads.collapse.checkpoints import load_model_state
+    from lens_heads.collapse.train_loop import validation_loss
 
     reference = gpt2(4, 32, 2)  # the DistilBERT student starts from the trained reference's blocks 0 and 3
     load_model_state(reference, tmp_path / "reference_4L" / "final" / "model.safetensors")
@@ -297,10 +292,11 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
 def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypatch):  # noqa: F811
     """A student worse than its reference grows: the grown stage starts from the trained 1-layer student plus
     reference block 1 (its loss before training is that model's), and says so."""
-    from lens_heads.collapse import inheritune
-    from lens_heads.collapse.train import load_model_state, validation_loss
+    from lens_heads.collapse import inherit, inheritune_run
+    from lens_heads.collapse.checkpoints import load_model_state
+    from lens_heads.collapse.train_loop import validation_loss
 
-    train_stage = inheritune._Stages.train
+    train_stage = inheritune_run._Stages.train
 
     def first_student_loses(self, name, *args, **kw):  # the growth rule then grows, whatever the losses
         stage = train_stage(self, name, *args, **kw)
@@ -308,7 +304,7 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
             stage.val_loss = math.inf
         return stage
 
-    monkeypatch.setattr(inheritune._Stages, "train", first_student_loses)
+    monkeypatch.setattr(inheritune_run._Stages, "train", first_student_loses)
     cfg = InherituneConfig(ref_layers=3, student_layers=1, grow_by=1, max_layers=2, d_model=32, n_heads=2, n_ctx=32,
                            d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0,
                            baselines=False, ablations=())
@@ -318,8 +314,8 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
     reference, first = gpt2(3, 32, 2), gpt2(1, 32, 2)
     load_model_state(reference, tmp_path / "reference_3L" / "final" / "model.safetensors")
     load_model_state(first, tmp_path / "student_1L" / "final" / "model.safetensors")
-    expected = inheritune.grow(reference, 2, student=first, seed=cfg.seed + 2)
-    re_inherited = inheritune.inherit(reference, 2, seed=cfg.seed + 2)
+    expected = inherit.grow(reference, 2, student=first, seed=cfg.seed + 2)
+    re_inherited = inherit.inherit(reference, 2, seed=cfg.seed + 2)
     start = grown.history[0]["val_loss"]  # measured before the grown student's first step
     # the same function on equal weights: float32 rounding of a mean loss at most; a re-inherited start differs
     assert start == pytest.approx(validation_loss(expected, corpus.val, cfg.train), rel=1e-6)

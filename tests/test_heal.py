@@ -16,7 +16,8 @@ from lens_heads.ablation.prune import prune
 from lens_heads.collapse.corpus import TokenCorpus
 from lens_heads.collapse.healing import ARMS, heal, removal_arms, truncation
 from lens_heads.collapse.layer_ranking import LayerScores
-from lens_heads.collapse.train import TrainConfig, eval_windows
+from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.collapse.windows import eval_windows
 
 VOCAB = 61
 

@@ -1,0 +1,65 @@
+"""A training run's checkpoints: the weights and the optimizer state as safetensors (no pickle) beside JSON, each
+checkpoint folder written complete or not at all."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
+
+if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
+
+
+def model_state_bytes(model: HookedTransformer) -> bytes:
+    return st_save({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()})
+
+
+def load_model_state(model: HookedTransformer, path: Path) -> None:
+    model.load_state_dict(st_load(Path(path).read_bytes()))
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[bytes, dict]:
+    """Optimizer state as safetensors bytes (the tensors) and a JSON-able dict (everything else); no pickle."""
+    sd = optimizer.state_dict()
+    tensors = {f"{i}.{k}": v.detach().contiguous().cpu() for i, s in sd["state"].items() for k, v in s.items()
+               if isinstance(v, Tensor)}
+    scalars = {f"{i}.{k}": v for i, s in sd["state"].items() for k, v in s.items() if not isinstance(v, Tensor)}
+    return st_save(tensors), {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: bytes, info: dict) -> None:
+    state: dict[int, dict] = {}
+    for key, value in [*st_load(tensors).items(), *info["scalars"].items()]:
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = value
+    groups = [{**g, "betas": tuple(g["betas"])} for g in info["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save_checkpoint(folder: Path, model, optimizer, state: dict) -> Path:
+    """Write a complete checkpoint folder atomically (built beside it, then renamed)."""
+    folder = Path(folder)
+    staging = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    opt_tensors, opt_info = optimizer_state(optimizer)
+    atomic_write_bytes(staging / "model.safetensors", model_state_bytes(model))
+    atomic_write_bytes(staging / "optimizer.safetensors", opt_tensors)
+    atomic_write_json(staging / "optimizer.json", opt_info)
+    atomic_write_json(staging / "state.json", state)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    folders = sorted(p for p in (Path(out_dir) / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))
+    return folders[-1] if folders else None

@@ -1,0 +1,222 @@
+"""An Inheritune run (Sanyal et al., arXiv 2404.08634): train a reference, inherit its first layers, train, grow
+while worse than the reference, then the baselines at the final student size, each stage in its own resumable
+folder; `planned_stages` is the same run's cost before it runs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import torch
+
+from lens_heads.collapse.budget import teacher_flops, training_flops
+from lens_heads.collapse.distill import Distillation
+from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
+from lens_heads.collapse.inherit import distilbert_init, grow, hybrid_stack, inherit, inherit_later_layers, stack
+from lens_heads.collapse.inheritune_config import (
+    BASELINE_METHODS,
+    DISTILLATIONS,
+    GROWTH,
+    InherituneConfig,
+    check_config,
+    half_width_shape,
+)
+from lens_heads.collapse.inheritune_result import InherituneResult, Stage
+from lens_heads.collapse.rank import RankProfile, attention_rank
+from lens_heads.collapse.rank_tracker import RankTracker
+from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.collapse.train_loop import TrainResult, train
+from lens_heads.collapse.widen import widen
+from lens_heads.collapse.windows import eval_windows
+from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_json
+
+if TYPE_CHECKING:  # TransformerLens 3.9 only
+    from transformer_lens import HookedTransformer
+
+
+def rank_tokens(corpus, n: int, length: int) -> torch.Tensor:
+    """The fixed validation windows every stage's attention rank is measured on."""
+    return eval_windows(corpus.val, n, length - 1)
+
+
+def _rank(model, tokens, average: bool) -> dict:
+    profile: RankProfile = attention_rank(model, tokens, average=average, progress=False)
+    return profile.to_dict()
+
+
+def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tokenizer=None,
+                   progress: bool = True) -> InherituneResult:
+    """Train a reference, inherit its first layers, train, grow while worse than the reference, then the
+    baselines at the final student size: same-size scratch for 1x and 2x the steps and ``config.ablations``;
+    attention rank of every layer at every stage, FLOPs of every stage.
+
+    Every stage trains in its own folder under ``out_dir`` and resumes; a finished run only reloads."""
+    c = config
+    max_layers = check_config(c)
+    run = _Stages(c, corpus, Path(out_dir), tokenizer, progress)
+    reference = run.fresh(c.ref_layers, c.seed)
+    ref = run.train(f"reference_{c.ref_layers}L", "reference", reference, method="scratch (the reference)")
+    n = _students(run, reference, ref, max_layers)
+    if c.baselines:
+        for mult in (1, 2):
+            train_cfg = TrainConfig(**{**asdict(c.train), "steps": mult * c.train.steps})
+            run.train(f"scratch_{n}L_{mult}x", "scratch", run.fresh(n, c.seed + 1000 + n), train_cfg,
+                      method=f"fresh init, {mult}x the steps")
+    for ablation in c.ablations:
+        _ablation(run, reference, ref, ablation, n)
+    result = InherituneResult(stages=run.stages, reference_val_loss=ref.val_loss, final_layers=n,
+                              meta=_meta(c, corpus, ref))
+    atomic_write_json(run.out / "result.json", result.to_dict())
+    return result
+
+
+def planned_stages(config: InherituneConfig, final_layers: int | None = None) -> pd.DataFrame:
+    """The stages `run_inheritune` trains when its student ends at ``final_layers`` layers (default: the largest it
+    may grow to, the costliest case), in its order, each with its tokens and FLOPs: a run's cost before it runs."""
+    c = config
+    max_layers = check_config(c)
+    final = max_layers if final_layers is None else final_layers
+    if not c.student_layers <= final <= max_layers or (final - c.student_layers) % c.grow_by:
+        raise InputError(f"final_layers={final} is not a size the students reach ({c.student_layers} + k x "
+                         f"{c.grow_by}, at most {max_layers})")
+    tokens, seq = c.train.steps * c.train.tokens_per_step, c.train.seq_len
+    rows: list[dict] = []
+
+    def add(name: str, n_layers: int, d_model: int = c.d_model, n_heads: int = c.n_heads, steps_x: int = 1,
+            teacher: bool = False) -> None:
+        shape = SimpleNamespace(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
+                                d_mlp=4 * d_model, d_vocab=c.d_vocab)
+        ref = SimpleNamespace(n_layers=c.ref_layers, d_model=c.d_model, n_heads=c.n_heads,
+                              d_head=c.d_model // c.n_heads, d_mlp=4 * c.d_model, d_vocab=c.d_vocab)
+        rows.append({"stage": name, "n_layers": n_layers, "d_model": d_model, "tokens": steps_x * tokens,
+                     "flops": training_flops(shape, steps_x * tokens, seq),
+                     "teacher_flops": teacher_flops(ref, steps_x * tokens, seq) if teacher else 0.0})
+
+    add(f"reference_{c.ref_layers}L", c.ref_layers)
+    for n in range(c.student_layers, final + 1, c.grow_by):
+        add(f"student_{n}L", n)
+    n = final
+    if c.baselines:
+        add(f"scratch_{n}L_1x", n)
+        add(f"scratch_{n}L_2x", n, steps_x=2)
+    for ablation in c.ablations:
+        if ablation in ("stacking", "hybrid_stacking"):
+            if n < 2:
+                continue
+            if not any(r["stage"] == f"stack_source_{n // 2}L" for r in rows):
+                add(f"stack_source_{n // 2}L", n // 2)
+        elif ablation == "half_width":
+            d_half, h_half = half_width_shape(c.d_model, c.n_heads)
+            add(f"width_source_{n}L_{d_half}d", n, d_half, h_half)
+        add(f"{ablation}_{n}L", n, teacher=ablation in DISTILLATIONS)
+    return pd.DataFrame(rows)
+
+
+class _Stages:
+    """The stages of one run, trained in order, each in its own resumable folder under ``out``; ``stages.json``
+    is rewritten as each finishes."""
+
+    def __init__(self, config: InherituneConfig, corpus, out: Path, tokenizer, progress: bool):
+        self.c, self.corpus, self.out, self.tokenizer, self.progress = config, corpus, out, tokenizer, progress
+        self.tokens = rank_tokens(corpus, config.rank_inputs, config.rank_len)
+        self.callbacks = ([RankTracker(self.tokens, every=config.rank_every, average=config.rank_average)]
+                          if config.rank_every else [])
+        self.stages: list[Stage] = []
+        self.sources: dict[str, HookedTransformer] = {}  # trained warm-start sources, by stage name
+
+    def fresh(self, n_layers: int, seed: int, d_model: int | None = None,
+              n_heads: int | None = None) -> HookedTransformer:
+        c = self.c
+        return gpt2_model(gpt2_config(n_layers, d_model=d_model or c.d_model, n_heads=n_heads or c.n_heads,
+                                      n_ctx=c.n_ctx, d_vocab=c.d_vocab),
+                          seed=seed, options=c.options, tokenizer=self.tokenizer, device=c.device)
+
+    def train(self, name: str, kind: str, model: HookedTransformer, train_cfg: TrainConfig | None = None, *,
+              objective: Distillation | None = None, built_from: tuple[str, ...] = (), method: str = "") -> Stage:
+        average = self.c.rank_average
+        cfg = train_cfg or self.c.train
+        at_init = _rank(model, self.tokens, average)  # fresh init, or for students: just inherited
+        result: TrainResult = train(model, self.corpus, cfg, out_dir=self.out / name, callbacks=self.callbacks,
+                                    objective=objective, progress=self.progress, desc=name)
+        teacher = (teacher_flops(objective.teacher.cfg, result.tokens_seen, cfg.seq_len)
+                   if objective is not None else 0.0)
+        stage = Stage(name=name, kind=kind, n_layers=model.cfg.n_layers, steps=result.steps,
+                      tokens_seen=result.tokens_seen, val_loss=result.val_loss,
+                      rank=_rank(model, self.tokens, average), rank_at_init=at_init, history=result.history,
+                      wall_time_s=result.wall_time_s,
+                      flops=training_flops(model.cfg, result.tokens_seen, cfg.seq_len), teacher_flops=teacher,
+                      built_from=list(built_from), d_model=model.cfg.d_model, method=method)
+        self.stages.append(stage)
+        atomic_write_json(self.out / "stages.json", [asdict(s) for s in self.stages])
+        return stage
+
+
+def _students(run: _Stages, reference: HookedTransformer, ref: Stage, max_layers: int) -> int:
+    """Inherit the first n layers and train; grow by ``grow_by`` while worse than the reference (by
+    ``grow_from``). The final n."""
+    c = run.c
+    n, student, prev = c.student_layers, None, None
+    built: tuple[str, ...]
+    while True:
+        if c.grow_from == "student" and prev is not None:
+            student = grow(reference, n, student=student, seed=c.seed + n)
+            built, how = (prev.name, ref.name), f"{GROWTH['student']}: {prev.name} + reference blocks {prev.n_layers}..{n - 1}"
+        else:
+            student = inherit(reference, n, seed=c.seed + n)
+            built, how = (ref.name,), f"Inheritune: reference blocks 0..{n - 1} + embeddings"
+        prev = run.train(f"student_{n}L", "student", student, built_from=built, method=how)
+        if prev.val_loss <= ref.val_loss or n + c.grow_by > max_layers:
+            return n
+        n += c.grow_by
+
+
+def _ablation(run: _Stages, reference: HookedTransformer, ref: Stage, ablation: str, n: int) -> None:
+    """One of the paper's baselines or ablations at the final student size ``n``."""
+    c = run.c
+    seed, method = c.seed + n, BASELINE_METHODS[ablation]
+    if ablation == "later_layers":
+        run.train(f"later_layers_{n}L", "ablation", inherit_later_layers(reference, n, seed=seed),
+                  built_from=(ref.name,), method=method)
+    elif ablation in ("attention_only", "mlp_only"):
+        parts = ablation.removesuffix("_only")
+        run.train(f"{ablation}_{n}L", "ablation", inherit(reference, n, seed=seed, parts=parts),
+                  built_from=(ref.name,), method=method)
+    elif ablation in ("stacking", "hybrid_stacking") and n >= 2:
+        name = f"stack_source_{n // 2}L"
+        if name not in run.sources:  # one source for both depth warm starts, trained once
+            run.sources[name] = run.fresh(n // 2, c.seed + 2000 + n)
+            run.train(name, "stack_source", run.sources[name], method="fresh init at half the depth")
+        source = run.sources[name]
+        grown = stack(source, n, seed=seed) if ablation == "stacking" else hybrid_stack(source, n, seed=seed)
+        run.train(f"{ablation}_{n}L", "ablation", grown, built_from=(name,), method=method)
+    elif ablation == "half_width":
+        d_half, h_half = half_width_shape(c.d_model, c.n_heads)
+        source = run.fresh(n, c.seed + 3000 + n, d_model=d_half, n_heads=h_half)
+        src = run.train(f"width_source_{n}L_{d_half}d", "width_source", source,
+                        method=f"fresh init at half the width ({d_half}d, {h_half} heads)")
+        wide = widen(source, d_model=c.d_model, n_heads=c.n_heads, seed=seed, noise=c.widen_noise)
+        run.train(f"half_width_{n}L", "ablation", wide, built_from=(src.name,), method=method)
+    elif ablation == "distill_logit":
+        objective = Distillation(reference, c.distill_logit)
+        run.train(f"distill_logit_{n}L", "ablation", run.fresh(n, c.seed + 4000 + n), objective=objective,
+                  built_from=(ref.name,), method=f"{method}; {c.distill_logit.to_dict()}")
+    elif ablation == "distill_distilbert":
+        objective = Distillation(reference, c.distill_distilbert)
+        run.train(f"distill_distilbert_{n}L", "ablation", distilbert_init(reference, n, seed=seed),
+                  objective=objective, built_from=(ref.name,), method=f"{method}; {c.distill_distilbert.to_dict()}")
+
+
+def _meta(c: InherituneConfig, corpus, ref: Stage) -> dict:
+    return {"config": asdict(c), "corpus": dict(getattr(corpus, "meta", {})),
+            "rank": {"n_inputs": c.rank_inputs, "length": c.rank_len, "mode": ref.rank["meta"]["mode"],
+                     "definition": ref.rank["definition"], "lazy_rule": ref.rank["lazy_rule"]},
+            "student_rule": "grow while student val loss > reference val loss",
+            "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from]},
+            "budget": "FLOPs: 3 x forward per training token, teacher forwards added for distillation "
+                      "(lens_heads.collapse.budget); total_flops adds the stages a warm start was built from, "
+                      "all but the shared reference",
+            "ablations": {k: BASELINE_METHODS[k] for k in c.ablations}}
