@@ -6,9 +6,6 @@ named protocol (``"lm-eval"`` by default, as the paper's authors ran it; ``"tl"`
 all choices share the context and every continuation is one token (MMLU's " A".." D"), otherwise one row per
 choice (cloze tasks; WinoGrande's partial scoring, whose contexts differ per choice).
 
-Rows are sorted by length, right-padded into batches of at most ``batch_size`` rows (a new batch starts where a row
-is shorter than 3/4 of the batch's longest, which bounds the padding) and run with their attention mask.
-
 Shared prefixes (:mod:`lens_heads.evaluation.prefix`): where every hook acts on a position regardless of the rest of its row (no
 hooks, static zeroing, mean ablation, :func:`lens_heads.ablation.hooks.zero_heads`; random zeroing within an item), rows
 that begin alike (an item's choices after its context; the MMLU questions of a subject after its five shots) run
@@ -31,16 +28,16 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
-from jaxtyping import Float, Float64
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.data.chat import resolve_chat_template
-from lens_heads.data.inputs import check_token_ids, pad_id, right_pad
+from lens_heads.data.inputs import check_token_ids, pad_id
 from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
 from lens_heads.evaluation.hook_sets import HookSet, hook_objects, hook_set
+from lens_heads.evaluation.logprobs import _read_logprobs, _row_records, batches, pad_rows
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import (
     ROWS_PER_PREFIX,
@@ -53,7 +50,7 @@ from lens_heads.evaluation.prefix import (
     plan_groups,
     token_batches,
 )
-from lens_heads.evaluation.results import EvalResult, ItemRecord, check_primary
+from lens_heads.evaluation.results import EvalResult, check_primary
 from lens_heads.models import backends
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
@@ -347,30 +344,6 @@ def _advance(model, resid: Tensor, mask: Tensor, start: int | None, stop: int) -
     return backends.run_to_resid(model, resid, mask, start=start, stop=stop)
 
 
-def continuation_tokens(items, rows: list[Row]) -> list[list[int]]:
-    """How many tokens each (item, choice)'s continuation has, as its rows read them."""
-    n_tokens = [[0] * len(it.continuations) for it in items]
-    for row in rows:
-        for choice, _, ids in row.reads:
-            n_tokens[row.item][choice] = len(ids)
-    return n_tokens
-
-
-def _row_records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
-    n_tokens = continuation_tokens(items, rows)
-    return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
-                       n_chars=[choice_chars(x) for x in it.continuations], greedy=gr,
-                       n_bytes=[len(x.encode("utf-8")) for x in it.continuations])
-            for it, lp, nt, gr in zip(items, logprobs, n_tokens, greedy)]
-
-
-def choice_chars(continuation: str) -> int:
-    """The length lm-eval's ``acc_norm`` divides by: the choice's characters, which the continuation carries after
-    the target delimiter (one leading space). WinoGrande's choices are its option-filled contexts in lm-eval, which
-    reports only ``acc`` for it; here its two continuations are one text, so per_char there equals sum."""
-    return len(continuation[1:] if continuation.startswith(" ") else continuation)
-
-
 @contextlib.contextmanager
 def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState | None = None):
     """Weights laid out once (:mod:`lens_heads.evaluation.packed_weights`: the same outputs) and, unless ``attention`` is
@@ -378,69 +351,6 @@ def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState
     fused = contextlib.nullcontext() if attention == "eager" else fused_attention(model, calls, prefix)
     with packed_weights(model), fused:
         yield
-
-
-def pad_rows(batch: list[Row], pad: int) -> tuple[Tensor, Tensor]:
-    """Right-padded ``[row, pos]`` tokens of a batch of rows and the mask of their real positions."""
-    return right_pad([r.tokens for r in batch], pad)
-
-
-def batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
-    """Consecutive rows (sorted longest first) in batches of at most ``batch_size``; a row shorter than ``min_fill``
-    of the batch's longest starts a new batch, so padding never costs more than a quarter of a batch's tokens."""
-    batch: list[Row] = []
-    for row in rows:
-        if batch and (len(batch) == batch_size or len(row.tokens) < min_fill * len(batch[0].tokens)):
-            yield batch
-            batch = []
-        batch.append(row)
-    if batch:
-        yield batch
-
-
-def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]],
-                   greedy: list[list[bool]]) -> None:
-    hits: dict[tuple[int, int], bool] = {}
-    values, owners = read_logprobs(model, resid, batch, greedy=hits)
-    for (item, choice), value in zip(owners, values.detach().cpu().tolist()):
-        out[item][choice] = value
-        greedy[item][choice] = hits[(item, choice)]
-
-
-def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = None
-                  ) -> tuple[Float64[Tensor, "read"], list[tuple[int, int]]]:
-    """The summed log-likelihood of every (item, choice) the batch's rows read, differentiable in ``resid``;
-    ``greedy``, when given, receives for each (item, choice) whether every continuation token is the argmax.
-
-    Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
-    unembedding is a fifth of a small model's forward FLOPs. (The final norm acts on each position alone, so this
-    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)
-    The log_softmax runs in float32 or the model's wider dtype (float64 models keep their precision)."""
-    where, targets, owners = [], [], []
-    for b, row in enumerate(batch):
-        for choice, first, ids in row.reads:
-            for k, token in enumerate(ids):
-                where.append((b, first + k))
-                targets.append(token)
-                owners.append((row.item, choice))
-    index = torch.tensor(where, device=resid.device)
-    logits = final_logits(model, resid[index[:, 0], index[:, 1]][None])[0]
-    picked = torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    target_ids = torch.tensor(targets, device=resid.device)
-    values = picked.gather(1, target_ids[:, None])[:, 0].double()
-    if greedy is not None:
-        for owner, hit in zip(owners, (logits.argmax(dim=-1) == target_ids).cpu().tolist()):
-            greedy[owner] = greedy.get(owner, True) and bool(hit)
-    slot = {owner: i for i, owner in enumerate(dict.fromkeys(owners))}
-    keys = list(slot)
-    where_key = torch.tensor([slot[o] for o in owners], device=resid.device)
-    return torch.zeros(len(keys), dtype=values.dtype, device=values.device).index_add(0, where_key, values), keys
-
-
-def final_logits(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-    """The residual stream after the last block to logits: the same steps as the model's own forward (final
-    norm, unembedding, soft-cap), for callers that stop at the last layer to unembed only the positions they read."""
-    return backends.final_logits(model, resid)
 
 
 # ---------------------------------------------------------------- under torchrun

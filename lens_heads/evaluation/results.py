@@ -5,12 +5,13 @@ Metrics: ``accuracy`` is the argmax of the *summed* log-likelihood (lm-eval's ``
 default: on the embedded model it is the higher and the less length-biased of the two on ARC-Easy); the
 per-token-normalised accuracy (log-likelihood / number of continuation tokens) and lm-eval's per-character
 ``acc_norm`` (log-likelihood / characters of the choice, the continuation without its leading space:
-:func:`lens_heads.evaluation.evaluate.choice_chars`) are reported beside it (``accuracies``). For letter format and WinoGrande all three coincide.
-``accuracy`` is the mean over items, which for MMLU is the subject-size-weighted accuracy (lm-eval's group
-score); ``macro_accuracy`` averages the subjects equally. An item with a single continuation (LAMBADA, GSM8K's gold
-answer) is correct when that continuation is the greedy (argmax) token at every one of its positions (lm-eval's
-``is_greedy``); ``perplexity`` (exp of minus the mean summed log-likelihood of the gold continuation, lm-eval's) and
-``bits_per_byte`` (per item: -log2 P(gold continuation) / its UTF-8 bytes; then the mean) sit beside it.
+:func:`lens_heads.evaluation.logprobs.choice_chars`) are reported beside it (``accuracies``). For letter format and
+WinoGrande all three coincide. ``accuracy`` is the mean over items, which for MMLU is the subject-size-weighted
+accuracy (lm-eval's group score); ``macro_accuracy`` averages the subjects equally. An item with a single
+continuation (LAMBADA, GSM8K's gold answer) is correct when that continuation is the greedy (argmax) token at every
+one of its positions (lm-eval's ``is_greedy``); ``perplexity`` (exp of minus the mean summed log-likelihood of the
+gold continuation, lm-eval's) and ``bits_per_byte`` (per item: -log2 P(gold continuation) / its UTF-8 bytes; then
+the mean) sit beside it.
 Intervals: Wilson score interval (95%) for an accuracy; normal approximation (mean +- 1.96 sd / sqrt(n)) for
 paired differences on the same items.
 """

@@ -45,15 +45,8 @@ from tqdm.auto import tqdm
 from lens_heads.ablation.hooks import mean_z, zero_heads
 from lens_heads.data.inputs import pad_id
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
-from lens_heads.evaluation.evaluate import (
-    batches,
-    choice_chars,
-    continuation_tokens,
-    evaluate,
-    evaluate_each,
-    pad_rows,
-    read_logprobs,
-)
+from lens_heads.evaluation.evaluate import evaluate, evaluate_each
+from lens_heads.evaluation.logprobs import batches, choice_chars, continuation_tokens, pad_rows, read_logprobs
 from lens_heads.evaluation.results import Z95, EvalResult, ItemRecord, check_primary, paired_values
 from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from lens_heads.experiments.unit_store import run_fingerprint
