@@ -49,8 +49,9 @@ from flops import (
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
 from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.data.rows import build_rows
 from lens_heads.evaluation import passes
-from lens_heads.evaluation.evaluate import build_rows, evaluate
+from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.distributions import thresholds
