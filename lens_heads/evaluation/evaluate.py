@@ -14,7 +14,9 @@ rounding) from fewer forward tokens. Per-input threshold zeroing decides from th
 row gives each row its own heads, and unknown hooks may do either, so they keep the row-by-row path. ``meta["shared_prefix"]`` says which was taken, ``meta["row_tokens"]`` how many
 tokens the row-by-row path runs (``forward_tokens``: how many were run).
 
-The result types, their metrics and intervals: :mod:`lens_heads.evaluation.results`.
+The forward passes: :mod:`lens_heads.evaluation.passes`; the log-likelihoods read off them:
+:mod:`lens_heads.evaluation.logprobs`; the result types, their metrics and intervals:
+:mod:`lens_heads.evaluation.results`.
 """
 
 from __future__ import annotations
@@ -29,13 +31,12 @@ from tqdm.auto import tqdm
 
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
-from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
+from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.fused_attention import AttentionCalls
 from lens_heads.evaluation.hook_sets import hook_objects, hook_set
 from lens_heads.evaluation.logprobs import _row_records
-from lens_heads.evaluation.passes import _attention, _attention_ran, _prefix_scope, _run_prefixed, _run_rows
-from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, PrefixState, plan_groups
+from lens_heads.evaluation.passes import _attention_ran, run_passes
 from lens_heads.evaluation.results import EvalResult, check_primary
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
@@ -98,10 +99,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:
-        start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
-        described = [obj for hooks in hook_sets for obj in hook_objects(hooks)]
-        return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
-                       described)
+        return _evaluate_auto(model, task, hook_sets, settings)
     check_batch_size(batch_size)
     assert isinstance(batch_size, int)  # "auto" has returned above, and check_batch_size refuses the rest
     check_primary(primary)
@@ -113,28 +111,43 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     sets = [hook_set(model, hooks) for hooks in hook_sets]
     check_protocol(protocol)
     chat = resolve_chat_template(model, apply_chat_template)
-    rows = build_rows(model, items, protocol=protocol, apply_chat_template=chat)
-    check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
-                    [f"item {items[r.item].id}" for r in rows])
+    rows = _checked_rows(model, items, protocol, chat)
     start_time = time.perf_counter()
     attention_calls = AttentionCalls()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
-    scope = _prefix_scope(model, sets, attention) if _shared_prefixes else None
-    groups = plan_groups(rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
-    state = PrefixState() if any(g.prefix for g in groups) else None
-    with _attention(model, attention, attention_calls, state):
-        outputs, stats = (_run_rows(model, items, rows, batch_size, sets, first_input, bar) if state is None else
-                          _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
+    outputs, stats, shared_prefix = run_passes(model, items, rows, sets, batch_size, first_input, bar, attention,
+                                               attention_calls, _shared_prefixes)
     bar.close()
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, acc_norm=ACC_NORM,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=_attention_ran(model, attention, attention_calls),
-                shared_prefix=scope if state is not None else None, row_tokens=sum(len(r.tokens) for r in rows),
-                **stats)
+                shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
+    return _results(task, items, rows, hook_sets, outputs, primary, meta)
+
+
+def _evaluate_auto(model, task, hook_sets: Sequence, settings: dict) -> list[EvalResult]:
+    """``batch_size="auto"``: ``evaluate_each`` at the device's start size, halved after each out-of-memory error."""
+    start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
+    described = [obj for hooks in hook_sets for obj in hook_objects(hooks)]
+    return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
+                   described)
+
+
+def _checked_rows(model, items, protocol: str, chat) -> list[Row]:
+    """The items' forward rows, every token id (context and continuations) checked against the vocabulary."""
+    rows = build_rows(model, items, protocol=protocol, apply_chat_template=chat)
+    check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
+                    [f"item {items[r.item].id}" for r in rows])
+    return rows
+
+
+def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary: str, meta: dict
+             ) -> list[EvalResult]:
+    """One result per hook set from its log-likelihoods and greedy flags, its meta naming the set's hooks."""
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
                        items=_row_records(items, rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,

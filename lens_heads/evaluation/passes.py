@@ -1,9 +1,9 @@
 """The evaluator's forward passes: every row under each hook set, its log-likelihoods read after each batch.
 
-Two paths: row by row (:func:`_run_rows`, the rows in batches of :func:`lens_heads.evaluation.logprobs.batches`) or
-over shared prefixes (:func:`_run_prefixed`, :mod:`lens_heads.evaluation.prefix`), where the hooks and the attention
-allow it (:func:`_prefix_scope`). Both run the unhooked trunk once per batch as far as the hook sets share it: each
-set runs from the first block it hooks.
+:func:`run_passes` takes one of two paths: row by row (:func:`_run_rows`, the rows in batches of
+:func:`lens_heads.evaluation.logprobs.batches`) or over shared prefixes (:func:`_run_prefixed`,
+:mod:`lens_heads.evaluation.prefix`), where the hooks and the attention allow it (:func:`_prefix_scope`). Both run
+the unhooked trunk once per batch as far as the hook sets share it: each set runs from the first block it hooks.
 """
 
 from __future__ import annotations
@@ -22,8 +22,33 @@ from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, 
 from lens_heads.evaluation.hook_sets import HookSet
 from lens_heads.evaluation.logprobs import _read_logprobs, batches, pad_rows
 from lens_heads.evaluation.packed_weights import packed_weights
-from lens_heads.evaluation.prefix import Extension, Group, PrefixState, chunk_groups, merge_kv, narrowest, token_batches
+from lens_heads.evaluation.prefix import (
+    ROWS_PER_PREFIX,
+    Extension,
+    Group,
+    PrefixState,
+    chunk_groups,
+    merge_kv,
+    narrowest,
+    plan_groups,
+    token_batches,
+)
 from lens_heads.models import backends
+
+
+def run_passes(model, items, rows: list[Row], sets: list[HookSet], batch_size: int, first_input: int, bar,
+               attention: str, calls: AttentionCalls, shared_prefixes: bool
+               ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict, str | None]:
+    """Every row under each hook set, over shared prefixes where the hooks and the attention allow it
+    (``shared_prefixes=False``: never), row by row otherwise: the outputs and forward counts of :func:`_run_rows`
+    and the prefix sharing taken (None: the row-by-row path)."""
+    scope = _prefix_scope(model, sets, attention) if shared_prefixes else None
+    groups = plan_groups(rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
+    state = PrefixState() if any(g.prefix for g in groups) else None
+    with _attention(model, attention, calls, state):
+        outputs, stats = (_run_rows(model, items, rows, batch_size, sets, first_input, bar) if state is None else
+                          _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
+    return outputs, stats, scope if state is not None else None
 
 
 def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
