@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_heads.evaluation.evaluate import paired_difference, paired_values
+from lens_heads.evaluation.results import paired_difference, paired_values
 from lens_heads.experiments.compare import METRICS, compare_settings, compare_sweeps, read_sweep, zeroed_head_overlap
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option

@@ -36,8 +36,8 @@ import pandas as pd
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.evaluation.evaluate import mean_ci
 from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
+from lens_heads.evaluation.results import mean_ci
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.scores import score_names
 from lens_heads.models.loading import DEFAULT_MODEL, model_meta

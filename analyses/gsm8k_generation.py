@@ -42,8 +42,8 @@ import torch
 
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import threshold_zeroing
-from lens_heads.evaluation.evaluate import mean_ci
 from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
+from lens_heads.evaluation.results import mean_ci
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads

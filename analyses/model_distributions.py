@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 from lens_heads import compare_distributions, evaluate, load_model, load_task, score_heads
-from lens_heads.evaluation.evaluate import EvalResult
+from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.finetune import FinetuneConfig, examples, finetune
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores

@@ -49,7 +49,8 @@ from lens_heads.data.chat import parse_chat_setting, resolve_chat_template
 from lens_heads.data.rows import PROTOCOLS
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 from lens_heads.evaluation.batching import AUTO
-from lens_heads.evaluation.evaluate import EvalResult, evaluate
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS
 from lens_heads.experiments.compare import UNITS_SUFFIX
 from lens_heads.experiments.sweep_run import run_sweep

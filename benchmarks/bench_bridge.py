@@ -59,7 +59,8 @@ def full_logits_evaluate(forward, model, task, batch_size: int) -> list[float]:
     """The evaluator's rows and batches through ``forward(tokens, mask) -> logits`` (full logits at every
     position), then log-softmax at the read positions."""
     from lens_heads.data.inputs import pad_id
-    from lens_heads.evaluation.evaluate import batches, build_rows, pad_rows
+    from lens_heads.data.rows import build_rows
+    from lens_heads.evaluation.logprobs import batches, pad_rows
 
     items = list(task)
     rows = build_rows(model, items, protocol="lm-eval")

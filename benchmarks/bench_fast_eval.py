@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import subprocess
@@ -50,7 +49,9 @@ from flops import (
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
 from lens_heads.data.inputs import tokenize_inputs
-from lens_heads.evaluation.evaluate import build_rows, evaluate
+from lens_heads.data.rows import build_rows
+from lens_heads.evaluation import passes
+from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.distributions import thresholds
@@ -201,9 +202,8 @@ def logits_where_read(model, arc, s: FastEvalBench) -> tuple[list[str], float]:
     wall seconds."""
 
     def full_logits():
-        # the package exports the function evaluate under the module's name: patch the module itself
-        with mock.patch.object(importlib.import_module("lens_heads.evaluation.evaluate"), "_read_logprobs",
-                               read_from_full_logits):
+        # the forward passes look the reader up in their own module
+        with mock.patch.object(passes, "_read_logprobs", read_from_full_logits):
             return evaluate(model, arc, batch_size=s.batch_size, progress=False)
 
     r = alternate({"read": lambda: evaluate(model, arc, batch_size=s.batch_size, progress=False),

@@ -35,7 +35,8 @@ from bench_effects import spread_heads
 from flops import forward_flops, trunk_flops_per_token
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import zero_heads
-from lens_heads.evaluation.evaluate import build_rows, evaluate_each
+from lens_heads.data.rows import build_rows
+from lens_heads.evaluation.evaluate import evaluate_each
 from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
 from lens_heads.models.loading import embedded_model_folder
 from lens_heads.plumbing.settings import option

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lens_heads.evaluation.evaluate import build_rows
+from lens_heads.data.rows import build_rows
 from timing import repeated
 
 # The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of

@@ -3,7 +3,7 @@ ablation lowers the gold choice's log-likelihood by one of two levels at random.
 
 import numpy as np
 
-from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
+from lens_heads.evaluation.results import EvalResult, ItemRecord
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 
 TARGETS = (0.1, 0.2, 0.3)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import text_model
-from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
+from lens_heads.evaluation.results import EvalResult, ItemRecord
 from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 from lens_heads.experiments.sweep_run import run_sweep

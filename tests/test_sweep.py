@@ -9,7 +9,8 @@ import pytest
 import lens_heads.experiments.sweep_run as sweep_module
 from conftest import text_model
 from lens_heads.data.tasks import load_task
-from lens_heads.evaluation.evaluate import evaluate, paired_difference
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.results import paired_difference
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.table2 import table2
 from lens_heads.stats.curves import ends_above, normalised_auc, zeroable_within
@@ -224,7 +225,7 @@ def test_thresholds_come_from_the_evaluated_rows(tiny_text_model, tmp_path):
 def _sweep(model_name, task_name, curves):
     """A SweepResult from hand-chosen accuracies: ``curves[score] = [(target, realised, accuracy %), ...]``,
     baseline 50% on 1,000 items."""
-    from lens_heads.evaluation.evaluate import EvalResult, ItemRecord
+    from lens_heads.evaluation.results import EvalResult, ItemRecord
     from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 
     def result(accuracy):

@@ -6,9 +6,6 @@ named protocol (``"lm-eval"`` by default, as the paper's authors ran it; ``"tl"`
 all choices share the context and every continuation is one token (MMLU's " A".." D"), otherwise one row per
 choice (cloze tasks; WinoGrande's partial scoring, whose contexts differ per choice).
 
-Rows are sorted by length, right-padded into batches of at most ``batch_size`` rows (a new batch starts where a row
-is shorter than 3/4 of the batch's longest, which bounds the padding) and run with their attention mask.
-
 Shared prefixes (:mod:`lens_heads.evaluation.prefix`): where every hook acts on a position regardless of the rest of its row (no
 hooks, static zeroing, mean ablation, :func:`lens_heads.ablation.hooks.zero_heads`; random zeroing within an item), rows
 that begin alike (an item's choices after its context; the MMLU questions of a subject after its five shots) run
@@ -17,275 +14,36 @@ rounding) from fewer forward tokens. Per-input threshold zeroing decides from th
 row gives each row its own heads, and unknown hooks may do either, so they keep the row-by-row path. ``meta["shared_prefix"]`` says which was taken, ``meta["row_tokens"]`` how many
 tokens the row-by-row path runs (``forward_tokens``: how many were run).
 
-Metrics: ``accuracy`` is the argmax of the *summed* log-likelihood (lm-eval's ``acc``; the primary metric by
-default: on the embedded model it is the higher and the less length-biased of the two on ARC-Easy); the
-per-token-normalised accuracy (log-likelihood / number of continuation tokens) and lm-eval's per-character
-``acc_norm`` (log-likelihood / characters of the choice, the continuation without its leading space:
-:func:`choice_chars`) are reported beside it (``accuracies``). For letter format and WinoGrande all three coincide.
-``accuracy`` is the mean over items, which for MMLU is the subject-size-weighted accuracy (lm-eval's group
-score); ``macro_accuracy`` averages the subjects equally. An item with a single continuation (LAMBADA, GSM8K's gold
-answer) is correct when that continuation is the greedy (argmax) token at every one of its positions (lm-eval's
-``is_greedy``); ``perplexity`` (exp of minus the mean summed log-likelihood of the gold continuation, lm-eval's) and
-``bits_per_byte`` (per item: -log2 P(gold continuation) / its UTF-8 bytes; then the mean) sit beside it.
-Intervals: Wilson score interval (95%) for an accuracy; normal approximation (mean +- 1.96 sd / sqrt(n)) for
-paired differences on the same items.
+The forward passes: :mod:`lens_heads.evaluation.passes`; the log-likelihoods read off them:
+:mod:`lens_heads.evaluation.logprobs`; the result types, their metrics and intervals:
+:mod:`lens_heads.evaluation.results`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-import pandas as pd
 import torch
-from jaxtyping import Float, Float64
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.data.chat import resolve_chat_template
-from lens_heads.data.inputs import check_token_ids, pad_id, right_pad
+from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
-from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
-from lens_heads.evaluation.hook_sets import HookSet, hook_objects, hook_set
-from lens_heads.evaluation.packed_weights import packed_weights
-from lens_heads.evaluation.prefix import (
-    ROWS_PER_PREFIX,
-    Extension,
-    Group,
-    PrefixState,
-    chunk_groups,
-    merge_kv,
-    narrowest,
-    plan_groups,
-    token_batches,
-)
-from lens_heads.models import backends
+from lens_heads.evaluation.fused_attention import AttentionCalls
+from lens_heads.evaluation.hook_sets import hook_objects, hook_set
+from lens_heads.evaluation.logprobs import _row_records
+from lens_heads.evaluation.passes import _attention_ran, run_passes
+from lens_heads.evaluation.results import EvalResult, check_primary
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
 
-SCORINGS = ("sum", "per_token", "per_char")  # choice scorings: how a choice's log-likelihood is compared
 ACC_NORM = "per_char: log-likelihood / characters of the choice, without the continuation's leading space (lm-eval's)"
 ATTENTION = ("fused", "eager")
-Z95 = 1.959963984540054
-
-
-# ---------------------------------------------------------------- results
-
-
-@dataclass
-class ItemRecord:
-    """One item's outcome: per-choice summed log-likelihoods and the lengths that normalise them."""
-
-    id: str
-    gold: int
-    logprobs: list[float]
-    n_tokens: list[int]
-    n_chars: list[int]  # per choice: its characters as lm-eval's acc_norm counts them (choice_chars)
-    subject: str | None = None
-    greedy: list[bool] = field(default_factory=list)  # per choice: every continuation token is the argmax
-    n_bytes: list[int] = field(default_factory=list)  # per choice: UTF-8 bytes of the continuation
-
-    def scores(self, scoring: str = "sum") -> np.ndarray:
-        lp = np.asarray(self.logprobs, dtype=float)
-        if scoring == "sum":
-            return lp
-        if scoring == "per_token":
-            return lp / np.maximum(np.asarray(self.n_tokens), 1)
-        if scoring == "per_char":
-            return lp / np.maximum(np.asarray(self.n_chars), 1)
-        raise InputError(f"unknown scoring {scoring!r}: choose one of {SCORINGS}")
-
-    def chosen(self, scoring: str = "sum") -> int:
-        return int(np.argmax(self.scores(scoring)))
-
-    def correct(self, scoring: str = "sum") -> bool:
-        """The argmax choice is gold; with a single continuation (nothing to choose from): it is greedy."""
-        if len(self.logprobs) == 1:
-            self.scores(scoring)  # still reject an unknown scoring
-            return bool(self.greedy[0])
-        return self.chosen(scoring) == self.gold
-
-    @property
-    def gold_bits_per_byte(self) -> float:
-        """-log2 P(gold continuation) per UTF-8 byte of it."""
-        return -self.gold_logprob / math.log(2) / max(self.n_bytes[self.gold], 1)
-
-    @property
-    def gold_logprob(self) -> float:
-        return float(self.logprobs[self.gold])
-
-    def answer_distribution(self, scoring: str = "sum") -> np.ndarray:
-        """Softmax of the choice scores: the model's distribution over the answers."""
-        s = self.scores(scoring)
-        e = np.exp(s - s.max())
-        return e / e.sum()
-
-
-@dataclass
-class EvalResult:
-    """Accuracy of a model (with hooks) on a task, with per-item records for paired comparisons."""
-
-    task: str
-    format: str
-    items: list[ItemRecord]
-    chance: float
-    primary: str = "sum"
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def n(self) -> int:
-        return len(self.items)
-
-    @property
-    def accuracy(self) -> float:
-        """Primary accuracy (``self.primary`` scoring; mean over items = subject-weighted for MMLU)."""
-        return self.accuracy_by(self.primary)
-
-    def accuracy_by(self, scoring: str) -> float:
-        return float(np.mean([it.correct(scoring) for it in self.items])) if self.items else float("nan")
-
-    @property
-    def accuracies(self) -> dict[str, float]:
-        return {scoring: self.accuracy_by(scoring) for scoring in SCORINGS}
-
-    @property
-    def ci95(self) -> tuple[float, float]:
-        """Wilson score 95% interval of the primary accuracy."""
-        return wilson_interval(sum(it.correct(self.primary) for it in self.items), self.n)
-
-    @property
-    def perplexity(self) -> float:
-        """exp(-mean gold log-likelihood) over items (lm-eval's ``perplexity`` for LAMBADA)."""
-        return float(np.exp(-np.mean([it.gold_logprob for it in self.items]))) if self.items else float("nan")
-
-    @property
-    def bits_per_byte(self) -> float:
-        """Mean over items of the gold continuation's bits per UTF-8 byte."""
-        return float(np.mean([it.gold_bits_per_byte for it in self.items])) if self.items else float("nan")
-
-    def subject_accuracy(self) -> dict[str, float]:
-        by: dict[str, list[bool]] = {}
-        for it in self.items:
-            by.setdefault(it.subject or self.task, []).append(it.correct(self.primary))
-        return {s: float(np.mean(v)) for s, v in sorted(by.items())}
-
-    @property
-    def macro_accuracy(self) -> float:
-        """Unweighted mean of per-subject accuracies (equals ``accuracy`` for tasks without subjects)."""
-        per = self.subject_accuracy()
-        return float(np.mean(list(per.values()))) if per else float("nan")
-
-    def summary(self) -> dict:
-        low, high = self.ci95
-        return dict(task=self.task, format=self.format, n=self.n, primary=self.primary, accuracy=self.accuracy,
-                    ci_low=low, ci_high=high, ci_method="wilson 95%", chance=self.chance,
-                    macro_accuracy=self.macro_accuracy, perplexity=self.perplexity, bits_per_byte=self.bits_per_byte,
-                    **{f"accuracy_{metric}": acc for metric, acc in self.accuracies.items()})
-
-    def to_dataframe(self):
-        """One row per item: choice, gold, correctness, gold log-prob and per-choice log-probs."""
-        return pd.DataFrame([dict(id=it.id, subject=it.subject, gold=it.gold, chosen=it.chosen(self.primary),
-                                  correct=it.correct(self.primary), gold_logprob=it.gold_logprob,
-                                  chosen_per_token=it.chosen("per_token"), chosen_per_char=it.chosen("per_char"),
-                                  logprobs=list(it.logprobs), n_tokens=list(it.n_tokens)) for it in self.items])
-
-    def to_dict(self) -> dict:
-        return dict(task=self.task, format=self.format, chance=self.chance, primary=self.primary, meta=self.meta,
-                    items=[asdict(it) for it in self.items])
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "EvalResult":
-        return cls(task=d["task"], format=d["format"], chance=d["chance"], primary=d["primary"], meta=d["meta"],
-                   items=[ItemRecord(**it) for it in d["items"]])
-
-    def __repr__(self) -> str:
-        low, high = self.ci95
-        return (f"EvalResult({self.task}: accuracy {self.accuracy:.3f} [{low:.3f}, {high:.3f}] on n={self.n}, "
-                f"chance {self.chance:.3f})")
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A mean with its 95% interval."""
-
-    mean: float
-    ci95: tuple[float, float]
-    n: int
-
-
-@dataclass(frozen=True)
-class PairedDifference:
-    """Ablated minus base on the same items: accuracy (``mean``, ``ci95``, in accuracy units, e.g. -0.01 = one
-    point lower), and the low-variance companions: change of the gold answer's log-likelihood, and the KL divergence
-    KL(base || ablated) between the two answer distributions (softmax over the choices' scores)."""
-
-    mean: float
-    ci95: tuple[float, float]
-    n: int
-    gold_logprob_change: Estimate
-    kl: Estimate
-    method: str = "normal approximation on paired per-item differences, 95%"
-
-    def to_dict(self) -> dict:
-        return dict(paired_diff=self.mean, paired_ci_low=self.ci95[0], paired_ci_high=self.ci95[1], n=self.n,
-                    gold_logprob_change=self.gold_logprob_change.mean,
-                    gold_logprob_ci_low=self.gold_logprob_change.ci95[0],
-                    gold_logprob_ci_high=self.gold_logprob_change.ci95[1],
-                    kl=self.kl.mean, kl_ci_low=self.kl.ci95[0], kl_ci_high=self.kl.ci95[1])
-
-
-def paired_difference(ablated: EvalResult, base: EvalResult, *, scoring: str | None = None) -> PairedDifference:
-    """Compare two evaluations of the same items (matched by item id)."""
-    scoring = scoring or base.primary
-    base_by_id = {it.id: it for it in base.items}
-    if set(base_by_id) != {it.id for it in ablated.items}:
-        raise InputError("paired_difference needs two evaluations of the same items: evaluate both on the same Task")
-    values = paired_values([(it, base_by_id[it.id]) for it in ablated.items], scoring)
-    acc = mean_ci(values["accuracy"])
-    return PairedDifference(mean=acc.mean, ci95=acc.ci95, n=acc.n, gold_logprob_change=mean_ci(values["gold_logprob"]),
-                            kl=mean_ci(values["kl"]))
-
-
-def paired_values(pairs: Sequence[tuple["ItemRecord", "ItemRecord"]], scoring: str = "sum") -> dict[str, np.ndarray]:
-    """Per item, for ``(ablated, base)`` record pairs: ``accuracy`` (correct ablated - correct base),
-    ``gold_logprob`` (ablated - base log-likelihood of the gold answer) and ``kl`` (KL(base || ablated) between
-    the answer distributions under the choice ``scoring``)."""
-    return dict(
-        accuracy=np.array([float(a.correct(scoring)) - float(b.correct(scoring)) for a, b in pairs]),
-        gold_logprob=np.array([a.gold_logprob - b.gold_logprob for a, b in pairs]),
-        kl=np.array([_kl(b.answer_distribution(scoring), a.answer_distribution(scoring)) for a, b in pairs]))
-
-
-def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def mean_ci(x: np.ndarray) -> Estimate:
-    """The mean of per-item values with its 95% interval (normal approximation)."""
-    n = len(x)
-    if n == 0:
-        return Estimate(float("nan"), (float("nan"), float("nan")), 0)
-    mean = float(x.mean())
-    half = Z95 * float(x.std(ddof=1)) / math.sqrt(n) if n > 1 else float("nan")
-    return Estimate(mean, (mean - half, mean + half), n)
-
-
-def _kl(p: np.ndarray, q: np.ndarray) -> float:
-    p, q = np.clip(p, 1e-30, 1.0), np.clip(q, 1e-30, 1.0)
-    return float(np.sum(p * (np.log(p) - np.log(q))))
 
 
 # ---------------------------------------------------------------- the evaluator
@@ -341,10 +99,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:
-        start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
-        described = [obj for hooks in hook_sets for obj in hook_objects(hooks)]
-        return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
-                       described)
+        return _evaluate_auto(model, task, hook_sets, settings)
     check_batch_size(batch_size)
     assert isinstance(batch_size, int)  # "auto" has returned above, and check_batch_size refuses the rest
     check_primary(primary)
@@ -356,322 +111,49 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     sets = [hook_set(model, hooks) for hooks in hook_sets]
     check_protocol(protocol)
     chat = resolve_chat_template(model, apply_chat_template)
-    rows = build_rows(model, items, protocol=protocol, apply_chat_template=chat)
-    check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
-                    [f"item {items[r.item].id}" for r in rows])
+    rows = _checked_rows(model, items, protocol, chat)
     start_time = time.perf_counter()
     attention_calls = AttentionCalls()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
                leave=False)
-    scope = _prefix_scope(model, sets, attention) if _shared_prefixes else None
-    groups = plan_groups(rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
-    state = PrefixState() if any(g.prefix for g in groups) else None
-    with _attention(model, attention, attention_calls, state):
-        outputs, stats = (_run_rows(model, items, rows, batch_size, sets, first_input, bar) if state is None else
-                          _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
+    outputs, stats, shared_prefix = run_passes(model, items, rows, sets, batch_size, first_input, bar, attention,
+                                               attention_calls, _shared_prefixes)
     bar.close()
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, acc_norm=ACC_NORM,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
                 attention=_attention_ran(model, attention, attention_calls),
-                shared_prefix=scope if state is not None else None, row_tokens=sum(len(r.tokens) for r in rows),
-                **stats)
+                shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
+    return _results(task, items, rows, hook_sets, outputs, primary, meta)
+
+
+def _evaluate_auto(model, task, hook_sets: Sequence, settings: dict) -> list[EvalResult]:
+    """``batch_size="auto"``: ``evaluate_each`` at the device's start size, halved after each out-of-memory error."""
+    start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
+    described = [obj for hooks in hook_sets for obj in hook_objects(hooks)]
+    return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
+                   described)
+
+
+def _checked_rows(model, items, protocol: str, chat) -> list[Row]:
+    """The items' forward rows, every token id (context and continuations) checked against the vocabulary."""
+    rows = build_rows(model, items, protocol=protocol, apply_chat_template=chat)
+    check_token_ids(model, [r.tokens + [t for _, _, ids in r.reads for t in ids] for r in rows],
+                    [f"item {items[r.item].id}" for r in rows])
+    return rows
+
+
+def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary: str, meta: dict
+             ) -> list[EvalResult]:
+    """One result per hook set from its log-likelihoods and greedy flags, its meta naming the set's hooks."""
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
                        items=_row_records(items, rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,
                        meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj)
                                               for obj in hook_objects(hooks)]))
             for hooks, (logprobs, greedy) in zip(hook_sets, outputs)]
-
-
-def _attention_ran(model, attention: str, calls: AttentionCalls) -> str:
-    """What attention the forwards ran: on HookedTransformer the fused and eager layer calls (``"eager"`` where
-    asked for); on a TransformerBridge, which keeps its own attention, that attention."""
-    own = backends.backend(model).own_attention(model)
-    if own is not None:
-        return own
-    return calls.describe() if attention == "fused" else "eager"
-
-
-def check_primary(primary: str) -> None:
-    """Refuse a scoring of the choices that :class:`ItemRecord` does not know."""
-    if primary not in SCORINGS:
-        raise InputError(f"primary must be one of {SCORINGS}, got {primary!r}")
-
-
-def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
-    """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
-    every attention layer must run fused with rotary (or no) positions, causally, with no hook left on the model."""
-    if not backends.backend(model).fuses_attention:  # the prefixes' keys/values live in the fused layers
-        return None
-    cfg = model.cfg
-    fusable = attention == "fused" and cfg.positional_embedding_type == "rotary" and not cfg.use_dynamic_ntk_rope \
-        and cfg.attention_dir == "causal" \
-        and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) for b in model.blocks)
-    bare = not any(p._forward_hooks or p._forward_pre_hooks for p in model.hook_dict.values())
-    return narrowest([s.prefix_scope for s in sets]) if fusable and bare else None
-
-
-def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet], first_input: int, bar
-              ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
-    """Forward every row (longest first, in batches) under each hook set and read each (item, choice)'s
-    log-likelihood and whether its continuation is the greedy one; ``bar`` advances as each item's last row is
-    read. Per batch, the unhooked trunk is run once, as far as the sets share it."""
-    outputs = _blank_outputs(items, len(sets))
-    rows_left = np.bincount([r.item for r in rows], minlength=len(items))
-    device, pad, L = model.cfg.device, pad_id(model), model.cfg.n_layers
-    order = _set_order(sets)
-    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
-    for batch in batches(sorted(rows, key=lambda r: -len(r.tokens)), batch_size):
-        tokens, mask = (t.to(device) for t in pad_rows(batch, pad))
-        mask = mask.long()
-        trunk, trunk_layer = tokens, None  # the unhooked residual stream before block trunk_layer (None: the tokens)
-        for i in order:
-            hook_set = sets[i]
-            if hook_set.first_layer is not None:
-                trunk = _advance(model, trunk, mask, trunk_layer, hook_set.first_layer)
-                trunk_layer = hook_set.first_layer
-            with _hooked(model, hook_set, mask, [first_input + row.item for row in batch], _row_keys(batch)):
-                start = hook_set.first_layer
-                resid = backends.run_to_resid(model, tokens if start is None else trunk, mask, start=start, stop=L)
-                _read_logprobs(model, resid, batch, *outputs[i])
-        stats["forward_passes"] += 1
-        stats["forward_tokens"] += int(mask.sum())
-        stats["padded_tokens"] += int(mask.numel())
-        for row in batch:
-            rows_left[row.item] -= 1
-        bar.update(sum(int(rows_left[row.item] == 0) for row in {r.item: r for r in batch}.values()))
-    return outputs, stats
-
-
-@dataclass
-class _Pass:
-    """One forward batch of the shared-prefix path: its rows, padded tokens and mask, the prefixes its rows continue
-    (None: a batch of prefixes, or rows that continue none), and the unhooked trunk's residual stream so far."""
-
-    rows: list[Row]
-    tokens: Tensor
-    mask: Tensor
-    inputs: list[int]
-    extension: Extension | None = None
-    trunk: Tensor | None = None
-
-    def start(self) -> Tensor:
-        return self.tokens if self.trunk is None else self.trunk
-
-
-def _run_prefixed(model, items, groups: list[Group], batch_size: int, sets: list[HookSet], first_input: int, bar,
-                  state: PrefixState) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
-    """:func:`_run_rows` for rows grouped by shared prefix: per chunk of groups, each prefix runs once (under each
-    hook set, from the shared trunk) and the rows' suffixes against it; the same outputs and stats. A forward holds
-    at most the padded tokens of ``batch_size`` of the longest rows (the row path's largest batch)."""
-    outputs = _blank_outputs(items, len(sets))
-    rows_left = np.bincount([r.item for g in groups for r in g.rows], minlength=len(items))
-    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
-    budget = batch_size * max(len(g.prefix) + len(r.tokens) for g in groups for r in g.rows)
-    for chunk in chunk_groups(groups, budget):
-        prefixes, suffixes = _chunk_passes(model, chunk, budget, first_input)
-        _run_chunk(model, prefixes, suffixes, sets, outputs, state)
-        for p in prefixes + suffixes:
-            stats["forward_passes"] += 1
-            stats["forward_tokens"] += int(p.mask.sum())
-            stats["padded_tokens"] += int(p.mask.numel())
-        np.subtract.at(rows_left, [r.item for g in chunk for r in g.rows], 1)
-        bar.update(sum(int(rows_left[item] == 0) for item in {r.item for g in chunk for r in g.rows}))
-    return outputs, stats
-
-
-def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> tuple[list[_Pass], list[_Pass]]:
-    """The batches of a chunk's prefixes (none where no group shares one) and of its suffix rows, each suffix row
-    told which prefix it continues (numbered across the prefix batches; the empty prefix: index 0, length 0)."""
-    device, pad = model.cfg.device, pad_id(model)
-
-    def make(rows: list[Row], extension=None) -> _Pass:
-        tokens, mask = (t.to(device) for t in pad_rows(rows, pad))
-        return _Pass(rows, tokens, mask.long(), [first_input + r.item for r in rows], extension)
-
-    shared = {id(g.rows[0]): g for g in chunk if g.prefix}
-    heads = [Row(g.rows[0].item, g.prefix, [(0, id(g.rows[0]), [])]) for g in shared.values()]  # reads: the group
-    prefixes = [make(batch) for batch in token_batches(heads, budget)]
-    order = [shared[row.reads[0][1]] for p in prefixes for row in p.rows]
-    where = {id(row): (i, len(g.prefix)) for i, g in enumerate(order) for row in g.rows}
-    suffixes = []
-    for batch in token_batches(sorted([r for g in chunk for r in g.rows], key=lambda r: -len(r.tokens)), budget):
-        index, lengths = zip(*[where.get(id(row), (0, 0)) for row in batch])
-        extension = Extension({}, torch.tensor(index, device=device), torch.tensor(lengths, device=device)) \
-            if prefixes else None
-        suffixes.append(make(batch, extension))
-    return prefixes, suffixes
-
-
-def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[HookSet], outputs,
-               state: PrefixState) -> None:
-    """Each hook set on one chunk: the unhooked trunk advanced to the set's first hooked block (prefixes first,
-    their keys/values kept), then the prefixes from there under the set's hooks (keys/values recorded, nothing
-    counted), then every suffix batch against them, read into ``outputs``."""
-    L = model.cfg.n_layers
-    trunk_parts: list[dict] = [{} for _ in prefixes]
-    trunk_layer = None
-    for i in _set_order(sets):
-        hook_set = sets[i]
-        first = hook_set.first_layer
-        if first is not None:
-            for p, part in zip(prefixes, trunk_parts):
-                with state.recording(part):
-                    p.trunk = _advance(model, p.start(), p.mask, trunk_layer, first)
-            trunk_kv = merge_kv(trunk_parts) if prefixes else {}
-            for p in suffixes:
-                with state.extending(_with_kv(p, trunk_kv)):
-                    p.trunk = _advance(model, p.start(), p.mask, trunk_layer, first)
-            trunk_layer = first
-        parts = [dict(part) for part in trunk_parts]  # the set's own layers are recorded over the trunk's
-        for p, part in zip(prefixes, parts):
-            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows), count=False), state.recording(part):
-                backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
-        kv = merge_kv(parts) if prefixes else {}
-        for p in suffixes:
-            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows)), state.extending(_with_kv(p, kv)):
-                resid = backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
-            _read_logprobs(model, resid, p.rows, *outputs[i])
-
-
-def _with_kv(p: _Pass, kv: dict) -> Extension | None:
-    return None if p.extension is None else replace(p.extension, kv=kv)
-
-
-def _blank_outputs(items, n_sets: int) -> list[tuple[list[list[float]], list[list[bool]]]]:
-    """Per hook set: NaN log-likelihoods and False greedy flags for every (item, choice), to be filled in."""
-    return [([[math.nan] * len(it.continuations) for it in items], [[False] * len(it.continuations) for it in items])
-            for _ in range(n_sets)]
-
-
-def _set_order(sets: list[HookSet]) -> list[int]:
-    """The sets in the order the shared trunk reaches them (from the tokens first, then by first hooked block)."""
-    return sorted(range(len(sets)), key=lambda i: -1 if (first := sets[i].first_layer) is None else first)
-
-
-@contextlib.contextmanager
-def _hooked(model, hook_set: HookSet, mask: Tensor, inputs: list[int], rows: list[int], count: bool = True):
-    """The set's hooks on the model, its batch-aware objects told the batch's mask and input ids (and, those that
-    draw per row, ``reads_rows``, each row's key within its item: ``rows``; ``count=False``: a shared prefix, not
-    counted by the objects)."""
-    with contextlib.ExitStack() as stack:
-        for obj in hook_set.batch_aware:
-            told = dict(inputs=inputs, rows=rows) if getattr(obj, "reads_rows", False) else dict(inputs=inputs)
-            stack.enter_context(obj.batch(mask, **told) if count else obj.batch(mask, **told, count=False))
-        stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
-        yield
-
-
-def _row_keys(rows: list[Row]) -> list[int]:
-    """Each row's key among the rows of its item: the first choice it reads (an item's rows read different
-    choices), so a per-row draw depends on the row, not on its batch."""
-    return [row.reads[0][0] if row.reads else 0 for row in rows]
-
-
-def _advance(model, resid: Tensor, mask: Tensor, start: int | None, stop: int) -> Tensor:
-    """The unhooked forward from before block ``start`` (None: from the tokens in ``resid``) to before ``stop``."""
-    if start == stop:
-        return resid
-    return backends.run_to_resid(model, resid, mask, start=start, stop=stop)
-
-
-def continuation_tokens(items, rows: list[Row]) -> list[list[int]]:
-    """How many tokens each (item, choice)'s continuation has, as its rows read them."""
-    n_tokens = [[0] * len(it.continuations) for it in items]
-    for row in rows:
-        for choice, _, ids in row.reads:
-            n_tokens[row.item][choice] = len(ids)
-    return n_tokens
-
-
-def _row_records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
-    n_tokens = continuation_tokens(items, rows)
-    return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
-                       n_chars=[choice_chars(x) for x in it.continuations], greedy=gr,
-                       n_bytes=[len(x.encode("utf-8")) for x in it.continuations])
-            for it, lp, nt, gr in zip(items, logprobs, n_tokens, greedy)]
-
-
-def choice_chars(continuation: str) -> int:
-    """The length lm-eval's ``acc_norm`` divides by: the choice's characters, which the continuation carries after
-    the target delimiter (one leading space). WinoGrande's choices are its option-filled contexts in lm-eval, which
-    reports only ``acc`` for it; here its two continuations are one text, so per_char there equals sum."""
-    return len(continuation[1:] if continuation.startswith(" ") else continuation)
-
-
-@contextlib.contextmanager
-def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState | None = None):
-    """Weights laid out once (:mod:`lens_heads.evaluation.packed_weights`: the same outputs) and, unless ``attention`` is
-    ``"eager"``, the fused-attention block (counting into ``calls``; ``prefix``: the shared prefixes' state)."""
-    fused = contextlib.nullcontext() if attention == "eager" else fused_attention(model, calls, prefix)
-    with packed_weights(model), fused:
-        yield
-
-
-def pad_rows(batch: list[Row], pad: int) -> tuple[Tensor, Tensor]:
-    """Right-padded ``[row, pos]`` tokens of a batch of rows and the mask of their real positions."""
-    return right_pad([r.tokens for r in batch], pad)
-
-
-def batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterable[list[Row]]:
-    """Consecutive rows (sorted longest first) in batches of at most ``batch_size``; a row shorter than ``min_fill``
-    of the batch's longest starts a new batch, so padding never costs more than a quarter of a batch's tokens."""
-    batch: list[Row] = []
-    for row in rows:
-        if batch and (len(batch) == batch_size or len(row.tokens) < min_fill * len(batch[0].tokens)):
-            yield batch
-            batch = []
-        batch.append(row)
-    if batch:
-        yield batch
-
-
-def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]],
-                   greedy: list[list[bool]]) -> None:
-    hits: dict[tuple[int, int], bool] = {}
-    values, owners = read_logprobs(model, resid, batch, greedy=hits)
-    for (item, choice), value in zip(owners, values.detach().cpu().tolist()):
-        out[item][choice] = value
-        greedy[item][choice] = hits[(item, choice)]
-
-
-def read_logprobs(model, resid: Tensor, batch: list[Row], greedy: dict | None = None
-                  ) -> tuple[Float64[Tensor, "read"], list[tuple[int, int]]]:
-    """The summed log-likelihood of every (item, choice) the batch's rows read, differentiable in ``resid``;
-    ``greedy``, when given, receives for each (item, choice) whether every continuation token is the argmax.
-
-    Final norm, unembedding and log_softmax only at the positions read: most positions are context, and the
-    unembedding is a fifth of a small model's forward FLOPs. (The final norm acts on each position alone, so this
-    equals reading the full logits; hooks on ``ln_final``/``unembed`` see only the read positions, as [1, n, d].)
-    The log_softmax runs in float32 or the model's wider dtype (float64 models keep their precision)."""
-    where, targets, owners = [], [], []
-    for b, row in enumerate(batch):
-        for choice, first, ids in row.reads:
-            for k, token in enumerate(ids):
-                where.append((b, first + k))
-                targets.append(token)
-                owners.append((row.item, choice))
-    index = torch.tensor(where, device=resid.device)
-    logits = final_logits(model, resid[index[:, 0], index[:, 1]][None])[0]
-    picked = torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    target_ids = torch.tensor(targets, device=resid.device)
-    values = picked.gather(1, target_ids[:, None])[:, 0].double()
-    if greedy is not None:
-        for owner, hit in zip(owners, (logits.argmax(dim=-1) == target_ids).cpu().tolist()):
-            greedy[owner] = greedy.get(owner, True) and bool(hit)
-    slot = {owner: i for i, owner in enumerate(dict.fromkeys(owners))}
-    keys = list(slot)
-    where_key = torch.tensor([slot[o] for o in owners], device=resid.device)
-    return torch.zeros(len(keys), dtype=values.dtype, device=values.device).index_add(0, where_key, values), keys
-
-
-def final_logits(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-    """The residual stream after the last block to logits: the same steps as the model's own forward (final
-    norm, unembedding, soft-cap), for callers that stop at the last layer to unembed only the positions they read."""
-    return backends.final_logits(model, resid)
 
 
 # ---------------------------------------------------------------- under torchrun

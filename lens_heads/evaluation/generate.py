@@ -39,9 +39,9 @@ from tqdm.auto import tqdm
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_eval_bos
-from lens_heads.evaluation.evaluate import wilson_interval
 from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
 from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
+from lens_heads.evaluation.results import wilson_interval
 from lens_heads.models.backends import backend
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.errors import InputError

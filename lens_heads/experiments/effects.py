@@ -1,7 +1,7 @@
 """The ground-truth effect of every attention head on a task: what the task loses when that one head is removed.
 
 Three ways to measure it, all through ``blocks.{l}.attn.hook_z`` at every position of every row the evaluator runs
-(:func:`lens_heads.evaluation.evaluate.build_rows`, so the same tokens are read as in an evaluation):
+(:func:`lens_heads.data.rows.build_rows`, so the same tokens are read as in an evaluation):
 
 - ``"ablation"``: zero one head (:func:`lens_heads.ablation.hooks.zero_heads`) and evaluate the task again; one evaluation
   per head (layers x heads of them), each kept in ``out_dir`` so a killed run resumes from the finished heads.
@@ -12,7 +12,7 @@ Three ways to measure it, all through ``blocks.{l}.attn.hook_z`` at every positi
   letter format).
 
 Every method yields each choice's log-likelihood with the head removed (exactly, or linearised for attribution) and
-reads the same three per-item metrics off it (:func:`lens_heads.evaluation.evaluate.paired_values`):
+reads the same three per-item metrics off it (:func:`lens_heads.evaluation.results.paired_values`):
 
     gold_logprob   change of the gold answer's log-likelihood (removed - intact; negative: the head helped)
     kl             KL(intact || removed) between the answer distributions (softmax over the choices' scores)
@@ -45,20 +45,9 @@ from tqdm.auto import tqdm
 from lens_heads.ablation.hooks import mean_z, zero_heads
 from lens_heads.data.inputs import pad_id
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
-from lens_heads.evaluation.evaluate import (
-    Z95,
-    EvalResult,
-    ItemRecord,
-    batches,
-    check_primary,
-    choice_chars,
-    continuation_tokens,
-    evaluate,
-    evaluate_each,
-    pad_rows,
-    paired_values,
-    read_logprobs,
-)
+from lens_heads.evaluation.evaluate import evaluate, evaluate_each
+from lens_heads.evaluation.logprobs import batches, choice_chars, continuation_tokens, pad_rows, read_logprobs
+from lens_heads.evaluation.results import Z95, EvalResult, ItemRecord, check_primary, paired_values
 from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from lens_heads.experiments.unit_store import run_fingerprint
 from lens_heads.models.backends import get_act_name, run_to_resid

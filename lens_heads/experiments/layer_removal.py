@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 from lens_heads.ablation.removed_layers import check_layer_order, check_layers
 from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation, Unablated
 from lens_heads.data.rows import DEFAULT_PROTOCOL
-from lens_heads.evaluation.evaluate import EvalResult, evaluate_each, paired_values
+from lens_heads.evaluation.evaluate import evaluate_each
+from lens_heads.evaluation.results import EvalResult, paired_values
 from lens_heads.experiments.rankings import check_head_order
 from lens_heads.experiments.sweep_result import UnitResult
 from lens_heads.experiments.sweep_run import unit_result

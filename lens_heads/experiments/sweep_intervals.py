@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Float, Int
 
-from lens_heads.evaluation.evaluate import paired_values
+from lens_heads.evaluation.results import paired_values
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling, curves
 from lens_heads.stats import inference as stats

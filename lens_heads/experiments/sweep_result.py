@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from lens_heads.evaluation.evaluate import EvalResult, paired_difference
+from lens_heads.evaluation.results import EvalResult, paired_difference
 from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_intervals
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import slug

@@ -38,7 +38,8 @@ from lens_heads.ablation.specs import (
 )
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
-from lens_heads.evaluation.evaluate import EvalResult, evaluate
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS, Calibration, calibration_id
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult, calibration_key
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint

@@ -1,0 +1,246 @@
+"""The evaluator's forward passes: every row under each hook set, its log-likelihoods read after each batch.
+
+:func:`run_passes` takes one of two paths: row by row (:func:`_run_rows`, the rows in batches of
+:func:`lens_heads.evaluation.logprobs.batches`) or over shared prefixes (:func:`_run_prefixed`,
+:mod:`lens_heads.evaluation.prefix`), where the hooks and the attention allow it (:func:`_prefix_scope`). Both run
+the unhooked trunk once per batch as far as the hook sets share it: each set runs from the first block it hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lens_heads.data.inputs import pad_id
+from lens_heads.data.rows import Row
+from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
+from lens_heads.evaluation.hook_sets import HookSet
+from lens_heads.evaluation.logprobs import _read_logprobs, batches, pad_rows
+from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.prefix import (
+    ROWS_PER_PREFIX,
+    Extension,
+    Group,
+    PrefixState,
+    chunk_groups,
+    merge_kv,
+    narrowest,
+    plan_groups,
+    token_batches,
+)
+from lens_heads.models import backends
+
+
+def run_passes(model, items, rows: list[Row], sets: list[HookSet], batch_size: int, first_input: int, bar,
+               attention: str, calls: AttentionCalls, shared_prefixes: bool
+               ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict, str | None]:
+    """Every row under each hook set, over shared prefixes where the hooks and the attention allow it
+    (``shared_prefixes=False``: never), row by row otherwise: the outputs and forward counts of :func:`_run_rows`
+    and the prefix sharing taken (None: the row-by-row path)."""
+    scope = _prefix_scope(model, sets, attention) if shared_prefixes else None
+    groups = plan_groups(rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
+    state = PrefixState() if any(g.prefix for g in groups) else None
+    with _attention(model, attention, calls, state):
+        outputs, stats = (_run_rows(model, items, rows, batch_size, sets, first_input, bar) if state is None else
+                          _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
+    return outputs, stats, scope if state is not None else None
+
+
+def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
+    """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
+    every attention layer must run fused with rotary (or no) positions, causally, with no hook left on the model."""
+    if not backends.backend(model).fuses_attention:  # the prefixes' keys/values live in the fused layers
+        return None
+    cfg = model.cfg
+    fusable = attention == "fused" and cfg.positional_embedding_type == "rotary" and not cfg.use_dynamic_ntk_rope \
+        and cfg.attention_dir == "causal" \
+        and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) for b in model.blocks)
+    bare = not any(p._forward_hooks or p._forward_pre_hooks for p in model.hook_dict.values())
+    return narrowest([s.prefix_scope for s in sets]) if fusable and bare else None
+
+
+@contextlib.contextmanager
+def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState | None = None):
+    """Weights laid out once (:mod:`lens_heads.evaluation.packed_weights`: the same outputs) and, unless ``attention`` is
+    ``"eager"``, the fused-attention block (counting into ``calls``; ``prefix``: the shared prefixes' state)."""
+    fused = contextlib.nullcontext() if attention == "eager" else fused_attention(model, calls, prefix)
+    with packed_weights(model), fused:
+        yield
+
+
+def _attention_ran(model, attention: str, calls: AttentionCalls) -> str:
+    """What attention the forwards ran: on HookedTransformer the fused and eager layer calls (``"eager"`` where
+    asked for); on a TransformerBridge, which keeps its own attention, that attention."""
+    own = backends.backend(model).own_attention(model)
+    if own is not None:
+        return own
+    return calls.describe() if attention == "fused" else "eager"
+
+
+def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet], first_input: int, bar
+              ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
+    """Forward every row (longest first, in batches) under each hook set and read each (item, choice)'s
+    log-likelihood and whether its continuation is the greedy one; ``bar`` advances as each item's last row is
+    read. Per batch, the unhooked trunk is run once, as far as the sets share it."""
+    outputs = _blank_outputs(items, len(sets))
+    rows_left = np.bincount([r.item for r in rows], minlength=len(items))
+    device, pad, L = model.cfg.device, pad_id(model), model.cfg.n_layers
+    order = _set_order(sets)
+    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
+    for batch in batches(sorted(rows, key=lambda r: -len(r.tokens)), batch_size):
+        tokens, mask = (t.to(device) for t in pad_rows(batch, pad))
+        mask = mask.long()
+        trunk, trunk_layer = tokens, None  # the unhooked residual stream before block trunk_layer (None: the tokens)
+        for i in order:
+            hook_set = sets[i]
+            if hook_set.first_layer is not None:
+                trunk = _advance(model, trunk, mask, trunk_layer, hook_set.first_layer)
+                trunk_layer = hook_set.first_layer
+            with _hooked(model, hook_set, mask, [first_input + row.item for row in batch], _row_keys(batch)):
+                start = hook_set.first_layer
+                resid = backends.run_to_resid(model, tokens if start is None else trunk, mask, start=start, stop=L)
+                _read_logprobs(model, resid, batch, *outputs[i])
+        stats["forward_passes"] += 1
+        stats["forward_tokens"] += int(mask.sum())
+        stats["padded_tokens"] += int(mask.numel())
+        for row in batch:
+            rows_left[row.item] -= 1
+        bar.update(sum(int(rows_left[row.item] == 0) for row in {r.item: r for r in batch}.values()))
+    return outputs, stats
+
+
+@dataclass
+class _Pass:
+    """One forward batch of the shared-prefix path: its rows, padded tokens and mask, the prefixes its rows continue
+    (None: a batch of prefixes, or rows that continue none), and the unhooked trunk's residual stream so far."""
+
+    rows: list[Row]
+    tokens: Tensor
+    mask: Tensor
+    inputs: list[int]
+    extension: Extension | None = None
+    trunk: Tensor | None = None
+
+    def start(self) -> Tensor:
+        return self.tokens if self.trunk is None else self.trunk
+
+
+def _run_prefixed(model, items, groups: list[Group], batch_size: int, sets: list[HookSet], first_input: int, bar,
+                  state: PrefixState) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
+    """:func:`_run_rows` for rows grouped by shared prefix: per chunk of groups, each prefix runs once (under each
+    hook set, from the shared trunk) and the rows' suffixes against it; the same outputs and stats. A forward holds
+    at most the padded tokens of ``batch_size`` of the longest rows (the row path's largest batch)."""
+    outputs = _blank_outputs(items, len(sets))
+    rows_left = np.bincount([r.item for g in groups for r in g.rows], minlength=len(items))
+    stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
+    budget = batch_size * max(len(g.prefix) + len(r.tokens) for g in groups for r in g.rows)
+    for chunk in chunk_groups(groups, budget):
+        prefixes, suffixes = _chunk_passes(model, chunk, budget, first_input)
+        _run_chunk(model, prefixes, suffixes, sets, outputs, state)
+        for p in prefixes + suffixes:
+            stats["forward_passes"] += 1
+            stats["forward_tokens"] += int(p.mask.sum())
+            stats["padded_tokens"] += int(p.mask.numel())
+        np.subtract.at(rows_left, [r.item for g in chunk for r in g.rows], 1)
+        bar.update(sum(int(rows_left[item] == 0) for item in {r.item for g in chunk for r in g.rows}))
+    return outputs, stats
+
+
+def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> tuple[list[_Pass], list[_Pass]]:
+    """The batches of a chunk's prefixes (none where no group shares one) and of its suffix rows, each suffix row
+    told which prefix it continues (numbered across the prefix batches; the empty prefix: index 0, length 0)."""
+    device, pad = model.cfg.device, pad_id(model)
+
+    def make(rows: list[Row], extension=None) -> _Pass:
+        tokens, mask = (t.to(device) for t in pad_rows(rows, pad))
+        return _Pass(rows, tokens, mask.long(), [first_input + r.item for r in rows], extension)
+
+    shared = {id(g.rows[0]): g for g in chunk if g.prefix}
+    heads = [Row(g.rows[0].item, g.prefix, [(0, id(g.rows[0]), [])]) for g in shared.values()]  # reads: the group
+    prefixes = [make(batch) for batch in token_batches(heads, budget)]
+    order = [shared[row.reads[0][1]] for p in prefixes for row in p.rows]
+    where = {id(row): (i, len(g.prefix)) for i, g in enumerate(order) for row in g.rows}
+    suffixes = []
+    for batch in token_batches(sorted([r for g in chunk for r in g.rows], key=lambda r: -len(r.tokens)), budget):
+        index, lengths = zip(*[where.get(id(row), (0, 0)) for row in batch])
+        extension = Extension({}, torch.tensor(index, device=device), torch.tensor(lengths, device=device)) \
+            if prefixes else None
+        suffixes.append(make(batch, extension))
+    return prefixes, suffixes
+
+
+def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[HookSet], outputs,
+               state: PrefixState) -> None:
+    """Each hook set on one chunk: the unhooked trunk advanced to the set's first hooked block (prefixes first,
+    their keys/values kept), then the prefixes from there under the set's hooks (keys/values recorded, nothing
+    counted), then every suffix batch against them, read into ``outputs``."""
+    L = model.cfg.n_layers
+    trunk_parts: list[dict] = [{} for _ in prefixes]
+    trunk_layer = None
+    for i in _set_order(sets):
+        hook_set = sets[i]
+        first = hook_set.first_layer
+        if first is not None:
+            for p, part in zip(prefixes, trunk_parts):
+                with state.recording(part):
+                    p.trunk = _advance(model, p.start(), p.mask, trunk_layer, first)
+            trunk_kv = merge_kv(trunk_parts) if prefixes else {}
+            for p in suffixes:
+                with state.extending(_with_kv(p, trunk_kv)):
+                    p.trunk = _advance(model, p.start(), p.mask, trunk_layer, first)
+            trunk_layer = first
+        parts = [dict(part) for part in trunk_parts]  # the set's own layers are recorded over the trunk's
+        for p, part in zip(prefixes, parts):
+            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows), count=False), state.recording(part):
+                backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
+        kv = merge_kv(parts) if prefixes else {}
+        for p in suffixes:
+            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows)), state.extending(_with_kv(p, kv)):
+                resid = backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
+            _read_logprobs(model, resid, p.rows, *outputs[i])
+
+
+def _with_kv(p: _Pass, kv: dict) -> Extension | None:
+    return None if p.extension is None else replace(p.extension, kv=kv)
+
+
+def _blank_outputs(items, n_sets: int) -> list[tuple[list[list[float]], list[list[bool]]]]:
+    """Per hook set: NaN log-likelihoods and False greedy flags for every (item, choice), to be filled in."""
+    return [([[math.nan] * len(it.continuations) for it in items], [[False] * len(it.continuations) for it in items])
+            for _ in range(n_sets)]
+
+
+def _set_order(sets: list[HookSet]) -> list[int]:
+    """The sets in the order the shared trunk reaches them (from the tokens first, then by first hooked block)."""
+    return sorted(range(len(sets)), key=lambda i: -1 if (first := sets[i].first_layer) is None else first)
+
+
+@contextlib.contextmanager
+def _hooked(model, hook_set: HookSet, mask: Tensor, inputs: list[int], rows: list[int], count: bool = True):
+    """The set's hooks on the model, its batch-aware objects told the batch's mask and input ids (and, those that
+    draw per row, ``reads_rows``, each row's key within its item: ``rows``; ``count=False``: a shared prefix, not
+    counted by the objects)."""
+    with contextlib.ExitStack() as stack:
+        for obj in hook_set.batch_aware:
+            told = dict(inputs=inputs, rows=rows) if getattr(obj, "reads_rows", False) else dict(inputs=inputs)
+            stack.enter_context(obj.batch(mask, **told) if count else obj.batch(mask, **told, count=False))
+        stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
+        yield
+
+
+def _row_keys(rows: list[Row]) -> list[int]:
+    """Each row's key among the rows of its item: the first choice it reads (an item's rows read different
+    choices), so a per-row draw depends on the row, not on its batch."""
+    return [row.reads[0][0] if row.reads else 0 for row in rows]
+
+
+def _advance(model, resid: Tensor, mask: Tensor, start: int | None, stop: int) -> Tensor:
+    """The unhooked forward from before block ``start`` (None: from the tokens in ``resid``) to before ``stop``."""
+    if start == stop:
+        return resid
+    return backends.run_to_resid(model, resid, mask, start=start, stop=stop)
