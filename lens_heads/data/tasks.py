@@ -154,7 +154,7 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
         raise InputError(f"task {name!r} split {split!r} has no items")
     fewshot_split, examples = _fewshot_source(spec, split, shots, fewshot_split)
     render = spec.render if examples is None else partial(spec.render, examples=examples)
-    keep = _sample(len(docs), n, seed)
+    keep = sample(len(docs), n, seed)
     items = [render(spec, docs, i, shots, seed) for i in keep]
     subjects: dict[str, int] = {}
     for it in items:
@@ -199,7 +199,9 @@ def task_spec(name: str) -> TaskSpec:
     return TASK_SPECS[name]
 
 
-def _sample(total: int, n: int | None, seed: int) -> list[int]:
+def sample(total: int, n: int | None, seed: int) -> list[int]:
+    """The indices of a seeded random sample of ``n`` of ``total`` items, in order (all of them where ``n`` is None
+    or at least ``total``)."""
     if n is None or n >= total:
         return list(range(total))
     if n <= 0:
