@@ -44,7 +44,7 @@ import torch
 from flops import evaluation_flops, forward_flops, matmul_flops_per_s, paper_flops, synchronize
 from lens_heads.ablation.specs import ThresholdAblation
 from lens_heads.data.inputs import pad_id
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.evaluate import batches, build_rows, evaluate, pad_rows
 from lens_heads.experiments.sweep_run import run_sweep, run_unit
 from lens_heads.heads.distributions import thresholds

@@ -14,7 +14,7 @@ from lens_heads.collapse.inheritune import InherituneConfig
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.collapse.train import RankTracker, TrainConfig
 from lens_heads.collapse.widen import widen
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.generate import generate
 
 

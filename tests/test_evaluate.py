@@ -8,8 +8,9 @@ import torch
 
 from conftest import LOGLIK_TOL, text_model
 from lens_heads.ablation.hooks import static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import within_context
-from lens_heads.data.tasks import Item, Task, load_task
+from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import EvalResult, ItemRecord, evaluate, paired_difference, wilson_interval
 from lens_heads.plumbing.errors import InputError
 

@@ -13,7 +13,7 @@ from lens_heads import layer_scores, run_sweep
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.ablation.removed_layers import check_layer_order, remove_layers
 from lens_heads.ablation.specs import LayerRemoval, StaticAblation, from_dict
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.experiments.layer_removal import (
     evaluate_specs,

@@ -22,7 +22,7 @@ import torch
 
 from lens_heads.collapse.layer_ranking import layer_scores
 from lens_heads.collapse.rank import attention_rank
-from lens_heads.data.tasks import Task
+from lens_heads.data.items import Task
 from lens_heads.experiments.agreement import score_agreement
 from lens_heads.experiments.compare import METRICS, SweepComparison, compare_sweeps
 from lens_heads.experiments.effects import HeadEffects, head_effects
