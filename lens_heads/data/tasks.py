@@ -237,9 +237,9 @@ def winogrande_train_docs() -> list[dict]:
 
 
 @lru_cache(maxsize=4)
-def _mmlu_dev() -> dict[str, list[dict]]:
+def _mmlu_dev(spec: TaskSpec) -> dict[str, list[dict]]:
     by_subject: dict[str, list[dict]] = {}
-    for doc in _read_docs("mmlu", "dev"):
+    for doc in spec.read(spec, "dev"):
         by_subject.setdefault(doc["subject"], []).append(doc)
     return by_subject
 
@@ -257,7 +257,7 @@ def render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int)
     """lm-eval ``mmlu``: the subject's header, its first ``shots`` dev questions answered, then the question."""
     doc = docs[i]
     subject = doc["subject"]
-    dev = _mmlu_dev()[subject]
+    dev = _mmlu_dev(spec)[subject]
     if shots > len(dev):
         raise InputError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
     header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
