@@ -142,7 +142,7 @@ def lm_eval_task(name: str, split: str, *, subject: str | None = None):
     from lm_eval import utils
     from lm_eval.api.task import ConfigurableTask
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     yaml, folder = LM_EVAL_TASKS[name]
     config = utils.load_yaml_config(str(Path(lm_eval.__file__).parent / "tasks" / yaml.format(subject=subject)),

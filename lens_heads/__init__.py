@@ -16,9 +16,10 @@ from lens_heads.collapse import corpus, gpt2, inheritune, train
 from lens_heads.collapse.healing import Healed, heal, removal_arms, truncation
 from lens_heads.collapse.layer_ranking import LayerScores, layer_scores
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
+from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.items import Item, Task
-from lens_heads.data.tasks import TaskDataUnavailableError, load_task
+from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import EvalResult, evaluate, evaluate_each, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
 from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions

@@ -321,7 +321,7 @@ def test_acc_norm_divides_by_the_choice_without_its_leading_space():
 
     from datasets import load_from_disk
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     def clean(text):  # lm-eval hellaswag/utils.py preprocess
         return re.sub("\\[.*?\\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")

@@ -1,1 +1,1 @@
-"""Benchmarks as data: a loaded task and its items (items), what makes a benchmark (task_spec), the task registry and loaders (tasks), your own records as a task (custom_tasks), the forward rows of a protocol (rows), tokenised and padded inputs (inputs)."""
+"""Benchmarks as data: a loaded task and its items (items), what makes a benchmark (task_spec), the shipped benchmark files (benchmark_files), the task registry and loaders (tasks), your own records as a task (custom_tasks), the forward rows of a protocol (rows), tokenised and padded inputs (inputs)."""

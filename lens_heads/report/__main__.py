@@ -11,8 +11,8 @@ import argparse
 import dataclasses
 import sys
 
+from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError
-from lens_heads.data.tasks import TaskDataUnavailableError
 from lens_heads.models.loading import ModelUnavailableError
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.settings import from_args
