@@ -24,9 +24,7 @@ from lens_heads.heads.scores import LN_NAMES, base_score
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_text
 from lens_heads.stats.curves import RANDOM
 from lens_heads.viz.escape import esc
-
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-           "#7f7f7f", "#393b79", "#ad494a")
+from lens_heads.viz.palette import PALETTE
 
 
 def score_heatmaps(mean_scores: dict[str, np.ndarray], direction: dict[str, str], title: str = "") -> go.Figure:
