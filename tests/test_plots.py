@@ -5,7 +5,7 @@ import pytest
 
 from lens_heads.heads.scores import base_score
 from lens_heads.viz.palette import PALETTE
-from lens_heads.viz.plots import Curve, ablation_curves, curve_style, sweep_curves
+from lens_heads.viz.sweep_figures import Curve, ablation_curves, curve_style, sweep_curves
 
 
 def sweep_table(curves, *, with_curve_column=True) -> pd.DataFrame:

@@ -38,6 +38,7 @@ from lens_heads.plumbing.errors import InputError
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.viz import attention, plots
 from lens_heads.viz.explorer import Explorer, explore
+from lens_heads.viz.sweep_figures import ablation_curves, correlation_heatmap, rank_heatmap
 
 COMPARE_TOP_K = 5
 
@@ -213,8 +214,8 @@ def ablation_stage(model, task, scores: HeadScores, config: ReportConfig, cache:
         "curves": jsonable(df.to_dict(orient="records")), "meta": jsonable(result.meta),
         "intervals": jsonable(iv.to_dataframe().to_dict(orient="records")), "intervals_meta": jsonable(iv.meta),
         "tests": jsonable(tests)}
-    fig = plots.ablation_curves(df, baseline=100 * baseline["accuracy"], chance=task.chance,
-                                title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
+    fig = ablation_curves(df, baseline=100 * baseline["accuracy"], chance=task.chance,
+                          title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
     tables = {f"ablation_{t}": df, f"ablation_summary_{t}": summary}
     return AblationResult(numbers, tables, {f"ablation_{t}": fig}, sweep=result, task=task, intervals=iv,
                           tests=tests)
@@ -393,10 +394,10 @@ def compare_stage(sweeps: list) -> CompareResult:
                                    ignore_index=True),
         "compare_pairs": pd.concat([c.pairs().assign(ranking=m) for m, c in comparisons.items()], ignore_index=True),
         "compare_inputs": inputs, "compare_table2": paper_table}
-    figures = {"compare_ranks": plots.rank_heatmap(acc.rank_table(), low=acc.rank_table("rank_low"),
-                                                   high=acc.rank_table("rank_high"),
-                                                   title="Rank by normalised AUC of accuracy, 1 = best"),
-               "compare_spearman": plots.correlation_heatmap(acc.spearman_table(), title=(
+    figures = {"compare_ranks": rank_heatmap(acc.rank_table(), low=acc.rank_table("rank_low"),
+                                             high=acc.rank_table("rank_high"),
+                                             title="Rank by normalised AUC of accuracy, 1 = best"),
+               "compare_spearman": correlation_heatmap(acc.spearman_table(), title=(
                    f"Spearman correlation of the rankings ({len(acc.curves)} curves)"))}
     numbers = {
         "inputs": inputs.to_dict(orient="records"), "curves": list(acc.curves), "dropped": acc.dropped,
