@@ -27,7 +27,7 @@ zero heads per input against a random baseline on the same items."""),
 import lens_heads
 from lens_heads import (evaluate, load_model, load_task, paired_difference, random_zeroing, score_heads,
                         threshold_zeroing, thresholds)
-from lens_heads.viz import plots
+from lens_heads.viz.score_figures import score_heatmaps
 from lens_heads.heads.distributions import layer_summary
 
 torch.manual_seed(0)
@@ -38,7 +38,7 @@ print(lens_heads.weight_basis(model), model.cfg.n_layers, "layers x", model.cfg.
 scores = score_heads(model, task, batch_size=8)
 scores.values.shape  # [input, layer, head, score]"""),
     new_code_cell("""mean = {name: scores.mean(name).numpy() for name in scores.names}
-plots.score_heatmaps(mean, scores.direction, title="Mean head scores on 16 ARC-Easy prompts (dark = inactive side)")"""),
+score_heatmaps(mean, scores.direction, title="Mean head scores on 16 ARC-Easy prompts (dark = inactive side)")"""),
     new_code_cell("""summary = layer_summary(scores, ["AHON (LN)"])
 summary[["layer", "mean", "q05", "q50", "q95"]].head(10)"""),
     new_markdown_cell("""## Zero heads per input, against random zeroing

@@ -38,6 +38,7 @@ from lens_heads.plumbing.errors import InputError
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
 from lens_heads.viz import attention, plots
 from lens_heads.viz.explorer import Explorer, explore
+from lens_heads.viz.score_figures import agreement_bars, layer_distributions, score_heatmaps, score_vs_effect
 from lens_heads.viz.sweep_figures import ablation_curves, correlation_heatmap, rank_heatmap
 
 COMPARE_TOP_K = 5
@@ -143,10 +144,10 @@ def score_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict)
                           **{name: mean[..., i].reshape(-1).numpy() for i, name in enumerate(names)}})
     th = pd.DataFrame([{"score": n, **{f"{100 * f:g}%": v for f, v in cuts[n].items()}} for n in names])
     figures = {
-        f"score_heatmaps_{t}": plots.score_heatmaps(
+        f"score_heatmaps_{t}": score_heatmaps(
             {n: mean[..., i].numpy() for i, n in enumerate(names)}, dict(scores.direction),
             title=f"Mean head scores on {t} (n={n_in}); dark = inactive side"),
-        f"score_distributions_{t}": plots.layer_distributions(
+        f"score_distributions_{t}": layer_distributions(
             summary, title=f"Per-layer distribution over inputs and heads ({t})")}
     tables = {f"head_scores_{t}": table, f"layer_distributions_{t}": dist, f"thresholds_{t}": th}
     return ScoresResult(numbers, tables, figures, scores=scores, task=task, reused=reused)
@@ -254,10 +255,10 @@ def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: 
     agreement = score_agreement(scores, effects, n_boot=200, seed=config.seed)
     table, t = agreement.to_dataframe(), task.name
     size = effects.size().numpy()
-    scatter = plots.score_vs_effect({name: scores.mean(name).numpy() for name in scores.names}, size,
-                                    dict(scores.direction), effect_label="KL when zeroed (attribution)",
-                                    title=f"Mean score vs measured effect of each head on {t} (n={len(task)})")
-    bars = plots.agreement_bars(table, title=f"Rank agreement of each score with the head effects on {t}")
+    scatter = score_vs_effect({name: scores.mean(name).numpy() for name in scores.names}, size,
+                              dict(scores.direction), effect_label="KL when zeroed (attribution)",
+                              title=f"Mean score vs measured effect of each head on {t} (n={len(task)})")
+    bars = agreement_bars(table, title=f"Rank agreement of each score with the head effects on {t}")
     numbers = {"status": "done", "method": "attribution", "metric": "kl",
                "agreement": jsonable(table.to_dict("records")), "agreement_meta": jsonable(agreement.meta),
                "size_per_head": size.tolist(), "meta": jsonable(effects.meta)}
