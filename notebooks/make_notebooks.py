@@ -79,7 +79,7 @@ from lens_heads.collapse.rank import approx_rank, attention_rank
 from lens_heads.collapse.corpus import load_corpus, gpt2_tokenizer
 from lens_heads.collapse.inheritune import InherituneConfig, run_inheritune
 from lens_heads.collapse.train import TrainConfig
-from lens_heads.viz import plots"""),
+from lens_heads.viz.layer_figures import rank_profile"""),
     new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
     new_code_cell("""T = 16
 every_query_alike = torch.full((T, T), 1.0 / T)      # uniform averaging: rank one
@@ -94,8 +94,8 @@ prompts = ["The State of the Union is strong, and the economy has grown in every
 profile = attention_rank(model, prompts)  # the paper's: rank of the prompt-averaged matrix (cut to the shortest)
 print(profile.definition)
 print("lazy layers:", profile.lazy_layers(), "| rule:", profile.lazy_rule)
-plots.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
-                     title="SmolLM2-135M attention rank per layer (3 prompts)", aggregation=profile.aggregation)"""),
+rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
+             title="SmolLM2-135M attention rank per layer (3 prompts)", aggregation=profile.aggregation)"""),
     new_markdown_cell("""## Inheritune on a tiny GPT-2
 
 A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown

@@ -36,8 +36,9 @@ from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
-from lens_heads.viz import attention, plots
+from lens_heads.viz import attention
 from lens_heads.viz.explorer import Explorer, explore
+from lens_heads.viz.layer_figures import layer_removal_curves, rank_profile
 from lens_heads.viz.score_figures import agreement_bars, layer_distributions, score_heatmaps, score_vs_effect
 from lens_heads.viz.sweep_figures import ablation_curves, correlation_heatmap, rank_heatmap
 
@@ -303,7 +304,7 @@ def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: C
     numbers = {"data": task.meta(), "layer_scores": jsonable(layers.to_dict()), "orders": orders,
                "counts": counts, "curves": jsonable(table.to_dict(orient="records")),
                "tests": jsonable(tests.to_dict(orient="records")), "lazy_layers": layers.lazy.nonzero()[0].tolist()}
-    fig = plots.layer_removal_curves(table, title=f"Removing the attention of whole layers on {t} (n={len(task)})")
+    fig = layer_removal_curves(table, title=f"Removing the attention of whole layers on {t} (n={len(task)})")
     return LayersResult(numbers, {f"layer_scores_{t}": layers.to_dataframe(), f"layer_removal_{t}": table,
                                   f"layer_removal_tests_{t}": tests}, {f"layer_removal_{t}": fig}, task=task)
 
@@ -334,9 +335,9 @@ def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) 
     df = pd.DataFrame({"layer": range(len(profile["max_rank"])), "max_rank": profile["max_rank"],
                        "mean_rank": profile["mean_rank"], "mass_columns": profile["mass_columns"],
                        "lazy": profile["lazy"], "aggregation": aggregation})
-    fig = plots.rank_profile(profile["max_rank"], profile["mean_rank"], profile["mass_columns"], profile["lazy"],
-                             title=f"Attention rank per layer ({len(inputs)} {task.name} prompts)",
-                             aggregation=aggregation)
+    fig = rank_profile(profile["max_rank"], profile["mean_rank"], profile["mass_columns"], profile["lazy"],
+                       title=f"Attention rank per layer ({len(inputs)} {task.name} prompts)",
+                       aggregation=aggregation)
     return RankResult(profile, {"rank_profile": df}, {"rank_profile": fig}, task=task)
 
 
