@@ -45,8 +45,9 @@ from lens_heads.models.loading import DEFAULT_MODEL, EMBEDDED, cache_dir, embedd
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_name
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
-from lens_heads.viz.plots import loss_curves, save_figure
+from lens_heads.viz.plots import save_figure
 from lens_heads.viz.score_figures import score_cdfs
+from lens_heads.viz.training_figures import loss_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNED = "finetuned"

@@ -1,9 +1,6 @@
-"""Plotly figures of lens_heads results: pure functions from result numbers to ``go.Figure``, plus PNG export.
-
-Used by the report, the analyses and the notebooks. No text from data enters a figure unescaped: plotly reads a
-subset of HTML in labels, so any label that could come from data goes through :func:`lens_heads.viz.escape.esc` first. Sweep curves are told
-apart by the table's columns (``curve``, ``score``, ``mode``), never by parsing a curve's label.
-"""
+"""Figures to files: each figure's self-contained HTML and its PNG, which kaleido draws by driving a headless
+Chromium. Where kaleido or Chromium is missing, :func:`save_figure` skips the PNG alone (:class:`PngUnavailable`),
+so a run never loses its numbers to a missing browser. The figures themselves are in the ``*_figures`` modules."""
 
 from __future__ import annotations
 
@@ -17,8 +14,6 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_text
-from lens_heads.viz.escape import esc
-from lens_heads.viz.palette import PALETTE
 
 
 class PngUnavailable(RuntimeError):
@@ -107,15 +102,3 @@ def save_figure(fig: go.Figure, stem: str | Path, *, png: bool = True, plotlyjs:
             print(f"PNG for {stem.name} not written ({e}); or pass --no-png", file=sys.stderr)
     return written
 
-
-def loss_curves(train_loss, eval_steps, eval_loss, *, title: str = "") -> go.Figure:
-    """A training run's loss per step (each step's batch) and its held-out loss where it was measured."""
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=list(range(1, len(train_loss) + 1)), y=list(train_loss), mode="lines",
-                             name="training batch", line=dict(color=PALETTE[0], width=1)))
-    fig.add_trace(go.Scatter(x=list(eval_steps), y=list(eval_loss), mode="lines+markers", name="held out",
-                             line=dict(color=PALETTE[1], width=2)))
-    fig.update_xaxes(title_text="step")
-    fig.update_yaxes(title_text="loss (nats per answer token)")
-    fig.update_layout(title=esc(title), width=900, height=450)
-    return fig
