@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (flops, timing) by name
 
 import gpu_check  # noqa: E402
+import gpu_shapes  # noqa: E402
 from flops import forward_flops, paper_flops, trunk_flops_per_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -47,9 +48,9 @@ def test_smoke_table_shows_each_shapes_numbers(smoke):
     def row(label: str) -> str:
         return next(line for line in lines if line.startswith(label + " "))
 
-    for name in gpu_check.SHAPES:
+    for name in gpu_shapes.SHAPES:
         assert f"{name} (smoke)" in printed
-    assert [r.shape for r in result.shapes] == list(gpu_check.SHAPES)
+    assert [r.shape for r in result.shapes] == list(gpu_shapes.SHAPES)
     tokens = sum(gpu_check.check_lengths(8, True, 0))  # the smoke run's rows, as the check builds them
     for r in result.shapes:
         assert f"8 / {tokens}" in row("rows / tokens")
@@ -65,7 +66,7 @@ def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     assert [p.name for p in out.iterdir()] == [gpu_check.RESULT]  # no temporary file left beside it
     written = json.loads((out / gpu_check.RESULT).read_text())
     assert written["table"] == printed.splitlines()[:len(written["table"])]
-    assert [s["shape"] for s in written["shapes"]] == list(gpu_check.SHAPES)
+    assert [s["shape"] for s in written["shapes"]] == list(gpu_shapes.SHAPES)
     assert written["shapes"][0]["evaluator_tokens_per_s"] == pytest.approx(result.shapes[0].evaluator_tokens_per_s)
     assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
 
@@ -90,9 +91,9 @@ def test_evaluator_log_likelihoods_equal_hugging_face_on_the_same_weights(smoke)
 
 def test_other_weights_would_show_in_the_log_likelihood_difference():
     # The agreement above can fail: a HF model of the same shape with other weights is far off.
-    shape = gpu_check.SHAPES["qwen2.5-0.5b"].smoke()
-    _, model = gpu_check.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=0)
-    other, _ = gpu_check.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=1)
+    shape = gpu_shapes.SHAPES["qwen2.5-0.5b"].smoke()
+    _, model = gpu_shapes.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=0)
+    other, _ = gpu_shapes.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=1)
     task = gpu_check.synthetic_task(gpu_check.check_lengths(4, True, 0), shape.vocab, 0)
     ours = gpu_check.logprobs_of(evaluate(model, task, batch_size=4, progress=False))
     assert gpu_check.max_difference(ours, gpu_check.hf_logprobs(other, model, task, 4)) > 1e-3
