@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (flops, timing) by name
 
 import gpu_check  # noqa: E402
+import gpu_measure  # noqa: E402
 import gpu_rows  # noqa: E402
 import gpu_shapes  # noqa: E402
 from flops import forward_flops, paper_flops, trunk_flops_per_token  # noqa: E402
@@ -96,8 +97,8 @@ def test_other_weights_would_show_in_the_log_likelihood_difference():
     _, model = gpu_shapes.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=0)
     other, _ = gpu_shapes.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=1)
     task = gpu_rows.synthetic_task(gpu_rows.check_lengths(4, True, 0), shape.vocab, 0)
-    ours = gpu_check.logprobs_of(evaluate(model, task, batch_size=4, progress=False))
-    assert gpu_check.max_difference(ours, gpu_check.hf_logprobs(other, model, task, 4)) > 1e-3
+    ours = gpu_measure.logprobs_of(evaluate(model, task, batch_size=4, progress=False))
+    assert gpu_measure.max_difference(ours, gpu_measure.hf_logprobs(other, model, task, 4)) > 1e-3
 
 
 def test_torchrun_sweep_equals_the_plain_run(smoke):
