@@ -48,7 +48,8 @@ from flops import (
     projected_gpu_hours,
 )
 from lens_heads import load_model, load_task
-from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
+from lens_heads.ablation.hooks import threshold_zeroing
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.evaluation.evaluate import build_rows, evaluate
 from lens_heads.evaluation.fused_attention import fused_attention

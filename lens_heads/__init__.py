@@ -8,9 +8,10 @@ attention-collapse side's training is in namespaces: ``lh.inheritune`` (inherit,
 (``from lens_heads.heads.scores import SCORES``).
 """
 
-from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.hooks import mean_z, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.ablation.kv_cache import kv_account
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.ablation.removed_layers import remove_layers
 from lens_heads.collapse import corpus, gpt2, inheritune, train
 from lens_heads.collapse.healing import Healed, heal, removal_arms, truncation
