@@ -39,9 +39,10 @@ from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
+from lens_heads.report.stage_result import StageResult
 from lens_heads.viz import plots
 
-R = TypeVar("R", bound=stages.StageResult, covariant=True)
+R = TypeVar("R", bound=StageResult, covariant=True)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     model = model if model is not None else load_model(config.model, device=config.device, dtype=config.dtype,
                                                            backend=config.backend)
     meta = model_meta(model)
-    ran: list[Ran[stages.StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
+    ran: list[Ran[StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
     first = next(iter(tasks))  # the task of the stages run once: rank, layers, attention, explorer
@@ -177,7 +178,7 @@ def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> d
     return results
 
 
-def page_sections(card: stages.StageResult, ran: list[Ran], config: ReportConfig, weight_basis: str) -> list:
+def page_sections(card: StageResult, ran: list[Ran], config: ReportConfig, weight_basis: str) -> list:
     """The page, section by section, in the order the stages ran."""
     render: dict[str, Callable[[Any], sections.Section]] = {
         "scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,

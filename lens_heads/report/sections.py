@@ -10,6 +10,7 @@ import pandas as pd
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import summary_table
 from lens_heads.report.render import Figure, Raw, Section, Table, Text
+from lens_heads.report.stage_result import StageResult
 from lens_heads.report.stages import (
     AblationResult,
     AttentionResult,
@@ -19,7 +20,6 @@ from lens_heads.report.stages import (
     LayersResult,
     RankResult,
     ScoresResult,
-    StageResult,
     points_table,
 )
 
