@@ -35,7 +35,7 @@ from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.report import sections, stages
+from lens_heads.report import sections, stages, sweep_stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
@@ -113,9 +113,9 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
 
     scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
               for t, task in tasks.items()}
-    ablations = {t: run_stage(f"ablation:{t}", log, lambda s: stages.ablation_stage(
+    ablations = {t: run_stage(f"ablation:{t}", log, lambda s: sweep_stages.ablation_stage(
         model, task, s.scores, config, cache, key), needs=[scores[t]]) for t, task in tasks.items()}
-    compare = [run_stage("compare", log, lambda *done: stages.compare_stage(
+    compare = [run_stage("compare", log, lambda *done: sweep_stages.compare_stage(
         [a.sweep for a in done] + [read_sweep(path) for path in config.compare]), needs=list(ablations.values()))
                ] if len(tasks) + len(config.compare) > 1 else []
     effects = {t: Ran(f"effects:{t}", "skipped", reason="--quick") if config.quick else run_stage(
