@@ -35,7 +35,7 @@ from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.report import sections, stages, sweep_stages
+from lens_heads.report import layer_stages, sections, stages, sweep_stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
@@ -121,9 +121,9 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     effects = {t: Ran(f"effects:{t}", "skipped", reason="--quick") if config.quick else run_stage(
         f"effects:{t}", log, lambda s: stages.effects_stage(model, task, s.scores, config, cache, key),
         needs=[scores[t]]) for t, task in tasks.items()}
-    rank = run_stage("rank", log, partial(stages.rank_stage, model, tasks[first], config, cache, key))
+    rank = run_stage("rank", log, partial(layer_stages.rank_stage, model, tasks[first], config, cache, key))
     layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda s: (
-        stages.layers_stage(model, tasks[first], s.scores, config, cache, key)), needs=[scores[first]])
+        layer_stages.layers_stage(model, tasks[first], s.scores, config, cache, key)), needs=[scores[first]])
     attention = run_stage("attention", log, lambda s: stages.attention_stage(model, s.scores, config),
                           needs=[scores[first]])
     # the explorer adds the head effects and the rank profile where those stages finished (they are not needed)
