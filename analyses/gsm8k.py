@@ -40,7 +40,8 @@ from lens_heads.evaluation.evaluate import mean_ci
 from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.scores import score_names
-from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option

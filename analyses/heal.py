@@ -37,7 +37,8 @@ from lens_heads.collapse.healing import ARMS, heal, removal_arms
 from lens_heads.collapse.layer_ranking import LayerScores
 from lens_heads.collapse.train import TrainConfig, eval_windows, lm_loss
 from lens_heads.evaluation.evaluate import EvalResult
-from lens_heads.models.loading import cache_dir, model_meta
+from lens_heads.models.embedded import cache_dir
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling

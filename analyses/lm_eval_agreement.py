@@ -58,7 +58,8 @@ import torch
 from lens_heads import load_model, load_task
 from lens_heads.data.chat import chat_messages
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.models.loading import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import load_keyed, save_keyed
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.settings import from_args, option

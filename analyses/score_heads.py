@@ -28,7 +28,8 @@ from lens_heads import load_model, load_task
 from lens_heads.heads.distributions import layer_summary, stability_table, thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
-from lens_heads.models.loading import cache_dir, model_meta
+from lens_heads.models.embedded import cache_dir
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.settings import from_args, option

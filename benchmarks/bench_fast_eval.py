@@ -56,7 +56,7 @@ from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
-from lens_heads.models.loading import embedded_model_folder
+from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.settings import option
 from timing import (
     Comparison,

@@ -37,7 +37,7 @@ from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.evaluation.evaluate import build_rows, evaluate_each
 from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
-from lens_heads.models.loading import embedded_model_folder
+from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.settings import option
 
 HEADING = "Shared prefixes computed once"

@@ -46,7 +46,7 @@ def record_lengths(n: int = 512, seed: int = 0) -> None:
     from transformers import AutoTokenizer
 
     from lens_heads import load_task, tiny_model
-    from lens_heads.models.loading import embedded_model_folder
+    from lens_heads.models.embedded import embedded_model_folder
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     reader = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=N_CTX)

@@ -34,14 +34,8 @@ from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.heads.thresholds_file import Thresholds, load_thresholds, save_thresholds
-from lens_heads.models.loading import (
-    DEFAULT_MODEL,
-    ModelUnavailableError,
-    load_model,
-    model_meta,
-    tiny_model,
-    weight_basis,
-)
+from lens_heads.models.embedded import DEFAULT_MODEL, ModelUnavailableError
+from lens_heads.models.loading import load_model, model_meta, tiny_model, weight_basis
 from lens_heads.plumbing.errors import InputError
 from lens_heads.viz.explorer import Explorer, explore
 
