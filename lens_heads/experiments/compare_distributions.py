@@ -154,8 +154,8 @@ def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: st
                                        confidence)
         for a, b in pairs:
             if "head" in chosen and shapes[a] == shapes[b]:
-                head_rows += _head_agreement(name, a, b, score_sets, items, n_items, shares, n_resamples, seed,
-                                             confidence)
+                head_rows += head_agreement(name, a, b, score_sets, items, n_items, shares, n_resamples, seed,
+                                            confidence)
     distances, versus = _called(rows), _called(versus_rows)
     meta = dict(models={m: score_sets[m].meta.get("model", {}) for m in models},
                 data={m: {k: v for k, v in score_sets[m].meta.get("data", {}).items() if k != "row_items"}
@@ -343,8 +343,8 @@ def _called(rows: list[dict]) -> pd.DataFrame:
 # ---------------------------------------------------------------- per head
 
 
-def _head_agreement(name: str, a: str, b: str, score_sets: Mapping[str, HeadScores], items: dict, n_items: int,
-                    shares: Sequence[float], n_resamples: int, seed: int, confidence: float) -> list[dict]:
+def head_agreement(name: str, a: str, b: str, score_sets: Mapping[str, HeadScores], items: dict, n_items: int,
+                   shares: Sequence[float], n_resamples: int, seed: int, confidence: float) -> list[dict]:
     """Spearman of the per-head means, and the Jaccard overlaps of the zeroed triples and static head sets, with
     bootstrap intervals over items."""
     sa, sb = score_sets[a], score_sets[b]
