@@ -101,4 +101,3 @@ def save_figure(fig: go.Figure, stem: str | Path, *, png: bool = True, plotlyjs:
         except PngUnavailable as e:
             print(f"PNG for {stem.name} not written ({e}); or pass --no-png", file=sys.stderr)
     return written
-
