@@ -40,11 +40,13 @@ from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, e
 from lens_heads.evaluation.results import mean_ci
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.scores import score_names
-from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.viz.plots import ablation_curves, save_figure
+from lens_heads.viz.plots import save_figure
+from lens_heads.viz.sweep_figures import ablation_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 

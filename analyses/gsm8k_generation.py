@@ -47,7 +47,8 @@ from lens_heads.evaluation.results import mean_ci
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
-from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.settings import from_args, option

@@ -39,7 +39,8 @@ from lens_heads.collapse.train_config import TrainConfig
 from lens_heads.collapse.train_loop import lm_loss
 from lens_heads.collapse.windows import eval_windows
 from lens_heads.evaluation.results import EvalResult
-from lens_heads.models.loading import cache_dir, model_meta
+from lens_heads.models.embedded import cache_dir
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling

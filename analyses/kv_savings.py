@@ -42,12 +42,14 @@ from lens_heads.ablation.hooks import static_zeroing
 from lens_heads.ablation.kv_cache import freed_groups
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive, score_names
-from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import inference
 from lens_heads.viz.escape import esc
-from lens_heads.viz.plots import PALETTE, save_figure
+from lens_heads.viz.palette import PALETTE
+from lens_heads.viz.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 RANDOM = "random"

@@ -58,7 +58,8 @@ import torch
 from lens_heads import load_model, load_task
 from lens_heads.data.chat import chat_messages
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.models.loading import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import load_keyed, save_keyed
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.settings import from_args, option
@@ -142,7 +143,7 @@ def lm_eval_task(name: str, split: str, *, subject: str | None = None):
     from lm_eval import utils
     from lm_eval.api.task import ConfigurableTask
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     yaml, folder = LM_EVAL_TASKS[name]
     config = utils.load_yaml_config(str(Path(lm_eval.__file__).parent / "tasks" / yaml.format(subject=subject)),

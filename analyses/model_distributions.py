@@ -41,11 +41,14 @@ from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.finetune import FinetuneConfig, examples, finetune
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores
-from lens_heads.models.loading import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_name
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
-from lens_heads.viz.plots import loss_curves, save_figure, score_cdfs
+from lens_heads.viz.plots import save_figure
+from lens_heads.viz.score_figures import score_cdfs
+from lens_heads.viz.training_figures import loss_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNED = "finetuned"

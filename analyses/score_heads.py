@@ -28,7 +28,8 @@ from lens_heads import load_model, load_task
 from lens_heads.heads.distributions import layer_summary, stability_table, thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
-from lens_heads.models.loading import cache_dir, model_meta
+from lens_heads.models.embedded import cache_dir
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.settings import from_args, option
@@ -111,7 +112,8 @@ def main(argv=None) -> None:
 
 
 def _figures(means: dict, scores: HeadScores, data: str, meta: dict, out: Path, *, png: bool) -> list[str]:
-    from lens_heads.viz.plots import PngUnavailable, png_writer, score_heatmaps
+    from lens_heads.viz.plots import PngUnavailable, png_writer
+    from lens_heads.viz.score_figures import score_heatmaps
 
     title = (f"{meta.get('name')}: head scores, mean over {len(scores)} {data} inputs; weight basis: "
              f"{meta.get('weight_basis')}; dark = inactive side")

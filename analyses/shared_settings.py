@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.unit_store import read_units
-from lens_heads.models.loading import DEFAULT_MODEL
+from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.plumbing.io import safe_name
 from lens_heads.plumbing.settings import option
 

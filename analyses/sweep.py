@@ -56,12 +56,14 @@ from lens_heads.experiments.compare import UNITS_SUFFIX
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.unit_store import save_units
 from lens_heads.heads.scores import SCORE_NAMES, score_names
-from lens_heads.models.loading import DEFAULT_MODEL, model_meta
+from lens_heads.models.embedded import DEFAULT_MODEL
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
-from lens_heads.viz.plots import ablation_curves, save_figure
+from lens_heads.viz.plots import save_figure
+from lens_heads.viz.sweep_figures import ablation_curves
 from shared_settings import recorded_name
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -104,7 +104,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM
 
     from lens_heads import evaluate, load_model
-    from lens_heads.models.loading import embedded_model_folder
+    from lens_heads.models.embedded import embedded_model_folder
 
     s = parse_settings(BridgeBench, argv, __doc__)
     if s.hooked_worker:

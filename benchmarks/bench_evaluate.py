@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from lens_heads import load_model, load_task
-from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
+from lens_heads.ablation.hooks import threshold_zeroing
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.experiments.sweep_run import DEFAULT_FRACTIONS
 from lens_heads.heads.distributions import thresholds

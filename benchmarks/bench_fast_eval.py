@@ -47,7 +47,8 @@ from flops import (
     projected_gpu_hours,
 )
 from lens_heads import load_model, load_task
-from lens_heads.ablation.hooks import random_zeroing, threshold_zeroing
+from lens_heads.ablation.hooks import threshold_zeroing
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation import passes
@@ -56,7 +57,7 @@ from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
-from lens_heads.models.loading import embedded_model_folder
+from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.settings import option
 from timing import (
     Comparison,

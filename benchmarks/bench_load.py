@@ -49,7 +49,7 @@ def forward_throughput(model, s: LoadBench) -> str:
     """HookedTransformer against plain Hugging Face on the same random batch."""
     from transformers import AutoModelForCausalLM
 
-    from lens_heads.models.loading import embedded_model_folder
+    from lens_heads.models.embedded import embedded_model_folder
 
     hf = AutoModelForCausalLM.from_pretrained(embedded_model_folder(), dtype=torch.float32).eval()
     tokens = torch.randint(0, model.cfg.d_vocab, (s.batch, s.seq), generator=torch.Generator().manual_seed(0))

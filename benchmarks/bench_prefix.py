@@ -38,7 +38,7 @@ from lens_heads.ablation.hooks import zero_heads
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate_each
 from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
-from lens_heads.models.loading import embedded_model_folder
+from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.settings import option
 
 HEADING = "Shared prefixes computed once"

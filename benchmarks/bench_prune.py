@@ -183,7 +183,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM
 
     from lens_heads import load_model, load_task
-    from lens_heads.models.loading import embedded_model_folder
+    from lens_heads.models.embedded import embedded_model_folder
 
     counts = [int(k) for k in s.counts.split(",")]
     model = load_model(device="cpu")

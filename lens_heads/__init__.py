@@ -8,16 +8,19 @@ attention-collapse side's training is in namespaces: ``lh.inheritune`` (inherit,
 (``from lens_heads.heads.scores import SCORES``).
 """
 
-from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.hooks import mean_z, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.ablation.kv_cache import kv_account
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.ablation.removed_layers import remove_layers
 from lens_heads.collapse import corpus, gpt2, inheritune, train
 from lens_heads.collapse.healing import Healed, heal, removal_arms, truncation
 from lens_heads.collapse.layer_ranking import LayerScores, layer_scores
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
+from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
-from lens_heads.data.tasks import Item, Task, TaskDataUnavailableError, load_task
+from lens_heads.data.items import Item, Task
+from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
@@ -32,14 +35,8 @@ from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.heads.thresholds_file import Thresholds, load_thresholds, save_thresholds
-from lens_heads.models.loading import (
-    DEFAULT_MODEL,
-    ModelUnavailableError,
-    load_model,
-    model_meta,
-    tiny_model,
-    weight_basis,
-)
+from lens_heads.models.embedded import DEFAULT_MODEL, ModelUnavailableError
+from lens_heads.models.loading import load_model, model_meta, tiny_model, weight_basis
 from lens_heads.plumbing.errors import InputError
 from lens_heads.viz.explorer import Explorer, explore
 

@@ -27,7 +27,7 @@ zero heads per input against a random baseline on the same items."""),
 import lens_heads
 from lens_heads import (evaluate, load_model, load_task, paired_difference, random_zeroing, score_heads,
                         threshold_zeroing, thresholds)
-from lens_heads.viz import plots
+from lens_heads.viz.score_figures import score_heatmaps
 from lens_heads.heads.distributions import layer_summary
 
 torch.manual_seed(0)
@@ -38,7 +38,7 @@ print(lens_heads.weight_basis(model), model.cfg.n_layers, "layers x", model.cfg.
 scores = score_heads(model, task, batch_size=8)
 scores.values.shape  # [input, layer, head, score]"""),
     new_code_cell("""mean = {name: scores.mean(name).numpy() for name in scores.names}
-plots.score_heatmaps(mean, scores.direction, title="Mean head scores on 16 ARC-Easy prompts (dark = inactive side)")"""),
+score_heatmaps(mean, scores.direction, title="Mean head scores on 16 ARC-Easy prompts (dark = inactive side)")"""),
     new_code_cell("""summary = layer_summary(scores, ["AHON (LN)"])
 summary[["layer", "mean", "q05", "q50", "q95"]].head(10)"""),
     new_markdown_cell("""## Zero heads per input, against random zeroing
@@ -80,7 +80,7 @@ from lens_heads.collapse.corpus import load_corpus, gpt2_tokenizer
 from lens_heads.collapse.inheritune_config import InherituneConfig
 from lens_heads.collapse.inheritune_run import run_inheritune
 from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.viz import plots"""),
+from lens_heads.viz.layer_figures import rank_profile"""),
     new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
     new_code_cell("""T = 16
 every_query_alike = torch.full((T, T), 1.0 / T)      # uniform averaging: rank one
@@ -95,8 +95,8 @@ prompts = ["The State of the Union is strong, and the economy has grown in every
 profile = attention_rank(model, prompts)  # the paper's: rank of the prompt-averaged matrix (cut to the shortest)
 print(profile.definition)
 print("lazy layers:", profile.lazy_layers(), "| rule:", profile.lazy_rule)
-plots.rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
-                     title="SmolLM2-135M attention rank per layer (3 prompts)", aggregation=profile.aggregation)"""),
+rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.lazy,
+             title="SmolLM2-135M attention rank per layer (3 prompts)", aggregation=profile.aggregation)"""),
     new_markdown_cell("""## Inheritune on a tiny GPT-2
 
 A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown

@@ -62,7 +62,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from lens_heads import load_task
-    from lens_heads.models.loading import embedded_model_folder
+    from lens_heads.models.embedded import embedded_model_folder
 
     agreement = _agreement()
     agreement.import_hflm()  # lm-eval importable under transformers 5

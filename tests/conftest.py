@@ -102,15 +102,15 @@ def _refuse_outside_slow(what: str) -> None:
 
 
 def pytest_configure(config):
-    from lens_heads.models import loading
+    from lens_heads.models import embedded
 
-    cache, dequantise = loading.cache_dir, loading._dequantise_gguf
+    cache, dequantise = embedded.cache_dir, embedded._dequantise_gguf
     shared_cache = cache().resolve()
 
     def cache_dir():
-        # within loading.py only the embedded model's folder and GGUF ask for it (other modules keep their own
+        # within embedded.py only the embedded model's folder and GGUF ask for it (other modules keep their own
         # caches there); a test's own empty cache (LENS_HEADS_CACHE) holds no model
-        if sys._getframe(1).f_globals.get("__name__") == loading.__name__ and cache().resolve() == shared_cache:
+        if sys._getframe(1).f_globals.get("__name__") == embedded.__name__ and cache().resolve() == shared_cache:
             _refuse_outside_slow(f"reads the embedded model's cache ({shared_cache})")
         return cache()
 
@@ -118,7 +118,7 @@ def pytest_configure(config):
         _refuse_outside_slow("dequantises an embedded model's GGUF")
         return dequantise(*args, **kwargs)
 
-    loading.cache_dir, loading._dequantise_gguf = cache_dir, dequantise_gguf
+    embedded.cache_dir, embedded._dequantise_gguf = cache_dir, dequantise_gguf
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ import torch
 from transformer_lens.utils import get_act_name
 
 from conftest import ACTIVATION_REL, assert_close_to_scale
-from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.hooks import mean_z, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.models.loading import tiny_model
 
 ARCHS = ["gpt2", "llama"]

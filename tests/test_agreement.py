@@ -89,7 +89,7 @@ def test_mismatched_items_are_refused():
 
 
 def test_figures_carry_the_numbers_and_escape_the_names():
-    from lens_heads.viz.plots import agreement_bars, score_vs_effect
+    from lens_heads.viz.score_figures import agreement_bars, score_vs_effect
 
     scores, effects, effect = constructed()
     table = score_agreement(scores, effects, n_boot=20).to_dataframe()

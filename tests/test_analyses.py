@@ -274,7 +274,8 @@ def test_kv_savings_analysis_on_a_tiny_model(tmp_path):
     from lens_heads.ablation.hooks import zero_heads
     from lens_heads.data.rows import build_rows
     from lens_heads.data.tasks import load_task
-    from lens_heads.models.loading import embedded_model_folder, tiny_model
+    from lens_heads.models.embedded import embedded_model_folder
+    from lens_heads.models.loading import tiny_model
 
     script = load_script("kv_savings")
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())

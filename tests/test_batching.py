@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import text_model
-from lens_heads.ablation.hooks import random_zeroing
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation import batching
 from lens_heads.evaluation.evaluate import evaluate

@@ -15,7 +15,7 @@ from lens_heads.collapse.rank import attention_rank
 from lens_heads.collapse.rank_tracker import RankTracker
 from lens_heads.collapse.train_config import TrainConfig
 from lens_heads.collapse.widen import widen
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.generate import generate
 
 

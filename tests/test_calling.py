@@ -10,7 +10,7 @@ import pytest
 
 from lens_heads import InputError
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult
-from lens_heads.report.stages import headline_tests
+from lens_heads.report.sweep_stages import headline_tests
 from lens_heads.stats import calling
 from lens_heads.stats import inference as stats
 from synthetic_sweeps import synthetic_sweep

@@ -247,7 +247,7 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
 def test_report_section_from_two_sweeps_escapes_names(tmp_path):
     from lens_heads.report import sections
     from lens_heads.report.render import render_page
-    from lens_heads.report.stages import compare_stage
+    from lens_heads.report.sweep_stages import compare_stage
 
     evil = "<script>alert(1)</script>"
     sweeps = [synthetic_sweep(evil, "t1", A), synthetic_sweep("m1", "t&2", B)]

@@ -221,7 +221,7 @@ def _tokenizer_files(folder):
 
 
 def test_the_cdf_figure_draws_each_view_and_switches_between_them(three_models):
-    from lens_heads.viz.plots import score_cdfs
+    from lens_heads.viz.score_figures import score_cdfs
 
     result = compare_distributions(three_models, names=["AHON", "AWFT"], n_resamples=10)
     fig = score_cdfs(result.cdfs, list(three_models), title="t")

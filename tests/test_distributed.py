@@ -14,7 +14,7 @@ import torch
 import lens_heads.experiments.sweep_run as sweep_module
 from conftest import LOGLIK_TOL
 from distributed_worker import sweep_settings, tiny_text_model
-from lens_heads.ablation.hooks import random_zeroing
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.experiments.sweep_run import run_sweep

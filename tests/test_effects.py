@@ -11,7 +11,7 @@ import torch
 from conftest import LOGLIK_TOL, tiny_tokenizer
 from lens_heads import head_effects
 from lens_heads.ablation.hooks import mean_z
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.experiments.effects import EFFECT_METRICS, HeadEffects
 from lens_heads.models.loading import tiny_model
 

@@ -8,8 +8,9 @@ import torch
 
 from conftest import LOGLIK_TOL, text_model
 from lens_heads.ablation.hooks import static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import within_context
-from lens_heads.data.tasks import Item, Task, load_task
+from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult, ItemRecord, paired_difference, wilson_interval
 from lens_heads.plumbing.errors import InputError
@@ -321,7 +322,7 @@ def test_acc_norm_divides_by_the_choice_without_its_leading_space():
 
     from datasets import load_from_disk
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     def clean(text):  # lm-eval hellaswag/utils.py preprocess
         return re.sub("\\[.*?\\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")

@@ -143,7 +143,7 @@ def test_report_quick_runs_end_to_end_on_a_tiny_qwen_folder(backend, tmp_path):
     example prompt's scores are those of plain Hugging Face."""
     from transformers import AutoTokenizer
 
-    from lens_heads.models.loading import embedded_model_folder
+    from lens_heads.models.embedded import embedded_model_folder
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     folder = build_folder("qwen2.5", tmp_path / "qwen", config=dict(max_position_embeddings=1024), tokenizer=tokenizer)

@@ -9,7 +9,8 @@ import torch
 
 from conftest import LOGLIK_TOL, assert_close_to_scale, text_model
 from lens_heads import tiny_model
-from lens_heads.ablation.hooks import random_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.ablation.hooks import static_zeroing, threshold_zeroing
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.fused_attention import eager_reason, fused_attention, sdpa_z

@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_tokenizer
 from lens_heads.ablation.hooks import threshold_zeroing, zero_heads
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.generate import evaluate_generation, extract_answer, generate
 
 

@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (flops, timing) by name
 
 import gpu_check  # noqa: E402
+import gpu_measure  # noqa: E402
+import gpu_rows  # noqa: E402
+import gpu_shapes  # noqa: E402
 from flops import forward_flops, paper_flops, trunk_flops_per_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -47,16 +50,16 @@ def test_smoke_table_shows_each_shapes_numbers(smoke):
     def row(label: str) -> str:
         return next(line for line in lines if line.startswith(label + " "))
 
-    for name in gpu_check.SHAPES:
+    for name in gpu_shapes.SHAPES:
         assert f"{name} (smoke)" in printed
-    assert [r.shape for r in result.shapes] == list(gpu_check.SHAPES)
-    tokens = sum(gpu_check.check_lengths(8, True, 0))  # the smoke run's rows, as the check builds them
+    assert [r.shape for r in result.shapes] == list(gpu_shapes.SHAPES)
+    tokens = sum(gpu_rows.check_lengths(8, True, 0))  # the smoke run's rows, as the check builds them
     for r in result.shapes:
         assert f"8 / {tokens}" in row("rows / tokens")
         assert f"{r.evaluator_tokens_per_s / r.hf_sdpa_tokens_per_s:.2f}x" in row("evaluator / HF SDPA")
         assert f"{r.threshold_unit_share_zeroed:.1%}" in row("threshold unit: heads zeroed")
         assert f"{r.scoring_flops_per_s / result.matmul_flops_per_s:.1%}" in row("scoring pass FLOP/s / matmul")
-    hours = paper_flops(float(np.mean(gpu_check.mmlu_lengths()))) / result.shapes[-1].evaluator_flops_per_s / 3600
+    hours = paper_flops(float(np.mean(gpu_rows.mmlu_lengths()))) / result.shapes[-1].evaluator_flops_per_s / 3600
     assert f"{hours:,.0f} GPU-hours" in printed and "torchrun --nproc_per_node=1 sweep" in printed
 
 
@@ -65,15 +68,15 @@ def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     assert [p.name for p in out.iterdir()] == [gpu_check.RESULT]  # no temporary file left beside it
     written = json.loads((out / gpu_check.RESULT).read_text())
     assert written["table"] == printed.splitlines()[:len(written["table"])]
-    assert [s["shape"] for s in written["shapes"]] == list(gpu_check.SHAPES)
+    assert [s["shape"] for s in written["shapes"]] == list(gpu_shapes.SHAPES)
     assert written["shapes"][0]["evaluator_tokens_per_s"] == pytest.approx(result.shapes[0].evaluator_tokens_per_s)
     assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
 
 
 def test_smoke_rows_auto_size_and_threshold_unit(smoke):
     result, _, _ = smoke
-    lengths = gpu_check.check_lengths(8, True, 0)
-    recorded = gpu_check.mmlu_lengths()
+    lengths = gpu_rows.check_lengths(8, True, 0)
+    recorded = gpu_rows.mmlu_lengths()
     assert set(lengths) <= {max(8, r // 16) for r in recorded}  # toy rows: a sixteenth of recorded MMLU rows
     for shape in result.shapes:
         assert shape.rows == 8 and shape.tokens == sum(lengths)
@@ -90,12 +93,12 @@ def test_evaluator_log_likelihoods_equal_hugging_face_on_the_same_weights(smoke)
 
 def test_other_weights_would_show_in_the_log_likelihood_difference():
     # The agreement above can fail: a HF model of the same shape with other weights is far off.
-    shape = gpu_check.SHAPES["qwen2.5-0.5b"].smoke()
-    _, model = gpu_check.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=0)
-    other, _ = gpu_check.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=1)
-    task = gpu_check.synthetic_task(gpu_check.check_lengths(4, True, 0), shape.vocab, 0)
-    ours = gpu_check.logprobs_of(evaluate(model, task, batch_size=4, progress=False))
-    assert gpu_check.max_difference(ours, gpu_check.hf_logprobs(other, model, task, 4)) > 1e-3
+    shape = gpu_shapes.SHAPES["qwen2.5-0.5b"].smoke()
+    _, model = gpu_shapes.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=0)
+    other, _ = gpu_shapes.build_pair("qwen2.5-0.5b", shape, "cpu", torch.float32, seed=1)
+    task = gpu_rows.synthetic_task(gpu_rows.check_lengths(4, True, 0), shape.vocab, 0)
+    ours = gpu_measure.logprobs_of(evaluate(model, task, batch_size=4, progress=False))
+    assert gpu_measure.max_difference(ours, gpu_measure.hf_logprobs(other, model, task, 4)) > 1e-3
 
 
 def test_torchrun_sweep_equals_the_plain_run(smoke):

@@ -8,7 +8,7 @@ import torch
 
 from conftest import assert_close_to_scale, text_model
 from lens_heads import evaluate
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 

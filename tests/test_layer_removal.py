@@ -13,7 +13,7 @@ from lens_heads import layer_scores, run_sweep
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.ablation.removed_layers import check_layer_order, remove_layers
 from lens_heads.ablation.specs import LayerRemoval, StaticAblation, from_dict
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.experiments.layer_removal import (
     evaluate_specs,
@@ -318,9 +318,9 @@ def test_report_layers_stage_is_the_librarys_and_resumes(tmp_path):
     from lens_heads.heads.scoring import score_heads
     from lens_heads.plumbing.cache import Cache
     from lens_heads.report.config import ReportConfig
+    from lens_heads.report.layer_stages import LAYER_COUNTS, layers_stage
     from lens_heads.report.render import render_page
     from lens_heads.report.sections import layers as layers_section
-    from lens_heads.report.stages import LAYER_COUNTS, layers_stage
 
     model = text_model(n_layers=5, n_ctx=512)
     task = load_task("piqa", n=3, seed=0)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from conftest import load_script
-from lens_heads.data.tasks import Item, Task
+from lens_heads.data.items import Item, Task
 
 
 def test_missing_lm_eval_exits_saying_how_to_install_it(monkeypatch, tmp_path):

@@ -5,7 +5,8 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from families import family_configs
 from lens_heads import ModelUnavailableError, load_model, tiny_model, weight_basis
-from lens_heads.models.loading import embedded_model_folder, expand_kv
+from lens_heads.models.embedded import embedded_model_folder
+from lens_heads.models.loading import expand_kv
 
 
 @pytest.mark.slow
@@ -170,7 +171,7 @@ def test_missing_gemma_packages_name_the_install_command(tmp_path, monkeypatch):
 def test_chunked_gguf_reassembles_and_is_checked(tmp_path):
     import hashlib
 
-    from lens_heads.models.loading import _reassemble
+    from lens_heads.models.embedded import _reassemble
 
     chunks = [b"GGUF" + bytes(range(256)) * 3, b"\x00" * 1000, b"tail"]
     parts = []

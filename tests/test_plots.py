@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from lens_heads.heads.scores import base_score
-from lens_heads.viz.plots import PALETTE, Curve, ablation_curves, curve_style, sweep_curves
+from lens_heads.viz.palette import PALETTE
+from lens_heads.viz.sweep_figures import Curve, ablation_curves, curve_style, sweep_curves
 
 
 def sweep_table(curves, *, with_curve_column=True) -> pd.DataFrame:
@@ -68,7 +69,7 @@ def test_ablation_figure_rows_and_reference_curves():
 
 
 def test_rank_profile_names_its_aggregation_and_draws_the_bands():
-    from lens_heads.viz.plots import rank_profile
+    from lens_heads.viz.layer_figures import rank_profile
 
     fig = rank_profile([3.5, 1.25], [2.0, 1.0], None, [False, True], title="ranks", aggregation="layer_rank",
                        max_rank_sd=[0.5, 0.25], mean_rank_sd=[0.1, 0.0])

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from conftest import LOGLIK_TOL, assert_close_to_scale, text_model
-from lens_heads.ablation.hooks import mean_z, random_zeroing, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.hooks import mean_z, static_zeroing, threshold_zeroing, zero_heads
+from lens_heads.ablation.random_draws import random_zeroing
+from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import Row, build_rows, within_context
-from lens_heads.data.tasks import Item, Task, load_task
+from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.prefix import (

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import load_script, text_model
-from lens_heads.ablation.hooks import random_zeroing, zero_heads
+from lens_heads.ablation.hooks import zero_heads
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.ablation.specs import RandomAblation, ThresholdAblation, from_dict
 from lens_heads.data.custom_tasks import task_from_records
 from lens_heads.data.rows import build_rows

@@ -7,7 +7,8 @@ import pytest
 
 from conftest import LOGLIK_TOL, text_model, tiny_tokenizer
 from lens_heads.ablation.hooks import zero_heads
-from lens_heads.data.tasks import Task, load_task
+from lens_heads.data.items import Task
+from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.experiments.attribution import attribution_ranking, held_out
 from lens_heads.experiments.effects import task_means

@@ -442,11 +442,11 @@ def test_a_stage_whose_input_failed_is_not_run_and_says_which(tmp_path, monkeypa
     it needs the scores, and so are the stages built on the first task's scores and the comparison of the sweeps;
     the other task's stages run, and the command exits 1 naming the stage that failed."""
     from conftest import text_model
-    from lens_heads.report import pipeline, stages
+    from lens_heads.report import pipeline, stages, sweep_stages
 
     model = text_model(n_ctx=512)
     monkeypatch.setattr(pipeline, "load_model", lambda *args, **kwargs: model)
-    score_stage, ablation_stage, ablated = stages.score_stage, stages.ablation_stage, []
+    score_stage, ablation_stage, ablated = stages.score_stage, sweep_stages.ablation_stage, []
 
     def broken_scores(model, task, *args):
         if task.name == "arc_easy":
@@ -458,7 +458,7 @@ def test_a_stage_whose_input_failed_is_not_run_and_says_which(tmp_path, monkeypa
         return ablation_stage(model, task, *args)
 
     monkeypatch.setattr(stages, "score_stage", broken_scores)
-    monkeypatch.setattr(stages, "ablation_stage", ablation_spy)
+    monkeypatch.setattr(sweep_stages, "ablation_stage", ablation_spy)
     out = tmp_path / "report"
     code = main(["tiny", "--tasks", "arc_easy,piqa", "--quick", "--n", "2", "--rank-n", "2", "--fractions", "0,0.25",
                  "--scores", "AWFT", "--no-png", "--no-progress", "--out", str(out)])
@@ -481,13 +481,13 @@ def test_a_stage_whose_input_failed_is_not_run_and_says_which(tmp_path, monkeypa
 
 def _outputs_with_figures(tmp_path, figures: dict):
     """write_outputs on one finished stage holding ``figures``: results.json's PNG entry, the files and the page."""
-    from lens_heads.report import pipeline, stages
+    from lens_heads.report import pipeline, stage_result, stages
 
     config = ReportConfig(out=str(tmp_path), progress=False)
     meta = dict(name="tiny", source="test", n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16, n_ctx=64,
                 n_params=1, weight_basis="raw", dtype="float32")
     results = {"model": meta, "weight_basis": "raw", "versions": {"lens_heads": "test"}, "created": "now"}
-    ran = [pipeline.Ran("figures", "done", result=stages.StageResult({}, figures=figures))]
+    ran = [pipeline.Ran("figures", "done", result=stage_result.StageResult({}, figures=figures))]
     files, png = pipeline.write_outputs(tmp_path, config, stages.model_card(meta, config), ran, results,
                                         lambda msg: None)
     return png, files, (tmp_path / "report.html").read_text()

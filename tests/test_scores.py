@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM
 from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.heads.scores import DIRECTION, EXTRA_NAMES, SCORE_NAMES, Score, get_score, scores_of_layer
 from lens_heads.heads.scoring import HeadScores, score_heads
-from lens_heads.models.loading import embedded_model_folder, tiny_model
+from lens_heads.models.embedded import embedded_model_folder
+from lens_heads.models.loading import tiny_model
 from lens_heads.plumbing.errors import InputError
 
 ATOL, RTOL = 1e-5, 1e-4

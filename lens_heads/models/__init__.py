@@ -1,1 +1,1 @@
-"""Models and their hooks: loading and weight basis (loading), HookedTransformer or TransformerBridge (backends), local Hugging Face folders (hf_folder), per-layer hook capture (capture), the TransformerLens internals the fast paths use (tl_internals)."""
+"""Models and their hooks: loading and weight basis (loading), the embedded models' files (embedded), HookedTransformer or TransformerBridge (backends), local Hugging Face folders (hf_folder), per-layer hook capture (capture), the TransformerLens internals the fast paths use (tl_internals)."""

@@ -11,9 +11,9 @@ import argparse
 import dataclasses
 import sys
 
+from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError
-from lens_heads.data.tasks import TaskDataUnavailableError
-from lens_heads.models.loading import ModelUnavailableError
+from lens_heads.models.embedded import ModelUnavailableError
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.settings import from_args
 from lens_heads.report.config import DEFAULT_PROMPT, PRESETS, ReportConfig, prompt, sweep_path

@@ -19,7 +19,8 @@ from lens_heads.data.custom_tasks import CUSTOM_FORMATS
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.models.backends import BACKENDS
-from lens_heads.models.loading import DEFAULT_MODEL, resolve_device
+from lens_heads.models.embedded import DEFAULT_MODEL
+from lens_heads.models.loading import resolve_device
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import safe_name
 from lens_heads.plumbing.settings import checked_fields, option

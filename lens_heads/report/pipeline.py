@@ -35,13 +35,14 @@ from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
-from lens_heads.report import sections, stages
+from lens_heads.report import layer_stages, sections, stages, sweep_stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
+from lens_heads.report.stage_result import StageResult
 from lens_heads.viz import plots
 
-R = TypeVar("R", bound=stages.StageResult, covariant=True)
+R = TypeVar("R", bound=StageResult, covariant=True)
 
 
 @dataclass(frozen=True)
@@ -105,24 +106,24 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     model = model if model is not None else load_model(config.model, device=config.device, dtype=config.dtype,
                                                            backend=config.backend)
     meta = model_meta(model)
-    ran: list[Ran[stages.StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
+    ran: list[Ran[StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
     first = next(iter(tasks))  # the task of the stages run once: rank, layers, attention, explorer
 
     scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
               for t, task in tasks.items()}
-    ablations = {t: run_stage(f"ablation:{t}", log, lambda s: stages.ablation_stage(
+    ablations = {t: run_stage(f"ablation:{t}", log, lambda s: sweep_stages.ablation_stage(
         model, task, s.scores, config, cache, key), needs=[scores[t]]) for t, task in tasks.items()}
-    compare = [run_stage("compare", log, lambda *done: stages.compare_stage(
+    compare = [run_stage("compare", log, lambda *done: sweep_stages.compare_stage(
         [a.sweep for a in done] + [read_sweep(path) for path in config.compare]), needs=list(ablations.values()))
                ] if len(tasks) + len(config.compare) > 1 else []
     effects = {t: Ran(f"effects:{t}", "skipped", reason="--quick") if config.quick else run_stage(
         f"effects:{t}", log, lambda s: stages.effects_stage(model, task, s.scores, config, cache, key),
         needs=[scores[t]]) for t, task in tasks.items()}
-    rank = run_stage("rank", log, partial(stages.rank_stage, model, tasks[first], config, cache, key))
+    rank = run_stage("rank", log, partial(layer_stages.rank_stage, model, tasks[first], config, cache, key))
     layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda s: (
-        stages.layers_stage(model, tasks[first], s.scores, config, cache, key)), needs=[scores[first]])
+        layer_stages.layers_stage(model, tasks[first], s.scores, config, cache, key)), needs=[scores[first]])
     attention = run_stage("attention", log, lambda s: stages.attention_stage(model, s.scores, config),
                           needs=[scores[first]])
     # the explorer adds the head effects and the rank profile where those stages finished (they are not needed)
@@ -177,7 +178,7 @@ def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> d
     return results
 
 
-def page_sections(card: stages.StageResult, ran: list[Ran], config: ReportConfig, weight_basis: str) -> list:
+def page_sections(card: StageResult, ran: list[Ran], config: ReportConfig, weight_basis: str) -> list:
     """The page, section by section, in the order the stages ran."""
     render: dict[str, Callable[[Any], sections.Section]] = {
         "scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,

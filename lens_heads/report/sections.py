@@ -9,19 +9,11 @@ import pandas as pd
 
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import summary_table
+from lens_heads.report.layer_stages import LayersResult, RankResult
 from lens_heads.report.render import Figure, Raw, Section, Table, Text
-from lens_heads.report.stages import (
-    AblationResult,
-    AttentionResult,
-    CompareResult,
-    EffectsResult,
-    ExplorerResult,
-    LayersResult,
-    RankResult,
-    ScoresResult,
-    StageResult,
-    points_table,
-)
+from lens_heads.report.stage_result import StageResult
+from lens_heads.report.stages import AttentionResult, EffectsResult, ExplorerResult, ScoresResult
+from lens_heads.report.sweep_stages import AblationResult, CompareResult, points_table
 
 TITLES = {"scores": "Head scores", "ablation": "Ablation sweep", "effects": "Head effects",
           "rank": "Attention rank", "attention": "Attention patterns", "compare": "Comparison of sweeps",

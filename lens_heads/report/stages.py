@@ -1,5 +1,7 @@
-"""The report's stages: each computes through the library and returns a frozen result (numbers for results.json,
-CSV tables, figures). Nothing here writes the page: ``sections`` renders results; ``pipeline`` runs the stages.
+"""The report's stages of the model and its heads (model card, head scores, head effects, attention patterns, head
+explorer); the sweeps' stages are in ``sweep_stages``, the whole layers' in ``layer_stages``. Each stage computes
+through the library and returns a frozen result (``stage_result``: numbers for results.json, CSV tables, figures).
+Nothing here writes the page: ``sections`` renders results; ``pipeline`` runs the stages.
 A stage takes what it needs as required arguments (never recomputed in its place): the ablation
 sweep, head effects, whole layers, attention patterns and explorer take the head scores of the scores stage, the
 comparison the sweeps of the ablation stages; ``pipeline`` names those stages (``needs=``) and does not run a stage
@@ -13,82 +15,22 @@ writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
-import torch
 
-from lens_heads.collapse.layer_ranking import layer_scores
-from lens_heads.collapse.rank import attention_rank
-from lens_heads.data.tasks import Task
+from lens_heads.data.items import Task
 from lens_heads.experiments.agreement import score_agreement
-from lens_heads.experiments.compare import METRICS, SweepComparison, compare_sweeps
 from lens_heads.experiments.effects import HeadEffects, head_effects
-from lens_heads.experiments.layer_removal import removal_curves, removal_plan
-from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.table2 import table2
 from lens_heads.heads.distributions import layer_summary, thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
-from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
-from lens_heads.plumbing.errors import InputError
 from lens_heads.report.config import ACTIVITY_SCORE, ReportConfig
-from lens_heads.viz import attention, plots
+from lens_heads.report.stage_result import StageResult, cached_file, jsonable
+from lens_heads.viz import attention
 from lens_heads.viz.explorer import Explorer, explore
-
-COMPARE_TOP_K = 5
-
-
-@dataclass(frozen=True)
-class StageResult:
-    """What a stage computed: its part of results.json, its CSV tables and its figures (by file stem)."""
-
-    numbers: dict
-    tables: dict = field(default_factory=dict)
-    figures: dict = field(default_factory=dict)
-
-
-def jsonable(obj):
-    """Plain JSON types for results.json (tensors and arrays become lists, unknown objects strings)."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, (torch.Tensor, np.ndarray)):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    return str(obj)
-
-
-class _Saveable(Protocol):
-    def save(self, path: Path) -> object: ...
-
-
-S = TypeVar("S", bound=_Saveable)
-
-
-def cached_file(cache: Cache, label: str, key: dict, suffix: str, compute: Callable[[], S],
-                load: Callable[[Path], S]) -> tuple[S, bool]:
-    """``(value, reused)``: the value kept under ``key`` (read by ``load(path)``), or ``compute()`` saved there by
-    rank 0 (the value's own ``.save(path)``)."""
-    fresh: list[S] = []
-
-    def write(path):
-        fresh.append(compute())
-        if distributed.is_main():
-            fresh[0].save(path)
-
-    value = cache.file(label, key, suffix, write, lambda path: fresh[0] if fresh else load(path))
-    return value, not fresh
-
+from lens_heads.viz.score_figures import agreement_bars, layer_distributions, score_heatmaps, score_vs_effect
 
 # ---------------------------------------------------------------- model card
 
@@ -142,95 +84,13 @@ def score_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict)
                           **{name: mean[..., i].reshape(-1).numpy() for i, name in enumerate(names)}})
     th = pd.DataFrame([{"score": n, **{f"{100 * f:g}%": v for f, v in cuts[n].items()}} for n in names])
     figures = {
-        f"score_heatmaps_{t}": plots.score_heatmaps(
+        f"score_heatmaps_{t}": score_heatmaps(
             {n: mean[..., i].numpy() for i, n in enumerate(names)}, dict(scores.direction),
             title=f"Mean head scores on {t} (n={n_in}); dark = inactive side"),
-        f"score_distributions_{t}": plots.layer_distributions(
+        f"score_distributions_{t}": layer_distributions(
             summary, title=f"Per-layer distribution over inputs and heads ({t})")}
     tables = {f"head_scores_{t}": table, f"layer_distributions_{t}": dist, f"thresholds_{t}": th}
     return ScoresResult(numbers, tables, figures, scores=scores, task=task, reused=reused)
-
-
-# ---------------------------------------------------------------- ablation sweep
-
-
-INTERVAL_RESAMPLES = 1000  # bootstrap replicates (and permutations) of the sweep's intervals and tests
-
-
-@dataclass(frozen=True)
-class AblationResult(StageResult):
-    sweep: object = None
-    task: Task = field(kw_only=True)
-    intervals: object = None  # lens_heads.experiments.sweep_intervals.SweepIntervals
-    tests: dict = field(default_factory=dict)  # the paired differences the findings rest on (SweepIntervals.difference)
-
-
-def headline_tests(iv) -> dict:
-    """The paired differences the findings state, one family called by the one rule: the best curve by KL AUC
-    against the runner-up and against random, and the best by % zeroable within 1 point (authors' rule) against
-    random."""
-    scores = [c for c in iv.curves if c != "random"]
-    pairs: dict[str, tuple[str, str, str]] = {}
-    if not scores:
-        return {}
-    by_kl = sorted(scores, key=lambda c: iv.interval(c, "kl_auc").estimate)
-    if len(by_kl) > 1:
-        pairs["best_vs_second_kl"] = (by_kl[0], by_kl[1], "kl_auc")
-    if "random" in iv.curves:
-        pairs["best_vs_random_kl"] = (by_kl[0], "random", "kl_auc")
-        best_zero = max(scores, key=lambda c: iv.interval(c, "zeroable_authors").estimate)
-        pairs["best_vs_random_zeroable"] = (best_zero, "random", "zeroable_authors")
-    table = iv.differences(list(pairs.values()))
-    return {key: row for key, row in zip(pairs, table.to_dict("records"))}
-
-
-def ablation_stage(model, task, scores: HeadScores, config: ReportConfig, cache: Cache,
-                   base_key: dict) -> AblationResult:
-    """Zero the heads each score picks at each target fraction, beside random zeroing (``run_sweep``, which keeps
-    each finished unit in its folder and resumes from it); thresholds from the scores stage's ``scores`` of the
-    same rows."""
-    folder = cache.path(f"sweep-{task.name}", {**base_key, "data": task.meta()})
-    result = run_sweep(model, task, scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder,
-                       seed=config.seed, batch_size=config.batch_size, progress=config.progress,
-                       calibration=scores)
-    if result is None:
-        raise InputError(f"the sweep on {task.name} has units left to other tasks of the job array "
-                         "(SLURM_ARRAY_TASK_ID): once every task is done, a run without the array reuses them all")
-    shares = sorted({0.1, *(f for f in config.fractions if f > 0)})  # the summary's KL at 10% among them
-    iv = result.intervals(1.0, shares=shares, n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
-    tests = headline_tests(iv)
-    df, summary, t = result.to_dataframe(), result.summary(1.0, intervals=iv), task.name
-    base = result.baseline
-    baseline: dict[str, Any] = {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95],
-                                "n": int(base.n)}
-    numbers = {
-        "data": task.meta(), "baseline": baseline, "chance": task.chance,
-        "protocol": result.meta["protocol"], "zeroable_rule": "authors",
-        "zeroable_within_1_point": result.zeroable_within(1.0),
-        "zeroable_within_1_point_censored": result.zeroable_within(1.0, rule="censored"),
-        "table2": result.table2(1.0), "normalised_auc": result.normalised_auc(),
-        "auc_ranking": [str(s) for s in summary["score"]], "normalised_auc_kl": result.normalised_auc(metric="kl"),
-        "curves": jsonable(df.to_dict(orient="records")), "meta": jsonable(result.meta),
-        "intervals": jsonable(iv.to_dataframe().to_dict(orient="records")), "intervals_meta": jsonable(iv.meta),
-        "tests": jsonable(tests)}
-    fig = plots.ablation_curves(df, baseline=100 * baseline["accuracy"], chance=task.chance,
-                                title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
-    tables = {f"ablation_{t}": df, f"ablation_summary_{t}": summary}
-    return AblationResult(numbers, tables, {f"ablation_{t}": fig}, sweep=result, task=task, intervals=iv,
-                          tests=tests)
-
-
-def points_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The sweep's curve points as read on the page: accuracies and paired differences in points, with intervals."""
-    rows = df[df["target_fraction"] > 0]
-    out = pd.DataFrame({
-        "curve": rows["curve"] if "curve" in rows else rows["score"], "target %": 100 * rows["target_fraction"],
-        "realised %": 100 * rows["realised_fraction"], "accuracy %": 100 * rows["accuracy"],
-        "paired diff (points)": 100 * rows["paired_diff"],
-        "95% CI": [f"{100 * a:+.1f} .. {100 * b:+.1f}" for a, b in zip(rows["paired_low"], rows["paired_high"])]})
-    if "gold_logprob_change" in rows:
-        out["gold log-prob change"] = rows["gold_logprob_change"]
-    return out
 
 
 # ---------------------------------------------------------------- head effects and each score's agreement
@@ -253,89 +113,16 @@ def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: 
     agreement = score_agreement(scores, effects, n_boot=200, seed=config.seed)
     table, t = agreement.to_dataframe(), task.name
     size = effects.size().numpy()
-    scatter = plots.score_vs_effect({name: scores.mean(name).numpy() for name in scores.names}, size,
-                                    dict(scores.direction), effect_label="KL when zeroed (attribution)",
-                                    title=f"Mean score vs measured effect of each head on {t} (n={len(task)})")
-    bars = plots.agreement_bars(table, title=f"Rank agreement of each score with the head effects on {t}")
+    scatter = score_vs_effect({name: scores.mean(name).numpy() for name in scores.names}, size,
+                              dict(scores.direction), effect_label="KL when zeroed (attribution)",
+                              title=f"Mean score vs measured effect of each head on {t} (n={len(task)})")
+    bars = agreement_bars(table, title=f"Rank agreement of each score with the head effects on {t}")
     numbers = {"status": "done", "method": "attribution", "metric": "kl",
                "agreement": jsonable(table.to_dict("records")), "agreement_meta": jsonable(agreement.meta),
                "size_per_head": size.tolist(), "meta": jsonable(effects.meta)}
     return EffectsResult(numbers, {f"effects_agreement_{t}": table, f"effects_{t}": effects.to_dataframe()},
                          {f"effects_agreement_{t}": bars, f"effects_scatter_{t}": scatter}, task=task,
                          precision_chance=agreement.meta["precision_chance"])
-
-
-# ---------------------------------------------------------------- attention rank
-
-
-@dataclass(frozen=True)
-class LayersResult(StageResult):
-    task: Task = field(kw_only=True)
-
-
-LAYER_COUNTS = (1, 2, 4)  # layers removed on each curve
-LAYER_RANKINGS = ("Block Influence", "attention rank", "AHON (LN) zero share")
-
-
-def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: Cache,
-                 base_key: dict) -> LayersResult:
-    """Per-layer scores on the task (``lh.layer_scores``) and the attention of 1, 2 and 4 layers (those fewer than
-    the model has) removed in the order of each ranking and of a random order (units kept in the cache folder),
-    each ranking against random."""
-    layers = layer_scores(model, task, scores=scores, batch_size=config.batch_size, progress=config.progress)
-    random = f"random (seed {config.seed})"
-    orders = {**{name: layers.order(name) for name in LAYER_RANKINGS},
-              random: [int(x) for x in np.random.default_rng(config.seed).permutation(layers.n_layers)]}
-    counts = [k for k in LAYER_COUNTS if k < layers.n_layers]  # a model of few layers keeps at least one
-    plans = {name: removal_plan(model, order, counts, part="attention", label=name) for name, order in orders.items()}
-    folder = cache.path(f"layers-{task.name}", {**base_key, "data": task.meta()})
-    curves = removal_curves(model, task, plans, out_dir=folder, batch_size=config.batch_size,
-                            progress=config.progress)
-    table = curves.to_dataframe(n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
-    table["part"], table["ranking"] = "attention", [c.rsplit(" · ", 1)[0] for c in table["curve"]]
-    table["style"] = ["random" if r == random else "" for r in table["ranking"]]
-    tests = pd.concat([curves.difference(f"{name} · attention", f"{random} · attention", metric,
-                                         n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
-                       for name in LAYER_RANKINGS for metric in ("kl", "gold_logprob_change")], ignore_index=True)
-    t = task.name
-    numbers = {"data": task.meta(), "layer_scores": jsonable(layers.to_dict()), "orders": orders,
-               "counts": counts, "curves": jsonable(table.to_dict(orient="records")),
-               "tests": jsonable(tests.to_dict(orient="records")), "lazy_layers": layers.lazy.nonzero()[0].tolist()}
-    fig = plots.layer_removal_curves(table, title=f"Removing the attention of whole layers on {t} (n={len(task)})")
-    return LayersResult(numbers, {f"layer_scores_{t}": layers.to_dataframe(), f"layer_removal_{t}": table,
-                                  f"layer_removal_tests_{t}": tests}, {f"layer_removal_{t}": fig}, task=task)
-
-
-@dataclass(frozen=True)
-class RankResult(StageResult):
-    task: Task = field(kw_only=True)
-
-
-def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) -> RankResult:
-    """Approximate rank (90% energy) of every head's attention on the first task's item prompts, per layer; lazy
-    layers marked by the library's rule."""
-    inputs = [item.prompt for item in task][: config.rank_n]
-    key = {**base_key, "stage": "rank", "data": task.meta(), "rank_n": len(inputs)}
-
-    def compute():
-        # per-input ranks: item prompts differ in length, and the averaged matrix would cut all to the shortest
-        profile = attention_rank(model, inputs, average=False, batch_size=config.batch_size,
-                                 progress=config.progress)
-        return jsonable(profile.to_dict())
-
-    profile = cache.json("rank", key, compute) if distributed.is_main() else compute()
-    m = profile.get("meta", {})
-    profile = {**profile, "inputs": {"task": task.name, "n": len(inputs), "what": "item prompts",
-                                     "mean_length": m.get("mean_length"), "min_length": m.get("min_length"),
-                                     "max_length": m.get("max_length")}}
-    aggregation = profile.get("aggregation", "rank")  # profiles cached before aggregations were named: "rank"
-    df = pd.DataFrame({"layer": range(len(profile["max_rank"])), "max_rank": profile["max_rank"],
-                       "mean_rank": profile["mean_rank"], "mass_columns": profile["mass_columns"],
-                       "lazy": profile["lazy"], "aggregation": aggregation})
-    fig = plots.rank_profile(profile["max_rank"], profile["mean_rank"], profile["mass_columns"], profile["lazy"],
-                             title=f"Attention rank per layer ({len(inputs)} {task.name} prompts)",
-                             aggregation=aggregation)
-    return RankResult(profile, {"rank_profile": df}, {"rank_profile": fig}, task=task)
 
 
 # ---------------------------------------------------------------- attention patterns
@@ -370,41 +157,6 @@ def attention_stage(model, scores: HeadScores, config: ReportConfig) -> Attentio
     numbers = {"score": activity, "direction": scores.direction[activity], "k": config.heads_shown,
                "prompts": prompts}
     return AttentionResult(numbers, {"attention_heads": pd.DataFrame(rows)}, renders=tuple(renders))
-
-
-# ---------------------------------------------------------------- comparison of sweeps
-
-
-@dataclass(frozen=True)
-class CompareResult(StageResult):
-    comparisons: dict[str, SweepComparison] = field(kw_only=True)  # by metric
-
-
-def compare_stage(sweeps: list) -> CompareResult:
-    """Rank the curves of every sweep (SweepResults or RecordedSweeps, one per (model, task)) by the AUC of
-    accuracy and by the AUC of the paired KL, and compare the rankings between sweeps."""
-    comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=COMPARE_TOP_K) for m in METRICS}
-    acc = comparisons["accuracy"]
-    inputs = pd.DataFrame([{k: d[k] for k in ("model", "task", "split", "shots", "n", "seed", "weight_basis",
-                                              "baseline_accuracy", "chance", "source")} for d in acc.sweeps])
-    paper_table = table2(sweeps)
-    tables = {
-        "compare_ranks": pd.concat([c.to_dataframe().assign(ranking=m) for m, c in comparisons.items()],
-                                   ignore_index=True),
-        "compare_pairs": pd.concat([c.pairs().assign(ranking=m) for m, c in comparisons.items()], ignore_index=True),
-        "compare_inputs": inputs, "compare_table2": paper_table}
-    figures = {"compare_ranks": plots.rank_heatmap(acc.rank_table(), low=acc.rank_table("rank_low"),
-                                                   high=acc.rank_table("rank_high"),
-                                                   title="Rank by normalised AUC of accuracy, 1 = best"),
-               "compare_spearman": plots.correlation_heatmap(acc.spearman_table(), title=(
-                   f"Spearman correlation of the rankings ({len(acc.curves)} curves)"))}
-    numbers = {
-        "inputs": inputs.to_dict(orient="records"), "curves": list(acc.curves), "dropped": acc.dropped,
-        "top_k": acc.top_k, "table2": paper_table.to_dict(orient="records"),
-        **{m: {"what": METRICS[m], "ranks": c.rank_table().reset_index().to_dict(orient="records"),
-               "spearman": c.spearman_table().to_dict(), "pairs": c.pairs().to_dict(orient="records")}
-           for m, c in comparisons.items()}}
-    return CompareResult(numbers, tables, figures, comparisons=comparisons)
 
 
 # ---------------------------------------------------------------- head explorer

@@ -1,1 +1,1 @@
-"""Figures and views: plotly figures (plots), circuitsvis attention patterns (attention), the head explorer (explorer: data, explorer_view: the self-contained view)."""
+"""Figures and views: plotly figures of scores (score_figures), sweeps (sweep_figures), layers (layer_figures) and training runs (training_figures) in one palette (palette), written to HTML and PNG (plots); circuitsvis attention patterns (attention), the head explorer (explorer: data, explorer_view: the self-contained view), HTML escaping (escape)."""

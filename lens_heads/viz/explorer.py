@@ -23,7 +23,7 @@ import torch
 
 from lens_heads.collapse.rank import RankProfile, attention_rank
 from lens_heads.data.inputs import tokenize_inputs
-from lens_heads.data.tasks import Task
+from lens_heads.data.items import Task
 from lens_heads.experiments.effects import HeadEffects
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores, score_heads

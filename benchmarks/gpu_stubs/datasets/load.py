@@ -7,7 +7,7 @@ def load_dataset(*args, **kwargs):
 
 
 def load_from_disk(*args, **kwargs):
-    """Always raises, as :func:`load_dataset` (lens_heads.data.tasks imports it)."""
+    """Always raises, as :func:`load_dataset` (lens_heads.data.benchmark_files imports it)."""
     _refuse()
 
 
