@@ -13,6 +13,10 @@ of the same items. Outputs in ``--figures`` (default ``figures/``), named by ``-
   sweeps), for the AUCs a paired permutation p-value, and the verdict of the one calling rule (ranks: not tested);
 - ``<name>_heads.csv``: per curve and target share, the heads zeroed on most rows under each setting, how many
   both zero (Jaccard) and the Spearman correlation of every head's share of rows zeroed (descriptive);
+- ``<name>_versus_random.csv``: under each setting (``setting`` a or b), every curve against that setting's random
+  curve on the common grid of target shares (accuracy AUC, KL AUC, % zeroable within 1 point): paired difference,
+  interval, permutation p-value and verdict, both settings' tests one family; ``claims_change`` in the JSON lists the
+  (curve, summary) pairs whose verdict differs between a and b (e.g. a random baseline drawn per item or per row);
 - ``<name>.json``: the inputs (model, task, split, chat template, n, seed), the Spearman correlation of the two
   rankings (accuracy and KL) with its paired interval, the unablated model's change from a to b on the same items
   (``baseline_change``: paired accuracy, gold log-likelihood and KL with their intervals, the items each setting
@@ -26,10 +30,22 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from lens_heads.evaluation.results import paired_difference, paired_values
-from lens_heads.experiments.compare import METRICS, compare_settings, compare_sweeps, read_sweep, zeroed_head_overlap
+from lens_heads.experiments.compare import (
+    METRICS,
+    common_grid,
+    compare_settings,
+    compare_sweeps,
+    on_grid,
+    read_sweep,
+    zeroed_head_overlap,
+)
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.stats import calling
+from shared_settings import TESTED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,11 +77,14 @@ def main(argv=None) -> None:
                     for m in METRICS}
     except (OSError, ValueError) as e:
         sys.exit(f"compare_settings: {e}")
+    versus = versus_random(a, b, n_resamples=args.n_resamples, seed=args.seed)
+    changed = claims_change(versus)
     heads = zeroed_head_overlap(a, b, args.majority)
     baseline = baseline_change(a, b)
     out = Path(args.figures)
     atomic_write_text(out / f"{args.name}.csv", table.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(out / f"{args.name}_heads.csv", heads.to_csv(index=False, float_format="%.4g"))
+    atomic_write_text(out / f"{args.name}_versus_random.csv", versus.to_csv(index=False, float_format="%.6g"))
     spearman = {m: c.spearman_interval(0, 1) for m, c in rankings.items()}
     atomic_write_json(out / f"{args.name}.json", dict(
         what="one model and task under two settings on the same items: every curve's AUCs and ranks with paired "
@@ -75,6 +94,7 @@ def main(argv=None) -> None:
         intervals=rankings["accuracy"].intervals, baseline_change=baseline,
         spearman={m: dict(what=METRICS[m], estimate=s.estimate, low=s.low, high=s.high) for m, s in spearman.items()},
         curves=table.to_dict(orient="records"), zeroed_heads=heads.to_dict(orient="records"),
+        versus_random=versus.to_dict(orient="records"), claims_change=changed, calling_rule=calling.RULE,
         zeroed_heads_rule=f"a head is zeroed by a curve when zeroed on at least {args.majority:g} of the rows; "
                           "descriptive, no interval"))
     print(f"baseline accuracy b - a: {baseline['paired_diff']:+.3f} [{baseline['paired_ci_low']:+.3f}, "
@@ -84,6 +104,31 @@ def main(argv=None) -> None:
         print(f"Spearman of the rankings by {METRICS[m]}: {s.estimate:.3f} [{s.low:.3f}, {s.high:.3f}]")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(heads.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"verdicts against random that differ between a and b: {changed or 'none'}")
+
+
+def versus_random(a, b, *, n_resamples: int, seed: int) -> pd.DataFrame:
+    """Under each setting, every curve against its own random curve on the two sweeps' common grid, in the summaries
+    a sweep tests (both settings' rows one family, called by the one rule)."""
+    grid = common_grid([a, b])
+    tables = []
+    for setting, sweep in (("a", a), ("b", b)):
+        intervals = on_grid(sweep, grid).intervals(n_resamples=n_resamples, seed=seed)
+        if "random" in intervals.curves:
+            tables.append(intervals.versus("random", TESTED).assign(setting=setting))
+    if not tables:
+        return pd.DataFrame()
+    table = pd.concat(tables, ignore_index=True).drop(columns=["p_adjusted", "verdict"])
+    return calling.call_table(table)
+
+
+def claims_change(versus: pd.DataFrame) -> list[dict]:
+    """The (curve, summary) pairs whose verdict against random differs between setting a and setting b."""
+    if not len(versus):
+        return []
+    by = versus.pivot_table(index=["a", "summary"], columns="setting", values="verdict", aggfunc="first")
+    return [dict(curve=curve, summary=summary, a=row["a"], b=row["b"])
+            for (curve, summary), row in by.iterrows() if row.get("a") != row.get("b")]
 
 
 def baseline_change(a, b) -> dict:

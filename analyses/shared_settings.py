@@ -16,6 +16,7 @@ from lens_heads.plumbing.io import safe_name
 from lens_heads.plumbing.settings import option
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTED = ("accuracy_auc", "kl_auc", "zeroable_authors")  # the summaries a sweep tests curve against curve
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,11 @@ from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from lens_heads.viz.plots import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
-from shared_settings import recorded_name
+from shared_settings import TESTED, recorded_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = INACTIVE_HEADS_TASKS
 TOLERANCE = 2.0  # points: the realised share of heads zeroed should land this close to its target
-TESTED = ("accuracy_auc", "kl_auc", "zeroable_authors")  # summaries tested curve against curve
 
 
 def _batch_size(text: str) -> int | str:

@@ -423,3 +423,12 @@ def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
     assert change["n"] == 30 and change["right_only_a"] == sum(x and not y for x, y in zip(*right))
     assert change["right_only_b"] == sum(y and not x for x, y in zip(*right))
     assert change["paired_diff"] == pytest.approx(np.mean(right[1]) - np.mean(right[0]))
+    versus = pd.read_csv(tmp_path / "cmp_versus_random.csv")  # each setting's curves against its own random curve
+    for setting, sweep in (("a", plain), ("b", chat)):
+        auc = sweep.normalised_auc(metric="kl")  # the AUCs read straight off the curves, not through the bootstrap
+        got = versus[(versus["setting"] == setting) & (versus["summary"] == "kl_auc") & (versus["a"] == "S1")]
+        assert got["difference"].item() == pytest.approx(auc["S1"] - auc["random"], rel=1e-5)
+    verdicts = versus.set_index(["setting", "a", "summary"])["verdict"]
+    changed = {(c["curve"], c["summary"]) for c in report["claims_change"]}
+    assert changed == {(a, summary) for _, a, summary in verdicts.index
+                       if verdicts["a", a, summary] != verdicts["b", a, summary]}
