@@ -50,7 +50,7 @@ from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.viz.plots import save_figure
+from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
 from shared_settings import TaskRunSettings, recorded_name, split_of
 

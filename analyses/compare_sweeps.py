@@ -36,7 +36,7 @@ from lens_heads.experiments.compare import METRICS, common_grid, compare_sweeps,
 from lens_heads.experiments.table2 import table2
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.viz.plots import PngUnavailable, png_writer
+from lens_heads.viz.export import PngUnavailable, png_writer
 from lens_heads.viz.sweep_figures import correlation_heatmap, rank_heatmap
 
 ROOT = Path(__file__).resolve().parents[1]

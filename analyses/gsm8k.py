@@ -45,7 +45,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
-from lens_heads.viz.plots import save_figure
+from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -53,7 +53,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.inference import kendall, spearman
-from lens_heads.viz.plots import save_figure
+from lens_heads.viz.export import save_figure
 from lens_heads.viz.score_figures import agreement_bars, score_vs_effect
 from lens_heads.viz.sweep_figures import ablation_curves
 from shared_settings import TaskRunSettings, recorded_name, sweep_split

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from inheritune_comparisons import INHERITUNE, compared, label
-from lens_heads.viz.plots import save_figure
+from lens_heads.viz.export import save_figure
 
 
 def wrap(text: str, width: int = 150) -> str:

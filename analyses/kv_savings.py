@@ -48,8 +48,8 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import inference
 from lens_heads.viz.escape import esc
+from lens_heads.viz.export import save_figure
 from lens_heads.viz.palette import PALETTE
-from lens_heads.viz.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 RANDOM = "random"

@@ -57,8 +57,8 @@ from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling, inference
+from lens_heads.viz.export import save_figure
 from lens_heads.viz.layer_figures import layer_panels, layer_removal_curves
-from lens_heads.viz.plots import save_figure
 from shared_settings import TaskRunSettings, recorded_name, split_of
 
 ROOT = Path(__file__).resolve().parents[1]

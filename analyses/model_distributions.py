@@ -46,7 +46,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_name
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
-from lens_heads.viz.plots import save_figure
+from lens_heads.viz.export import save_figure
 from lens_heads.viz.score_figures import score_cdfs
 from lens_heads.viz.training_figures import loss_curves
 

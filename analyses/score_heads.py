@@ -112,7 +112,7 @@ def main(argv=None) -> None:
 
 
 def _figures(means: dict, scores: HeadScores, data: str, meta: dict, out: Path, *, png: bool) -> list[str]:
-    from lens_heads.viz.plots import PngUnavailable, png_writer
+    from lens_heads.viz.export import PngUnavailable, png_writer
     from lens_heads.viz.score_figures import score_heatmaps
 
     title = (f"{meta.get('name')}: head scores, mean over {len(scores)} {data} inputs; weight basis: "

@@ -62,7 +62,7 @@ from lens_heads.plumbing import distributed
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
-from lens_heads.viz.plots import save_figure
+from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
 from shared_settings import TESTED, recorded_name
 

@@ -204,7 +204,7 @@ def logits_where_read(model, arc, s: FastEvalBench) -> tuple[list[str], float]:
 
     def full_logits():
         # the forward passes look the reader up in their own module
-        with mock.patch.object(passes, "_read_logprobs", read_from_full_logits):
+        with mock.patch.object(passes, "record_logprobs", read_from_full_logits):
             return evaluate(model, arc, batch_size=s.batch_size, progress=False)
 
     r = alternate({"read": lambda: evaluate(model, arc, batch_size=s.batch_size, progress=False),

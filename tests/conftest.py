@@ -104,7 +104,7 @@ def _refuse_outside_slow(what: str) -> None:
 def pytest_configure(config):
     from lens_heads.models import embedded
 
-    cache, dequantise = embedded.cache_dir, embedded._dequantise_gguf
+    cache, dequantise = embedded.cache_dir, embedded.dequantise_gguf
     shared_cache = cache().resolve()
 
     def cache_dir():
@@ -118,7 +118,7 @@ def pytest_configure(config):
         _refuse_outside_slow("dequantises an embedded model's GGUF")
         return dequantise(*args, **kwargs)
 
-    embedded.cache_dir, embedded._dequantise_gguf = cache_dir, dequantise_gguf
+    embedded.cache_dir, embedded.dequantise_gguf = cache_dir, dequantise_gguf
 
 
 @pytest.fixture(scope="session")

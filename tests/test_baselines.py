@@ -17,11 +17,11 @@ from lens_heads.collapse.widen import widen
 from lens_heads.plumbing.errors import InputError
 from test_inheritune import (
     VOCAB,
-    _config,
     corpus,  # noqa: F401  (the fixture)
     perturbed,
     state,
     tiny_gpt2,
+    tiny_train_config,
 )
 
 OPTIONS = [GPT2Options(), GPT2Options.transformer_lens()]
@@ -240,7 +240,8 @@ def forward_per_token(n_layers, d_model, seq_len, vocab=VOCAB):
 @pytest.mark.floats
 def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):  # noqa: F811
     cfg = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=2, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0)
+                           d_vocab=VOCAB, train=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
+                           seed=0)
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     names = [s.name for s in result.stages]
     assert names == ["reference_4L", "student_2L", "scratch_2L_1x", "scratch_2L_2x", "later_layers_2L",
@@ -306,8 +307,8 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
 
     monkeypatch.setattr(inheritune_run._Stages, "train", first_student_loses)
     cfg = InherituneConfig(ref_layers=3, student_layers=1, grow_by=1, max_layers=2, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0,
-                           baselines=False, ablations=())
+                           d_vocab=VOCAB, train=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
+                           seed=0, baselines=False, ablations=())
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     grown = result.stage("student_2L")
     assert grown.built_from == ["student_1L", "reference_3L"] and "trained student" in grown.method

@@ -172,14 +172,15 @@ def test_grow_keeps_inherited_blocks():
         grow(reference, 2, student=student)
 
 
-def _config(**kw):
+def tiny_train_config(**kw):
+    """A few steps of tiny batches, evaluated and checkpointed often; ``kw`` overrides any setting."""
     return TrainConfig(**{**dict(steps=6, batch_size=4, seq_len=16, warmup_steps=2, eval_every=3, eval_batches=1,
                                  checkpoint_every=3, log_every=1, lr=3e-3, seed=11), **kw})
 
 
 def test_resumed_training_ends_at_the_same_weights(corpus, tmp_path):
     uninterrupted = tiny_gpt2(2, seed=3)
-    result = train(uninterrupted, corpus, _config(), out_dir=tmp_path / "a", progress=False)
+    result = train(uninterrupted, corpus, tiny_train_config(), out_dir=tmp_path / "a", progress=False)
 
     class Interrupt(Exception):
         pass
@@ -190,9 +191,10 @@ def test_resumed_training_ends_at_the_same_weights(corpus, tmp_path):
 
     first = tiny_gpt2(2, seed=3)
     with pytest.raises(Interrupt):
-        train(first, corpus, _config(), out_dir=tmp_path / "b", callbacks=[interrupt_after_checkpoint], progress=False)
+        train(first, corpus, tiny_train_config(), out_dir=tmp_path / "b", callbacks=[interrupt_after_checkpoint],
+              progress=False)
     resumed = tiny_gpt2(2, seed=3)  # a new process: fresh model, state only from the checkpoint
-    again = train(resumed, corpus, _config(), out_dir=tmp_path / "b", progress=False)
+    again = train(resumed, corpus, tiny_train_config(), out_dir=tmp_path / "b", progress=False)
 
     for (name, a), (_, b) in zip(uninterrupted.named_parameters(), resumed.named_parameters()):
         assert torch.equal(a, b), name
@@ -204,28 +206,29 @@ def test_resumed_training_ends_at_the_same_weights(corpus, tmp_path):
 
 def test_finished_run_reloads_and_other_settings_are_refused(corpus, tmp_path):
     model = tiny_gpt2(2, seed=3)
-    train(model, corpus, _config(), out_dir=tmp_path, progress=False)
+    train(model, corpus, tiny_train_config(), out_dir=tmp_path, progress=False)
     reloaded = tiny_gpt2(2, seed=3)
-    train(reloaded, corpus, _config(), out_dir=tmp_path, progress=False)
+    train(reloaded, corpus, tiny_train_config(), out_dir=tmp_path, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reloaded.parameters()))
     with pytest.raises(ValueError, match="another configuration.*differs in train"):
-        train(tiny_gpt2(2, seed=3), corpus, _config(lr=1e-3), out_dir=tmp_path, progress=False)
+        train(tiny_gpt2(2, seed=3), corpus, tiny_train_config(lr=1e-3), out_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="another configuration.*differs in model"):  # same settings, other shape
-        train(tiny_gpt2(3, seed=3), corpus, _config(), out_dir=tmp_path, progress=False)
+        train(tiny_gpt2(3, seed=3), corpus, tiny_train_config(), out_dir=tmp_path, progress=False)
 
 
 def test_data_order_depends_on_seed_and_step_only(corpus):
     from lens_heads.collapse.windows import batch_at
 
-    cfg = _config()
+    cfg = tiny_train_config()
     assert torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 5, 0, cfg))
     assert not torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 6, 0, cfg))
-    assert not torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 5, 0, _config(seed=12)))
+    assert not torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 5, 0, tiny_train_config(seed=12)))
 
 
 def test_rank_tracker_logs_every_layer(corpus):
     tokens = torch.from_numpy(corpus.val[:32].astype(np.int64)).reshape(2, 16)
-    result = train(tiny_gpt2(2, seed=0), corpus, _config(), callbacks=[RankTracker(tokens, every=3)], progress=False)
+    result = train(tiny_gpt2(2, seed=0), corpus, tiny_train_config(), callbacks=[RankTracker(tokens, every=3)],
+                   progress=False)
     tracked = [h for h in result.history if "max_rank" in h]
     assert [h["step"] for h in tracked] == [0, 3, 6]
     assert all(len(h["max_rank"]) == 2 and all(1 <= r <= 16 for r in h["max_rank"]) for h in tracked)
@@ -233,8 +236,9 @@ def test_rank_tracker_logs_every_layer(corpus):
 
 def test_run_inheritune_stages(corpus, tmp_path):
     cfg = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16, seed=0,
-                           ablations=("later_layers", "attention_only", "mlp_only", "stacking"), grow_from="reference")
+                           d_vocab=VOCAB, train=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
+                           seed=0, ablations=("later_layers", "attention_only", "mlp_only", "stacking"),
+                           grow_from="reference")
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     df = result.to_dataframe()
     kinds = list(df["kind"])

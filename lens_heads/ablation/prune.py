@@ -152,15 +152,37 @@ def prune(model, *, heads: Iterable[tuple[int, int]] = (), layers: Sequence[int]
     folder = source_folder(model)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     family = _family(config)
+    _check_options(ablation, part)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", use_safetensors=True, trust_remote_code=False)
+    n_layers, n_heads = len(_get(hf, family.layers)), config.num_attention_heads
+    heads, layers = _checked_removal(model, hf, family, heads=heads, layers=layers, ablation=ablation, means=means,
+                                     n_layers=n_layers, n_heads=n_heads)
+    removed_attention = set(layers) if part == "attention" else set()
+    dropped = set(layers) if part == "block" else set()
+    state, folded = _removed_state(hf, family, heads, removed_attention, dropped, ablation=ablation, means=means,
+                                   n_heads=n_heads)
+    kept = tuple(layer for layer in range(n_layers) if layer not in dropped)
+    pruned = _pruned_model(hf, config, family, state, kept, folded=folded)
+    return PrunedModel(hf=pruned, tokenizer=_tokenizer(folder), heads=heads, layers=tuple(layers), part=part,
+                       ablation=ablation, kept_layers=kept, source=str(folder), n_layers=n_layers, n_heads=n_heads,
+                       means=means)
+
+
+def _check_options(ablation: str, part: str) -> None:
+    """Refuse an ablation or a part prune does not know."""
     if ablation not in ABLATIONS:
         raise InputError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
     if part not in PARTS:
         raise InputError(f"part must be one of {PARTS}, got {part!r}")
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", use_safetensors=True, trust_remote_code=False)
+
+
+def _checked_removal(model, hf, family: Family, *, heads, layers, ablation: str, means: Tensor | None,
+                     n_layers: int, n_heads: int) -> tuple[tuple[tuple[int, int], ...], Sequence[int]]:
+    """The heads and layers to remove, checked against the folder's model (and against ``model``'s weights where
+    it is a loaded model), with ``means`` given exactly when the ablation needs them."""
     blocks = _get(hf, family.layers)
-    n_layers, n_heads = len(blocks), config.num_attention_heads
     layers = () if isinstance(layers, (list, tuple)) and not layers else check_layers(layers, n_layers)
-    heads = _check_heads(heads, n_layers, n_heads)
+    checked_heads = _check_heads(heads, n_layers, n_heads)
     if ablation == "mean" and means is None:
         raise InputError("ablation='mean' needs means=[layer, head, d_head]: compute them with "
                          "lens_heads.ablation.hooks.mean_z(model, calibration_inputs)")
@@ -169,16 +191,22 @@ def prune(model, *, heads: Iterable[tuple[int, int]] = (), layers: Sequence[int]
     if means is not None:
         d_head = _out_weight(_get(blocks[0], family.out_proj).weight, _get(blocks[0], family.out_proj)).shape[1]
         _check_means(means, n_layers, n_heads, d_head // n_heads)
-    if not heads and not layers:
+    if not checked_heads and not layers:
         raise InputError("prune needs heads=[(layer, head), ...] or layers=[...] to remove")
     if not isinstance(model, (str, Path)):
         _check_same_weights(model, hf, family, n_layers, n_heads)
+    return checked_heads, layers
 
+
+def _removed_state(hf, family: Family, heads: tuple[tuple[int, int], ...], removed_attention: set[int],
+                   dropped: set[int], *, ablation: str, means: Tensor | None,
+                   n_heads: int) -> tuple[dict[str, Tensor], bool]:
+    """A copy of ``hf``'s weights with the removed attention outputs and heads zeroed, and whether a head's mean
+    output was folded into a bias; the dropped blocks are left for renumbering to leave out."""
+    blocks = _get(hf, family.layers)
     state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
-    removed_attention = set(layers) if part == "attention" else set()
-    dropped = set(layers) if part == "block" else set()
     folded = False
-    for layer in range(n_layers):
+    for layer in range(len(blocks)):
         if layer in dropped:
             continue
         prefix = f"{family.layers}.{layer}.{family.out_proj}"
@@ -191,18 +219,33 @@ def prune(model, *, heads: Iterable[tuple[int, int]] = (), layers: Sequence[int]
         chosen = [h for l, h in heads if l == layer]
         if not chosen:
             continue
-        d_head = weight.shape[1] // n_heads
-        columns = [slice(h * d_head, (h + 1) * d_head) for h in chosen]  # head h's W_O[layer, h], transposed
-        if ablation == "mean":
-            assert means is not None
-            shift = torch.stack([weight[:, c].double() @ means[layer, h].double() for h, c in zip(chosen, columns)])
-            bias = state.get(f"{prefix}.bias")
-            state[f"{prefix}.bias"] = (shift.sum(0) if bias is None else bias.double() + shift.sum(0)).to(weight.dtype)
-            folded = True
-        for c in columns:
-            weight[:, c] = 0  # a slice of a view: writes into the state dict's tensor
+        folded = _remove_heads(state, prefix, weight, chosen, ablation=ablation,
+                               means=None if means is None else means[layer], n_heads=n_heads) or folded
+    return state, folded
 
-    kept = tuple(layer for layer in range(n_layers) if layer not in dropped)
+
+def _remove_heads(state: dict[str, Tensor], prefix: str, weight: Tensor, chosen: list[int], *, ablation: str,
+                  means: Tensor | None, n_heads: int) -> bool:
+    """Zero the ``chosen`` heads' columns of one layer's output weight (a view into ``state``), under mean ablation
+    folding their mean outputs (``means``: that layer's ``[head, d_head]``) into the bias first; whether it did."""
+    d_head = weight.shape[1] // n_heads
+    columns = [slice(h * d_head, (h + 1) * d_head) for h in chosen]  # head h's W_O[layer, h], transposed
+    folded = False
+    if ablation == "mean":
+        assert means is not None
+        shift = torch.stack([weight[:, c].double() @ means[h].double() for h, c in zip(chosen, columns)])
+        bias = state.get(f"{prefix}.bias")
+        state[f"{prefix}.bias"] = (shift.sum(0) if bias is None else bias.double() + shift.sum(0)).to(weight.dtype)
+        folded = True
+    for c in columns:
+        weight[:, c] = 0  # a slice of a view: writes into the state dict's tensor
+    return folded
+
+
+def _pruned_model(hf, config, family: Family, state: dict[str, Tensor], kept: tuple[int, ...], *, folded: bool):
+    """The Hugging Face model of the ``kept`` layers holding ``state``, in ``hf``'s dtype and generation config."""
+    from transformers import AutoModelForCausalLM
+
     new_config = _pruned_config(config, family, kept, bias=folded)
     state = _renumbered(state, family.layers, kept)
     pruned = AutoModelForCausalLM.from_config(new_config, dtype=hf.dtype, trust_remote_code=False)
@@ -214,9 +257,7 @@ def prune(model, *, heads: Iterable[tuple[int, int]] = (), layers: Sequence[int]
     pruned.load_state_dict(state, strict=True)
     pruned.generation_config = copy.deepcopy(hf.generation_config)
     pruned.eval()
-    return PrunedModel(hf=pruned, tokenizer=_tokenizer(folder), heads=heads, layers=tuple(layers), part=part,
-                       ablation=ablation, kept_layers=kept, source=str(folder), n_layers=n_layers, n_heads=n_heads,
-                       means=means)
+    return pruned
 
 
 # ---------------------------------------------------------------- from the report and the sweep

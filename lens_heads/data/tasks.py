@@ -142,13 +142,14 @@ def task_spec(name: str) -> TaskSpec:
 
 
 @lru_cache(maxsize=16)
-def _read_docs_cached(name: str, split: str) -> tuple:
+def read_docs_cached(name: str, split: str) -> tuple:
+    """The documents of a task's split, read once per process (a tuple, so no caller can change the cached one)."""
     spec = task_spec(name)
     return tuple(spec.read(spec, split))
 
 
 def _read_docs(name: str, split: str) -> list[dict]:
-    return list(_read_docs_cached(name, split))
+    return list(read_docs_cached(name, split))
 
 
 # ---------------------------------------------------------------- the registry: one spec per task

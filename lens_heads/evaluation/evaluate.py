@@ -35,8 +35,8 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protoc
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
 from lens_heads.evaluation.fused_attention import AttentionCalls
 from lens_heads.evaluation.hook_sets import hook_objects, hook_set
-from lens_heads.evaluation.logprobs import _row_records
-from lens_heads.evaluation.passes import _attention_ran, run_passes
+from lens_heads.evaluation.logprobs import item_records
+from lens_heads.evaluation.passes import attention_ran, run_passes
 from lens_heads.evaluation.results import EvalResult, check_primary
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
@@ -122,7 +122,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, acc_norm=ACC_NORM,
                 rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
-                attention=_attention_ran(model, attention, attention_calls),
+                attention=attention_ran(model, attention, attention_calls),
                 shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
@@ -149,7 +149,7 @@ def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary
              ) -> list[EvalResult]:
     """One result per hook set from its log-likelihoods and greedy flags, its meta naming the set's hooks."""
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
-                       items=_row_records(items, rows, logprobs, greedy),
+                       items=item_records(items, rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,
                        meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj)
                                               for obj in hook_objects(hooks)]))

@@ -37,8 +37,10 @@ def batches(rows: list[Row], batch_size: int, min_fill: float = 0.75) -> Iterabl
         yield batch
 
 
-def _read_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]],
-                   greedy: list[list[bool]]) -> None:
+def record_logprobs(model, resid: Tensor, batch: list[Row], out: list[list[float]],
+                    greedy: list[list[bool]]) -> None:
+    """Write each (item, choice)'s log-likelihood the batch reads into ``out[item][choice]``, and whether its
+    continuation is the greedy one into ``greedy[item][choice]``."""
     hits: dict[tuple[int, int], bool] = {}
     values, owners = read_logprobs(model, resid, batch, greedy=hits)
     for (item, choice), value in zip(owners, values.detach().cpu().tolist()):
@@ -82,7 +84,9 @@ def final_logits(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tens
     return backends.final_logits(model, resid)
 
 
-def _row_records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
+def item_records(items, rows: list[Row], logprobs, greedy) -> list[ItemRecord]:
+    """Each item's record from its choices' log-likelihoods and greedy flags, with the token, character and
+    byte counts of its continuations."""
     n_tokens = continuation_tokens(items, rows)
     return [ItemRecord(id=it.id, gold=int(it.gold), logprobs=lp, n_tokens=nt, subject=it.subject,
                        n_chars=[choice_chars(x) for x in it.continuations], greedy=gr,

@@ -20,7 +20,7 @@ from lens_heads.data.inputs import pad_id
 from lens_heads.data.rows import Row
 from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
 from lens_heads.evaluation.hook_sets import HookSet
-from lens_heads.evaluation.logprobs import _read_logprobs, batches, pad_rows
+from lens_heads.evaluation.logprobs import batches, pad_rows, record_logprobs
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import (
     ROWS_PER_PREFIX,
@@ -73,7 +73,7 @@ def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState
         yield
 
 
-def _attention_ran(model, attention: str, calls: AttentionCalls) -> str:
+def attention_ran(model, attention: str, calls: AttentionCalls) -> str:
     """What attention the forwards ran: on HookedTransformer the fused and eager layer calls (``"eager"`` where
     asked for); on a TransformerBridge, which keeps its own attention, that attention."""
     own = backends.backend(model).own_attention(model)
@@ -104,7 +104,7 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet
             with _hooked(model, hook_set, mask, [first_input + row.item for row in batch], _row_keys(batch)):
                 start = hook_set.first_layer
                 resid = backends.run_to_resid(model, tokens if start is None else trunk, mask, start=start, stop=L)
-                _read_logprobs(model, resid, batch, *outputs[i])
+                record_logprobs(model, resid, batch, *outputs[i])
         stats["forward_passes"] += 1
         stats["forward_tokens"] += int(mask.sum())
         stats["padded_tokens"] += int(mask.numel())
@@ -202,7 +202,7 @@ def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[H
         for p in suffixes:
             with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows)), state.extending(_with_kv(p, kv)):
                 resid = backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
-            _read_logprobs(model, resid, p.rows, *outputs[i])
+            record_logprobs(model, resid, p.rows, *outputs[i])
 
 
 def _with_kv(p: _Pass, kv: dict) -> Extension | None:

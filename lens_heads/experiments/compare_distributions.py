@@ -96,16 +96,8 @@ def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: st
     of different shapes is refused. ``n_resamples``: bootstrap replicates and permutations, seeded by ``seed``.
     """
     models = list(score_sets)
-    if len(models) < 2:
-        raise InputError(f"compare_distributions needs at least two models' scores, got {len(models)}")
-    reference = models[0] if reference is None else reference
-    if reference not in score_sets:
-        raise InputError(f"reference {reference!r} is not among the models {models}")
-    if depth_bins < 1:
-        raise InputError(f"depth_bins must be at least 1, got {depth_bins}")
-    bad_shares = [p for p in shares if not 0 < p < 1]
-    if bad_shares:
-        raise InputError(f"shares must lie in (0, 1), got {bad_shares}")
+    reference = _checked_reference(models, reference)
+    _check_depth_and_shares(depth_bins, shares)
     n_items, items = _check_items(score_sets)
     names = _check_names(score_sets, names)
     others = [m for m in models if m != reference]
@@ -119,58 +111,122 @@ def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: st
     bar = tqdm(names, desc="comparing distributions", unit="score", disable=not progress)
     for name in bar:
         values = {m: score_sets[m].score(name).double().numpy() for m in models}
-        pooled = {key: PooledValues.of([(_select(values[m], *key, depth_bins), _row_items(items[m], values[m], *key,
-                                                                                       depth_bins)) for m in members],
-                                       n_items) for key, members in levels.items()}
-        for (view, level), members in levels.items():
-            cdfs.setdefault(view, {}).setdefault(level, {})[name] = {
-                m: _quantile_curve(_select(values[m], view, level, depth_bins).reshape(-1), cdf_points)
-                for m in members}
+        pooled = _pooled(values, items, levels, n_items, depth_bins)
+        for (view, level), curves in _curves(values, levels, depth_bins, cdf_points).items():
+            cdfs.setdefault(view, {}).setdefault(level, {})[name] = curves
         boot = _bootstrap(pooled, levels, pairs, n_items, n_resamples, seed, confidence)
-        for (view, level), members in levels.items():
-            data = pooled[(view, level)]
-            measured = {}
-            for a, b in pairs:
-                if b not in members:
-                    continue
-                ia, ib = members.index(a), members.index(b)
-                observed = data.distances({ia: (1.0, 0.0), ib: (0.0, 1.0)})
-                null = _swapped(data, ia, ib, draws)
-                measured[(view, level, b)] = ([float(o[0]) for o in observed], null)
-                for k, statistic in enumerate(STATISTICS):
-                    excess = observed[k][0] - null[k].mean()
-                    iv = inference.percentile_interval(excess, boot[(view, level, a, b)][k], confidence)
-                    rows.append(dict(score=name, a=a, b=b, view=view, level=level, statistic=statistic,
-                                     distance=float(observed[k][0]), null_level=float(null[k].mean()),
-                                     difference=iv.estimate, low=iv.low, high=iv.high,
-                                     p_value=greater_p_value(observed[k][0], null[k]), higher_is_better=None,
-                                     n_items=n_items, n_values_a=int((data.side == ia).sum()),
-                                     n_values_b=int((data.side == ib).sum())))
-            for (ref, m1), (_, m2) in combinations([p for p in pairs if p[1] in members], 2):
-                versus_rows += _versus(name, view, level, data, members, measured, ref, m1, m2, boot, draws,
-                                       confidence)
+        level_rows, level_versus = _compare_levels(name, pooled, levels, pairs, boot, draws, n_items, confidence)
+        rows += level_rows
+        versus_rows += level_versus
         for a, b in pairs:
-            if "head" in chosen and shapes[a] == shapes[b]:
+            if _compares_heads(a, b, chosen, shapes):
                 head_rows += head_agreement(name, a, b, score_sets, items, n_items, shares, n_resamples, seed,
                                             confidence)
-    distances, versus = _called(rows), _called(versus_rows)
-    meta = dict(models={m: score_sets[m].meta.get("model", {}) for m in models},
+    meta = _meta(score_sets, reference=reference, names=names, chosen=chosen, pairs=pairs, levels=levels,
+                 shapes=shapes, n_items=n_items, depth_bins=depth_bins, shares=shares, n_resamples=n_resamples,
+                 seed=seed, confidence=confidence)
+    return DistributionComparison(_called(rows), _called(versus_rows), pd.DataFrame(head_rows), cdfs, meta)
+
+
+def _pooled(values: dict[str, np.ndarray], items: dict[str, np.ndarray], levels: dict[tuple[str, int], list[str]],
+            n_items: int, depth_bins: int) -> dict[tuple[str, int], PooledValues]:
+    """Per (view, level): the values of its models, each with the item it belongs to."""
+    return {key: PooledValues.of([(_select(values[m], *key, depth_bins), _row_items(items[m], values[m], *key,
+                                                                                  depth_bins)) for m in members],
+                                 n_items) for key, members in levels.items()}
+
+
+def _curves(values: dict[str, np.ndarray], levels: dict, depth_bins: int, cdf_points: int) -> dict:
+    """Per (view, level): each of its models' quantile curve of one score, for the CDF figure."""
+    return {(view, level): {m: _quantile_curve(_select(values[m], view, level, depth_bins).reshape(-1), cdf_points)
+                            for m in members}
+            for (view, level), members in levels.items()}
+
+
+def _compare_levels(name: str, pooled: dict, levels: dict, pairs: list, boot: dict, draws: np.ndarray,
+                    n_items: int, confidence: float) -> tuple[list[dict], list[dict]]:
+    """One score's distance rows and versus rows at every level of every view."""
+    rows, versus_rows = [], []
+    for (view, level), members in levels.items():
+        data = pooled[(view, level)]
+        distance_rows, measured = _distance_rows(name, view, level, data, members, pairs, boot, draws, n_items,
+                                                 confidence)
+        rows += distance_rows
+        for (ref, m1), (_, m2) in combinations([p for p in pairs if p[1] in members], 2):
+            versus_rows += _versus(name, view, level, data, members, measured, ref, m1, m2, boot, draws,
+                                   confidence)
+    return rows, versus_rows
+
+
+def _distance_rows(name: str, view: str, level: int, data: PooledValues, members: list[str], pairs: list,
+                   boot: dict, draws: np.ndarray, n_items: int, confidence: float) -> tuple[list[dict], dict]:
+    """Each pair's distances at one level with their null level, excess interval and p-value; and, per compared
+    model, its observed distances and permutation nulls (what :func:`_versus` compares)."""
+    rows, measured = [], {}
+    for a, b in pairs:
+        if b not in members:
+            continue
+        ia, ib = members.index(a), members.index(b)
+        observed = data.distances({ia: (1.0, 0.0), ib: (0.0, 1.0)})
+        null = _swapped(data, ia, ib, draws)
+        measured[(view, level, b)] = ([float(o[0]) for o in observed], null)
+        for k, statistic in enumerate(STATISTICS):
+            excess = observed[k][0] - null[k].mean()
+            iv = inference.percentile_interval(excess, boot[(view, level, a, b)][k], confidence)
+            rows.append(dict(score=name, a=a, b=b, view=view, level=level, statistic=statistic,
+                             distance=float(observed[k][0]), null_level=float(null[k].mean()),
+                             difference=iv.estimate, low=iv.low, high=iv.high,
+                             p_value=greater_p_value(observed[k][0], null[k]), higher_is_better=None,
+                             n_items=n_items, n_values_a=int((data.side == ia).sum()),
+                             n_values_b=int((data.side == ib).sum())))
+    return rows, measured
+
+
+def _compares_heads(a: str, b: str, chosen: list[str], shapes: dict) -> bool:
+    """Whether the pair gets the per-head view: asked for, and both models of one layer x head shape."""
+    return "head" in chosen and shapes[a] == shapes[b]
+
+
+def _meta(score_sets: Mapping[str, HeadScores], *, reference: str, names: list[str], chosen: list[str],
+          pairs: list, levels: dict, shapes: dict, n_items: int, depth_bins: int, shares: Sequence[float],
+          n_resamples: int, seed: int, confidence: float) -> dict:
+    """What was compared and how: the models and their data, the views each pair got, the tests and intervals."""
+    models = list(score_sets)
+    return dict(models={m: score_sets[m].meta.get("model", {}) for m in models},
                 data={m: {k: v for k, v in score_sets[m].meta.get("data", {}).items() if k != "row_items"}
                       for m in models},
                 reference=reference, names=list(names), views=list(chosen), depth_bins=depth_bins,
                 shares=list(shares), n_items=n_items, shapes={m: list(s) for m, s in shapes.items()},
                 views_by_pair={f"{a} vs {b}": sorted({v for (v, _), mem in levels.items() if b in mem}, key=VIEWS.index)
-                               + (["head"] if "head" in chosen and shapes[a] == shapes[b] else []) for a, b in pairs},
+                               + (["head"] if _compares_heads(a, b, chosen, shapes) else []) for a, b in pairs},
                 null=NULL, interval=EXCESS, n_resamples=n_resamples, seed=seed, confidence=confidence,
                 p_value="one-sided (distance at least the observed one), (1 + count) / (1 + permutations); versus: "
                         "two-sided on the difference of distances",
                 heads_interval="percentile bootstrap over items; thresholds and static head counts held at the full "
                                "sample's", chance="p / (2 - p): two independent draws of a share p",
                 calling_rule=calling.RULE)
-    return DistributionComparison(distances, versus, pd.DataFrame(head_rows), cdfs, meta)
 
 
 # ---------------------------------------------------------------- inputs
+
+
+def _checked_reference(models: list[str], reference: str | None) -> str:
+    """The reference model (default: the first), among at least two models."""
+    if len(models) < 2:
+        raise InputError(f"compare_distributions needs at least two models' scores, got {len(models)}")
+    reference = models[0] if reference is None else reference
+    if reference not in models:
+        raise InputError(f"reference {reference!r} is not among the models {models}")
+    return reference
+
+
+def _check_depth_and_shares(depth_bins: int, shares: Sequence[float]) -> None:
+    """Refuse fewer than one depth bin, or a target share outside (0, 1)."""
+    if depth_bins < 1:
+        raise InputError(f"depth_bins must be at least 1, got {depth_bins}")
+    bad_shares = [p for p in shares if not 0 < p < 1]
+    if bad_shares:
+        raise InputError(f"shares must lie in (0, 1), got {bad_shares}")
 
 
 def _check_items(score_sets: Mapping[str, HeadScores]) -> tuple[int, dict[str, np.ndarray]]:

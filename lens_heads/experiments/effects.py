@@ -274,46 +274,16 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
     n_tokens = continuation_tokens(items, rows)
     logprobs = torch.full((len(items), n_choices), math.nan, dtype=torch.float64)
     change = torch.zeros((len(items), n_choices, L, H), dtype=torch.float64)
-    device = model.cfg.device
     pad = pad_id(model)
     order = sorted(rows, key=lambda r: -len(r.tokens))
     stats = dict(forward_passes=0, backward_passes=0)
     bar = tqdm(total=len(rows), desc=f"attribution on {getattr(task, 'name', 'task')}", unit="row",
                disable=not progress, leave=False)
     for batch in batches(order, batch_size):
-        tokens, mask = pad_rows(batch, pad)
-        mask = mask.to(device)
-        taps: list = [None] * L
-
-        def tap(layer: int):
-            def hook(z: Tensor, hook=None) -> Tensor:
-                # z + 0: the gradient with respect to the zero is d metric / d z, through every later layer
-                zero = torch.zeros_like(z, requires_grad=True)
-                taps[layer] = (z.detach(), zero)
-                return z + zero
-
-            return hook
-
-        with torch.enable_grad(), model.hooks(fwd_hooks=[(get_act_name("z", l), tap(l)) for l in range(L)]):
-            resid = run_to_resid(model, tokens.to(device), mask.long(), stop=L)
-            values, owners = read_logprobs(model, resid, batch)
-            stats["forward_passes"] += 1
-            row_of = {(row.item, choice): b for b, row in enumerate(batch) for choice, _, _ in row.reads}
-            slot_of = {(row.item, choice): s for row in batch for s, (choice, _, _) in enumerate(row.reads)}
-            # one backward per read slot: rows never attend to each other, so the gradient of a sum over rows
-            # is each row's own gradient in that row
-            slots = max(len(row.reads) for row in batch)
-            for slot in range(slots):
-                picked = [k for k, owner in enumerate(owners) if slot_of[owner] == slot]
-                grads = torch.autograd.grad(values[picked].sum(), [zero for _, zero in taps],
-                                            retain_graph=slot < slots - 1)
-                stats["backward_passes"] += 1
-                for layer, ((z, _), grad) in enumerate(zip(taps, grads)):
-                    per_row = -torch.einsum("bphd,bphd,bp->bh", z.double(), grad.double(), mask.double())
-                    for k in picked:
-                        item, choice = owners[k]
-                        change[item, choice, layer] = per_row[row_of[(item, choice)]].cpu()
-        for (item, choice), value in zip(owners, values.detach().cpu().tolist()):
+        owners, values, backward_passes = _attribute_batch(model, batch, pad, change)
+        stats["forward_passes"] += 1
+        stats["backward_passes"] += backward_passes
+        for (item, choice), value in zip(owners, values.tolist()):
             logprobs[item, choice] = value
         bar.update(len(batch))
     bar.close()
@@ -322,6 +292,60 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
     removed = {(layer, head): _records_from_logprobs(items, logprobs + change[..., layer, head], n_tokens)
                for layer in range(L) for head in range(H)}
     return base, removed, stats
+
+
+def _attribute_batch(model, batch: list, pad: int, change: Float[Tensor, "item choice layer head"]
+                     ) -> tuple[list[tuple[int, int]], Tensor, int]:
+    """One forward pass over a batch of rows and one backward pass per read slot: each head's linearised change of
+    every read log-likelihood lands in ``change``; returns the reads' (item, choice), their log-likelihoods and
+    the number of backward passes."""
+    L = model.cfg.n_layers
+    device = model.cfg.device
+    tokens, mask = pad_rows(batch, pad)
+    mask = mask.to(device)
+    taps, hooks = _zero_taps(L)
+    with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+        resid = run_to_resid(model, tokens.to(device), mask.long(), stop=L)
+        values, owners = read_logprobs(model, resid, batch)
+        row_of = {(row.item, choice): b for b, row in enumerate(batch) for choice, _, _ in row.reads}
+        slot_of = {(row.item, choice): s for row in batch for s, (choice, _, _) in enumerate(row.reads)}
+        # one backward per read slot: rows never attend to each other, so the gradient of a sum over rows
+        # is each row's own gradient in that row
+        slots = max(len(row.reads) for row in batch)
+        for slot in range(slots):
+            picked = [k for k, owner in enumerate(owners) if slot_of[owner] == slot]
+            grads = torch.autograd.grad(values[picked].sum(), [zero for _, zero in taps],
+                                        retain_graph=slot < slots - 1)
+            reads = [owners[k] for k in picked]
+            _record_changes(change, taps, grads, mask, reads, [row_of[read] for read in reads])
+    return owners, values.detach().cpu(), slots
+
+
+def _zero_taps(n_layers: int) -> tuple[list, list]:
+    """Hooks that add to every layer's ``z`` a zero that requires grad, and the ``(z, zero)`` of each layer they
+    fill in on the forward pass."""
+    taps: list = [None] * n_layers
+
+    def tap(layer: int):
+        def hook(z: Tensor, hook=None) -> Tensor:
+            # z + 0: the gradient with respect to the zero is d metric / d z, through every later layer
+            zero = torch.zeros_like(z, requires_grad=True)
+            taps[layer] = (z.detach(), zero)
+            return z + zero
+
+        return hook
+
+    return taps, [(get_act_name("z", l), tap(l)) for l in range(n_layers)]
+
+
+def _record_changes(change: Float[Tensor, "item choice layer head"], taps: list, grads, mask: Tensor,
+                    reads: list[tuple[int, int]], batch_rows: list[int]) -> None:
+    """Into ``change[item, choice, layer]``: each read's first-order change from zeroing each head of the layer,
+    minus z . d logprob / d z summed over its row's real positions."""
+    for layer, ((z, _), grad) in enumerate(zip(taps, grads)):
+        per_row = -torch.einsum("bphd,bphd,bp->bh", z.double(), grad.double(), mask.double())
+        for (item, choice), b in zip(reads, batch_rows):
+            change[item, choice, layer] = per_row[b].cpu()
 
 
 def _records_from_logprobs(items, logprobs: Tensor, n_tokens: list[list[int]]) -> list[ItemRecord]:

@@ -146,6 +146,19 @@ def score_heads(
     assert isinstance(batch_size, int)  # check_batch_size let only "auto" (returned above) or an int through
     check_hook_names(model, [h[0] for h in hooks])
     check_attention_hooks(model, advice=what_still_works)
+    task_rows, tokens, mask = _rows_and_tokens(model, inputs, attention_mask, max_len=max_len, protocol=protocol,
+                                               apply_chat_template=apply_chat_template)
+    extras = as_scores(extras)
+    values = _score_rows(model, tokens, mask, extras, hooks, batch_size=batch_size, progress=progress)
+    data = _describe(inputs, tokens.shape[0], int(mask.sum()), task_rows, protocol, apply_chat_template)
+    meta = dict(model=model_meta(model), data=data, definitions=DEFINITIONS, batch_size=batch_size,
+                user_hooks=_hook_labels(hooks))
+    return _head_scores(values, extras, meta)
+
+
+def _rows_and_tokens(model, inputs: Inputs, attention_mask, *, max_len: int | None, protocol: str,
+                     apply_chat_template: bool | str) -> tuple[list | None, Tensor, Bool[Tensor, "b p"]]:
+    """A Task's forward rows (None for other inputs), the tokens to score and the mask of their real tokens."""
     task_rows = build_rows(model, inputs, protocol=protocol, apply_chat_template=apply_chat_template) \
         if isinstance(inputs, Task) else None
     tokens, mask = tokenize_inputs(model, [row.tokens for row in task_rows] if task_rows else inputs,
@@ -156,7 +169,12 @@ def score_heads(
         if max_len is not None:
             attention_mask = attention_mask[..., :max_len]
         mask = _checked_mask(attention_mask, tokens.shape)
-    extras = as_scores(extras)
+    return task_rows, tokens, mask
+
+
+def _score_rows(model, tokens: Tensor, mask: Bool[Tensor, "b p"], extras: tuple[Score, ...],
+                hooks: Sequence[tuple], *, batch_size: int, progress: bool) -> Float[Tensor, "input layer head score"]:
+    """Every score of every row, the twelve then ``extras``: batched longest first, returned in the rows' order."""
     scores = SCORES + extras
     cfg = model.cfg
     n, L, H = tokens.shape[0], cfg.n_layers, cfg.n_heads
@@ -172,17 +190,24 @@ def score_heads(
             out[rows] = _score_batch(model, batch_tokens, batch_mask, scores, W_O, hooks)
             bar.update(len(rows))
     bar.close()
+    return out
+
+
+def _head_scores(values: Float[Tensor, "input layer head score"], extras: tuple[Score, ...], meta: dict) -> HeadScores:
+    """The twelve scores and the extras of ``values`` apart, each with its inactive side."""
     return HeadScores(
-        values=out[..., : len(SCORES)].clone(),
+        values=values[..., : len(SCORES)].clone(),
         names=list(SCORE_NAMES),
         direction={**DIRECTION, **{s.name: s.direction for s in extras}},
-        meta=dict(model=model_meta(model), data=_describe(inputs, n, int(lengths.sum()), task_rows, protocol, apply_chat_template),
-                  definitions=DEFINITIONS,
-                  batch_size=batch_size,
-                  user_hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]),
-        extra_values=out[..., len(SCORES) :].clone() if extras else None,
+        meta=meta,
+        extra_values=values[..., len(SCORES) :].clone() if extras else None,
         extra_names=[s.name for s in extras],
     )
+
+
+def _hook_labels(hooks: Sequence[tuple]) -> list[str]:
+    """The hook points of user hooks, as the metadata records them (a name, or the repr of a filter)."""
+    return [h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]
 
 
 def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, "batch layer head score"]:
@@ -256,7 +281,7 @@ def _score_shards(model, inputs: Inputs, settings: dict) -> HeadScores:
                                  batch_size=settings["batch_size"], max_len=settings["max_len"],
                                  protocol=settings["protocol"], apply_chat_template=settings["apply_chat_template"],
                                  extras=[getattr(e, "name", e) for e in settings["extras"]],
-                                 hooks=[h[0] if isinstance(h[0], str) else repr(h[0]) for h in settings["hooks"]]),
+                                 hooks=_hook_labels(settings["hooks"])),
                             "model, inputs and settings of the scoring pass")
     mine = distributed.block(n, distributed.rank(), distributed.world_size())
     local = None

@@ -57,7 +57,7 @@ def embedded_model_folder(key: str = DEFAULT_MODEL) -> Path:
     if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
         return folder
     gguf = _embedded_gguf(key)
-    _dequantise_gguf(gguf, folder, spec["architecture"])
+    dequantise_gguf(gguf, folder, spec["architecture"])
     if "chunks" in spec:  # the reassembled copy; the packages keep the chunks
         gguf.unlink(missing_ok=True)
     return folder
@@ -77,7 +77,7 @@ def _embedded_gguf(key: str) -> Path:
     parts = [_package_file(package, relative) for package, relative in spec["chunks"]]
     if None in parts:
         raise unavailable
-    return _reassemble(cast(list[Path], parts), cache_dir() / "gguf" / spec["gguf"], spec["sha256"], spec["pip"])
+    return reassemble(cast(list[Path], parts), cache_dir() / "gguf" / spec["gguf"], spec["sha256"], spec["pip"])
 
 
 def _package_file(package: str, relative: str) -> Path | None:
@@ -86,7 +86,7 @@ def _package_file(package: str, relative: str) -> Path | None:
     return path if path is not None and path.exists() else None
 
 
-def _reassemble(parts: list[Path], target: Path, sha256: str, pip: str) -> Path:
+def reassemble(parts: list[Path], target: Path, sha256: str, pip: str) -> Path:
     """Concatenate ``parts`` into ``target`` (atomically) and check the whole file's SHA-256."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
@@ -105,7 +105,8 @@ def _reassemble(parts: list[Path], target: Path, sha256: str, pip: str) -> Path:
     return target
 
 
-def _dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCausalLM") -> None:
+def dequantise_gguf(gguf: Path, folder: Path, architecture: str = "LlamaForCausalLM") -> None:
+    """Write ``gguf`` to ``folder`` as a plain float32 Hugging Face model with its tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = quantised.config

@@ -40,7 +40,7 @@ from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
 from lens_heads.report.stage_result import StageResult
-from lens_heads.viz import plots
+from lens_heads.viz import export
 
 R = TypeVar("R", bound=StageResult, covariant=True)
 
@@ -231,17 +231,17 @@ def write_pngs(out_dir: Path, figures: dict, log) -> tuple[dict, list[str]]:
     t0 = time.perf_counter()
     written, failed, tracebacks = [], [], []
     try:
-        with plots.png_writer() as write:
+        with export.png_writer() as write:
             for name, fig in figures.items():
                 try:
                     write(fig, out_dir / f"{name}.png")
                     written.append(f"{name}.png")
-                except (plots.PngUnavailable, KeyboardInterrupt, MemoryError):
+                except (export.PngUnavailable, KeyboardInterrupt, MemoryError):
                     raise
                 except Exception as e:
                     failed.append(f"{name}: {type(e).__name__}: {e}".splitlines()[0])
                     tracebacks.append(f"{name}\n{traceback.format_exc()}")
-    except plots.PngUnavailable as e:
+    except export.PngUnavailable as e:
         log(f"[report] PNG figures skipped: {e}")
         return {"status": "skipped", "reason": str(e)}, []
     # Chromium draws in its own process: this process's CPU time would leave it out
