@@ -123,12 +123,12 @@ def versus_random(a, b, *, n_resamples: int, seed: int) -> pd.DataFrame:
 
 
 def claims_change(versus: pd.DataFrame) -> list[dict]:
-    """The (curve, summary) pairs whose verdict against random differs between setting a and setting b."""
-    if not len(versus):
+    """The (curve, summary) pairs tested under both settings whose verdict against random differs between them."""
+    if not len(versus) or set(versus["setting"]) != {"a", "b"}:
         return []
-    by = versus.pivot_table(index=["a", "summary"], columns="setting", values="verdict", aggfunc="first")
+    by = versus.pivot_table(index=["a", "summary"], columns="setting", values="verdict", aggfunc="first").dropna()
     return [dict(curve=curve, summary=summary, a=row["a"], b=row["b"])
-            for (curve, summary), row in by.iterrows() if row.get("a") != row.get("b")]
+            for (curve, summary), row in by.iterrows() if row["a"] != row["b"]]
 
 
 def baseline_change(a, b) -> dict:

@@ -360,6 +360,9 @@ def test_two_settings_of_one_model_and_task_compare_item_by_item():
               for u in plain.units]
     chat = _with_setting(SweepResult(baseline=plain.baseline, units=harder, meta=plain.meta), True)
     assert setting_of(chat) == "validation, chat template" and setting_of(plain) == "validation, no chat template"
+    per_row = SweepResult(baseline=plain.baseline, units=plain.units,
+                          meta=dict(plain.meta, fingerprint=dict(plain.meta["fingerprint"], random_draw="per_row")))
+    assert setting_of(per_row) == "validation, no chat template, random drawn per row"
     table = compare_settings(plain, chat, n_resamples=300).set_index(["quantity", "curve"])
     same = table.loc[("accuracy_auc", "random")]
     assert same["difference"] == 0 and same["low"] == 0 and same["high"] == 0 and same["verdict"] == "cannot tell apart"
@@ -431,4 +434,5 @@ def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
     verdicts = versus.set_index(["setting", "a", "summary"])["verdict"]
     changed = {(c["curve"], c["summary"]) for c in report["claims_change"]}
     assert changed == {(a, summary) for _, a, summary in verdicts.index
-                       if verdicts["a", a, summary] != verdicts["b", a, summary]}
+                       if ("b", a, summary) in verdicts.index and ("a", a, summary) in verdicts.index
+                       and verdicts["a", a, summary] != verdicts["b", a, summary]}

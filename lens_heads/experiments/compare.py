@@ -323,10 +323,13 @@ CHAT_NAMES = {False: "no chat template", True: "chat template", "single_turn": "
 
 
 def setting_of(sweep) -> str:
-    """What tells a sweep from another of the same model and task: its split and chat template (fingerprint)."""
+    """What tells a sweep from another of the same model and task: its split, chat template and, where it is not
+    the default per-item draw, how its random baseline drew (fingerprint)."""
     fp = (getattr(sweep, "meta", None) or {}).get("fingerprint") or {}
     chat = fp.get("apply_chat_template", False)
-    return f"{(fp.get('task') or {}).get('split')}, {CHAT_NAMES.get(chat, str(chat))}"
+    drawn = f", random drawn {fp['random_draw'].replace('_', ' ')}" if fp.get("random_draw", "per_item") != "per_item" \
+        else ""
+    return f"{(fp.get('task') or {}).get('split')}, {CHAT_NAMES.get(chat, str(chat))}{drawn}"
 
 
 def compare_settings(a: SweepResult, b: SweepResult, *, n_resamples: int = stats.N_RESAMPLES, seed: int = 0
