@@ -72,12 +72,15 @@ def main(argv=None) -> None:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     try:
         a, b = (read_sweep(p) for p in args.sweeps)
-        table = compare_settings(a, b, n_resamples=args.n_resamples, seed=args.seed)
-        rankings = {m: compare_sweeps([a, b], metric=m, n_resamples=args.n_resamples, seed=args.seed)
+        # on their common grid once, so that every comparison below reads the same cached bootstrap of each sweep
+        grid = common_grid([a, b])
+        ga, gb = on_grid(a, grid), on_grid(b, grid)
+        table = compare_settings(ga, gb, n_resamples=args.n_resamples, seed=args.seed)
+        rankings = {m: compare_sweeps([ga, gb], metric=m, n_resamples=args.n_resamples, seed=args.seed)
                     for m in METRICS}
     except (OSError, ValueError) as e:
         sys.exit(f"compare_settings: {e}")
-    versus = versus_random(a, b, n_resamples=args.n_resamples, seed=args.seed)
+    versus = versus_random(ga, gb, n_resamples=args.n_resamples, seed=args.seed)
     changed = claims_change(versus)
     heads = zeroed_head_overlap(a, b, args.majority)
     baseline = baseline_change(a, b)
