@@ -19,7 +19,7 @@ from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_interval
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import slug
 from lens_heads.stats import curves, inference
-from lens_heads.stats.curves import ALL, RANDOM, SCORES_AND_RANDOM, CurveKey, selects
+from lens_heads.stats.curves import ALL, RANDOM, SCORES_AND_RANDOM, CurveKey, check_selection, selects
 
 
 @dataclass
@@ -85,6 +85,7 @@ class SweepResult:
         """Per curve of ``mode`` (a curve mode such as ``"threshold"`` or ``"random"``; ``"threshold+random"``, the
         paper's figure; ``"all"``: every curve), its units sorted by realised share, starting with the shared
         unablated baseline at 0; scores in the sweep's order, random last."""
+        check_selection(mode)
         base = next(u for u in self.units if u.mode == "baseline")
         out: dict[CurveKey, list[UnitResult]] = {}
         for u in self.units:

@@ -25,11 +25,16 @@ SELECTIONS = CURVE_MODES + (SCORES_AND_RANDOM, ALL)  # what a sweep's ``mode=`` 
 RANDOM = "random"
 
 
-def selects(selection: str, mode: str) -> bool:
-    """Whether a curve of ``mode`` is among the curves ``selection`` names (one of :data:`SELECTIONS`)."""
+def check_selection(selection: str) -> str:
+    """``selection`` if it is one of :data:`SELECTIONS`, else a clear error."""
     if selection not in SELECTIONS:
         raise InputError(f"mode={selection!r}: choose a curve mode {CURVE_MODES}, {SCORES_AND_RANDOM!r} (the score "
                          f"curves and random, the paper's figure) or {ALL!r}")
+    return selection
+
+
+def selects(selection: str, mode: str) -> bool:
+    """Whether a curve of ``mode`` is among the curves ``selection`` (checked by :func:`check_selection`) names."""
     return selection == ALL or mode == selection or (selection == SCORES_AND_RANDOM and mode in ("threshold", RANDOM))
 
 
