@@ -129,3 +129,48 @@ def test_summary_ranks_by_the_rule_its_intervals_use_so_a_tied_rank_lies_inside_
     assert summary.loc["A", "kl_rank"] == 1.5 and summary.loc["random", "kl_rank"] == 3.0
     # the rule by hand: higher is better for accuracy, NaN last, ties averaged
     assert stats.ranks([2.0, float("nan"), 2.0, 5.0], higher_is_better=True).tolist() == [2.5, 4.0, 2.5, 1.0]
+
+
+def test_the_grouped_permutation_p_value_is_the_exact_sign_flip_p_value():
+    """Two groups of 3 and 4 paired items, every one of the 2^7 swaps enumerated here: the share whose mean over
+    groups of mean differences is at least as far from 0 as the observed one (the null is symmetric, so this is
+    scipy's two-sided p; 10,000 resamples > 2^7 makes scipy enumerate too)."""
+    import itertools
+
+    d = [np.array([1.0, 2.0, -0.5]), np.array([0.5, 1.5, 3.0, -1.0])]
+    x = [np.array([3.0, 4.0, 1.0]), np.array([2.0, 2.5, 5.0, 0.0])]
+    pairs = [(xi, xi - di) for xi, di in zip(x, d)]
+
+    def group(xi, yi):
+        both = np.concatenate([xi, yi])
+        return lambda sa, sb: both[sa].mean(-1) - both[sb].mean(-1)
+
+    observed = np.mean([di.mean() for di in d])
+    flips = [np.mean([np.dot(s[:3], d[0]) / 3, np.dot(s[3:], d[1]) / 4])
+             for s in itertools.product([1, -1], repeat=7)]
+    exact = np.mean(np.abs(flips) >= abs(observed) - 1e-12)
+    got = stats.grouped_permutation_p_value([group(*p) for p in pairs], [3, 4], n_resamples=10_000)
+    assert got == pytest.approx(exact, abs=1e-12)  # counts of the same 128 sums: no rounding between them
+    one = stats.permutation_p_value(group(*pairs[1]), 4, n_resamples=10_000)
+    assert stats.grouped_permutation_p_value([group(*pairs[1])], [4], n_resamples=10_000) == one
+    with pytest.raises(InputError, match="one statistic per group"):
+        stats.grouped_permutation_p_value([group(*pairs[0])], [3, 4])
+
+
+def test_table2_average_row_carries_the_rules_verdict_on_its_own_interval_and_p_value():
+    from lens_heads.experiments.table2 import table2
+
+    levels = {"AWFT": (0.3, 0.6), "AHON": (0.2, 0.4), "random": (0.5, 2.0)}
+    sweeps = [synthetic_sweep(np.random.default_rng(s), 40, levels, task=t) for s, t in ((0, "t1"), (1, "t2"))]
+    table = table2(sweeps, n_resamples=200, seed=3)
+    average = table.iloc[-1]
+    assert average["model"] == "Average" and 0 < average["p_value"] <= 1
+    assert average["verdict"] == calling.verdict(average["difference_low"], average["difference_high"],
+                                                 average["p_value"], higher_is_better=True, a="AWFT", b="best")
+    # a group of one: the Average of a single sweep is tested exactly as that sweep's own row
+    single = table2(sweeps[:1], n_resamples=200, seed=3)
+    assert single.iloc[-1]["p_value"] == single.iloc[0]["p_value"]
+    assert single.iloc[-1]["verdict"] == single.iloc[0]["verdict"].replace(single.iloc[0]["best_score"], "best")
+    untested = table2([synthetic_sweep(np.random.default_rng(0), 40, levels, zeroed=False, task=t)
+                       for t in ("t1", "t2")], n_resamples=50).iloc[-1]
+    assert untested["verdict"] == calling.NOT_TESTED and "per-item zeroing" in untested["test_note"]

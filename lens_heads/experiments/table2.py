@@ -10,7 +10,7 @@ import pandas as pd
 
 from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.plumbing.errors import InputError
-from lens_heads.stats import inference
+from lens_heads.stats import calling, inference
 
 
 def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: int | None = None, seed: int = 0,
@@ -20,7 +20,7 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: i
     test of AWFT against the best for every sweep with per-item records (:meth:`SweepResult.table2`). ``average``:
     the paper's last row, ``model="Average"``: the mean of each column over the sweeps (the best curve may differ
     from row to row), with 95% intervals where every sweep has per-item records (the mean of the sweeps'
-    bootstrap replicates, which resample each sweep's own items)."""
+    bootstrap replicates, which resample each sweep's own items) and the paired test of the mean difference."""
     ivs = [sweep.intervals(points, n_resamples=n_resamples, seed=seed)
            if n_resamples and isinstance(sweep, SweepResult) else None for sweep in sweeps]
     rows = [sweep.table2(points, intervals=iv) for sweep, iv in zip(sweeps, ivs)]
@@ -35,7 +35,8 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: i
 def average_row(rows: list[dict], intervals: Sequence | None = None) -> dict:
     """Table 2's Average row: the mean over ``rows`` of AWFT's and of the best curve's % zeroable, and of their
     difference; with every row's ``intervals``, the percentile intervals of those means from the mean of the rows'
-    bootstrap replicates (replicate r of each sweep averaged)."""
+    bootstrap replicates (replicate r of each sweep averaged), and the mean difference's permutation p-value (every
+    sweep's items swapped independently) with the calling rule's verdict, the row its own test."""
     awft, best = [r["awft_pct"] for r in rows], [r["best_pct"] for r in rows]
     row: dict[str, Any]
     row = dict(model="Average", task=f"{len(rows)} sweeps", awft_pct=float(np.mean(awft)), best_score="",
@@ -55,4 +56,19 @@ def average_row(rows: list[dict], intervals: Sequence | None = None) -> dict:
                                        ("difference", row["difference"], mean["awft"] - mean["best"])):
         i = inference.percentile_interval(estimate, replicates, confidence)
         row[f"{name}_low"], row[f"{name}_high"] = i.low, i.high
-    return row
+    return {**row, **_average_test(row, rows, intervals)}
+
+
+def _average_test(row: dict, rows: list[dict], intervals: Sequence) -> dict:
+    """The paired permutation test of the Average row's difference AWFT - best, called by the rule."""
+    untestable = [f"{r['task']}: {c}" for r, iv in zip(rows, intervals) for c in iv.untestable("AWFT", r["best_score"])]
+    if untestable:
+        return dict(p_value=float("nan"), verdict=calling.NOT_TESTED,
+                    test_note=f"no per-item zeroing counts for {', '.join(untestable)}")
+    p = inference.grouped_permutation_p_value(
+        [iv.permuted_difference("AWFT", r["best_score"], "zeroable_authors") for r, iv in zip(rows, intervals)],
+        [len(iv.data[1]) for iv in intervals], n_resamples=intervals[0].meta["n_resamples"],
+        seed=intervals[0].meta["seed"])
+    verdict = calling.verdict(row["difference_low"], row["difference_high"], p, higher_is_better=True, a="AWFT",
+                              b="best")
+    return dict(p_value=p, verdict=verdict, test_note="")

@@ -124,6 +124,29 @@ def permutation_p_value(statistic: Callable[[np.ndarray, np.ndarray], np.ndarray
     return float(res.pvalue)
 
 
+def grouped_permutation_p_value(statistics: Sequence[Callable[[np.ndarray, np.ndarray], np.ndarray]],
+                                n_items: Sequence[int], *, n_resamples: int = N_RESAMPLES, seed: int = 0) -> float:
+    """Two-sided p-value of the mean over groups of paired differences (Table 2's Average over sweeps): group
+    ``g``'s ``statistics[g]`` takes slots as :func:`permutation_p_value` gives them for its own ``n_items[g]``
+    items; every item of every group has its two outcomes swapped at random, independently."""
+    if len(statistics) != len(n_items) or not statistics:
+        raise InputError(f"give one statistic per group ({len(statistics)} statistics, {len(n_items)} groups)")
+    for n in n_items:
+        check_items(n)
+    total, offsets = int(sum(n_items)), np.cumsum([0, *n_items])
+
+    def mean_of_groups(sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
+        parts = []
+        for g, f in enumerate(statistics):
+            lo, hi, n = offsets[g], offsets[g + 1], n_items[g]
+            # global slot i (side a) or total + i (side b) of item i -> the group's own slot numbering
+            local = lambda s: np.where(s[:, lo:hi] < total, s[:, lo:hi] - lo, s[:, lo:hi] - total - lo + n)  # noqa: E731
+            parts.append(f(local(sa), local(sb)))
+        return np.mean(parts, axis=0)
+
+    return permutation_p_value(mean_of_groups, total, n_resamples=n_resamples, seed=seed)
+
+
 def adjusted_p_values(p: np.ndarray | Sequence[float]) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (``scipy.stats.false_discovery_control``) for a family of tests; NaN
     stays NaN."""
