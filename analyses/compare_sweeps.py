@@ -3,13 +3,15 @@ the rankings and top-5 overlap between every pair (``lens_heads.experiments.comp
 
     python analyses/compare_sweeps.py figures/sweep_arc_easy.json figures/sweep_piqa.json   # the recorded run
     python analyses/compare_sweeps.py runs/sweep/arc_easy runs/sweep/piqa runs/gemma/arc_easy --top-k 3
+    python analyses/compare_sweeps.py figures/sweep_arc_easy_authors.json figures/sweep_piqa_authors.json \
+        --name compare_authors   # the authors' grid: compare_authors_table2.csv, ...
 
 Each input is a ``sweep_<task>.json`` written by ``analyses/sweep.py`` or a ``run_sweep`` output folder; each must
 be a different (model, task). Both rankings are computed: by the normalised AUC of accuracy (the paper's) and by the
 normalised AUC of the paired KL (the low-variance companion), on the target shares every sweep measured (the
 common grid), with 95% bootstrap intervals over items for every rank, correlation and Table 2 entry where a sweep
 has per-item records (its ``sweep_<task>_units.json.gz`` beside the JSON). Outputs in ``--figures`` (default
-``figures/``):
+``figures/``), each named with the prefix ``--name`` (default ``compare``):
 
 - ``compare_ranks.csv``: per metric, (model, task) and curve: the normalised AUC and its rank (1 = best);
 - ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap (count and
@@ -52,11 +54,15 @@ class CompareSettings:
     n_resamples: int = option(2000, "bootstrap replicates for the intervals of ranks, correlations and Table 2")
     seed: int = option(0, "bootstrap seed")
     figures: str = option(str(ROOT / "figures"), "where tables and figures go")
+    name: str = option("compare", "prefix of every output file: <name>_ranks.csv, <name>_table2.csv, "
+                                  "<name>_sweeps.json, ... (keeps a second comparison beside the first)")
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
 
     def __post_init__(self):
         if len(self.sweeps) < 2:
             raise ValueError("give at least two sweeps (one per model and task)")
+        if not self.name or Path(self.name).name != self.name:
+            raise ValueError(f"--name {self.name!r}: give a file-name prefix without a folder (use --figures)")
 
 
 def parse_args(argv=None) -> CompareSettings:
@@ -78,17 +84,17 @@ def main(argv=None) -> None:
     first = next(iter(comparisons.values()))
     ranks = pd.concat([c.to_dataframe().assign(metric=m) for m, c in comparisons.items()], ignore_index=True)
     pairs = pd.concat([c.pairs().assign(metric=m) for m, c in comparisons.items()], ignore_index=True)
-    atomic_write_text(out / "compare_ranks.csv", ranks.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(out / "compare_pairs.csv", pairs.to_csv(index=False, float_format="%.4f"))
-    atomic_write_text(out / "compare_table2.csv", paper_table.to_csv(index=False, float_format="%.2f"))
+    atomic_write_text(out / f"{args.name}_ranks.csv", ranks.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / f"{args.name}_pairs.csv", pairs.to_csv(index=False, float_format="%.4f"))
+    atomic_write_text(out / f"{args.name}_table2.csv", paper_table.to_csv(index=False, float_format="%.6g"))
     figs = {}
     for m, c in comparisons.items():
-        atomic_write_text(out / f"compare_spearman_{m}.csv", c.spearman_table().to_csv(float_format="%.4f"))
+        atomic_write_text(out / f"{args.name}_spearman_{m}.csv", c.spearman_table().to_csv(float_format="%.4f"))
         what = f"normalised AUC of {'accuracy' if m == 'accuracy' else 'the paired KL'}"
-        figs[f"compare_ranks_{m}"] = rank_heatmap(
+        figs[f"{args.name}_ranks_{m}"] = rank_heatmap(
             c.rank_table(), low=c.rank_table("rank_low"), high=c.rank_table("rank_high"),
             title=f"Rank by {what} per (model, task), 1 = best (common grid {_grid(c)}%)")
-        figs[f"compare_spearman_{m}"] = correlation_heatmap(
+        figs[f"{args.name}_spearman_{m}"] = correlation_heatmap(
             c.spearman_table(), title=f"Spearman correlation of the rankings by {what} ({len(c.curves)} curves)")
     for name, fig in figs.items():
         fig.write_html(out / f"{name}.html", include_plotlyjs=True)
@@ -99,7 +105,7 @@ def main(argv=None) -> None:
                     write(fig, out / f"{name}.png")
         except PngUnavailable as e:  # kaleido needs a Chromium: say so, keep the HTML
             print(f"PNG not written ({e}); or pass --no-png", file=sys.stderr)
-    atomic_write_json(out / "compare_sweeps.json", dict(
+    atomic_write_json(out / f"{args.name}_sweeps.json", dict(
         what="ranking of the head scores (and random zeroing) by normalised AUC per (model, task), Spearman "
              "correlation of the rankings and top-k overlap between every pair (lens_heads.experiments.compare)",
         inputs=[str(p) for p in args.sweeps], sweeps=list(first.sweeps), curves=list(first.curves),

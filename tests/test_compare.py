@@ -436,3 +436,26 @@ def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
     assert changed == {(a, summary) for _, a, summary in verdicts.index
                        if ("b", a, summary) in verdicts.index and ("a", a, summary) in verdicts.index
                        and verdicts["a", a, summary] != verdicts["b", a, summary]}
+
+
+def test_compare_sweeps_script_names_its_outputs_by_prefix(tmp_path):
+    """``--name`` keeps a second comparison beside the first: every output carries the prefix, and the Table 2 it
+    writes is the by-hand one (AWFT crosses baseline - 1 at 11% on both sweeps, so their Average is 11 too)."""
+    from conftest import load_script
+    from lens_heads.experiments.unit_store import save_units
+
+    curves = {"AWFT": (80, 70), "S2": (70, 60), "random": (60, 40)}
+    paths = [save_units(synthetic_sweep("m1", t, curves), tmp_path / f"{t}_units.json.gz") for t in ("t1", "t2")]
+    script = load_script("compare_sweeps")
+    script.main([*map(str, paths), "--figures", str(tmp_path / "out"), "--name", "mine", "--no-png",
+                 "--n-resamples", "20"])
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert written == {f"mine_{s}" for s in ("ranks.csv", "pairs.csv", "table2.csv", "sweeps.json",
+                                              *(f"{k}_{m}.{e}" for k in ("spearman", "ranks")
+                                                for m in ("accuracy", "kl") for e in ("csv", "html")))} - {
+        "mine_ranks_accuracy.csv", "mine_ranks_kl.csv"}
+    t2 = pd.read_csv(tmp_path / "out" / "mine_table2.csv").set_index("model")
+    assert t2.loc["m1", "awft_pct"].tolist() == pytest.approx([11, 11]) and t2.loc["Average", "awft_pct"] == 11
+    for bad in ("a/b", ""):
+        with pytest.raises(SystemExit):
+            script.parse_args([*map(str, paths), "--name", bad])
