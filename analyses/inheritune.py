@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,7 +46,8 @@ from lens_heads.collapse.train_config import TrainConfig
 from lens_heads.collapse.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.errors import InputError
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 
 
@@ -279,7 +279,7 @@ def main_gpt2(a, runs: Path, out: Path, smollm: dict | None, started: float, cor
     uniform = uniform_causal_levels(a.rank_len)
     written = figures(result, smollm, out, subtitle, uniform)
     atomic_write_text(out / "inheritune_results.csv", table.to_csv(index=False))
-    atomic_write_json(out / "inheritune_results.json", {
+    write_record(out / "inheritune_results.json", {
         "what": "Inheritune at small scale: reference, students (growth stages), same-size scratch baselines, ablations",
         "architecture": config.options.to_dict(),
         "settings": asdict(a), "corpus": corpus.meta, "table": table.to_dict(orient="records"),
@@ -289,7 +289,7 @@ def main_gpt2(a, runs: Path, out: Path, smollm: dict | None, started: float, cor
         "rank_method": result.meta["rank"], "rank_definition": result.meta["rank"]["definition"],
         "lazy_rule": result.stages[0].rank["lazy_rule"], "ablations": result.meta["ablations"],
         "uniform_causal_attention": uniform,
-        "figures": written, "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "figures": written,
         "wall_time_s": time.time() - started,
     })
     print(f"wrote {', '.join(written)} and inheritune_results.csv/json to {out} in {time.time() - started:.0f} s")
@@ -314,12 +314,12 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
     print(table.to_string())
     written = smollm_figure(smollm, out)
     atomic_write_text(out / "smollm2_inheritune_results.csv", table.to_csv(index=False))
-    atomic_write_json(out / "smollm2_inheritune_results.json", {
+    write_record(out / "smollm2_inheritune_results.json", {
         "what": "Inheritune from the embedded SmolLM2-135M: its first k layers (k from the rank profile) trained "
                 "briefly, against the full model and a same-size random init trained the same way",
         "settings": asdict(a), **res, "table": table.to_dict(orient="records"), "smollm2_rank": smollm,
         "rank_definition": smollm["averaged"].get("definition"), "lazy_rule": smollm["averaged"]["lazy_rule"],
-        "figures": written, "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "figures": written,
         "wall_time_s": time.time() - started,
     })
     print(f"wrote {', '.join(written)} and smollm2_inheritune_results.csv/json to {out} in {time.time() - started:.0f} s")

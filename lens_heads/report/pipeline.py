@@ -14,14 +14,10 @@ Chromium is missing, failed where a figure fails to draw.
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import platform
 import sys
 import time
 import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Generic, Sequence, TypeVar
@@ -35,6 +31,7 @@ from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.provenance import provenance
 from lens_heads.report import layer_stages, sections, stages, sweep_stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
@@ -158,10 +155,10 @@ def load_tasks(config: ReportConfig) -> dict:
 
 def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> dict:
     """results.json without its stage table: what was run, on what, and every finished stage's numbers."""
+    made = provenance()
     results = {
-        "report_format": 1, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "settings": config.to_dict(), "versions": versions(),
-        "machine": {"platform": platform.platform(), "cpus": _cpus(), "torch_threads": torch.get_num_threads()},
+        "report_format": 1, "created": made["recorded_at"], "settings": config.to_dict(), "versions": made["versions"],
+        "machine": made["machine"], "commit": made["commit"], "dirty": made["dirty"],
         "model": meta, "weight_basis": meta.get("weight_basis", "unknown"),
         "data": {name: task.meta() for name, task in tasks.items()}}
     for r in ran:
@@ -251,21 +248,3 @@ def write_pngs(out_dir: Path, figures: dict, log) -> tuple[dict, list[str]]:
         return {"status": "failed", **timing, "reason": f"{len(failed)} of {len(figures)} figures not drawn: "
                 f"{'; '.join(failed)}", "traceback": "\n".join(tracebacks)}, written
     return {"status": "done", **timing}, written
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("lens_heads", "torch", "transformer_lens", "transformers", "numpy", "pandas", "plotly", "kaleido",
-                "circuitsvis"):
-        try:
-            out[pkg] = importlib.metadata.version(pkg.replace("_", "-"))
-        except importlib.metadata.PackageNotFoundError:
-            try:
-                out[pkg] = importlib.metadata.version(pkg)
-            except importlib.metadata.PackageNotFoundError:
-                out[pkg] = "not installed"
-    return out
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
