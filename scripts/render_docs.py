@@ -7,6 +7,11 @@ A template is Markdown with Jinja2 placeholders. Numbers come from the recorded 
 ``figures/*.csv``, ``docs/records/*``) through the few helpers below, and every claim of a difference takes its
 verdict and its words from the one calling rule (``lens_heads.stats.calling``), so a rerun that changes a record
 changes the page, and a number edited by hand in a page fails ``--check`` (``tests/test_docs.py``).
+
+A setting of the code (a preset, a default, a pin) is read from the code the same way, never typed: ``code`` gives the
+object at ``"module:attribute"`` (call a dataclass for its defaults: ``code('lens_heads.collapse.train_config:
+TrainConfig')().grad_clip``; an analysis script as ``"analyses/inheritune.py:PRESETS"``), ``code_text`` a value
+written in a file Python does not import (``code_text('scripts/setup.sh', '"torch==([^"]+)"')``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import argparse
 import difflib
 import functools
 import gzip
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -92,16 +99,20 @@ def pct_iv(share: Any, low: Any, high: Any, spec: str = ".1f") -> str:
 
 
 class Records:
-    """The recorded files under one root, read once each."""
+    """The recorded files under one root, read once each; a file missing there is read under ``fallback`` (a root
+    holding a copy of some folders only, as the tests make, reads the others from the checkout)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, fallback: Path | None = None):
         self.root = root
+        self.fallback = fallback
 
     def exists(self, name: str) -> bool:
-        return (self.root / name).exists()
+        return (self.root / name).exists() or (self.fallback is not None and (self.fallback / name).exists())
 
     def path(self, name: str) -> Path:
         path = self.root / name
+        if not path.exists() and self.fallback is not None:
+            path = self.fallback / name
         if not path.exists():
             raise FileNotFoundError(f"a template reads {name}, which does not exist under {self.root}")
         return path
@@ -179,6 +190,43 @@ class Records:
         return found.group(1)
 
 
+@functools.lru_cache(maxsize=None)
+def _script(path: str) -> Any:
+    """A script of the checkout as a module, loaded as it runs (its folder on the path: it imports its neighbours by
+    name) and registered under its name (its dataclasses look their module up)."""
+    file = ROOT / path
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    loaded = sys.modules.get(file.stem)
+    if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() == file.resolve():
+        return loaded
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def code(path: str) -> Any:
+    """The object at ``"module:attribute.attribute"`` (``"lens_heads.collapse.distill:DistillConfig.distilbert"``),
+    or at ``"folder/script.py:attribute"`` for a script of the checkout, imported: a preset or a default as the code
+    holds it."""
+    where, _, attributes = path.partition(":")
+    obj = _script(where) if where.endswith(".py") else importlib.import_module(where)
+    for name in attributes.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def code_text(path: str, pattern: str) -> str:
+    """The first group of the regular expression ``pattern`` (``^`` and ``$`` at each line) in a file of the
+    checkout: a value written where Python does not import it (a pin in ``scripts/setup.sh``)."""
+    found = re.search(pattern, (ROOT / path).read_text(encoding="utf-8"), flags=re.M)
+    if not found:
+        raise LookupError(f"{path}: nothing matches {pattern!r}")
+    return found.group(1)
+
+
 HELP_WIDTH = 100  # columns of the rendered --help (argparse reads COLUMNS)
 
 
@@ -200,7 +248,7 @@ def report_help() -> str:
 
 
 def environment(root: Path = ROOT) -> jinja2.Environment:
-    records = Records(root)
+    records = Records(root, fallback=None if root == ROOT else ROOT)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / SOURCES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
@@ -208,6 +256,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        tested=records.tested, tested_all=records.tested_all, said=records.said, printed=records.printed, exists=records.exists,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median)
+    env.globals.update(code=code, code_text=code_text)
     env.filters["upper_first"] = upper_first
     env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
     return env
