@@ -48,7 +48,8 @@ from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.unit_store import save_units
 from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing.cache import Cache
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
@@ -171,7 +172,7 @@ def run_task(model, name: str, args) -> dict:
         recorded_sweep=f"sweep_{key}.json", fractions=list(args.fractions), intervals=intervals.meta,
         threads=torch.get_num_threads(), **extra,
         summary=summary.to_dict(orient="records"), tests=tests.to_dict(orient="records"))
-    atomic_write_json(stem.with_suffix(".json"), result)
+    write_record(stem.with_suffix(".json"), result)
     shown = summary[["curve", "accuracy_auc", "kl_auc"] + [kl_at(100 * s) for s in shares]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(tests[["a", "b", "summary", "difference", "low", "high", "p_adjusted", "verdict"]].to_string(index=False))

@@ -42,7 +42,8 @@ from lens_heads.experiments.compare import (
     read_sweep,
     zeroed_head_overlap,
 )
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from shared_settings import TESTED
@@ -89,7 +90,7 @@ def main(argv=None) -> None:
     atomic_write_text(out / f"{args.name}_heads.csv", heads.to_csv(index=False, float_format="%.4g"))
     atomic_write_text(out / f"{args.name}_versus_random.csv", versus.to_csv(index=False, float_format="%.6g"))
     spearman = {m: c.spearman_interval(0, 1) for m, c in rankings.items()}
-    atomic_write_json(out / f"{args.name}.json", dict(
+    write_record(out / f"{args.name}.json", dict(
         what="one model and task under two settings on the same items: every curve's AUCs and ranks with paired "
              "differences (b - a) and their bootstrap intervals, the Spearman correlation of the two rankings, and "
              "the heads each zeroes",

@@ -36,7 +36,8 @@ import pandas as pd
 
 from lens_heads.experiments.compare import METRICS, common_grid, compare_sweeps, on_grid, read_sweep
 from lens_heads.experiments.table2 import table2
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.export import PngUnavailable, png_writer
 from lens_heads.viz.sweep_figures import correlation_heatmap, rank_heatmap
@@ -105,7 +106,7 @@ def main(argv=None) -> None:
                     write(fig, out / f"{name}.png")
         except PngUnavailable as e:  # kaleido needs a Chromium: say so, keep the HTML
             print(f"PNG not written ({e}); or pass --no-png", file=sys.stderr)
-    atomic_write_json(out / f"{args.name}_sweeps.json", dict(
+    write_record(out / f"{args.name}_sweeps.json", dict(
         what="ranking of the head scores (and random zeroing) by normalised AUC per (model, task), Spearman "
              "correlation of the rankings and top-k overlap between every pair (lens_heads.experiments.compare)",
         inputs=[str(p) for p in args.sweeps], sweeps=list(first.sweeps), curves=list(first.curves),

@@ -43,7 +43,8 @@ from lens_heads.heads.scores import score_names
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
@@ -107,7 +108,7 @@ def write_outputs(model, task, generations: GenerationResult, sweep, table: pd.D
     em, (low, high) = generations.accuracy, generations.ci95
     base_bpb = sweep.baseline.bits_per_byte
     atomic_write_text(figures / "gsm8k.csv", table.to_csv(index=False, float_format="%.6g"))
-    atomic_write_json(figures / "gsm8k.json", dict(
+    write_record(figures / "gsm8k.json", dict(
         what="GSM8K: exact match of greedy generation (intact model), and the gold answer's bits per byte with heads "
              "zeroed per input on hook_z (random zeroing beside)",
         model=meta, task=task.meta(), seed=args.seed, scores=args.scores, fractions=args.fractions,

@@ -50,7 +50,8 @@ from lens_heads.heads.scoring import score_heads
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
+from lens_heads.plumbing.io import atomic_write_text, slug
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 
@@ -181,7 +182,7 @@ def run(model, args) -> dict:
           f"share {zeroed.share_zeroed():.4f}")
     if not args.no_write:
         figures = Path(args.figures)
-        atomic_write_json(figures / "gsm8k_generation.json", record)
+        write_record(figures / "gsm8k_generation.json", record)
         atomic_write_text(figures / "gsm8k_generation.csv", table(intact, zeroed).to_csv(index=False))
     return record
 

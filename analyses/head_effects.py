@@ -51,6 +51,7 @@ from lens_heads.experiments.agreement import score_agreement
 from lens_heads.experiments.effects import HeadEffects, oracle_sweep
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.inference import kendall, spearman
 from lens_heads.viz.export import save_figure
@@ -207,7 +208,7 @@ def redraw_oracle_figure(key: str, args) -> None:
                    result["seed"])
     write_oracle_figure(what, key, result["n"], result["protocol"], oracle_table, recorded, recorded_protocol, args)
     result["recorded_sweep"] = dict(file=sweep_csv.name, protocol=recorded_protocol) if recorded is not None else None
-    atomic_write_json(path, result)
+    atomic_write_json(path, result)  # not write_record: the numbers, and so their provenance, are the recorded run's
 
 
 def what_of(model: str, name: str, data: dict, weight_basis: str, seed: int) -> str:
@@ -267,7 +268,7 @@ def run_task(model, name: str, args) -> dict:
                     normalised_auc_pct={k: o.normalised_auc(mode="static") for k, o in oracles.items()},
                     table=oracle_table.to_dict(orient="records")),
         agreement=agreement.to_dict(orient="records"))
-    atomic_write_json(figures / f"{stem}.json", result)
+    write_record(figures / f"{stem}.json", result)
     cols = ["score", "spearman", "spearman_low", "spearman_high", "kendall", "precision_at_10pct"]
     print(shown[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print(f"[{name}] attribution vs ablation (KL sizes): Spearman {attribution_vs_ablation['kl']['spearman']:.2f}; "

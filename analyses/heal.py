@@ -42,6 +42,7 @@ from lens_heads.evaluation.results import EvalResult
 from lens_heads.models.embedded import cache_dir
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from lens_heads.viz.export import save_figure
@@ -188,7 +189,7 @@ def main(argv=None) -> None:
     s = from_args(HealSettings, argv, description=__doc__.split("\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     result = run(s)
     stem = Path(s.figures) / f"heal_{recorded_name(s.model, s.task)}"
-    atomic_write_json(stem.with_suffix(".json"), result)
+    write_record(stem.with_suffix(".json"), result)
     table = pd.DataFrame(result["table"])
     atomic_write_text(stem.with_suffix(".csv"), table.to_csv(index=False))
     save_figure(loss_figure(table, f"Healing {result['k']} removed blocks of {s.model}"), stem, png=not s.no_png)

@@ -26,7 +26,6 @@ Comparisons are called by the project's rule (`lens_heads.stats.calling`). Write
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,7 +58,8 @@ from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.plumbing.cache import keyed
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.calling import RULE
 
@@ -207,7 +207,7 @@ def main(argv=None):
     atomic_write_text(out / "inheritune_baselines.csv", methods.to_csv(index=False))
     atomic_write_text(out / "inheritune_baselines_tests.csv", all_tests.to_csv(index=False))
     cpu_train = float(sum(s.wall_time_s for r in runs.values() for s in r["result"].stages))
-    atomic_write_json(out / "inheritune_baselines.json", {
+    write_record(out / "inheritune_baselines.json", {
         "what": "Inheritune against the paper's baselines at CPU scale, several training seeds",
         "settings": asdict(a), "calling_rule": RULE, "corpus": corpus.meta,
         "methods": methods.to_dict(orient="records"), "per_seed": table.to_dict(orient="records"),
@@ -220,7 +220,6 @@ def main(argv=None):
         "rank": {"definition": runs[a.seed_list[0]]["result"].meta["rank"], "uniform_causal_rank": uniform},
         "growth": runs[a.seed_list[0]]["result"].meta["growth"],
         "figures": written, "training_time_s": cpu_train,
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "wall_time_s": time.time() - started, "cpu_time_s_this_run": time.process_time() - cpu0,
     })
     print(f"wrote inheritune_baselines.{{csv,json}}, _tests.csv and {', '.join(written)} in {time.time() - started:.0f} s")

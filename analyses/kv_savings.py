@@ -19,15 +19,14 @@ sets of the same size (``--draws`` seeds). For each set:
   interval over items (``lens_heads.stats.inference``; random sets: each item's change averaged over the draws).
 
 Writes to ``--figures``: ``kv_savings_gsm8k.csv`` (one row per curve and share), ``kv_savings_gsm8k.json``
-(settings, model, task, date, commit, load average, the table) and ``kv_savings_gsm8k.png/.html`` (cost against
-KV share, with intervals).
+(settings, model, task, load average, the table; its provenance: date, commit, versions, machine) and
+``kv_savings_gsm8k.png/.html`` (cost against KV share, with intervals).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,7 +43,8 @@ from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive, score_names
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import model_meta
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import inference
 from lens_heads.viz.escape import esc
@@ -131,13 +131,6 @@ def figure(t: pd.DataFrame, title: str) -> go.Figure:
     return fig
 
 
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def parse_args(argv=None) -> KVSettings:
     return from_args(KVSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
@@ -156,11 +149,11 @@ def run(model, s: KVSettings) -> pd.DataFrame:
     figures.mkdir(parents=True, exist_ok=True)
     atomic_write_text(figures / "kv_savings_gsm8k.csv", t.to_csv(index=False, float_format="%.6g"))
     load_end = os.getloadavg()[0]
-    atomic_write_json(figures / "kv_savings_gsm8k.json", dict(
+    write_record(figures / "kv_savings_gsm8k.json", dict(
         what="GSM8K 8-shot CoT rows: the KV cache held by the KV groups a static head set removes whole (accounted; "
              "the export frees none of it, only dropped blocks), against the change of the gold answer's bits per "
              "byte; random head sets of the same size beside",
-        date=time.strftime("%Y-%m-%d %H:%M:%S"), commit=git_commit(), wall_s=time.perf_counter() - started,
+        wall_s=time.perf_counter() - started,
         load_average=dict(start=load_start, end=load_end), threads=torch.get_num_threads(), settings=asdict(s),
         model=meta, task=task.meta(), intact_bits_per_byte=base.bits_per_byte, interval=inference.BOOTSTRAP,
         head_sets=sets, table=t.to_dict(orient="records")))

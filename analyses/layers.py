@@ -55,6 +55,7 @@ from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling, inference
 from lens_heads.viz.export import save_figure
@@ -267,7 +268,7 @@ def run_task(model, name: str, args) -> None:
                  figures / f"layers_{key}", args)
     write_figure(layer_removal_curves(table, title=f"Removing whole layers: {what}; 95% bootstrap intervals"),
                  figures / f"layer_removal_{key}", args)
-    atomic_write_json(figures / f"layers_{key}.json", dict(
+    write_record(figures / f"layers_{key}.json", dict(
         what="per-layer scores, each layer removed alone, the recorded sweep's zero shares and head effects per "
              "layer, whole-layer removal curves in each ranking's order with paired tests",
         model=meta, weight_basis=meta["weight_basis"], data=task.meta(), n=len(task), seed=args.seed,

@@ -45,8 +45,6 @@ yarl propcache aiohappyeyeballs aiosignal frozenlist``, each ``--no-deps``), the
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import platform
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -60,8 +58,9 @@ from lens_heads.data.chat import chat_messages
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder
 from lens_heads.models.loading import model_meta
+from lens_heads.plumbing import provenance
 from lens_heads.plumbing.cache import load_keyed, save_keyed
-from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,13 +249,8 @@ def compare(task, ours: list[list[float]], theirs: list[list[float]], acc_norm: 
 
 
 def versions() -> dict:
-    out = dict(python=platform.python_version())
-    for package in ("lens_heads", "lm_eval", "transformers", "torch", "transformer_lens"):
-        try:
-            out[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            out[package] = None
-    return out
+    """The versions of both sides of the comparison (lm-eval is not among the provenance block's packages)."""
+    return provenance.versions(("lens_heads", "lm_eval", "transformers", "torch", "transformer_lens"))
 
 
 def write_report(path: Path, args, model, results: list[dict]) -> None:
@@ -276,7 +270,7 @@ def write_report(path: Path, args, model, results: list[dict]) -> None:
                                           pretrained=f"{EMBEDDED[DEFAULT_MODEL]['hf_name']} (the same local folder)")),
                   items={name: sample for name, sample in items.items() if name in args.tasks},
                   n={r["task"]: r["n"] for r in results}, tasks=results)
-    atomic_write_json(path, report)
+    write_record(path, report)
     print(f"wrote {path}")
 
 

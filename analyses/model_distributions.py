@@ -44,6 +44,7 @@ from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_name
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from lens_heads.viz.export import save_figure
@@ -176,7 +177,7 @@ def write_outputs(args: DistributionSettings, comparison, accuracy: dict, change
     stem = figures / f"distributions_{args.tag or args.task}"
     for part in ("distances", "versus", "heads"):
         atomic_write_text(f"{stem}_{part}.csv", getattr(comparison, part).to_csv(index=False, float_format="%.6g"))
-    atomic_write_json(f"{stem}.json", dict(
+    write_record(f"{stem}.json", dict(
         what="head-score distributions of several models on the same items: distances (Wasserstein-1, KS) pooled, "
              "per relative depth and per layer, excess over the swapped null with bootstrap intervals and "
              "permutation tests; the difference of two models' distances from the reference; per-head ranks and "

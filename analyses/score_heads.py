@@ -31,7 +31,8 @@ from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.embedded import cache_dir
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
+from lens_heads.plumbing.io import atomic_write_text, slug
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 
 FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
@@ -104,7 +105,7 @@ def main(argv=None) -> None:
     means = {name: sets[first].mean(name).numpy() for name in SCORE_NAMES}
     written = _figures(means, sets[first], first, model_meta(model), out, png=not args.no_png)
     meta = model_meta(model)
-    atomic_write_json(out / "score_heads_run.json", dict(
+    write_record(out / "score_heads_run.json", dict(
         script="analyses/score_heads.py", argv=sys.argv[1:] if argv is None else list(argv), model=meta,
         data={name: s.meta["data"] for name, s in sets.items()}, heatmaps_from=first, fractions=FRACTIONS,
         definitions=next(iter(sets.values())).meta.get("definitions"), files=sorted(written)))

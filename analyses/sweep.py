@@ -60,6 +60,7 @@ from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from lens_heads.viz.export import save_figure
@@ -198,7 +199,7 @@ def write_outputs(result, task, args, baselines: pd.DataFrame, model) -> None:
     atomic_write_text(f"{stem}_tests.csv", tests.to_csv(index=False, float_format="%.6g"))
     static = result.zeroable_within(mode="static") if args.static_scores else {}
     low, high = result.baseline.ci95
-    atomic_write_json(f"{stem}.json", dict(
+    write_record(f"{stem}.json", dict(
         what="inactive-heads sweep: per-input threshold zeroing of heads on hook_z (z := 0 before W_O), random "
              "baseline, static pruning view",
         model=model_meta(model), task=task.meta(), protocol=args.protocol,

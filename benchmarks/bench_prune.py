@@ -17,7 +17,8 @@ alternate (A B A B ...) in one process; medians are reported, and the fastest ru
 average is recorded, since on a shared machine absolute times move with it.
 
 The layers are ranked by Block Influence (``lens_heads.collapse.layer_ranking.block_influence``) on the ARC-Easy rows.
-Writes a JSON record (date, commit, load average, settings, numbers) to ``--out``.
+Writes a JSON record (load average, settings, numbers; its provenance: date, commit, versions, machine) to
+``--out``.
 """
 
 from __future__ import annotations
@@ -29,13 +30,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import option
 from timing import (
     alternate,
@@ -68,14 +68,6 @@ class PruneBench:
     write_docs: bool = write_docs_option(HEADING)
     memory_child: str | None = option(None, "the folder whose peak memory this process measures", parse=str,
                                       hidden=True)
-
-
-def commit() -> str:
-    """The repository's commit, with ``-dirty`` when the working tree differs from it."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def weights(hf) -> tuple[int, int]:
@@ -213,11 +205,9 @@ def main(argv=None) -> None:
     machine = machine_line(started_load)
     print("\n".join(lines))
     print(f"machine: {machine}")
-    record = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), commit=commit(), machine=machine,
-                  load_average=dict(start=started_load, end=load_average()), settings=asdict(s),
-                  model=model.lens_heads_meta.get("hf_name"), order=order, original=base,
-                  pruned=rows)
-    path = atomic_write_json(ROOT / s.out, record)
+    record = dict(machine=machine, load_average=dict(start=started_load, end=load_average()), settings=asdict(s),
+                  model=model.lens_heads_meta.get("hf_name"), order=order, original=base, pruned=rows)
+    path = write_record(ROOT / s.out, record)
     print(f"wrote {path}")
     if s.write_docs:
         write_printed(HEADING, f"nice python benchmarks/bench_prune.py --counts {s.counts} --arc-n {s.arc_n} "

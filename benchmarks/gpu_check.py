@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,7 @@ from gpu_settings import GpuCheck
 from gpu_shapes import build_pair
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.provenance import write_record
 from timing import machine_line, parse_settings, timed
 
 HERE = Path(__file__).resolve().parent
@@ -142,7 +143,6 @@ class CheckResult:
     mmlu_tokens_per_question: float
     projected_gpu_hours: float
     wall_s: float
-    versions: dict = field(default_factory=dict)
 
 
 ROWS = [  # (label, a ShapeResult and the matmul FLOP/s as text)
@@ -192,14 +192,6 @@ def table(result: CheckResult) -> str:
 # ---------------------------------------------------------------- the check
 
 
-def versions() -> dict:
-    import transformer_lens
-    import transformers
-
-    return dict(python=sys.version.split()[0], torch=torch.__version__, transformers=transformers.__version__,
-                transformer_lens=getattr(transformer_lens, "__version__", "?"))
-
-
 def run_check(s: GpuCheck) -> CheckResult:
     """Every measurement of the module docstring, in one process (plus the torchrun worker)."""
     start = time.perf_counter()
@@ -218,7 +210,7 @@ def run_check(s: GpuCheck) -> CheckResult:
     return CheckResult(machine=machine_line() + gpu, device=s.device, dtype=str(s.torch_dtype).replace("torch.", ""),
                        smoke=s.smoke, matmul_flops_per_s=peak, shapes=shapes, torchrun=torchrun,
                        mmlu_tokens_per_question=mean_tokens, projected_gpu_hours=hours,
-                       wall_s=time.perf_counter() - start, versions=versions())
+                       wall_s=time.perf_counter() - start)
 
 
 def main(argv=None) -> CheckResult | None:
@@ -230,7 +222,7 @@ def main(argv=None) -> CheckResult | None:
     result = run_check(s)
     text = table(result)
     print(text)
-    path = atomic_write_json(Path(s.out) / RESULT, dict(asdict(result), table=text.splitlines()))
+    path = write_record(Path(s.out) / RESULT, dict(asdict(result), table=text.splitlines()))
     print(f"wrote {path}")
     return result
 

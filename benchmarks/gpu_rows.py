@@ -12,7 +12,7 @@ import numpy as np
 from gpu_shapes import N_CTX
 from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import build_rows
-from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.provenance import write_record
 
 HERE = Path(__file__).resolve().parent
 LENGTHS = HERE / "mmlu_row_lengths.json"
@@ -51,7 +51,7 @@ def record_lengths(n: int = 512, seed: int = 0) -> None:
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
     reader = tiny_model("llama", d_vocab=len(tokenizer), tokenizer=tokenizer, n_ctx=N_CTX)
     lengths = [len(row.tokens) for row in build_rows(reader, list(load_task("mmlu", n=n, seed=seed)))]
-    atomic_write_json(LENGTHS, dict(
+    write_record(LENGTHS, dict(
         command="python benchmarks/gpu_check.py --record-lengths", source=f"lens_heads.load_task('mmlu', n={n}, "
         f"seed={seed}), lm-eval rows, embedded SmolLM2-135M-Instruct tokenizer", mean=float(np.mean(lengths)),
         lengths=lengths))

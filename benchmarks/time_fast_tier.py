@@ -3,8 +3,9 @@
     python benchmarks/time_fast_tier.py [--threads 1] [--pytest-args "tests/test_rows.py"] [--out PATH]
 
 Runs ``python -m pytest -m "not slow" -q`` (this interpreter, from the repository root) in a child process and
-records the date, the commit (and whether the tree had changes), the load average before and after, the CPU count,
-the wall seconds (interpreter start and collection included: what the tier costs) and the counts pytest reports.
+records the date, the load average before and after, the CPU count, the wall seconds (interpreter start and
+collection included: what the tier costs) and the counts pytest reports, with the record's provenance (the commit
+and whether the tree had changes, package versions, machine).
 Run it on an idle machine: the load average beside the figure says whether it can be read. A run with failures
 is printed, not recorded; ``--pytest-args`` (extra arguments, e.g. a subset of files) are recorded with the run.
 """
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import option
 from timing import parse_settings
 
@@ -44,14 +45,6 @@ def counts(summary: str) -> dict[str, int]:
     return {{"error": "errors", "warning": "warnings"}.get(word, word): int(n) for n, word in found}
 
 
-def commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def run(settings: FastTier) -> dict:
     env = dict(os.environ)
     if settings.threads:
@@ -64,7 +57,8 @@ def run(settings: FastTier) -> dict:
     load_after = os.getloadavg()
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     summary = lines[-1] if lines else ""
-    return dict(date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=commit(),
+    # "date" beside the provenance block: the README reads it from the committed record
+    return dict(date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 command=shlex.join(["python", *command[1:]]), omp_num_threads=env.get("OMP_NUM_THREADS"),
                 cpu_count=os.cpu_count(), load_average_before=[round(x, 2) for x in load_before],
                 load_average_after=[round(x, 2) for x in load_after], wall_s=round(wall, 1),
@@ -77,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(f"{k}: {v}" for k, v in record.items()))
     if record["returncode"] != 0:
         raise SystemExit(f"pytest exited with {record['returncode']}: not recorded")
-    atomic_write_json(settings.out, record)
+    write_record(settings.out, record)
     print(f"wrote {settings.out}")
 
 

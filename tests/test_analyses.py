@@ -91,6 +91,7 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     assert result["n"] == 3 and result["heldout_n"] == 2 and result["seed"] == 0
     assert result["weight_basis"] == "raw (no weight processing)" and result["data"]["task"] == "piqa"
     assert result["protocol"] == "lm-eval"
+    assert result["provenance"]["recorded_at"] and result["provenance"]["versions"]["torch"] != "not installed"
     assert len(result["agreement"]) == 12 * 2 * 2  # scores x methods x metrics
     stored = {m: HeadEffects.load(next((tmp_path / "runs" / "piqa").glob(f"{m}-*/effects.safetensors")))
               for m in ("ablation", "attribution")}
@@ -111,7 +112,8 @@ def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):
     script.main(["--redraw", "--tasks", "piqa", "--figures", str(fig), "--no-png"])
     html = (fig / "head_effects_oracle_piqa.html").read_text()
     assert "NOHA (LN)" in html and "oracle (held-out items)" in html
-    assert json.loads((fig / "head_effects_piqa.json").read_text())["oracle"] == result["oracle"]
+    redrawn = json.loads((fig / "head_effects_piqa.json").read_text())
+    assert redrawn["oracle"] == result["oracle"] and redrawn["provenance"] == result["provenance"]  # the run's, kept
 
 
 def test_gsm8k_analysis_on_a_tiny_model(tmp_path):
