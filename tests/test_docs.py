@@ -46,7 +46,7 @@ def test_a_number_edited_by_hand_fails_the_check(tmp_path):
 
 def test_a_changed_record_changes_the_page(tmp_path):
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
-    shutil.copytree(ROOT / "figures", tmp_path / "figures", ignore=shutil.ignore_patterns("*.png", "*.gz"))
+    shutil.copytree(ROOT / "figures", tmp_path / "figures", ignore=shutil.ignore_patterns("*.png"))
     path = tmp_path / "figures" / "sweep_arc_easy.json"
     record = json.loads(path.read_text())
     before = arc_baseline_text(record)
