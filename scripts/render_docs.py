@@ -11,7 +11,8 @@ changes the page, and a number edited by hand in a page fails ``--check`` (``tes
 A setting of the code (a preset, a default, a pin) is read from the code the same way, never typed: ``code`` gives the
 object at ``"module:attribute"`` (call a dataclass for its defaults: ``code('lens_heads.collapse.train_config:
 TrainConfig')().grad_clip``; an analysis script as ``"analyses/inheritune.py:PRESETS"``), ``code_text`` a value
-written in a file Python does not import (``code_text('scripts/setup.sh', '"torch==([^"]+)"')``).
+written in a file Python does not import (``code_text('scripts/setup.sh', '"torch==([^"]+)"')``), ``default`` a
+parameter's default (``default('lens_heads.collapse.rank:attention_rank', 'energy')``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import functools
 import gzip
 import importlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -219,6 +221,11 @@ def code(path: str) -> Any:
     return obj
 
 
+def default(path: str, parameter: str) -> Any:
+    """The default of ``parameter`` of the function (or class) at ``path``, found as :func:`code` finds it."""
+    return inspect.signature(code(path)).parameters[parameter].default
+
+
 def code_text(path: str, pattern: str) -> str:
     """The first group of the regular expression ``pattern`` (``^`` and ``$`` at each line) in a file of the
     checkout: a value written where Python does not import it (a pin in ``scripts/setup.sh``)."""
@@ -257,7 +264,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        tested=records.tested, tested_all=records.tested_all, said=records.said, printed=records.printed, exists=records.exists,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median)
-    env.globals.update(code=code, code_text=code_text)
+    env.globals.update(code=code, code_text=code_text, default=default)
     env.filters["upper_first"] = upper_first
     env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
     return env
