@@ -165,6 +165,14 @@ class Records:
         adjusted p-values are the recorded ones)."""
         return [self.tested([r]) for r in self.rows(source, **where)]
 
+    def called(self, source: str | list[dict], **where: Any) -> str:
+        """The one comparison matching ``where`` of a table with no better direction (a change of setting, a distance
+        against its null level), by the calling rule: ``"higher"``/``"lower"`` (the sign of its difference) or the
+        uncalled verdict."""
+        r = self.row(source, **where)
+        adjusted = _number(r.get("p_adjusted"))
+        return calling.call(r["low"], r["high"], _number(r["p_value"]) if math.isnan(adjusted) else adjusted)
+
     def said(self, source: str | list[dict], what: str, spec: str = ".2f", **where: Any) -> str:
         """That comparison in the calling rule's words (``calling.sentence``)."""
         r = self.tested(source, **where)
@@ -261,7 +269,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
-                       tested=records.tested, tested_all=records.tested_all, said=records.said, printed=records.printed, exists=records.exists,
+                       tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, exists=records.exists,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median)
     env.globals.update(code=code, code_text=code_text, default=default)
