@@ -153,7 +153,10 @@ class Records:
         r = dict(self.row(source, **where))
         adjusted = r.get("p_adjusted")
         r["p_adjusted"] = r["p_value"] if adjusted is None or math.isnan(_number(adjusted)) else adjusted
-        r["higher_is_better"] = not _is_cost(r)
+        stated = r.get("higher_is_better", False)
+        # a record that leaves the direction empty compares settings: no side is better
+        r["higher_is_better"] = None if stated is None or (isinstance(stated, float) and math.isnan(stated)) \
+            else not _is_cost(r)
         r["verdict"] = calling.verdict(r["low"], r["high"], r["p_adjusted"], higher_is_better=r["higher_is_better"],
                                        a=str(r["a"]), b=str(r["b"]))
         # which side the rule calls better ("a", "b"), or the uncalled verdict itself
@@ -176,7 +179,7 @@ class Records:
     def said(self, source: str | list[dict], what: str, spec: str = ".2f", **where: Any) -> str:
         """That comparison in the calling rule's words (``calling.sentence``)."""
         r = self.tested(source, **where)
-        return calling.sentence(r, what, spec, lower_is_better=not r["higher_is_better"])
+        return calling.sentence(r, what, spec, lower_is_better=r["higher_is_better"] is False)
 
     @functools.lru_cache(maxsize=None)
     def _log_sections(self, name: str) -> dict[str, str]:

@@ -174,3 +174,11 @@ def test_table2_average_row_carries_the_rules_verdict_on_its_own_interval_and_p_
     untested = table2([synthetic_sweep(np.random.default_rng(0), 40, levels, zeroed=False, task=t)
                        for t in ("t1", "t2")], n_resamples=50).iloc[-1]
     assert untested["verdict"] == calling.NOT_TESTED and "per-item zeroing" in untested["test_note"]
+
+
+def test_a_change_with_no_better_direction_is_said_as_higher_or_lower_never_as_better():
+    row = dict(a="chat", b="plain", difference=0.3, low=0.1, high=0.5, p_value=0.001, higher_is_better=None)
+    table = calling.call_table(pd.DataFrame([row]))
+    assert table["verdict"].item() == calling.HIGHER
+    line = calling.sentence(table.iloc[0].to_dict(), "KL AUC")
+    assert line.startswith("chat is higher than plain by KL AUC") and "better" not in line and "beats" not in line

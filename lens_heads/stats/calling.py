@@ -114,6 +114,8 @@ def sentence(row: dict, what: str, spec: str = ".2f", *, lower_is_better: bool =
     if v == NOT_TESTED:
         why = row.get("test_note") or "no permutation p-value"
         return f"{a} against {b} by {what} is not tested: difference {diff}; {why}."
+    if v in (HIGHER, LOWER):  # a change with no better direction (a setting against another)
+        return f"{a} is {v} than {b} by {what}: difference ({a} − {b}) {diff} ({p})."
     winner = a if v == f"{a} better" else b
     loser = b if winner == a else a
     verb = "costs less than" if lower_is_better else "beats"
