@@ -225,6 +225,10 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
             "train": asdict(cfg), "model": full.lens_heads_meta}
 
 
+# what a cached zero-shot row holds: caches of rows without their split are computed again
+ZERO_SHOT_ROWS = "with split and acc_norm"
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.plan:
@@ -270,7 +274,8 @@ def main_gpt2(a, runs: Path, out: Path, smollm: dict | None, started: float, cor
     table = result.to_dataframe()
     print(table.to_string())
 
-    evals = keyed(runs / "extras" / "zero_shot.json", {"tasks": a.eval_tasks, "n": a.eval_n, "seed": a.seed},
+    evals = keyed(runs / "extras" / "zero_shot.json", {"tasks": a.eval_tasks, "n": a.eval_n, "seed": a.seed,
+                                                        "rows": ZERO_SHOT_ROWS},
                    lambda: zero_shot(a, runs, result, tokenizer, config.options))
     table = with_zero_shot(table, evals)
 
@@ -308,7 +313,7 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
     if smollm is None:
         raise SystemExit("the smollm2 preset needs the rank profile: --smollm-inputs must be > 0")
     settings = {k: getattr(a, k) for k in ("smollm_k", "steps", "batch", "seq", "lr", "min_lr", "warmup", "eval_tasks",
-                                            "eval_n", "seed", "smollm_inputs", "smollm_len")}
+                                            "eval_n", "seed", "smollm_inputs", "smollm_len")} | {"rows": ZERO_SHOT_ROWS}
     res = keyed(runs / "extras" / "smollm2_inheritune.json", settings, lambda: smollm_inheritune(a, runs, smollm))
     table = with_zero_shot(pd.DataFrame(res["rows"]), res["zero_shot"])
     print(table.to_string())

@@ -277,6 +277,10 @@ def test_zero_shot_reports_the_papers_metric_per_task():
     assert rows["arc_easy"]["accuracy"] == rows["arc_easy"]["accuracy_sum"]
     assert rows["hellaswag"]["n"] + rows["hellaswag"]["dropped_longer_than_context"] == 3
     assert rows["no_such_task"]["available"] is False
+    from lens_heads.data.tasks import load_task
+
+    for task in ("hellaswag", "arc_easy"):  # each row names the split its items came from
+        assert rows[task]["split"] == load_task(task, n=1).split and "leading space" in rows[task]["acc_norm"]
 
 
 def test_inherit_first_layers_of_a_llama_shaped_model():

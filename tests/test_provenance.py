@@ -30,3 +30,21 @@ def test_a_record_carries_its_date_commit_versions_and_machine(tmp_path):
 
 def test_outside_a_git_checkout_the_commit_is_none(tmp_path):
     assert code_commit(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_dirty_means_the_code_differs_not_the_outputs_a_run_writes(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "figures" / "result.csv").write_text("a\n1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert code_commit(tmp_path) == {"commit": head.stdout.strip(), "dirty": False}
+    (tmp_path / "figures" / "result.csv").write_text("a\n2\n")  # a recording rewrote its output
+    assert code_commit(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert code_commit(tmp_path)["dirty"] is True

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import INHERITUNE_SCORINGS, TASKS, load_task
-from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.evaluate import ACC_NORM, evaluate
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -21,7 +21,8 @@ PAPER_TASKS = INHERITUNE_SCORINGS
 def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, n: int | None = None, seed: int = 0,
               batch_size: int = 16) -> list[dict]:
     """Zero-shot accuracy of ``model`` on ``tasks`` ({task: metric}, default `PAPER_TASKS`), ``n`` items each
-    (seeded sample); items longer than the model's context are dropped and counted."""
+    (seeded sample of the task's default split, named in each row with acc_norm's definition); items longer than
+    the model's context are dropped and counted."""
     rows = []
     for name, metric in (PAPER_TASKS if tasks is None else tasks).items():
         if name not in TASKS:
@@ -29,5 +30,6 @@ def zero_shot(model: HookedTransformer, tasks: dict[str, str] | None = None, *, 
             continue
         fitting, dropped = within_context(model, load_task(name, n=n, seed=seed, shots=0))
         res = evaluate(model, fitting, batch_size=batch_size, progress=False, primary=metric)
-        rows.append({**res.summary(), "available": True, "dropped_longer_than_context": dropped})
+        rows.append({**res.summary(), "split": fitting.split, "acc_norm": ACC_NORM, "available": True,
+                     "dropped_longer_than_context": dropped})
     return rows

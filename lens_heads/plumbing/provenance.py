@@ -40,8 +40,9 @@ def cpus() -> int:
 
 
 def code_commit(source: Path = SOURCE) -> dict[str, Any]:
-    """The git commit of the checkout lens_heads runs from and whether tracked files differ from it; both None
-    where lens_heads is not run from a git checkout (an installed wheel) or git is missing."""
+    """The git commit of the checkout lens_heads runs from and whether its tracked files outside ``figures/`` and
+    ``docs/`` (the code) differ from it; both None where lens_heads is not run from a git checkout (an installed
+    wheel) or git is missing."""
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
@@ -52,7 +53,8 @@ def code_commit(source: Path = SOURCE) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return dict(commit=None, dirty=None)
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # outputs (figures/, docs/) a run writes before its record would mark every recording dirty: code only
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)figures", ":(exclude)docs")
     return dict(commit=commit, dirty=None if status is None else bool(status))
 
 
