@@ -112,6 +112,12 @@ class Records:
     def exists(self, name: str) -> bool:
         return (self.root / name).exists() or (self.fallback is not None and (self.fallback / name).exists())
 
+    def undated(self, folder: str = "figures") -> list[str]:
+        """The JSON records in ``folder`` that carry no ``provenance`` block (made before records stated their
+        date and commit)."""
+        return sorted(p.name for p in (self.root / folder).glob("*.json")
+                      if "provenance" not in self.record(f"{folder}/{p.name}"))
+
     def path(self, name: str) -> Path:
         path = self.root / name
         if not path.exists() and self.fallback is not None:
@@ -273,6 +279,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                              extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
                        tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, exists=records.exists,
+                       undated=records.undated,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median)
     env.globals.update(code=code, code_text=code_text, default=default)
