@@ -1,4 +1,5 @@
-"""Render README.md and docs/*.md from the templates in docs/src/, every recorded number read from its file.
+"""Render README.md, docs/*.md and figures/README.md from the templates in docs/src/, every recorded number read
+from its file.
 
     python scripts/render_docs.py          # write the pages
     python scripts/render_docs.py --check  # exit 1 with a diff where a committed page differs from its rendering

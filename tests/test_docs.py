@@ -1,4 +1,4 @@
-"""The docs are rendered, not typed: README.md and docs/*.md equal what scripts/render_docs.py renders from the
+"""The docs are rendered, not typed: README.md, docs/*.md and figures/README.md equal what scripts/render_docs.py renders from the
 templates in docs/src/ and the recorded files, a number edited by hand in a page fails the check, and a changed
 record changes the page."""
 
