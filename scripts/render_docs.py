@@ -92,6 +92,13 @@ def _is_cost(row: dict) -> bool:
     return str(row.get("summary", row.get("metric", ""))).startswith(("kl", "val_loss"))
 
 
+def _p_for_rule(row: dict) -> float:
+    """The p-value the rule reads from a recorded comparison: its adjusted p where its table was adjusted, else its
+    own."""
+    adjusted = _number(row.get("p_adjusted"))
+    return _number(row["p_value"]) if math.isnan(adjusted) else adjusted
+
+
 def upper_first(text: str) -> str:
     """A sentence's first letter in capitals (the calling rule's sentences start in lower case)."""
     return text[:1].upper() + text[1:]
@@ -158,8 +165,7 @@ class Records:
         table was adjusted) matching ``where``, its verdict decided again by the calling rule from the recorded
         interval and p-value (not read from the file: records older than the rule have other words)."""
         r = dict(self.row(source, **where))
-        adjusted = r.get("p_adjusted")
-        r["p_adjusted"] = r["p_value"] if adjusted is None or math.isnan(_number(adjusted)) else adjusted
+        r["p_adjusted"] = _p_for_rule(r)
         stated = r.get("higher_is_better", False)
         # a record that leaves the direction empty compares settings: no side is better
         r["higher_is_better"] = None if stated is None or (isinstance(stated, float) and math.isnan(stated)) \
@@ -180,8 +186,7 @@ class Records:
         against its null level), by the calling rule: ``"higher"``/``"lower"`` (the sign of its difference) or the
         uncalled verdict."""
         r = self.row(source, **where)
-        adjusted = _number(r.get("p_adjusted"))
-        return calling.call(r["low"], r["high"], _number(r["p_value"]) if math.isnan(adjusted) else adjusted)
+        return calling.call(r["low"], r["high"], _p_for_rule(r))
 
     def said(self, source: str | list[dict], what: str, spec: str = ".2f", **where: Any) -> str:
         """That comparison in the calling rule's words (``calling.sentence``)."""

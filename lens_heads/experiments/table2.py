@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from lens_heads.experiments.sweep_intervals import untestable_message
 from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling, inference
@@ -63,8 +64,7 @@ def _average_test(row: dict, rows: list[dict], intervals: Sequence) -> dict:
     """The paired permutation test of the Average row's difference AWFT - best, called by the rule."""
     untestable = [f"{r['task']}: {c}" for r, iv in zip(rows, intervals) for c in iv.untestable("AWFT", r["best_score"])]
     if untestable:
-        return dict(p_value=float("nan"), verdict=calling.NOT_TESTED,
-                    test_note=f"no per-item zeroing counts for {', '.join(untestable)}")
+        return dict(p_value=float("nan"), verdict=calling.NOT_TESTED, test_note=untestable_message(untestable))
     p = inference.grouped_permutation_p_value(
         [iv.permuted_difference("AWFT", r["best_score"], "zeroable_authors") for r, iv in zip(rows, intervals)],
         [len(iv.data[1]) for iv in intervals], n_resamples=intervals[0].meta["n_resamples"],

@@ -135,14 +135,14 @@ def grouped_permutation_p_value(statistics: Sequence[Callable[[np.ndarray, np.nd
         check_items(n)
     total, offsets = int(sum(n_items)), np.cumsum([0, *n_items])
 
+    def local(slots: np.ndarray, g: int) -> np.ndarray:
+        """Group ``g``'s items' slots in its own numbering: global slot i (side a) or total + i (side b) of its
+        item i becomes i or n_items[g] + i."""
+        mine = slots[:, offsets[g]:offsets[g + 1]]
+        return np.where(mine < total, mine - offsets[g], mine - total - offsets[g] + n_items[g])
+
     def mean_of_groups(sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
-        parts = []
-        for g, f in enumerate(statistics):
-            lo, hi, n = offsets[g], offsets[g + 1], n_items[g]
-            # global slot i (side a) or total + i (side b) of item i -> the group's own slot numbering
-            local = lambda s: np.where(s[:, lo:hi] < total, s[:, lo:hi] - lo, s[:, lo:hi] - total - lo + n)  # noqa: E731
-            parts.append(f(local(sa), local(sb)))
-        return np.mean(parts, axis=0)
+        return np.mean([f(local(sa, g), local(sb, g)) for g, f in enumerate(statistics)], axis=0)
 
     return permutation_p_value(mean_of_groups, total, n_resamples=n_resamples, seed=seed)
 
