@@ -37,6 +37,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from lens_heads.evaluation.evaluate import ACC_NORM
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.stats import calling
 
@@ -125,6 +126,17 @@ class Records:
         date and commit)."""
         return sorted(p.name for p in (self.root / folder).glob("*.json")
                       if "provenance" not in self.record(f"{folder}/{p.name}"))
+
+    def earlier_acc_norm(self, folder: str = "figures") -> list[dict]:
+        """The unit files in ``folder`` with units whose ``acc_norm`` meta is not lm-eval's definition (units made
+        before ``n_chars`` left out the continuation's leading space): name, such units and all units."""
+        found = []
+        for path in sorted((self.root / folder).glob("*_units.json.gz")):
+            units = self.record(f"{folder}/{path.name}")["units"]
+            earlier = sum(u.get("result", {}).get("meta", {}).get("acc_norm") != ACC_NORM for u in units)
+            if earlier:
+                found.append(dict(name=path.name.removesuffix("_units.json.gz"), earlier=earlier, units=len(units)))
+        return found
 
     def path(self, name: str) -> Path:
         path = self.root / name
@@ -285,7 +297,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                              extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
                        tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, exists=records.exists,
-                       undated=records.undated,
+                       undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median)
     env.globals.update(code=code, code_text=code_text, default=default)

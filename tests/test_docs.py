@@ -67,3 +67,26 @@ def test_the_report_options_in_the_docs_are_its_help(capsys, monkeypatch):
     page = (ROOT / "docs" / "report.md").read_text()
     shown = page.split("## Options", 1)[1].split("```\n", 1)[1].split("\n```", 1)[0]
     assert shown == printed
+
+
+def test_the_provenance_helpers_list_what_the_records_lack(tmp_path):
+    import gzip
+
+    from lens_heads.evaluation.evaluate import ACC_NORM
+
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "dated.json").write_text(json.dumps({"provenance": {"commit": "abc"}}))
+    (figures / "old.json").write_text(json.dumps({"n": 3}))
+    earlier = "per_char: counting the continuation's leading space"
+
+    def units(name, metas):
+        with gzip.open(figures / f"{name}_units.json.gz", "wt") as f:
+            json.dump({"units": [{"result": {"meta": {} if m is None else {"acc_norm": m}}} for m in metas]}, f)
+
+    units("current", [ACC_NORM, ACC_NORM])
+    units("mixed", [earlier, ACC_NORM, None])
+    units("before", [earlier])
+    records = renderer().Records(tmp_path)
+    assert records.undated() == ["old.json"]
+    assert records.earlier_acc_norm() == [dict(name="before", earlier=1, units=1), dict(name="mixed", earlier=2, units=3)]
