@@ -100,6 +100,13 @@ def _p_for_rule(row: dict) -> float:
     return _number(row["p_value"]) if math.isnan(adjusted) else adjusted
 
 
+def recorded(record: dict) -> str:
+    """When and at which commit a record was made, as far as it says (records older than ``provenance`` do not)."""
+    made = record.get("provenance")
+    return (f"recorded {made['recorded_at'][:10]} at commit {made['commit'][:7]}" if made
+            else "recorded before records stated their commit")
+
+
 def upper_first(text: str) -> str:
     """A sentence's first letter in capitals (the calling rule's sentences start in lower case)."""
     return text[:1].upper() + text[1:]
@@ -299,7 +306,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, exists=records.exists,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
-                       report_help=report_help, median=statistics.median)
+                       report_help=report_help, median=statistics.median, recorded=recorded)
     env.globals.update(code=code, code_text=code_text, default=default)
     env.filters["upper_first"] = upper_first
     env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
