@@ -145,6 +145,21 @@ class Records:
                 found.append(dict(name=path.name.removesuffix("_units.json.gz"), earlier=earlier, units=len(units)))
         return found
 
+    def stale_verdicts(self, folder: str = "figures") -> list[str]:
+        """The CSVs in ``folder`` whose ``verdict`` column a row's own interval and p-value no longer give under the
+        calling rule (written before the rule had "the two tests disagree"): the pages decide those again."""
+        stale = []
+        for path in sorted((self.root / folder).glob("*.csv")):
+            rows = self.table(f"{folder}/{path.name}")
+            if not rows or not {"verdict", "low", "high", "p_value"} <= rows[0].keys():
+                continue
+            for r in rows:
+                rule, written = calling.call(_number(r["low"]), _number(r["high"]), _p_for_rule(r)), str(r["verdict"])
+                if (written in calling.UNCALLED or rule in calling.UNCALLED) and written != rule:
+                    stale.append(path.name)
+                    break
+        return stale
+
     def path(self, name: str) -> Path:
         path = self.root / name
         if not path.exists() and self.fallback is not None:
@@ -305,6 +320,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
     env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
                        tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, exists=records.exists,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
+                       stale_verdicts=records.stale_verdicts,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median, recorded=recorded)
     env.globals.update(code=code, code_text=code_text, default=default)

@@ -94,3 +94,15 @@ def test_the_provenance_helpers_list_what_the_records_lack(tmp_path):
     assert r.recorded({"provenance": made}) == "recorded 2026-12-05 at commit 1a27b4b"
     assert r.recorded({"n": 3}) == "recorded before records stated their commit"
     assert records.earlier_acc_norm() == [dict(name="before", earlier=1, units=1), dict(name="mixed", earlier=2, units=3)]
+
+
+def test_stale_verdicts_are_the_tables_the_rule_now_calls_otherwise(tmp_path):
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    header = "a,b,difference,low,high,p_value,p_adjusted,verdict\n"
+    # interval excludes 0 but adjusted p = 0.2: the rule says the two tests disagree, not "x better"
+    (figures / "old_tests.csv").write_text(header + "x,y,0.5,0.1,0.9,0.01,0.2,x better\n")
+    (figures / "new_tests.csv").write_text(header + "x,y,0.5,0.1,0.9,0.01,0.2,the two tests disagree\n"
+                                           "x,y,0.5,0.1,0.9,0.01,0.01,x better\n")
+    (figures / "plain.csv").write_text("a,verdict\nx,whatever\n")
+    assert renderer().Records(tmp_path).stale_verdicts() == ["old_tests.csv"]
