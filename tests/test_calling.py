@@ -182,3 +182,16 @@ def test_a_change_with_no_better_direction_is_said_as_higher_or_lower_never_as_b
     assert table["verdict"].item() == calling.HIGHER
     line = calling.sentence(table.iloc[0].to_dict(), "KL AUC")
     assert line.startswith("chat is higher than plain by KL AUC") and "better" not in line and "beats" not in line
+
+
+def test_an_untested_comparison_says_which_test_it_lacks():
+    nan = float("nan")
+    base = dict(a="x", b="y", difference=1.0, higher_is_better=False)
+    no_interval = calling.call_table(pd.DataFrame([dict(base, low=nan, high=nan, p_value=0.001, test_note=nan)]))
+    no_p = calling.call_table(pd.DataFrame([dict(base, low=0.5, high=1.5, p_value=nan, test_note=nan)]))
+    for table, why in ((no_interval, "no bootstrap interval"), (no_p, "no permutation p-value")):
+        row = table.iloc[0].to_dict()
+        assert row["verdict"] == calling.NOT_TESTED
+        assert calling.sentence(row, "KL").endswith(f"; {why}.")
+    noted = dict(no_p.iloc[0].to_dict(), test_note="units lack per-item counts")
+    assert calling.sentence(noted, "KL").endswith("; units lack per-item counts.")

@@ -112,14 +112,24 @@ def sentence(row: dict, what: str, spec: str = ".2f", *, lower_is_better: bool =
         return (f"the two tests disagree on {a} against {b} by {what}, so no difference is claimed: the interval of "
                 f"the difference {diff} {holds} 0, {p}.")
     if v == NOT_TESTED:
-        why = row.get("test_note") or "no permutation p-value"
-        return f"{a} against {b} by {what} is not tested: difference {diff}; {why}."
+        return f"{a} against {b} by {what} is not tested: difference {diff}; {_untested_because(row)}."
     if v in (HIGHER, LOWER):  # a change with no better direction (a setting against another)
         return f"{a} is {v} than {b} by {what}: difference ({a} − {b}) {diff} ({p})."
     winner = a if v == f"{a} better" else b
     loser = b if winner == a else a
     verb = "costs less than" if lower_is_better else "beats"
     return f"{winner} {verb} {loser} by {what}: difference ({a} − {b}) {diff} ({p})."
+
+
+def _untested_because(row: dict) -> str:
+    """Why a comparison has no verdict: its recorded note, else which of the two tests is missing."""
+    note = row.get("test_note")
+    if isinstance(note, str) and note:
+        return note
+    p = row.get("p_value")
+    if p is None or not math.isfinite(p):
+        return "no permutation p-value"
+    return "no bootstrap interval"
 
 
 def _p_text(row: dict) -> str:
