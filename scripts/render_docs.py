@@ -100,6 +100,18 @@ def _p_for_rule(row: dict) -> float:
     return _number(row["p_value"]) if math.isnan(adjusted) else adjusted
 
 
+def _rule_call(row: dict) -> str:
+    """The calling rule on a recorded comparison, from its own interval and p-value (``calling.call``)."""
+    return calling.call(_number(row["low"]), _number(row["high"]), _p_for_rule(row))
+
+
+def _verdict_is_stale(row: dict) -> bool:
+    """A recorded verdict the rule no longer gives: an uncalled verdict on either side that the other does not say (a
+    called one is worded by its sides, so only its being called is compared)."""
+    rule, written = _rule_call(row), str(row["verdict"])
+    return (written in calling.UNCALLED or rule in calling.UNCALLED) and written != rule
+
+
 def recorded(record: dict) -> str:
     """When and at which commit a record was made, as far as it says (records older than ``provenance`` do not)."""
     made = record.get("provenance")
@@ -153,11 +165,8 @@ class Records:
             rows = self.table(f"{folder}/{path.name}")
             if not rows or not {"verdict", "low", "high", "p_value"} <= rows[0].keys():
                 continue
-            for r in rows:
-                rule, written = calling.call(_number(r["low"]), _number(r["high"]), _p_for_rule(r)), str(r["verdict"])
-                if (written in calling.UNCALLED or rule in calling.UNCALLED) and written != rule:
-                    stale.append(path.name)
-                    break
+            if any(_verdict_is_stale(r) for r in rows):
+                stale.append(path.name)
         return stale
 
     def path(self, name: str) -> Path:
@@ -219,8 +228,7 @@ class Records:
         """The one comparison matching ``where`` of a table with no better direction (a change of setting, a distance
         against its null level), by the calling rule: ``"higher"``/``"lower"`` (the sign of its difference) or the
         uncalled verdict."""
-        r = self.row(source, **where)
-        return calling.call(r["low"], r["high"], _p_for_rule(r))
+        return _rule_call(self.row(source, **where))
 
     def said(self, source: str | list[dict], what: str, spec: str = ".2f", **where: Any) -> str:
         """That comparison in the calling rule's words (``calling.sentence``)."""
