@@ -137,9 +137,6 @@ class Records:
         self.root = root
         self.fallback = fallback
 
-    def exists(self, name: str) -> bool:
-        return (self.root / name).exists() or (self.fallback is not None and (self.fallback / name).exists())
-
     def undated(self, folder: str = "figures") -> list[str]:
         """The JSON records in ``folder`` that carry no ``provenance`` block (made before records stated their
         date and commit)."""
@@ -326,7 +323,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
-                       tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, exists=records.exists,
+                       tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        stale_verdicts=records.stale_verdicts,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
