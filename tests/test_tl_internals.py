@@ -94,3 +94,46 @@ def test_a_missing_module_attribute_is_named_when_read(llama):
     del llama.blocks[1].attn._attention_dir_override
     with fused_attention(llama), pytest.raises(tl.InternalsChanged, match=r"Attention has no _attention_dir_override"):
         llama(torch.tensor([[1, 2, 3]]))
+
+
+# ---------------------------------------------------------------- private names stay behind the adapter
+
+
+def test_only_the_adapter_calls_transformer_lens_loading_from_pretrained():
+    """``transformer_lens.loading_from_pretrained`` is gone in TransformerLens 4: only this adapter may reach it, so
+    its absence is named by ``require`` instead of failing as an import error in the middle of a load."""
+    from pathlib import Path
+
+    import lens_heads
+
+    root = Path(lens_heads.__file__).parent
+    imports = ("loading_from_pretrained import", "import transformer_lens.loading_from_pretrained")
+    callers = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.name != "tl_internals.py" and any(i in p.read_text() for i in imports)]
+    assert callers == []
+    assert {"get_pretrained_state_dict", "get_pretrained_model_config", "get_official_model_name"} <= set(
+        name for name, internal in tl.INTERNALS.items() if tl.LOADING in internal.features)
+
+
+def test_no_module_reads_torch_private_hook_dicts():
+    """Whether a hook point is hooked is asked one public way (``lens_heads.models.capture.any_hooked``)."""
+    from pathlib import Path
+
+    import lens_heads
+
+    root = Path(lens_heads.__file__).parent
+    private = ("._forward_hooks", "._forward_pre_hooks", "._backward_hooks")
+    assert [str(p.relative_to(root)) for p in root.rglob("*.py") if any(n in p.read_text() for n in private)] == []
+
+
+@hooked
+def test_any_hooked_sees_a_hook_added_through_transformer_lens(llama):
+    from lens_heads.models.capture import any_hooked
+
+    points = [llama.blocks[0].attn.hook_pattern, llama.blocks[1].attn.hook_z]
+    assert not any_hooked(points)
+    with llama.hooks(fwd_hooks=[("blocks.1.attn.hook_z", lambda z, hook: z)]):
+        assert any_hooked(points) and not any_hooked(points[:1])
+    with llama.hooks(bwd_hooks=[("blocks.0.attn.hook_pattern", lambda g, hook: g)]):
+        assert any_hooked(points[:1])
+    assert not any_hooked(points)

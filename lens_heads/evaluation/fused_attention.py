@@ -37,6 +37,7 @@ from torch import Tensor
 from lens_heads.evaluation.prefix import PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import backend
+from lens_heads.models.capture import any_hooked
 
 FUSABLE_POSITIONS = ("standard", "rotary", "shortformer")
 FULL_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -73,10 +74,9 @@ def eager_reason(attn) -> str | None:
 
 
 def reads_pattern(attn) -> bool:
-    """Whether any forward or backward hook is attached to the layer's ``hook_attn_scores`` or ``hook_pattern``."""
-    points = (attn.hook_attn_scores, attn.hook_pattern)
-    # TransformerLens hooks are listed by has_hooks; plain torch hooks only in the module's own dicts.
-    return any(p.has_hooks("both") or p._forward_hooks or p._forward_pre_hooks or p._backward_hooks for p in points)
+    """Whether any forward or backward hook is attached to the layer's ``hook_attn_scores`` or ``hook_pattern``
+    (:func:`lens_heads.models.capture.any_hooked`)."""
+    return any_hooked((attn.hook_attn_scores, attn.hook_pattern))
 
 
 @contextlib.contextmanager

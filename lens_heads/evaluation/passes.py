@@ -34,6 +34,7 @@ from lens_heads.evaluation.prefix import (
     token_batches,
 )
 from lens_heads.models import backends
+from lens_heads.models.capture import any_hooked
 
 
 def run_passes(model, items, rows: list[Row], sets: list[HookSet], batch_size: int, first_input: int, bar,
@@ -60,7 +61,7 @@ def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
     fusable = attention == "fused" and cfg.positional_embedding_type == "rotary" and not cfg.use_dynamic_ntk_rope \
         and cfg.attention_dir == "causal" \
         and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) for b in model.blocks)
-    bare = not any(p._forward_hooks or p._forward_pre_hooks for p in model.hook_dict.values())
+    bare = not any_hooked(model.hook_dict.values())
     return narrowest([s.prefix_scope for s in sets]) if fusable and bare else None
 
 

@@ -8,7 +8,7 @@ is what keeps both from needing a full activation cache.
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from torch import Tensor
 
@@ -63,3 +63,10 @@ def check_hook_names(model, names: Sequence) -> None:
             name, list(model.hook_dict), n=1)) else "") for name in dict.fromkeys(unknown)]
         raise InputError(f"this model has no hook {', '.join(hints)}: its {model.cfg.n_layers} layers have hooks "
                          "such as 'blocks.0.attn.hook_z' (see model.hook_dict)")
+
+
+def any_hooked(points: Iterable) -> bool:
+    """Whether any of the hook points ``points`` holds a hook, forward or backward, as TransformerLens lists them
+    (``HookPoint.has_hooks``: every hook added through ``add_hook``, ``model.hooks()`` or ``run_with_hooks``). A hook
+    registered on a point with torch's own ``register_forward_hook`` bypasses TransformerLens and isn't listed."""
+    return any(p.has_hooks("both") for p in points)

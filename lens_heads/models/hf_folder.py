@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from lens_heads.models import tl_internals
 from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
@@ -44,7 +45,6 @@ def architecture(hf_config) -> str:
 def hooked_config(folder: Path, hf_config, *, fold_ln: bool, device, dtype) -> HookedTransformerConfig:
     """The ``HookedTransformerConfig`` of the model in ``folder`` (``hf_config``: its loaded ``config.json``)."""
     from transformer_lens import HookedTransformerConfig  # TransformerLens 3.9 (models.load_model checks)
-    from transformer_lens import loading_from_pretrained as tl_loading  # 3.9 only (removed in 4.0)
 
     arch = architecture(hf_config)
     with warnings.catch_warnings():
@@ -52,7 +52,7 @@ def hooked_config(folder: Path, hf_config, *, fold_ln: bool, device, dtype) -> H
         if arch not in NAME_ONLY:
             with _neutral_copy(hf_config, arch) as path:
                 try:
-                    cfg = tl_loading.get_pretrained_model_config(
+                    cfg = tl_internals.pretrained_model_config(
                         str(path), hf_cfg=hf_config.to_dict(), fold_ln=fold_ln, device=device, dtype=dtype)
                 except NotImplementedError:
                     raise NotImplementedError(

@@ -21,6 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from lens_heads.models import tl_internals
 from lens_heads.models.backends import backend_of, check_backend, hooked_transformer, tl_version
 from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, ModelUnavailableError, embedded_model_folder
 from lens_heads.models.hf_folder import hooked_config
@@ -204,13 +205,11 @@ def _from_local_folder(folder: Path, *, processing: bool, device, dtype, backend
 def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dtype) -> HookedTransformer:
     """A HookedTransformer holding the weights of the Hugging Face model ``hf`` (its config saved in ``folder``,
     which names the model; ``tokenizer=None``: none, for token-id inputs)."""
-    from transformer_lens import loading_from_pretrained as tl_loading  # 3.9 only (removed in 4.0)
-
     HookedTransformer, _ = hooked_transformer()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         cfg = hooked_config(folder, hf.config, fold_ln=processing, device=device, dtype=dtype)
-        state_dict = tl_loading.get_pretrained_state_dict(str(folder), cfg, hf, dtype=dtype)
+        state_dict = tl_internals.pretrained_state_dict(str(folder), cfg, hf, dtype)
         if tokenizer is None:
             cfg.tokenizer_name = None  # else TransformerLens loads one from the folder
         model = HookedTransformer(cfg, tokenizer, move_to_device=False)
@@ -230,10 +229,8 @@ def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dty
 
 
 def _official_name(name: str) -> str:
-    from transformer_lens import loading_from_pretrained as tl_loading  # 3.9 only (removed in 4.0)
-
     try:
-        return tl_loading.get_official_model_name(name)
+        return tl_internals.official_model_name(name)
     except ValueError:
         raise ModelUnavailableError(
             f"Unknown model {name!r}: not a TransformerLens model name and not a local folder. Use a name from "

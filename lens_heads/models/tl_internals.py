@@ -5,7 +5,8 @@ The evaluator's fast paths replace the forwards of HookedTransformer's modules (
 forwards and call what those forwards call: fused attention and shared prefixes replace ``AbstractAttention.forward``
 and call ``calculate_qkv_matrices``, ``apply_rotary``, ``rotate_every_two``, the rotary tables and the layer's
 causal direction; packed weights replace ``Unembed.forward`` and ``GatedMLP.forward``; cached generation builds
-TransformerLens's key/value cache. The bridge (4.x) is stopped before its final norm by its
+TransformerLens's key/value cache; loading a Hugging Face model into a HookedTransformer calls
+``loading_from_pretrained``'s config, weight and name converters. The bridge (4.x) is stopped before its final norm by its
 ``StopAtLayerException``, and both backends' logits end in ``apply_softcap``. None of these is public API, so a
 release may rename one or change its parameters without notice. :data:`INTERNALS` lists each with its parameters as
 of :data:`CHECKED`; :func:`require` checks those a feature uses when the feature starts and raises
@@ -32,6 +33,7 @@ SETUP = {3: "bash scripts/setup.sh", 4: "bash scripts/setup.sh --bridge"}  # how
 
 FUSED_ATTENTION, PACKED_WEIGHTS, CACHED_GENERATION = "fused attention", "packed weights", "cached generation"
 FINAL_LOGITS, BRIDGE_STOP = "final logits", "stopping the bridge before its final norm"
+LOADING = "loading weights into a HookedTransformer"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Internal:
 
 _ATTENTION = "transformer_lens.components.abstract_attention:AbstractAttention"
 _QKV = ("self", "query_input", "key_input", "value_input")
+_LOADING = "transformer_lens.loading_from_pretrained"  # 3.9 only (removed in 4.0)
 INTERNALS = {
     "Attention": Internal("transformer_lens.components:Attention", None, (3,), (FUSED_ATTENTION,)),
     "GroupedQueryAttention": Internal("transformer_lens.components:GroupedQueryAttention", None, (3,),
@@ -79,6 +82,14 @@ INTERNALS = {
     "apply_softcap": Internal("transformer_lens.utilities:apply_softcap", ("x", "cap"), (3, 4), (FINAL_LOGITS,)),
     "StopAtLayerException": Internal("transformer_lens.model_bridge.exceptions:StopAtLayerException",
                                      ("layer_output",), (4,), (BRIDGE_STOP,)),
+    "get_pretrained_state_dict": Internal(f"{_LOADING}:get_pretrained_state_dict",
+                                          ("official_model_name", "cfg", "hf_model", "dtype", "kwargs"), (3,),
+                                          (LOADING,)),
+    "get_pretrained_model_config": Internal(
+        f"{_LOADING}:get_pretrained_model_config",
+        ("model_name", "hf_cfg", "checkpoint_index", "checkpoint_value", "fold_ln", "device", "n_devices",
+         "default_prepend_bos", "dtype", "first_n_layers", "n_ctx", "kwargs"), (3,), (LOADING,)),
+    "get_official_model_name": Internal(f"{_LOADING}:get_official_model_name", ("model_name",), (3,), (LOADING,)),
 }
 # Instance attributes set in the modules' __init__ (no signature to check): read only through the functions below,
 # which name the attribute when it is gone.
@@ -250,3 +261,25 @@ def apply_softcap(logits: Tensor, cap: float | None) -> Tensor:
 def stop_bridge(resid: Tensor):
     """Stop a TransformerBridge's forward here, returning ``resid`` (raised from a hook; TransformerLens 4.x)."""
     raise _get("StopAtLayerException", BRIDGE_STOP)(resid)
+
+
+# ---------------------------------------------------------------- loading (HookedTransformer, TransformerLens 3.9)
+
+
+def pretrained_state_dict(name: str, cfg, hf_model, dtype) -> dict[str, Tensor]:
+    """The weights of the Hugging Face model ``hf_model`` converted to HookedTransformer's names (config ``cfg``)."""
+    require(LOADING)
+    return _get("get_pretrained_state_dict", LOADING)(name, cfg, hf_model, dtype=dtype)
+
+
+def pretrained_model_config(name: str, *, hf_cfg: dict, fold_ln: bool, device, dtype):
+    """The ``HookedTransformerConfig`` TransformerLens builds for model ``name`` from its Hugging Face config."""
+    require(LOADING)
+    return _get("get_pretrained_model_config", LOADING)(name, hf_cfg=hf_cfg, fold_ln=fold_ln, device=device,
+                                                        dtype=dtype)
+
+
+def official_model_name(name: str) -> str:
+    """TransformerLens's official name for hub model ``name`` (ValueError where it knows none)."""
+    require(LOADING)
+    return _get("get_official_model_name", LOADING)(name)
