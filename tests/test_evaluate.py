@@ -229,6 +229,17 @@ def test_bad_input_is_explained(tiny_text_model):
         evaluate(tiny_text_model, task, progress=False)
     with pytest.raises(InputError, match="hook_name"):
         evaluate(tiny_text_model, task, hooks=["blocks.0.attn.hook_z"], progress=False)
+    with pytest.raises(InputError, match="or None, got 3"):
+        evaluate(tiny_text_model, task, hooks=3, progress=False)
+
+
+@pytest.mark.floats
+def test_hooks_none_means_no_hooks(tiny_text_model):
+    task = load_task("arc_easy", split="validation", n=2, seed=3)
+    result = evaluate(tiny_text_model, task, hooks=None, progress=False)
+    assert result.meta["hooks"] == []
+    for record, item in zip(result.items, task):  # batched against one forward per choice: float32 rounding
+        np.testing.assert_allclose(record.logprobs, loop_logprobs(tiny_text_model, item), **LOGLIK_TOL)
 
 
 def _plain_forward_reads(model, items):

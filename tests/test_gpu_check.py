@@ -23,8 +23,6 @@ import gpu_rows  # noqa: E402
 import gpu_shapes  # noqa: E402
 from flops import forward_flops, paper_flops, trunk_flops_per_token  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
@@ -41,6 +39,7 @@ def smoke(tmp_path_factory):
     return result, printed.getvalue(), out
 
 
+@pytest.mark.slow  # these use the smoke run of the whole check; the tests without it are fast
 def test_smoke_table_shows_each_shapes_numbers(smoke):
     """Every row and shape is printed, and the printed cells carry the numbers recomputed here from the inputs and
     the measured rates (not only the labels)."""
@@ -63,6 +62,7 @@ def test_smoke_table_shows_each_shapes_numbers(smoke):
     assert f"{hours:,.0f} GPU-hours" in printed and "torchrun --nproc_per_node=1 sweep" in printed
 
 
+@pytest.mark.slow
 def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     result, printed, out = smoke
     assert [p.name for p in out.iterdir()] == [gpu_check.RESULT]  # no temporary file left beside it
@@ -73,6 +73,7 @@ def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
 
 
+@pytest.mark.slow
 def test_smoke_rows_auto_size_and_threshold_unit(smoke):
     result, _, _ = smoke
     lengths = gpu_rows.check_lengths(8, True, 0)
@@ -85,6 +86,7 @@ def test_smoke_rows_auto_size_and_threshold_unit(smoke):
         assert 0.0 < shape.threshold_unit_share_zeroed < 0.5
 
 
+@pytest.mark.slow
 def test_evaluator_log_likelihoods_equal_hugging_face_on_the_same_weights(smoke):
     result, _, _ = smoke
     for shape in result.shapes:  # toy models' one-token log-likelihoods (~ln 512): float32 rounding ~1e-6
@@ -101,6 +103,7 @@ def test_other_weights_would_show_in_the_log_likelihood_difference():
     assert gpu_measure.max_difference(ours, gpu_measure.hf_logprobs(other, model, task, 4)) > 1e-3
 
 
+@pytest.mark.slow
 def test_torchrun_sweep_equals_the_plain_run(smoke):
     if not torch.distributed.is_available():
         pytest.skip("this torch has no torch.distributed (torchrun)")

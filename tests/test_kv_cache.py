@@ -46,6 +46,10 @@ def test_kv_account_counts_groups_and_dropped_blocks():
     assert kv_account(cfg, layers=[3], part="attention").physical == 0.0  # a zeroed attention still caches
     with pytest.raises(InputError, match=r"head \(0, 4\) is outside"):
         kv_account(cfg, heads=[(0, 4)])
+    assert kv_account(cfg, bytes_per_value=2).bytes_per_token == 2 * 4 * 2 * 16 * 2
+    for bad in (0, -2, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(InputError, match="size of one cached value in bytes, a positive number"):
+            kv_account(cfg, bytes_per_value=bad)
 
 
 def test_a_freed_group_s_cache_no_longer_reaches_the_pruned_model_s_output(tmp_path):

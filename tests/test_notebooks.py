@@ -13,8 +13,6 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 sys.path.insert(0, str(NOTEBOOKS))
 from make_notebooks import NOTEBOOKS as GENERATED  # noqa: E402
 
-pytestmark = pytest.mark.notebook
-
 
 def test_committed_notebooks_match_the_generator():
     for name, cells in GENERATED.items():
@@ -31,6 +29,7 @@ def test_notebook_calls_the_library_only(name):
             assert not defs, f"{name} defines {[d.name for d in defs]}: move that logic into lens_heads"
 
 
+@pytest.mark.notebook  # slow (conftest): the source checks above are not
 @pytest.mark.parametrize("name", sorted(GENERATED))
 def test_notebook_runs_in_a_fresh_kernel(name, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")

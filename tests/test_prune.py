@@ -187,6 +187,8 @@ def test_prune_arguments_from_specs_and_a_ranking(tmp_path):
         prune_arguments(StaticAblation(score="AHON (LN)", fraction=0.1))
     with pytest.raises(InputError, match="no fixed head set"):
         prune_arguments(RandomAblation(fraction=0.1))
+    with pytest.raises(InputError, match="at least one spec"):
+        prune_arguments()
     with pytest.raises(InputError, match="from 1 to 3"):
         first_layers([3, 1, 0, 2], 4)
     with pytest.raises(InputError, match="more than once"):

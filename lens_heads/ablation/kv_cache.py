@@ -55,6 +55,10 @@ class KVAccount:
 def kv_account(cfg, heads=(), layers=(), *, part: str = "attention", bytes_per_value: int = 4) -> KVAccount:
     """What removing ``heads`` and ``layers`` (their ``part``) of a model with config ``cfg`` (``n_layers``,
     ``n_heads``, ``n_key_value_heads``, ``d_head``: a TransformerLens config) frees of its KV cache."""
+    number = isinstance(bytes_per_value, (int, float)) and not isinstance(bytes_per_value, bool)
+    if not number or not 0 < bytes_per_value < float("inf"):  # NaN fails the comparison too
+        raise InputError(f"bytes_per_value={bytes_per_value!r}: give the size of one cached value in bytes, a positive "
+                         "number (4 for float32, 2 for bfloat16/float16, 1 for 8-bit)")
     n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
     removed = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
     for layer, head in heads:

@@ -267,6 +267,9 @@ def prune_arguments(*specs) -> dict:
     """``prune``'s keyword arguments from ablation specs: a resolved :class:`StaticAblation` gives ``heads`` and
     ``ablation``, a :class:`LayerRemoval` gives ``layers`` and ``part`` (at most one of each). Mean ablation still
     needs ``means=``: ``prune(model, **prune_arguments(spec), means=mean_z(model, data))``."""
+    if not specs:
+        raise InputError("prune_arguments takes at least one spec: a resolved StaticAblation (heads to bake in), a "
+                         "LayerRemoval (layers to drop), or one of each")
     out: dict[str, Any] = {}
     for spec in specs:
         if isinstance(spec, StaticAblation):

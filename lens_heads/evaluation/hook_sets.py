@@ -2,7 +2,8 @@
 or writes (the forward below it can be shared among sets), and the prefix sharing it allows.
 
 A hook set is what ``evaluate_each`` and ``generate`` take per ablation: a list of ``(hook_name, fn)`` pairs and
-objects with ``.hooks`` (a :class:`lens_heads.ablation.hooks.HeadAblation`), or one such object.
+objects with ``.hooks`` (a :class:`lens_heads.ablation.hooks.HeadAblation`), or one such object; ``None`` is no
+hooks.
 """
 
 from __future__ import annotations
@@ -35,7 +36,19 @@ def hook_set(model, hooks) -> HookSet:
     known = [layer for layer in layers if layer is not None]
     first = None if len(known) < len(layers) or model.cfg.positional_embedding_type == "shortformer" \
         or not backends.backend(model).starts_at_layer else min(known, default=model.cfg.n_layers)
-    return HookSet(pairs, batch_aware, first, hook_scope([hooks] if hasattr(hooks, "hooks") else list(hooks)))
+    return HookSet(pairs, batch_aware, first, hook_scope(listed(hooks)))
+
+
+def listed(hooks) -> list:
+    """A hook set as a list of its members: one hook object becomes a list of it, ``None`` an empty list."""
+    if hooks is None:
+        return []
+    if hasattr(hooks, "hooks"):
+        return [hooks]
+    if isinstance(hooks, (str, bytes)) or not hasattr(hooks, "__iter__"):
+        raise InputError(f"hooks must be a list of (hook_name, fn) pairs and objects with .hooks (e.g. a "
+                         f"HeadAblation), one such object, or None, got {hooks!r}")
+    return list(hooks)
 
 
 def layer_of(name: str, n_layers: int) -> int | None:
@@ -45,10 +58,10 @@ def layer_of(name: str, n_layers: int) -> int | None:
     return n_layers if name.startswith(("ln_final.", "unembed.")) else None
 
 
-def collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
+def collect_hooks(hooks: Iterable | None, model) -> tuple[list, list]:
     """The (name, fn) pairs of ``hooks`` and the objects among them that want each batch (``.batch``)."""
     pairs, batch_aware = [], []
-    for obj in hooks if not hasattr(hooks, "hooks") else [hooks]:
+    for obj in listed(hooks):
         if hasattr(obj, "hooks"):
             pairs.extend(obj.hooks)
             if hasattr(obj, "batch"):
@@ -62,6 +75,6 @@ def collect_hooks(hooks: Iterable, model) -> tuple[list, list]:
     return pairs, batch_aware
 
 
-def hook_objects(hooks: Iterable) -> list:
+def hook_objects(hooks: Iterable | None) -> list:
     """The objects of a hook set as results describe them: each hook object, or each pair's hook name."""
-    return [hooks] if hasattr(hooks, "hooks") else [h[0] if isinstance(h, tuple) else h for h in hooks]
+    return [h[0] if isinstance(h, tuple) else h for h in listed(hooks)]
