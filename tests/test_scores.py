@@ -285,6 +285,18 @@ def test_layer_scores_is_pure_and_checks_shapes():
         scores_of_layer(A, v, z, torch.tensor([[True] * 4, [False] * 4]))
 
 
+def test_each_of_the_twelve_formulas_has_a_docstring_of_its_own():
+    """pdoc and help() show what each score measures and its inactive side, from its own function."""
+    from lens_heads.heads.scores import SCORES
+
+    docs = [score.fn.__doc__ or "" for score in SCORES]
+    assert len(set(docs)) == 12 and len({score.fn.__name__ for score in SCORES}) == 12
+    for score, doc in zip(SCORES, docs):
+        assert doc.startswith(score.name + ":"), (score.name, doc[:40])
+        side = "*above*" if score.direction == ">" else "*below*"
+        assert f"Inactive when the score is {side} the threshold" in " ".join(doc.split()).replace("inactive", "Inactive"), score.name
+
+
 # ---------------------------------------------------------------- the pass itself
 
 

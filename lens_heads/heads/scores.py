@@ -107,6 +107,10 @@ def _read(x: Tensor | None, name: str) -> Tensor:
 
 
 def average_weight_of_first_token(layer: Layer) -> Float[Tensor, "batch head"]:
+    """AWFT: the attention weight each query puts on the first token, averaged over the queries,
+    ``mean_{i in P} A[i, first]``. A head that sends (nearly) all its attention to the first token (an attention
+    sink) writes little of the rest of the input: inactive when the score is *above* the threshold. The attention-sink
+    criterion of earlier work, which the paper finds removes the fewest heads."""
     A = _read(layer.pattern, "pattern")
     first = layer.first.to(A.device)
     a_first = A.gather(-1, first[:, None, None, None].expand(*A.shape[:3], 1))[..., 0]  # [b, h, q]
@@ -117,6 +121,9 @@ ENTROPY_CHUNK = 64  # query rows per step: bounds the temporary and, for causal 
 
 
 def average_entropy_of_query_distributions(layer: Layer) -> Float[Tensor, "batch head"]:
+    """AEQD: the entropy (nats) of each query's attention distribution, averaged over the queries,
+    ``mean_{i in P} -sum_j A[i, j] ln A[i, j]``. A head whose queries all attend to one or a few keys (low entropy) is
+    taken as inactive: inactive when the score is *below* the threshold."""
     A = _read(layer.pattern, "pattern")
     q, k = A.shape[-2:]
     entropy = A.new_empty(A.shape[:-1])  # [b, h, q]
@@ -129,18 +136,29 @@ def average_entropy_of_query_distributions(layer: Layer) -> Float[Tensor, "batch
 
 
 def first_token_value_vector_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    """FTVVN: the L2 norm of the first token's value vector, ``|v_first|``. A sink head attends to the first
+    token, so a small value there means it writes (nearly) nothing: inactive when the score is *below* the
+    threshold."""
     return _at(_read(layer.v, "v"), layer.first).norm(dim=-1)
 
 
 def average_value_vector_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    """AVVN: the L2 norm of the value vectors, averaged over the positions, ``mean_{j in P} |v_j|``. Small values
+    everywhere bound the head's output whatever it attends to: inactive when the score is *below* the threshold."""
     return layer.mean_over_positions(_read(layer.v, "v").norm(dim=-1).transpose(1, 2))
 
 
 def last_token_head_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    """LTHON: the L2 norm of the head's output (before ``W_O``) at the last non-padding position, ``|o_last|``,
+    ``o_i = sum_j A[i, j] v_j``: what the head adds where the next token is predicted. Inactive when the score is
+    *below* the threshold."""
     return _at(layer.z, layer.last).norm(dim=-1)
 
 
 def average_head_output_norm(layer: Layer) -> Float[Tensor, "batch head"]:
+    """AHON: the L2 norm of the head's output (before ``W_O``), averaged over the positions,
+    ``mean_{i in P} |o_i|``: how much the head writes at all. Inactive when the score is *below* the threshold; its
+    layer-normalised form, AHON (LN), is the paper's most robust score."""
     return layer.mean_over_positions(layer.z.norm(dim=-1).transpose(1, 2))
 
 
@@ -161,14 +179,19 @@ BASE_SCORES = (AWFT, AEQD, FTVVN, AVVN, LTHON, AHON)
 # ---------------------------------------------------------------- derived scores
 
 
-def layer_normalised(score: Score, denominator: Score | None = None, *, name: str | None = None) -> Score:
-    """``score`` divided by the mean of ``denominator`` (default: ``score`` itself) over the heads of the layer."""
+def layer_normalised(score: Score, denominator: Score | None = None, *, name: str | None = None,
+                     doc: str | None = None) -> Score:
+    """``score`` divided by the mean of ``denominator`` (default: ``score`` itself) over the heads of the layer
+    (``doc``: the new score's function's docstring)."""
     denominator = denominator or score
 
     def fn(layer: Layer) -> Float[Tensor, "batch head"]:
         x, mean = layer.value(score), layer.value(denominator).mean(-1, keepdim=True)
         # 0 / 0 (e.g. AEQD of a one-token input: every head has entropy 0) means all heads tie: call it 1.
         return torch.where((x == 0) & (mean == 0), 1.0, x / mean)
+
+    fn.__name__ = fn.__qualname__ = f"{score.fn.__name__}_layer_normalised"
+    fn.__doc__ = doc
 
     by = "" if denominator is score else f" of {denominator.name}"
     return Score(name or f"{score.name} (LN)", score.direction, fn,
@@ -181,7 +204,24 @@ def head_normalised(score: Score, denominator: Score, *, name: str) -> Score:
                  f"{score.name} divided by the same head's {denominator.name}", score.reads | denominator.reads)
 
 
-LN_SCORES = tuple(layer_normalised(s, AHON if s is LTHON else None) for s in BASE_SCORES)
+_SAME = ("{base} (LN): {base} of the head divided by the mean {base} of the layer's heads on the same input, so that heads are "
+         "compared with their own layer (norms and entropies differ in scale from layer to layer): {what}. "
+         "Inactive when the score is {side} the threshold; 1 where the whole layer scores 0.")
+LN_DOCS = {
+    "AWFT": _SAME.format(base="AWFT", side="*above*", what="a head that sinks more attention into the first token "
+                         "than its layer does on average"),
+    "AEQD": _SAME.format(base="AEQD", side="*below*", what="a head whose queries attend more narrowly than its "
+                         "layer's"),
+    "FTVVN": _SAME.format(base="FTVVN", side="*below*", what="a first-token value small for its layer"),
+    "AVVN": _SAME.format(base="AVVN", side="*below*", what="values small for their layer"),
+    "LTHON": ("LTHON (LN): the head's output norm at the last token divided by the layer's mean AHON (its heads' "
+              "average output norm over the positions) on the same input, ``|o_last| / mean_heads AHON``: the paper's "
+              "exception, which normalises by the average output and not by the layer's mean LTHON. Inactive when "
+              "the score is *below* the threshold."),
+    "AHON": _SAME.format(base="AHON", side="*below*", what="a head that writes little for its layer (the paper's "
+                         "most robust score: best normalised AUC on 8 of 14 models)"),
+}
+LN_SCORES = tuple(layer_normalised(s, AHON if s is LTHON else None, doc=LN_DOCS[s.name]) for s in BASE_SCORES)
 SCORES: tuple[Score, ...] = BASE_SCORES + LN_SCORES
 SCORE_NAMES: list[str] = [s.name for s in SCORES]
 DIRECTION: dict[str, str] = {s.name: s.direction for s in SCORES}
