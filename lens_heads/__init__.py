@@ -21,6 +21,7 @@ from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.items import Item, Task
 from lens_heads.data.tasks import load_task
+from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
@@ -49,7 +50,7 @@ __all__ = [
     # head scores
     "SCORE_NAMES", "HeadScores", "score_heads", "thresholds", "Thresholds", "load_thresholds", "save_thresholds",
     # evaluation and ablation
-    "EvalResult", "evaluate", "evaluate_each", "paired_difference",
+    "EvalResult", "EvalSettings", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads", "mean_z", "remove_layers",
     # sweeps, effects and their statistics
     "SweepResult", "load_sweep", "run_sweep", "sweep_intervals", "ranking_sweep",

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.data.inputs import tokenize_inputs
-from lens_heads.data.rows import DEFAULT_PROTOCOL
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import inactive
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -101,10 +101,17 @@ class LayerScores:
 
 
 def layer_scores(model, task, *, scores: HeadScores | None = None, zero_fraction: float = 0.3,
-                 batch_size: int = 8, progress: bool = True, protocol: str = DEFAULT_PROTOCOL) -> LayerScores:
+                 settings: EvalSettings | None = None, progress: bool = True, **options) -> LayerScores:
     """Every per-layer score of ``model`` on ``task`` (module docstring): one pass over the task's forward rows for
     Block Influence, the rank profile on the items' prompts in both aggregations, and AHON from ``scores`` (the
-    task's :func:`lens_heads.heads.scoring.score_heads`, computed here when not given)."""
+    task's :func:`lens_heads.heads.scoring.score_heads`, computed here when not given). ``settings``
+    (:class:`lens_heads.evaluation.eval_settings.EvalSettings`, or its fields as keywords laid over it): the rows'
+    ``protocol`` and ``apply_chat_template`` and a whole-number ``batch_size``; ``meta["settings"]`` records it."""
+    evaluation = eval_settings(settings, options)
+    batch_size, protocol = evaluation.batch_size, evaluation.protocol
+    if not isinstance(batch_size, int):
+        raise InputError("layer_scores runs its own passes, which don't find a batch size: give batch_size a whole "
+                         "number")
     if isinstance(task, (str, bytes)):
         raise InputError(f"layer_scores takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
     items = list(task)
@@ -112,13 +119,13 @@ def layer_scores(model, task, *, scores: HeadScores | None = None, zero_fraction
         raise InputError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
     if not 0 < zero_fraction < 1:
         raise InputError(f"zero_fraction must lie in (0, 1), got {zero_fraction}")
-    tokens, mask = tokenize_inputs(model, task, protocol=protocol)
+    tokens, mask = tokenize_inputs(model, task, **evaluation.rows())
     block, attention = block_influence(model, tokens, mask, batch_size=batch_size, progress=progress)
     prompts = [item.prompt for item in items]
     per_input = attention_rank(model, prompts, average=False, batch_size=batch_size, progress=progress)
     averaged = attention_rank(model, prompts, average=True, batch_size=batch_size, progress=progress)
     if scores is None:
-        scores = score_heads(model, task, batch_size=batch_size, progress=progress, protocol=protocol)
+        scores = score_heads(model, task, settings=evaluation, progress=progress)
     if scores.values.shape[1:3] != (model.cfg.n_layers, model.cfg.n_heads):
         raise InputError(f"scores are of a model with {tuple(scores.values.shape[1:3])} layers x heads, not this "
                          f"model's ({model.cfg.n_layers}, {model.cfg.n_heads}): score this model")
@@ -126,6 +133,7 @@ def layer_scores(model, task, *, scores: HeadScores | None = None, zero_fraction
     cut = thresholds(scores, name, [zero_fraction])[zero_fraction]
     zero_share = inactive(scores.score(name).float(), scores.direction[name], cut).float().mean((0, 2))
     meta = dict(model=model_meta(model), data=task.meta() if hasattr(task, "meta") else {}, protocol=protocol,
+                settings=evaluation.to_dict(),
                 n_rows=int(tokens.shape[0]), n_tokens=int(mask.sum()), zero_fraction=zero_fraction,
                 ahon_ln_threshold=float(cut), rank=dict(per_input=per_input.meta, averaged=averaged.meta,
                                                         lazy_rule=per_input.lazy_rule),

@@ -23,64 +23,67 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
-from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
-from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.data.rows import Row, build_rows
+from lens_heads.evaluation.batching import AUTO, first_size, halving
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.fused_attention import AttentionCalls
 from lens_heads.evaluation.hook_sets import hook_objects, hook_set
 from lens_heads.evaluation.logprobs import item_records
 from lens_heads.evaluation.passes import attention_ran, run_passes
-from lens_heads.evaluation.results import EvalResult, check_primary
+from lens_heads.evaluation.results import EvalResult
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
 
 ACC_NORM = "per_char: log-likelihood / characters of the choice, without the continuation's leading space (lm-eval's)"
-ATTENTION = ("fused", "eager")
 
 
 # ---------------------------------------------------------------- the evaluator
 
 
 @torch.no_grad()
-def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
-             primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
-             attention: str = "fused", first_input: int = 0) -> EvalResult:
+def evaluate(model, task, *, hooks: Iterable | None = None, settings: EvalSettings | None = None,
+             progress: bool = True, first_input: int = 0, **options) -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.data.tasks.Task`) by log-likelihood.
 
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
-    :class:`lens_heads.ablation.hooks.HeadAblation`); objects with a ``batch(attention_mask, inputs=)`` context manager are
-    told each batch's padding mask and which item each row belongs to, numbered from ``first_input`` (the index of
-    ``task``'s first item when it is a block of a larger task, so a random ablation draws what it draws on the
-    whole). ``primary``: the scoring behind ``.accuracy``
-    (``"sum"``, ``"per_token"`` or ``"per_char"``). ``protocol`` (``"lm-eval"`` or ``"tl"``) and
-    ``apply_chat_template`` choose the forward rows (:mod:`lens_heads.data.rows`). ``batch_size="auto"``: the largest
-    that fits (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank evaluates a block of the items and every rank
-    returns all the records (:mod:`lens_heads.plumbing.distributed`).
-    ``attention="fused"`` runs fused SDPA attention in every layer whose pattern no hook reads
-    (:mod:`lens_heads.evaluation.fused_attention`; same log-likelihoods to float rounding); ``"eager"`` materialises every
-    pattern. Rows that begin alike compute their common beginning once (:mod:`lens_heads.evaluation.prefix`) wherever the hooks
-    allow it: unhooked, static zeroing, mean ablation, ``zero_heads`` and random zeroing drawn per item; the
-    per-input threshold zeroing decides from the whole row and keeps the row-by-row path, as do random zeroing drawn
-    per row (told each row's key: its first choice), unknown hooks and ``attention="eager"``.
+    :class:`lens_heads.ablation.hooks.HeadAblation`), or None for none; objects with a
+    ``batch(attention_mask, inputs=)`` context manager are told each batch's padding mask and which item each row
+    belongs to, numbered from ``first_input`` (the index of ``task``'s first item when it is a block of a larger
+    task, so a random ablation draws what it draws on the whole).
+
+    ``settings`` (:class:`lens_heads.evaluation.eval_settings.EvalSettings`), or its fields as keywords
+    (``options``, laid over ``settings``): ``batch_size`` (rows per forward, or ``"auto"``: the largest that fits,
+    :mod:`lens_heads.evaluation.batching`); ``primary``: the scoring behind ``.accuracy`` (``"sum"``,
+    ``"per_token"`` or ``"per_char"``); ``protocol`` (``"lm-eval"`` or ``"tl"``) and ``apply_chat_template`` choose
+    the forward rows (:mod:`lens_heads.data.rows`); ``attention="fused"`` runs fused SDPA attention in every layer
+    whose pattern no hook reads (:mod:`lens_heads.evaluation.fused_attention`; same log-likelihoods to float
+    rounding), ``"eager"`` materialises every pattern. The result's ``meta["settings"]`` records them whole.
+
+    Under torchrun each rank evaluates a block of the items and every rank returns all the records
+    (:mod:`lens_heads.plumbing.distributed`). Rows that begin alike compute their common beginning once
+    (:mod:`lens_heads.evaluation.prefix`) wherever the hooks allow it: unhooked, static zeroing, mean ablation,
+    ``zero_heads`` and random zeroing drawn per item; the per-input threshold zeroing decides from the whole row and
+    keeps the row-by-row path, as do random zeroing drawn per row (told each row's key: its first choice), unknown
+    hooks and ``attention="eager"``.
     """
-    return evaluate_each(model, task, [hooks], batch_size=batch_size, progress=progress, primary=primary,
-                         protocol=protocol, apply_chat_template=apply_chat_template, attention=attention,
-                         first_input=first_input)[0]
+    return evaluate_each(model, task, [hooks], settings=settings, progress=progress, first_input=first_input,
+                         **options)[0]
 
 
 @torch.no_grad()
-def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8, progress: bool = True,
-                  primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
-                  attention: str = "fused", first_input: int = 0, _shared_prefixes: bool = True) -> list[EvalResult]:
-    """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set.
+def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | None = None, progress: bool = True,
+                  first_input: int = 0, _shared_prefixes: bool = True, **options) -> list[EvalResult]:
+    """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set;
+    ``settings`` and ``options`` as for ``evaluate``.
 
     The sets share the forward below the layers they hook: per batch the unhooked trunk runs once, and each set
     runs only the blocks from the first one it hooks (read from its hook names, ``blocks.{layer}.``...). Removing
@@ -91,50 +94,63 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     TransformerBridge runs the blocks before it) each set runs whole (no shared trunk: one full evaluation per set),
     and on one whose attention lens_heads doesn't fuse (the bridge's is its own) rows run one by one (no shared
     prefixes)."""
-    settings: dict[str, Any] = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
-                                    apply_chat_template=apply_chat_template, attention=attention,
-                                    first_input=first_input, _shared_prefixes=_shared_prefixes)
     if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
         raise InputError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
+    run = _Run(eval_settings(settings, options), progress, first_input, _shared_prefixes)
     if distributed.sharding():
-        return _evaluate_shards(model, task, hook_sets, settings)
-    if batch_size == AUTO:
-        return _evaluate_auto(model, task, hook_sets, settings)
-    check_batch_size(batch_size)
-    assert isinstance(batch_size, int)  # "auto" has returned above, and check_batch_size refuses the rest
-    check_primary(primary)
-    if attention not in ATTENTION:
-        raise InputError(f"attention must be one of {ATTENTION}, got {attention!r}")
+        return _evaluate_shards(model, task, hook_sets, run)
+    if run.settings.batch_size == AUTO:
+        return _evaluate_auto(model, task, hook_sets, run)
+    return _evaluate(model, task, hook_sets, run)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One call's settings and what it adds for this call only: the progress bar, the first item's index and
+    whether shared prefixes may be used."""
+
+    settings: EvalSettings
+    progress: bool
+    first_input: int
+    shared_prefixes: bool
+
+    def again(self, **changes) -> "_Run":
+        return replace(self, **changes)
+
+
+def _evaluate(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
+    """``evaluate_each`` at a whole-number batch size, in this process."""
+    s = run.settings
+    assert isinstance(s.batch_size, int)  # "auto" is resolved by the caller
     items = list(task)
     if not items:
         raise InputError("the task has no items")
     sets = [hook_set(model, hooks) for hooks in hook_sets]
-    check_protocol(protocol)
-    chat = resolve_chat_template(model, apply_chat_template)
-    rows = _checked_rows(model, items, protocol, chat)
+    chat = resolve_chat_template(model, s.apply_chat_template)
+    rows = _checked_rows(model, items, s.protocol, chat)
     start_time = time.perf_counter()
     attention_calls = AttentionCalls()
-    bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item", disable=not progress,
-               leave=False)
-    outputs, stats, shared_prefix = run_passes(model, items, rows, sets, batch_size, first_input, bar, attention,
-                                               attention_calls, _shared_prefixes)
+    bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item",
+               disable=not run.progress, leave=False)
+    outputs, stats, shared_prefix = run_passes(model, items, rows, sets, s.batch_size, run.first_input, bar,
+                                               s.attention, attention_calls, run.shared_prefixes)
     bar.close()
-    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, batch_size=batch_size,
-                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat, acc_norm=ACC_NORM,
-                rows=len(rows), wall_s=time.perf_counter() - start_time, ci_method="wilson 95%",
-                attention=attention_ran(model, attention, attention_calls),
+    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, settings=s.to_dict(),
+                batch_size=s.batch_size, protocol=s.protocol, apply_chat_template=s.apply_chat_template,
+                chat_template=chat, acc_norm=ACC_NORM, rows=len(rows), wall_s=time.perf_counter() - start_time,
+                ci_method="wilson 95%", attention=attention_ran(model, s.attention, attention_calls),
                 shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
-    return _results(task, items, rows, hook_sets, outputs, primary, meta)
+    return _results(task, items, rows, hook_sets, outputs, s.primary, meta)
 
 
-def _evaluate_auto(model, task, hook_sets: Sequence, settings: dict) -> list[EvalResult]:
+def _evaluate_auto(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
     """``batch_size="auto"``: ``evaluate_each`` at the device's start size, halved after each out-of-memory error."""
     start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
     described = [obj for hooks in hook_sets for obj in hook_objects(hooks)]
-    return halving(lambda size: evaluate_each(model, task, hook_sets, **{**settings, "batch_size": size}), start,
-                   described)
+    return halving(lambda size: _evaluate(model, task, hook_sets, run.again(settings=run.settings.replace(
+        batch_size=size))), start, described)
 
 
 def _checked_rows(model, items, protocol: str, chat) -> list[Row]:
@@ -159,20 +175,22 @@ def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary
 # ---------------------------------------------------------------- under torchrun
 
 
-def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[EvalResult]:
+def _evaluate_shards(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
     """``evaluate_each`` on this rank's block of the items; the blocks' records gathered in order on every rank."""
     items = list(task)
     if not items:
         raise InputError("the task has no items")
-    distributed.check_agree(_identity(model, items, settings), "model, items and settings of the evaluation")
+    distributed.check_agree(_identity(model, items, run), "model, items and settings of the evaluation")
     mine = distributed.block(len(items), distributed.rank(), distributed.world_size())
     local = None
     if len(mine):
         part = replace(task, items=items[mine.start:mine.stop]) if hasattr(task, "items") else items[mine.start:mine.stop]
         with distributed.local():
-            shard = dict(first_input=settings["first_input"] + mine.start,
-                         progress=settings["progress"] and distributed.is_main())
-            local = [(r.items, r.meta) for r in evaluate_each(model, part, hook_sets, **{**settings, **shard})]
+            shard = run.again(first_input=run.first_input + mine.start,
+                              progress=run.progress and distributed.is_main())
+            local = [(r.items, r.meta) for r in evaluate_each(model, part, hook_sets, settings=shard.settings,
+                                                              progress=shard.progress, first_input=shard.first_input,
+                                                              _shared_prefixes=shard.shared_prefixes)]
     parts = [p for p in distributed.all_gather(local) if p]
     results = []
     for k in range(len(hook_sets)):
@@ -183,13 +201,13 @@ def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[E
                                                                    "padded_tokens", "row_tokens")})
         results.append(EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
                                   items=[record for part in parts for record in part[k][0]],
-                                  chance=float(getattr(task, "chance", float("nan"))), primary=settings["primary"],
+                                  chance=float(getattr(task, "chance", float("nan"))), primary=run.settings.primary,
                                   meta=meta))
     return results
 
 
-def _identity(model, items, settings: dict) -> dict:
+def _identity(model, items, run: _Run) -> dict:
     ids = "\n".join(item.id for item in items).encode()
     return dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
-                items=hashlib.sha256(ids).hexdigest()[:16], n=len(items),
-                **{k: v for k, v in settings.items() if k != "progress"})
+                items=hashlib.sha256(ids).hexdigest()[:16], n=len(items), **run.settings.to_dict(),
+                first_input=run.first_input, _shared_prefixes=run.shared_prefixes)

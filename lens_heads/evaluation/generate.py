@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_eval_bos
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
 from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
 from lens_heads.evaluation.results import wilson_interval
@@ -62,7 +63,7 @@ class Generation:
 
 
 @torch.no_grad()
-def generate(model, prompt: str | Sequence[int], *, hooks: Iterable = (), max_new_tokens: int = 256,
+def generate(model, prompt: str | Sequence[int], *, hooks: Iterable | None = None, max_new_tokens: int = 256,
              stop: Sequence[str] = GSM8K_STOP, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
              input_id: int = 0) -> Generation:
     """Greedy continuation of ``prompt`` (text, or token ids used as given) with ``hooks`` in every forward.
@@ -232,17 +233,19 @@ class GenerationResult:
         return f"GenerationResult({self.task}: exact match {self.accuracy:.3f} [{low:.3f}, {high:.3f}] on n={self.n})"
 
 
-def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: int = 256,
-                        stop: Sequence[str] | None = None, cache: bool = False, protocol: str = DEFAULT_PROTOCOL,
-                        apply_chat_template: bool | str = False, progress: bool = True,
-                        first_input: int = 0) -> GenerationResult:
+def evaluate_generation(model, task, *, hooks: Iterable | None = None, max_new_tokens: int = 256,
+                        stop: Sequence[str] | None = None, cache: bool = False, settings: EvalSettings | None = None,
+                        progress: bool = True, first_input: int = 0, **options) -> GenerationResult:
     """Greedy-generate for every item of ``task`` (items need a ``target``, as GSM8K's do) and score exact match:
     for ``gsm8k_lm_eval`` by lm-eval's two filters (strict-match primary), else :func:`extract_answer` against the
     normalised target. ``stop``: the task's stops by default (:data:`TASK_STOPS`). Hooks and HeadAblation objects act
     as in :func:`generate`; item ``i`` is input ``first_input + i`` to them (a run split into parts keeps its random
-    draws). ``apply_chat_template`` renders each prompt as lm-eval does
-    (:mod:`lens_heads.data.chat`).
+    draws). ``settings`` (:class:`lens_heads.evaluation.eval_settings.EvalSettings`, or its fields as keywords laid
+    over it): its ``protocol`` and ``apply_chat_template``, which renders each prompt as lm-eval does
+    (:mod:`lens_heads.data.chat`); ``meta["settings"]`` records it whole.
     ``meta`` holds the cost: wall and CPU seconds (this process, all threads) and the tokens generated."""
+    evaluation = eval_settings(settings, options)
+    protocol, apply_chat_template = evaluation.protocol, evaluation.apply_chat_template
     items = list(task)
     if not items:
         raise InputError("the task has no items")
@@ -270,7 +273,7 @@ def evaluate_generation(model, task, *, hooks: Iterable = (), max_new_tokens: in
                 reading="lm-eval gsm8k filters (strict-match, flexible-extract)" if name in LM_EVAL_TASKS else
                 "number after the last 'answer is', else the last number",
                 protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
-                wall_s=time.perf_counter() - start,
+                settings=evaluation.to_dict(), wall_s=time.perf_counter() - start,
                 cpu_s=time.process_time() - cpu_start, new_tokens=sum(r.n_new_tokens for r in records),
                 ci_method="wilson 95%")
     return GenerationResult(task=name, items=records, meta=meta)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from lens_heads.data.rows import DEFAULT_PROTOCOL
+from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.rankings import Head, Ranking
 from lens_heads.plumbing.errors import InputError
@@ -40,9 +40,8 @@ class AttributionRanking:
                     backward_passes=self.effects.meta.get("backward_passes"))
 
 
-def attribution_ranking(model, calibration, *, metric: str = "kl", batch_size: int = 8, progress: bool = True,
-                        primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-                        apply_chat_template: bool = False) -> AttributionRanking:
+def attribution_ranking(model, calibration, *, metric: str = "kl", settings: EvalSettings | None = None,
+                        progress: bool = True, **options) -> AttributionRanking:
     """Rank ``model``'s heads by attribution patching on the ``calibration`` items: the size (mean |per-item
     effect|) of each head's linearised ``metric`` (``"kl"`` by default: it reads no gold answer), smallest first.
     The other settings are :func:`head_effects`'s."""
@@ -50,9 +49,8 @@ def attribution_ranking(model, calibration, *, metric: str = "kl", batch_size: i
         raise InputError("attribution_ranking: calibration has no items, and attribution needs items to rank the "
                          "heads on: give a task with items (lens_heads.load_task(name, n=20))")
     wall, cpu = time.perf_counter(), time.process_time()
-    effects = head_effects(model, calibration, method="attribution", metric=metric, batch_size=batch_size,
-                           progress=progress, primary=primary, protocol=protocol,
-                           apply_chat_template=apply_chat_template)
+    effects = head_effects(model, calibration, method="attribution", metric=metric, settings=settings,
+                           progress=progress, **options)
     return AttributionRanking(effects, wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu)
 
 

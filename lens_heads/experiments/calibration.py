@@ -7,6 +7,7 @@ import hashlib
 
 from lens_heads.ablation.specs import ScoreCalibration
 from lens_heads.data.rows import context_tokens
+from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.experiments.sweep_result import calibration_key
 from lens_heads.experiments.unit_store import UnitStore
 from lens_heads.heads.distributions import pooled_cdf
@@ -21,11 +22,10 @@ class Calibration:
     need and kept in ``out_dir/calibration.json`` under the run's fingerprint, so a resumed sweep uses exactly the
     thresholds of the first run without scoring again."""
 
-    def __init__(self, model, task, calibration, store: UnitStore, batch_size: int | str, progress: bool, rows: dict,
+    def __init__(self, model, task, calibration, store: UnitStore, settings: EvalSettings, progress: bool,
                  extras=(), thresholds=None):
-        self._model, self._task, self._calibration, self._rows = model, task, calibration, rows
-        self._extras, self._thresholds = list(extras), thresholds
-        self._batch_size, self._progress = batch_size, progress
+        self._model, self._task, self._calibration, self._settings = model, task, calibration, settings
+        self._extras, self._thresholds, self._progress = list(extras), thresholds, progress
         self._fingerprint = store.fingerprint
         self._path = store.out / "calibration.json" if store.out is not None else None
         self._scores = None
@@ -40,9 +40,9 @@ class Calibration:
             if source == "rows":
                 source = self._task
             elif source == "prompts":
-                source = [context_tokens(self._model, item, **self._rows) for item in self._task]
-            self._scores = score_heads(self._model, source, batch_size=self._batch_size, progress=self._progress,
-                                       extras=self._extras, **self._rows)
+                source = [context_tokens(self._model, item, **self._settings.rows()) for item in self._task]
+            self._scores = score_heads(self._model, source, settings=self._settings, progress=self._progress,
+                                       extras=self._extras)
         return self._scores
 
     def _lookup(self, kind: str, score: str, p: float, compute):

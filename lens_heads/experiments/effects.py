@@ -44,10 +44,11 @@ from tqdm.auto import tqdm
 
 from lens_heads.ablation.hooks import mean_z, zero_heads
 from lens_heads.data.inputs import pad_id
-from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows, check_protocol
+from lens_heads.data.rows import build_rows
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.logprobs import batches, choice_chars, continuation_tokens, pad_rows, read_logprobs
-from lens_heads.evaluation.results import Z95, EvalResult, ItemRecord, check_primary, paired_values
+from lens_heads.evaluation.results import Z95, EvalResult, ItemRecord, paired_values
 from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from lens_heads.experiments.unit_store import run_fingerprint
 from lens_heads.models.backends import get_act_name, run_to_resid
@@ -148,24 +149,25 @@ class HeadEffects:
         return cls(values=values, **header)
 
 
-def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None, batch_size: int = 8,
-                 progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-                 apply_chat_template: bool | str = False) -> HeadEffects:
+def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None,
+                 settings: EvalSettings | None = None, progress: bool = True, **options) -> HeadEffects:
     """The effect of removing each head of ``model`` on ``task`` (see the module docstring for the methods and
     metrics; all three metrics are computed, ``metric`` is the one the result ranks heads by).
 
     ``out_dir`` (ablation and mean): each head's evaluation is written there as it finishes and reused on a rerun
-    with the same model, items and settings. ``primary``: the choice scoring (``"sum"``, ``"per_token"``,
-    ``"per_char"``) behind accuracy and the answer distribution. ``protocol`` and ``apply_chat_template``: the
-    forward rows, as in :func:`lens_heads.evaluation.evaluate` (:mod:`lens_heads.data.rows`). Attribution keeps every layer's
+    with the same model, items and settings. ``settings`` (:class:`lens_heads.evaluation.eval_settings.EvalSettings`,
+    or its fields as keywords laid over it; ``meta["settings"]`` records it whole): ``primary``, the choice scoring
+    (``"sum"``, ``"per_token"``, ``"per_char"``) behind accuracy and the answer distribution; ``protocol`` and
+    ``apply_chat_template``, the forward rows, as in :func:`lens_heads.evaluation.evaluate`
+    (:mod:`lens_heads.data.rows`); ``batch_size`` and ``attention``, how they run. Attribution keeps every layer's
     activations for the backward pass (memory ~ batch_size x length^2 x layers for the attention): give long
     few-shot prompts a small ``batch_size``."""
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}: choose one of {METHODS}")
     if metric not in EFFECT_METRICS:
         raise InputError(f"unknown metric {metric!r}: choose one of {EFFECT_METRICS}")
-    check_primary(primary)
-    check_protocol(protocol)
+    evaluation = eval_settings(settings, options)
+    primary = evaluation.primary
     items = list(task)
     if not items:
         raise InputError("the task has no items: load it with a positive n (lens_heads.load_task(name, n=...))")
@@ -180,21 +182,20 @@ def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", o
         raise InputError("this model has no tokenizer, and a text task needs one: load the model with its tokenizer "
                          "(tiny_model(tokenizer=...) for a toy model)")
     start = time.perf_counter()
-    layout = dict(protocol=protocol, apply_chat_template=apply_chat_template)
     if method == "attribution":
-        base, removed, stats = _attribution(model, task, batch_size=batch_size, progress=progress, primary=primary,
-                                            layout=layout)
+        base, removed, stats = _attribution(model, task, settings=evaluation, progress=progress)
     else:
-        base, removed, stats = _ablation(model, task, method=method, out_dir=out_dir, batch_size=batch_size,
-                                         progress=progress, primary=primary, layout=layout)
+        base, removed, stats = _ablation(model, task, method=method, out_dir=out_dir, settings=evaluation,
+                                         progress=progress)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     values = torch.empty((len(items), L, H, len(EFFECT_METRICS)), dtype=torch.float64)
     for (layer, head), records in removed.items():
         per_item = paired_values(list(zip(records, base.items)), primary)
         values[:, layer, head] = torch.tensor(np.stack([per_item[m] for m in EFFECT_METRICS], axis=1))
-    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, primary=primary, **layout,
+    meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, primary=primary,
+                **evaluation.rows(), settings=evaluation.to_dict(),
                 baseline=dict(accuracy=base.accuracy, ci95=list(base.ci95), n=base.n, chance=base.chance),
-                batch_size=batch_size, ci_method=CI_METHOD, wall_s=time.perf_counter() - start, **stats)
+                batch_size=evaluation.batch_size, ci_method=CI_METHOD, wall_s=time.perf_counter() - start, **stats)
     return HeadEffects(values=values, metrics=list(EFFECT_METRICS), metric=metric, method=method,
                        item_ids=[it.id for it in items], meta=meta)
 
@@ -207,20 +208,29 @@ def _ascending(size: Float[Tensor, "layer head"]) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- ablation and mean ablation: one evaluation a head
 
 
-def task_means(model, task, *, batch_size: int = 8, protocol: str = DEFAULT_PROTOCOL,
-               apply_chat_template: bool = False) -> Float[Tensor, "layer head d_head"]:
-    """Every head's mean ``hook_z`` over the positions of the rows an evaluation of ``task`` runs (what mean
-    ablation substitutes; :func:`lens_heads.ablation.hooks.mean_z`)."""
-    rows = build_rows(model, list(task), protocol=protocol, apply_chat_template=apply_chat_template)
-    return mean_z(model, [row.tokens for row in rows], batch_size=batch_size)
+def task_means(model, task, *, settings: EvalSettings | None = None, **options) -> Float[Tensor, "layer head d_head"]:
+    """Every head's mean ``hook_z`` over the positions of the rows an evaluation of ``task`` runs under ``settings``
+    (or its fields as keywords: its ``protocol``, ``apply_chat_template`` and ``batch_size``; what mean ablation
+    substitutes; :func:`lens_heads.ablation.hooks.mean_z`)."""
+    evaluation = eval_settings(settings, options)
+    rows = build_rows(model, list(task), **evaluation.rows())
+    return mean_z(model, [row.tokens for row in rows], batch_size=_whole(evaluation.batch_size, "mean ablation"))
 
 
-def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: bool, primary: str, layout: dict):
-    means = task_means(model, task, batch_size=batch_size, **layout) if method == "mean" else None
-    settings = dict(method=method, primary=primary, **layout)
+def _whole(batch_size: int | str, what: str) -> int:
+    """A whole-number batch size: the passes that don't halve on out-of-memory refuse ``"auto"``."""
+    if not isinstance(batch_size, int):
+        raise InputError(f"{what} runs its own passes, which don't find a batch size: give batch_size a whole number")
+    return batch_size
+
+
+def _ablation(model, task, *, method: str, out_dir, settings: EvalSettings, progress: bool):
+    means = task_means(model, task, settings=settings) if method == "mean" else None
+    # what a stored head's numbers depend on (not the batch size or attention, float rounding apart)
+    key = dict(method=method, primary=settings.primary, **settings.rows())
     if means is not None:  # the substituted values are part of what a stored head means
-        settings["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
-    fingerprint = run_fingerprint(model, task, **settings)
+        key["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
+    fingerprint = run_fingerprint(model, task, **key)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         claim_folder(out, fingerprint, marker="effects.json")
@@ -237,7 +247,7 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
 
     base = stored("baseline")
     if base is None:
-        base = evaluate(model, task, batch_size=batch_size, progress=False, primary=primary, **layout)
+        base = evaluate(model, task, settings=settings, progress=False)
         store("baseline", base)
     removed = {}
     ablation = "mean" if method == "mean" else "zero"
@@ -253,7 +263,7 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
             else:
                 removed[(layer, head)] = found.items
         results = evaluate_each(model, task, [zero_heads([(layer, head)], ablation=ablation, means=means) for head in todo],
-                                batch_size=batch_size, progress=False, primary=primary, **layout) if todo else []
+                                settings=settings, progress=False) if todo else []
         for head, result in zip(todo, results):
             store(names[head], result)
             removed[(layer, head)] = result.items
@@ -265,11 +275,12 @@ def _ablation(model, task, *, method: str, out_dir, batch_size: int, progress: b
 # ---------------------------------------------------------------- attribution patching: one backward a batch
 
 
-def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, layout: dict):
+def _attribution(model, task, *, settings: EvalSettings, progress: bool):
     """Intact log-likelihoods and, per head, their linearised values with the head zeroed."""
     items = list(task)
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    rows = build_rows(model, items, **layout)
+    rows = build_rows(model, items, **settings.rows())
+    batch_size = _whole(settings.batch_size, "attribution")
     n_choices = max(len(it.continuations) for it in items)
     n_tokens = continuation_tokens(items, rows)
     logprobs = torch.full((len(items), n_choices), math.nan, dtype=torch.float64)
@@ -287,7 +298,7 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
             logprobs[item, choice] = value
         bar.update(len(batch))
     bar.close()
-    base = EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), primary=primary,
+    base = EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), primary=settings.primary,
                       chance=float(getattr(task, "chance", math.nan)), items=_records_from_logprobs(items, logprobs, n_tokens))
     removed = {(layer, head): _records_from_logprobs(items, logprobs + change[..., layer, head], n_tokens)
                for layer in range(L) for head in range(H)}
@@ -359,16 +370,15 @@ def _records_from_logprobs(items, logprobs: Tensor, n_tokens: list[list[int]]) -
 
 
 def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30),
-                 label: str = "oracle", out_dir=None, batch_size: int = 8, progress: bool = True,
-                 primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False):
+                 label: str = "oracle", out_dir=None, settings: EvalSettings | None = None, progress: bool = True,
+                 **options):
     """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
     first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
     :class:`lens_heads.experiments.sweep_result.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
-    kept and reused like the sweep's units."""
+    kept and reused like the sweep's units. ``settings`` and ``options``: :func:`lens_heads.evaluation.evaluate`'s."""
     order = [(int(layer), int(head)) for layer, head in order]
     # the order keys the run, as it did before rankings shared this sweep: stored oracle units stay valid
     return ranking_sweep(model, task, [Ranking(label, order=tuple(order))], fractions=fractions, out_dir=out_dir,
-                         marker="oracle.json", key=dict(oracle_order=[list(h) for h in order]), batch_size=batch_size,
-                         progress=progress, primary=primary, protocol=protocol,
-                         apply_chat_template=apply_chat_template)
+                         marker="oracle.json", key=dict(oracle_order=[list(h) for h in order]), settings=settings,
+                         progress=progress, **options)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from lens_heads.ablation.removed_layers import check_layer_order, check_layers
 from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation, Unablated
-from lens_heads.data.rows import DEFAULT_PROTOCOL
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_values
 from lens_heads.experiments.rankings import check_head_order
@@ -79,18 +79,20 @@ def _check_counts(counts: Sequence[int], n_layers: int) -> list[int]:
 # ---------------------------------------------------------------- evaluating them
 
 
-def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, batch_size: int = 8,
-                   chunk: int = 12, progress: bool = True, primary: str = "sum",
-                   protocol: str = DEFAULT_PROTOCOL) -> dict[AblationSpec, UnitResult]:
+def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, chunk: int = 12,
+                   settings: EvalSettings | None = None, progress: bool = True,
+                   **options) -> dict[AblationSpec, UnitResult]:
     """Every spec (built for ``model``, static: no calibration) evaluated on ``task``, and the unablated baseline
     (always included). ``chunk`` specs at a time share each batch's forward below their first hooked layer; each
     finished unit is kept in ``out_dir`` under the run's fingerprint (model, items, scoring, rows) and its spec.
-    Layer removals that differ only in the ranking that named them (``order``) are one measurement."""
+    Layer removals that differ only in the ranking that named them (``order``) are one measurement. ``settings``
+    (or its fields as keywords): :func:`lens_heads.evaluation.evaluate`'s."""
     specs = list(dict.fromkeys([Unablated(), *specs]))
     if chunk < 1:
         raise InputError(f"chunk must be at least 1, got {chunk}")
-    store = UnitStore(out_dir, run_fingerprint(model, task, primary=primary, protocol=protocol,
-                                               apply_chat_template=False), marker=MARKER)
+    evaluation = eval_settings(settings, options)
+    store = UnitStore(out_dir, run_fingerprint(model, task, primary=evaluation.primary, **evaluation.rows()),
+                      marker=MARKER)
     measured = {spec: replace(spec, order=None) if isinstance(spec, LayerRemoval) else spec for spec in specs}
     units = {spec: unit for spec in dict.fromkeys(measured.values()) if (unit := store.load(spec)) is not None}
     todo = sorted([s for s in dict.fromkeys(measured.values()) if s not in units],
@@ -101,8 +103,8 @@ def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, 
         part = todo[start:start + chunk]
         built = [spec.build(model) for spec in part]
         began = time.perf_counter()
-        results = evaluate_each(model, task, [[b] if b is not None else [] for b in built], batch_size=batch_size,
-                                progress=False, primary=primary, protocol=protocol)
+        results = evaluate_each(model, task, [[b] if b is not None else [] for b in built], settings=evaluation,
+                                progress=False)
         wall = (time.perf_counter() - began) / len(part)
         for spec, ablation, result in zip(part, built, results):
             units[spec] = unit_result(spec, ablation, result, wall)

@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lens_heads.ablation.specs import AblationSpec, InputAblation, StaticAblation, Unablated
-from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.sweep_run import DEFAULT_FRACTIONS, run_unit
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
@@ -85,9 +85,8 @@ def check_head_order(order: Sequence[Head], n_layers: int, n_heads: int, what: s
 
 
 def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT_FRACTIONS, means=None,
-                  out_dir=None, marker: str = "rankings.json", key: dict | None = None, batch_size: int = 8,
-                  progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-                  apply_chat_template: bool | str = False) -> SweepResult:
+                  out_dir=None, marker: str = "rankings.json", key: dict | None = None,
+                  settings: EvalSettings | None = None, progress: bool = True, **options) -> SweepResult:
     """Evaluate ``task`` with the first ``round(p x layers x heads)`` heads of each ranking zeroed (or
     mean-ablated) at each target share ``p`` of ``fractions``, beside one unablated baseline.
 
@@ -95,32 +94,35 @@ def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT
     one with ``per_input`` orders (one per item of ``task``, in its order) a per-input curve. ``means``
     (:func:`lens_heads.ablation.hooks.mean_z` of calibration inputs) serve the rankings with ``ablation="mean"``.
     ``out_dir``: each finished unit is kept there under the run's fingerprint (model, items, settings, ``key``,
-    the means) and its spec (which names its heads), and reused on a rerun."""
+    the means) and its spec (which names its heads), and reused on a rerun. ``settings``
+    (:class:`lens_heads.evaluation.eval_settings.EvalSettings`, or its fields as keywords laid over it): every
+    unit's evaluation, recorded whole in ``meta["settings"]``."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     plan = [Unablated()] + _specs(rankings, fractions, len(task), L, H)
     if any(r.ablation == "mean" for r in rankings) and means is None:
         raise InputError("a ranking with ablation='mean' needs means=: compute them on calibration inputs "
                          "(lens_heads.experiments.effects.task_means(model, calibration))")
-    layout = dict(protocol=check_protocol(protocol), apply_chat_template=apply_chat_template)
-    settings = dict(key or {})
+    evaluation = eval_settings(settings, options)
+    keyed = dict(key or {})
     if means is not None:  # the substituted values are part of what a stored unit means
-        settings["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
-    fingerprint = run_fingerprint(model, task, primary=primary, **settings, **layout)
+        keyed["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()[:16]
+    fingerprint = run_fingerprint(model, task, primary=evaluation.primary, **keyed, **evaluation.rows())
     store = UnitStore(out_dir, fingerprint, marker=marker)
     units = []
     bar = tqdm(plan, desc=f"rankings on {getattr(task, 'name', 'task')}", unit="unit", disable=not progress)
     for spec in bar:
         unit = store.load(spec)
         if unit is None:
-            unit = run_unit(model, task, spec, means=means if spec.ablation == "mean" else None, batch_size=batch_size,
-                            progress=False, primary=primary, **layout)
+            unit = run_unit(model, task, spec, means=means if spec.ablation == "mean" else None,
+                            settings=evaluation, progress=False)
             unit.head_share = None  # the spec names the heads
             store.save(spec, unit)
         units.append(unit)
     static = [r.name for r in rankings if r.order is not None]
     meta = dict(fingerprint=fingerprint, fractions=sorted({float(p) for p in fractions} | {0.0}), scores=[],
                 static_scores=static, per_input_scores=[r.name for r in rankings if r.per_input is not None],
-                rankings={r.name: r.ablation for r in rankings}, out_dir=store.describe(), **layout)
+                rankings={r.name: r.ablation for r in rankings}, out_dir=store.describe(), **evaluation.rows(),
+                settings=evaluation.to_dict())
     return SweepResult(baseline=units[0].result, units=units, meta=meta)
 
 

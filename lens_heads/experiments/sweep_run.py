@@ -37,7 +37,7 @@ from lens_heads.ablation.specs import (
     Unablated,
 )
 from lens_heads.data.chat import resolve_chat_template
-from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS, Calibration, calibration_id
@@ -53,25 +53,27 @@ DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 
 @distributed.local()  # each unit is evaluated whole by the worker that owns it
 def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-              calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
-              random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
-              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
-              apply_chat_template: bool | str = False, specs: Sequence[AblationSpec] = (),
-              thresholds: Thresholds | None = None, random: str = "per_item") -> SweepResult | None:
+              calibration="rows", out_dir=None, seed: int = 0, random_baseline: bool = True,
+              static_scores: Sequence[str] = (), specs: Sequence[AblationSpec] = (),
+              thresholds: Thresholds | None = None, random: str = "per_item", settings: EvalSettings | None = None,
+              progress: bool = True, **options) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
     ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
 
+    ``settings`` (:class:`lens_heads.evaluation.eval_settings.EvalSettings`, or its fields as keywords laid over it:
+    ``batch_size``, ``primary``, ``protocol``, ``apply_chat_template``, ``attention``): every unit's evaluation and
+    the calibration's scoring pass run under it, and ``meta["settings"]`` records it whole.
     ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
     unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
     alone, as its rows begin), a :class:`lens_heads.heads.scoring.HeadScores` already computed, or any inputs
-    ``score_heads`` accepts. ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
+    ``score_heads`` accepts. The settings' ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
     the meta records the chat setting given and what it resolved to, ``chat_template``, and the task's split).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
     ``random``: how the random baseline draws, once per item (``"per_item"``: all choices of a question lose the same
     heads, and their shared prefix runs once) or once per forward row (``"per_row"``, the authors' baseline; kept in
     the run's fingerprint and each unit's key, so a folder never mixes the two).
-    ``batch_size``: rows per forward pass, or ``"auto"``. ``thresholds``: zero at given thresholds instead of
+    ``thresholds``: zero at given thresholds instead of
     calibrating them (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused
     for another model; ``scores`` default to the file's, and every target fraction must be one the file has.
     ``scores`` may name the extras (``lens_heads.heads.scores.EXTRA_NAMES``: LTHON (HN), the full-head-output
@@ -84,15 +86,16 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     if thresholds is not None:
         thresholds.check_model(model)
         scores = thresholds.scores if scores is None else scores
-    scores, fractions = _check_settings(scores, fractions, static_scores, calibration, protocol)
+    evaluation = eval_settings(settings, options)
+    scores, fractions = _check_settings(scores, fractions, static_scores, calibration)
     if random not in DRAWS:
         raise InputError(f"random must be one of {DRAWS}, got {random!r}")
-    chat = resolve_chat_template(model, apply_chat_template)
+    chat = resolve_chat_template(model, evaluation.apply_chat_template)
+    run = evaluation.replace(apply_chat_template=chat)  # the rows as they run: the chat setting resolved
     if thresholds is not None:
         for s, p in [(s, p) for s in scores for p in fractions]:
             thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
-    rows = dict(protocol=protocol, apply_chat_template=chat)
-    fingerprint = _fingerprint(model, task, seed, primary, calibration, protocol, chat, thresholds, random)
+    fingerprint = _fingerprint(model, task, seed, run, calibration, thresholds, random)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
     plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores,
                       random=random)
@@ -100,22 +103,22 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     store = UnitStore(out_dir, fingerprint)
     progress = progress and distributed.is_main()
     extras = [s for s in dict.fromkeys(list(scores) + list(static_scores)) if s not in SCORE_NAMES]
-    calib = Calibration(model, task, calibration, store, batch_size, progress, rows, extras, thresholds)
-    settings = dict(batch_size=batch_size, progress=progress, primary=primary, **rows)
+    calib = Calibration(model, task, calibration, store, run, progress, extras, thresholds)
     workers = distributed.unit_workers()
-    units, n_run = _run_units(model, task, plan, store, calib, set(workers.share(len(plan))), settings,
+    units, n_run = _run_units(model, task, plan, store, calib, set(workers.share(len(plan))), run, progress,
                               desc=f"sweep {getattr(task, 'name', '')} units")
     if len(units) < len(plan):
         return None
     unablated = {calibration_key(s.score, s.fraction): calib.unablated_share(s.score, s.fraction)
                  for s in plan if isinstance(s, ThresholdAblation)}
     meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
-                random_baseline=random_baseline, random_draw=random, seed=seed, batch_size=batch_size,
+                random_baseline=random_baseline, random_draw=random, seed=seed, settings=evaluation.to_dict(),
+                batch_size=evaluation.batch_size,
                 out_dir=store.describe(), calibration=calib.describe(), unablated_shares=unablated,
                 units_reused=len(plan) - n_run,
                 thresholds=None if thresholds is None else thresholds.describe(),
                 units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
-                protocol=protocol, apply_chat_template=apply_chat_template, chat_template=chat,
+                protocol=evaluation.protocol, apply_chat_template=evaluation.apply_chat_template, chat_template=chat,
                 split=getattr(task, "split", None), fewshot_split=getattr(task, "fewshot_split", None))
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
 
@@ -135,12 +138,15 @@ def sweep_plan(scores: Sequence[str], fractions: Sequence[float], *, seed: int =
     return plan
 
 
-def run_unit(model, task, spec: AblationSpec, *, means=None, **settings) -> UnitResult:
+def run_unit(model, task, spec: AblationSpec, *, means=None, settings: EvalSettings | None = None,
+             progress: bool = True, **options) -> UnitResult:
     """Evaluate ``task`` under one resolved ablation ``spec`` (``means``: what an ``ablation="mean"`` spec substitutes,
-    from :func:`lens_heads.ablation.hooks.mean_z`; ``settings``: :func:`lens_heads.evaluation.evaluate`'s)."""
+    from :func:`lens_heads.ablation.hooks.mean_z`; ``settings``, ``progress`` and ``options``:
+    :func:`lens_heads.evaluation.evaluate`'s)."""
     ablation = spec.build(model, means=means)
     start = time.perf_counter()
-    result = evaluate(model, task, hooks=[ablation] if ablation else [], **settings)
+    result = evaluate(model, task, hooks=[ablation] if ablation else [], settings=settings, progress=progress,
+                      **options)
     return unit_result(spec, ablation, result, time.perf_counter() - start)
 
 
@@ -161,7 +167,7 @@ def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
     return [list(by_input[i]) for i in range(result.n)]
 
 
-def _check_settings(scores, fractions, static_scores, calibration, protocol) -> tuple[list[str], list[float]]:
+def _check_settings(scores, fractions, static_scores, calibration) -> tuple[list[str], list[float]]:
     for name, value in (("scores", scores), ("static_scores", static_scores), ("fractions", fractions)):
         if isinstance(value, (str, int, float)):
             raise InputError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
@@ -172,7 +178,6 @@ def _check_settings(scores, fractions, static_scores, calibration, protocol) -> 
     fractions = sorted({float(p) for p in fractions} | {0.0})
     if any(not 0.0 <= p < 1.0 for p in fractions):
         raise InputError(f"target fractions must lie in [0, 1), got {fractions}")
-    check_protocol(protocol)
     if isinstance(calibration, str) and calibration not in CALIBRATIONS:
         raise InputError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
                          "'prompts', a HeadScores, or inputs to score")
@@ -189,21 +194,21 @@ def _check_specs(specs) -> list[AblationSpec]:
     return list(dict.fromkeys(specs))
 
 
-def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib, mine: set[int], settings: dict,
-               desc: str) -> tuple[dict[int, UnitResult], int]:
+def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib, mine: set[int],
+               settings: EvalSettings, progress: bool, desc: str) -> tuple[dict[int, UnitResult], int]:
     """Every unit of ``plan`` found in ``store`` or, where it is this worker's (``mine``), evaluated and stored;
     then the other workers' units (gathered, or read from the shared folder). Returns them by plan index, and how
     many units all workers ran."""
     units: dict[int, UnitResult] = {}
     n_run = 0
-    bar = tqdm(plan, desc=desc, unit="unit", disable=not settings["progress"])
+    bar = tqdm(plan, desc=desc, unit="unit", disable=not progress)
     for index, spec in enumerate(bar):
         stored = store.load(spec)
         if stored is not None:
             units[index] = stored
         elif index in mine:
             bar.set_postfix_str(f"{spec.kind} {spec.ranked_by or ''} {spec.target_fraction:g}".replace("  ", " "))
-            units[index] = run_unit(model, task, spec.resolve(calib), **settings)
+            units[index] = run_unit(model, task, spec.resolve(calib), settings=settings, progress=progress)
             store.save(spec, units[index])
             n_run += 1
     bar.close()
@@ -214,11 +219,13 @@ def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib,
     return units, sum(n for _, n in gathered)
 
 
-def _fingerprint(model, task, seed: int, primary: str, calibration, protocol: str, chat_template: bool | str,
-                 thresholds: Thresholds | None = None, random: str = "per_item") -> dict:
+def _fingerprint(model, task, seed: int, run: EvalSettings, calibration, thresholds: Thresholds | None = None,
+                 random: str = "per_item") -> dict:
+    """What a stored unit must match: model, data, seed, calibration, the random draw and the settings that decide
+    its numbers (``run``, its chat setting resolved; not the batch size or attention, float rounding apart)."""
     calibration = calibration_id(calibration) if thresholds is None else \
         f"thresholds {thresholds.describe()} {thresholds.digest()}"
     # the per-row draw is named only where chosen, so the folders of runs made before it existed keep resuming
     drawn = {"random_draw": random} if random != "per_item" else {}
-    return run_fingerprint(model, task, seed=seed, primary=primary, calibration=calibration,
-                           protocol=protocol, apply_chat_template=chat_template, **drawn)  # resolved chat setting
+    return run_fingerprint(model, task, seed=seed, primary=run.primary, calibration=calibration,
+                           protocol=run.protocol, apply_chat_template=run.apply_chat_template, **drawn)

@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 
 from lens_heads.data.inputs import Inputs, tokenize_inputs
 from lens_heads.data.items import Task
-from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
-from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.data.rows import build_rows
+from lens_heads.evaluation.batching import AUTO, first_size, halving
+from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, scores_of_layer, what_still_works
 from lens_heads.models.backends import check_attention_hooks, run_to_resid
@@ -110,40 +111,44 @@ def score_heads(
     model: HookedTransformer,
     inputs: Inputs,
     *,
+    settings: EvalSettings | None = None,
     attention_mask: Bool[Tensor, "batch pos"] | None = None,
-    batch_size: int | str = 8,
     progress: bool = True,
     extras: Sequence[Score | str] = (),
     hooks: Sequence[tuple] = (),
     max_len: int | None = None,
-    protocol: str = DEFAULT_PROTOCOL,
-    apply_chat_template: bool | str = False,
+    **options,
 ) -> HeadScores:
     """The twelve head scores (``lens_heads.heads.scores.SCORE_NAMES``) of every head of ``model`` on every input.
 
     ``inputs``: strings, a Task, a token tensor or a list of token sequences (see ``tokenize_inputs``). A Task
-    is scored on exactly the forward rows its evaluation runs under ``protocol`` and ``apply_chat_template``
-    (one input per row, e.g. one per choice for cloze tasks; ``meta["data"]["row_items"]`` maps rows to items).
-    ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one contiguous run, so right
-    and left padding both work, and padding never counts. ``extras`` adds scores kept apart from the twelve
-    (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra TransformerLens ``(hook_name, fn)``
-    pairs run before the scoring hooks (e.g. to score an ablated model).
+    is scored on exactly the forward rows its evaluation runs under the settings' ``protocol`` and
+    ``apply_chat_template`` (one input per row, e.g. one per choice for cloze tasks; ``meta["data"]["row_items"]``
+    maps rows to items). ``attention_mask`` (with a token tensor only) marks real tokens; each row must be one
+    contiguous run, so right and left padding both work, and padding never counts. ``extras`` adds scores kept
+    apart from the twelve (names from ``EXTRA_NAMES`` or your own ``Score``s). ``hooks`` are extra TransformerLens
+    ``(hook_name, fn)`` pairs run before the scoring hooks (e.g. to score an ablated model).
 
-    Inputs are batched by length, so padding costs little; the result keeps the input order. ``batch_size="auto"``:
-    the largest that fits (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank scores a block of the inputs and
-    every rank returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores are computed in float32 whatever the
+    ``settings`` (:class:`lens_heads.evaluation.eval_settings.EvalSettings`, or its fields as keywords laid over
+    it): the pass reads ``batch_size``, ``protocol`` and ``apply_chat_template`` (it reads no choice, and always
+    materialises the pattern it scores); ``meta["settings"]`` records the value whole. Inputs are batched by
+    length, so padding costs little; the result keeps the input order. ``batch_size="auto"``: the largest that fits
+    (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank scores a block of the inputs and every rank
+    returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores are computed in float32 whatever the
     model's dtype.
     """
-    settings: dict[str, Any] = dict(attention_mask=attention_mask, batch_size=batch_size, progress=progress,
-                                    extras=extras, hooks=hooks, max_len=max_len, protocol=protocol,
-                                    apply_chat_template=apply_chat_template)
+    evaluation = eval_settings(settings, options)
+    batch_size, protocol, apply_chat_template = (evaluation.batch_size, evaluation.protocol,
+                                                 evaluation.apply_chat_template)
+    call: dict[str, Any] = dict(settings=evaluation, attention_mask=attention_mask, progress=progress, extras=extras,
+                                hooks=hooks, max_len=max_len)
     if distributed.sharding():
-        return _score_shards(model, inputs, settings)
+        return _score_shards(model, inputs, call)
     if batch_size == AUTO:
         start = first_size(model.cfg.device, _count(inputs))
-        return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
-    check_batch_size(batch_size)
-    assert isinstance(batch_size, int)  # check_batch_size let only "auto" (returned above) or an int through
+        return halving(lambda size: score_heads(model, inputs, **{**call, "settings": evaluation.replace(
+            batch_size=size)}), start)
+    assert isinstance(batch_size, int)  # EvalSettings let only "auto" (returned above) or an int through
     check_hook_names(model, [h[0] for h in hooks])
     check_attention_hooks(model, advice=what_still_works)
     task_rows, tokens, mask = _rows_and_tokens(model, inputs, attention_mask, max_len=max_len, protocol=protocol,
@@ -151,8 +156,8 @@ def score_heads(
     extras = as_scores(extras)
     values = _score_rows(model, tokens, mask, extras, hooks, batch_size=batch_size, progress=progress)
     data = _describe(inputs, tokens.shape[0], int(mask.sum()), task_rows, protocol, apply_chat_template)
-    meta = dict(model=model_meta(model), data=data, definitions=DEFINITIONS, batch_size=batch_size,
-                user_hooks=_hook_labels(hooks))
+    meta = dict(model=model_meta(model), data=data, definitions=DEFINITIONS, settings=evaluation.to_dict(),
+                batch_size=batch_size, user_hooks=_hook_labels(hooks))
     return _head_scores(values, extras, meta)
 
 
@@ -278,8 +283,7 @@ def _score_shards(model, inputs: Inputs, settings: dict) -> HeadScores:
     mask = settings["attention_mask"]
     distributed.check_agree(dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
                                  inputs=_digest(inputs), n=n, mask=None if mask is None else _digest(mask),
-                                 batch_size=settings["batch_size"], max_len=settings["max_len"],
-                                 protocol=settings["protocol"], apply_chat_template=settings["apply_chat_template"],
+                                 **settings["settings"].to_dict(), max_len=settings["max_len"],
                                  extras=[getattr(e, "name", e) for e in settings["extras"]],
                                  hooks=_hook_labels(settings["hooks"])),
                             "model, inputs and settings of the scoring pass")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lens_heads.data.custom_tasks import CUSTOM_FORMATS
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
+from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.models.backends import BACKENDS
 from lens_heads.models.embedded import DEFAULT_MODEL
@@ -157,6 +158,11 @@ class ReportConfig:
                 sweep_path(str(path))
             except argparse.ArgumentTypeError as e:
                 raise InputError(f"ReportConfig(compare=...): {e}") from None
+
+    @property
+    def evaluation(self) -> EvalSettings:
+        """The evaluation settings every stage evaluates and scores under (each result's meta records them)."""
+        return EvalSettings(batch_size=self.batch_size)
 
     @property
     def out_dir(self) -> str:

@@ -35,14 +35,14 @@ def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: C
     """Per-layer scores on the task (``lh.layer_scores``) and the attention of 1, 2 and 4 layers (those fewer than
     the model has) removed in the order of each ranking and of a random order (units kept in the cache folder),
     each ranking against random."""
-    layers = layer_scores(model, task, scores=scores, batch_size=config.batch_size, progress=config.progress)
+    layers = layer_scores(model, task, scores=scores, settings=config.evaluation, progress=config.progress)
     random = f"random (seed {config.seed})"
     orders = {**{name: layers.order(name) for name in LAYER_RANKINGS},
               random: [int(x) for x in np.random.default_rng(config.seed).permutation(layers.n_layers)]}
     counts = [k for k in LAYER_COUNTS if k < layers.n_layers]  # a model of few layers keeps at least one
     plans = {name: removal_plan(model, order, counts, part="attention", label=name) for name, order in orders.items()}
     folder = cache.path(f"layers-{task.name}", {**base_key, "data": task.meta()})
-    curves = removal_curves(model, task, plans, out_dir=folder, batch_size=config.batch_size,
+    curves = removal_curves(model, task, plans, out_dir=folder, settings=config.evaluation,
                             progress=config.progress)
     table = curves.to_dataframe(n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
     table["part"], table["ranking"] = "attention", [c.rsplit(" · ", 1)[0] for c in table["curve"]]

@@ -63,7 +63,7 @@ def score_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict)
     target fractions."""
     key = {**base_key, "stage": "scores", "data": task.meta(), "score_names": list(SCORE_NAMES)}
     scores, reused = cached_file(cache, "scores", key, ".safetensors", lambda: score_heads(
-        model, task, batch_size=config.batch_size, progress=config.progress), HeadScores.load)
+        model, task, settings=config.evaluation, progress=config.progress), HeadScores.load)
     values = scores.values.float()  # [input, layer, head, score]
     names = list(scores.names)
     mean = values.mean(0)  # [layer, head, score]
@@ -108,7 +108,7 @@ def effects_stage(model, task, scores: HeadScores, config: ReportConfig, cache: 
     with it."""
     key = {**base_key, "stage": "effects", "data": task.meta(), "method": "attribution"}
     effects, _ = cached_file(cache, "effects", key, ".safetensors", lambda: head_effects(
-        model, task, method="attribution", metric="kl", batch_size=config.batch_size, progress=config.progress),
+        model, task, method="attribution", metric="kl", settings=config.evaluation, progress=config.progress),
         HeadEffects.load)
     agreement = score_agreement(scores, effects, n_boot=200, seed=config.seed)
     table, t = agreement.to_dataframe(), task.name

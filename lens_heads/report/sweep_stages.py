@@ -57,7 +57,7 @@ def ablation_stage(model, task, scores: HeadScores, config: ReportConfig, cache:
     same rows."""
     folder = cache.path(f"sweep-{task.name}", {**base_key, "data": task.meta()})
     result = run_sweep(model, task, scores=list(config.scores), fractions=tuple(config.fractions), out_dir=folder,
-                       seed=config.seed, batch_size=config.batch_size, progress=config.progress,
+                       seed=config.seed, settings=config.evaluation, progress=config.progress,
                        calibration=scores)
     if result is None:
         raise InputError(f"the sweep on {task.name} has units left to other tasks of the job array "
