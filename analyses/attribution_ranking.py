@@ -40,7 +40,7 @@ import torch
 
 from lens_heads.data.tasks import load_task
 from lens_heads.experiments.attribution import AttributionRanking, attribution_ranking, held_out
-from lens_heads.experiments.compare import read_sweep
+from lens_heads.experiments.compare import read_sweep_record
 from lens_heads.experiments.effects import HeadEffects, task_means
 from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
 from lens_heads.experiments.sweep_intervals import kl_at
@@ -135,7 +135,7 @@ def measure(model, key: str, task, calibration, heldout, recorded: SweepResult, 
 
 def run_task(model, name: str, args) -> dict:
     figures, key = Path(args.figures), recorded_name(args.model, name)
-    recorded = read_sweep(figures / f"sweep_{key}.json")
+    recorded = read_sweep_record(figures / f"sweep_{key}.json")
     split = split_of(recorded)
     task = load_task(name, n=args.n, seed=args.seed, split=split)
     calibration = load_task(name, n=args.calibration_n, seed=args.seed, split=split)

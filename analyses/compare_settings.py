@@ -39,7 +39,7 @@ from lens_heads.experiments.compare import (
     compare_settings,
     compare_sweeps,
     on_grid,
-    read_sweep,
+    read_sweep_record,
     zeroed_head_overlap,
 )
 from lens_heads.plumbing.io import atomic_write_text
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     args = from_args(SettingsComparison, argv, description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     try:
-        a, b = (read_sweep(p) for p in args.sweeps)
+        a, b = (read_sweep_record(p) for p in args.sweeps)
         # on their common grid once, so that every comparison below reads the same cached bootstrap of each sweep
         grid = common_grid([a, b])
         ga, gb = on_grid(a, grid), on_grid(b, grid)

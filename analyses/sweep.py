@@ -27,7 +27,7 @@ Steps:
    curve's summaries with 95% bootstrap intervals over items, paired across curves), ``sweep_<task>_tests.csv``
    (every curve against random and against the best: paired difference, interval, permutation p-value, verdict),
    ``sweep_<task>_units.json.gz`` (every unit with its per-item records: the summaries and intervals recompute
-   from it through ``lens_heads.read_sweep``), ``sweep_<task>.png/.html`` (accuracy
+   from it through ``lens_heads.read_sweep_record``), ``sweep_<task>.png/.html`` (accuracy
    and the two companions vs % zeroed per score, random baseline dashed with its 95% intervals), and
    ``sweep_baselines.csv`` (step 1). For a model other than the embedded default the names carry the model:
    ``sweep_<model>_<task>.*``, ``sweep_<model>_baselines.csv``.

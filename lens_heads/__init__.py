@@ -24,14 +24,14 @@ from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_difference
-from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep
+from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep, read_sweep_record
 from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.rankings import ranking_sweep
 from lens_heads.experiments.sweep_intervals import sweep_intervals
 from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.unit_store import load_sweep
+from lens_heads.experiments.unit_store import load_sweep, read_sweep_folder
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -53,8 +53,9 @@ __all__ = [
     "EvalResult", "EvalSettings", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads", "mean_z", "remove_layers",
     # sweeps, effects and their statistics
-    "SweepResult", "load_sweep", "run_sweep", "sweep_intervals", "ranking_sweep",
-    "SweepComparison", "compare_sweeps", "read_sweep", "HeadEffects", "head_effects",
+    "SweepResult", "read_sweep_folder", "read_sweep_record", "run_sweep", "sweep_intervals", "ranking_sweep",
+    "SweepComparison", "compare_sweeps", "HeadEffects", "head_effects",
+    "load_sweep", "read_sweep",  # the old names of read_sweep_folder and read_sweep_record
     # score distributions across models
     "DistributionComparison", "compare_distributions",
     # layers

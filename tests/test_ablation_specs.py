@@ -68,7 +68,7 @@ def test_a_plan_round_trips_through_json_and_rebuilds_the_same_ablation():
 
 
 def test_the_spec_kinds_are_the_baseline_and_the_curve_modes():
-    """A unit's mode is its spec's kind (UNIT_MODES, what load_sweep orders by), and CurveKey accepts the curve
+    """A unit's mode is its spec's kind (UNIT_MODES, what read_sweep_folder orders by), and CurveKey accepts the curve
     modes of the layer below (CURVE_MODES): the two must name the same modes, and each spec's curve its own."""
     assert UNIT_MODES == tuple(SPECS) and UNIT_MODES[0] == "baseline"
     assert sorted(UNIT_MODES[1:]) == sorted(CURVE_MODES)

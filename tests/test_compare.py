@@ -10,12 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import lens_heads as lh
 from conftest import text_model
 from lens_heads.evaluation.results import EvalResult, ItemRecord
-from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep
+from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep_record
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.unit_store import load_sweep
+from lens_heads.experiments.unit_store import read_sweep_folder
 from lens_heads.stats.inference import average_ranks, spearman
 
 N = 10  # items per synthetic evaluation
@@ -146,7 +147,7 @@ def tiny_sweep(tmp_path_factory):
 
 def test_a_run_folder_reads_back_as_the_sweep_that_wrote_it(tiny_sweep, tmp_path):
     _, _, result, out = tiny_sweep
-    loaded = read_sweep(out)
+    loaded = read_sweep_record(out)
     assert isinstance(loaded, SweepResult) and loaded.meta["fingerprint"] == result.meta["fingerprint"]
     # the folder does not keep the order the scores were asked in: compare the rows in one order
     def rows(df):
@@ -156,7 +157,10 @@ def test_a_run_folder_reads_back_as_the_sweep_that_wrote_it(tiny_sweep, tmp_path
     assert loaded.normalised_auc(metric="kl") == result.normalised_auc(metric="kl")
     assert loaded.zeroable_within(mode="static") == result.zeroable_within(mode="static")
     with pytest.raises(FileNotFoundError, match="no readable sweep.json"):
-        load_sweep(tmp_path)
+        read_sweep_folder(tmp_path)
+    # the names before read_sweep_folder and read_sweep_record still read the same things
+    assert lh.load_sweep is read_sweep_folder and lh.read_sweep is read_sweep_record
+    pd.testing.assert_frame_equal(rows(lh.load_sweep(out).to_dataframe()), rows(result.to_dataframe()))
 
 
 def test_a_run_folder_with_per_input_units_reads_back(tiny_sweep, tmp_path):
@@ -170,7 +174,7 @@ def test_a_run_folder_with_per_input_units_reads_back(tiny_sweep, tmp_path):
     out = tmp_path / "per_input"
     result = run_sweep(model, task, scores=["AWFT"], fractions=(0, 0.25), out_dir=out, specs=[spec], seed=1,
                        batch_size=4, progress=False)
-    loaded = load_sweep(out)
+    loaded = read_sweep_folder(out)
     assert sorted(u.mode for u in loaded.units) == ["baseline", "per_input", "random", "threshold"]
     (unit,) = loaded.curves("per_input")["hand"][1:]
     assert unit.realised_fraction == pytest.approx(2 / 8, abs=1e-12)  # the shares are ratios of small counts
@@ -193,7 +197,7 @@ def test_unreadable_unit_files_are_refused_by_name_and_recomputed_once_deleted(t
     torn.write_text(torn.read_text()[:100])  # a write cut short
     foreign.write_text("[1, 2]")  # JSON, but no unit
     with pytest.raises(ValueError) as e:
-        load_sweep(folder)
+        read_sweep_folder(folder)
     message = str(e.value)
     assert "2 unit file(s) can't be read" in message and torn.name in message and foreign.name in message
     assert "Delete them and rerun run_sweep" in message and str(folder) in message
@@ -202,7 +206,7 @@ def test_unreadable_unit_files_are_refused_by_name_and_recomputed_once_deleted(t
     again = run_sweep(model, task, scores=["AHON (LN)", "AWFT"], fractions=(0, 0.2, 0.4), out_dir=folder,
                       static_scores=["AHON (LN)"], seed=1, batch_size=4, progress=False)
     assert again.meta["units_run"] == 2  # only the two deleted units were evaluated again
-    assert len(load_sweep(folder).units) == len(result.units)
+    assert len(read_sweep_folder(folder).units) == len(result.units)
 
 
 def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
@@ -216,7 +220,7 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
                                 "--n-resamples", "50"])
     analysis.write_outputs(result, task, args, pd.DataFrame(), model)
     stem = tmp_path / "sweep_llama_arc_easy"  # another model than the default: named by it
-    with_units = read_sweep(f"{stem}.json")  # the units file beside it: every unit with its items
+    with_units = read_sweep_record(f"{stem}.json")  # the units file beside it: every unit with its items
     assert isinstance(with_units, SweepResult) and len(with_units.units) == len(result.units)
     summary = pd.read_csv(f"{stem}_summary.csv").set_index("score")
     for score, value in result.normalised_auc(metric="kl").items():
@@ -226,7 +230,7 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
     tests = pd.read_csv(f"{stem}_tests.csv")
     assert set(tests["reference"]) == {"random", "best"} and tests["p_value"].between(0, 1).all()
     Path(f"{stem}_units.json.gz").unlink()
-    recorded = read_sweep(f"{stem}.json")
+    recorded = read_sweep_record(f"{stem}.json")
     assert isinstance(recorded, RecordedSweep)
     for metric in ("accuracy", "kl"):
         for sweep in (recorded, with_units):
@@ -236,9 +240,9 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
 
     (tmp_path / "other.json").write_text(json.dumps({"table": []}))
     with pytest.raises(ValueError, match="not a sweep record"):
-        read_sweep(tmp_path / "other.json")
+        read_sweep_record(tmp_path / "other.json")
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        read_sweep(tmp_path / "missing.json")
+        read_sweep_record(tmp_path / "missing.json")
 
 
 # ---------------------------------------------------------------- the report section

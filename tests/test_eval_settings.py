@@ -93,7 +93,7 @@ def test_the_experiments_thread_the_value_to_their_evaluations(model, task, tmp_
     assert sweep.meta["settings"] == s.to_dict()
     same_rows(sweep.baseline)
     assert all(u.result.meta["settings"]["protocol"] == "tl" for u in sweep.units)
-    assert lh.load_sweep(tmp_path / "sweep").baseline.meta["settings"] == s.to_dict()  # kept with each unit
+    assert lh.read_sweep_folder(tmp_path / "sweep").baseline.meta["settings"] == s.to_dict()  # kept with each unit
     scores = lh.score_heads(model, task, settings=s, progress=False)
     assert scores.meta["settings"] == s.to_dict() and scores.meta["data"]["protocol"] == "tl"
     assert len(scores) == sum(len(item.continuations) for item in task)  # cloze under "tl": a row per choice

@@ -2,7 +2,7 @@
 another?
 
 Given several sweeps, one per (model, task) (:class:`lens_heads.experiments.sweep_result.SweepResult`, or the tables that
-``analyses/sweep.py`` records, read back with :func:`read_sweep`):
+``analyses/sweep.py`` records, read back with :func:`read_sweep_record`):
 
 - the **rank** of every curve (the scores and ``"random"``) by its normalised AUC within its (model, task): 1 is
   the best (highest accuracy AUC; lowest KL AUC with ``metric="kl"``), tied curves share their average rank;
@@ -38,7 +38,7 @@ import pandas as pd
 
 from lens_heads.experiments.sweep_intervals import paired_statistic, replicate_ranks
 from lens_heads.experiments.sweep_result import SweepResult
-from lens_heads.experiments.unit_store import load_sweep, read_units
+from lens_heads.experiments.unit_store import read_sweep_folder, read_units
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling
 from lens_heads.stats import inference as stats
@@ -91,14 +91,15 @@ class RecordedSweep:
         return [(str(s), g) for s, g in rows.groupby("score", sort=False)]
 
 
-def read_sweep(path: str | Path) -> SweepResult | RecordedSweep:
-    """A sweep from a ``run_sweep`` output folder (a :class:`SweepResult` with every unit), from a
-    ``sweep_<task>.json`` written by ``analyses/sweep.py`` (a :class:`SweepResult` where its units file
-    ``sweep_<task>_units.json.gz`` lies beside it, else a :class:`RecordedSweep` of its curve points), or from a
-    units file itself."""
+def read_sweep_record(path: str | Path) -> SweepResult | RecordedSweep:
+    """A recorded sweep: a ``sweep_<task>.json`` written by ``analyses/sweep.py`` (a :class:`SweepResult` where its
+    units file ``sweep_<task>_units.json.gz`` lies beside it, else a :class:`RecordedSweep` of its curve points), or
+    a units file itself; a ``run_sweep`` output folder is read by
+    :func:`lens_heads.experiments.unit_store.read_sweep_folder` (a :class:`SweepResult` with every unit).
+    ``lens_heads.read_sweep`` is this function under its earlier name."""
     path = Path(path)
     if path.is_dir():
-        return load_sweep(path)
+        return read_sweep_folder(path)
     units = path if path.name.endswith(UNITS_SUFFIX) else path.with_name(path.stem + UNITS_SUFFIX)
     if units.is_file():
         return read_units(units)
@@ -114,6 +115,9 @@ def read_sweep(path: str | Path) -> SweepResult | RecordedSweep:
     meta = {**d["sweep_meta"], "model": d.get("model"), "task": d.get("task")}
     return RecordedSweep(table=pd.DataFrame(d["table"]), meta=meta, baseline_accuracy=d["baseline"]["accuracy"],
                          chance=d["baseline"]["chance"], source=str(path))
+
+
+read_sweep = read_sweep_record  # the alias scripts written for earlier releases call
 
 
 # ---------------------------------------------------------------- the comparison
@@ -303,7 +307,7 @@ def _describe(sweep) -> dict:
     fp = (getattr(sweep, "meta", None) or {}).get("fingerprint")
     if not isinstance(sweep, (SweepResult, RecordedSweep)) or not fp:
         raise InputError(f"a {type(sweep).__name__} without a fingerprint can't be placed by model and task: give "
-                         "SweepResults from run_sweep or read_sweep")
+                         "SweepResults from run_sweep or read_sweep_record")
     model, task = fp.get("model") or {}, fp.get("task") or {}
     if isinstance(sweep, SweepResult):
         baseline, chance = sweep.baseline.accuracy, sweep.baseline.chance
@@ -343,7 +347,7 @@ def compare_settings(a: SweepResult, b: SweepResult, *, n_resamples: int = stats
     for s in (a, b):
         if not isinstance(s, SweepResult):
             raise InputError("compare_settings needs per-item records: give run_sweep results, or sweep_<task>.json "
-                             "files with their units file beside them (read_sweep)")
+                             "files with their units file beside them (read_sweep_record)")
     if [it.id for it in a.baseline.items] != [it.id for it in b.baseline.items]:
         raise InputError("compare_settings pairs the two sweeps item by item: sweep the same items (task, split, n, "
                          "seed) under both settings")

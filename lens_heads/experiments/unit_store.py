@@ -75,7 +75,7 @@ def run_fingerprint(model, task, **settings) -> dict:
 
 def save_units(result: SweepResult, path) -> Path:
     """Every unit of ``result`` with its per-item records, gzipped JSON written atomically: what
-    :func:`read_units` (and :func:`lens_heads.experiments.compare.read_sweep` beside a recorded ``sweep_<task>.json``) needs to
+    :func:`read_units` (and :func:`lens_heads.experiments.compare.read_sweep_record` beside a recorded ``sweep_<task>.json``) needs to
     recompute every summary and its interval without the run folder."""
     data = dict(format=FORMAT_VERSION, meta=result.meta, units=[u.to_dict() for u in result.units])
     return atomic_write_bytes(path, gzip.compress(json.dumps(data).encode("utf-8"), mtime=0))
@@ -94,11 +94,11 @@ def read_units(path) -> SweepResult:
     return SweepResult(baseline=base.result, units=units, meta=dict(data["meta"], source=str(path)))
 
 
-def load_sweep(out_dir) -> SweepResult:
-    """The sweep kept in a ``run_sweep`` output folder, read back without a model: every unit stored under the
+def read_sweep_folder(out_dir) -> SweepResult:
+    """The sweep kept in a ``run_sweep`` output folder (its ``out_dir``), read back without a model: every unit stored under the
     folder's fingerprint (``sweep.json``); a sweep interrupted midway gives the units it finished. A unit file that
     can't be read is refused, naming it: the folder keeps no plan, so a unit left out would be a point silently
-    missing from its curve."""
+    missing from its curve. ``lens_heads.load_sweep`` is this function under its earlier name."""
     out = Path(out_dir)
     stored = read_json(out / MARKER)
     if not isinstance(stored, dict) or "key" not in stored:
@@ -130,6 +130,9 @@ def load_sweep(out_dir) -> SweepResult:
                 unablated_shares=calibration.get("unablated_shares", {}) if calibration else {},
                 units_reused=len(units), units_run=0)
     return SweepResult(baseline=base[0].result, units=units, meta=meta)
+
+
+load_sweep = read_sweep_folder  # the alias scripts written for earlier releases call
 
 
 def _read_unit(path: Path, fingerprint: dict) -> tuple[UnitResult | None, str]:
