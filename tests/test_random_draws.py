@@ -113,7 +113,6 @@ def test_the_spec_keeps_the_draw_in_its_key_and_reads_old_keys():
     # what runs of earlier versions stored: the ablation under "mode", and no draw where it was per item
     old_item = {"kind": "random", "fraction": 0.1, "seed": 3, "mode": "zero"}
     old_row = {"kind": "random", "fraction": 0.1, "seed": 3, "mode": "zero", "draw": "per_row"}
-    assert per_item.legacy_dict() == old_item and per_row.legacy_dict() == old_row
     for spec, old in ((per_item, old_item), (per_row, old_row)):
         assert from_dict(spec.to_dict()) == spec and from_dict(old) == spec
     store = UnitStore(None, {"run": 1})
@@ -122,28 +121,65 @@ def test_the_spec_keeps_the_draw_in_its_key_and_reads_old_keys():
         RandomAblation(0.1, draw="sometimes")
 
 
-def test_a_unit_filed_by_an_earlier_version_is_found(tmp_path):
-    """A run folder written before specs stored ``"ablation"``: its unit file is named by the hash of the spec's
-    JSON with ``"mode"`` (built here by hand: sha256 of the sorted JSON, as the file names are documented), and a
-    rerun finds it instead of recomputing."""
+def _file_as_an_earlier_version(path, entry) -> str:
+    """Write the unit ``entry`` into folder ``path`` as runs of earlier versions filed it: its spec's JSON with the
+    ablation under "mode" and no per-item draw, the file named by the sha256 of that JSON (sorted keys, as the file
+    names are documented). Returns the file name."""
     import hashlib
+    import json
+
+    old = {("mode" if k == "ablation" else k): v for k, v in entry["key"]["ablation"].items()}
+    if old.get("draw") == "per_item":
+        del old["draw"]
+    name = entry["value"]["key"] + "-" + hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
+    (path / f"{name}.json").write_text(json.dumps({"key": {**entry["key"], "ablation": old}, "value": entry["value"]}))
+    return f"{name}.json"
+
+
+def test_a_unit_filed_by_an_earlier_version_is_refiled_once_and_found(tmp_path):
+    """A run folder written before specs stored ``"ablation"``: the first store to open it moves the unit to its
+    spec's current file, marks the folder, and finds the unit with one lookup; later opens don't scan again."""
     import json
 
     from lens_heads import EvalResult
     from lens_heads.experiments.sweep_result import UnitResult
+    from lens_heads.experiments.unit_store import REFILED
 
     fingerprint = {"run": "old"}
-    store = UnitStore(tmp_path, fingerprint)
     spec = ThresholdAblation("AHON (LN)", 0.1, threshold=0.5)
-    old = {"kind": "threshold", "score": "AHON (LN)", "fraction": 0.1, "threshold": 0.5, "mode": "zero"}
-    assert spec.legacy_dict() == old
-    name = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
     unit = UnitResult(mode="threshold", score="AHON (LN)", target_fraction=0.1, threshold=0.5, realised_fraction=0.1,
                       result=EvalResult(task="t", format="cloze", items=[], chance=0.25), wall_s=1.0)
-    entry = {"key": {"run": fingerprint, "ablation": old}, "value": unit.to_dict()}
-    (tmp_path / f"threshold__AHON_LN__0.1000-{name}.json").write_text(json.dumps(entry))
+    (tmp_path / "sweep.json").write_text(json.dumps({"key": fingerprint}))  # the folder's claim, as it was
+    old_name = _file_as_an_earlier_version(tmp_path, {"key": {"run": fingerprint, "ablation": spec.to_dict()},
+                                                      "value": unit.to_dict()})
+    store = UnitStore(tmp_path, fingerprint)
+    assert not (tmp_path / old_name).exists() and store.path(spec).exists() and (tmp_path / REFILED).exists()
     assert store.load(spec) is not None and store.load(spec).to_dict() == unit.to_dict()
-    assert store.path(spec).name != f"threshold__AHON_LN__0.1000-{name}.json"  # new units are filed by "ablation"
+    assert json.loads(store.path(spec).read_text())["key"]["ablation"] == spec.to_dict()
+    late = ThresholdAblation("AWFT", 0.1, threshold=0.5)  # filed the old way after the folder was re-filed
+    late_name = _file_as_an_earlier_version(tmp_path, {"key": {"run": fingerprint, "ablation": late.to_dict()},
+                                                       "value": {**unit.to_dict(), "key": "threshold__awft__0.1000"}})
+    assert UnitStore(tmp_path, fingerprint).load(late) is None and (tmp_path / late_name).exists()  # not scanned
+
+
+def test_a_sweep_folder_of_an_earlier_version_resumes_without_recomputing(model, task, tmp_path):
+    """Every unit of a finished sweep filed as an earlier version filed it: the rerun re-files them and runs none,
+    and its curves equal the first run's."""
+    import json
+
+    from lens_heads.experiments.unit_store import REFILED
+
+    settings = dict(scores=["AHON (LN)"], static_scores=["AWFT"], fractions=[0.0, 0.5], seed=1, batch_size=4,
+                    progress=False, out_dir=tmp_path)
+    first = run_sweep(model, task, **settings)
+    for path in sorted(tmp_path.glob("*__*__*.json")):
+        _file_as_an_earlier_version(tmp_path, json.loads(path.read_text()))
+        path.unlink()
+    (tmp_path / REFILED).unlink()
+    again = run_sweep(model, task, **settings)
+    assert again.meta["units_run"] == 0 and again.meta["units_reused"] == len(first.units) == 4
+    assert again.to_dataframe().equals(first.to_dataframe())
+    assert len(list(tmp_path.glob("*__*__*.json"))) == len(first.units)  # moved, not copied
 
 
 def test_sweeps_record_the_draw_and_never_mix_the_two(model, task, tmp_path):

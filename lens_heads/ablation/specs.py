@@ -87,11 +87,6 @@ class AblationSpec:
         """The spec as JSON (:func:`from_dict` reads it back)."""
         return {"kind": self.kind, **asdict(self)}
 
-    def legacy_dict(self) -> dict:
-        """The JSON of runs stored before the ablation had its own key (it was ``"mode"``, the word for a curve's
-        kind): their units are filed under hashes of this form, so a unit store still finds them."""
-        return {"kind": self.kind, **{"mode" if k == "ablation" else k: v for k, v in asdict(self).items()}}
-
 
 @dataclass(frozen=True)
 class Unablated(AblationSpec):
@@ -143,14 +138,6 @@ class RandomAblation(AblationSpec):
 
     def build(self, model, *, means: Tensor | None = None) -> HeadAblation:
         return random_zeroing(model, self.fraction, self.seed, draw=self.draw, ablation=self.ablation, means=means)
-
-    def legacy_dict(self) -> dict:
-        """As every spec's; ``draw`` only where it is ``"per_row"``, as runs stored it before the ablation had its
-        own key (per-item units stored before the draw existed had none)."""
-        d = super().legacy_dict()
-        if self.draw == "per_item":
-            d.pop("draw")
-        return d
 
 
 @dataclass(frozen=True)
@@ -260,7 +247,9 @@ UNIT_MODES: tuple[str, ...] = tuple(SPECS)
 
 
 def from_dict(d: dict) -> AblationSpec:
-    """The spec :meth:`AblationSpec.to_dict` (or, from older runs, :meth:`AblationSpec.legacy_dict`) wrote."""
+    """The spec :meth:`AblationSpec.to_dict` wrote, or the older JSON of runs of earlier versions (the ablation
+    under ``"mode"``; a random draw left out where it was per item), which
+    :func:`lens_heads.experiments.unit_store.refile_units` reads once to re-file their units."""
     fields = dict(d)
     kind = fields.pop("kind", None)
     if "mode" in fields:

@@ -1,5 +1,10 @@
 """Where a sweep's units live: a resumable run folder keyed by the run's fingerprint (one file per unit), and the
-single gzipped file of every unit a recorded sweep ships with; both read back without a model."""
+single gzipped file of every unit a recorded sweep ships with; both read back without a model.
+
+A unit file is named by the hash of its spec's JSON (``spec.to_dict()``). Runs of earlier versions filed units under
+an older JSON of the spec (the ablation under ``"mode"``, the word for a curve's kind; a per-item random draw left
+out): the first :class:`UnitStore` to open such a folder re-files them once (:func:`refile_units`) and marks the
+folder, so every read is one lookup and an old folder resumes as a new one does."""
 
 from __future__ import annotations
 
@@ -9,15 +14,17 @@ import json
 from pathlib import Path
 
 from lens_heads.ablation.specs import UNIT_MODES, AblationSpec
+from lens_heads.ablation.specs import from_dict as spec_from_dict
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult, unit_key
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.models.loading import model_meta
-from lens_heads.plumbing.cache import Cache, claim_folder, load_keyed, read_json, save_keyed
+from lens_heads.plumbing.cache import Cache, canonical, claim_folder, load_keyed, read_json, save_keyed
 from lens_heads.plumbing.errors import InputError
-from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 
 FORMAT_VERSION = 3
 MARKER = "sweep.json"
+REFILED = "units_refiled.json"  # marks a folder whose every unit is filed under its spec's current JSON
 
 
 class UnitStore:
@@ -30,25 +37,22 @@ class UnitStore:
         self.fingerprint = fingerprint
         if self.out is not None:
             claim_folder(self.out, fingerprint, marker=marker)
+            refile_units(self.out)
 
-    def path(self, spec: AblationSpec, form: dict | None = None) -> Path:
-        """Where ``spec``'s unit is filed (``form``: the spec's JSON the file name hashes, ``spec.to_dict()``)."""
+    def path(self, spec: AblationSpec) -> Path:
+        """Where ``spec``'s unit is filed."""
         assert self.out is not None  # load and save read it only with an out_dir
-        form = spec.to_dict() if form is None else form
-        return Cache(self.out).path(unit_key(spec.kind, spec.ranked_by, spec.target_fraction), form, ".json")
+        return unit_path(self.out, spec)
 
-    def key(self, spec: AblationSpec, form: dict | None = None) -> dict:
-        return dict(run=self.fingerprint, ablation=spec.to_dict() if form is None else form)
+    def key(self, spec: AblationSpec) -> dict:
+        return dict(run=self.fingerprint, ablation=spec.to_dict())
 
     def load(self, spec: AblationSpec) -> UnitResult | None:
-        """The finished unit of ``spec``, filed under its JSON or, by runs of earlier versions, its legacy JSON."""
+        """The finished unit of ``spec``, or None."""
         if self.out is None:
             return None
-        for form in (spec.to_dict(), spec.legacy_dict()):
-            stored = load_keyed(self.path(spec, form), self.key(spec, form))
-            if stored is not None:
-                return UnitResult.from_dict(stored)
-        return None
+        stored = load_keyed(self.path(spec), self.key(spec))
+        return UnitResult.from_dict(stored) if stored is not None else None
 
     def save(self, spec: AblationSpec, unit: UnitResult) -> None:
         if self.out is not None:
@@ -56,6 +60,40 @@ class UnitStore:
 
     def describe(self) -> str | None:
         return str(self.out) if self.out is not None else None
+
+
+def unit_path(out: Path, spec: AblationSpec) -> Path:
+    """The file of ``spec``'s unit in run folder ``out``: its readable name and the hash of ``spec.to_dict()``."""
+    return Cache(out).path(unit_key(spec.kind, spec.ranked_by, spec.target_fraction), spec.to_dict(), ".json")
+
+
+def refile_units(out: Path) -> int:
+    """Re-file, once, the units that runs of earlier versions filed in ``out`` under an older JSON of their spec
+    (each is moved to :func:`unit_path` with its key's spec rewritten, its value unchanged), then mark the folder
+    (``REFILED``) so that it is never scanned again. Returns how many were moved. Workers of a job array may run it
+    at once: each move writes the same file atomically, and a unit another worker moved first is skipped."""
+    if (out / REFILED).exists():
+        return 0
+    moved = 0
+    for path in sorted(out.glob("*__*__*.json")):
+        entry = read_json(path)
+        if not isinstance(entry, dict):
+            continue
+        key = entry.get("key")
+        if not isinstance(key, dict) or not isinstance(key.get("ablation"), dict) or "value" not in entry:
+            continue  # torn, another worker's move in flight, or not a unit: read_sweep_folder names the unreadable
+        try:
+            spec = spec_from_dict(key["ablation"])
+        except (InputError, TypeError):
+            continue
+        if canonical(spec.to_dict()) == key["ablation"]:
+            continue
+        target = save_keyed(unit_path(out, spec), dict(key, ablation=spec.to_dict()), entry["value"])
+        if target != path:
+            path.unlink(missing_ok=True)
+        moved += 1
+    atomic_write_json(out / REFILED, {"refiled": moved})
+    return moved
 
 
 def run_fingerprint(model, task, **settings) -> dict:
