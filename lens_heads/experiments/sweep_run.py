@@ -67,15 +67,16 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     ``calibration``: where thresholds and static rankings come from: ``"rows"`` (the authors' protocol: an
     unablated scoring pass over exactly the forward rows the evaluation runs), ``"prompts"`` (each item's context
     alone, as its rows begin), a :class:`lens_heads.heads.scoring.HeadScores` already computed, or any inputs
-    ``score_heads`` accepts. The settings' ``protocol``/``apply_chat_template``: the evaluation's rows (:mod:`lens_heads.data.rows`;
-    the meta records the chat setting given and what it resolved to, ``chat_template``, and the task's split).
+    ``score_heads`` accepts. The settings' ``protocol``/``apply_chat_template``: the evaluation's rows
+    (:mod:`lens_heads.data.rows`; the meta records the chat setting given and what it resolved to,
+    ``chat_template``, and the task's split).
     ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
     ``random``: how the random baseline draws, once per item (``"per_item"``: all choices of a question lose the same
     heads, and their shared prefix runs once) or once per forward row (``"per_row"``, the authors' baseline; kept in
     the run's fingerprint and each unit's key, so a folder never mixes the two).
-    ``thresholds``: zero at given thresholds instead of
-    calibrating them (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused
-    for another model; ``scores`` default to the file's, and every target fraction must be one the file has.
+    ``thresholds``: zero at given thresholds instead of calibrating them
+    (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused for another
+    model; ``scores`` default to the file's, and every target fraction must be one the file has.
     ``scores`` may name the extras (``lens_heads.heads.scores.EXTRA_NAMES``: LTHON (HN), the full-head-output
     scores).
 
