@@ -561,8 +561,8 @@ def test_a_figure_server_that_does_not_start_is_said(monkeypatch, tmp_path):
 def test_the_stage_table_runs_per_task_or_once_on_what_each_stage_needs():
     """A table of toy stages (no model): per-task stages run on each task, the others once on the first; a stage
     takes the results it needs (a list where it needs every task's), is not run where one failed, gets None for a
-    used stage that did not finish, is skipped by its skip value and absent where the report has no place for it;
-    results.json and the page follow the table."""
+    used stage that did not finish, is skipped by its skip value and absent where the report has no place for it (a
+    stage that needs it is not run); results.json and the page follow the table."""
     from lens_heads.report import pipeline, stages
     from lens_heads.report.render import Section as PageSection
     from lens_heads.report.stage_result import StageResult
@@ -592,6 +592,8 @@ def test_the_stage_table_runs_per_task_or_once_on_what_each_stage_needs():
               skipped_section=lambda task: PageSection(f"skipped note {task}")),
         Stage("absent", "Absent", compute=lambda i, task: pytest.fail("ran"), section=shown,
               present=lambda settings, n_tasks: n_tasks > 2),
+        Stage("orphan", "Orphan", needs=(Need("absent"),), compute=lambda i, task, a: pytest.fail("ran"),
+              section=shown),
     )
     config = ReportConfig(quick=True, progress=False)
     tasks = {"abc": "abc", "broken": "broken"}  # the task data: strings stand in for Task objects
@@ -599,7 +601,8 @@ def test_the_stage_table_runs_per_task_or_once_on_what_each_stage_needs():
     got = {r.name: (r.status, r.reason) for r in ran}
     assert got == {"count:abc": ("done", ""), "count:broken": ("failed", "ValueError: no count"),
                    "double:abc": ("done", ""), "double:broken": ("not run", "needs count:broken"),
-                   "total": ("not run", "needs double:broken"), "peek": ("done", ""), "slow": ("skipped", "--quick")}
+                   "total": ("not run", "needs double:broken"), "peek": ("done", ""), "slow": ("skipped", "--quick"),
+                   "orphan": ("not run", "needs absent")}
     assert [r.result.numbers for r in ran if r.name in ("count:abc", "double:abc")] == [{"n": 3}, {"n": 6}]
     # peek runs once on the first task's data, with the first task's count and every task's double (None: not run)
     assert calls == [("abc", {"n": 3}, [{"n": 6}, None])]
@@ -614,7 +617,7 @@ def test_the_stage_table_runs_per_task_or_once_on_what_each_stage_needs():
     page = pipeline.page_sections(stages.model_card(meta, config), ran, config, "raw")
     titles = [s.title for s in page][2:]  # after the findings and the model card, in the table's order
     assert titles == ["shown {'n': 3}", "Count on broken (failed)", "shown {'n': 6}", "Double on broken (not run)",
-                      "Total (not run)", "shown {'seen': 'abc'}", "skipped note None"]
+                      "Total (not run)", "shown {'seen': 'abc'}", "skipped note None", "Orphan (not run)"]
 
 
 def test_the_report_stage_table_declares_each_stage_once_after_what_it_takes():

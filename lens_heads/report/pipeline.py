@@ -1,14 +1,11 @@
 """The report pipeline: load the model and data, run the stages of the stage table (``stage_table.STAGES``: what
-each computes, needs and shows, when it is skipped, per task or once), render each one's section and write the folder.
+each computes, needs and shows, when it is skipped, per task or once; docs/report.md shows it), render each one's
+section after the findings and the model card, and write the folder.
 
-The table's order is the report's: model card; head scores per task; the ablation sweep per task; where the report
-holds more than one sweep (several tasks, or recorded sweeps given with ``compare``), their comparison; head effects
-per task (skipped under ``quick``); the attention-rank profile; whole layers on the first task (per-layer scores and
-the attention of whole layers removed in each ranking's order; skipped under ``quick``); attention patterns of the
-most and least active heads; the head explorer. A stage that raises is recorded as failed (with its traceback in
-results.json and a note on the page) and the others still run; a stage that needs one that failed or did not run is
-not run (status "not run", "needs <stage>"), never run on a substitute; the command then exits non-zero. PNG export
-is a step of its own: skipped where kaleido or Chromium is missing, failed where a figure fails to draw.
+A stage that raises is recorded as failed (with its traceback in results.json and a note on the page) and the others
+still run; a stage that needs one that failed or did not run is not run (status "not run", "needs <stage>"), never
+run on a substitute; the command then exits non-zero. PNG export is a step of its own: skipped where kaleido or
+Chromium is missing, failed where a figure fails to draw.
 """
 
 from __future__ import annotations
@@ -128,32 +125,31 @@ def run_stages(table: Sequence[Stage], inputs: Inputs, tasks: dict, log) -> list
     by_kind = {stage.kind: stage for stage in table}
     ran: dict[tuple[str, str | None], Ran] = {}
 
-    def of(need: Need, task: str) -> list[Ran | None]:
-        """The runs of the stage ``need`` names (None where the report has none)."""
-        stage = by_kind.get(need.kind)
-        on = list(tasks) if need.every_task else [task]
-        return [ran.get((need.kind, t if stage is not None and stage.per_task else None)) for t in on]
+    def of(need: Need, task: str) -> list[Ran]:
+        """The runs of the stage ``need`` names ("not run" where the report has none, or not yet)."""
+        per_task = need.kind in by_kind and by_kind[need.kind].per_task
+        on = [t if per_task else None for t in (list(tasks) if need.every_task else [task])]
+        return [ran.get((need.kind, t)) or Ran(f"{need.kind}:{t}" if t else need.kind, "not run") for t in on]
 
     for stage in table:
         if not stage.present(inputs.settings, len(tasks)):
             continue
         for task in (list(tasks) if stage.per_task else [None]):
             own = task or first
-            needs = [[r or Ran(need.kind, "not run") for r in of(need, own)] for need in stage.needs]
-            uses = [of(need, own) for need in stage.uses]
+            needs, uses = [of(need, own) for need in stage.needs], [of(need, own) for need in stage.uses]
             ran[stage.kind, task] = run_one(stage, task, inputs, tasks[own], needs, uses, log)
     return list(ran.values())
 
 
-def run_one(stage: Stage, task: str | None, inputs: Inputs, data, needs: list[list[Ran]],
-            uses: list[list[Ran | None]], log) -> Ran:
+def run_one(stage: Stage, task: str | None, inputs: Inputs, data, needs: list[list[Ran]], uses: list[list[Ran]],
+            log) -> Ran:
     """One stage on one task's data (``task`` None for a stage run once): skipped, not run or its outcome."""
     name = f"{stage.kind}:{task}" if task else stage.kind
     skip = stage.skip(inputs.settings)
     if skip is not None:
         return Ran(name, "skipped", reason=skip.value, stage=stage, task=task, skip=skip)
     every = [need.every_task for need in stage.needs]
-    finished = [[r.result if r is not None and r.status == "done" else None for r in group] for group in uses]
+    finished = [[r.result if r.status == "done" else None for r in group] for group in uses]
     used = [group if need.every_task else group[0] for need, group in zip(stage.uses, finished)]
 
     def compute(*results):
