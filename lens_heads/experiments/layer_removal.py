@@ -68,12 +68,12 @@ def head_plan(model, head_order: Sequence[tuple[int, int]], counts: Sequence[int
             for k in _check_counts(counts, L)]
 
 
-
 def random_orders(n_layers: int, seeds: Sequence[int]) -> dict[str, list[int]]:
     """The random baselines of a removal: per seed, every layer in the order of a permutation drawn from
     ``numpy.random.default_rng(seed)``, named ``"random (seed <seed>)"`` (the report and ``analyses/layers.py`` draw
     the same orders)."""
     return {f"random (seed {s})": [int(x) for x in np.random.default_rng(s).permutation(n_layers)] for s in seeds}
+
 
 def _check_counts(counts: Sequence[int], n_layers: int) -> list[int]:
     if isinstance(counts, (str, bytes, int)) or not hasattr(counts, "__iter__"):
