@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lens_heads.experiments.compare import METRICS, common_grid, compare_sweeps, on_grid, read_sweep_record
+from lens_heads.experiments.compare import METRICS, common_grid, compare_by_metric, on_grid, read_sweep_record
 from lens_heads.experiments.table2 import table2
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
@@ -74,8 +74,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         sweeps = [read_sweep_record(p) for p in args.sweeps]
-        comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=args.top_k, n_resamples=args.n_resamples,
-                                         seed=args.seed) for m in METRICS}
+        comparisons = compare_by_metric(sweeps, top_k=args.top_k, n_resamples=args.n_resamples, seed=args.seed)
         grid = common_grid(sweeps)
         paper_table = table2([on_grid(s, grid) for s in sweeps], n_resamples=args.n_resamples, seed=args.seed)
         paper_table["grid_pct"] = "/".join(f"{100 * p:g}" for p in grid if p > 0)

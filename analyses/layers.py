@@ -46,6 +46,7 @@ from lens_heads.experiments.layer_removal import (
     RemovalCurves,
     evaluate_specs,
     head_plan,
+    random_orders,
     removal_plan,
     zeroed_by_layer,
 )
@@ -134,8 +135,7 @@ def orders_of(layers: LayerScores, effects: pd.DataFrame, args) -> dict[str, dic
         names, mine = RANKINGS[part], effects[effects["part"] == part]
         oracle = [int(layer) for layer in mine.sort_values(["kl", "layer"])["layer"]]
         out[part] = {**{name: layers.order(name) for name in names}, ORACLE: oracle,
-                     **{f"random (seed {s})": [int(x) for x in np.random.default_rng(s).permutation(layers.n_layers)]
-                        for s in args.random_seeds}}
+                     **random_orders(layers.n_layers, args.random_seeds)}
     return out
 
 

@@ -13,7 +13,7 @@ import pytest
 import lens_heads as lh
 from conftest import text_model
 from lens_heads.evaluation.results import EvalResult, ItemRecord
-from lens_heads.experiments.compare import RecordedSweep, compare_sweeps, read_sweep_record
+from lens_heads.experiments.compare import RecordedSweep, compare_by_metric, compare_sweeps, read_sweep_record
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.unit_store import read_sweep_folder
@@ -86,6 +86,15 @@ def test_ranks_spearman_and_overlap_by_hand(two):
     assert len(long) == 8 and long.set_index(["task", "curve"]).loc[("t2", "random"), "rank"] == 4
     assert list(c.rank_table().index) == ["S1", "S3", "S2", "random"]  # mean ranks 1.5, 1.75, 2.75, 4
 
+
+
+def test_compare_by_metric_ranks_by_accuracy_and_by_kl(two):
+    """The comparison the report and analyses/compare_sweeps.py share: one per ranking metric."""
+    by = compare_by_metric(two, top_k=2, n_resamples=50)  # the ranks do not depend on the intervals
+    assert list(by) == ["accuracy", "kl"] and [c.metric for c in by.values()] == ["accuracy", "kl"]
+    assert by["accuracy"].rank == ((2, 3, 1, 4), (1, 2.5, 2.5, 4)) and by["accuracy"].top_k == 2  # as worked above
+    # every synthetic item gives its choices the same log-likelihoods under every curve: no KL, all four tied
+    assert by["kl"].auc == ((0, 0, 0, 0), (0, 0, 0, 0)) and by["kl"].rank == ((2.5,) * 4, (2.5,) * 4)
 
 def test_kl_ranking_puts_the_smallest_first():
     # a recorded table: KL AUC over [0, 20] of (0, k10, k20) is (2 k10 + k20) / 4

@@ -18,6 +18,7 @@ from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.experiments.layer_removal import (
     evaluate_specs,
     head_plan,
+    random_orders,
     removal_curves,
     removal_plan,
 )
@@ -340,3 +341,15 @@ def test_report_layers_stage_is_the_librarys_and_resumes(tmp_path):
     again = layers_stage(model, task, scores, config, cache, key)
     assert sorted(p.name for p in tmp_path.rglob("*.json")) == stored
     pd.testing.assert_frame_equal(again.tables["layer_removal_piqa"], result.tables["layer_removal_piqa"])
+
+
+def test_random_orders_are_seeded_permutations_of_every_layer():
+    """The report and analyses/layers.py take their random layer orders from here: per seed, a permutation of every
+    layer drawn by numpy's default generator from that seed, named after the seed."""
+    orders = random_orders(6, (0, 3))
+    assert list(orders) == ["random (seed 0)", "random (seed 3)"]
+    for seed, order in zip((0, 3), orders.values()):
+        assert sorted(order) == list(range(6)) and all(type(x) is int for x in order)  # plain ints: JSON-ready
+        assert order == np.random.default_rng(seed).permutation(6).tolist()
+    assert orders["random (seed 0)"] != orders["random (seed 3)"]
+    assert random_orders(6, (0,)) == {"random (seed 0)": orders["random (seed 0)"]}  # one seed alone, the same draw

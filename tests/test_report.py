@@ -474,7 +474,16 @@ def test_a_stage_whose_input_failed_is_not_run_and_says_which(tmp_path, monkeypa
     assert (st["compare"]["status"], st["compare"]["reason"]) == ("not run", "needs ablation:arc_easy")
     assert st["ablation:piqa"]["status"] == st["rank"]["status"] == "done"
     assert set(results["ablation"]) == {"piqa"}
-    table = run_table((out / "report.html").read_text())
+    # --quick leaves out the head effects and whole layers by its skip value, whatever their inputs did
+    skipped = {"status": "skipped", "reason": "--quick"}
+    assert results["effects"] == {"arc_easy": skipped, "piqa": skipped} and results["layers"] == skipped
+    assert all((st[name]["status"], st[name]["reason"]) == ("skipped", "--quick")
+               for name in ("effects:arc_easy", "effects:piqa", "layers"))
+    page = (out / "report.html").read_text()
+    for anchor in ("effects-arc_easy", "effects-piqa", "layers"):
+        section = page[page.index(f'id="{anchor}"'):]
+        assert "Skipped under --quick." in section[:section.index("</section>")], anchor
+    table = run_table(page)
     assert table["ablation:arc_easy"][0] == "not run" and table["ablation:arc_easy"][-1] == "needs scores:arc_easy"
     assert table["scores:arc_easy"][0] == "failed" and "scores broke" in table["scores:arc_easy"][-1]
 
@@ -547,3 +556,77 @@ def test_a_figure_server_that_does_not_start_is_said(monkeypatch, tmp_path):
     with pytest.warns(RuntimeWarning, match=r"kaleido's figure server did not start \(OSError: no pipe\)"):
         with export.png_writer():
             pass
+
+
+def test_the_stage_table_runs_per_task_or_once_on_what_each_stage_needs():
+    """A table of toy stages (no model): per-task stages run on each task, the others once on the first; a stage
+    takes the results it needs (a list where it needs every task's), is not run where one failed, gets None for a
+    used stage that did not finish, is skipped by its skip value and absent where the report has no place for it (a
+    stage that needs it is not run); results.json and the page follow the table."""
+    from lens_heads.report import pipeline, stages
+    from lens_heads.report.render import Section as PageSection
+    from lens_heads.report.stage_result import StageResult
+    from lens_heads.report.stage_table import Inputs, Need, Skip, Stage
+
+    def count(inputs, task):
+        if task == "broken":
+            raise ValueError("no count")
+        return StageResult({"n": len(task)})
+
+    calls = []
+
+    def peek(inputs, task, first_count, doubles):
+        calls.append((task, first_count.numbers if first_count else None, [d and d.numbers for d in doubles]))
+        return StageResult({"seen": task})
+
+    shown = lambda r, basis: PageSection(f"shown {r.numbers}")  # noqa: E731
+    table = (
+        Stage("count", "Count", per_task=True, compute=count, section=shown),
+        Stage("double", "Double", per_task=True, needs=(Need("count"),), section=shown,
+              compute=lambda i, task, c: StageResult({"n": 2 * c.numbers["n"]})),
+        Stage("total", "Total", needs=(Need("double", every_task=True),), section=shown,
+              compute=lambda i, task, doubles: StageResult({"n": sum(d.numbers["n"] for d in doubles)})),
+        Stage("peek", "Peek", uses=(Need("count"), Need("double", every_task=True)), compute=peek, section=shown),
+        Stage("slow", "Slow", needs=(Need("count"),), section=shown, compute=lambda i, task, c: pytest.fail("ran"),
+              skip=lambda settings: Skip.QUICK if settings.quick else None,
+              skipped_section=lambda task: PageSection(f"skipped note {task}")),
+        Stage("absent", "Absent", compute=lambda i, task: pytest.fail("ran"), section=shown,
+              present=lambda settings, n_tasks: n_tasks > 2),
+        Stage("orphan", "Orphan", needs=(Need("absent"),), compute=lambda i, task, a: pytest.fail("ran"),
+              section=shown),
+    )
+    config = ReportConfig(quick=True, progress=False)
+    tasks = {"abc": "abc", "broken": "broken"}  # the task data: strings stand in for Task objects
+    ran = pipeline.run_stages(table, Inputs(None, config, None, {}), tasks, lambda msg: None)
+    got = {r.name: (r.status, r.reason) for r in ran}
+    assert got == {"count:abc": ("done", ""), "count:broken": ("failed", "ValueError: no count"),
+                   "double:abc": ("done", ""), "double:broken": ("not run", "needs count:broken"),
+                   "total": ("not run", "needs double:broken"), "peek": ("done", ""), "slow": ("skipped", "--quick"),
+                   "orphan": ("not run", "needs absent")}
+    assert [r.result.numbers for r in ran if r.name in ("count:abc", "double:abc")] == [{"n": 3}, {"n": 6}]
+    # peek runs once on the first task's data, with the first task's count and every task's double (None: not run)
+    assert calls == [("abc", {"n": 3}, [{"n": 6}, None])]
+    assert next(r for r in ran if r.name == "slow").skip is Skip.QUICK
+
+    meta = dict(name="toy", source="test", n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16, n_ctx=64,
+                n_params=1, weight_basis="raw", dtype="float32")
+    results = pipeline.describe(config, meta, {}, ran)
+    assert results["count"] == {"abc": {"n": 3}} and results["double"] == {"abc": {"n": 6}}
+    assert results["peek"] == {"seen": "abc"} and results["slow"] == {"status": "skipped", "reason": "--quick"}
+    assert "total" not in results and "absent" not in results
+    page = pipeline.page_sections(stages.model_card(meta, config), ran, config, "raw")
+    titles = [s.title for s in page][2:]  # after the findings and the model card, in the table's order
+    assert titles == ["shown {'n': 3}", "Count on broken (failed)", "shown {'n': 6}", "Double on broken (not run)",
+                      "Total (not run)", "shown {'seen': 'abc'}", "skipped note None", "Orphan (not run)"]
+
+
+def test_the_report_stage_table_declares_each_stage_once_after_what_it_takes():
+    """Every stage of the report's table has its own kind, and what it needs or uses comes before it (the table's
+    order is the order they run in)."""
+    from lens_heads.report.stage_table import STAGES
+
+    kinds = [s.kind for s in STAGES]
+    assert len(set(kinds)) == len(kinds)
+    for i, stage in enumerate(STAGES):
+        assert {n.kind for n in (*stage.needs, *stage.uses)} <= set(kinds[:i]), stage.kind
+        assert (stage.skipped_section is None) == (stage.skip(ReportConfig(quick=True, progress=False)) is None)

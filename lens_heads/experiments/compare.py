@@ -251,6 +251,13 @@ def compare_sweeps(sweeps: Sequence[SweepResult | RecordedSweep], *, metric: str
                            rank_replicates=tuple(replicates), intervals=intervals)
 
 
+def compare_by_metric(sweeps: Sequence[SweepResult | RecordedSweep], *, top_k: int = 5,
+                      n_resamples: int = stats.N_RESAMPLES, seed: int = 0) -> dict[str, SweepComparison]:
+    """:func:`compare_sweeps` under each ranking of :data:`METRICS` (accuracy, then the paired KL), by metric: the
+    comparison the report and ``analyses/compare_sweeps.py`` both show."""
+    return {m: compare_sweeps(sweeps, metric=m, top_k=top_k, n_resamples=n_resamples, seed=seed) for m in METRICS}
+
+
 def common_grid(sweeps: Sequence[SweepResult | RecordedSweep]) -> list[float]:
     """The target fractions (0 included) that every sweep measured: AUCs over different grids don't compare."""
     grids = [_targets(s) for s in sweeps]

@@ -2,7 +2,8 @@
 
 - :func:`removal_plan`: the :class:`lens_heads.ablation.specs.LayerRemoval` units of one curve, the first ``k``
   layers of a ranking for each ``k``; :func:`head_plan` zeroes ``k x n_heads`` heads of a head ranking instead (the
-  same number of heads as ``k`` layers of attention: equal compute removed).
+  same number of heads as ``k`` layers of attention: equal compute removed); :func:`random_orders` are the seeded
+  random rankings every removal is compared with.
 - :func:`evaluate_specs`: every unit evaluated on a task, the units sharing their forwards (the unhooked trunk below
   the first removed layer runs once per batch, :func:`lens_heads.evaluation.evaluate.evaluate_each`) and kept in
   ``out_dir`` as they finish, so an interrupted run resumes.
@@ -65,6 +66,13 @@ def head_plan(model, head_order: Sequence[tuple[int, int]], counts: Sequence[int
     head_order = check_head_order(head_order, L, H, what="head_order")
     return [StaticAblation(heads=head_order[:k * H], score=label, fraction=k / L)
             for k in _check_counts(counts, L)]
+
+
+def random_orders(n_layers: int, seeds: Sequence[int]) -> dict[str, list[int]]:
+    """The random baselines of a removal: per seed, every layer in the order of a permutation drawn from
+    ``numpy.random.default_rng(seed)``, named ``"random (seed <seed>)"`` (the report and ``analyses/layers.py`` draw
+    the same orders)."""
+    return {f"random (seed {s})": [int(x) for x in np.random.default_rng(s).permutation(n_layers)] for s in seeds}
 
 
 def _check_counts(counts: Sequence[int], n_layers: int) -> list[int]:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from lens_heads.collapse.layer_ranking import layer_scores
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.data.items import Task
-from lens_heads.experiments.layer_removal import removal_curves, removal_plan
+from lens_heads.experiments.layer_removal import random_orders, removal_curves, removal_plan
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
@@ -36,9 +35,9 @@ def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: C
     the model has) removed in the order of each ranking and of a random order (units kept in the cache folder),
     each ranking against random."""
     layers = layer_scores(model, task, scores=scores, settings=config.evaluation, progress=config.progress)
-    random = f"random (seed {config.seed})"
-    orders = {**{name: layers.order(name) for name in LAYER_RANKINGS},
-              random: [int(x) for x in np.random.default_rng(config.seed).permutation(layers.n_layers)]}
+    randoms = random_orders(layers.n_layers, (config.seed,))
+    random = next(iter(randoms))
+    orders = {**{name: layers.order(name) for name in LAYER_RANKINGS}, **randoms}
     counts = [k for k in LAYER_COUNTS if k < layers.n_layers]  # a model of few layers keeps at least one
     plans = {name: removal_plan(model, order, counts, part="attention", label=name) for name, order in orders.items()}
     folder = cache.path(f"layers-{task.name}", {**base_key, "data": task.meta()})

@@ -1,12 +1,8 @@
-"""The report pipeline: load the model and data, run each stage (``stages``), render its section (``sections``) and
-write the folder.
+"""The report pipeline: load the model and data, run the stages of the stage table (``stage_table.STAGES``: what
+each computes, needs and shows, when it is skipped, per task or once; docs/report.md shows it), render each one's
+section after the findings and the model card, and write the folder.
 
-``build_report`` reads as the list of stages: model card; head scores per task; the ablation sweep per task; where
-the report holds more than one sweep (several tasks, or recorded sweeps given with ``compare``), their comparison;
-head effects per task (skipped under ``quick``); the attention-rank profile; whole layers on the first task (per-layer
-scores and the attention of whole layers removed in each ranking's order; skipped under ``quick``); attention
-patterns of the most and least active heads. Each stage names the stages it needs (``run_stage(..., needs=)``). A
-stage that raises is recorded as failed (with its traceback in results.json and a note on the page) and the others
+A stage that raises is recorded as failed (with its traceback in results.json and a note on the page) and the others
 still run; a stage that needs one that failed or did not run is not run (status "not run", "needs <stage>"), never
 run on a substitute; the command then exits non-zero. PNG export is a step of its own: skipped where kaleido or
 Chromium is missing, failed where a figure fails to draw.
@@ -17,26 +13,25 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import torch
 
 from lens_heads.data.tasks import load_task
-from lens_heads.experiments.compare import read_sweep
 from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.provenance import provenance
-from lens_heads.report import layer_stages, sections, stages, sweep_stages
+from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.findings import findings
 from lens_heads.report.render import render_page
 from lens_heads.report.stage_result import StageResult
+from lens_heads.report.stage_table import STAGES, Inputs, Need, Skip, Stage
 from lens_heads.viz import export
 
 R = TypeVar("R", bound=StageResult, covariant=True)
@@ -47,13 +42,16 @@ class Ran(Generic[R]):
     """One stage's outcome: its result where it finished, else why not; wall and CPU seconds (all threads: on a
     shared machine the wall time says little)."""
 
-    name: str
+    name: str  # its key in results.json's stages and the Run table: "kind:task" per task
     status: str  # "done" | "failed" | "skipped" | "not run" (a stage it needs did not finish)
     seconds: float | None = None
     cpu_seconds: float | None = None
     result: R | None = None
     reason: str = ""
     traceback: str = ""
+    stage: Stage | None = None  # its entry of the stage table (None for the model's loading)
+    task: str | None = None  # its task, for a stage run per task
+    skip: Skip | None = None  # why it was skipped
 
     def entry(self) -> dict:
         entry = {"status": self.status, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
@@ -89,8 +87,8 @@ def run_stage(name: str, log, compute: Callable[..., R], needs: Sequence[Ran] = 
 
 
 def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
-    """Run every stage for ``config`` and write the report folder; returns the ``results.json`` content. Each stage
-    names the stages whose results it takes (``needs=``)."""
+    """Run every stage of the stage table (``stage_table.STAGES``) for ``config`` and write the report folder;
+    returns the ``results.json`` content."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if distributed.is_main() else None)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -106,30 +104,7 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     ran: list[Ran[StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
-    first = next(iter(tasks))  # the task of the stages run once: rank, layers, attention, explorer
-
-    scores = {t: run_stage(f"scores:{t}", log, partial(stages.score_stage, model, task, config, cache, key))
-              for t, task in tasks.items()}
-    ablations = {t: run_stage(f"ablation:{t}", log, lambda s: sweep_stages.ablation_stage(
-        model, task, s.scores, config, cache, key), needs=[scores[t]]) for t, task in tasks.items()}
-    compare = [run_stage("compare", log, lambda *done: sweep_stages.compare_stage(
-        [a.sweep for a in done] + [read_sweep(path) for path in config.compare]), needs=list(ablations.values()))
-               ] if len(tasks) + len(config.compare) > 1 else []
-    effects = {t: Ran(f"effects:{t}", "skipped", reason="--quick") if config.quick else run_stage(
-        f"effects:{t}", log, lambda s: stages.effects_stage(model, task, s.scores, config, cache, key),
-        needs=[scores[t]]) for t, task in tasks.items()}
-    rank = run_stage("rank", log, partial(layer_stages.rank_stage, model, tasks[first], config, cache, key))
-    layers = Ran("layers", "skipped", reason="--quick") if config.quick else run_stage("layers", log, lambda s: (
-        layer_stages.layers_stage(model, tasks[first], s.scores, config, cache, key)), needs=[scores[first]])
-    attention = run_stage("attention", log, lambda s: stages.attention_stage(model, s.scores, config),
-                          needs=[scores[first]])
-    # the explorer adds the head effects and the rank profile where those stages finished (they are not needed)
-    explorer = run_stage("explorer", log, lambda s: stages.explorer_stage(
-        model, s.scores, effects[first].result if effects[first].status == "done" else None,
-        rank.result.numbers if rank.status == "done" and rank.result is not None else None, config),
-        needs=[scores[first]])
-
-    ran += [*scores.values(), *ablations.values(), *compare, *effects.values(), rank, layers, attention, explorer]
+    ran += run_stages(STAGES, Inputs(model, config, cache, key), tasks, log)
     card = stages.model_card(meta, config)
     results = describe(config, meta, tasks, ran)
     files, png = write_outputs(out_dir, config, card, ran, results, log) if distributed.is_main() else ([], None)
@@ -140,6 +115,50 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
         atomic_write_json(out_dir / "results.json", {**results, "files": files})
     log(f"[report] done in {time.perf_counter() - started:.0f} s: {out_dir / 'report.html'}")
     return {**results, "files": files}
+
+
+def run_stages(table: Sequence[Stage], inputs: Inputs, tasks: dict, log) -> list[Ran]:
+    """Every stage of ``table`` the report has, in the table's order: a per-task stage on each task, the others
+    once on the first task. A stage is skipped where its ``skip`` says so, and not run where a stage it needs did
+    not finish."""
+    first = next(iter(tasks))
+    by_kind = {stage.kind: stage for stage in table}
+    ran: dict[tuple[str, str | None], Ran] = {}
+
+    def of(need: Need, task: str) -> list[Ran]:
+        """The runs of the stage ``need`` names ("not run" where the report has none, or not yet)."""
+        per_task = need.kind in by_kind and by_kind[need.kind].per_task
+        on = [t if per_task else None for t in (list(tasks) if need.every_task else [task])]
+        return [ran.get((need.kind, t)) or Ran(f"{need.kind}:{t}" if t else need.kind, "not run") for t in on]
+
+    for stage in table:
+        if not stage.present(inputs.settings, len(tasks)):
+            continue
+        for task in (list(tasks) if stage.per_task else [None]):
+            own = task or first
+            needs, uses = [of(need, own) for need in stage.needs], [of(need, own) for need in stage.uses]
+            ran[stage.kind, task] = run_one(stage, task, inputs, tasks[own], needs, uses, log)
+    return list(ran.values())
+
+
+def run_one(stage: Stage, task: str | None, inputs: Inputs, data, needs: list[list[Ran]], uses: list[list[Ran]],
+            log) -> Ran:
+    """One stage on one task's data (``task`` None for a stage run once): skipped, not run or its outcome."""
+    name = f"{stage.kind}:{task}" if task else stage.kind
+    skip = stage.skip(inputs.settings)
+    if skip is not None:
+        return Ran(name, "skipped", reason=skip.value, stage=stage, task=task, skip=skip)
+    every = [need.every_task for need in stage.needs]
+    finished = [[r.result if r.status == "done" else None for r in group] for group in uses]
+    used = [group if need.every_task else group[0] for need, group in zip(stage.uses, finished)]
+
+    def compute(*results):
+        it = iter(results)
+        taken = [[next(it) for _ in group] if whole else next(it) for whole, group in zip(every, needs)]
+        return stage.compute(inputs, data, *taken, *used)
+
+    outcome = run_stage(name, log, compute, needs=[r for group in needs for r in group])
+    return replace(outcome, stage=stage, task=task)
 
 
 def load_tasks(config: ReportConfig) -> dict:
@@ -154,7 +173,8 @@ def load_tasks(config: ReportConfig) -> dict:
 
 
 def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> dict:
-    """results.json without its stage table: what was run, on what, and every finished stage's numbers."""
+    """results.json without its stage table: what was run, on what, and every finished stage's numbers (a skipped
+    stage's status and reason in their place)."""
     made = provenance()
     results = {
         "report_format": 1, "created": made["recorded_at"], "settings": config.to_dict(), "versions": made["versions"],
@@ -162,40 +182,37 @@ def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> d
         "model": meta, "weight_basis": meta.get("weight_basis", "unknown"),
         "data": {name: task.meta() for name, task in tasks.items()}}
     for r in ran:
-        kind, _, task = r.name.partition(":")
-        if kind == "effects" and r.status == "skipped":
-            results.setdefault("effects", {})[task] = {"status": "skipped", "reason": r.reason}
-        elif kind == "layers" and r.status == "skipped":
-            results["layers"] = {"status": "skipped", "reason": r.reason}
+        if r.stage is None:
+            continue
+        if r.skip is not None:
+            numbers = {"status": "skipped", "reason": r.skip.value}
         elif r.status == "done" and r.result is not None:
-            if task:
-                results.setdefault(kind, {})[task] = r.result.numbers
-            else:
-                results[kind] = r.result.numbers
+            numbers = r.result.numbers
+        else:
+            continue
+        if r.task:
+            results.setdefault(r.stage.kind, {})[r.task] = numbers
+        else:
+            results[r.stage.kind] = numbers
     return results
 
 
 def page_sections(card: StageResult, ran: list[Ran], config: ReportConfig, weight_basis: str) -> list:
     """The page, section by section, in the order the stages ran."""
-    render: dict[str, Callable[[Any], sections.Section]] = {
-        "scores": partial(sections.scores, weight_basis=weight_basis), "ablation": sections.ablation,
-        "compare": sections.compare, "effects": sections.effects, "rank": sections.rank,
-        "attention": sections.attention, "explorer": sections.explorer, "layers": sections.layers}
-    done = {r.name: r.result for r in ran if r.status == "done"}
-    of = lambda kind: [v for k, v in done.items() if k.partition(":")[0] == kind]  # noqa: E731
-    out = [findings(of("scores"), of("ablation"), done.get("rank")), sections.model_card(card, config)]
+    done = [r for r in ran if r.stage is not None and r.status == "done"]
+    of = lambda kind: [r.result for r in done if r.stage is not None and r.stage.kind == kind]  # noqa: E731
+    rank = of("rank")
+    out = [findings(of("scores"), of("ablation"), rank[0] if rank else None), sections.model_card(card, config)]
     for r in ran:
-        kind, _, task = r.name.partition(":")
-        if kind not in render:
+        if r.stage is None:
             continue
         if r.status == "done":
-            out.append(render[kind](r.result))
-        elif kind == "effects" and r.reason == "--quick":
-            out.append(sections.effects_skipped(task))
-        elif kind == "layers" and r.reason == "--quick":
-            out.append(sections.layers_skipped())
+            out.append(r.stage.section(r.result, weight_basis))
+        elif r.skip is not None and r.stage.skipped_section is not None:
+            out.append(r.stage.skipped_section(r.task))
         else:
-            out.append(sections.not_done(r.name, r.status, r.reason))
+            title = r.stage.title + (f" on {r.task}" if r.task else "")
+            out.append(sections.not_done(title, r.status, r.reason))
     return out
 
 

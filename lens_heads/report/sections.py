@@ -15,24 +15,14 @@ from lens_heads.report.stage_result import StageResult
 from lens_heads.report.stages import AttentionResult, EffectsResult, ExplorerResult, ScoresResult
 from lens_heads.report.sweep_stages import AblationResult, CompareResult, points_table
 
-TITLES = {"scores": "Head scores", "ablation": "Ablation sweep", "effects": "Head effects",
-          "rank": "Attention rank", "attention": "Attention patterns", "compare": "Comparison of sweeps",
-          "explorer": "Head explorer", "layers": "Whole layers"}
 
-
-def stage_title(name: str) -> str:
-    """``"scores:arc_easy"`` -> ``"Head scores on arc_easy"``."""
-    kind, _, task = name.partition(":")
-    return TITLES.get(kind, kind) + (f" on {task}" if task else "")
-
-
-def not_done(name: str, status: str, reason: str) -> Section:
-    """A stage that failed, was not run (a stage it needs did not finish) or was skipped says so, with no
-    numbers."""
+def not_done(title: str, status: str, reason: str) -> Section:
+    """A stage that failed, was not run (a stage it needs did not finish) or was skipped says so under its title,
+    with no numbers."""
     what = {"failed": f"This stage failed with {reason}. See results.json for the traceback.",
             "not run": f"Not run: it {reason}, which did not finish (see the Run table)."}.get(
         status, f"Skipped ({reason}).")
-    return Section(f"{stage_title(name)} ({status})", [Text(what, "note" if status == "skipped" else "unavailable")])
+    return Section(f"{title} ({status})", [Text(what, "note" if status == "skipped" else "unavailable")])
 
 
 def effects_skipped(task: str) -> Section:

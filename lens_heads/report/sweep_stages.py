@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from lens_heads.data.items import Task
-from lens_heads.experiments.compare import METRICS, SweepComparison, compare_sweeps
+from lens_heads.experiments.compare import METRICS, SweepComparison, compare_by_metric
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.table2 import table2
 from lens_heads.heads.scoring import HeadScores
@@ -107,7 +107,7 @@ class CompareResult(StageResult):
 def compare_stage(sweeps: list) -> CompareResult:
     """Rank the curves of every sweep (SweepResults or RecordedSweeps, one per (model, task)) by the AUC of
     accuracy and by the AUC of the paired KL, and compare the rankings between sweeps."""
-    comparisons = {m: compare_sweeps(sweeps, metric=m, top_k=COMPARE_TOP_K) for m in METRICS}
+    comparisons = compare_by_metric(sweeps, top_k=COMPARE_TOP_K)
     acc = comparisons["accuracy"]
     inputs = pd.DataFrame([{k: d[k] for k in ("model", "task", "split", "shots", "n", "seed", "weight_basis",
                                               "baseline_accuracy", "chance", "source")} for d in acc.sweeps])
