@@ -89,7 +89,9 @@ heads = [h for h in ranked if h[0] not in dropped][:6]
 pruned = lh.prune(model, heads=heads, layers=dropped, part="block")
 print("heads zeroed:", heads)
 print(pruned.freed())
-lh.kv_account(model.cfg, heads, dropped, part="block")"""),
+kv = lh.kv_account(model.cfg, heads, dropped, part="block")
+print(f"KV cache freed: {kv.physical:.1%} by the export, {kv.accounted:.1%} by a runtime that also dropped the KV "
+      f"groups whose query heads are all zeroed ({kv.bytes_per_token} bytes per token in all)")"""),
     new_markdown_cell("""## Export, and load the folder without lens_heads
 
 The folder holds `config.json`, `model.safetensors`, the tokenizer and `lens_heads_prune.json` (what was removed).
@@ -133,8 +135,13 @@ history[["step", "tokens_seen", "train_loss", "val_loss"]]"""),
 evaluated = history.dropna(subset=["val_loss"])
 loss_curves(trained["train_loss"], evaluated["step"], evaluated["val_loss"],
             title=f"Healing SmolLM2-135M without blocks {list(dropped)}")"""),
-    new_code_cell("""healed_eval = lh.evaluate(healed.model, task, progress=False)
-d = lh.paired_difference(healed_eval, base)
-print(f"healed {healed_eval.accuracy:.1%} against the full model's {base.accuracy:.1%}: paired difference "
-      f"{d.mean:+.3f} (95% CI {d.ci95[0]:+.3f}..{d.ci95[1]:+.3f}), gold log-prob change {d.gold_logprob_change.mean:+.3f}")"""),
+    new_markdown_cell("""The same items through the model without the blocks, before and after healing, each paired with the full
+model:"""),
+    new_code_cell("""unhealed = lh.evaluate(lh.load_model(str(healed.folder)), task, progress=False)
+healed_eval = lh.evaluate(healed.model, task, progress=False)
+for label, result in [("blocks dropped", unhealed), ("healed", healed_eval)]:
+    d = lh.paired_difference(result, base)
+    print(f"{label:14s} {result.accuracy:.1%} against the full model's {base.accuracy:.1%}: paired difference "
+          f"{d.mean:+.3f} (95% CI {d.ci95[0]:+.3f}..{d.ci95[1]:+.3f}), gold log-prob change "
+          f"{d.gold_logprob_change.mean:+.3f}")"""),
 ]
