@@ -58,6 +58,16 @@ def test_effects_join_the_menu():
     assert entry["kind"] == "effect" and entry["rank"][0][0] == 1  # the smallest effect ranks first
 
 
+def test_its_plain_text_is_one_short_line():
+    """A notebook keeps the plain text beside the view: the data (hundreds of kB) stay out of it."""
+    from conftest import text_model
+
+    model = text_model(n_layers=2)
+    ex = lh.explore(model, ["a short prompt", "another one"], effects={"KL": np.ones((2, model.cfg.n_heads))})
+    assert repr(ex) == (f"Explorer({ex.data['model']}: 2 layers x {model.cfg.n_heads} heads, 2 prompt(s); "
+                        f"maps {[*lh.SCORE_NAMES, 'KL']})")
+
+
 def test_bad_input_is_refused(smollm):
     with pytest.raises(ValueError, match="unknown score 'AHONX'.*AHON \\(LN\\)"):
         lh.explore(smollm, PROMPTS, score="AHONX")

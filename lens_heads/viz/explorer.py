@@ -37,11 +37,16 @@ MAX_TOKENS = 40
 LEVELS = 255  # pattern quantisation
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Explorer:
     """The explorer's data (plain JSON types) and its renderings."""
 
     data: dict
+
+    def __repr__(self) -> str:  # short: a notebook shows it beside the view as the output's plain text
+        d = self.data
+        return (f"Explorer({d.get('model', '')}: {d['n_layers']} layers x {d['n_heads']} heads, "
+                f"{len(d['prompts'])} prompt(s); maps {list(d['maps'])})")
 
     def to_html(self) -> str:
         """The HTML fragment (data block, markup, script) to place in a page or a notebook output."""
