@@ -33,12 +33,14 @@ from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import DEFAULT_PROTOCOL, Row, build_rows, check_protocol
 from lens_heads.evaluation.batching import AUTO, check_batch_size, first_size, halving
+from lens_heads.evaluation.failed_items import check_nonfinite, settle
 from lens_heads.evaluation.fused_attention import AttentionCalls
 from lens_heads.evaluation.hook_sets import hook_objects, hook_set
 from lens_heads.evaluation.logprobs import item_records
 from lens_heads.evaluation.passes import attention_ran, run_passes
 from lens_heads.evaluation.results import EvalResult, check_primary
 from lens_heads.models.loading import model_meta
+from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
 
@@ -52,7 +54,7 @@ ATTENTION = ("fused", "eager")
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, progress: bool = True,
              primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
-             attention: str = "fused", first_input: int = 0) -> EvalResult:
+             attention: str = "fused", first_input: int = 0, nonfinite: str = "raise") -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.data.tasks.Task`) by log-likelihood.
 
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
@@ -70,16 +72,22 @@ def evaluate(model, task, *, hooks: Iterable = (), batch_size: int | str = 8, pr
     allow it: unhooked, static zeroing, mean ablation, ``zero_heads`` and random zeroing drawn per item; the
     per-input threshold zeroing decides from the whole row and keeps the row-by-row path, as do random zeroing drawn
     per row (told each row's key: its first choice), unknown hooks and ``attention="eager"``.
+    An item whose log-likelihood is NaN or infinite (a NaN weight, a diverged fine-tune, a float16 overflow) is never
+    scored: ``nonfinite="raise"`` raises a :class:`lens_heads.plumbing.errors.NonFiniteError` naming the items and the
+    first hook point whose output went non-finite; ``"exclude"`` leaves them out of every metric, their ids in
+    ``meta["failed_items"]`` and their count in ``meta["n_failed"]`` (:mod:`lens_heads.evaluation.failed_items`).
+    Log-softmax runs in float32 (or the model's wider dtype) whatever the model's dtype.
     """
     return evaluate_each(model, task, [hooks], batch_size=batch_size, progress=progress, primary=primary,
                          protocol=protocol, apply_chat_template=apply_chat_template, attention=attention,
-                         first_input=first_input)[0]
+                         first_input=first_input, nonfinite=nonfinite)[0]
 
 
 @torch.no_grad()
 def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8, progress: bool = True,
                   primary: str = "sum", protocol: str = DEFAULT_PROTOCOL, apply_chat_template: bool | str = False,
-                  attention: str = "fused", first_input: int = 0, _shared_prefixes: bool = True) -> list[EvalResult]:
+                  attention: str = "fused", first_input: int = 0, nonfinite: str = "raise",
+                  _shared_prefixes: bool = True, _settle: bool = True) -> list[EvalResult]:
     """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set.
 
     The sets share the forward below the layers they hook: per batch the unhooked trunk runs once, and each set
@@ -90,12 +98,13 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
     row-by-row reference the tests compare with). On a backend whose forward can't start at a block (a
     TransformerBridge runs the blocks before it) each set runs whole (no shared trunk: one full evaluation per set),
     and on one whose attention lens_heads doesn't fuse (the bridge's is its own) rows run one by one (no shared
-    prefixes)."""
+    prefixes). ``nonfinite``: as in :func:`evaluate`, per set."""
     settings: dict[str, Any] = dict(batch_size=batch_size, progress=progress, primary=primary, protocol=protocol,
                                     apply_chat_template=apply_chat_template, attention=attention,
-                                    first_input=first_input, _shared_prefixes=_shared_prefixes)
+                                    first_input=first_input, nonfinite=nonfinite, _shared_prefixes=_shared_prefixes)
     if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
         raise InputError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
+    check_nonfinite(nonfinite)
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, settings)
     if batch_size == AUTO:
@@ -126,7 +135,20 @@ def evaluate_each(model, task, hook_sets: Sequence, *, batch_size: int | str = 8
                 shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
-    return _results(task, items, rows, hook_sets, outputs, primary, meta)
+    results = _results(task, items, rows, hook_sets, outputs, primary, meta)
+    return _settled(model, items, results, settings, chat) if _settle else results
+
+
+def _settled(model, items, results: list[EvalResult], settings: dict, chat) -> list[EvalResult]:
+    """The results with their non-finite items refused or excluded; an error names where the first one's forward
+    went non-finite (its first row run alone, unhooked)."""
+    by_id = {item.id: item for item in items}
+
+    def where(item_id: str) -> str:
+        row = build_rows(model, [by_id[item_id]], protocol=settings["protocol"], apply_chat_template=chat)[0]
+        return where_nonfinite(model, row.tokens)
+
+    return settle(results, settings["nonfinite"], where)
 
 
 def _evaluate_auto(model, task, hook_sets: Sequence, settings: dict) -> list[EvalResult]:
@@ -170,7 +192,7 @@ def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[E
     if len(mine):
         part = replace(task, items=items[mine.start:mine.stop]) if hasattr(task, "items") else items[mine.start:mine.stop]
         with distributed.local():
-            shard = dict(first_input=settings["first_input"] + mine.start,
+            shard = dict(first_input=settings["first_input"] + mine.start, _settle=False,
                          progress=settings["progress"] and distributed.is_main())
             local = [(r.items, r.meta) for r in evaluate_each(model, part, hook_sets, **{**settings, **shard})]
     parts = [p for p in distributed.all_gather(local) if p]
@@ -185,7 +207,9 @@ def _evaluate_shards(model, task, hook_sets: Sequence, settings: dict) -> list[E
                                   items=[record for part in parts for record in part[k][0]],
                                   chance=float(getattr(task, "chance", float("nan"))), primary=settings["primary"],
                                   meta=meta))
-    return results
+    # every rank holds every record, so every rank refuses (or excludes) the same items
+    chat = resolve_chat_template(model, settings["apply_chat_template"])
+    return _settled(model, items, results, settings, chat)
 
 
 def _identity(model, items, settings: dict) -> dict:

@@ -52,8 +52,9 @@ from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from lens_heads.experiments.unit_store import run_fingerprint
 from lens_heads.models.backends import get_act_name, run_to_resid
 from lens_heads.models.loading import model_meta
+from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
-from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
 
 METHODS = ("ablation", "attribution", "mean")
@@ -289,6 +290,10 @@ def _attribution(model, task, *, batch_size: int, progress: bool, primary: str, 
     bar.close()
     base = EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), primary=primary,
                       chance=float(getattr(task, "chance", math.nan)), items=_records_from_logprobs(items, logprobs, n_tokens))
+    real = torch.tensor([[c < len(it.continuations) for c in range(n_choices)] for it in items])  # others: NaN
+    if not bool(torch.isfinite(logprobs[real]).all() and torch.isfinite(change[real]).all()):
+        raise NonFiniteError(f"attribution on {base.task}: log-likelihoods or their gradients are NaN or infinite, "
+                             f"so no effect is computed; {where_nonfinite(model, rows[0].tokens)}")
     removed = {(layer, head): _records_from_logprobs(items, logprobs + change[..., layer, head], n_tokens)
                for layer in range(L) for head in range(H)}
     return base, removed, stats

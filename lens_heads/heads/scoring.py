@@ -31,8 +31,9 @@ from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_sc
 from lens_heads.models.backends import check_attention_hooks, run_to_resid
 from lens_heads.models.capture import LayerCapture, check_hook_names
 from lens_heads.models.loading import expand_kv, model_meta
+from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing import distributed
-from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
@@ -131,8 +132,10 @@ def score_heads(
 
     Inputs are batched by length, so padding costs little; the result keeps the input order. ``batch_size="auto"``:
     the largest that fits (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank scores a block of the inputs and
-    every rank returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores are computed in float32 whatever the
-    model's dtype.
+    every rank returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores (their norms, entropies and
+    means) are computed in float32 whatever the model's dtype. A NaN or infinite score is refused
+    (:class:`lens_heads.plumbing.errors.NonFiniteError`, naming the inputs, the first layer with one and the first
+    hook point whose output went non-finite).
     """
     settings: dict[str, Any] = dict(attention_mask=attention_mask, batch_size=batch_size, progress=progress,
                                     extras=extras, hooks=hooks, max_len=max_len, protocol=protocol,
@@ -150,6 +153,7 @@ def score_heads(
                                                apply_chat_template=apply_chat_template)
     extras = as_scores(extras)
     values = _score_rows(model, tokens, mask, extras, hooks, batch_size=batch_size, progress=progress)
+    _refuse_nonfinite(model, values, tokens, mask, [*SCORE_NAMES, *(s.name for s in extras)])
     data = _describe(inputs, tokens.shape[0], int(mask.sum()), task_rows, protocol, apply_chat_template)
     meta = dict(model=model_meta(model), data=data, definitions=DEFINITIONS, batch_size=batch_size,
                 user_hooks=_hook_labels(hooks))
@@ -191,6 +195,24 @@ def _score_rows(model, tokens: Tensor, mask: Bool[Tensor, "b p"], extras: tuple[
             bar.update(len(rows))
     bar.close()
     return out
+
+
+def _refuse_nonfinite(model, values: Float[Tensor, "input layer head score"], tokens: Tensor, mask: Tensor,
+                      names: Sequence[str]) -> None:
+    """A NaN or infinite score would become a threshold or a curve point: refuse, naming the inputs, the first
+    layer with such a score and where the first input's forward went non-finite."""
+    bad = ~torch.isfinite(values)
+    if not bool(bad.any()):
+        return
+    inputs = torch.nonzero(bad.flatten(1).any(1))[:, 0].tolist()
+    layer = int(torch.nonzero(bad.any(0).flatten(1).any(1))[0, 0])
+    which = [name for k, name in enumerate(names) if bool(bad[..., k].any())]
+    first = tokens[inputs[0]][mask[inputs[0]]].tolist()
+    raise NonFiniteError(
+        f"{int(bad.sum())} of {values.numel()} head scores are NaN or infinite ({', '.join(which)}), on "
+        f"{len(inputs)} of {values.shape[0]} inputs (input {', '.join(map(str, inputs[:5]))}"
+        f"{' ...' if len(inputs) > 5 else ''}), from layer {layer} on; on input {inputs[0]}, "
+        f"{where_nonfinite(model, first)}. No score is kept from them")
 
 
 def _head_scores(values: Float[Tensor, "input layer head score"], extras: tuple[Score, ...], meta: dict) -> HeadScores:
