@@ -56,6 +56,7 @@ from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
 from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.plumbing.signals import stops_cleanly
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
@@ -149,6 +150,7 @@ class HeadEffects:
         return cls(values=values, **header)
 
 
+@stops_cleanly("head effects")
 def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None, batch_size: int = 8,
                  progress: bool = True, primary: str = "sum", protocol: str = DEFAULT_PROTOCOL,
                  apply_chat_template: bool | str = False) -> HeadEffects:

@@ -47,11 +47,13 @@ from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
 from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.signals import stops_cleanly
 
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 
 
 @distributed.local()  # each unit is evaluated whole by the worker that owns it
+@stops_cleanly("sweep")  # SIGTERM/SIGINT: finished units stay in out_dir
 def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
               calibration="rows", out_dir=None, seed: int = 0, batch_size: int | str = 8,
               random_baseline: bool = True, static_scores: Sequence[str] = (), progress: bool = True,
