@@ -4,7 +4,8 @@
 
 CONFIG: ``out`` (the sweep's unit folder), ``result`` (where the finished sweep's units are written), ``n`` (items);
 optional ``pause_after``: after that many units this run writes ``ready`` beside ``result`` and waits in the middle
-of its next unit for the signal the test sends.
+of its next unit for the signal the test sends. Each unit this process stores is logged in ``result + ".log"``
+(as a job array task, ``SLURM_ARRAY_TASK_*`` in the environment, the sweep returns None until all are done).
 """
 
 import json
@@ -38,8 +39,17 @@ def main(path: str) -> None:
             return evaluate(*args, **kwargs)
 
         sweep_module.evaluate = pausing
+    save = sweep_module.UnitStore.save
+
+    def logged(store, spec, unit):
+        save(store, spec, unit)
+        with open(config["result"] + ".log", "a") as log:
+            log.write(json.dumps(spec.to_dict()) + "\n")
+
+    sweep_module.UnitStore.save = logged
     result = sweep_module.run_sweep(model, task, out_dir=config["out"], **SETTINGS)
-    Path(config["result"]).write_text(json.dumps(dict(units=[u.to_dict() for u in result.units], meta=result.meta)))
+    Path(config["result"]).write_text(json.dumps(None if result is None else dict(
+        units=[u.to_dict() for u in result.units], meta=result.meta)))
 
 
 if __name__ == "__main__":

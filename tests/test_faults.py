@@ -53,6 +53,7 @@ def unit_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*__*__*.json"))  # kind__score__fraction: units, not the calibration
 
 
+@pytest.mark.slow  # real subprocesses, each loading torch and a model (seconds each)
 def test_sigterm_and_sigint_stop_a_sweep_keeping_its_units_and_a_rerun_equals_a_clean_run(tmp_path):
     """SIGTERM in the middle of a unit (the worker waits inside its third evaluation): exit 143, every finished
     unit kept, no partial file, one line saying how to resume; SIGINT later in the rerun: 130; the next rerun
@@ -153,3 +154,95 @@ def test_sigterm_stops_the_report_and_the_same_command_resumes_to_the_same_resul
     assert got["scores"]["arc_easy"].pop("reused_from_cache") and not reference["scores"]["arc_easy"].pop(
         "reused_from_cache")  # the scores stage finished before the signal
     assert got["ablation"] == reference["ablation"] and got["scores"] == reference["scores"]
+
+
+def test_a_full_then_read_only_output_folder_fails_clearly_leaves_nothing_partial_and_resumes(tmp_path, monkeypatch):
+    """A sweep into a 32 KiB tmpfs (mounted here where the test may; else the writer fails the same way): the
+    folder fills mid-run, the error names it, the bytes needed and what to do; no partial file; read-only next;
+    with room again the same call resumes from the kept units to the numbers of an uninterrupted run."""
+    import errno
+
+    from lens_heads.plumbing import io
+
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(folder)],
+                             capture_output=True).returncode == 0
+
+    def fail_writes(code: int, after: int):  # where no file system can be mounted: the writer fails instead
+        calls = []
+
+        def fsync(fd):
+            if len(calls) >= after:
+                raise OSError(code, os.strerror(code))
+            calls.append(1)
+
+        monkeypatch.setattr(io.os, "fsync", fsync)
+
+    try:
+        if not mounted:
+            fail_writes(errno.ENOSPC, after=4)
+        units = folder / "units"
+        with pytest.raises(io.OutputFolderError, match=rf"in {units}: no space left on the device \(\d[\d,]* bytes "
+                                                       r"free there\).*run the same command again"):
+            clean_sweep(units)
+        kept = unit_files(units)
+        assert 1 <= len(kept) < 7 and not list(units.glob(".*.tmp"))
+        for path in units.glob("*.json"):  # every file whole
+            json.loads(path.read_text())
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        else:
+            fail_writes(errno.EROFS, after=0)
+        with pytest.raises(io.OutputFolderError, match="the file system is read-only"):
+            clean_sweep(units)
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,rw,size=4m", str(folder)], check=True)
+        else:
+            monkeypatch.undo()
+        resumed = clean_sweep(units)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(folder)], check=True)
+    reference = clean_sweep()
+    assert resumed.meta["units_reused"] == len(kept)
+    for unit, ref in zip(resumed.units, reference.units, strict=True):
+        assert unit.key == ref.key and [it.logprobs for it in unit.result.items] == [it.logprobs for it in
+                                                                                      ref.result.items]
+
+
+@pytest.mark.slow  # real subprocesses, each loading torch and a model (seconds each)
+def test_job_array_workers_on_one_folder_with_one_killed_by_kill_9_lose_nothing_and_compute_nothing_twice(tmp_path):
+    """Two job array tasks on one folder at once; task 0 is killed with SIGKILL in the middle of its second unit.
+    Task 1 finishes its own units; no unit is stored by both; no file is torn; task 0 run again completes the rest,
+    each unit stored once in all, and every unit equals the one-process run's."""
+    out = tmp_path / "units"
+    workers = {}
+    for task in (0, 1):
+        config = dict(out=str(out), result=str(tmp_path / f"task{task}.json"), n=N_ITEMS)
+        env = dict(SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_COUNT="2", SLURM_ARRAY_TASK_MIN="0")
+        workers[task] = start_worker("signal_worker.py", dict(config, pause_after=1) if task == 0 else config,
+                                     tmp_path, f"task{task}", env)
+    wait_for(tmp_path / "task0.json.ready", workers[0])
+    workers[0].kill()  # SIGKILL: no handler runs, nothing is cleaned up
+    workers[0].communicate(timeout=60)
+    assert workers[0].returncode == -signal.SIGKILL
+    _, err = workers[1].communicate(timeout=600)
+    assert workers[1].returncode == 0, err[-3000:]
+    assert json.loads((tmp_path / "task1.json").read_text()) is None  # task 0's share is missing: no result yet
+    logs = {task: (tmp_path / f"task{task}.json.log").read_text().splitlines() for task in (0, 1)}
+    assert len(logs[0]) == 1 and not set(logs[0]) & set(logs[1])
+    for path in out.glob("*.json"):  # every file whole; the killed unit left only, at most, a temporary file
+        json.loads(path.read_text())
+    rerun = start_worker("signal_worker.py", dict(out=str(out), result=str(tmp_path / "task0.json"), n=N_ITEMS),
+                         tmp_path, "task0-again", dict(SLURM_ARRAY_TASK_ID="0", SLURM_ARRAY_TASK_COUNT="2",
+                                                       SLURM_ARRAY_TASK_MIN="0"))
+    _, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err[-3000:]
+    stored = (tmp_path / "task0.json.log").read_text().splitlines() + logs[1]
+    got = json.loads((tmp_path / "task0.json").read_text())
+    assert len(stored) == len(set(stored)) == len(got["units"])  # each unit stored once, by one task
+    reference = clean_sweep()
+    for unit, ref in zip(got["units"], reference.units, strict=True):
+        assert unit["key"] == ref.key
+        assert [it["logprobs"] for it in unit["result"]["items"]] == [it.logprobs for it in ref.result.items]
