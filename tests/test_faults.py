@@ -246,3 +246,36 @@ def test_job_array_workers_on_one_folder_with_one_killed_by_kill_9_lose_nothing_
     for unit, ref in zip(got["units"], reference.units, strict=True):
         assert unit["key"] == ref.key
         assert [it["logprobs"] for it in unit["result"]["items"]] == [it.logprobs for it in ref.result.items]
+
+
+@pytest.mark.floats
+def test_out_of_memory_mid_sweep_with_auto_batch_size_halves_and_goes_on_recording_the_size(monkeypatch):
+    """From the sweep's third unit on, a forward of more than 4 rows runs out of memory (as a GPU would): each such
+    unit halves its batch until it fits and the sweep finishes, every unit recording the size it settled on, with
+    the log-likelihoods of a sweep run at that size (other batches: float rounding, conftest's LOGLIK_TOL)."""
+    import numpy as np
+    import torch
+
+    import lens_heads.evaluation.evaluate as evaluate_module
+    from conftest import LOGLIK_TOL
+    from signal_worker import SETTINGS
+
+    run_passes, calls = evaluate_module.run_passes, []
+
+    def tight_memory(model, items, rows, sets, batch_size, *args):
+        calls.append(batch_size)
+        if len(calls) > 2 and batch_size > 4:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate a batch of {batch_size} rows")
+        return run_passes(model, items, rows, sets, batch_size, *args)
+
+    monkeypatch.setattr(evaluate_module, "run_passes", tight_memory)
+    monkeypatch.setitem(SETTINGS, "batch_size", "auto")
+    swept = clean_sweep()
+    monkeypatch.undo()
+    assert swept is not None and any(size > 4 for size in calls[:2]) and calls[-1] == 4
+    settled = [unit.result.meta["batch_size"] for unit in swept.units]
+    assert settled[0] > 4 and set(settled[2:]) == {4}
+    at_four = clean_sweep()  # SETTINGS' batch_size of 4
+    for unit, ref in zip(swept.units, at_four.units, strict=True):
+        np.testing.assert_allclose([it.logprobs for it in unit.result.items],
+                                   [it.logprobs for it in ref.result.items], **LOGLIK_TOL)
