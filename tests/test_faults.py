@@ -279,3 +279,37 @@ def test_out_of_memory_mid_sweep_with_auto_batch_size_halves_and_goes_on_recordi
     for unit, ref in zip(swept.units, at_four.units, strict=True):
         np.testing.assert_allclose([it.logprobs for it in unit.result.items],
                                    [it.logprobs for it in ref.result.items], **LOGLIK_TOL)
+
+
+def test_a_folder_asking_for_remote_code_is_refused_unless_the_user_opts_in(tmp_path):
+    """auto_map in config.json (or tokenizer_config.json) is refused with the reason and the opt-in; opted in, the
+    folder loads as Transformers' own Llama, its code unrun: the same logits as the folder without auto_map."""
+    import torch
+
+    import lens_heads as lh
+    from families import INPUTS, build_folder
+    from lens_heads.plumbing.errors import InputError
+
+    plain = build_folder("llama-3", tmp_path / "plain")
+    asking = build_folder("llama-3", tmp_path / "asking")
+    (asking / "evil.py").write_text("raise SystemExit('the code of the folder ran')\n")
+    config = json.loads((asking / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.Config", "AutoModelForCausalLM": "evil.Model"}
+    (asking / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"asks for remote code \(config.json: auto_map \['AutoConfig', "
+                                         r"'AutoModelForCausalLM'\]\).*never runs it.*ignore_remote_code=True"):
+        lh.load_model(str(asking), device="cpu")
+    model = lh.load_model(str(asking), device="cpu", ignore_remote_code=True)
+    reference = lh.load_model(str(plain), device="cpu")
+    tokens = torch.tensor([INPUTS[0]])
+    assert torch.equal(model(tokens), reference(tokens))
+
+    tokenizer_config = json.loads((plain / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": ["evil.Tokenizer", None]}
+    (plain / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    with pytest.raises(InputError, match=r"tokenizer_config.json: auto_map \['AutoTokenizer'\]"):
+        lh.load_model(str(plain), device="cpu")
+    config["model_type"] = "evil_model"
+    (asking / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="'evil_model' is not one Transformers implements"):
+        lh.load_model(str(asking), device="cpu")
