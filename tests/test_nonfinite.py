@@ -16,6 +16,7 @@ from lens_heads.evaluation.generate import generate
 from lens_heads.plumbing.errors import NonFiniteError
 
 NAN_LAYER = 1  # the layer whose o_proj holds the NaN: layers before it stay finite
+ATTN_OUT = r"(hook_attn_out|attn\.hook_out)"  # the attention's output: HookedTransformer's name, the bridge's
 
 
 def three_choice_task(n: int = 6) -> Task:
@@ -47,7 +48,7 @@ def models(folders):
 def test_evaluate_refuses_nan_log_likelihoods_naming_the_items_and_the_layer(models):
     _, broken = models
     with pytest.raises(NonFiniteError, match=rf"6 of 6 items .* q0, q1, q2, q3, q4 and 1 more.*"
-                                             rf"blocks\.{NAN_LAYER}\.hook_attn_out"):
+                                             rf"blocks\.{NAN_LAYER}\.{ATTN_OUT}"):
         lh.evaluate(broken, three_choice_task(), progress=False)
 
 
@@ -92,14 +93,14 @@ def test_excluding_nonfinite_items_counts_them_and_scores_only_the_rest(models):
 
 def test_score_heads_refuses_nonfinite_scores(models):
     _, broken = models
-    with pytest.raises(NonFiniteError, match=rf"blocks\.{NAN_LAYER}\.hook_attn_out"):
+    with pytest.raises(NonFiniteError, match=rf"blocks\.{NAN_LAYER}\.{ATTN_OUT}"):
         lh.score_heads(broken, three_choice_task(), progress=False)
 
 
 def test_head_effects_and_generation_refuse(models):
     _, broken = models
     for method in ("ablation", "attribution"):
-        with pytest.raises(NonFiniteError, match=rf"blocks\.{NAN_LAYER}\.hook_attn_out"):
+        with pytest.raises(NonFiniteError, match=rf"blocks\.{NAN_LAYER}\.{ATTN_OUT}"):
             lh.head_effects(broken, three_choice_task(2), method=method, progress=False)
     with pytest.raises(NonFiniteError, match="generation"):
         generate(broken, "t10 t20", max_new_tokens=3)

@@ -16,6 +16,10 @@ from torch import Tensor
 from lens_heads.plumbing.errors import NonFiniteError
 
 LAYER = re.compile(r"blocks\.(\d+)\.")
+# The hook points both backends fire without being switched on (hook_mlp_in, hook_result need flags), in the
+# order of a block; not hook_attn_scores, which holds -inf at masked positions by design.
+WATCHED = re.compile(r"(^hook_embed|^hook_pos_embed|\.hook_resid_pre|attn\.hook_[qkv]|attn\.hook_pattern|attn\.hook_z|"
+                     r"\.hook_attn_out|\.hook_resid_mid|\.hook_mlp_out|\.hook_resid_post)$")
 
 
 def first_nonfinite(model, tokens: Sequence[int]) -> str | None:
@@ -27,8 +31,7 @@ def first_nonfinite(model, tokens: Sequence[int]) -> str | None:
         if not seen and torch.is_tensor(x) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
             seen.append(hook.name)
 
-    # attention scores hold -inf at masked positions by design; the pattern after them shows any real overflow
-    pairs = [(name, watch) for name in model.hook_dict if not name.endswith("hook_attn_scores")]
+    pairs = [(name, watch) for name in model.hook_dict if WATCHED.search(name)]
     ids = torch.tensor([list(tokens)], device=model.cfg.device)
     with torch.no_grad(), model.hooks(fwd_hooks=pairs):
         logits = model(ids)
