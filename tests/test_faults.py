@@ -250,8 +250,9 @@ def test_job_array_workers_on_one_folder_with_one_killed_by_kill_9_lose_nothing_
 
 @pytest.mark.floats
 def test_out_of_memory_mid_sweep_with_auto_batch_size_halves_and_goes_on_recording_the_size(monkeypatch):
-    """From the sweep's third unit on, a forward of more than 4 rows runs out of memory (as a GPU would): each such
-    unit halves its batch until it fits and the sweep finishes, every unit recording the size it settled on, with
+    """From the sweep's third unit on, a forward of more than 4 rows runs out of memory (as a GPU would): that unit
+    halves its batch until it fits, the units after it start at that size, and the sweep finishes, every unit
+    recording its batch size, with
     the log-likelihoods of a sweep run at that size (other batches: float rounding, conftest's LOGLIK_TOL)."""
     import numpy as np
     import torch
@@ -273,6 +274,8 @@ def test_out_of_memory_mid_sweep_with_auto_batch_size_halves_and_goes_on_recordi
     swept = clean_sweep()
     monkeypatch.undo()
     assert swept is not None and any(size > 4 for size in calls[:2]) and calls[-1] == 4
+    settled_at = calls.index(4)  # the third unit halved down to 4; the units after it start there
+    assert set(calls[settled_at:]) == {4}
     settled = [unit.result.meta["batch_size"] for unit in swept.units]
     assert settled[0] > 4 and set(settled[2:]) == {4}
     at_four = clean_sweep()  # SETTINGS' batch_size of 4

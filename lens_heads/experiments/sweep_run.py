@@ -38,6 +38,7 @@ from lens_heads.ablation.specs import (
 )
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
+from lens_heads.evaluation.batching import settled_sizes
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS, Calibration, calibration_id
@@ -191,6 +192,7 @@ def _check_specs(specs) -> list[AblationSpec]:
     return list(dict.fromkeys(specs))
 
 
+@settled_sizes()  # batch_size="auto": a unit that ran out of memory settles the size the next units start at
 def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib, mine: set[int], settings: dict,
                desc: str) -> tuple[dict[int, UnitResult], int]:
     """Every unit of ``plan`` found in ``store`` or, where it is this worker's (``mine``), evaluated and stored;

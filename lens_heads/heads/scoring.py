@@ -143,8 +143,9 @@ def score_heads(
     if distributed.sharding():
         return _score_shards(model, inputs, settings)
     if batch_size == AUTO:
-        start = first_size(model.cfg.device, _count(inputs))
-        return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start)
+        start = first_size(model.cfg.device, _count(inputs), what="score")
+        return halving(lambda size: score_heads(model, inputs, **{**settings, "batch_size": size}), start,
+                       what="score")
     check_batch_size(batch_size)
     assert isinstance(batch_size, int)  # check_batch_size let only "auto" (returned above) or an int through
     check_hook_names(model, [h[0] for h in hooks])
