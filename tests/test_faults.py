@@ -316,3 +316,28 @@ def test_a_folder_asking_for_remote_code_is_refused_unless_the_user_opts_in(tmp_
     (asking / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match="'evil_model' is not one Transformers implements"):
         lh.load_model(str(asking), device="cpu")
+
+
+def test_a_deferring_loop_stops_at_its_safe_point_and_a_second_signal_stops_at_once(capsys):
+    """What a training loop uses: SIGTERM during a step lets the step (and its checkpoint) finish, then stops at
+    the loop's safe point with 143; a second signal before it does not wait."""
+    from lens_heads.plumbing import signals
+
+    steps = []
+    with pytest.raises(SystemExit) as stopped:
+        with signals.stoppable("training", "in ckpt", defer=True):
+            for step in range(5):
+                if step == 1:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                steps.append(step)  # the rest of the step runs
+                signals.safe_point()
+    assert steps == [0, 1] and stopped.value.code == 143
+    assert "training stopped by SIGTERM (exit 143): every finished unit is kept in ckpt" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        with signals.stoppable("training", "in ckpt", defer=True):
+            os.kill(os.getpid(), signal.SIGTERM)
+            steps.append("held")
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("not reached")
+    assert steps[-1] == "held" and stopped.value.code == 130
+    signals.safe_point()  # outside a block: nothing pending, nothing raised

@@ -24,6 +24,7 @@ F = TypeVar("F", bound=Callable)
 
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + the signal's number, as a shell reports it
 _depth = 0  # how many stoppable blocks are open: the outermost one speaks
+_pending: list[int] = []  # a signal a deferring block received, raised at the next safe_point()
 
 
 class Stopped(SystemExit):
@@ -38,16 +39,31 @@ def _raise(signum, frame) -> None:
     raise Stopped(signum)
 
 
+def _defer(signum, frame) -> None:
+    if _pending:  # a second signal: the caller insists, stop now
+        raise Stopped(signum)
+    _pending.append(signum)
+
+
+def safe_point() -> None:
+    """Inside ``stoppable(..., defer=True)``: raise :class:`Stopped` here if a signal arrived since the block began
+    (a training loop calls it between steps, after a checkpoint is written); elsewhere nothing happens."""
+    if _pending:
+        raise Stopped(_pending.pop())
+
+
 @contextlib.contextmanager
-def stoppable(what: str, kept: str | None) -> Iterator[None]:
+def stoppable(what: str, kept: str | None, *, defer: bool = False) -> Iterator[None]:
     """Within this block SIGTERM and SIGINT raise :class:`Stopped` (module docstring). ``what`` names the run
     (``"sweep"``); ``kept`` says where its finished work is (``"in runs/sweep"``), None where nothing is kept (no
-    output folder given). Outside the main thread signals can't be caught, and the block changes nothing."""
+    output folder given). ``defer=True``: for loops whose state is only whole between steps (a model and its
+    optimiser mid-update), a signal is held until the loop's next :func:`safe_point` (a second signal stops at
+    once). Outside the main thread signals can't be caught, and the block changes nothing."""
     global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise) for s in EXIT_CODES}
+    previous = {s: signal.signal(s, _defer if defer else _raise) for s in EXIT_CODES}
     _depth += 1
     try:
         yield
@@ -59,6 +75,8 @@ def stoppable(what: str, kept: str | None) -> Iterator[None]:
         raise
     finally:
         _depth -= 1
+        if defer:
+            _pending.clear()
         for s, handler in previous.items():  # None: a handler set outside Python, which can't be put back
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
