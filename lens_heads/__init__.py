@@ -38,12 +38,13 @@ from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.heads.thresholds_file import Thresholds, load_thresholds, save_thresholds
 from lens_heads.models.embedded import DEFAULT_MODEL, ModelUnavailableError
 from lens_heads.models.loading import load_model, model_meta, tiny_model, weight_basis
-from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.errors import InputError, NonFiniteError
+from lens_heads.plumbing.io import OutputFolderError
 from lens_heads.viz.explorer import Explorer, explore
 
 __all__ = [
     # errors
-    "InputError",
+    "InputError", "NonFiniteError", "OutputFolderError",
     # models and data
     "DEFAULT_MODEL", "ModelUnavailableError", "load_model", "model_meta", "tiny_model", "weight_basis",
     "Item", "Task", "TaskDataUnavailableError", "load_task", "TaskFileError", "task_from_records",

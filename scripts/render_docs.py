@@ -52,6 +52,7 @@ PAGES = {
     "docs/performance.md": "performance.md.j2",
     "docs/gpu.md": "gpu.md.j2",
     "docs/architecture.md": "architecture.md.j2",
+    "docs/faults.md": "faults.md.j2",
     "figures/README.md": "figures_README.md.j2",
 }
 

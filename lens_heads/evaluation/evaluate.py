@@ -34,12 +34,14 @@ from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import Row, build_rows
 from lens_heads.evaluation.batching import AUTO, first_size, halving
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
+from lens_heads.evaluation.failed_items import check_nonfinite, settle
 from lens_heads.evaluation.fused_attention import AttentionCalls
 from lens_heads.evaluation.hook_sets import hook_objects, hook_set
 from lens_heads.evaluation.logprobs import item_records
 from lens_heads.evaluation.passes import attention_ran, run_passes
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.models.loading import model_meta
+from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
 
@@ -51,7 +53,7 @@ ACC_NORM = "per_char: log-likelihood / characters of the choice, without the con
 
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable | None = None, settings: EvalSettings | None = None,
-             progress: bool = True, first_input: int = 0, **options) -> EvalResult:
+             progress: bool = True, first_input: int = 0, nonfinite: str = "raise", **options) -> EvalResult:
     """Evaluate ``model`` on ``task`` (a :class:`lens_heads.data.tasks.Task`) by log-likelihood.
 
     ``hooks``: TransformerLens ``(hook_name, fn)`` pairs and/or objects with a ``.hooks`` list (such as
@@ -74,16 +76,23 @@ def evaluate(model, task, *, hooks: Iterable | None = None, settings: EvalSettin
     ``zero_heads`` and random zeroing drawn per item; the per-input threshold zeroing decides from the whole row and
     keeps the row-by-row path, as do random zeroing drawn per row (told each row's key: its first choice), unknown
     hooks and ``attention="eager"``.
+
+    An item whose log-likelihood is NaN or infinite (a NaN weight, a diverged fine-tune, a float16 overflow) is never
+    scored: ``nonfinite="raise"`` raises a :class:`lens_heads.plumbing.errors.NonFiniteError` naming the items and the
+    first hook point whose output went non-finite; ``"exclude"`` leaves them out of every metric, their ids in
+    ``meta["failed_items"]`` and their count in ``meta["n_failed"]`` (:mod:`lens_heads.evaluation.failed_items`).
+    Log-softmax runs in float32 (or the model's wider dtype) whatever the model's dtype.
     """
     return evaluate_each(model, task, [hooks], settings=settings, progress=progress, first_input=first_input,
-                         **options)[0]
+                         nonfinite=nonfinite, **options)[0]
 
 
 @torch.no_grad()
 def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | None = None, progress: bool = True,
-                  first_input: int = 0, _shared_prefixes: bool = True, **options) -> list[EvalResult]:
+                  first_input: int = 0, nonfinite: str = "raise", _shared_prefixes: bool = True,
+                  _settle: bool = True, **options) -> list[EvalResult]:
     """:func:`evaluate` under each of ``hook_sets`` (each what ``evaluate`` takes as ``hooks``), one result per set;
-    ``settings`` and ``options`` as for ``evaluate``.
+    ``settings``, ``options`` and ``nonfinite`` (per set) as for ``evaluate``.
 
     The sets share the forward below the layers they hook: per batch the unhooked trunk runs once, and each set
     runs only the blocks from the first one it hooks (read from its hook names, ``blocks.{layer}.``...). Removing
@@ -96,7 +105,8 @@ def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | 
     prefixes)."""
     if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
         raise InputError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
-    run = _Run(eval_settings(settings, options), progress, first_input, _shared_prefixes)
+    check_nonfinite(nonfinite)
+    run = _Run(eval_settings(settings, options), progress, first_input, _shared_prefixes, nonfinite, _settle)
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, run)
     if run.settings.batch_size == AUTO:
@@ -106,13 +116,16 @@ def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | 
 
 @dataclass(frozen=True)
 class _Run:
-    """One call's settings and what it adds for this call only: the progress bar, the first item's index and
-    whether shared prefixes may be used."""
+    """One call's settings and what it adds for this call only: the progress bar, the first item's index,
+    whether shared prefixes may be used, and what becomes of non-finite items (``settle=False``: left for the caller,
+    a torchrun rank whose gathered records are settled together)."""
 
     settings: EvalSettings
     progress: bool
     first_input: int
     shared_prefixes: bool
+    nonfinite: str = "raise"
+    settle: bool = True
 
     def again(self, **changes) -> "_Run":
         return replace(self, **changes)
@@ -142,7 +155,21 @@ def _evaluate(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
                 shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
-    return _results(task, items, rows, hook_sets, outputs, s.primary, meta)
+    results = _results(task, items, rows, hook_sets, outputs, s.primary, meta)
+    return _settled(model, items, results, run) if run.settle else results
+
+
+def _settled(model, items, results: list[EvalResult], run: _Run) -> list[EvalResult]:
+    """The results with their non-finite items refused or excluded; an error names where the first one's forward
+    went non-finite (its first row run alone, unhooked)."""
+    by_id = {item.id: item for item in items}
+    chat = resolve_chat_template(model, run.settings.apply_chat_template)
+
+    def where(item_id: str) -> str:
+        row = build_rows(model, [by_id[item_id]], protocol=run.settings.protocol, apply_chat_template=chat)[0]
+        return where_nonfinite(model, row.tokens)
+
+    return settle(results, run.nonfinite, where)
 
 
 def _evaluate_auto(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
@@ -190,6 +217,7 @@ def _evaluate_shards(model, task, hook_sets: Sequence, run: _Run) -> list[EvalRe
                               progress=run.progress and distributed.is_main())
             local = [(r.items, r.meta) for r in evaluate_each(model, part, hook_sets, settings=shard.settings,
                                                               progress=shard.progress, first_input=shard.first_input,
+                                                              nonfinite=shard.nonfinite, _settle=False,
                                                               _shared_prefixes=shard.shared_prefixes)]
     parts = [p for p in distributed.all_gather(local) if p]
     results = []
@@ -203,11 +231,12 @@ def _evaluate_shards(model, task, hook_sets: Sequence, run: _Run) -> list[EvalRe
                                   items=[record for part in parts for record in part[k][0]],
                                   chance=float(getattr(task, "chance", float("nan"))), primary=run.settings.primary,
                                   meta=meta))
-    return results
+    # every rank holds every record, so every rank refuses (or excludes) the same items
+    return _settled(model, items, results, run)
 
 
 def _identity(model, items, run: _Run) -> dict:
     ids = "\n".join(item.id for item in items).encode()
     return dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
                 items=hashlib.sha256(ids).hexdigest()[:16], n=len(items), **run.settings.to_dict(),
-                first_input=run.first_input, _shared_prefixes=run.shared_prefixes)
+                first_input=run.first_input, nonfinite=run.nonfinite, _shared_prefixes=run.shared_prefixes)

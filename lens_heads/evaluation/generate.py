@@ -45,7 +45,8 @@ from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
 from lens_heads.evaluation.results import wilson_interval
 from lens_heads.models.backends import backend
 from lens_heads.models.loading import model_meta
-from lens_heads.plumbing.errors import InputError
+from lens_heads.models.nonfinite import where_nonfinite
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 
 GSM8K_STOP = ("\n\n", "Question:")
 LM_EVAL_GSM8K_STOP = ("Question:", "</s>", "<|im_end|>")  # lm-eval's gsm8k ``until``; the EOS token stops too
@@ -87,33 +88,40 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable | None = Non
     kv = backend(model).new_kv_cache(model) if cache else None
     new: list[int] = []
     step_input = tokens
-    with model.hooks(fwd_hooks=pairs):
-        for _ in range(max_new_tokens):
-            with contextlib.ExitStack() as stack:
-                for obj in batch_aware:
-                    stack.enter_context(obj.batch(None, first=input_id))
-                ids = torch.tensor([step_input if cache else tokens + new], device=model.cfg.device)
-                next_token, kv = _next_token(model, ids, kv, cache)
-            if next_token == eos:
-                return Generation(new, _decode(model, new), "eos")
-            new.append(next_token)
-            step_input = [next_token]
-            text = _decode(model, new)
-            hits = [(text.index(s), s) for s in stop if s in text]
-            if hits:
-                at, which = min(hits)
-                return Generation(new, text[:at], which)
+    try:
+        with model.hooks(fwd_hooks=pairs):
+            for _ in range(max_new_tokens):
+                with contextlib.ExitStack() as stack:
+                    for obj in batch_aware:
+                        stack.enter_context(obj.batch(None, first=input_id))
+                    ids = torch.tensor([step_input if cache else tokens + new], device=model.cfg.device)
+                    next_token, kv = _next_token(model, ids, kv, cache, tokens + new)
+                if next_token == eos:
+                    return Generation(new, _decode(model, new), "eos")
+                new.append(next_token)
+                step_input = [next_token]
+                text = _decode(model, new)
+                hits = [(text.index(s), s) for s in stop if s in text]
+                if hits:
+                    at, which = min(hits)
+                    return Generation(new, text[:at], which)
+    except NonFiniteError as e:  # diagnosed outside the hooks: where the model's own forward goes non-finite
+        raise NonFiniteError(f"{e}; {where_nonfinite(model, tokens + new)}") from None
     return Generation(new, _decode(model, new), "max_new_tokens")
 
 
-def _next_token(model, ids: Tensor, kv, cache: bool) -> tuple[int, object]:
-    """The greedy next token after ``ids`` (only the new tokens where ``cache``), and the updated cache."""
+def _next_token(model, ids: Tensor, kv, cache: bool, sequence: list[int]) -> tuple[int, object]:
+    """The greedy next token after ``ids`` (only the new tokens where ``cache``; ``sequence``: all of them), and the
+    updated cache. Non-finite logits are refused: their argmax would be a token chosen by a NaN."""
     runs = backend(model)
     if cache:
         logits, kv = runs.cached_logits(model, ids, kv)
     else:
         resid = runs.run_to_resid(model, ids, None, stop=model.cfg.n_layers)
         logits = runs.final_logits(model, resid[:, -1:])[0, -1]
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteError(f"generation stopped: the logits after {len(sequence)} tokens are NaN or infinite, so no "
+                             "next token can be chosen")
     return int(logits.argmax()), kv
 
 

@@ -53,9 +53,11 @@ from lens_heads.experiments.rankings import Ranking, ranking_sweep
 from lens_heads.experiments.unit_store import run_fingerprint
 from lens_heads.models.backends import get_act_name, run_to_resid
 from lens_heads.models.loading import model_meta
+from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
-from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.plumbing.signals import stops_cleanly
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
@@ -149,6 +151,7 @@ class HeadEffects:
         return cls(values=values, **header)
 
 
+@stops_cleanly("head effects")
 def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None,
                  settings: EvalSettings | None = None, progress: bool = True, **options) -> HeadEffects:
     """The effect of removing each head of ``model`` on ``task`` (see the module docstring for the methods and
@@ -300,6 +303,10 @@ def _attribution(model, task, *, settings: EvalSettings, progress: bool):
     bar.close()
     base = EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"), primary=settings.primary,
                       chance=float(getattr(task, "chance", math.nan)), items=_records_from_logprobs(items, logprobs, n_tokens))
+    real = torch.tensor([[c < len(it.continuations) for c in range(n_choices)] for it in items])  # others: NaN
+    if not bool(torch.isfinite(logprobs[real]).all() and torch.isfinite(change[real]).all()):
+        raise NonFiniteError(f"attribution on {base.task}: log-likelihoods or their gradients are NaN or infinite, "
+                             f"so no effect is computed; {where_nonfinite(model, rows[0].tokens)}")
     removed = {(layer, head): _records_from_logprobs(items, logprobs + change[..., layer, head], n_tokens)
                for layer in range(L) for head in range(H)}
     return base, removed, stats

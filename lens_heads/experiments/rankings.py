@@ -28,6 +28,7 @@ from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.sweep_run import DEFAULT_FRACTIONS, run_unit
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.signals import stops_cleanly
 
 Head = tuple[int, int]
 
@@ -84,6 +85,7 @@ def check_head_order(order: Sequence[Head], n_layers: int, n_heads: int, what: s
 # ---------------------------------------------------------------- zeroing in the order of rankings
 
 
+@stops_cleanly("ranking sweep")  # SIGTERM/SIGINT: finished units stay in out_dir
 def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT_FRACTIONS, means=None,
                   out_dir=None, marker: str = "rankings.json", key: dict | None = None,
                   settings: EvalSettings | None = None, progress: bool = True, **options) -> SweepResult:

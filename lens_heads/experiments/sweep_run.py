@@ -37,6 +37,7 @@ from lens_heads.ablation.specs import (
     Unablated,
 )
 from lens_heads.data.chat import resolve_chat_template
+from lens_heads.evaluation.batching import settled_sizes
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult
@@ -47,11 +48,13 @@ from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
 from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.signals import stops_cleanly
 
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 
 
 @distributed.local()  # each unit is evaluated whole by the worker that owns it
+@stops_cleanly("sweep")  # SIGTERM/SIGINT: finished units stay in out_dir
 def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
               calibration="rows", out_dir=None, seed: int = 0, random_baseline: bool = True,
               static_scores: Sequence[str] = (), specs: Sequence[AblationSpec] = (),
@@ -195,6 +198,7 @@ def _check_specs(specs) -> list[AblationSpec]:
     return list(dict.fromkeys(specs))
 
 
+@settled_sizes()  # batch_size="auto": a unit that ran out of memory settles the size the next units start at
 def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib, mine: set[int],
                settings: EvalSettings, progress: bool, desc: str) -> tuple[dict[int, UnitResult], int]:
     """Every unit of ``plan`` found in ``store`` or, where it is this worker's (``mine``), evaluated and stored;

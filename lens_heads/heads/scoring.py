@@ -32,8 +32,9 @@ from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_sc
 from lens_heads.models.backends import check_attention_hooks, run_to_resid
 from lens_heads.models.capture import LayerCapture, check_hook_names
 from lens_heads.models.loading import expand_kv, model_meta
+from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing import distributed
-from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
@@ -135,7 +136,9 @@ def score_heads(
     length, so padding costs little; the result keeps the input order. ``batch_size="auto"``: the largest that fits
     (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank scores a block of the inputs and every rank
     returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores are computed in float32 whatever the
-    model's dtype.
+    model's dtype (their norms, entropies and means). A NaN or infinite score is refused
+    (:class:`lens_heads.plumbing.errors.NonFiniteError`, naming the inputs, the first layer with one and the first
+    hook point whose output went non-finite).
     """
     evaluation = eval_settings(settings, options)
     batch_size, protocol, apply_chat_template = (evaluation.batch_size, evaluation.protocol,
@@ -145,9 +148,9 @@ def score_heads(
     if distributed.sharding():
         return _score_shards(model, inputs, call)
     if batch_size == AUTO:
-        start = first_size(model.cfg.device, _count(inputs))
+        start = first_size(model.cfg.device, _count(inputs), what="score")
         return halving(lambda size: score_heads(model, inputs, **{**call, "settings": evaluation.replace(
-            batch_size=size)}), start)
+            batch_size=size)}), start, what="score")
     assert isinstance(batch_size, int)  # EvalSettings let only "auto" (returned above) or an int through
     check_hook_names(model, [h[0] for h in hooks])
     check_attention_hooks(model, advice=what_still_works)
@@ -155,6 +158,7 @@ def score_heads(
                                                apply_chat_template=apply_chat_template)
     extras = as_scores(extras)
     values = _score_rows(model, tokens, mask, extras, hooks, batch_size=batch_size, progress=progress)
+    _refuse_nonfinite(model, values, tokens, mask, [*SCORE_NAMES, *(s.name for s in extras)])
     data = _describe(inputs, tokens.shape[0], int(mask.sum()), task_rows, protocol, apply_chat_template)
     meta = dict(model=model_meta(model), data=data, definitions=DEFINITIONS, settings=evaluation.to_dict(),
                 batch_size=batch_size, user_hooks=_hook_labels(hooks))
@@ -196,6 +200,24 @@ def _score_rows(model, tokens: Tensor, mask: Bool[Tensor, "b p"], extras: tuple[
             bar.update(len(rows))
     bar.close()
     return out
+
+
+def _refuse_nonfinite(model, values: Float[Tensor, "input layer head score"], tokens: Tensor, mask: Tensor,
+                      names: Sequence[str]) -> None:
+    """A NaN or infinite score would become a threshold or a curve point: refuse, naming the inputs, the first
+    layer with such a score and where the first input's forward went non-finite."""
+    bad = ~torch.isfinite(values)
+    if not bool(bad.any()):
+        return
+    inputs = torch.nonzero(bad.flatten(1).any(1))[:, 0].tolist()
+    layer = int(torch.nonzero(bad.any(0).flatten(1).any(1))[0, 0])
+    which = [name for k, name in enumerate(names) if bool(bad[..., k].any())]
+    first = tokens[inputs[0]][mask[inputs[0]]].tolist()
+    raise NonFiniteError(
+        f"{int(bad.sum())} of {values.numel()} head scores are NaN or infinite ({', '.join(which)}), on "
+        f"{len(inputs)} of {values.shape[0]} inputs (input {', '.join(map(str, inputs[:5]))}"
+        f"{' ...' if len(inputs) > 5 else ''}), from layer {layer} on; on input {inputs[0]}, "
+        f"{where_nonfinite(model, first)}. No score is kept from them")
 
 
 def _head_scores(values: Float[Tensor, "input layer head score"], extras: tuple[Score, ...], meta: dict) -> HeadScores:

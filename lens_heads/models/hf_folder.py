@@ -176,3 +176,34 @@ NAME_ONLY: dict[str, Callable[..., dict]] = {
     "GemmaForCausalLM": _gemma, "Gemma2ForCausalLM": _gemma2, "Gemma3ForCausalLM": _gemma3,
     "OlmoForCausalLM": _olmo, "Olmo2ForCausalLM": _olmo2,
 }
+
+
+def check_remote_code(folder: Path, ignore_remote_code: bool) -> None:
+    """Refuse a folder whose ``config.json`` or ``tokenizer_config.json`` asks for its own code (``auto_map``, what
+    ``trust_remote_code=True`` would run), unless ``ignore_remote_code``: lens_heads never runs a folder's code, and
+    a model loaded as Transformers' own ``model_type`` instead may not be the model its authors wrote."""
+    asked = {}
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        if path.exists():
+            config = json.loads(path.read_text())
+            if isinstance(config, dict) and config.get("auto_map"):
+                asked[name] = config
+    if not asked or ignore_remote_code:
+        return
+    maps = "; ".join(f"{name}: auto_map {sorted(config['auto_map'])}" for name, config in asked.items())
+    model_type = asked.get("config.json", {}).get("model_type") or _model_type(folder)
+    builtin = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    raise InputError(
+        f"{folder} asks for remote code ({maps}): code shipped in a model folder runs with your permissions, and "
+        "lens_heads never runs it (trust_remote_code=False). "
+        + (f"Its model_type {model_type!r} is one Transformers implements itself: if the folder's code is only a "
+           "copy of it, load the weights with that implementation, load_model(folder, ignore_remote_code=True), "
+           "and check the model's outputs against the authors' (the folder's code is not run)" if builtin else
+           f"Its model_type {model_type!r} is not one Transformers implements, so there is nothing to load it with: "
+           "convert it to a Transformers architecture first"))
+
+
+def _model_type(folder: Path) -> str | None:
+    path = folder / "config.json"
+    return json.loads(path.read_text()).get("model_type") if path.exists() else None

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lens_heads.models import tl_internals
 from lens_heads.models.backends import backend_of, check_backend, hooked_transformer, tl_version
 from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, ModelUnavailableError, embedded_model_folder
-from lens_heads.models.hf_folder import hooked_config
+from lens_heads.models.hf_folder import check_remote_code, hooked_config
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
 
@@ -41,6 +41,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     backend: str | None = None,
+    ignore_remote_code: bool = False,
 ):
     """Load ``name`` as a ``HookedTransformer`` (``backend="hooked"``) or a ``TransformerBridge`` (``"bridge"``).
 
@@ -61,6 +62,10 @@ def load_model(
     ``backend``: ``"hooked"`` (HookedTransformer, TransformerLens 3.9) or ``"bridge"`` (TransformerBridge over the
     Hugging Face model, TransformerLens 4.x, raw weights); by default the one the installed TransformerLens has.
     Both fire the same ``hook_pattern``/``hook_v``/``hook_z``; the backend is recorded beside the weight basis.
+
+    A folder whose config asks for its own code (``auto_map``) is refused: lens_heads never runs a folder's code.
+    ``ignore_remote_code=True`` loads it as Transformers' own implementation of its ``model_type``, the code unrun
+    (:func:`lens_heads.models.hf_folder.check_remote_code`).
     """
     if not isinstance(name, (str, Path)) or not str(name):
         raise InputError(f"load_model needs a model name or folder, got {name!r}: e.g. load_model() for the "
@@ -83,6 +88,7 @@ def load_model(
         if not (Path(name) / "config.json").exists():
             raise ModelUnavailableError(f"{name!r} is a folder but has no config.json: give a Hugging Face model folder "
                                         "(save_pretrained output) or a TransformerLens model name.")
+        check_remote_code(Path(name), ignore_remote_code)
         model = _from_local_folder(Path(name), **load)
         source = f"local folder {Path(name).resolve()}"
     else:

@@ -2,7 +2,9 @@
 
 The flags are the fields of :class:`ReportConfig` (``lens_heads.plumbing.settings``); ``--quick`` is its "quick" preset.
 Bad arguments and unreachable models end with one line saying what went wrong and what to do (no traceback);
-exit codes: 0 done, 1 a stage failed or the model/data can't be reached, 2 bad arguments, 130 interrupted.
+exit codes: 0 done, 1 a stage failed or the model/data can't be reached, 2 bad arguments, 130 interrupted (SIGINT,
+Ctrl-C), 143 terminated (SIGTERM: a scheduler's preemption); after 130 or 143 the same command resumes from the
+finished stages (:mod:`lens_heads.plumbing.signals`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from lens_heads.data.custom_tasks import TaskFileError
 from lens_heads.models.embedded import ModelUnavailableError
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.settings import from_args
+from lens_heads.plumbing.signals import stoppable
 from lens_heads.report.config import DEFAULT_PROMPT, PRESETS, ReportConfig, prompt, sweep_path
 from lens_heads.report.pipeline import build_report
 
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
 
     try:
-        results = build_report(config)
+        with stoppable("report", f"in {config.out_dir} (finished stages are cached there)"):
+            results = build_report(config)
     except TaskFileError as e:
         _fail(2, str(e).replace("\n", " "))
     except (ModelUnavailableError, TaskDataUnavailableError) as e:

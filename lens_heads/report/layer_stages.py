@@ -12,6 +12,7 @@ from lens_heads.collapse.rank import attention_rank
 from lens_heads.data.items import Task
 from lens_heads.experiments.layer_removal import random_orders, removal_curves, removal_plan
 from lens_heads.heads.scoring import HeadScores
+from lens_heads.models.nonfinite import refuse_nonfinite_forward
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.report.config import ReportConfig
@@ -70,6 +71,8 @@ def rank_stage(model, task, config: ReportConfig, cache: Cache, base_key: dict) 
     key = {**base_key, "stage": "rank", "data": task.meta(), "rank_n": len(inputs)}
 
     def compute():
+        # attention_rank reads NaN patterns as rank 0 (a "lazy" layer): refuse a model whose forward is not finite
+        refuse_nonfinite_forward(model, [model.to_tokens(text)[0].tolist() for text in inputs], "attention rank")
         # per-input ranks: item prompts differ in length, and the averaged matrix would cut all to the shortest
         profile = attention_rank(model, inputs, average=False, batch_size=config.batch_size,
                                  progress=config.progress)
