@@ -23,6 +23,7 @@ from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.utils import simple_parse_args_string
 
 from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import build_rows, encode, lm_eval_bos
@@ -66,6 +67,17 @@ class LensHeadsLM(LM):
             self.model = pretrained
         check_against(self.ablation, self.model)
         self.calls: list[dict] = []  # per request-type call: what was zeroed
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "LensHeadsLM":
+        """lm-eval's constructor from ``model_args``; its command-line flags (``--batch_size``, ``--device``) fill
+        only what ``model_args`` leaves out (lm-eval's own would pass both and fail)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "LensHeadsLM":
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     # ------------------------------------------------------------ lm-eval's three request types
 
@@ -133,6 +145,16 @@ class LensHeadsLM(LM):
     @property
     def tokenizer_name(self) -> str:
         return str(getattr(self.model.tokenizer, "name_or_path", "")).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.model.tokenizer, "chat_template", None) if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """lm-eval's ``--apply_chat_template``: the messages through the tokenizer's template, as its ``hf`` model
+        renders them (its special tokens are then read as such when the rows are encoded)."""
+        return self.model.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                        add_generation_prompt=add_generation_prompt,
+                                                        continue_final_message=not add_generation_prompt)
 
     # ------------------------------------------------------------ the shared path
 

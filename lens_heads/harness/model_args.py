@@ -10,7 +10,8 @@ lm-eval splits ``model_args`` at commas, so lists use ``;`` and the parts of an 
   every input (:func:`lens_heads.static_zeroing`).
 - ``ablation=random:SHARE[:DRAW[:SEED]]``: each (input, layer, head) zeroed with probability ``SHARE``
   (:func:`lens_heads.random_zeroing`; ``DRAW`` ``per_item`` (default) or ``per_row``, the authors' baseline).
-- ``heads=3.1;10.4``: these (layer, head) pairs zeroed for every input (:func:`lens_heads.static_zeroing`).
+- ``heads=3.1;10.4``: these (layer, head) pairs zeroed for every input (:func:`lens_heads.static_zeroing`). lm-eval
+  reads a lone pair as a number, so one whose head ends in 0 needs a trailing ``;`` (``heads=3.10;``: 3.10 is 3.1).
 - ``layers=23;24`` with ``layer_part=attention|block``: whole layers removed (:func:`lens_heads.remove_layers`).
 
 Calibrated thresholds and static head sets follow the authors' protocol: the unablated scores of exactly the rows
