@@ -293,6 +293,14 @@ def test_the_thresholds_file_gives_the_threshold(model, manager, tmp_path):
     assert results["config"]["lens_heads"]["calls"][0]["threshold"] == 0.9
 
 
+def test_the_report_takes_lm_eval_tasks():
+    from lens_heads.report.config import task_names
+
+    assert task_names(f"arc_easy,lm_eval:{ARC}") == ("arc_easy", f"lm_eval:{ARC}")
+    with pytest.raises(Exception, match="or lm_eval:TASK"):
+        task_names("lm_evil:x")
+
+
 # ---------------------------------------------------------------- packaging
 
 
