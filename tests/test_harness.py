@@ -324,6 +324,7 @@ def test_the_extra_and_the_entry_point_are_declared():
     from lm_eval.api.registry import get_model
 
     assert get_model("lens_heads") is LensHeadsLM
+    assert get_model("hf").__name__ == "HFLM"  # registering ours keeps lm-eval's own models
 
 
 # ---------------------------------------------------------------- lm-eval's hf model against lens_heads (slow)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import lm_eval.models  # noqa: F401  (lm-eval's own models first: it adds them only while its registry is empty)
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import simple_parse_args_string
