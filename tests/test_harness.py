@@ -218,6 +218,22 @@ def test_loglikelihood_rolling_is_the_text_after_the_prefix_token(model):
         assert value == pytest.approx(expected, rel=1e-5, abs=1e-4)
 
 
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_rendering_is_lm_eval_hfs(add_generation_prompt, model):
+    """--apply_chat_template: the messages rendered as lm-eval's own hf model renders them (its method, run here)."""
+    from types import SimpleNamespace
+
+    from lm_eval.models.huggingface import HFLM
+
+    history = [{"role": "system", "content": "About geography."}, {"role": "user", "content": "Q1?"},
+               {"role": "assistant", "content": "A"}, {"role": "user", "content": "Q2?"}]
+    if not add_generation_prompt:
+        history.append({"role": "assistant", "content": "B"})
+    hf = SimpleNamespace(tokenizer=model.tokenizer, chat_template_args={})
+    ours = LensHeadsLM(pretrained=model, progress=False).apply_chat_template(history, add_generation_prompt)
+    assert ours == HFLM.apply_chat_template(hf, history, add_generation_prompt) and "<|im_start|>" in ours
+
+
 # ---------------------------------------------------------------- bad input through lm-eval's command line
 
 
