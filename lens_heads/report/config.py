@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lens_heads.data.custom_tasks import CUSTOM_FORMATS
-from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
+from lens_heads.data.tasks import INACTIVE_HEADS_TASKS, TASK_SOURCES
 from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.models.backends import BACKENDS
@@ -45,10 +45,10 @@ def positive_int(text: str) -> int:
 
 def task_names(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [t for t in names if t not in TASK_NAMES]
+    bad = [t for t in names if t not in TASK_NAMES and not t.startswith(tuple(TASK_SOURCES))]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown task {', '.join(map(repr, bad)) or repr(text)}: choose from "
-                                         f"{', '.join(TASK_NAMES)} (comma-separated)")
+                                         f"{', '.join(TASK_NAMES)} or lm_eval:TASK (comma-separated)")
     return tuple(dict.fromkeys(names))
 
 

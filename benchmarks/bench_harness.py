@@ -1,0 +1,131 @@
+"""Benchmark lens_heads inside lm-evaluation-harness against lm-eval's own ``hf`` model, side by side in one process.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --threads 1              # ~15 min on a loaded 2-core machine
+    OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --threads 1 --write-docs # into docs/records/benchmarks.md
+
+The same lm-eval run (``lm_eval.simple_evaluate``, the same task YAMLs, the same documents, batch size
+``--batch-size``) with ``model=`` lm-eval's ``HFLM`` (``pretrained`` = the embedded model's Hugging Face folder, fp32,
+CPU) and with :class:`lens_heads.harness.LensHeadsLM` (the embedded model, unablated), alternating, on ARC-Easy
+(``--arc-n`` test items, 0-shot) and MMLU 5-shot (every test question of ``--mmlu-subject``, a real subject's size;
+its five dev questions as the shots). The tasks are lm-eval's ``arc_easy`` and ``mmlu`` formats as local YAMLs over
+JSONL written from the installed benchmark data (hub-free). Printed per task: wall and CPU seconds of each run, the
+speed-up, and the per-item agreement of the two in the same run (predictions equal, the largest log-likelihood
+difference). Goals (issue #47): 2x on ARC-Easy, 4x on MMLU 5-shot.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import timing
+from lens_heads import load_model
+from lens_heads.data.tasks import read_docs_cached
+from lens_heads.models.embedded import embedded_model_folder
+from lens_heads.plumbing.provenance import code_commit
+from lens_heads.plumbing.settings import option
+
+HEADING = "lens_heads inside lm-evaluation-harness, against lm-eval's hf model"
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests" / "data" / "lm_eval"
+
+
+@dataclass(frozen=True)
+class HarnessBench(timing.Comparison):
+    """What the benchmark times."""
+
+    arc_n: int = option(100, "ARC-Easy test items (the first ones)")
+    mmlu_subject: str = option("abstract_algebra", "the MMLU subject (all its test questions, 5-shot)")
+    repeats: int = timing.repeats_option(1)
+    batch_size: int = timing.batch_size_option(8)
+    threads: int | None = timing.threads_option()
+
+
+def task_folder(out: Path, s: HarnessBench) -> Path:
+    """The two tasks as lm-eval YAMLs over JSONL in ``out``: the test YAMLs' formats, the benchmark's documents."""
+    labels = "ABCDE"
+    arc = [{"id": d["id"], "question": d["question"],
+            "choices": {"text": d["choices"]["text"], "label": list(labels[:len(d["choices"]["text"])])},
+            "answerKey": labels[d["gold"]]} for d in read_docs_cached("arc_easy", "test")[:s.arc_n]]
+    _jsonl(out / "arc.jsonl", arc)
+    for split in ("test", "dev"):
+        docs = [d for d in read_docs_cached("mmlu", split) if d["subject"] == s.mmlu_subject]
+        if not docs:
+            raise SystemExit(f"no MMLU subject {s.mmlu_subject!r}")
+        _jsonl(out / f"mmlu_{split}.jsonl", docs)
+    arc_yaml = (TESTS / "arc_easy_local.yaml").read_text().replace("arc_easy_local", "bench_arc_easy").replace(
+        "tests/data/lm_eval/arc_easy.jsonl", str(out / "arc.jsonl"))
+    subject = s.mmlu_subject.replace("_", " ")
+    mmlu_yaml = (TESTS / "mmlu_local.yaml").read_text().replace("mmlu_local", "bench_mmlu").replace(
+        "tests/data/lm_eval/mmlu_test.jsonl", str(out / "mmlu_test.jsonl")).replace(
+        "tests/data/lm_eval/mmlu_dev.jsonl", str(out / "mmlu_dev.jsonl")).replace("high school geography", subject)
+    (out / "bench_arc_easy.yaml").write_text(arc_yaml)
+    (out / "bench_mmlu.yaml").write_text(mmlu_yaml)
+    return out
+
+
+def _jsonl(path: Path, docs: list[dict]) -> None:
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+def per_doc(results: dict, task: str) -> list[list[float]]:
+    samples = sorted(results["samples"][task], key=lambda x: x["doc_id"])
+    return [[resp[0][0] for resp in x["resps"]] for x in samples]
+
+
+def compare(name: str, task: str, r: dict, load: float) -> list[str]:
+    ours, theirs = per_doc(r["lens_heads"].out, task), per_doc(r["hf"].out, task)
+    equal = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(ours, theirs))
+    diff = max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    acc = {k: r[k].out["results"][task]["acc,none"] for k in ("lens_heads", "hf")}
+    return [f"{name}, {len(ours)} items, {sum(map(len, ours))} requests (load average {load:.1f} before, "
+            f"{timing.load_average():.1f} after):",
+            f"  lm-eval hf          {r['hf'].wall:7.1f} s wall {r['hf'].cpu:7.1f} s CPU   acc {acc['hf']:.3f}",
+            f"  lm-eval lens_heads  {r['lens_heads'].wall:7.1f} s wall {r['lens_heads'].cpu:7.1f} s CPU   "
+            f"acc {acc['lens_heads']:.3f}",
+            f"  -> lens_heads {r['hf'].wall / r['lens_heads'].wall:.2f}x wall, {r['hf'].cpu / r['lens_heads'].cpu:.2f}x "
+            f"CPU; per item: predictions equal on {equal} of {len(ours)}, max |log-likelihood difference| {diff:.1e}"]
+
+
+def main(argv=None) -> None:
+    s = timing.parse_settings(HarnessBench, argv, __doc__)
+    timing.set_threads(s.threads)
+    started_load = timing.load_average()
+    torch.set_grad_enabled(False)
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from lens_heads.harness import LensHeadsLM
+
+    ours = LensHeadsLM(pretrained=load_model(), batch_size=s.batch_size, progress=False)
+    theirs = HFLM(pretrained=str(embedded_model_folder()), device="cpu", dtype="float32", batch_size=s.batch_size)
+    blocks = []
+    with tempfile.TemporaryDirectory() as tmp:
+        manager = TaskManager(include_path=str(task_folder(Path(tmp), s)))
+        for name, task in (("ARC-Easy 0-shot", "bench_arc_easy"), (f"MMLU {s.mmlu_subject} 5-shot", "bench_mmlu")):
+            def run(lm, task=task):
+                return lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True,
+                                               bootstrap_iters=0, verbosity="WARNING")
+            load = timing.load_average()
+            r = timing.alternate({"hf": lambda: run(theirs), "lens_heads": lambda: run(ours)}, s.repeats, show=True)
+            blocks.append(compare(name, task, r, load))
+            print("\n".join(blocks[-1]), flush=True)
+    machine = timing.print_machine(started_load)
+    code = code_commit()
+    if code["commit"]:
+        machine += f"; commit {code['commit'][:7]}" + (" with local changes" if code["dirty"] else "")
+    if s.write_docs:
+        timing.write_printed(HEADING, f"python benchmarks/bench_harness.py --arc-n {s.arc_n} --mmlu-subject "
+                             f"{s.mmlu_subject} --repeats {s.repeats} --batch-size {s.batch_size} --threads {s.threads}",
+                             machine, "; lm-eval's hf model and LensHeadsLM alternating in one process, the same "
+                             "simple_evaluate call and documents", blocks)
+
+
+if __name__ == "__main__":
+    main()

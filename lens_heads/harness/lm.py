@@ -1,0 +1,239 @@
+"""lens_heads as an lm-evaluation-harness model: ``lm_eval --model lens_heads --model_args ...``.
+
+:class:`LensHeadsLM` answers lm-eval's three request types with lens_heads' own machinery:
+
+- ``loglikelihood``: the requests of one document (lm-eval's ``doc_id``; otherwise consecutive requests with the
+  same context) become one :class:`~lens_heads.data.items.Item`, and all of them one :func:`lens_heads.evaluate`
+  call under the ablation's hooks: lm-eval's rows (the ``"lm-eval"`` protocol), one forward per shared context and
+  shared prefixes (a subject's five shots) computed once wherever the hooks allow it.
+- ``loglikelihood_rolling``: each text as one continuation after lm-eval's prefix token (one window: a text longer
+  than the model's context is refused, not split).
+- ``generate_until``: :func:`lens_heads.evaluation.generate.generate`, greedy, the hooks active at every step.
+
+The ablation (:mod:`lens_heads.harness.model_args`) shows in lm-eval's output: the results' ``config`` holds
+``lens_heads`` (the spec, what it was calibrated to, the share of heads zeroed per call and in total), and each logged
+sample's ``arguments`` end with ``{"lens_heads": {"share_zeroed": ..., "ablation": ...}}`` for its request. Bad
+input (an unknown form, a share outside [0, 1), a thresholds file for another model, heads or layers the model lacks,
+a request longer than the context) is refused before any forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lm_eval.models  # noqa: F401  (lm-eval's own models first: it adds them only while its registry is empty)
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import simple_parse_args_string
+
+from lens_heads.data.items import Item, Task
+from lens_heads.data.rows import build_rows, encode, lm_eval_bos
+from lens_heads.evaluation.batching import AUTO
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.generate import generate
+from lens_heads.harness.model_args import build_hooks, check_against, parse_ablation
+from lens_heads.models.embedded import DEFAULT_MODEL
+from lens_heads.models.loading import load_model, model_meta
+from lens_heads.plumbing.errors import InputError
+
+LM_EVAL_KEYS = ("max_batch_size", "trust_remote_code")  # what lm-eval's command line may add: not used here
+
+
+@register_model("lens_heads")
+class LensHeadsLM(LM):
+    """An lm-eval model running a lens_heads model under an ablation (module docstring).
+
+    ``pretrained``: a TransformerLens name, a local Hugging Face folder, a loaded model, or None for the embedded
+    default; ``backend``, ``device``, ``dtype`` as :func:`lens_heads.load_model` takes them (``dtype="auto"``: its
+    default); ``batch_size``: a number or ``auto``; the ablation keys: :func:`~lens_heads.harness.model_args.parse_ablation`."""
+
+    def __init__(self, pretrained: Any = None, backend: str | None = None, device: str | None = None,
+                 dtype: str | None = None, batch_size: int | str | None = None, ablation: str | None = None,
+                 heads: str | int | float | None = None, layers: str | int | None = None,
+                 layer_part: str = "attention", thresholds: str | None = None, thresholds_task: str | None = None,
+                 progress: bool = True, **lm_eval_extra: Any) -> None:
+        super().__init__()
+        unknown = sorted(set(lm_eval_extra) - set(LM_EVAL_KEYS))
+        if unknown:
+            raise InputError(f"lens_heads model_args: unknown key(s) {unknown}; the keys are pretrained, backend, "
+                             "device, dtype, batch_size, ablation, heads, layers, layer_part, thresholds, "
+                             "thresholds_task")
+        self.ablation = parse_ablation(ablation, heads, layers, layer_part, thresholds, thresholds_task)
+        self.batch_size = _batch_size(batch_size)
+        self.progress = progress
+        if pretrained is None or isinstance(pretrained, str):
+            self.model = load_model(pretrained or DEFAULT_MODEL, backend=backend, device=device,
+                                    dtype=None if dtype == "auto" else dtype)
+        else:
+            self.model = pretrained
+        check_against(self.ablation, self.model)
+        self.calls: list[dict] = []  # per request-type call: what was zeroed
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "LensHeadsLM":
+        """lm-eval's constructor from ``model_args``; its command-line flags (``--batch_size``, ``--device``) fill
+        only what ``model_args`` leaves out (lm-eval's own would pass both and fail)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "LensHeadsLM":
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    # ------------------------------------------------------------ lm-eval's three request types
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """(summed log-likelihood of the continuation, whether it is the greedy one) per request, in order."""
+        if not requests:
+            return []
+        items, where = _items([req.args[:2] for req in requests], [_doc_key(req) for req in requests])
+        return self._scored(requests, items, where, "loglikelihood", disable_tqdm)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Summed log-likelihood of each text after lm-eval's prefix token (one window)."""
+        if not requests:
+            return []
+        texts = [req.args[0] for req in requests]
+        too_long = [i for i, text in enumerate(texts) if len(encode(self.model, text)) > self.model.cfg.n_ctx]
+        if too_long:
+            raise InputError(f"{len(too_long)} loglikelihood_rolling texts are longer than the model's context of "
+                             f"{self.model.cfg.n_ctx} tokens (first: request {too_long[0]}): lens_heads scores one "
+                             "window per text; use a longer-context model or shorter documents")
+        items = [Item(id=f"rolling/{i}", contexts=("",), continuations=(text,), gold=0) for i, text in enumerate(texts)]
+        scored = self._scored(requests, items, [(i, 0) for i in range(len(items))], "loglikelihood_rolling",
+                              disable_tqdm)
+        return [logprob for logprob, _ in scored]
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy generations, each cut before the first of its ``until`` strings."""
+        if not requests:
+            return []
+        prompts, settings = [], []
+        for i, req in enumerate(requests):
+            context, kwargs = req.args[0], dict(req.args[1] if len(req.args) > 1 else {})
+            if kwargs.get("do_sample"):
+                raise InputError(f"request {i} asks for sampling (do_sample=True): lens_heads generates greedily")
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(kwargs.get("max_gen_toks", 256))
+            length = len(lm_eval_bos(self.model) + encode(self.model, context))
+            if length + max_new > self.model.cfg.n_ctx:
+                raise InputError(f"generation request {i}: a prompt of {length} tokens + max_gen_toks={max_new} exceeds "
+                                 f"the model's context of {self.model.cfg.n_ctx} tokens: use fewer shots or a smaller "
+                                 "max_gen_toks (gen_kwargs)")
+            prompts.append(context)
+            settings.append((until, max_new))
+        hooks, calibrated = build_hooks(self.ablation, self.model, prompts, batch_size=self.batch_size)
+        texts = []
+        for i, (prompt, (until, max_new)) in enumerate(zip(prompts, settings)):
+            out = generate(self.model, prompt, hooks=[hooks] if hooks is not None else (), max_new_tokens=max_new,
+                           stop=until, input_id=i)
+            texts.append(out.text)
+        self._record(requests, hooks, len(prompts), list(range(len(prompts))), calibrated, "generate_until")
+        return texts
+
+    # ------------------------------------------------------------ what lm-eval records
+
+    def get_model_info(self) -> dict:
+        """Merged into lm-eval's results ``config``: the ablation and the share of heads it zeroed."""
+        rows = sum(call["rows_counted"] for call in self.calls)
+        total = (sum(call["share_zeroed"] * call["rows_counted"] for call in self.calls) / rows) if rows else 0.0
+        meta = model_meta(self.model)
+        return {"lens_heads": dict(ablation=self.ablation.spec, ablation_args=self.ablation.to_dict(),
+                                   share_zeroed=total, calls=self.calls,
+                                   model={k: meta[k] for k in ("name", "backend", "weight_basis") if k in meta})}
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.model.tokenizer, "name_or_path", "")).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.model.tokenizer, "chat_template", None) if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """lm-eval's ``--apply_chat_template``: the messages through the tokenizer's template, as its ``hf`` model
+        renders them (its special tokens are then read as such when the rows are encoded)."""
+        return self.model.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                        add_generation_prompt=add_generation_prompt,
+                                                        continue_final_message=not add_generation_prompt)
+
+    # ------------------------------------------------------------ the shared path
+
+    def _scored(self, requests, items: list[Item], where: list[tuple[int, int]], kind: str, disable_tqdm: bool
+                ) -> list[tuple[float, bool]]:
+        task = Task(name=f"lm_eval {kind}", split="requests", shots=0, format="cloze", items=items,
+                    n_total=len(items), seed=0, source="lm-eval requests")
+        build_rows(self.model, items)  # a request longer than the context is refused before any forward
+        hooks, calibrated = build_hooks(self.ablation, self.model, task, batch_size=self.batch_size)
+        result = evaluate(self.model, task, hooks=[hooks] if hooks is not None else (), batch_size=self.batch_size,
+                          progress=self.progress and not disable_tqdm)
+        self._record(requests, hooks, len(items), [i for i, _ in where], calibrated, kind)
+        return [(float(result.items[i].logprobs[c]), bool(result.items[i].greedy[c])) for i, c in where]
+
+    def _record(self, requests, hooks, n_inputs: int, input_of: list[int], calibrated: dict, kind: str) -> None:
+        """Each request's share of heads zeroed (on its input), appended to its arguments; the call's in ``calls``."""
+        shares, rows = _shares(hooks, n_inputs)
+        for req, i in zip(requests, input_of):
+            req.arguments = (*req.args, {"lens_heads": dict(share_zeroed=shares[i], ablation=self.ablation.spec)})
+        counted = sum(r for s, r in zip(shares, rows) if s is not None)
+        share = sum(s * r for s, r in zip(shares, rows) if s is not None) / counted if counted else 0.0
+        self.calls.append(dict(request_type=kind, requests=len(requests), inputs=n_inputs, rows_counted=counted,
+                               share_zeroed=share, **calibrated))
+
+
+def _items(pairs: list[tuple[str, str]], keys: list) -> tuple[list[Item], list[tuple[int, int]]]:
+    """Consecutive requests of one document (same key; without keys, the same context) as one Item; per request its
+    (item, choice)."""
+    items: list[Item] = []
+    where: list[tuple[int, int]] = []
+    group: list[tuple[str, str]] = []
+    group_key: tuple = ()
+
+    def close():
+        if group:
+            name = f"{group_key[0]}/{group_key[1]}" if group_key[0] != "context" else f"request/{len(items)}"
+            items.append(Item(id=name, contexts=tuple(c for c, _ in group), continuations=tuple(x for _, x in group),
+                              gold=0))
+
+    for (context, continuation), key in zip(pairs, keys):
+        key = key if key is not None else ("context", context)
+        if key != group_key or not group:
+            close()
+            group, group_key = [], key
+        where.append((len(items), len(group)))
+        group.append((context, continuation))
+    close()
+    return items, where
+
+
+def _doc_key(req) -> tuple | None:
+    return (req.task_name, req.doc_id) if req.doc_id is not None else None
+
+
+def _shares(hooks, n_inputs: int) -> tuple[list[float | None], list[int]]:
+    """Per input: the share of heads the hooks zeroed on it (zeroed (row, layer, head) / (rows x layers x heads)) and
+    the rows counted."""
+    if hooks is None:
+        return [0.0] * n_inputs, [1] * n_inputs
+    if not hasattr(hooks, "zeroed_by_input"):  # removed layers: the same heads for every input
+        return [float(hooks.share_zeroed())] * n_inputs, [1] * n_inputs
+    counted = hooks.zeroed_by_input()
+    size = hooks.n_layers * hooks.n_heads
+    # an input none of whose rows was counted (all of it a shared prefix) has no share: None, never a number
+    shares = [counted[i][1] / (counted[i][0] * size) if i in counted else None for i in range(n_inputs)]
+    return shares, [counted.get(i, (0, 0))[0] for i in range(n_inputs)]
+
+
+def _batch_size(value) -> int | str:
+    if value is None:
+        return 8
+    text = str(value)
+    if text == AUTO or text.startswith(f"{AUTO}:"):  # lm-eval's auto:N re-detects N times; one detection here
+        return AUTO
+    try:
+        size = int(text)
+    except ValueError:
+        raise InputError(f"batch_size={value!r}: give a positive number or auto") from None
+    if size < 1:
+        raise InputError(f"batch_size={value!r}: give a positive number or auto")
+    return size
