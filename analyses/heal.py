@@ -32,19 +32,19 @@ import plotly.graph_objects as go
 import torch
 
 from lens_heads import evaluate, layer_scores, load_model, load_task
-from lens_heads.collapse.corpus import load_corpus
-from lens_heads.collapse.healing import ARMS, heal, removal_arms
-from lens_heads.collapse.layer_ranking import LayerScores
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.train_loop import lm_loss
-from lens_heads.collapse.windows import eval_windows
 from lens_heads.evaluation.results import EvalResult
+from lens_heads.experiments.healing import ARMS, heal, removal_arms
+from lens_heads.experiments.layer_ranking import LayerScores
 from lens_heads.models.embedded import cache_dir
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import load_corpus
+from lens_heads.training.loop import lm_loss
+from lens_heads.training.windows import eval_windows
 from lens_heads.viz.export import save_figure
 from shared_settings import ROOT, recorded_name
 

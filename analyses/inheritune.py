@@ -7,7 +7,7 @@
     python analyses/inheritune.py --preset gpt2-xl --device cuda         # the paper's 48 -> 24
     python analyses/inheritune.py --preset gpt2-xl --plan                # its stages, FLOPs and GPU-hours; no training
 
-The GPT-2 is the authors' (lens_heads.collapse.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
+The GPT-2 is the authors' (lens_heads.growth.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
 50304, scaled residual init; ``--architecture transformer-lens`` for TransformerLens's GPT-2). Rows: reference,
 Inheritune students (growth stages: by default the trained student grows by the reference's next blocks,
 ``--grow-from reference`` re-inherits), same-size scratch (1x, 2x steps) and the paper's baselines and ablations
@@ -35,20 +35,20 @@ import torch
 
 from inheritune_extras import smollm_profile, uniform_causal_levels, zero_shot, zero_shot_rows
 from inheritune_figures import figures, smollm_figure
-from lens_heads.collapse.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
-from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
-from lens_heads.collapse.distill import DistillConfig
-from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.collapse.inheritune_config import ABLATIONS, InherituneConfig
-from lens_heads.collapse.inheritune_result import load_result
-from lens_heads.collapse.inheritune_run import planned_stages, run_inheritune
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.zero_shot import PAPER_TASKS
+from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
+from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
+from lens_heads.growth.inheritune_result import load_result
+from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
+from lens_heads.growth.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.training.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
+from lens_heads.training.distill import DistillConfig
 
 
 @dataclass(frozen=True)
@@ -198,8 +198,8 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
     ``--smollm-k``) and a same-size random init, each trained ``--steps`` on SOTU text in SmolLM2's tokenizer,
     against the full model: validation loss and zero-shot accuracy."""
     from lens_heads import load_model
-    from lens_heads.collapse.inherit import inherit_first_layers, same_size_random
-    from lens_heads.collapse.train_loop import train, validation_loss
+    from lens_heads.growth.inherit import inherit_first_layers, same_size_random
+    from lens_heads.training.loop import train, validation_loss
 
     full = load_model(device=a.device)
     paper = smollm_rank["averaged"]

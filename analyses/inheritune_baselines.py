@@ -44,24 +44,24 @@ from inheritune_comparisons import (
 )
 from inheritune_extras import uniform_causal_levels
 from inheritune_figures import curves_figure, rank_figure
-from lens_heads.collapse.checkpoints import load_model_state
-from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
-from lens_heads.collapse.distill import DistillConfig
-from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
-from lens_heads.collapse.inheritune_config import InherituneConfig
-from lens_heads.collapse.inheritune_result import Stage
-from lens_heads.collapse.inheritune_run import run_inheritune
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.windows import eval_windows
-from lens_heads.collapse.zero_shot import PAPER_TASKS
 from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
+from lens_heads.growth.inheritune_config import InherituneConfig
+from lens_heads.growth.inheritune_result import Stage
+from lens_heads.growth.inheritune_run import run_inheritune
+from lens_heads.growth.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.calling import RULE
+from lens_heads.training.checkpoints import load_model_state
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
+from lens_heads.training.distill import DistillConfig
+from lens_heads.training.windows import eval_windows
 
 BASELINES = ("stacking", "hybrid_stacking", "half_width", "distill_logit", "distill_distilbert")
 

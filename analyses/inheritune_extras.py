@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from lens_heads.collapse.gpt2 import GPT2Options
 from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
-from lens_heads.collapse.windows import eval_windows
-from lens_heads.collapse.zero_shot import PAPER_TASKS
+from lens_heads.growth.gpt2 import GPT2Options
+from lens_heads.growth.zero_shot import PAPER_TASKS
+from lens_heads.training.windows import eval_windows
 
 
 def uniform_causal_levels(length: int) -> dict:
@@ -42,7 +42,7 @@ def eval_tasks(a) -> dict[str, str]:
 
 
 def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
-    from lens_heads.collapse.zero_shot import zero_shot
+    from lens_heads.growth.zero_shot import zero_shot
 
     rows = [{"stage": stage_name, **r} for r in zero_shot(model, eval_tasks(a), n=a.eval_n, seed=a.seed)]
     for r in rows:
@@ -54,8 +54,8 @@ def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
 
 def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> list[dict]:
     """Zero-shot accuracy of the reference, the final student, the scratch baselines and the ablations."""
-    from lens_heads.collapse.checkpoints import load_model_state
-    from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
+    from lens_heads.growth.gpt2 import gpt2_config, gpt2_model
+    from lens_heads.training.checkpoints import load_model_state
 
     rows = []
     for stage in result.stages:

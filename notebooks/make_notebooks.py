@@ -76,10 +76,10 @@ offline State of the Union corpus."""),
     new_code_cell("""import torch
 from lens_heads import load_model
 from lens_heads.collapse.rank import approx_rank, attention_rank
-from lens_heads.collapse.corpus import load_corpus, gpt2_tokenizer
-from lens_heads.collapse.inheritune_config import InherituneConfig
-from lens_heads.collapse.inheritune_run import run_inheritune
-from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.training.corpus import load_corpus, gpt2_tokenizer
+from lens_heads.growth.inheritune_config import InherituneConfig
+from lens_heads.growth.inheritune_run import run_inheritune
+from lens_heads.training.config import TrainConfig
 from lens_heads.viz.layer_figures import rank_profile"""),
     new_markdown_cell("## The measure\nSmallest k whose top-k singular values hold 90% of the squared spectral energy."),
     new_code_cell("""T = 16
@@ -102,7 +102,7 @@ rank_profile(profile.max_rank, profile.mean_rank, profile.mass_columns, profile.
 A 4-layer reference, a 2-layer student that inherits its token embedding, first two blocks and unembedding, grown
 by one layer at a time while its validation loss is worse than the reference's, and same-size models from scratch
 for the same and twice the steps (the paper's ablations, `ablations=`, are left to `analyses/inheritune.py`). The
-GPT-2 is the authors' (`lens_heads.collapse.gpt2.GPT2Options`). Sixteen steps of 4 x 32 tokens each: nothing is learnt or collapses at this
+GPT-2 is the authors' (`lens_heads.growth.gpt2.GPT2Options`). Sixteen steps of 4 x 32 tokens each: nothing is learnt or collapses at this
 scale; the point is the procedure (`analyses/inheritune.py` runs it for real)."""),
     new_code_cell("""import tempfile
 corpus = load_corpus("sotu")

@@ -8,8 +8,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_heads.collapse.train_config import TrainConfig
 from lens_heads.plumbing.errors import InputError
+from lens_heads.training.config import TrainConfig
 
 
 def batch_at(data: np.ndarray, step: int, micro: int, cfg: TrainConfig) -> Int[Tensor, "batch seq_plus_1"]:

@@ -25,7 +25,7 @@ class Stage:
     rank_at_init: dict  # before training (fresh init; for students: right after inheritance)
     history: list[dict]
     wall_time_s: float
-    # budget: FLOPs of this stage's own training (`lens_heads.collapse.budget`), of a teacher's forwards
+    # budget: FLOPs of this stage's own training (`lens_heads.training.budget`), of a teacher's forwards
     # (distillation), and the stages whose trained weights it starts from (their budgets are not in these)
     flops: float = float("nan")
     teacher_flops: float = 0.0

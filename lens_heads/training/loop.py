@@ -26,18 +26,18 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_heads.collapse.checkpoints import (
+from lens_heads.plumbing.cache import claim_folder
+from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
+from lens_heads.training.checkpoints import (
     latest_checkpoint,
     load_model_state,
     load_optimizer_state,
     model_state_bytes,
     save_checkpoint,
 )
-from lens_heads.collapse.train_config import TrainConfig, lr_at, make_optimizer
-from lens_heads.collapse.windows import batch_at, eval_windows
-from lens_heads.plumbing.cache import claim_folder
-from lens_heads.plumbing.errors import InputError
-from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
+from lens_heads.training.config import TrainConfig, lr_at, make_optimizer
+from lens_heads.training.windows import batch_at, eval_windows
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -46,7 +46,7 @@ Callback = Callable[["HookedTransformer", int], "dict | None"]
 
 
 class Objective(Protocol):
-    """A training loss other than the language-model loss (e.g. `lens_heads.collapse.distill.Distillation`)."""
+    """A training loss other than the language-model loss (e.g. `lens_heads.training.distill.Distillation`)."""
 
     def __call__(self, model: HookedTransformer, windows: Tensor) -> Tensor: ...
 
@@ -118,7 +118,7 @@ def train(
     progress: bool = True,
     desc: str = "train",
 ) -> TrainResult:
-    """Train ``model`` in place on ``corpus`` (`lens_heads.collapse.corpus.TokenCorpus`: ``.train``/``.val`` token arrays).
+    """Train ``model`` in place on ``corpus`` (`lens_heads.training.corpus.TokenCorpus`: ``.train``/``.val`` token arrays).
 
     With ``out_dir``: checkpoints every ``checkpoint_every`` steps, resumes from the last one, and a finished run
     (``out_dir/final``) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned
