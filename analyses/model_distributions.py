@@ -8,7 +8,7 @@ Steps:
 1. **Fine-tune** (where ``--models`` names ``finetuned``): the first model (a local Hugging Face folder or the
    embedded one) fine-tuned on ``--train-task``'s ``--train-split`` laid out as it is evaluated (the item's prompt,
    then its gold answer; loss on the answer's tokens), ``--steps`` steps of ``--batch-size`` examples
-   (:mod:`lens_heads.experiments.finetune`); the held-out loss on the gold answers of the scored items every
+   (:mod:`lens_heads.training.finetune`); the held-out loss on the gold answers of the scored items every
    ``--eval-every`` steps. The weights go to ``--cache`` (safetensors), never into the repository; a rerun reuses them.
 2. **Scores and accuracy** of every model on the same items (``--task``, ``--split``, ``--n``, ``--seed``; lm-eval
    rows, no chat template, raw weight basis), kept in ``--out`` and reused by a rerun.
@@ -38,7 +38,6 @@ import torch
 
 from lens_heads import compare_distributions, evaluate, load_model, load_task, score_heads
 from lens_heads.evaluation.results import EvalResult
-from lens_heads.experiments.finetune import FinetuneConfig, examples, finetune
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder
@@ -47,6 +46,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_na
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
+from lens_heads.training.finetune import FinetuneConfig, examples, finetune
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.score_figures import score_cdfs
 from lens_heads.viz.training_figures import loss_curves

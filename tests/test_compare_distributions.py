@@ -176,7 +176,7 @@ def test_per_head_ranks_and_zeroing_overlap(three_models):
 def test_answer_loss_is_the_answer_tokens_mean_negative_log_likelihood(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lens_heads.experiments.finetune import Example, FinetuneConfig, answer_loss, finetune, lr_at
+    from lens_heads.training.finetune import Example, FinetuneConfig, answer_loss, finetune, lr_at
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
