@@ -43,7 +43,7 @@ from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from lens_heads.training.config import TrainConfig
 from lens_heads.training.corpus import load_corpus
-from lens_heads.training.loop import lm_loss
+from lens_heads.training.objectives import lm_loss
 from lens_heads.training.windows import eval_windows
 from lens_heads.viz.export import save_figure
 from shared_settings import ROOT, recorded_name

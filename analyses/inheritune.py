@@ -199,7 +199,8 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
     against the full model: validation loss and zero-shot accuracy."""
     from lens_heads import load_model
     from lens_heads.growth.inherit import inherit_first_layers, same_size_random
-    from lens_heads.training.loop import train, validation_loss
+    from lens_heads.training.loop import train
+    from lens_heads.training.windows import validation_loss
 
     full = load_model(device=a.device)
     paper = smollm_rank["averaged"]

@@ -46,7 +46,9 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_na
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
-from lens_heads.training.finetune import FinetuneConfig, examples, finetune
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.examples import examples
+from lens_heads.training.finetune import finetune
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.score_figures import score_cdfs
 from lens_heads.viz.training_figures import loss_curves
@@ -111,8 +113,8 @@ def run_finetune(args: DistributionSettings, scored) -> tuple[str, dict]:
     train, held_out = examples(model, train_task), examples(model, scored)
     del model
     gc.collect()
-    cfg = FinetuneConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-                         eval_every=args.eval_every, seed=args.seed)
+    cfg = TrainConfig.finetune(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                               warmup_steps=args.warmup_steps, eval_every=args.eval_every, seed=args.seed)
     folder = Path(args.cache) / f"{safe_name(base)}-{args.train_task}-{args.train_split}-s{args.steps}-seed{args.seed}"
     t = time.perf_counter()
     result = finetune(base_folder(base), train, held_out, folder, cfg,

@@ -23,9 +23,10 @@ from lens_heads.collapse.rank_tracker import RankTracker
 from lens_heads.growth.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
 from lens_heads.growth.gpt2 import gpt2_model as _gpt2_model
 from lens_heads.plumbing.settings import option
-from lens_heads.training.config import TrainConfig, lr_at
+from lens_heads.training.config import TrainConfig
 from lens_heads.training.corpus import load_corpus
 from lens_heads.training.loop import train
+from lens_heads.training.schedules import lr_at
 from lens_heads.training.windows import batch_at, eval_windows
 from timing import (
     alternate,

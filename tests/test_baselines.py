@@ -267,7 +267,7 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
     assert not df.loc["half_width_2L", "uses_reference"]
     assert result.meta["growth"]["grow_from"] == "student"
     from lens_heads.training.checkpoints import load_model_state
-    from lens_heads.training.loop import validation_loss
+    from lens_heads.training.windows import validation_loss
 
     reference = gpt2(4, 32, 2)  # the DistilBERT student starts from the trained reference's blocks 0 and 3
     load_model_state(reference, tmp_path / "reference_4L" / "final" / "model.safetensors")
@@ -295,7 +295,7 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
     reference block 1 (its loss before training is that model's), and says so."""
     from lens_heads.growth import inherit, inheritune_run
     from lens_heads.training.checkpoints import load_model_state
-    from lens_heads.training.loop import validation_loss
+    from lens_heads.training.windows import validation_loss
 
     train_stage = inheritune_run._Stages.train
 

@@ -1,13 +1,9 @@
-"""A short supervised fine-tune of a Hugging Face causal language model on a task's solved items, in plain PyTorch.
+"""A short supervised fine-tune of a Hugging Face causal language model on a task's solved items: the training loop
+(`lens_heads.training.loop.train`) on `lens_heads.training.examples.ExampleData` with the answer loss, under the
+fine-tune's preset of the one config (`TrainConfig.finetune`: AdamW, linear warm-up then linear decay to zero,
+gradient clipping, the held-out loss every ``eval_every`` steps).
 
-Each training example is one item laid out as its evaluation lays it out (:mod:`lens_heads.data.rows`: the item's
-context, then its gold answer), and the loss is the gold answer's mean token negative log-likelihood given the
-context: the instruction/answer format of supervised fine-tuning, with the task's own prompt as the instruction.
-The logits are computed only at the answer positions (most positions are prompt).
-
-AdamW, linear warm-up then linear decay to zero, gradient clipping; the batch of step ``s`` is a pure function of
-(``seed``, ``s``). The held-out loss (the same loss on other items) is measured every ``eval_every`` steps. The
-fine-tuned weights are written as a Hugging Face folder (safetensors, with the tokenizer and a ``finetune.json``
+The fine-tuned weights are written as a Hugging Face folder (safetensors, with the tokenizer and a ``finetune.json``
 holding the settings and both loss curves), which ``lens_heads.load_model(folder)`` loads like any local model.
 A folder that already holds the same fine-tune (same base, data and settings) is reused; one that holds another
 is refused.
@@ -23,55 +19,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from lens_heads.data.rows import DEFAULT_PROTOCOL, item_rows
 from lens_heads.plumbing.cache import canonical
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.examples import Example, ExampleData
+from lens_heads.training.loop import train as train_loop
 
 RECORD = "finetune.json"
-
-
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """Hyper-parameters of the fine-tune (a short run: a few hundred examples)."""
-
-    steps: int = 150
-    batch_size: int = 8
-    lr: float = 3e-5
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    eval_every: int = 25
-    seed: int = 0
-
-    def __post_init__(self):
-        for name in ("steps", "batch_size", "eval_every"):
-            if getattr(self, name) < 1:
-                raise InputError(f"FinetuneConfig({name}={getattr(self, name)}): give a whole number >= 1")
-        if self.lr <= 0 or self.warmup_steps < 0:
-            raise InputError(f"FinetuneConfig: lr must be > 0 and warmup_steps >= 0, got {self.lr}, "
-                             f"{self.warmup_steps}")
-
-
-@dataclass(frozen=True)
-class Example:
-    """One solved item: the forward row's ``tokens``; positions ``first .. first + len(answer) - 1`` predict
-    ``answer`` (the gold continuation's tokens)."""
-
-    tokens: tuple[int, ...]
-    first: int
-    answer: tuple[int, ...]
-
-    def __post_init__(self):
-        if not self.answer or len(self.tokens) != self.first + len(self.answer) \
-                or tuple(self.tokens[self.first + 1:]) != tuple(self.answer[:-1]):
-            raise InputError(f"Example: the tokens after position {self.first} must be the answer but its last token "
-                             f"(got {len(self.tokens)} tokens, answer {list(self.answer)})")
+# the preset's arguments: a stored fine-tune's key names these, and any other setting only where it is not the preset's
+PRESET_ARGUMENTS = ("steps", "batch_size", "lr", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "seed")
 
 
 @dataclass
@@ -79,80 +38,22 @@ class FinetuneResult:
     """Where the fine-tuned model is, and how the run went."""
 
     folder: Path
-    config: FinetuneConfig
-    train_loss: list[float]  # per step: the batch's mean answer-token loss before the step's update
+    config: TrainConfig
+    train_loss: list[float]  # per logged step (every step in the preset): the batch's mean answer-token loss
     eval_steps: list[int]
     eval_loss: list[float]  # the held-out loss after that many steps
     meta: dict = field(default_factory=dict)
 
 
-def examples(model, task, *, protocol: str = DEFAULT_PROTOCOL) -> list[Example]:
-    """The gold answer of every item of ``task`` as a training example, laid out as ``model`` (a loaded
-    ``HookedTransformer``: its tokenizer and its family's BOS rule) evaluates it under ``protocol``."""
-    out = []
-    for i, item in enumerate(task):
-        for row in item_rows(model, i, item, protocol):
-            for choice, first, ids in row.reads:
-                if choice == int(item.gold):
-                    out.append(Example(tuple(row.tokens[:first + len(ids)]), first, tuple(ids)))
-    if not out:
-        raise InputError("the task gave no training examples: give a task with items")
-    return out
-
-
-def lr_at(step: int, cfg: FinetuneConfig) -> float:
-    """Linear warm-up over ``warmup_steps``, then linear decay to zero at ``steps``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    return cfg.lr * max(0.0, (cfg.steps - step) / max(1, cfg.steps - cfg.warmup_steps))
-
-
-def batch_at(n_examples: int, step: int, cfg: FinetuneConfig) -> list[int]:
-    """The examples of step ``step``: drawn without replacement from a generator seeded by (seed, step)."""
-    rng = np.random.default_rng([cfg.seed, step])
-    return rng.choice(n_examples, size=min(cfg.batch_size, n_examples), replace=False).tolist()
-
-
-def answer_loss(model, batch: Sequence[Example], pad_id: int) -> torch.Tensor:
-    """Mean negative log-likelihood of the answer tokens of ``batch`` under the Hugging Face causal LM ``model``
-    (rows right-padded; logits only where an answer token is predicted)."""
-    device = next(model.parameters()).device
-    width = max(len(e.tokens) for e in batch)
-    tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    rows, cols, targets = [], [], []
-    for b, e in enumerate(batch):
-        tokens[b, :len(e.tokens)] = torch.tensor(e.tokens)
-        mask[b, :len(e.tokens)] = 1
-        for k, token in enumerate(e.answer):
-            rows.append(b)
-            cols.append(e.first + k)
-            targets.append(token)
-    hidden = model.base_model(input_ids=tokens.to(device), attention_mask=mask.to(device)).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[torch.tensor(rows), torch.tensor(cols)])
-    return F.cross_entropy(logits.float(), torch.tensor(targets, device=device))
-
-
-@torch.no_grad()
-def held_out_loss(model, held_out: Sequence[Example], pad_id: int, batch_size: int) -> float:
-    """The answer-token loss over ``held_out``, every answer token weighing the same."""
-    total, n = 0.0, 0
-    for start in range(0, len(held_out), batch_size):
-        batch = held_out[start:start + batch_size]
-        tokens = sum(len(e.answer) for e in batch)
-        total += float(answer_loss(model, batch, pad_id)) * tokens
-        n += tokens
-    return total / max(n, 1)
-
-
 def finetune(base_folder: str | Path, train: Sequence[Example], held_out: Sequence[Example], out_dir: str | Path,
-             cfg: FinetuneConfig = FinetuneConfig(), *, describe: dict | None = None,
+             cfg: TrainConfig | None = None, *, describe: dict | None = None,
              progress: bool = True) -> FinetuneResult:
-    """Fine-tune the Hugging Face model in ``base_folder`` on ``train`` (:func:`examples`) and write it to
-    ``out_dir`` (module docstring). ``held_out``: examples the loss curve is measured on. ``describe``: what the
-    data are (recorded with the run)."""
+    """Fine-tune the Hugging Face model in ``base_folder`` on ``train`` (`lens_heads.training.examples.examples`)
+    and write it to ``out_dir`` (module docstring). ``held_out``: examples the loss curve is measured on. ``cfg``:
+    default `TrainConfig.finetune()`. ``describe``: what the data are (recorded with the run)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    cfg = cfg if cfg is not None else TrainConfig.finetune()
     if not train or not held_out:
         raise InputError("finetune needs training examples and held-out examples")
     out = Path(out_dir)
@@ -165,49 +66,29 @@ def finetune(base_folder: str | Path, train: Sequence[Example], held_out: Sequen
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
     model.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    other = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": other, "weight_decay": 0.0}], lr=cfg.lr)
-    train_loss: list[float] = []
-    eval_steps, eval_loss = [0], [_eval(model, held_out, pad_id, cfg)]
     start = time.process_time()
-    for step in tqdm(range(cfg.steps), desc="fine-tune", unit="step", disable=not progress):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss = answer_loss(model, [train[i] for i in batch_at(len(train), step, cfg)], pad_id)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        train_loss.append(loss.item())
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            eval_steps.append(step + 1)
-            eval_loss.append(_eval(model, held_out, pad_id, cfg))
+    run = train_loop(model, ExampleData(train, held_out, pad_id, describe or {}), cfg, progress=progress,
+                     desc="fine-tune")
+    evals = [(h["step"], h["val_loss"]) for h in run.history if "val_loss" in h]
     meta = dict(key=key, base=str(base_folder), n_train=len(train), n_held_out=len(held_out),
-                train_tokens_seen=sum(len(train[i].tokens) for s in range(cfg.steps)
-                                      for i in batch_at(len(train), s, cfg)),
-                cpu_s=time.process_time() - start, threads=torch.get_num_threads(), data=describe or {},
-                loss="mean negative log-likelihood of the gold answer's tokens given the context (nats per token)",
-                schedule="AdamW, linear warm-up then linear decay to 0, gradient norm clipped")
-    result = FinetuneResult(out, cfg, train_loss, eval_steps, eval_loss, meta)
+                train_tokens_seen=run.tokens_seen, cpu_s=time.process_time() - start,
+                threads=torch.get_num_threads(), data=describe or {}, loss=run.meta["objective"],
+                schedule=f"AdamW, linear warm-up then {cfg.schedule} decay to {cfg.min_lr:g}, gradient norm clipped")
+    result = FinetuneResult(out, cfg, [h["train_loss"] for h in run.history if "train_loss" in h],
+                            [s for s, _ in evals], [v for _, v in evals], meta)
     _save(model.eval(), tokenizer, result)
     return result
 
 
-def _eval(model, held_out, pad_id: int, cfg: FinetuneConfig) -> float:
-    was_training = model.training
-    model.eval()
-    loss = held_out_loss(model, held_out, pad_id, cfg.batch_size)
-    model.train(was_training)
-    return loss
-
-
-def run_key(base_folder, train: Sequence[Example], held_out: Sequence[Example], cfg: FinetuneConfig) -> dict:
-    """What must match for a stored fine-tune to be reused: the base weights' file, the data and the settings."""
+def run_key(base_folder, train: Sequence[Example], held_out: Sequence[Example], cfg: TrainConfig) -> dict:
+    """What must match for a stored fine-tune to be reused: the base weights' file, the data and the settings (the
+    preset's arguments, and any other setting where it is not the preset's)."""
     weights = Path(base_folder) / "model.safetensors"
     base = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.exists() else str(base_folder)
-    return canonical(dict(base=base, train=_digest(train), held_out=_digest(held_out), config=asdict(cfg)))
+    given = {k: getattr(cfg, k) for k in PRESET_ARGUMENTS}
+    preset = asdict(TrainConfig.finetune(**given))
+    config = given | {k: v for k, v in asdict(cfg).items() if k not in given and v != preset[k]}
+    return canonical(dict(base=base, train=_digest(train), held_out=_digest(held_out), config=config))
 
 
 def _digest(data: Sequence[Example]) -> str:
@@ -223,8 +104,9 @@ def _stored(out: Path, key: dict) -> FinetuneResult | None:
     if stored.get("meta", {}).get("key") != key:
         raise InputError(f"{out} holds another fine-tune (other base, data or settings): pass a new out_dir, or "
                          "delete it to start over")
-    return FinetuneResult(out, FinetuneConfig(**stored["config"]), stored["train_loss"], stored["eval_steps"],
-                          stored["eval_loss"], stored["meta"])
+    config = stored["config"]  # written before the preset: its arguments only
+    cfg = TrainConfig.finetune(**config) if set(config) <= set(PRESET_ARGUMENTS) else TrainConfig(**config)
+    return FinetuneResult(out, cfg, stored["train_loss"], stored["eval_steps"], stored["eval_loss"], stored["meta"])
 
 
 def _save(model, tokenizer, result: FinetuneResult) -> None:
@@ -240,4 +122,3 @@ def _save(model, tokenizer, result: FinetuneResult) -> None:
     if out.exists():
         shutil.rmtree(out)
     partial.rename(out)
-
