@@ -62,7 +62,7 @@ def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> l
         if stage.kind in ("stack_source", "width_source") or (stage.kind == "student"
                                                                and stage.n_layers != result.final_layers):
             continue
-        cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=a.vocab)
+        cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len, d_vocab=a.vocab)
         model = gpt2_model(cfg, seed=0, options=options, tokenizer=tokenizer, device=a.device)
         load_model_state(model, stages_dir / stage.name / "final" / "model.safetensors")
         rows += zero_shot_rows(a, stage.name, model)

@@ -49,6 +49,7 @@ from lens_heads.stats import calling
 from lens_heads.training.config import TrainConfig
 from lens_heads.training.examples import examples
 from lens_heads.training.finetune import finetune
+from lens_heads.training.options import train_options
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.score_figures import score_cdfs
 from lens_heads.viz.training_figures import loss_curves
@@ -57,8 +58,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FINETUNED = "finetuned"
 
 
+# the fine-tune's flags: the training config's fields at the preset's values, 100 steps at lr 5e-5
+FINETUNE = {k: v for k, v in asdict(TrainConfig.finetune(steps=100, lr=5e-5)).items() if k != "seed"}
+
+
 @dataclass(frozen=True)
-class DistributionSettings:
+class DistributionSettings(train_options(leave_out=("seed",), **FINETUNE)):
     """Which models, which items, the fine-tune and the statistics (each field is a ``--flag``)."""
 
     models: tuple[str, ...] = option((DEFAULT_MODEL, FINETUNED, "gemma-3-270m"),
@@ -73,11 +78,6 @@ class DistributionSettings:
     train_split: str = option("test", "their split (not the scored one)")
     train_n: int | None = option(None, "fine-tune items (default: all of the split)",
                                  parse=lambda t: None if t == "all" else int(t))
-    steps: int = option(100, "fine-tune steps")
-    batch_size: int = option(8, "fine-tune examples per step")
-    lr: float = option(5e-5, "fine-tune peak learning rate")
-    warmup_steps: int = option(10, "fine-tune warm-up steps")
-    eval_every: int = option(25, "steps between held-out losses")
     n_resamples: int = option(500, "bootstrap replicates and permutations (the comparison's CPU time grows "
                               "linearly with them)")
     depth_bins: int = option(3, "relative-depth bins (early, middle, late)")
@@ -113,8 +113,7 @@ def run_finetune(args: DistributionSettings, scored) -> tuple[str, dict]:
     train, held_out = examples(model, train_task), examples(model, scored)
     del model
     gc.collect()
-    cfg = TrainConfig.finetune(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                               warmup_steps=args.warmup_steps, eval_every=args.eval_every, seed=args.seed)
+    cfg = args.train_config(seed=args.seed)
     folder = Path(args.cache) / f"{safe_name(base)}-{args.train_task}-{args.train_split}-s{args.steps}-seed{args.seed}"
     t = time.perf_counter()
     result = finetune(base_folder(base), train, held_out, folder, cfg,

@@ -98,3 +98,56 @@ def test_the_preset_is_the_one_config_and_refuses_what_it_cannot_run():
         TrainConfig.finetune(eval_every=0)
     with pytest.raises(InputError, match="held-out"):
         ExampleData(solved_items(2), [], pad_id=0)
+
+
+def test_every_config_field_is_an_option_of_every_training_script():
+    """The scripts' training flags are built from TrainConfig's fields: a field is a flag of each, spelled the same,
+    its value reaching the config the script trains with; the flags' older spellings still parse."""
+    from dataclasses import fields
+
+    from conftest import load_script
+    from lens_heads.plumbing.settings import from_args
+
+    inheritune, baselines, heal, distributions = (load_script(n) for n in ("inheritune", "inheritune_baselines", "heal",
+                                                                            "model_distributions"))
+    configs = {
+        "inheritune": lambda argv: inheritune.train_config(inheritune.parse_args(argv)),
+        "inheritune_baselines": lambda argv: baselines.build_config(baselines.parse_args(["--seeds", "0,1", *argv]),
+                                                                    0).train,
+        "heal": lambda argv: from_args(heal.HealSettings, argv).seed_config(0),
+        "model_distributions": lambda argv: distributions.parse_args(argv).train_config(),
+    }
+    set_by_script = {"inheritune": {"seed", "checkpoint_every"}, "inheritune_baselines": {"seed", "checkpoint_every"},
+                     "heal": {"seed", "log_every", "checkpoint_every"}, "model_distributions": {"seed"}}
+    for name, config in configs.items():
+        for f in fields(TrainConfig):
+            if f.name in set_by_script[name]:
+                continue
+            value = {"schedule": "linear", "amp": True, "decay_embeddings": True}.get(f.name)
+            flag = [f"--{f.name.replace('_', '-')}"] if isinstance(value, bool) else \
+                [f"--{f.name.replace('_', '-')}", str(value if value is not None else 7)]
+            expected = value if value is not None else 7
+            assert getattr(config(flag + (["--rank-len", "7"] if f.name == "seq_len" and name.startswith("inheritune") else [])),
+                           f.name) == expected, (name, f.name)
+        if name in ("inheritune", "inheritune_baselines"):
+            old = config(["--batch", "3", "--seq", "64", "--rank-len", "50", "--warmup", "5"])
+            assert (old.batch_size, old.seq_len, old.warmup_steps) == (3, 64, 5)
+
+
+def test_the_training_namespaces_document_every_name_they_export():
+    """lh.train and lh.inheritune export only documented functions and classes (a dataclass's generated signature is
+    not a docstring)."""
+    import inspect
+
+    import lens_heads as lh
+
+    undocumented = []
+    for space in (lh.train, lh.inheritune):
+        for name in space.__all__:
+            obj = getattr(space, name)
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue  # constants and type aliases
+            doc = (obj.__doc__ or "").strip()
+            if not doc or doc.startswith(f"{obj.__name__}("):
+                undocumented.append(f"{space.__name__}.{name}")
+    assert not undocumented

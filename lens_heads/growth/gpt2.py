@@ -106,6 +106,7 @@ class TiedUnembed(nn.Module):
 
 
 def is_tied(model: HookedTransformer) -> bool:
+    """Whether ``model``'s unembedding is its token embedding (transposed), as the authors' GPT-2 ties them."""
     return isinstance(model.unembed, TiedUnembed)
 
 

@@ -15,6 +15,11 @@ from lens_heads.plumbing.errors import InputError
 
 @dataclass
 class Stage:
+    """One model an Inheritune run trained (a row of its table): what it is (``kind``: the reference, a student, a
+    same-size scratch baseline, one of the paper's baselines or ablations, or the source of a warm start), its size,
+    its training (steps, tokens, final validation loss, ``history`` as the training loop logged it, FLOPs), its
+    attention rank before and after training, and the stages it was built from."""
+
     name: str
     kind: str  # "reference" | "student" | "scratch" | "ablation" (baselines too) | "stack_source" | "width_source"
     n_layers: int

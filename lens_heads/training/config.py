@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.settings import option
 from lens_heads.training.schedules import SCHEDULES
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
@@ -27,26 +28,26 @@ class TrainConfig:
     (`lens_heads.training.schedules`). `TrainConfig.finetune` is the fine-tune's preset.
     """
 
-    steps: int = 1000
-    batch_size: int = 16
-    seq_len: int = 128
-    grad_accum: int = 1
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_every: int = 100
-    eval_batches: int = 8
-    log_every: int = 10
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
-    seed: int = 0
-    amp: bool = False  # bfloat16 autocast (CUDA only)
-    decay_embeddings: bool = False
-    schedule: str = "cosine"
+    steps: int = option(1000, "optimizer steps")
+    batch_size: int = option(16, "windows (or examples) per micro-batch")
+    seq_len: int = option(128, "tokens per window")
+    grad_accum: int = option(1, "micro-batches per step")
+    lr: float = option(6e-4, "peak learning rate")
+    min_lr: float = option(6e-5, "final learning rate")
+    warmup_steps: int = option(100, "linear warm-up steps")
+    weight_decay: float = option(0.1, "AdamW weight decay (weight matrices only)")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.95, "AdamW beta2")
+    grad_clip: float = option(1.0, "gradient norm clip")
+    eval_every: int = option(100, "steps between validation losses (0: never)")
+    eval_batches: int = option(8, "validation batches")
+    log_every: int = option(10, "steps between training-loss records")
+    checkpoint_every: int = option(100, "steps between checkpoints")
+    keep_checkpoints: int = option(2, "checkpoints kept")
+    seed: int = option(0, "batch-order seed")
+    amp: bool = option(False, "bfloat16 autocast (CUDA only)")
+    decay_embeddings: bool = option(False, "weight decay on embeddings too (not the authors')")
+    schedule: str = option("cosine", "decay after the warm-up", choices=SCHEDULES)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum"):
