@@ -32,19 +32,20 @@ import plotly.graph_objects as go
 import torch
 
 from lens_heads import evaluate, layer_scores, load_model, load_task
-from lens_heads.collapse.corpus import load_corpus
-from lens_heads.collapse.healing import ARMS, heal, removal_arms
-from lens_heads.collapse.layer_ranking import LayerScores
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.train_loop import lm_loss
-from lens_heads.collapse.windows import eval_windows
 from lens_heads.evaluation.results import EvalResult
+from lens_heads.experiments.healing import ARMS, heal, removal_arms
+from lens_heads.experiments.layer_ranking import LayerScores
 from lens_heads.models.embedded import cache_dir
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import load_corpus
+from lens_heads.training.objectives import lm_loss
+from lens_heads.training.options import train_options
+from lens_heads.training.windows import eval_windows
 from lens_heads.viz.export import save_figure
 from shared_settings import ROOT, recorded_name
 
@@ -52,7 +53,8 @@ REFERENCE = "inheritune"
 
 
 @dataclass(frozen=True)
-class HealSettings:
+class HealSettings(train_options(leave_out=("seed", "log_every", "checkpoint_every"), steps=30, batch_size=4,
+                                 seq_len=128, lr=1e-4, min_lr=1e-5, warmup_steps=3, eval_every=10, eval_batches=2)):
     """One healing comparison (each field is a ``--flag``)."""
 
     model: str = option("smollm2-135m", "model name (the embedded SmolLM2-135M by default)")
@@ -62,25 +64,15 @@ class HealSettings:
     k: int | None = option(None, "blocks to remove (default: as many as the lazy layers)", parse=int)
     seeds: tuple[int, ...] = option((0, 1), "comma-separated seeds (batch order; the random arm's draw)",
                                     parse=lambda s: tuple(int(x) for x in s.split(",")))
-    steps: int = option(30, "training steps per arm", parse=int)
-    batch_size: int = option(4, "windows per step", parse=int)
-    seq_len: int = option(128, "tokens per window", parse=int)
-    lr: float = option(1e-4, "peak learning rate", parse=float)
-    min_lr: float = option(1e-5, "final learning rate (cosine)", parse=float)
-    warmup_steps: int = option(3, "linear warm-up steps", parse=int)
-    eval_every: int = option(10, "validation loss every this many steps", parse=int)
-    eval_batches: int = option(2, "validation batches of the loss curve (eval_batches x batch_size windows)", parse=int)
     windows: int = option(16, "validation windows of the final per-window losses the tests pair", parse=int)
     out: str = option(str(cache_dir() / "heal"), "resumable run folder")
     figures: str = option(str(ROOT / "figures"), "where layer scores are read and results go")
     threads: int | None = option(None, "torch CPU threads", parse=int)
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
 
-    def train_config(self, seed: int) -> TrainConfig:
-        return TrainConfig(steps=self.steps, batch_size=self.batch_size, seq_len=self.seq_len, lr=self.lr,
-                           min_lr=self.min_lr, warmup_steps=self.warmup_steps, eval_every=self.eval_every,
-                           eval_batches=self.eval_batches, log_every=self.eval_every,
-                           checkpoint_every=max(1, self.eval_every), seed=seed)
+    def seed_config(self, seed: int) -> TrainConfig:
+        """The training settings of one seed's arms (a record every validation step)."""
+        return self.train_config(log_every=self.eval_every, checkpoint_every=max(1, self.eval_every), seed=seed)
 
 
 @torch.no_grad()
@@ -120,7 +112,7 @@ def run(s: HealSettings) -> dict:
     for seed in s.seeds:
         arms = removal_arms(scores, s.k, seed=seed)
         arms_by_seed[seed] = {a: list(v) for a, v in arms.items()}
-        cfg = s.train_config(seed)
+        cfg = s.seed_config(seed)
         for arm in ARMS:
             folder = out / f"{arm}_seed{seed}"
             healed = heal(model, arms[arm], corpus, cfg, out_dir=folder, progress=False)

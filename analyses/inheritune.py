@@ -7,7 +7,7 @@
     python analyses/inheritune.py --preset gpt2-xl --device cuda         # the paper's 48 -> 24
     python analyses/inheritune.py --preset gpt2-xl --plan                # its stages, FLOPs and GPU-hours; no training
 
-The GPT-2 is the authors' (lens_heads.collapse.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
+The GPT-2 is the authors' (lens_heads.growth.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
 50304, scaled residual init; ``--architecture transformer-lens`` for TransformerLens's GPT-2). Rows: reference,
 Inheritune students (growth stages: by default the trained student grows by the reference's next blocks,
 ``--grow-from reference`` re-inherits), same-size scratch (1x, 2x steps) and the paper's baselines and ablations
@@ -35,24 +35,26 @@ import torch
 
 from inheritune_extras import smollm_profile, uniform_causal_levels, zero_shot, zero_shot_rows
 from inheritune_figures import figures, smollm_figure
-from lens_heads.collapse.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
-from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
-from lens_heads.collapse.distill import DistillConfig
-from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.collapse.inheritune_config import ABLATIONS, InherituneConfig
-from lens_heads.collapse.inheritune_result import load_result
-from lens_heads.collapse.inheritune_run import planned_stages, run_inheritune
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.zero_shot import PAPER_TASKS
+from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
+from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
+from lens_heads.growth.inheritune_result import load_result
+from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
+from lens_heads.growth.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.training.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
+from lens_heads.training.distill import DistillConfig
+from lens_heads.training.options import train_options
 
 
 @dataclass(frozen=True)
-class InherituneSettings:
+class InherituneSettings(train_options(leave_out=("seed", "checkpoint_every"), steps=200, batch_size=8, seq_len=128,
+                                       warmup_steps=20, lr=2e-3, min_lr=2e-4, eval_every=50)):
     """One run's settings; the defaults are the ``cpu`` preset (one CPU core, OMP_NUM_THREADS=1: the reference,
     students, scratch baselines and the paper's baselines and ablations, 200 steps of 8x128 tokens each; the GPT-2
     vocabulary (50304) dominates the cost at this width)."""
@@ -65,21 +67,11 @@ class InherituneSettings:
     max_layers: int = option(6, "deepest student")
     d_model: int = option(64, "width")
     heads: int = option(4, "attention heads")
-    seq: int = option(128, "context length (tokens per window)")
-    batch: int = option(8, "windows per micro-batch")
-    grad_accum: int = option(1, "micro-batches per step")
-    steps: int = option(200, "optimizer steps")
-    warmup: int = option(20, "linear warm-up steps")
-    lr: float = option(2e-3, "peak learning rate")
-    min_lr: float = option(2e-4, "cosine floor")
-    eval_every: int = option(50, "steps between validation losses (and checkpoints)")
-    eval_batches: int = option(8, "validation batches")
     rank_every: int = option(50, "steps between rank measurements of the reference (0: never)")
     corpus: str = option("sotu", "training text: sotu or openwebtext")
     architecture: str = option("authors", "GPT-2 as the Inheritune authors build it or TransformerLens's GPT-2",
                                choices=("authors", "transformer-lens"))
     vocab: int = option(PADDED_VOCAB, "vocabulary rows (GPT-2's 50257 padded to 50304)")
-    decay_embeddings: bool = option(False, "weight decay on embeddings too (not the authors')")
     rank_per_input: bool = option(False, "rank as the mean of per-input ranks instead of the paper's rank of the "
                                   "averaged matrix")
     ablations: str = option(",".join(ABLATIONS), f"comma list of {ABLATIONS} ('' for none)")
@@ -106,7 +98,6 @@ class InherituneSettings:
                              "as such")
     eval_n: int = option(200, "items per zero-shot task")
     device: str = option(help="torch device", default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
-    amp: bool = option(False, "bf16 autocast (CUDA)")
     seed: int = option(0, "seed")
     runs: str = option("runs/inheritune", "training runs (resumable) and cached extra measurements")
     figures: str = option("figures", "where tables and figures go")
@@ -114,8 +105,8 @@ class InherituneSettings:
     no_progress: bool = option(False, "no progress bars")
 
     def __post_init__(self):
-        if self.rank_len > self.seq:
-            raise ValueError(f"--rank-len {self.rank_len} is longer than the models' context --seq {self.seq}")
+        if self.rank_len > self.seq_len:
+            raise ValueError(f"--rank-len {self.rank_len} is longer than the models' context --seq-len {self.seq_len}")
         distill_configs(self)  # a temperature <= 0 or a mixing weight outside 0..1 is refused here
         if self.preset in GPU_PRESETS and torch.device(self.device).type != "cuda" and not self.plan:
             raise InputError(f"--preset {self.preset} trains {GPU_PRESETS[self.preset]}, which needs a CUDA GPU "
@@ -137,18 +128,18 @@ PRESETS = {
     # warm-up steps, 2 sequences x 8 accumulation steps x 3 GPUs of 1024 tokens = 49K tokens a step)
     # the paper's 24 -> 16: students from 12 layers growing by 2 to 16 (12, 14, 16 in the authors' logs)
     "gpt2-medium": dict(preset="gpt2-medium", ref_layers=24, student_layers=12, grow_by=2, max_layers=16,
-                        d_model=1024, heads=16, seq=1024, batch=12, grad_accum=4, steps=100_000, warmup=2000, lr=2e-4,
-                        min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext",
+                        d_model=1024, heads=16, seq_len=1024, batch_size=12, grad_accum=4, steps=100_000,
+                        warmup_steps=2000, lr=2e-4, min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext",
                         amp=True, eval_n=1000, smollm_inputs=100),
     # the paper's 48 -> 24 (GPT-2 XL: d 1600, 25 heads); the same 49K tokens a step as 4 sequences x 12 accumulation
     # steps (a 48-layer model's activations at 12 x 1024 tokens exceed one GPU's memory without checkpointing)
     "gpt2-xl": dict(preset="gpt2-xl", ref_layers=48, student_layers=24, grow_by=2, max_layers=24, d_model=1600,
-                    heads=25, seq=1024, batch=4, grad_accum=12, steps=100_000, warmup=2000, lr=2e-4, min_lr=1e-5,
-                    eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext", amp=True, eval_n=1000,
+                    heads=25, seq_len=1024, batch_size=4, grad_accum=12, steps=100_000, warmup_steps=2000, lr=2e-4,
+                    min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext", amp=True, eval_n=1000,
                     smollm_inputs=100),
     # part 3 of the collapse story on a real model: the embedded SmolLM2-135M's first k layers as a student
     "smollm2": dict(preset="smollm2", ref_layers=30, student_layers=0, grow_by=0, max_layers=30, d_model=576,
-                    heads=9, batch=4, steps=100, warmup=10, lr=3e-4, min_lr=3e-5, eval_every=25, rank_every=0,
+                    heads=9, batch_size=4, steps=100, warmup_steps=10, lr=3e-4, min_lr=3e-5, eval_every=25, rank_every=0,
                     rank_inputs=32, eval_n=100),
 }
 
@@ -160,9 +151,7 @@ def parse_args(argv=None) -> InherituneSettings:
 
 
 def train_config(a) -> TrainConfig:
-    return TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, grad_accum=a.grad_accum, lr=a.lr,
-                       min_lr=a.min_lr, warmup_steps=a.warmup, eval_every=a.eval_every, eval_batches=a.eval_batches,
-                       checkpoint_every=a.eval_every, seed=a.seed, amp=a.amp, decay_embeddings=a.decay_embeddings)
+    return a.train_config(checkpoint_every=a.eval_every)
 
 
 def distill_configs(a) -> tuple[DistillConfig, DistillConfig]:
@@ -176,7 +165,7 @@ def build_config(a) -> InherituneConfig:
     options = GPT2Options() if a.architecture == "authors" else GPT2Options.transformer_lens()
     logit, distilbert = distill_configs(a)
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
-                            max_layers=a.max_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, train=train,
+                            max_layers=a.max_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len, train=train,
                             d_vocab=a.vocab, rank_average=not a.rank_per_input, options=options,
                             grow_from=a.grow_from, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
                             ablations=tuple(x for x in a.ablations.split(",") if x), distill_logit=logit,
@@ -198,8 +187,9 @@ def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
     ``--smollm-k``) and a same-size random init, each trained ``--steps`` on SOTU text in SmolLM2's tokenizer,
     against the full model: validation loss and zero-shot accuracy."""
     from lens_heads import load_model
-    from lens_heads.collapse.inherit import inherit_first_layers, same_size_random
-    from lens_heads.collapse.train_loop import train, validation_loss
+    from lens_heads.growth.inherit import inherit_first_layers, same_size_random
+    from lens_heads.training.loop import train
+    from lens_heads.training.windows import validation_loss
 
     full = load_model(device=a.device)
     paper = smollm_rank["averaged"]
@@ -279,8 +269,8 @@ def main_gpt2(a, runs: Path, out: Path, smollm: dict | None, started: float, cor
                    lambda: zero_shot(a, runs, result, tokenizer, config.options))
     table = with_zero_shot(table, evals)
 
-    subtitle = (f"{a.preset} preset: GPT-2 d_model {a.d_model}, {a.heads} heads, {a.steps} steps of {a.batch * a.grad_accum}x"
-                f"{a.seq} tokens, corpus {corpus.meta.get('name')}, seed {a.seed}" + (f"; {a.label}" if a.label else ""))
+    subtitle = (f"{a.preset} preset: GPT-2 d_model {a.d_model}, {a.heads} heads, {a.steps} steps of {a.batch_size * a.grad_accum}x"
+                f"{a.seq_len} tokens, corpus {corpus.meta.get('name')}, seed {a.seed}" + (f"; {a.label}" if a.label else ""))
     uniform = uniform_causal_levels(a.rank_len)
     written = figures(result, smollm, out, subtitle, uniform)
     atomic_write_text(out / "inheritune_results.csv", table.to_csv(index=False))

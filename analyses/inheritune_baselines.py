@@ -44,30 +44,31 @@ from inheritune_comparisons import (
 )
 from inheritune_extras import uniform_causal_levels
 from inheritune_figures import curves_figure, rank_figure
-from lens_heads.collapse.checkpoints import load_model_state
-from lens_heads.collapse.corpus import gpt2_tokenizer, load_corpus
-from lens_heads.collapse.distill import DistillConfig
-from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
-from lens_heads.collapse.inheritune_config import InherituneConfig
-from lens_heads.collapse.inheritune_result import Stage
-from lens_heads.collapse.inheritune_run import run_inheritune
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.windows import eval_windows
-from lens_heads.collapse.zero_shot import PAPER_TASKS
 from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
+from lens_heads.growth.inheritune_config import InherituneConfig
+from lens_heads.growth.inheritune_result import Stage
+from lens_heads.growth.inheritune_run import run_inheritune
+from lens_heads.growth.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.calling import RULE
+from lens_heads.training.checkpoints import load_model_state
+from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
+from lens_heads.training.distill import DistillConfig
+from lens_heads.training.options import train_options
+from lens_heads.training.windows import eval_windows
 
 BASELINES = ("stacking", "hybrid_stacking", "half_width", "distill_logit", "distill_distilbert")
 
 
 @dataclass(frozen=True)
-class BaselineSettings:
+class BaselineSettings(train_options(leave_out=("seed", "checkpoint_every"), steps=80, batch_size=4, seq_len=128,
+                                     warmup_steps=8, lr=2e-3, min_lr=2e-4, eval_every=10, eval_batches=4)):
     """The CPU preset's model (d_model 64, 4 heads, context 128, the authors' GPT-2) at the depth ratio of the paper's
     XL run (an 8-layer reference, 4-layer students that do not grow), with a shorter schedule (80 steps of 4 x 128
     tokens) so that three seeds of every baseline fit in about half an hour of one CPU core."""
@@ -77,14 +78,6 @@ class BaselineSettings:
     student_layers: int = option(4, "student depth (also the baselines')")
     d_model: int = option(64, "width")
     heads: int = option(4, "attention heads")
-    seq: int = option(128, "tokens per window")
-    batch: int = option(4, "windows per step")
-    steps: int = option(80, "optimizer steps per stage (2x for the second scratch baseline)")
-    warmup: int = option(8, "linear warm-up steps")
-    lr: float = option(2e-3, "peak learning rate")
-    min_lr: float = option(2e-4, "cosine floor")
-    eval_every: int = option(10, "steps between validation losses (the convergence curves' resolution)")
-    eval_batches: int = option(4, "validation batches per curve point")
     baselines: str = option(",".join(BASELINES), "comma list of the baselines beside same-size scratch")
     distill_temperature: float = option(2.0, "distillation temperature T (> 0)")
     distill_alpha: float = option(0.5, "logit distillation: weight of the T^2 KL term, the LM loss gets the rest")
@@ -101,8 +94,8 @@ class BaselineSettings:
 
     def __post_init__(self):
         DistillConfig.logit(temperature=self.distill_temperature, kd_weight=self.distill_alpha)  # refused here
-        if self.rank_len > self.seq:
-            raise ValueError(f"--rank-len {self.rank_len} exceeds the context --seq {self.seq}")
+        if self.rank_len > self.seq_len:
+            raise ValueError(f"--rank-len {self.rank_len} exceeds the context --seq-len {self.seq_len}")
         if len(self.seed_list) < 2:
             raise ValueError("give at least 2 --seeds: the comparisons resample seeds")
 
@@ -116,11 +109,9 @@ def parse_args(argv=None) -> BaselineSettings:
 
 
 def build_config(a: BaselineSettings, seed: int) -> InherituneConfig:
-    train = TrainConfig(steps=a.steps, batch_size=a.batch, seq_len=a.seq, lr=a.lr, min_lr=a.min_lr,
-                        warmup_steps=a.warmup, eval_every=a.eval_every, eval_batches=a.eval_batches,
-                        checkpoint_every=max(a.eval_every, 50), seed=seed)
+    train = a.train_config(checkpoint_every=max(a.eval_every, 50), seed=seed)
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=1,
-                            max_layers=a.student_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq,
+                            max_layers=a.student_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
                             d_vocab=PADDED_VOCAB, train=train, ablations=tuple(x for x in a.baselines.split(",") if x),
                             distill_logit=DistillConfig.logit(a.distill_temperature, a.distill_alpha),
                             distill_distilbert=DistillConfig.distilbert(a.distill_temperature),
@@ -128,7 +119,7 @@ def build_config(a: BaselineSettings, seed: int) -> InherituneConfig:
 
 
 def load_stage(a: BaselineSettings, folder: Path, stage: Stage, tokenizer):
-    cfg = gpt2_config(stage.n_layers, d_model=stage.d_model or a.d_model, n_heads=a.heads, n_ctx=a.seq,
+    cfg = gpt2_config(stage.n_layers, d_model=stage.d_model or a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
                       d_vocab=PADDED_VOCAB)
     model = gpt2_model(cfg, seed=0, options=GPT2Options(), tokenizer=tokenizer)
     load_model_state(model, folder / stage.name / "final" / "model.safetensors")
@@ -164,11 +155,11 @@ def measure_seed(a: BaselineSettings, seed: int, corpus, tokenizer) -> dict:
     folder = Path(a.runs) / f"seed_{seed}"
     result = run_inheritune(build_config(a, seed), corpus, out_dir=folder, tokenizer=tokenizer,
                             progress=not a.no_progress)
-    windows = eval_windows(corpus.val, a.loss_windows, a.seq)
+    windows = eval_windows(corpus.val, a.loss_windows, a.seq_len)
     per_stage = {}
     for stage in compared(result):
         key = {"seed": seed, "stage": stage.name, "val_loss": stage.val_loss, "windows": a.loss_windows,
-               "seq": a.seq, "tasks": a.eval_tasks, "n": a.eval_n}
+               "seq": a.seq_len, "tasks": a.eval_tasks, "n": a.eval_n}
         per_stage[stage.name] = keyed(Path(a.runs) / "extras" / f"seed_{seed}_{stage.name}.json", key,
                                       lambda stage=stage: _measure(a, folder, stage, windows, tokenizer))
     return {"result": result, "measured": per_stage}
@@ -201,7 +192,7 @@ def main(argv=None):
                                                                 ("zero-shot", zs_tests)) if len(t)], ignore_index=True)
     uniform = uniform_causal_levels(a.rank_len)["rank"]
     subtitle = (f"GPT-2 (authors') d_model {a.d_model}, {a.heads} heads, reference {a.ref_layers}L, students "
-                f"{a.student_layers}L; {a.steps} steps of {a.batch}x{a.seq} SOTU tokens; seeds {a.seeds}")
+                f"{a.student_layers}L; {a.steps} steps of {a.batch_size}x{a.seq_len} SOTU tokens; seeds {a.seeds}")
     written = curves_figure(runs, out, subtitle, not a.no_png) + rank_figure(table, uniform, out, subtitle,
                                                                             not a.no_png)
     atomic_write_text(out / "inheritune_baselines.csv", methods.to_csv(index=False))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lens_heads.collapse.inheritune_result import InherituneResult, Stage
+from lens_heads.growth.inheritune_result import InherituneResult, Stage
 from lens_heads.stats.calling import call_table, paired_tests
 
 INHERITUNE = "Inheritune"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from lens_heads.collapse.gpt2 import GPT2Options
 from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
-from lens_heads.collapse.windows import eval_windows
-from lens_heads.collapse.zero_shot import PAPER_TASKS
+from lens_heads.growth.gpt2 import GPT2Options
+from lens_heads.growth.zero_shot import PAPER_TASKS
+from lens_heads.training.windows import eval_windows
 
 
 def uniform_causal_levels(length: int) -> dict:
@@ -42,7 +42,7 @@ def eval_tasks(a) -> dict[str, str]:
 
 
 def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
-    from lens_heads.collapse.zero_shot import zero_shot
+    from lens_heads.growth.zero_shot import zero_shot
 
     rows = [{"stage": stage_name, **r} for r in zero_shot(model, eval_tasks(a), n=a.eval_n, seed=a.seed)]
     for r in rows:
@@ -54,15 +54,15 @@ def zero_shot_rows(a, stage_name: str, model) -> list[dict]:
 
 def zero_shot(a, stages_dir: Path, result, tokenizer, options: GPT2Options) -> list[dict]:
     """Zero-shot accuracy of the reference, the final student, the scratch baselines and the ablations."""
-    from lens_heads.collapse.checkpoints import load_model_state
-    from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
+    from lens_heads.growth.gpt2 import gpt2_config, gpt2_model
+    from lens_heads.training.checkpoints import load_model_state
 
     rows = []
     for stage in result.stages:
         if stage.kind in ("stack_source", "width_source") or (stage.kind == "student"
                                                                and stage.n_layers != result.final_layers):
             continue
-        cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq, d_vocab=a.vocab)
+        cfg = gpt2_config(stage.n_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len, d_vocab=a.vocab)
         model = gpt2_model(cfg, seed=0, options=options, tokenizer=tokenizer, device=a.device)
         load_model_state(model, stages_dir / stage.name / "final" / "model.safetensors")
         rows += zero_shot_rows(a, stage.name, model)

@@ -41,7 +41,7 @@ import torch
 
 from lens_heads import layer_scores, load_model, load_task, score_heads
 from lens_heads.ablation.specs import LayerRemoval
-from lens_heads.collapse.layer_ranking import LayerScores
+from lens_heads.experiments.layer_ranking import LayerScores
 from lens_heads.experiments.layer_removal import (
     RemovalCurves,
     evaluate_specs,

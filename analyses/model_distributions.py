@@ -8,7 +8,7 @@ Steps:
 1. **Fine-tune** (where ``--models`` names ``finetuned``): the first model (a local Hugging Face folder or the
    embedded one) fine-tuned on ``--train-task``'s ``--train-split`` laid out as it is evaluated (the item's prompt,
    then its gold answer; loss on the answer's tokens), ``--steps`` steps of ``--batch-size`` examples
-   (:mod:`lens_heads.experiments.finetune`); the held-out loss on the gold answers of the scored items every
+   (:mod:`lens_heads.training.finetune`); the held-out loss on the gold answers of the scored items every
    ``--eval-every`` steps. The weights go to ``--cache`` (safetensors), never into the repository; a rerun reuses them.
 2. **Scores and accuracy** of every model on the same items (``--task``, ``--split``, ``--n``, ``--seed``; lm-eval
    rows, no chat template, raw weight basis), kept in ``--out`` and reused by a rerun.
@@ -38,7 +38,6 @@ import torch
 
 from lens_heads import compare_distributions, evaluate, load_model, load_task, score_heads
 from lens_heads.evaluation.results import EvalResult
-from lens_heads.experiments.finetune import FinetuneConfig, examples, finetune
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.embedded import DEFAULT_MODEL, EMBEDDED, cache_dir, embedded_model_folder
@@ -47,6 +46,10 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, safe_na
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.examples import examples
+from lens_heads.training.finetune import finetune
+from lens_heads.training.options import train_options
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.score_figures import score_cdfs
 from lens_heads.viz.training_figures import loss_curves
@@ -55,8 +58,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FINETUNED = "finetuned"
 
 
+# the fine-tune's flags: the training config's fields at the preset's values, 100 steps at lr 5e-5
+FINETUNE = {k: v for k, v in asdict(TrainConfig.finetune(steps=100, lr=5e-5)).items() if k != "seed"}
+
+
 @dataclass(frozen=True)
-class DistributionSettings:
+class DistributionSettings(train_options(leave_out=("seed",), **FINETUNE)):
     """Which models, which items, the fine-tune and the statistics (each field is a ``--flag``)."""
 
     models: tuple[str, ...] = option((DEFAULT_MODEL, FINETUNED, "gemma-3-270m"),
@@ -71,11 +78,6 @@ class DistributionSettings:
     train_split: str = option("test", "their split (not the scored one)")
     train_n: int | None = option(None, "fine-tune items (default: all of the split)",
                                  parse=lambda t: None if t == "all" else int(t))
-    steps: int = option(100, "fine-tune steps")
-    batch_size: int = option(8, "fine-tune examples per step")
-    lr: float = option(5e-5, "fine-tune peak learning rate")
-    warmup_steps: int = option(10, "fine-tune warm-up steps")
-    eval_every: int = option(25, "steps between held-out losses")
     n_resamples: int = option(500, "bootstrap replicates and permutations (the comparison's CPU time grows "
                               "linearly with them)")
     depth_bins: int = option(3, "relative-depth bins (early, middle, late)")
@@ -111,8 +113,7 @@ def run_finetune(args: DistributionSettings, scored) -> tuple[str, dict]:
     train, held_out = examples(model, train_task), examples(model, scored)
     del model
     gc.collect()
-    cfg = FinetuneConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-                         eval_every=args.eval_every, seed=args.seed)
+    cfg = args.train_config(seed=args.seed)
     folder = Path(args.cache) / f"{safe_name(base)}-{args.train_task}-{args.train_split}-s{args.steps}-seed{args.seed}"
     t = time.perf_counter()
     result = finetune(base_folder(base), train, held_out, folder, cfg,

@@ -16,7 +16,7 @@ evaluator, nats; the largest logit difference of plain transformers on the forwa
 alternate (A B A B ...) in one process; medians are reported, and the fastest run (``best``) beside them; the load
 average is recorded, since on a shared machine absolute times move with it.
 
-The layers are ranked by Block Influence (``lens_heads.collapse.layer_ranking.block_influence``) on the ARC-Easy rows.
+The layers are ranked by Block Influence (``lens_heads.experiments.layer_ranking.block_influence``) on the ARC-Easy rows.
 Writes a JSON record (load average, settings, numbers; its provenance: date, commit, versions, machine) to
 ``--out``.
 """
@@ -122,8 +122,8 @@ def measure_memory(folder: Path, s: PruneBench) -> dict:
 
 def block_order(model, task) -> list[int]:
     """Every layer, lowest Block Influence first, on the task's forward rows."""
-    from lens_heads.collapse.layer_ranking import block_influence
     from lens_heads.data.inputs import tokenize_inputs
+    from lens_heads.experiments.layer_ranking import block_influence
 
     tokens, mask = tokenize_inputs(model, task)  # the rows the evaluation runs
     influence, _ = block_influence(model, tokens, mask, progress=False)

@@ -1,4 +1,4 @@
-"""Training throughput of the hooked GPT-2 (lens_heads.collapse.train) against a plain PyTorch GPT-2 of the same
+"""Training throughput of the hooked GPT-2 (lens_heads.training.train) against a plain PyTorch GPT-2 of the same
 architecture in the same process, and the cost of tracking attention rank during training.
 
     OMP_NUM_THREADS=2 python benchmarks/bench_train.py            # CPU defaults (a few minutes)
@@ -19,14 +19,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lens_heads.collapse.corpus import load_corpus
-from lens_heads.collapse.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
-from lens_heads.collapse.gpt2 import gpt2_model as _gpt2_model
 from lens_heads.collapse.rank_tracker import RankTracker
-from lens_heads.collapse.train_config import TrainConfig, lr_at
-from lens_heads.collapse.train_loop import train
-from lens_heads.collapse.windows import batch_at, eval_windows
+from lens_heads.growth.gpt2 import GPT2_VOCAB, GPT2Options, gpt2_config
+from lens_heads.growth.gpt2 import gpt2_model as _gpt2_model
 from lens_heads.plumbing.settings import option
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import load_corpus
+from lens_heads.training.loop import train
+from lens_heads.training.schedules import lr_at
+from lens_heads.training.windows import batch_at, eval_windows
 from timing import (
     alternate,
     load_average,
@@ -101,7 +102,7 @@ def plain_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def plain_train(model, opt, corpus, cfg: TrainConfig, steps: int, device) -> None:
-    """The same loop as lens_heads.collapse.train, written plainly."""
+    """The same loop as lens_heads.training.train, written plainly."""
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
@@ -140,7 +141,7 @@ class TrainBench:
 
 
 REF = "plain PyTorch, SDPA attention"
-HOOKED = "hooked (lens_heads.collapse.train)"
+HOOKED = "hooked (lens_heads.training.train)"
 
 
 def loop_rounds(a: TrainBench, corpus, cfg: TrainConfig, mcfg) -> dict:

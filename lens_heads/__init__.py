@@ -13,9 +13,6 @@ from lens_heads.ablation.kv_cache import kv_account
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
 from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.ablation.removed_layers import remove_layers
-from lens_heads.collapse import corpus, gpt2, inheritune, train
-from lens_heads.collapse.healing import Healed, heal, removal_arms, truncation
-from lens_heads.collapse.layer_ranking import LayerScores, layer_scores
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
 from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
@@ -27,11 +24,14 @@ from lens_heads.evaluation.results import EvalResult, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep, read_sweep_record
 from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions
 from lens_heads.experiments.effects import HeadEffects, head_effects
+from lens_heads.experiments.healing import Healed, heal, removal_arms, truncation
+from lens_heads.experiments.layer_ranking import LayerScores, layer_scores
 from lens_heads.experiments.rankings import ranking_sweep
 from lens_heads.experiments.sweep_intervals import sweep_intervals
 from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.unit_store import load_sweep, read_sweep_folder
+from lens_heads.growth import gpt2, inheritune
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -40,6 +40,7 @@ from lens_heads.models.embedded import DEFAULT_MODEL, ModelUnavailableError
 from lens_heads.models.loading import load_model, model_meta, tiny_model, weight_basis
 from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import OutputFolderError
+from lens_heads.training import corpus, train
 from lens_heads.viz.explorer import Explorer, explore
 
 __all__ = [

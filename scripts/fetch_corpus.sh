@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${LENS_HEADS_VENV:-.venv}
-"$VENV/bin/python" -m lens_heads.collapse.corpus "${1:-sotu}"
+"$VENV/bin/python" -m lens_heads.training.corpus "${1:-sotu}"

@@ -10,7 +10,7 @@ verdict and its words from the one calling rule (``lens_heads.stats.calling``), 
 changes the page, and a number edited by hand in a page fails ``--check`` (``tests/test_docs.py``).
 
 A setting of the code (a preset, a default, a pin) is read from the code the same way, never typed: ``code`` gives the
-object at ``"module:attribute"`` (call a dataclass for its defaults: ``code('lens_heads.collapse.train_config:
+object at ``"module:attribute"`` (call a dataclass for its defaults: ``code('lens_heads.training.config:
 TrainConfig')().grad_clip``; an analysis script as ``"analyses/inheritune.py:PRESETS"``), ``code_text`` a value
 written in a file Python does not import (``code_text('scripts/setup.sh', '"torch==([^"]+)"')``), ``default`` a
 parameter's default (``default('lens_heads.collapse.rank:attention_rank', 'energy')``).
@@ -274,7 +274,7 @@ def _script(path: str) -> Any:
 
 
 def code(path: str) -> Any:
-    """The object at ``"module:attribute.attribute"`` (``"lens_heads.collapse.distill:DistillConfig.distilbert"``),
+    """The object at ``"module:attribute.attribute"`` (``"lens_heads.training.distill:DistillConfig.distilbert"``),
     or at ``"folder/script.py:attribute"`` for a script of the checkout, imported: a preset or a default as the code
     holds it."""
     where, _, attributes = path.partition(":")

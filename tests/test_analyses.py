@@ -57,9 +57,9 @@ def test_presets_refuse_devices_they_cannot_run_on(capsys, tmp_path):
 def test_rank_windows_must_fit_the_models_context():
     script = load_script("inheritune")
     args = script.parse_args([])
-    assert args.rank_len <= args.seq
+    assert args.rank_len <= args.seq_len
     with pytest.raises(SystemExit):
-        script.parse_args(["--rank-len", str(args.seq + 1)])
+        script.parse_args(["--rank-len", str(args.seq_len + 1)])
 
 
 def test_head_effects_analysis_end_to_end_on_a_tiny_model(tmp_path):

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from conftest import assert_close_to_scale
-from lens_heads.collapse.distill import Distillation, DistillConfig, distillation_loss
-from lens_heads.collapse.gpt2 import GPT2Options, bias_names, gpt2_config, gpt2_model
-from lens_heads.collapse.inherit import distilbert_init, distilbert_layers, hybrid_stack
-from lens_heads.collapse.inheritune_config import InherituneConfig, half_width_shape
-from lens_heads.collapse.inheritune_run import planned_stages, run_inheritune
-from lens_heads.collapse.widen import widen
+from lens_heads.growth.gpt2 import GPT2Options, bias_names, gpt2_config, gpt2_model
+from lens_heads.growth.inherit import distilbert_init, distilbert_layers, hybrid_stack
+from lens_heads.growth.inheritune_config import InherituneConfig, half_width_shape
+from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
+from lens_heads.growth.widen import widen
 from lens_heads.plumbing.errors import InputError
+from lens_heads.training.distill import Distillation, DistillConfig, distillation_loss
 from test_inheritune import (
     VOCAB,
     corpus,  # noqa: F401  (the fixture)
@@ -266,8 +266,8 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
     assert df.loc["student_2L", "source_flops"] == 0 and df.loc["student_2L", "uses_reference"]
     assert not df.loc["half_width_2L", "uses_reference"]
     assert result.meta["growth"]["grow_from"] == "student"
-    from lens_heads.collapse.checkpoints import load_model_state
-    from lens_heads.collapse.train_loop import validation_loss
+    from lens_heads.training.checkpoints import load_model_state
+    from lens_heads.training.windows import validation_loss
 
     reference = gpt2(4, 32, 2)  # the DistilBERT student starts from the trained reference's blocks 0 and 3
     load_model_state(reference, tmp_path / "reference_4L" / "final" / "model.safetensors")
@@ -293,9 +293,9 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
 def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypatch):  # noqa: F811
     """A student worse than its reference grows: the grown stage starts from the trained 1-layer student plus
     reference block 1 (its loss before training is that model's), and says so."""
-    from lens_heads.collapse import inherit, inheritune_run
-    from lens_heads.collapse.checkpoints import load_model_state
-    from lens_heads.collapse.train_loop import validation_loss
+    from lens_heads.growth import inherit, inheritune_run
+    from lens_heads.training.checkpoints import load_model_state
+    from lens_heads.training.windows import validation_loss
 
     train_stage = inheritune_run._Stages.train
 

@@ -8,15 +8,15 @@ import pytest
 import lens_heads as lh
 from conftest import text_model
 from lens_heads.ablation.hooks import mean_z
-from lens_heads.collapse.distill import DistillConfig
-from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
-from lens_heads.collapse.inheritune_config import InherituneConfig
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.collapse.rank_tracker import RankTracker
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.widen import widen
 from lens_heads.data.items import Item, Task
 from lens_heads.evaluation.generate import generate
+from lens_heads.growth.gpt2 import gpt2_config, gpt2_model
+from lens_heads.growth.inheritune_config import InherituneConfig
+from lens_heads.growth.widen import widen
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.distill import DistillConfig
 
 
 @pytest.fixture(scope="module")

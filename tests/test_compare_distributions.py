@@ -176,7 +176,11 @@ def test_per_head_ranks_and_zeroing_overlap(three_models):
 def test_answer_loss_is_the_answer_tokens_mean_negative_log_likelihood(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lens_heads.experiments.finetune import Example, FinetuneConfig, answer_loss, finetune, lr_at
+    from lens_heads.training.config import TrainConfig
+    from lens_heads.training.examples import Example
+    from lens_heads.training.finetune import finetune
+    from lens_heads.training.objectives import answer_loss
+    from lens_heads.training.schedules import lr_at
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -189,7 +193,7 @@ def test_answer_loss_is_the_answer_tokens_mean_negative_log_likelihood(tmp_path)
         logprobs = [torch.log_softmax(model(torch.tensor([e.tokens])).logits[0].double(), -1) for e in batch]
     nll = [-logprobs[b][e.first + k, t] for b, e in enumerate(batch) for k, t in enumerate(e.answer)]
     assert loss == pytest.approx(float(torch.stack(nll).mean()), rel=1e-5)  # float32 forward against float64 sums
-    cfg = FinetuneConfig(steps=4, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=2)
+    cfg = TrainConfig.finetune(steps=4, batch_size=2, lr=1e-2, warmup_steps=1, eval_every=2)
     assert [lr_at(s, cfg) for s in range(4)] == pytest.approx([1e-2, 1e-2, 1e-2 * 2 / 3, 1e-2 / 3])
     folder = tmp_path / "base"
     model.save_pretrained(folder)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lens_heads.collapse.corpus import EOT_ID, Document, TokenCorpus, gpt2_tokenizer, load_corpus, tokenize_documents
+from lens_heads.training.corpus import EOT_ID, Document, TokenCorpus, gpt2_tokenizer, load_corpus, tokenize_documents
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_any_hf_text_dataset_through_the_same_path(tmp_path):
 
     import datasets
 
-    from lens_heads.collapse.corpus import cache_dir
+    from lens_heads.training.corpus import cache_dir
 
     gpt2_tokenizer()  # the shared cache's tokenizer, copied so that this test needs no registry
     shutil.copytree(cache_dir() / "tokenizers", tmp_path / "cache" / "tokenizers")

@@ -10,12 +10,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lens_heads import tiny_model
-from lens_heads.collapse.corpus import TokenCorpus
-from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
-from lens_heads.collapse.inherit import inherit
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.train_loop import train
-from lens_heads.collapse.windows import batch_at
+from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
+from lens_heads.growth.inherit import inherit
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import TokenCorpus
+from lens_heads.training.loop import train
+from lens_heads.training.windows import batch_at
 
 VOCAB, D, HEADS, LAYERS, CTX = 64, 32, 4, 3, 16
 

@@ -13,11 +13,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from lens_heads import InputError
 from lens_heads.ablation.prune import prune
-from lens_heads.collapse.corpus import TokenCorpus
-from lens_heads.collapse.healing import ARMS, heal, removal_arms, truncation
-from lens_heads.collapse.layer_ranking import LayerScores
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.windows import eval_windows
+from lens_heads.experiments.healing import ARMS, heal, removal_arms, truncation
+from lens_heads.experiments.layer_ranking import LayerScores
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import TokenCorpus
+from lens_heads.training.windows import eval_windows
 
 VOCAB = 61
 

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from lens_heads.collapse.corpus import TokenCorpus
-from lens_heads.collapse.gpt2 import GPT2Options, gpt2_config, gpt2_model
-from lens_heads.collapse.inherit import grow, inherit, inherit_later_layers, stack
-from lens_heads.collapse.inheritune_config import InherituneConfig
-from lens_heads.collapse.inheritune_run import run_inheritune
 from lens_heads.collapse.rank_tracker import RankTracker
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.train_loop import train
+from lens_heads.growth.gpt2 import GPT2Options, gpt2_config, gpt2_model
+from lens_heads.growth.inherit import grow, inherit, inherit_later_layers, stack
+from lens_heads.growth.inheritune_config import InherituneConfig
+from lens_heads.growth.inheritune_run import run_inheritune
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.corpus import TokenCorpus
+from lens_heads.training.loop import train
 
 VOCAB = 101
 
@@ -132,7 +132,7 @@ def test_bad_depths_are_refused_naming_the_limit():
     with pytest.raises(ValueError, match=r"grow_from='students' must be one of \('student', 'reference'\)"):
         run_inheritune(InherituneConfig(grow_from="students"), None, out_dir="unused")
     from lens_heads.collapse.rank_tracker import RankTracker
-    from lens_heads.collapse.train_config import TrainConfig
+    from lens_heads.training.config import TrainConfig
 
     with pytest.raises(ValueError, match="log_every=0"):  # it divided by zero at the first step
         TrainConfig(log_every=0)
@@ -217,7 +217,7 @@ def test_finished_run_reloads_and_other_settings_are_refused(corpus, tmp_path):
 
 
 def test_data_order_depends_on_seed_and_step_only(corpus):
-    from lens_heads.collapse.windows import batch_at
+    from lens_heads.training.windows import batch_at
 
     cfg = tiny_train_config()
     assert torch.equal(batch_at(corpus.train, 5, 0, cfg), batch_at(corpus.train, 5, 0, cfg))
@@ -266,8 +266,8 @@ def test_run_inheritune_stages(corpus, tmp_path):
 
 
 def test_zero_shot_reports_the_papers_metric_per_task():
-    from lens_heads.collapse.corpus import gpt2_tokenizer
-    from lens_heads.collapse.zero_shot import zero_shot
+    from lens_heads.growth.zero_shot import zero_shot
+    from lens_heads.training.corpus import gpt2_tokenizer
 
     model = gpt2_model(gpt2_config(1, d_model=32, n_heads=2, n_ctx=256), seed=0, tokenizer=gpt2_tokenizer())
     rows = {r["task"]: r for r in zero_shot(model, {"hellaswag": "per_char", "arc_easy": "sum", "no_such_task": "sum"},
@@ -285,7 +285,7 @@ def test_zero_shot_reports_the_papers_metric_per_task():
 
 def test_inherit_first_layers_of_a_llama_shaped_model():
     from lens_heads import tiny_model
-    from lens_heads.collapse.inherit import inherit_first_layers, same_size_random
+    from lens_heads.growth.inherit import inherit_first_layers, same_size_random
 
     reference = perturbed(tiny_model("llama", seed=0, n_layers=4), seed=1)
     reference.cfg.init_weights = False  # as in a loaded pretrained model's config

@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lens_heads"
 # bottom to top, as the layout section of docs/architecture.md draws them
-LAYERS = ("plumbing", "stats", "data", "models", "evaluation", "heads", "ablation", "experiments", "collapse", "viz",
-          "harness", "report")
+LAYERS = ("plumbing", "stats", "data", "models", "evaluation", "heads", "ablation", "collapse", "training", "experiments",
+          "growth", "viz", "harness", "report")
 
 
 def _imports(source: str) -> list[str]:

@@ -61,8 +61,8 @@ def test_every_name_the_docs_and_messages_use_resolves():
 
 
 def test_the_collapse_side_is_grouped_in_namespaces_and_old_names_say_where_they_went():
-    assert lh.inheritune.run_inheritune.__module__ == "lens_heads.collapse.inheritune_run"
-    assert callable(lh.train.train) and lh.train.TrainConfig.__module__ == "lens_heads.collapse.train_config"
+    assert lh.inheritune.run_inheritune.__module__ == "lens_heads.growth.inheritune_run"
+    assert callable(lh.train.train) and lh.train.TrainConfig.__module__ == "lens_heads.training.config"
     assert callable(lh.gpt2.gpt2_model) and callable(lh.corpus.load_corpus)
     with pytest.raises(AttributeError, match=r"use lens_heads.inheritune.run_inheritune"):
         lh.run_inheritune  # noqa: B018

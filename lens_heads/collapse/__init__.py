@@ -1,1 +1,1 @@
-"""Attention collapse and Inheritune: approximate attention rank (rank), the offline training corpus (corpus), training (train), the authors' GPT-2 (gpt2), inherit/grow/stack (inheritune)."""
+"""Attention collapse: the approximate rank of attention (lazy layers), measured once or as a model trains."""

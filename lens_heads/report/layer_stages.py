@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from lens_heads.collapse.layer_ranking import layer_scores
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.data.items import Task
+from lens_heads.experiments.layer_ranking import layer_scores
 from lens_heads.experiments.layer_removal import random_orders, removal_curves, removal_plan
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.nonfinite import refuse_nonfinite_forward

@@ -15,6 +15,11 @@ from lens_heads.plumbing.errors import InputError
 
 @dataclass
 class Stage:
+    """One model an Inheritune run trained (a row of its table): what it is (``kind``: the reference, a student, a
+    same-size scratch baseline, one of the paper's baselines or ablations, or the source of a warm start), its size,
+    its training (steps, tokens, final validation loss, ``history`` as the training loop logged it, FLOPs), its
+    attention rank before and after training, and the stages it was built from."""
+
     name: str
     kind: str  # "reference" | "student" | "scratch" | "ablation" (baselines too) | "stack_source" | "width_source"
     n_layers: int
@@ -25,7 +30,7 @@ class Stage:
     rank_at_init: dict  # before training (fresh init; for students: right after inheritance)
     history: list[dict]
     wall_time_s: float
-    # budget: FLOPs of this stage's own training (`lens_heads.collapse.budget`), of a teacher's forwards
+    # budget: FLOPs of this stage's own training (`lens_heads.training.budget`), of a teacher's forwards
     # (distillation), and the stages whose trained weights it starts from (their budgets are not in these)
     flops: float = float("nan")
     teacher_flops: float = 0.0

@@ -1,9 +1,9 @@
 """Heal a pruned model: drop whole blocks (:func:`lens_heads.ablation.prune.prune`, ``part="block"``), reload the
-exported folder as a lens_heads model and continue training it with :func:`lens_heads.collapse.train_loop.train`.
+exported folder as a lens_heads model and continue training it with :func:`lens_heads.training.loop.train`.
 
 The arms a healing comparison needs are sets of blocks to drop: the lazy layers, the lowest Block Influence, random
 layers, and Inheritune's truncation (the first layers kept, the last dropped: :func:`truncation`). Every arm drops
-the same number of blocks and trains with one :class:`~lens_heads.collapse.train_config.TrainConfig`, so the arms have the
+the same number of blocks and trains with one :class:`~lens_heads.training.config.TrainConfig`, so the arms have the
 same size and see the same steps, tokens and batches (the batch of a step depends on the config's seed only).
 """
 
@@ -18,11 +18,11 @@ import numpy as np
 
 from lens_heads.ablation.prune import RECORD, prune
 from lens_heads.ablation.removed_layers import check_layers
-from lens_heads.collapse.layer_ranking import LayerScores
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.train_loop import TrainResult, train
+from lens_heads.experiments.layer_ranking import LayerScores
 from lens_heads.models.loading import load_model
 from lens_heads.plumbing.errors import InputError
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.loop import TrainResult, train
 
 ARMS = ("lazy", "block_influence", "random", "inheritune")  # what removal_arms returns, in this order
 

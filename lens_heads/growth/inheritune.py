@@ -1,13 +1,13 @@
 """Inheritune (Sanyal et al., arXiv 2404.08634): a smaller GPT-2 that inherits the potent early layers of a
 larger one, is trained, and grows while it is worse than its reference.
 
-The namespace ``lh.inheritune``: the initialisations that copy weights (`lens_heads.collapse.inherit`: inherit,
-grow, stack and the baselines' warm starts), a run's settings (`lens_heads.collapse.inheritune_config`), the run
-(`lens_heads.collapse.inheritune_run`), its stages (`lens_heads.collapse.inheritune_result`) and the paper's
-zero-shot evaluation (`lens_heads.collapse.zero_shot`).
+The namespace ``lh.inheritune``: the initialisations that copy weights (`lens_heads.growth.inherit`: inherit,
+grow, stack and the baselines' warm starts), a run's settings (`lens_heads.growth.inheritune_config`), the run
+(`lens_heads.growth.inheritune_run`), its stages (`lens_heads.growth.inheritune_result`) and the paper's
+zero-shot evaluation (`lens_heads.growth.zero_shot`).
 """
 
-from lens_heads.collapse.inherit import (
+from lens_heads.growth.inherit import (
     BLOCK_PARTS,
     PARTS,
     distilbert_init,
@@ -21,7 +21,7 @@ from lens_heads.collapse.inherit import (
     same_size_random,
     stack,
 )
-from lens_heads.collapse.inheritune_config import (
+from lens_heads.growth.inheritune_config import (
     ABLATIONS,
     BASELINE_METHODS,
     DISTILLATIONS,
@@ -32,9 +32,9 @@ from lens_heads.collapse.inheritune_config import (
     InherituneConfig,
     half_width_shape,
 )
-from lens_heads.collapse.inheritune_result import InherituneResult, Stage, load_result
-from lens_heads.collapse.inheritune_run import planned_stages, rank_tokens, run_inheritune
-from lens_heads.collapse.zero_shot import PAPER_TASKS, zero_shot
+from lens_heads.growth.inheritune_result import InherituneResult, Stage, load_result
+from lens_heads.growth.inheritune_run import planned_stages, rank_tokens, run_inheritune
+from lens_heads.growth.zero_shot import PAPER_TASKS, zero_shot
 
 __all__ = [
     # the initialisations that copy weights

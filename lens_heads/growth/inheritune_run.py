@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from lens_heads.collapse.budget import teacher_flops, training_flops
-from lens_heads.collapse.distill import Distillation
-from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model
-from lens_heads.collapse.inherit import distilbert_init, grow, hybrid_stack, inherit, inherit_later_layers, stack
-from lens_heads.collapse.inheritune_config import (
+from lens_heads.collapse.rank import RankProfile, attention_rank
+from lens_heads.collapse.rank_tracker import RankTracker
+from lens_heads.growth.gpt2 import gpt2_config, gpt2_model
+from lens_heads.growth.inherit import distilbert_init, grow, hybrid_stack, inherit, inherit_later_layers, stack
+from lens_heads.growth.inheritune_config import (
     BASELINE_METHODS,
     DISTILLATIONS,
     GROWTH,
@@ -24,15 +24,15 @@ from lens_heads.collapse.inheritune_config import (
     check_config,
     half_width_shape,
 )
-from lens_heads.collapse.inheritune_result import InherituneResult, Stage
-from lens_heads.collapse.rank import RankProfile, attention_rank
-from lens_heads.collapse.rank_tracker import RankTracker
-from lens_heads.collapse.train_config import TrainConfig
-from lens_heads.collapse.train_loop import TrainResult, train
-from lens_heads.collapse.widen import widen
-from lens_heads.collapse.windows import eval_windows
+from lens_heads.growth.inheritune_result import InherituneResult, Stage
+from lens_heads.growth.widen import widen
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.training.budget import teacher_flops, training_flops
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.distill import Distillation
+from lens_heads.training.loop import TrainResult, train
+from lens_heads.training.windows import eval_windows
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -217,6 +217,6 @@ def _meta(c: InherituneConfig, corpus, ref: Stage) -> dict:
             "student_rule": "grow while student val loss > reference val loss",
             "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from]},
             "budget": "FLOPs: 3 x forward per training token, teacher forwards added for distillation "
-                      "(lens_heads.collapse.budget); total_flops adds the stages a warm start was built from, "
+                      "(lens_heads.training.budget); total_flops adds the stages a warm start was built from, "
                       "all but the shared reference",
             "ablations": {k: BASELINE_METHODS[k] for k in c.ablations}}

@@ -106,6 +106,7 @@ class TiedUnembed(nn.Module):
 
 
 def is_tied(model: HookedTransformer) -> bool:
+    """Whether ``model``'s unembedding is its token embedding (transposed), as the authors' GPT-2 ties them."""
     return isinstance(model.unembed, TiedUnembed)
 
 
@@ -163,6 +164,6 @@ def gpt2_options(model: HookedTransformer) -> GPT2Options:
     if wrong:
         raise InputError(f"{c.model_name} is not GPT-2-shaped ({wrong}; GPT-2 has "
                          f"{ {k: want for k, (_, want) in shape.items()} }). For a Llama-shaped model such as the "
-                         "embedded SmolLM2 use lens_heads.collapse.inheritune.inherit_first_layers")
+                         "embedded SmolLM2 use lens_heads.growth.inheritune.inherit_first_layers")
     return GPT2Options(scale_attn_by_inverse_layer_idx=c.scale_attn_by_inverse_layer_idx, bias=True,
                        tie_embeddings=is_tied(model), residual_init=False)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from lens_heads.collapse.gpt2 import GPT2Options, gpt2_model, gpt2_options, own_rng
+from lens_heads.growth.gpt2 import GPT2Options, gpt2_model, gpt2_options, own_rng
 from lens_heads.models.backends import hooked_transformer
 from lens_heads.plumbing.errors import InputError
 

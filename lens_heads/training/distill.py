@@ -110,7 +110,7 @@ def logits_and_hidden(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
 
 @dataclass
 class Distillation:
-    """A training objective for `lens_heads.collapse.train_loop.train` (``objective=``): the `distillation_loss` of the
+    """A training objective for `lens_heads.training.loop.train` (``objective=``): the `distillation_loss` of the
     student against ``teacher`` (frozen: run without gradients, in eval mode) on each training window."""
 
     teacher: HookedTransformer

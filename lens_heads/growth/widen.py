@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import Tensor
 
-from lens_heads.collapse.gpt2 import gpt2_config, gpt2_model, gpt2_options, is_tied
+from lens_heads.growth.gpt2 import gpt2_config, gpt2_model, gpt2_options, is_tied
 from lens_heads.plumbing.errors import InputError
 
 if TYPE_CHECKING:  # TransformerLens 3.9 only

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load as st_load
@@ -14,15 +13,14 @@ from torch import Tensor
 
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 
-if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
-    from transformer_lens import HookedTransformer
 
-
-def model_state_bytes(model: HookedTransformer) -> bytes:
+def model_state_bytes(model: torch.nn.Module) -> bytes:
+    """The model's weights (its state dict, on the CPU) as safetensors bytes."""
     return st_save({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()})
 
 
-def load_model_state(model: HookedTransformer, path: Path) -> None:
+def load_model_state(model: torch.nn.Module, path: Path) -> None:
+    """Load the weights at ``path`` (written by `model_state_bytes`) into ``model``, in place."""
     model.load_state_dict(st_load(Path(path).read_bytes()))
 
 
@@ -36,6 +34,7 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[bytes, dict]:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: bytes, info: dict) -> None:
+    """Restore ``optimizer`` from what `optimizer_state` wrote: its tensors (safetensors bytes) and ``info``."""
     state: dict[int, dict] = {}
     for key, value in [*st_load(tensors).items(), *info["scalars"].items()]:
         i, name = key.split(".", 1)
@@ -45,7 +44,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: bytes, info:
 
 
 def save_checkpoint(folder: Path, model, optimizer, state: dict) -> Path:
-    """Write a complete checkpoint folder atomically (built beside it, then renamed)."""
+    """Write a complete checkpoint folder atomically (built beside it, then renamed): the weights, the optimizer
+    state and the run's ``state`` (a JSON-able dict: step, tokens seen, history)."""
     folder = Path(folder)
     staging = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -61,5 +61,6 @@ def save_checkpoint(folder: Path, model, optimizer, state: dict) -> Path:
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The newest complete checkpoint folder of the run in ``out_dir`` (None before the first)."""
     folders = sorted(p for p in (Path(out_dir) / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))
     return folders[-1] if folders else None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lens_heads.collapse.distill import DistillConfig
-from lens_heads.collapse.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.collapse.train_config import TrainConfig
+from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.plumbing.errors import InputError
+from lens_heads.training.config import TrainConfig
+from lens_heads.training.distill import DistillConfig
 
 # the paper's baselines and ablations at the final student size, each one stage (or a source stage and one)
 INHERITANCE_ABLATIONS = ("later_layers", "attention_only", "mlp_only")

@@ -1,11 +1,15 @@
-"""A plain language-model training loop for a HookedTransformer (nanoGPT's loop, hooked model).
+"""The one training loop (nanoGPT's loop): a model, its data, a config and an objective.
 
-AdamW with linear warmup and cosine decay, gradient clipping, periodic validation loss, tokens seen, progress bar
-with loss and tokens/s. Checkpoints are safetensors (weights and optimizer state) plus a JSON state; an
-interrupted run resumes from its last checkpoint and ends at exactly the weights an uninterrupted run reaches,
-because the batch of step s is a pure function of (seed, s) and nothing else carries hidden state. The run folder
-is claimed for the run's settings and the model's shape (:func:`lens_heads.plumbing.cache.claim_folder`), so a changed setting
-is refused rather than resumed from another run's checkpoints.
+AdamW with linear warmup and a cosine or linear decay, gradient clipping, periodic validation loss, tokens seen,
+progress bar with loss and tokens/s. What the loop reads is data (`TrainData`): token windows of a corpus
+(`lens_heads.training.windows.CorpusWindows`, what a corpus passed as such becomes) or solved items
+(`lens_heads.training.examples.ExampleData`, the fine-tune's); what it minimises is an objective
+(`lens_heads.training.objectives`: next-token loss, answer loss, distillation), by default the data's own.
+Checkpoints are safetensors (weights and optimizer state) plus a JSON state; an interrupted run resumes from its last
+checkpoint and ends at exactly the weights an uninterrupted run reaches, because the batch of step s is a pure
+function of (seed, s) and nothing else carries hidden state. The run folder is claimed for the run's settings and
+the model's shape (:func:`lens_heads.plumbing.cache.claim_folder`), so a changed setting is refused rather than
+resumed from another run's checkpoints.
 """
 
 from __future__ import annotations
@@ -16,28 +20,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
-from jaxtyping import Int
-from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_heads.collapse.checkpoints import (
+from lens_heads.plumbing.cache import claim_folder
+from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
+from lens_heads.training.checkpoints import (
     latest_checkpoint,
     load_model_state,
     load_optimizer_state,
     model_state_bytes,
     save_checkpoint,
 )
-from lens_heads.collapse.train_config import TrainConfig, lr_at, make_optimizer
-from lens_heads.collapse.windows import batch_at, eval_windows
-from lens_heads.plumbing.cache import claim_folder
-from lens_heads.plumbing.errors import InputError
-from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
+from lens_heads.training.config import TrainConfig, config_key, make_optimizer
+from lens_heads.training.objectives import Objective, autocast, device_of
+from lens_heads.training.schedules import lr_at
+from lens_heads.training.windows import CorpusWindows
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -45,35 +47,37 @@ if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
 Callback = Callable[["HookedTransformer", int], "dict | None"]
 
 
-class Objective(Protocol):
-    """A training loss other than the language-model loss (e.g. `lens_heads.collapse.distill.Distillation`)."""
+class TrainData(Protocol):
+    """What the loop reads: each step's batches, their size in tokens, the validation loss, the default objective."""
 
-    def __call__(self, model: HookedTransformer, windows: Tensor) -> Tensor: ...
+    @property
+    def objective(self) -> Objective: ...
 
-    def describe(self) -> dict: ...
+    @property
+    def meta(self) -> dict: ...
 
+    def check(self, model: Any, cfg: TrainConfig) -> None: ...
 
-def lm_loss(model: HookedTransformer, windows: Int[Tensor, "batch seq_plus_1"]) -> Tensor:
-    """Mean next-token cross-entropy of ``windows[:, 1:]`` given ``windows[:, :-1]``."""
-    logits = model(windows[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
+    def batch(self, step: int, micro: int, cfg: TrainConfig, device) -> Any: ...
 
+    def tokens(self, batch: Any) -> int: ...
 
-@torch.no_grad()
-def validation_loss(model: HookedTransformer, val: np.ndarray, cfg: TrainConfig) -> float:
-    """Mean loss over ``eval_batches`` fixed batches of validation windows."""
-    windows = eval_windows(val, cfg.eval_batches * cfg.batch_size, cfg.seq_len).to(model.cfg.device)
-    losses = []
-    for chunk in windows.split(cfg.batch_size):
-        with _autocast(model, cfg):
-            losses.append(lm_loss(model, chunk).item())
-    return float(np.mean(losses))
+    def validation_loss(self, model: Any, cfg: TrainConfig) -> float: ...
 
 
-def _autocast(model: HookedTransformer, cfg: TrainConfig):
-    assert model.cfg.device is not None  # HookedTransformerConfig sets it when built
-    device_type = torch.device(model.cfg.device).type
-    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp and device_type == "cuda")
+def training_data(data) -> TrainData:
+    """``data`` as the loop reads it: a corpus (``.train``/``.val`` token arrays) becomes its windows."""
+    return data if hasattr(data, "validation_loss") else CorpusWindows(data)
+
+
+def model_shape(model) -> dict:
+    """The shape of a HookedTransformer (its config's sizes) or of a Hugging Face model (its config's)."""
+    if hasattr(model, "cfg"):
+        return {k: getattr(model.cfg, k) for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab",
+                                                   "n_ctx")}
+    c = model.config
+    return {"model_type": c.model_type, "n_layers": c.num_hidden_layers, "d_model": c.hidden_size,
+            "n_heads": c.num_attention_heads, "d_vocab": c.vocab_size}
 
 
 # ---------------------------------------------------------------- the loop
@@ -108,7 +112,7 @@ class _Run:
 
 
 def train(
-    model: HookedTransformer,
+    model: HookedTransformer | torch.nn.Module,
     corpus,
     config: TrainConfig,
     *,
@@ -118,15 +122,17 @@ def train(
     progress: bool = True,
     desc: str = "train",
 ) -> TrainResult:
-    """Train ``model`` in place on ``corpus`` (`lens_heads.collapse.corpus.TokenCorpus`: ``.train``/``.val`` token arrays).
+    """Train ``model`` in place on ``corpus``: a corpus (`lens_heads.training.corpus.TokenCorpus`: ``.train``/``.val``
+    token arrays) or other `TrainData` (`lens_heads.training.examples.ExampleData`).
 
     With ``out_dir``: checkpoints every ``checkpoint_every`` steps, resumes from the last one, and a finished run
     (``out_dir/final``) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned
-    dict is logged at that step (e.g. `RankTracker`). ``objective(model, windows)``: the training loss (default: the
-    next-token cross-entropy, `lm_loss`); the validation loss is always `lm_loss`, so runs compare.
+    dict is logged at that step (e.g. `RankTracker`). ``objective(model, batch)``: the training loss (default: the
+    data's, the next-token cross-entropy `lm_loss` on a corpus); the validation loss is the data's (on a corpus
+    always `lm_loss`, so runs compare).
     """
-    cfg = config
-    _check_fits(model, corpus, cfg)
+    cfg, data = config, training_data(corpus)
+    data.check(model, cfg)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:  # the folder holds this run only: another configuration is refused before anything is read
         claim_folder(out, run_key(model, cfg, objective))
@@ -136,32 +142,25 @@ def train(
 
     optimizer = make_optimizer(model, cfg)
     ckpt = latest_checkpoint(out) if out is not None else None
-    run = _resume(model, optimizer, ckpt) if ckpt is not None else _first_record(model, corpus, cfg, callbacks)
+    run = _resume(model, optimizer, ckpt) if ckpt is not None else _first_record(model, data, cfg, callbacks)
     model.train()
     log = _Log(cfg, run, tqdm(total=cfg.steps, initial=run.step, desc=desc, disable=not progress, unit="step"))
     for step in range(run.step, cfg.steps):
         t0 = time.perf_counter()
-        lr, loss, grad_norm = _train_step(model, optimizer, corpus, cfg, step, objective or lm_loss)
-        run.step, run.tokens_seen = step + 1, run.tokens_seen + cfg.tokens_per_step
+        lr, loss, grad_norm, tokens = _train_step(model, optimizer, data, cfg, step, objective or data.objective)
+        run.step, run.tokens_seen = step + 1, run.tokens_seen + tokens
         run.wall_time_s += time.perf_counter() - t0
-        log(loss, lr, grad_norm, _measurements(model, corpus, cfg, callbacks, run.step))
+        log(loss, lr, grad_norm, _measurements(model, data, cfg, callbacks, run.step))
         if out is not None and (run.step % cfg.checkpoint_every == 0 or run.step == cfg.steps):
             state = {**asdict(run), "config": asdict(cfg)}
             save_checkpoint(out / "checkpoints" / f"step_{run.step:07d}", model, optimizer, state)
             _prune_checkpoints(out, cfg.keep_checkpoints)
     log.bar.close()
     model.eval()
-    return _finish(model, corpus, cfg, run, out, objective)
+    return _finish(model, data, cfg, run, out, objective or data.objective)
 
 
-def _check_fits(model: HookedTransformer, corpus, cfg: TrainConfig) -> None:
-    if cfg.seq_len > model.cfg.n_ctx:
-        raise InputError(f"seq_len {cfg.seq_len} exceeds the model's context n_ctx={model.cfg.n_ctx}")
-    if int(np.max(corpus.train[: 1 << 20])) >= model.cfg.d_vocab:
-        raise InputError(f"the corpus has token ids >= the model's d_vocab={model.cfg.d_vocab}")
-
-
-def _resume(model: HookedTransformer, optimizer, ckpt: Path) -> _Run:
+def _resume(model, optimizer, ckpt: Path) -> _Run:
     """Weights, optimizer state and the run's position from the checkpoint folder ``ckpt``."""
     state = json.loads((ckpt / "state.json").read_text())
     load_model_state(model, ckpt / "model.safetensors")
@@ -170,41 +169,42 @@ def _resume(model: HookedTransformer, optimizer, ckpt: Path) -> _Run:
     return _Run(state["step"], state["tokens_seen"], state["history"], state["wall_time_s"])
 
 
-def _first_record(model: HookedTransformer, corpus, cfg: TrainConfig, callbacks: Sequence[Callback]) -> _Run:
+def _first_record(model, data: TrainData, cfg: TrainConfig, callbacks: Sequence[Callback]) -> _Run:
     """A fresh run, its history starting with the measurements at step 0 (the starting point of the curves)."""
     run = _Run()
-    first = {"val_loss": validation_loss(model, corpus.val, cfg)} if cfg.eval_every else {}
+    first = {"val_loss": data.validation_loss(model, cfg)} if cfg.eval_every else {}
     first.update(_run_callbacks(callbacks, model, 0))
     if first:
         run.history.append({"step": 0, "tokens_seen": 0, **first})
     return run
 
 
-def _train_step(model: HookedTransformer, optimizer, corpus, cfg: TrainConfig, step: int,
-                objective: Callable[[HookedTransformer, Tensor], Tensor]) -> tuple[float, float, float]:
-    """One optimizer step (``grad_accum`` micro-batches); its learning rate, training loss and gradient norm."""
+def _train_step(model, optimizer, data: TrainData, cfg: TrainConfig, step: int,
+                objective: Objective) -> tuple[float, float, float, int]:
+    """One optimizer step (``grad_accum`` micro-batches); its learning rate, training loss, gradient norm and the
+    tokens it read."""
     lr = lr_at(step, cfg)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss_sum = 0.0
+    loss_sum, tokens = 0.0, 0
     for micro in range(cfg.grad_accum):
-        windows = batch_at(corpus.train, step, micro, cfg).to(model.cfg.device)
-        with _autocast(model, cfg):
-            loss = objective(model, windows) / cfg.grad_accum
+        batch = data.batch(step, micro, cfg, device_of(model))
+        with autocast(model, cfg):
+            loss = objective(model, batch) / cfg.grad_accum
         loss.backward()
         loss_sum += loss.item()
+        tokens += data.tokens(batch)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return lr, loss_sum, grad_norm
+    return lr, loss_sum, grad_norm, tokens
 
 
-def _measurements(model: HookedTransformer, corpus, cfg: TrainConfig, callbacks: Sequence[Callback],
-                  done: int) -> dict:
+def _measurements(model, data: TrainData, cfg: TrainConfig, callbacks: Sequence[Callback], done: int) -> dict:
     """The validation loss when one is due after ``done`` steps, and what the callbacks return."""
     record: dict = {}
     if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
-        record["val_loss"] = validation_loss(model, corpus.val, cfg)
+        record["val_loss"] = data.validation_loss(model, cfg)
         model.train()
     record.update(_run_callbacks(callbacks, model, done))
     return record
@@ -239,17 +239,17 @@ class _Log:
         self.bar.update(1)
 
 
-def _finish(model: HookedTransformer, corpus, cfg: TrainConfig, run: _Run, out: Path | None,
-            objective: Objective | None = None) -> TrainResult:
+def _finish(model, data: TrainData, cfg: TrainConfig, run: _Run, out: Path | None,
+            objective: Objective) -> TrainResult:
     """The run's result; with ``out``, the final weights and then the result, which marks the run finished."""
     val_losses = [h["val_loss"] for h in run.history if "val_loss" in h]
+    shape = model_shape(model)
     result = TrainResult(
         history=run.history, val_loss=val_losses[-1] if val_losses else float("nan"), steps=cfg.steps,
         tokens_seen=run.tokens_seen, wall_time_s=run.wall_time_s,
-        meta={"config": asdict(cfg), "corpus": dict(getattr(corpus, "meta", {})),
+        meta={"config": asdict(cfg), "corpus": data.meta,
               "n_params": sum(p.numel() for p in model.parameters()),
-              "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model,
-              "objective": objective.describe() if objective is not None else "language-model loss"},
+              "n_layers": shape["n_layers"], "d_model": shape["d_model"], "objective": objective.describe()},
     )
     if out is not None:
         atomic_write_bytes(out / "final" / "model.safetensors", model_state_bytes(model))
@@ -264,11 +264,10 @@ def _run_callbacks(callbacks: Sequence[Callback], model, step: int) -> dict:
     return merged
 
 
-def run_key(model: HookedTransformer, cfg: TrainConfig, objective: Objective | None = None) -> dict:
-    """What a training run's checkpoints depend on besides the data: its settings, the model's shape and (where it
-    is not the language-model loss) the objective."""
-    shape = {k: getattr(model.cfg, k) for k in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx")}
-    key = {"train": asdict(cfg), "model": shape}
+def run_key(model, cfg: TrainConfig, objective: Objective | None = None) -> dict:
+    """What a training run's checkpoints depend on besides the data: its settings, the model's shape and (where one
+    is given) the objective."""
+    key = {"train": config_key(cfg), "model": model_shape(model)}
     return key if objective is None else {**key, "objective": objective.describe()}
 
 

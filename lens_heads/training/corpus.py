@@ -6,7 +6,7 @@ FineWeb) through the same code path (`load_hf_corpus`). The GPT-2 tokenizer come
 (MIT; the original ``encoder.json`` + ``vocab.bpe``), so token ids are GPT-2's.
 
 None of this text is used by the zero-shot evaluations (MMLU, ARC, PIQA, WinoGrande, HellaSwag).
-Command line: ``python -m lens_heads.collapse.corpus`` fetches and tokenises the default corpus (idempotent).
+Command line: ``python -m lens_heads.training.corpus`` fetches and tokenises the default corpus (idempotent).
 """
 
 from __future__ import annotations
