@@ -65,13 +65,13 @@ from lens_heads.plumbing.settings import from_args, option
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1e-3
-INSTALL_HINT = ("lm-eval is not importable here. It is not a dependency of lens_heads: install it into a separate "
-                "target folder and put that on PYTHONPATH, e.g.\n"
+INSTALL_HINT = ("lm-eval is not importable here. It is lens_heads' optional extra (scripts/setup.sh installs it: "
+                "pip install -e '.[harness]', lm_eval 0.4.13); the recorded comparisons ran lm_eval 0.4.5 from a "
+                "target folder put on PYTHONPATH:\n"
                 "  python -m pip install --no-deps --target .lm-eval-site lm_eval==0.4.5 sacrebleu portalocker "
                 "tabulate colorama lxml evaluate sqlitedict peft more_itertools aiohttp tenacity multidict yarl "
                 "propcache aiohappyeyeballs aiosignal frozenlist\n"
-                "  PYTHONPATH=.lm-eval-site python analyses/lm_eval_agreement.py\n"
-                "(or a separate virtual environment with `pip install lm_eval==0.4.5`).")
+                "  PYTHONPATH=.lm-eval-site python analyses/lm_eval_agreement.py")
 
 
 def import_hflm():

@@ -9,10 +9,13 @@ from lens_heads.data.items import Item, Task
 
 
 def test_missing_lm_eval_exits_saying_how_to_install_it(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+    # import lm_eval (and any of its modules another test imported already) raises ImportError
+    for name in ["lm_eval", *(m for m in sys.modules if m.startswith("lm_eval."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(SystemExit) as exit_:
         load_script("lm_eval_agreement").main(["--out", str(tmp_path / "never.json")])
-    assert "pip install" in str(exit_.value) and "--target" in str(exit_.value) and "PYTHONPATH" in str(exit_.value)
+    assert "pip install" in str(exit_.value) and "--target" in str(exit_.value) and "PYTHONPATH" in str(exit_.value) and \
+        "[harness]" in str(exit_.value)
     assert not (tmp_path / "never.json").exists()
 
 
