@@ -1,5 +1,8 @@
 """Inheritune and the training loop on tiny GPT-2 configs: what is copied, what stays fresh, exact resumption."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -202,6 +205,33 @@ def test_resumed_training_ends_at_the_same_weights(corpus, tmp_path):
     # the run really trained: weights moved and the validation loss fell
     assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
     assert not torch.equal(params(uninterrupted)["blocks.0.attn.W_Q"], params(tiny_gpt2(2, seed=3))["blocks.0.attn.W_Q"])
+
+
+def test_sigterm_mid_training_checkpoints_that_step_exits_143_and_the_rerun_ends_at_the_same_weights(
+        corpus, tmp_path, capsys):
+    """SIGTERM during step 2 (checkpoints fall every 3): the step finishes and is checkpointed, the run exits 143
+    saying where; the rerun resumes from step 2 and ends bit-identical to an uninterrupted run."""
+    uninterrupted = tiny_gpt2(2, seed=3)
+    result = train(uninterrupted, corpus, tiny_train_config(), out_dir=tmp_path / "a", progress=False)
+
+    def sigterm_at_step_2(model, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the loop is between its update and checkpoint
+
+    with pytest.raises(SystemExit) as stopped:
+        train(tiny_gpt2(2, seed=3), corpus, tiny_train_config(), out_dir=tmp_path / "b",
+              callbacks=[sigterm_at_step_2], progress=False)
+    assert stopped.value.code == 143
+    assert f"train stopped by SIGTERM (exit 143): every finished unit is kept in {tmp_path / 'b'}" in \
+        capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "b" / "checkpoints").glob("step_*")] == ["step_0000002"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are put back
+    resumed = tiny_gpt2(2, seed=3)
+    again = train(resumed, corpus, tiny_train_config(), out_dir=tmp_path / "b", progress=False)
+    for (name, a), (_, b) in zip(uninterrupted.named_parameters(), resumed.named_parameters()):
+        assert torch.equal(a, b), name
+    timeless = [[{k: v for k, v in r.items() if k != "wall_time_s"} for r in res.history] for res in (again, result)]
+    assert again.val_loss == result.val_loss and timeless[0] == timeless[1]
 
 
 def test_finished_run_reloads_and_other_settings_are_refused(corpus, tmp_path):

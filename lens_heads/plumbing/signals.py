@@ -45,6 +45,11 @@ def _defer(signum, frame) -> None:
     _pending.append(signum)
 
 
+def stop_requested() -> bool:
+    """Whether a deferring block holds a signal: a loop writes what it must keep before its :func:`safe_point`."""
+    return bool(_pending)
+
+
 def safe_point() -> None:
     """Inside ``stoppable(..., defer=True)``: raise :class:`Stopped` here if a signal arrived since the block began
     (a training loop calls it between steps, after a checkpoint is written); elsewhere nothing happens."""

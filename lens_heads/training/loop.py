@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from lens_heads.plumbing import signals
 from lens_heads.plumbing.cache import claim_folder
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 from lens_heads.training.checkpoints import (
@@ -145,16 +146,21 @@ def train(
     run = _resume(model, optimizer, ckpt) if ckpt is not None else _first_record(model, data, cfg, callbacks)
     model.train()
     log = _Log(cfg, run, tqdm(total=cfg.steps, initial=run.step, desc=desc, disable=not progress, unit="step"))
-    for step in range(run.step, cfg.steps):
-        t0 = time.perf_counter()
-        lr, loss, grad_norm, tokens = _train_step(model, optimizer, data, cfg, step, objective or data.objective)
-        run.step, run.tokens_seen = step + 1, run.tokens_seen + tokens
-        run.wall_time_s += time.perf_counter() - t0
-        log(loss, lr, grad_norm, _measurements(model, data, cfg, callbacks, run.step))
-        if out is not None and (run.step % cfg.checkpoint_every == 0 or run.step == cfg.steps):
-            state = {**asdict(run), "config": asdict(cfg)}
-            save_checkpoint(out / "checkpoints" / f"step_{run.step:07d}", model, optimizer, state)
-            _prune_checkpoints(out, cfg.keep_checkpoints)
+    # SIGTERM/SIGINT wait for the step in progress (the model and optimiser are whole only between steps), which
+    # is then checkpointed, so a preempted run loses no step
+    with signals.stoppable(desc, None if out is None else f"in {out}", defer=True):
+        for step in range(run.step, cfg.steps):
+            t0 = time.perf_counter()
+            lr, loss, grad_norm, tokens = _train_step(model, optimizer, data, cfg, step, objective or data.objective)
+            run.step, run.tokens_seen = step + 1, run.tokens_seen + tokens
+            run.wall_time_s += time.perf_counter() - t0
+            log(loss, lr, grad_norm, _measurements(model, data, cfg, callbacks, run.step))
+            due = run.step % cfg.checkpoint_every == 0 or run.step == cfg.steps
+            if out is not None and (due or signals.stop_requested()):
+                state = {**asdict(run), "config": asdict(cfg)}
+                save_checkpoint(out / "checkpoints" / f"step_{run.step:07d}", model, optimizer, state)
+                _prune_checkpoints(out, cfg.keep_checkpoints)
+            signals.safe_point()
     log.bar.close()
     model.eval()
     return _finish(model, data, cfg, run, out, objective or data.objective)
