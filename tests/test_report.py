@@ -528,6 +528,35 @@ def test_a_figure_that_fails_to_draw_fails_the_png_step_and_shows_in_the_run_tab
     assert table["png"][0] == "failed" and "bad_figure: ValueError" in table["png"][-1]
 
 
+def test_a_task_named_by_a_path_gives_files_not_folders(tmp_path, monkeypatch):
+    """An lm-eval task given as a YAML path (``lm_eval:dir/x.yaml``) names its tables and figures: one file each in
+    the report folder, the path's separators and the colon replaced."""
+    import plotly.graph_objects as go
+
+    from lens_heads.plumbing.io import atomic_write_bytes
+    from lens_heads.report import pipeline, stage_result, stages
+    from lens_heads.viz import export
+
+    @contextlib.contextmanager
+    def writer():
+        yield lambda fig, path: atomic_write_bytes(path, b"\x89PNG\r\n\x1a\n")
+
+    monkeypatch.setattr(export, "png_writer", writer)
+    task = "lm_eval:tests/data/lm_eval/arc_easy_local.yaml"
+    config = ReportConfig(out=str(tmp_path), progress=False)
+    meta = dict(name="tiny", source="test", n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16, n_ctx=64,
+                n_params=1, weight_basis="raw", dtype="float32")
+    results = {"model": meta, "weight_basis": "raw", "versions": {"lens_heads": "test"}, "created": "now"}
+    result = stage_result.StageResult({}, tables={f"thresholds_{task}": pd.DataFrame({"a": [1]})},
+                                      figures={f"ablation_{task}": go.Figure(go.Scatter(y=[1, 2]))})
+    files, _ = pipeline.write_outputs(tmp_path, config, stages.model_card(meta, config),
+                                      [pipeline.Ran("scores", "done", result=result)], results, lambda msg: None)
+    flat = "lm_eval_tests_data_lm_eval_arc_easy_local.yaml"
+    assert {f"thresholds_{flat}.csv", f"ablation_{flat}.png"} <= set(files)
+    assert all((tmp_path / f).is_file() for f in files if f != "results.json")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == []
+
+
 def test_without_chromium_the_png_step_is_skipped_saying_what_to_install(tmp_path, monkeypatch):
     """kaleido's figure server started without a Chromium waits for it for ever: the writer asks first."""
     import plotly.graph_objects as go

@@ -24,7 +24,7 @@ from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
-from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
+from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.provenance import provenance
 from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
@@ -216,6 +216,12 @@ def page_sections(card: StageResult, ran: list[Ran], config: ReportConfig, weigh
     return out
 
 
+def file_name(name: str) -> str:
+    """A table's or figure's file name in the report folder: a task given as a path (``lm_eval:tasks/x.yaml``) is
+    one name, not folders (``ablation_lm_eval_tasks_x.yaml``)."""
+    return slug(name, keep="-_.")
+
+
 def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], results: dict, log
                   ) -> tuple[list[str], dict | None]:
     """CSV tables, PNG figures and report.html; returns the files written and the PNG step's stage entry."""
@@ -223,8 +229,8 @@ def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], res
     files = []
     for result in done:
         for name, df in result.tables.items():
-            atomic_write_text(out_dir / f"{name}.csv", df.to_csv(index=False))
-            files.append(f"{name}.csv")
+            atomic_write_text(out_dir / f"{file_name(name)}.csv", df.to_csv(index=False))
+            files.append(f"{file_name(name)}.csv")
     figures = {name: fig for result in done for name, fig in result.figures.items()}
     png, pngs = write_pngs(out_dir, figures, log) if config.png and figures else (None, [])
     files += pngs
@@ -248,8 +254,8 @@ def write_pngs(out_dir: Path, figures: dict, log) -> tuple[dict, list[str]]:
         with export.png_writer() as write:
             for name, fig in figures.items():
                 try:
-                    write(fig, out_dir / f"{name}.png")
-                    written.append(f"{name}.png")
+                    write(fig, out_dir / f"{file_name(name)}.png")
+                    written.append(f"{file_name(name)}.png")
                 except (export.PngUnavailable, KeyboardInterrupt, MemoryError):
                     raise
                 except Exception as e:
