@@ -67,13 +67,17 @@ def pattern_rows(source: Float[Tensor, "batch head q k"] | QueryKeys, start: int
         return source[..., start:stop, :keys].float()
     q, k = source.q[:, start:stop].float(), source.k[:, :keys].float()
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / source.attn_scale
-    allowed = source.real[:, None, None, :keys].to(scores.device)
+    padded = not bool(source.real.all())
+    allowed = source.real[:, None, None, :keys].to(scores.device) if padded else None
     if source.causal:
         query = torch.arange(start, stop, device=scores.device)
-        allowed = allowed & (torch.arange(keys, device=scores.device)[None, :] <= query[:, None])
-    # -inf where masked and NaN -> 0 after the softmax: a row with no allowed key is all zero, as eagerly
-    pattern = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    return pattern.nan_to_num(nan=0.0)
+        later = torch.arange(keys, device=scores.device)[None, :] <= query[:, None]
+        allowed = later if allowed is None else allowed & later
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    pattern = torch.softmax(scores, dim=-1)
+    # a row with no allowed key (before a left-padded row's first token) is NaN here and all zero eagerly
+    return pattern.nan_to_num(nan=0.0) if padded else pattern
 
 
 def row_statistics(source: Float[Tensor, "batch head q k"] | QueryKeys, first: Tensor, *, causal: bool,
