@@ -60,24 +60,24 @@ def check_query_chunk(query_chunk) -> int:
     return query_chunk
 
 
-def pattern_rows(source: Float[Tensor, "batch head q k"] | QueryKeys, start: int, stop: int, keys: int
-                 ) -> Float[Tensor, "batch head rows keys"]:
-    """Rows ``start:stop`` of the pattern over its first ``keys`` keys (float32)."""
-    if isinstance(source, Tensor):
-        return source[..., start:stop, :keys].float()
-    q, k = source.q[:, start:stop].float(), source.k[:, :keys].float()
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / source.attn_scale
-    padded = not bool(source.real.all())
-    allowed = source.real[:, None, None, :keys].to(scores.device) if padded else None
-    if source.causal:
+MASKED = -1e30  # a masked score: its probability is exactly 0, and (unlike -inf) 0 x its log-probability is 0
+
+
+def score_rows(source: QueryKeys, start: int, stop: int, keys: int) -> Float[Tensor, "batch head rows keys"]:
+    """The attention scores of rows ``start:stop`` over the first ``keys`` keys (float32), as the eager attention
+    computes them before its softmax, masked keys at :data:`MASKED`. A row with no allowed key (before a
+    left-padded row's first token: a padding query, which no score reads) is all masked."""
+    # q / attn_scale before the product: one pass over the chunk's queries, not over its [rows, keys] scores
+    q, k = source.q[:, start:stop].float() / source.attn_scale, source.k[:, :keys].float()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    if not bool(source.real.all()):
+        scores.masked_fill_(~source.real[:, None, None, :keys].to(scores.device), MASKED)
+    if source.causal and keys > start:
+        # keys before the chunk's first row are earlier than every row of it: only keys start:keys need the mask
         query = torch.arange(start, stop, device=scores.device)
-        later = torch.arange(keys, device=scores.device)[None, :] <= query[:, None]
-        allowed = later if allowed is None else allowed & later
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    pattern = torch.softmax(scores, dim=-1)
-    # a row with no allowed key (before a left-padded row's first token) is NaN here and all zero eagerly
-    return pattern.nan_to_num(nan=0.0) if padded else pattern
+        later = torch.arange(start, keys, device=scores.device)[None, :] > query[:, None]
+        scores[..., start:keys].masked_fill_(later, MASKED)
+    return scores
 
 
 def row_statistics(source: Float[Tensor, "batch head q k"] | QueryKeys, first: Tensor, *, causal: bool,
@@ -99,10 +99,17 @@ def row_statistics(source: Float[Tensor, "batch head q k"] | QueryKeys, first: T
         # keys up to the chunk's last row (the key axis may be longer than the query axis by a prefix), and always
         # the first token's column, which a left-padded row's first rows may precede
         keys = max(min(k, stop + k - q), int(first.max()) + 1) if causal else k
-        rows = pattern_rows(source, start, stop, keys)
+        if isinstance(source, QueryKeys):
+            scores = score_rows(source, start, stop, keys)
+            # softmax and log_softmax, not exp(log_softmax): exp of the masked log-probabilities is slow on CPU
+            rows = torch.softmax(scores, dim=-1)
+            # -sum A ln A from the log-probabilities themselves: masked keys add 0 x (MASKED - lse) = 0
+            entropy[..., start:stop] = -torch.linalg.vecdot(rows, torch.log_softmax(scores, dim=-1))
+        else:
+            rows = source[..., start:stop, :keys].float()
+            # xlogy(0, 0) = 0: masked keys (A = 0) add nothing, as in -sum A ln A with 0 ln 0 = 0
+            entropy[..., start:stop] = -torch.special.xlogy(rows, rows).sum(-1)
         first_weight[..., start:stop] = rows.gather(-1, first[:, None, None, None].expand(*rows.shape[:3], 1))[..., 0]
-        # entr(0) = 0: masked keys (weight 0) add nothing, as in -sum A ln A with 0 ln 0 = 0
-        entropy[..., start:stop] = torch.special.entr(rows).sum(-1)
     return RowStatistics(first_weight, entropy)
 
 
