@@ -142,3 +142,26 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     yield attempts
+
+
+@pytest.fixture
+def attention_calls(monkeypatch):
+    """The layer ids of every attention call inside lens_heads's fused attention during the test: ``fused`` (SDPA,
+    no pattern) and ``eager`` (a swapped layer that fell back to TransformerLens's attention, which materialises the
+    whole [batch, head, query, key] pattern). Layers never swapped (windows, soft-caps) appear in neither."""
+    from lens_heads.models import tl_internals
+
+    calls: dict[str, list[int]] = {"fused": [], "eager": []}
+    eager, qkv = tl_internals.eager_attention, tl_internals.qkv
+
+    def counted_eager(attn, *args, **kwargs):
+        calls["eager"].append(attn.layer_id)
+        return eager(attn, *args, **kwargs)
+
+    def counted_qkv(attn, *args, **kwargs):  # the fused forward's first step
+        calls["fused"].append(attn.layer_id)
+        return qkv(attn, *args, **kwargs)
+
+    monkeypatch.setattr(tl_internals, "eager_attention", counted_eager)
+    monkeypatch.setattr(tl_internals, "qkv", counted_qkv)
+    return calls

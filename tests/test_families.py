@@ -61,11 +61,21 @@ def family_models(tmp_path_factory):
     return get
 
 
+# The layers HookedTransformer runs as plain causal attention, which lens_heads runs fused: their scores read the
+# pattern by query chunks from the queries and keys. The others (sliding windows, soft-caps, OLMo's full-vector q/k
+# norms) run TransformerLens's attention, whose pattern the scores read by rows.
+FUSED_LAYERS = {"llama-3": [0, 1], "qwen2.5": [0, 1], "qwen3": [0, 1], "gpt-2": [0, 1], "gemma-3": [1],
+                "gemma-3-linear-rope": [1]}
+
+
+@pytest.mark.parametrize("query_chunk", [256, 3])  # 3 rows: every input (7-11 tokens) in several chunks
 @pytest.mark.parametrize("family, backend", CASES)
-def test_twelve_scores_match_plain_hugging_face(family, backend, family_models):
+def test_twelve_scores_match_plain_hugging_face(family, backend, query_chunk, family_models, attention_calls):
     model, hf = family_models(family, backend)
     assert model.lens_heads_meta["backend"] == backend
-    got = score_heads(model, INPUTS, batch_size=4, progress=False)  # one padded batch
+    got = score_heads(model, INPUTS, batch_size=4, progress=False, query_chunk=query_chunk)  # one padded batch
+    if backend == "hooked":
+        assert attention_calls == {"fused": FUSED_LAYERS.get(family, []), "eager": []}
     for i, ids in enumerate(INPUTS):
         _, acts = hf_forward(hf, ids)
         for layer, a in enumerate(acts):
@@ -97,12 +107,12 @@ def _threshold(hf, name: str) -> tuple[float, torch.Tensor, list[torch.Tensor]]:
 @pytest.mark.parametrize("family, backend", CASES)
 def test_threshold_zeroing_decides_as_plain_hugging_face(family, backend, family_models):
     """The same (input, layer, head) zeroed as in plain Hugging Face, where each layer is decided on the stream
-    zeroed in the layers before, and the same logits after."""
+    zeroed in the layers before, and the same logits after; AWFT read 3 query rows at a time, fused where it can."""
     model, hf = family_models(family, backend)
     tokens, mask = right_pad(INPUTS, PAD)
     for name in ("AWFT", "AVVN", "AHON (LN)"):  # reads the pattern, the values, the head outputs
         threshold, want, want_logits = _threshold(hf, name)
-        ablation = threshold_zeroing(model, name, threshold)
+        ablation = threshold_zeroing(model, name, threshold, query_chunk=3)
         with torch.no_grad(), model.hooks(fwd_hooks=ablation.hooks), ablation.batch(mask, first=0):
             logits = model(tokens, attention_mask=mask.long())
         assert torch.equal(ablation.zeroed(), want), (name, ablation.zeroed(), want)

@@ -143,7 +143,7 @@ def tiny_text_model():
 
 
 @pytest.mark.slow
-def test_evaluate_fuses_unless_a_zeroing_reads_the_pattern(tiny_text_model):
+def test_evaluate_fuses_unless_a_hook_reads_the_pattern(tiny_text_model):
     model = tiny_text_model
     task = load_task("arc_easy", split="validation", n=3, seed=1)
     cases = {
@@ -152,7 +152,9 @@ def test_evaluate_fuses_unless_a_zeroing_reads_the_pattern(tiny_text_model):
         "random": lambda: [random_zeroing(model, 0.3, seed=1)],
         "threshold AHON (LN)": lambda: [threshold_zeroing(model, "AHON (LN)", 1.0)],  # reads z only
         "threshold AVVN": lambda: [threshold_zeroing(model, "AVVN", 1e9)],  # reads v only
-        "threshold AWFT": lambda: [threshold_zeroing(model, "AWFT", 0.5)],  # reads the pattern
+        # reads the pattern by query rows from the queries and keys (lens_heads.heads.attention_rows): still fused
+        "threshold AWFT": lambda: [threshold_zeroing(model, "AWFT", 0.5)],
+        "a hook on layer 0's pattern": lambda: [("blocks.0.attn.hook_pattern", lambda pattern, hook=None: None)],
     }
     for name, hooks in cases.items():
         eager = evaluate(model, task, hooks=hooks(), batch_size=4, progress=False, attention="eager")
@@ -160,7 +162,8 @@ def test_evaluate_fuses_unless_a_zeroing_reads_the_pattern(tiny_text_model):
         n_calls = model.cfg.n_layers * fused.meta["forward_passes"]  # shared prefixes: more, smaller forwards
         for a, b in zip(eager.items, fused.items):
             np.testing.assert_allclose(a.logprobs, b.logprobs, **LOGLIK_TOL, err_msg=name)
-        fused_calls = 0 if name == "threshold AWFT" else n_calls
+        # the hooked layer runs eagerly in every forward, the others fused
+        fused_calls = n_calls - fused.meta["forward_passes"] if name == "a hook on layer 0's pattern" else n_calls
         assert fused.meta["attention"].startswith(f"fused SDPA in {fused_calls} of {n_calls} "), name
         assert eager.meta["attention"] == "eager"
     with pytest.raises(ValueError, match="attention must be one of"):

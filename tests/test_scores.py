@@ -170,6 +170,40 @@ def test_padded_batch_matches_reference_on_each_input_alone(model, side, batch_s
 
 
 @pytest.mark.floats
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("query_chunk", [1, 3, 64])
+def test_scores_by_query_chunks_match_reference_without_any_whole_pattern(model, side, query_chunk,
+                                                                          attention_calls):
+    """Chunks of 1 and 3 rows split every input (14 tokens) and cross the padding; 64 holds all rows at once. The
+    attention runs fused in every layer (no eager layer, so no [batch, head, query, key] pattern), and the pattern
+    scores come from the queries and keys a chunk of rows at a time."""
+    seqs = sequences(model, seed=7)
+    tokens, mask = padded(seqs, side, pad=7)
+    result = score_heads(model, tokens, attention_mask=mask, batch_size=4, progress=False, query_chunk=query_chunk)
+    assert attention_calls == {"fused": list(range(model.cfg.n_layers)), "eager": []}
+    assert result.meta["query_chunk"] == query_chunk
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(result.values[i], reference_scores(model, s), atol=ATOL, rtol=RTOL,
+                                   msg=lambda m: f"input {i} ({side} padding, chunks of {query_chunk}): {m}")
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "8", None])
+def test_a_query_chunk_that_is_not_a_positive_whole_number_is_refused(model, bad):
+    from lens_heads import threshold_zeroing
+
+    with pytest.raises(InputError, match="query_chunk must be a positive whole number"):
+        score_heads(model, sequences(model), progress=False, query_chunk=bad)
+    with pytest.raises(InputError, match="query_chunk must be a positive whole number"):
+        threshold_zeroing(model, "AWFT", 0.5, query_chunk=bad)
+
+
+def test_an_input_longer_than_the_context_is_refused_before_scoring(model):
+    too_long = torch.randint(0, model.cfg.d_vocab, (1, model.cfg.n_ctx + 1))
+    with pytest.raises(InputError, match=f"{model.cfg.n_ctx + 1} tokens.*context of {model.cfg.n_ctx}.*max_len"):
+        score_heads(model, too_long, progress=False)
+
+
+@pytest.mark.floats
 def test_list_of_token_sequences_is_padded_for_you(model):
     seqs = sequences(model, seed=3)
     result = score_heads(model, seqs, batch_size=2, progress=False)

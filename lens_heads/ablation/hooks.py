@@ -36,6 +36,7 @@ from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import mark
+from lens_heads.heads.attention_rows import DEFAULT_QUERY_CHUNK, check_query_chunk, pattern_source, rows_from
 from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES, get_score, inactive, scores_of_layer, what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name
 from lens_heads.models.capture import LayerCapture
@@ -92,7 +93,8 @@ class HeadAblation:
     :mod:`lens_heads.evaluation.prefix`). ``reads_rows``: the rule needs the rows' keys (the evaluator passes them).
     """
 
-    def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str, capture: Sequence[str] = (),
+    def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str,
+                 capture: Sequence[str] | Callable[[int], Sequence[str]] = (),
                  ablation: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None,
                  reads_rows: bool = False):
         _check_ablation(ablation, means)
@@ -283,11 +285,13 @@ def _head_mask(model, heads: Iterable[tuple[int, int]]) -> Bool[Tensor, "layer h
 
 
 def threshold_zeroing(model, score_name: str, threshold: float, *, ablation: str = "zero",
-                      means: Tensor | None = None) -> HeadAblation:
+                      means: Tensor | None = None, query_chunk: int = DEFAULT_QUERY_CHUNK) -> HeadAblation:
     """The paper's per-input zeroing: in each layer, inside the same forward pass, compute ``score_name`` (one of
     the twelve, or an extra such as LTHON (HN) or the full-head-output AHON (full)) for every head of every input
-    from that layer's ``hook_pattern``, ``hook_v`` (KV-expanded) and ``hook_z`` (capturing only
-    those the score reads, so that scores that don't read the pattern leave attention fused), and ablate
+    from that layer's attention pattern, ``hook_v`` (KV-expanded) and ``hook_z`` (capturing only
+    those the score reads; the pattern is read ``query_chunk`` rows at a time from the layer's queries and keys
+    where the layer can run fused, :mod:`lens_heads.heads.attention_rows`, so the attention stays fused and no layer's
+    whole pattern is held), and ablate
     the heads whose score crosses ``threshold`` on the inactive side (``>`` for AWFT scores, ``<`` otherwise;
     strict), at all positions. Later layers are therefore scored on the already-ablated stream. Only non-padding
     positions count (give the mask with :meth:`HeadAblation.batch`). The decision reads the whole row, so the
@@ -299,24 +303,30 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, ablation: str
     score = get_score(score_name)
     direction, n_heads = score.direction, model.cfg.n_heads
     threshold = float(threshold)
+    check_query_chunk(query_chunk)
     capture = tuple(name for name in ("v", "pattern") if name in score.reads)
     # the full-head-output scores measure z through the head's slice of W_O: [layer, head, d_head, d_model]
     W_O = model.W_O.detach() if score_name in EXTRA_NAMES else None
     check_attention_hooks(model, ["hook_z", *(f"hook_{name}" for name in capture)], uses=f"zeroing by {score_name}",
                           advice=what_still_works)
 
+    def captured(layer: int) -> tuple[str, ...]:
+        return tuple(x for name in capture for x in (pattern_source(model, layer) if name == "pattern" else (name,)))
+
     def rule(layer: int, z: Tensor, acts: dict) -> Tensor:
-        if any(name not in acts for name in capture):
-            raise RuntimeError(f"layer {layer}: hook_{'/hook_'.join(capture)} were not captured before hook_z; pass "
-                               "all of HeadAblation.hooks to the model")
+        if any(name not in acts for name in captured(layer)):
+            raise RuntimeError(f"layer {layer}: hook_{'/hook_'.join(captured(layer))} were not captured before "
+                               "hook_z; pass all of HeadAblation.hooks to the model")
         # float32 as in score_heads, so thresholds read off its CDF mean the same here
         v = expand_kv(acts["v"], n_heads).float() if "v" in acts else None
-        pattern = acts["pattern"].float() if "pattern" in acts else None
+        source = rows_from(model, layer, acts, acts["mask"]) if "pattern" in capture else None
+        pattern, query_keys = (source.float(), None) if isinstance(source, Tensor) else (None, source)
         w = W_O[layer].to(z.device).float() if W_O is not None else None
-        scores = scores_of_layer(pattern, v, z.float(), acts["mask"], [score], W_O=w)[..., 0]
+        scores = scores_of_layer(pattern, v, z.float(), acts["mask"], [score], W_O=w, query_keys=query_keys,
+                                 query_chunk=query_chunk)[..., 0]
         return inactive(scores, direction, threshold)
 
-    return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=capture, ablation=ablation, means=means,
+    return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=captured, ablation=ablation, means=means,
                    description=f"threshold: {score_name} {direction} {threshold:.6g}")
 
 

@@ -24,8 +24,11 @@ taken as 1: all heads tie at the layer mean.
 
 A score is a :class:`Score`; a new one is a few lines (``Score("MY", "<", lambda layer: ...)``) passed to
 :func:`scores_of_layer` or ``score_heads(..., extras=[...])``; the streaming pass needs no change. ``Score.reads``
-names the activations it needs: a per-input zeroing on a score that doesn't read the pattern lets the evaluator
-run fused attention (:mod:`lens_heads.evaluation.fused_attention`).
+names the activations it needs. AWFT and AEQD need only two numbers per query row (the weight on the first token, the
+entropy), which :meth:`Layer.rows` reads a chunk of rows at a time, from ``hook_pattern`` or recomputed from the
+layer's queries and keys (:mod:`lens_heads.heads.attention_rows`): the scoring pass and the per-input zeroing then
+run fused attention (:mod:`lens_heads.evaluation.fused_attention`) and never hold a layer's whole pattern. A Score of
+your own that reads ``layer.pattern`` whole gets it captured (the layer then runs eagerly).
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from lens_heads.heads.attention_rows import (
+    DEFAULT_QUERY_CHUNK,
+    QueryKeys,
+    RowStatistics,
+    check_query_chunk,
+    row_statistics,
+)
 from lens_heads.plumbing.errors import InputError
 
 ACTIVATIONS = ("pattern", "v", "z")
@@ -54,12 +64,27 @@ class Layer:
     mask: Bool[Tensor, "batch pos"]
     W_O: Float[Tensor, "head d_head d_model"] | None = None
     causal: bool = False  # True promises A[i, j] = 0 for keys after the query: lets entropy skip them
+    # the pattern's rows computed from queries and keys where no pattern was captured (lens_heads.heads.attention_rows)
+    query_keys: QueryKeys | None = None
+    query_chunk: int = DEFAULT_QUERY_CHUNK
     _values: dict = field(default_factory=dict, repr=False)
+    _rows: RowStatistics | None = field(default=None, repr=False)
 
     def value(self, score: "Score") -> Float[Tensor, "batch head"]:
         if score.name not in self._values:
             self._values[score.name] = score.fn(self)
         return self._values[score.name]
+
+    def rows(self) -> RowStatistics:
+        """Each query row's weight on the first token and entropy, read ``query_chunk`` rows at a time from the
+        pattern (or, without one, from ``query_keys``); computed once for the scores that read the pattern."""
+        if self._rows is None:
+            source = self.pattern if self.pattern is not None else self.query_keys
+            if source is None:
+                raise InputError("this score reads pattern, which the layer lacks: list 'pattern' in its Score.reads")
+            causal = source.causal if isinstance(source, QueryKeys) else self.causal
+            self._rows = row_statistics(source, self.first, causal=causal, query_chunk=self.query_chunk)
+        return self._rows
 
     @property
     def first(self) -> Tensor:
@@ -111,28 +136,14 @@ def average_weight_of_first_token(layer: Layer) -> Float[Tensor, "batch head"]:
     ``mean_{i in P} A[i, first]``. A head that sends (nearly) all its attention to the first token (an attention
     sink) writes little of the rest of the input: inactive when the score is *above* the threshold. The attention-sink
     criterion of earlier work, which the paper finds removes the fewest heads."""
-    A = _read(layer.pattern, "pattern")
-    first = layer.first.to(A.device)
-    a_first = A.gather(-1, first[:, None, None, None].expand(*A.shape[:3], 1))[..., 0]  # [b, h, q]
-    return layer.mean_over_positions(a_first)
-
-
-ENTROPY_CHUNK = 64  # query rows per step: bounds the temporary and, for causal patterns, skips future keys
+    return layer.mean_over_positions(layer.rows().first_weight)
 
 
 def average_entropy_of_query_distributions(layer: Layer) -> Float[Tensor, "batch head"]:
     """AEQD: the entropy (nats) of each query's attention distribution, averaged over the queries,
     ``mean_{i in P} -sum_j A[i, j] ln A[i, j]``. A head whose queries all attend to one or a few keys (low entropy) is
     taken as inactive: inactive when the score is *below* the threshold."""
-    A = _read(layer.pattern, "pattern")
-    q, k = A.shape[-2:]
-    entropy = A.new_empty(A.shape[:-1])  # [b, h, q]
-    for r0 in range(0, q, ENTROPY_CHUNK):
-        r1 = min(q, r0 + ENTROPY_CHUNK)
-        keys = min(k, r1 + k - q) if layer.causal else k
-        # entr(0) = 0: masked keys (A = 0) add nothing, as in -sum A ln A with 0 ln 0 = 0.
-        entropy[..., r0:r1] = torch.special.entr(A[..., r0:r1, :keys]).sum(-1)
-    return layer.mean_over_positions(entropy)
+    return layer.mean_over_positions(layer.rows().entropy)
 
 
 def first_token_value_vector_norm(layer: Layer) -> Float[Tensor, "batch head"]:
@@ -323,29 +334,38 @@ def scores_of_layer(
     *,
     W_O: Float[Tensor, "head d_head d_model"] | None = None,
     causal: bool = False,
+    query_keys: QueryKeys | None = None,
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
 ) -> Float[Tensor, "batch head n_scores"]:
     """All ``scores`` (default: the twelve, in SCORE_NAMES order) of one layer, for every input and head.
 
     ``v`` must already be expanded to query heads (``lens_heads.models.loading.expand_kv``). ``pattern`` or ``v`` may be
-    None where no score reads it (``Score.reads``). Every input needs at least one non-padding position. ``W_O`` is needed only by the full-head-output extras. ``causal=True`` promises a
-    causal pattern (no weight on later keys) and lets the entropy skip the upper triangle (~1.8x faster).
+    None where no score reads it (``Score.reads``). Every input needs at least one non-padding position. ``W_O`` is
+    needed only by the full-head-output extras. ``causal=True`` promises a causal pattern (no weight on later keys)
+    and lets the entropy skip the upper triangle (~1.8x faster). The registered scores read the pattern
+    ``query_chunk`` rows at a time, and from ``query_keys`` (:mod:`lens_heads.heads.attention_rows`) where ``pattern``
+    is None, so the layer's whole pattern is never needed; a Score of your own reading ``layer.pattern`` needs it.
     """
     scores = as_scores(scores)
-    given = {"pattern": pattern, "v": v, "z": z}
+    given = {"pattern": pattern if pattern is not None else query_keys, "v": v, "z": z}
     missing = sorted({name for s in scores for name in s.reads if given[name] is None})
     if missing:
         raise InputError(f"the scores {[s.name for s in scores]} read {missing}: pass them to scores_of_layer")
     b, q, h = z.shape[:3]
-    k = pattern.shape[-1] if pattern is not None else (v.shape[1] if v is not None else q)
+    k = (pattern.shape[-1] if pattern is not None else query_keys.k.shape[1] if query_keys is not None
+         else v.shape[1] if v is not None else q)
     if ((pattern is not None and tuple(pattern.shape) != (b, h, q, k))
+            or (query_keys is not None and pattern is None and (query_keys.q.shape[:3] != (b, q, h)
+                                                                 or query_keys.k.shape[:3] != (b, k, h)))
             or (v is not None and v.shape[:3] != (b, k, h)) or tuple(mask.shape) != (b, q)):
         shape = lambda x: None if x is None else tuple(x.shape)  # noqa: E731
+        qk = "" if query_keys is None else f", queries {shape(query_keys.q)}, keys {shape(query_keys.k)}"
         raise InputError(f"shapes disagree: pattern {shape(pattern)}, v {shape(v)} (expand KV heads "
-                         f"first), z {shape(z)}, mask {shape(mask)}")
+                         f"first), z {shape(z)}, mask {shape(mask)}{qk}")
     mask = mask.to(device=z.device, dtype=torch.bool)
     if not bool(mask.any(dim=1).all()):
         raise InputError("every input needs at least one non-padding position in mask")
-    layer = Layer(pattern, v, z, mask, W_O, causal)
+    layer = Layer(pattern, v, z, mask, W_O, causal, query_keys, check_query_chunk(query_chunk))
     return torch.stack([layer.value(s) for s in scores], dim=-1)
 
 

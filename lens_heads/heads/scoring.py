@@ -1,9 +1,13 @@
 """Score every attention head of a model in one streaming forward pass.
 
-Hooks on ``hook_v`` and ``hook_pattern`` hold on to the current layer's values and attention (which the forward
-keeps alive until the layer's output anyway); the hook on ``hook_z`` reduces the layer to ``[batch, head, score]``
-numbers and lets go. Nothing is cached across layers, so memory does not grow with depth beyond the score tensor,
-and the pass skips the unembedding (no logits are needed).
+Hooks on ``hook_v`` and on the layer's queries and keys hold on to the current layer's values and the source of
+its attention pattern; the hook on ``hook_z`` reduces the layer to ``[batch, head, score]`` numbers and lets go.
+The attention itself runs fused (:mod:`lens_heads.evaluation.fused_attention`) and the scores that read the pattern
+recompute it ``query_chunk`` rows at a time (:mod:`lens_heads.heads.attention_rows`), so no layer's whole
+``[batch, head, query, key]`` pattern is ever held: memory grows linearly with the prompt. A layer that cannot run
+fused (soft-capped, windowed, a TransformerBridge's) gives its ``hook_pattern`` instead, read by rows all the same.
+Nothing is cached across layers, so memory does not grow with depth beyond the score tensor, and the pass skips the
+unembedding (no logits are needed).
 """
 
 from __future__ import annotations
@@ -27,8 +31,19 @@ from lens_heads.data.items import Task
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.batching import AUTO, first_size, halving
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
+from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
-from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, SCORES, Score, as_scores, scores_of_layer, what_still_works
+from lens_heads.heads.attention_rows import DEFAULT_QUERY_CHUNK, check_query_chunk, pattern_source, rows_from
+from lens_heads.heads.scores import (
+    DIRECTION,
+    EXTRA_SCORES,
+    SCORE_NAMES,
+    SCORES,
+    Score,
+    as_scores,
+    scores_of_layer,
+    what_still_works,
+)
 from lens_heads.models.backends import check_attention_hooks, run_to_resid
 from lens_heads.models.capture import LayerCapture, check_hook_names
 from lens_heads.models.loading import expand_kv, model_meta
@@ -118,6 +133,7 @@ def score_heads(
     extras: Sequence[Score | str] = (),
     hooks: Sequence[tuple] = (),
     max_len: int | None = None,
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
     **options,
 ) -> HeadScores:
     """The twelve head scores (``lens_heads.heads.scores.SCORE_NAMES``) of every head of ``model`` on every input.
@@ -131,20 +147,22 @@ def score_heads(
     ``(hook_name, fn)`` pairs run before the scoring hooks (e.g. to score an ablated model).
 
     ``settings`` (:class:`lens_heads.evaluation.eval_settings.EvalSettings`, or its fields as keywords laid over
-    it): the pass reads ``batch_size``, ``protocol`` and ``apply_chat_template`` (it reads no choice, and always
-    materialises the pattern it scores); ``meta["settings"]`` records the value whole. Inputs are batched by
-    length, so padding costs little; the result keeps the input order. ``batch_size="auto"``: the largest that fits
-    (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank scores a block of the inputs and every rank
+    it): the pass reads ``batch_size``, ``protocol`` and ``apply_chat_template`` (it reads no choice);
+    ``meta["settings"]`` records the value whole. Inputs are batched by length, so padding costs little; the result
+    keeps the input order. ``batch_size="auto"``: the largest that fits (:mod:`lens_heads.evaluation.batching`). Under torchrun each rank scores a block of the inputs and every rank
     returns all the values (:mod:`lens_heads.plumbing.distributed`). Scores are computed in float32 whatever the
     model's dtype (their norms, entropies and means). A NaN or infinite score is refused
     (:class:`lens_heads.plumbing.errors.NonFiniteError`, naming the inputs, the first layer with one and the first
-    hook point whose output went non-finite).
+    hook point whose output went non-finite). ``query_chunk``: query rows of a layer's attention pattern held at
+    once (memory per layer ``batch x head x query_chunk x key`` floats; the attention runs fused where the layer
+    allows).
     """
     evaluation = eval_settings(settings, options)
     batch_size, protocol, apply_chat_template = (evaluation.batch_size, evaluation.protocol,
                                                  evaluation.apply_chat_template)
     call: dict[str, Any] = dict(settings=evaluation, attention_mask=attention_mask, progress=progress, extras=extras,
-                                hooks=hooks, max_len=max_len)
+                                hooks=hooks, max_len=max_len, query_chunk=query_chunk)
+    check_query_chunk(query_chunk)
     if distributed.sharding():
         return _score_shards(model, inputs, call)
     if batch_size == AUTO:
@@ -157,11 +175,12 @@ def score_heads(
     task_rows, tokens, mask = _rows_and_tokens(model, inputs, attention_mask, max_len=max_len, protocol=protocol,
                                                apply_chat_template=apply_chat_template)
     extras = as_scores(extras)
-    values = _score_rows(model, tokens, mask, extras, hooks, batch_size=batch_size, progress=progress)
+    values = _score_rows(model, tokens, mask, extras, hooks, batch_size=batch_size, progress=progress,
+                         query_chunk=query_chunk)
     _refuse_nonfinite(model, values, tokens, mask, [*SCORE_NAMES, *(s.name for s in extras)])
     data = _describe(inputs, tokens.shape[0], int(mask.sum()), task_rows, protocol, apply_chat_template)
     meta = dict(model=model_meta(model), data=data, definitions=DEFINITIONS, settings=evaluation.to_dict(),
-                batch_size=batch_size, user_hooks=_hook_labels(hooks))
+                batch_size=batch_size, query_chunk=query_chunk, user_hooks=_hook_labels(hooks))
     return _head_scores(values, extras, meta)
 
 
@@ -182,7 +201,8 @@ def _rows_and_tokens(model, inputs: Inputs, attention_mask, *, max_len: int | No
 
 
 def _score_rows(model, tokens: Tensor, mask: Bool[Tensor, "b p"], extras: tuple[Score, ...],
-                hooks: Sequence[tuple], *, batch_size: int, progress: bool) -> Float[Tensor, "input layer head score"]:
+                hooks: Sequence[tuple], *, batch_size: int, progress: bool, query_chunk: int
+                ) -> Float[Tensor, "input layer head score"]:
     """Every score of every row, the twelve then ``extras``: batched longest first, returned in the rows' order."""
     scores = SCORES + extras
     cfg = model.cfg
@@ -196,7 +216,7 @@ def _score_rows(model, tokens: Tensor, mask: Bool[Tensor, "b p"], extras: tuple[
         for start in range(0, n, batch_size):
             rows = order[start : start + batch_size]
             batch_tokens, batch_mask = _trim(tokens[rows], mask[rows])
-            out[rows] = _score_batch(model, batch_tokens, batch_mask, scores, W_O, hooks)
+            out[rows] = _score_batch(model, batch_tokens, batch_mask, scores, W_O, hooks, query_chunk)
             bar.update(len(rows))
     bar.close()
     return out
@@ -237,7 +257,8 @@ def _hook_labels(hooks: Sequence[tuple]) -> list[str]:
     return [h[0] if isinstance(h[0], str) else repr(h[0]) for h in hooks]
 
 
-def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, "batch layer head score"]:
+def _score_batch(model, tokens, mask, scores, W_O, user_hooks, query_chunk: int
+                 ) -> Float[Tensor, "batch layer head score"]:
     cfg = model.cfg
     device = cfg.device
     mask_dev = mask.to(device)
@@ -248,15 +269,20 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks) -> Float[Tensor, 
         f32 = (lambda x: x.float()) if z.dtype != torch.float32 else (lambda x: x)
         v = expand_kv(acts["v"], cfg.n_heads)
         w = W_O[layer].float() if W_O is not None else None
-        out[:, layer] = scores_of_layer(f32(acts["pattern"]), f32(v), f32(z), mask_dev, scores, W_O=w,
-                                     causal=causal).cpu()
+        source = rows_from(model, layer, acts, mask_dev)
+        pattern, query_keys = (f32(source), None) if isinstance(source, Tensor) else (None, source)
+        out[:, layer] = scores_of_layer(pattern, f32(v), f32(z), mask_dev, scores, W_O=w, causal=causal,
+                                        query_keys=query_keys, query_chunk=query_chunk).cpu()
 
-    capture = LayerCapture(cfg.n_layers, reduce_layer, ("v", "pattern"))
+    # a Score of the user's own that reads the pattern reads layer.pattern whole: those layers capture it
+    whole = any("pattern" in s.reads for s in scores if s not in SCORES + EXTRA_SCORES)
+    capture = LayerCapture(cfg.n_layers, reduce_layer,
+                           lambda layer: ("v", "pattern") if whole else ("v", *pattern_source(model, layer)))
     padded = not bool(mask.all())
     left_tokenizer = model.tokenizer is not None and model.tokenizer.padding_side == "left"
     # Without padding, no mask is needed; a left-padding tokenizer would make TL guess one, so give it explicitly.
     attention_mask = mask_dev.long() if (padded or left_tokenizer) else None
-    with packed_weights(model), model.hooks(fwd_hooks=list(user_hooks) + capture.hooks):
+    with fused_attention(model), packed_weights(model), model.hooks(fwd_hooks=list(user_hooks) + capture.hooks):
         run_to_resid(model, tokens.to(device), attention_mask, stop=cfg.n_layers)
     if capture.leftover():
         raise RuntimeError(f"hooks {capture.leftover()} fired without a hook_z after them: is this a standard "

@@ -21,10 +21,13 @@ AtZ = Callable[[int, Tensor, dict[str, Tensor]], "Tensor | None"]
 
 class LayerCapture:
     """``at_z(layer, z, acts)`` runs at every layer's ``hook_z`` with ``acts`` = that layer's captured activations
-    (``capture`` names such as ``"v"``, ``"pattern"``); what it returns replaces ``z`` (None leaves it)."""
+    (``capture`` names such as ``"v"``, ``"pattern"``, the same for every layer, or a function of the layer giving
+    them); what it returns replaces ``z`` (None leaves it)."""
 
-    def __init__(self, n_layers: int, at_z: AtZ, capture: Sequence[str] = ("v", "pattern")):
-        self.n_layers, self.capture = n_layers, tuple(capture)
+    def __init__(self, n_layers: int, at_z: AtZ,
+                 capture: Sequence[str] | Callable[[int], Sequence[str]] = ("v", "pattern")):
+        self.n_layers = n_layers
+        self.capture = capture if callable(capture) else (lambda layer, names=tuple(capture): names)
         self._at_z = at_z
         self._held: dict[int, dict[str, Tensor]] = {}
 
@@ -33,7 +36,7 @@ class LayerCapture:
         """TransformerLens ``(hook_name, fn)`` pairs: each layer's captures, then its ``hook_z``."""
         pairs: list[HookPair] = []
         for layer in range(self.n_layers):
-            pairs += [(get_act_name(name, layer), self._keeper(layer, name)) for name in self.capture]
+            pairs += [(get_act_name(name, layer), self._keeper(layer, name)) for name in self.capture(layer)]
             pairs.append((get_act_name("z", layer), self._caller(layer)))
         return pairs
 

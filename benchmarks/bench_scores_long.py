@@ -1,0 +1,278 @@
+"""Head scores on long prompts: peak memory and tokens/s of the scoring pass by query chunks, against the pass that
+hooks each layer's whole pattern, a naive run_with_cache and the evaluator's forward.
+
+    python benchmarks/bench_scores_long.py [--lengths 512,2048,8192 --threads 1 --naive-gb 6] [--write-docs]
+
+Each measured (method, length) is merged into docs/records/bench_scores_long.json as it finishes (with its date,
+commit and load average), so the lengths can be run in separate invocations (the long one when the machine is
+quiet); the table and the docs section cover every recorded row.
+
+One prompt of each length (random ids after a BOS, no padding) on the embedded model, fp32 CPU, under no_grad:
+  evaluator      the evaluator's forward: fused attention and packed weights, the blocks to the last residual stream
+  chunked        lens_heads.score_heads: attention fused, AWFT/AEQD read query_chunk rows at a time from the queries
+                 and keys (lens_heads.heads.attention_rows)
+  whole-pattern  the scoring pass before query chunks: hook_pattern captured whole in every layer (eager attention),
+                 the same scores_of_layer on it
+  naive          model.run_with_cache(names_filter=hook_v|hook_pattern|hook_z), then scores_of_layer per layer; left
+                 out where its cached patterns alone (layers x heads x length^2 floats) exceed --naive-gb
+
+Each (method, length) runs once, in its own fresh process, one after another: the process loads the model, runs the
+method once on 64 tokens (first-call allocations), trims the allocator, resets the kernel's peak-RSS counter
+(``echo 5 > /proc/self/clear_refs``, Linux), then times one run and reads ``VmHWM``: the peak resident memory of the
+whole process during that run (weights included); "delta" is that peak minus the RSS just before. Wall and CPU
+seconds from the same run (one run each: 8,192 tokens take minutes); on a shared machine the CPU seconds of a
+one-thread run are what an idle core would take, so tokens/s and the ratios are given by CPU seconds too. Before them, this process checks on the shortest length that the
+chunked, whole-pattern and naive scores agree (atol/rtol 1e-4, float32).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.provenance import code_commit
+from lens_heads.plumbing.settings import option
+from timing import (
+    load_average,
+    machine_line,
+    parse_settings,
+    set_threads,
+    threads_option,
+    write_docs_option,
+    write_section,
+)
+
+METHODS = ("evaluator", "chunked", "whole-pattern", "naive")
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "docs" / "records" / "bench_scores_long.json"
+SECTION = "Scoring pass on long prompts"
+
+
+@dataclass(frozen=True)
+class LongScoresBench:
+    """What the benchmark measures; ``--child`` is what the parent passes to each fresh process."""
+
+    lengths: str = option("512,2048,8192", "prompt lengths in tokens, comma-separated ('': none, only the table "
+                          "of the recorded rows)", parse=str)
+    threads: int | None = threads_option()
+    naive_gb: float = option(6.0, "leave out the naive run where its cached patterns exceed this many GB", parse=float)
+    write_docs: bool = write_docs_option(SECTION)
+    child: str | None = option(None, "METHOD:LENGTH this process measures", parse=str, hidden=True)
+
+
+def make_tokens(model, length: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(100, model.cfg.d_vocab, (1, length), generator=g)
+    if model.tokenizer is not None and model.tokenizer.bos_token_id is not None:
+        tokens[:, 0] = model.tokenizer.bos_token_id
+    return tokens
+
+
+def runner(model, tokens, method: str):
+    """The function that runs ``method`` once on ``tokens`` (scores [input, layer, head, score], or None)."""
+    from lens_heads.evaluation.fused_attention import fused_attention
+    from lens_heads.evaluation.packed_weights import packed_weights
+    from lens_heads.heads.scores import scores_of_layer
+    from lens_heads.heads.scoring import score_heads
+    from lens_heads.models.backends import get_act_name, run_to_resid
+    from lens_heads.models.capture import LayerCapture
+    from lens_heads.models.loading import expand_kv
+
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    mask = torch.ones(tokens.shape, dtype=torch.bool)
+
+    def evaluator():
+        with torch.no_grad(), fused_attention(model), packed_weights(model):
+            run_to_resid(model, tokens, None, stop=L)
+
+    def chunked():
+        return score_heads(model, tokens, batch_size=1, progress=False).values
+
+    def whole_pattern():
+        out = torch.empty(tokens.shape[0], L, H, 12)
+
+        def reduce_layer(layer, z, acts):
+            out[:, layer] = scores_of_layer(acts["pattern"], expand_kv(acts["v"], H), z, mask, causal=True)
+
+        capture = LayerCapture(L, reduce_layer, ("v", "pattern"))
+        with torch.no_grad(), packed_weights(model), model.hooks(fwd_hooks=capture.hooks):
+            run_to_resid(model, tokens, None, stop=L)
+        return out
+
+    def naive():
+        wanted = {get_act_name(k, layer) for layer in range(L) for k in ("v", "pattern", "z")}
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in wanted)
+            return torch.stack([scores_of_layer(cache[get_act_name("pattern", layer)],
+                                                expand_kv(cache[get_act_name("v", layer)], H),
+                                                cache[get_act_name("z", layer)], mask) for layer in range(L)], dim=1)
+
+    return {"evaluator": evaluator, "chunked": chunked, "whole-pattern": whole_pattern, "naive": naive}[method]
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def child(method: str, length: int) -> None:
+    """In a fresh process: wall time and peak RSS of one run of ``method``; prints one JSON line."""
+    from lens_heads import load_model
+
+    model = load_model()
+    runner(model, make_tokens(model, 64), method)()  # first-call allocations, outside the measured run
+    fn = runner(model, make_tokens(model, length), method)
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = _status_kb("VmRSS")
+    start, cpu = time.perf_counter(), time.process_time()
+    fn()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    peak = _status_kb("VmHWM")
+    print(json.dumps({"method": method, "length": length, "wall_s": wall, "cpu_s": cpu,
+                      "rss_before_mb": before / 1024, "peak_mb": peak / 1024, "threads": torch.get_num_threads()}))
+
+
+def measure(method: str, length: int, threads: int | None) -> dict:
+    started = load_average()
+    command = [sys.executable, __file__, "--child", f"{method}:{length}"]
+    if threads:
+        command += ["--threads", str(threads)]
+    out = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"{method} at {length} tokens failed:\n{out.stderr[-3000:]}")
+    code = code_commit()
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "date": time.strftime("%Y-%m-%d"),
+            "commit": code["commit"], "dirty": code["dirty"], "load_start": started, "load_end": load_average()}
+
+
+def recorded() -> list[dict]:
+    return json.loads(RECORD.read_text())["rows"] if RECORD.exists() else []
+
+
+def record(row: dict) -> list[dict]:
+    """Merge ``row`` into the record (replacing an earlier one of its method and length); all rows."""
+    rows = [r for r in recorded() if (r["method"], r["length"]) != (row["method"], row["length"])] + [row]
+    rows.sort(key=lambda r: (r["length"], METHODS.index(r["method"])))
+    atomic_write_json(RECORD, {"benchmark": "benchmarks/bench_scores_long.py", "rows": rows})
+    return rows
+
+
+def check_agreement(length: int) -> None:
+    """The chunked, whole-pattern and naive scores agree on one prompt, for their times to mean anything."""
+    from lens_heads import load_model
+
+    model = load_model()
+    tokens = make_tokens(model, length)
+    chunked = runner(model, tokens, "chunked")()
+    for other in ("whole-pattern", "naive"):
+        torch.testing.assert_close(chunked, runner(model, tokens, other)().float(), atol=1e-4, rtol=1e-4)
+    print(f"  {length} tokens: chunked == whole-pattern == naive (atol/rtol 1e-4)", flush=True)
+
+
+def naive_gb(length: int) -> float:
+    """The naive run's cached patterns alone: 30 layers x 9 heads x length^2 float32 (the embedded model)."""
+    return 30 * 9 * length * length * 4 / 1e9
+
+
+def main(argv=None) -> None:
+    args = parse_settings(LongScoresBench, argv, __doc__)
+    set_threads(args.threads)
+    if args.child:
+        method, length = args.child.split(":")
+        return child(method, int(length))
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]  # none: the table of what is recorded
+    started_load = load_average()
+    print(f"embedded model, one prompt of {lengths} tokens; {machine_line(started_load)}", flush=True)
+    if lengths:
+        check_agreement(min(lengths))
+    for length in lengths:
+        for method in METHODS:
+            if method == "naive" and naive_gb(length) > args.naive_gb:
+                print(f"  {length:6d} {method:14s} left out: its patterns alone are {naive_gb(length):.0f} GB",
+                      flush=True)
+                continue
+            r = measure(method, length, args.threads)
+            record(r)
+            print(f"  {length:6d} {method:14s} {r['wall_s']:7.1f} s ({r['cpu_s']:7.1f} s CPU)  "
+                  f"{length / r['cpu_s']:7.1f} tokens/CPU s  peak {r['peak_mb']:6.0f} MB "
+                  f"(delta {r['peak_mb'] - r['rss_before_mb']:6.0f} MB)", flush=True)
+    rows = recorded()
+    table, verdict = summary(rows, sorted({r["length"] for r in rows}), args.naive_gb)
+    print()
+    print(table)
+    print(verdict)
+    if args.write_docs:
+        write_docs(args, machine_line(started_load), table, verdict)
+
+
+def summary(rows: list[dict], lengths: list[int], limit_gb: float) -> tuple[str, str]:
+    """The table (each method's wall and CPU time, tokens/s, ratio to the evaluator, peak and delta) and the
+    verdict, from the recorded rows."""
+    by = {(r["method"], r["length"]): r for r in rows}
+    lines = ["| tokens | method | wall (s) | CPU (s) | tokens / CPU s | / evaluator | peak RSS (MB) | delta (MB) | "
+             "date, commit |", "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for length in lengths:
+        evaluator = by.get(("evaluator", length))
+        for method in METHODS:
+            r = by.get((method, length))
+            if r is None:
+                why = (f"left out: its patterns alone are {naive_gb(length):.0f} GB (> {limit_gb:g})"
+                       if method == "naive" and naive_gb(length) > limit_gb else "not measured")
+                lines.append(f"| {length} | {method} | {why} | | | | | | |")
+                continue
+            ratio = f"{evaluator['cpu_s'] / r['cpu_s']:.2f}x" if evaluator else "-"
+            lines.append(f"| {length} | {method} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {length / r['cpu_s']:.1f} | "
+                         f"{ratio} | {r['peak_mb']:.0f} | {r['peak_mb'] - r['rss_before_mb']:.0f} | {r['date']}, "
+                         f"{(r['commit'] or '?')[:7]}{'+' if r['dirty'] else ''} |")
+    both = [n for n in lengths if ("evaluator", n) in by and ("chunked", n) in by]
+    ratios = ", ".join(f"{by[('evaluator', n)]['cpu_s'] / by[('chunked', n)]['cpu_s']:.2f}x at {n}" for n in both)
+    chunked = [n for n in lengths if ("chunked", n) in by]
+    delta = {n: by[("chunked", n)]["peak_mb"] - by[("chunked", n)]["rss_before_mb"] for n in chunked}
+    growth = ", ".join(f"{a}->{b} tokens ({b / a:.0f}x): {delta[b] / max(delta[a], 1):.1f}x"
+                       for a, b in zip(chunked, chunked[1:]))
+    whole = ", ".join(f"{by[('whole-pattern', n)]['peak_mb'] / by[('chunked', n)]['peak_mb']:.2f}x at {n}"
+                      for n in chunked if ("whole-pattern", n) in by)
+    verdict = (f"chunked scoring / evaluator tokens per CPU second: {ratios} tokens (target >= 0.5x at every "
+               f"length); growth of the chunked pass's activation memory (delta): {growth}; whole-pattern / "
+               f"chunked peak RSS: {whole}")
+    return "\n".join(lines), verdict
+
+
+def write_docs(args, machine: str, table: str, verdict: str) -> None:
+    threads = f" --threads {args.threads}" if args.threads else ""
+    write_section(SECTION, "\n".join([
+        f"`python benchmarks/bench_scores_long.py --lengths {args.lengths}{threads} --naive-gb {args.naive_gb:g}` "
+        f"(the last invocation: {machine}; fp32 CPU; each row's date and commit in the table, + = uncommitted "
+        "changes). Embedded SmolLM2-135M-Instruct (30 layers x 9 heads, 3 KV heads), "
+        "one prompt per length, no padding. Each (method, length) ran once in its own fresh process, one after "
+        "another (rows from docs/records/bench_scores_long.json): wall and CPU seconds of that run (tokens/s and "
+        "the ratio to the evaluator by CPU seconds: a one-thread run's CPU seconds are what an idle core takes), "
+        "and its peak RSS (VmHWM reset via /proc/self/clear_refs after loading and a "
+        "64-token warm-up), weights included; delta = peak minus RSS before. The chunked, whole-pattern and naive "
+        "scores agree to 1e-4 on the shortest prompt (checked in the parent process).",
+        "", table, "", verdict, "",
+        "`evaluator` is the evaluator's forward (fused attention, packed weights, blocks only); `chunked` is "
+        "`score_heads` today (attention fused, the pattern scores read 256 query rows at a time from the queries and "
+        "keys); `whole-pattern` is the pass as it was before query chunks (every layer's whole pattern hooked, so "
+        "attention runs eagerly); `naive` caches hook_v/hook_pattern/hook_z of every layer, then scores."]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The attention pattern a chunk of query rows at a time, so that the scores which read it (AWFT, AEQD) never hold a
+layer's whole ``[batch, head, query, key]`` pattern.
+
+The rows come from one of two sources:
+
+- a pattern a hook captured (``hook_pattern``), sliced into rows: what a layer that runs eagerly gives anyway;
+- the layer's queries and keys (``hook_rot_q``/``hook_rot_k`` with rotary positions, else ``hook_q``/``hook_k``),
+  from which each chunk of rows is computed as TransformerLens's eager attention computes it: ``q . k / attn_scale``,
+  keys after the query and padding keys masked, softmax, and a row with no allowed key all zero. Hooking these
+  instead of ``hook_pattern`` leaves the layer on fused attention
+  (:mod:`lens_heads.evaluation.fused_attention`), so a forward's memory grows linearly with the prompt: per layer
+  ``batch x head x query_chunk x key`` floats for the rows, instead of ``batch x head x query x key``.
+
+:func:`pattern_source` says, per layer, which hooks a scoring pass or a per-input zeroing captures;
+:func:`rows_from` builds the source from what they captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from lens_heads.evaluation.fused_attention import eager_reason
+from lens_heads.models import tl_internals as tl
+from lens_heads.models.backends import backend
+from lens_heads.models.loading import expand_kv
+from lens_heads.plumbing.errors import InputError
+
+DEFAULT_QUERY_CHUNK = 256  # rows per step: 8 inputs x 9 heads x 256 rows x 8,192 keys is 0.6 GB of float32
+
+
+@dataclass(frozen=True)
+class QueryKeys:
+    """One layer's queries and keys as its attention reads them (after rotary and q/k norms), key/value heads
+    already expanded to query heads; ``real``: the keys that are real tokens."""
+
+    q: Float[Tensor, "batch q head d_head"]
+    k: Float[Tensor, "batch k head d_head"]
+    real: Bool[Tensor, "batch k"]
+    attn_scale: float  # the scores are q . k / attn_scale, as eagerly
+    causal: bool
+
+
+@dataclass(frozen=True)
+class RowStatistics:
+    """Per query row of one layer: the weight on the first token and the entropy (nats) of the row."""
+
+    first_weight: Float[Tensor, "batch head q"]
+    entropy: Float[Tensor, "batch head q"]
+
+
+def check_query_chunk(query_chunk) -> int:
+    """``query_chunk`` if it is a positive whole number, else an InputError saying so."""
+    if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1:
+        raise InputError(f"query_chunk must be a positive whole number of query rows (e.g. {DEFAULT_QUERY_CHUNK}), "
+                         f"got {query_chunk!r}")
+    return query_chunk
+
+
+MASKED = -1e30  # a masked score: its probability is exactly 0, and (unlike -inf) 0 x its log-probability is 0
+
+
+def score_rows(source: QueryKeys, start: int, stop: int, keys: int) -> Float[Tensor, "batch head rows keys"]:
+    """The attention scores of rows ``start:stop`` over the first ``keys`` keys (float32), as the eager attention
+    computes them before its softmax, masked keys at :data:`MASKED`. A row with no allowed key (before a
+    left-padded row's first token: a padding query, which no score reads) is all masked."""
+    # q / attn_scale before the product: one pass over the chunk's queries, not over its [rows, keys] scores
+    q, k = source.q[:, start:stop].float() / source.attn_scale, source.k[:, :keys].float()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    if not bool(source.real.all()):
+        scores.masked_fill_(~source.real[:, None, None, :keys].to(scores.device), MASKED)
+    if source.causal and keys > start:
+        # keys before the chunk's first row are earlier than every row of it: only keys start:keys need the mask
+        query = torch.arange(start, stop, device=scores.device)
+        later = torch.arange(start, keys, device=scores.device)[None, :] > query[:, None]
+        scores[..., start:keys].masked_fill_(later, MASKED)
+    return scores
+
+
+def row_statistics(source: Float[Tensor, "batch head q k"] | QueryKeys, first: Tensor, *, causal: bool,
+                   query_chunk: int) -> RowStatistics:
+    """The weight on the key ``first[b]`` and the entropy of every query row, ``query_chunk`` rows at a time;
+    ``causal`` promises no weight on later keys, so each chunk reads only the keys up to its last row."""
+    if isinstance(source, QueryKeys):
+        b, q, h = source.q.shape[:3]
+        k = source.k.shape[1]
+        device = source.q.device
+    else:
+        b, h, q, k = source.shape
+        device = source.device
+    first = first.to(device)
+    first_weight = torch.empty((b, h, q), dtype=torch.float32, device=device)
+    entropy = torch.empty((b, h, q), dtype=torch.float32, device=device)
+    for start in range(0, q, query_chunk):
+        stop = min(q, start + query_chunk)
+        # keys up to the chunk's last row (the key axis may be longer than the query axis by a prefix), and always
+        # the first token's column, which a left-padded row's first rows may precede
+        keys = max(min(k, stop + k - q), int(first.max()) + 1) if causal else k
+        if isinstance(source, QueryKeys):
+            scores = score_rows(source, start, stop, keys)
+            # softmax and log_softmax, not exp(log_softmax): exp of the masked log-probabilities is slow on CPU
+            rows = torch.softmax(scores, dim=-1)
+            # -sum A ln A from the log-probabilities themselves: masked keys add 0 x (MASKED - lse) = 0
+            entropy[..., start:stop] = -torch.linalg.vecdot(rows, torch.log_softmax(scores, dim=-1))
+        else:
+            rows = source[..., start:stop, :keys].float()
+            # xlogy(0, 0) = 0: masked keys (A = 0) add nothing, as in -sum A ln A with 0 ln 0 = 0
+            entropy[..., start:stop] = -torch.special.xlogy(rows, rows).sum(-1)
+        first_weight[..., start:stop] = rows.gather(-1, first[:, None, None, None].expand(*rows.shape[:3], 1))[..., 0]
+    return RowStatistics(first_weight, entropy)
+
+
+# ---------------------------------------------------------------- which hooks a layer's rows come from
+
+
+def pattern_source(model, layer: int) -> tuple[str, ...]:
+    """The hooks (``get_act_name`` names) from which layer ``layer``'s pattern rows are read: its queries and keys
+    where lens_heads runs the layer's attention fused (a HookedTransformer layer without soft-caps, windows, sinks or
+    other features :func:`~lens_heads.evaluation.fused_attention.eager_reason` lists), else ``hook_pattern``."""
+    if not backend(model).fuses_attention:
+        return ("pattern",)
+    attn = model.blocks[layer].attn
+    if eager_reason(attn) is not None:
+        return ("pattern",)
+    if attn.cfg.positional_embedding_type == "rotary":
+        return ("rot_q", "rot_k")
+    # without rotary, hook_q/hook_k fire before the per-head q/k norms: the layer's rows need its pattern then
+    return ("pattern",) if attn.cfg.use_qk_norm else ("q", "k")
+
+
+def rows_from(model, layer: int, acts: dict[str, Tensor], mask: Bool[Tensor, "batch pos"]
+              ) -> Float[Tensor, "batch head q k"] | QueryKeys:
+    """The source of layer ``layer``'s pattern rows from what :func:`pattern_source`'s hooks (or ``hook_pattern``)
+    captured, ``acts``; ``mask`` marks the real tokens, as the forward's attention mask did."""
+    if "pattern" in acts:
+        return acts["pattern"]
+    names = ("rot_q", "rot_k") if "rot_q" in acts else ("q", "k")
+    missing = [name for name in names if name not in acts]
+    if missing:
+        raise RuntimeError(f"layer {layer}: hook_{'/hook_'.join(missing)} were not captured before hook_z")
+    q, k = (acts[name] for name in names)
+    attn = model.blocks[layer].attn
+    return QueryKeys(q, expand_kv(k, q.shape[2]), mask.to(q.device), float(attn.attn_scale), tl.causal(attn))
