@@ -21,6 +21,7 @@ from nbformat.v4 import new_notebook
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from cells_harness import HARNESS  # noqa: E402
 from cells_heads import ATTENTION_PATTERNS, EXPLORER_EFFECTS_TASK, INACTIVE_HEADS  # noqa: E402
 from cells_layers import RANK_INHERITUNE, SMALLER_MODELS  # noqa: E402
 from cells_stats import STATISTICS  # noqa: E402
@@ -35,6 +36,7 @@ NOTEBOOKS = {
     "04_explorer_effects_custom_task.ipynb": EXPLORER_EFFECTS_TASK,
     "05_smaller_models.ipynb": SMALLER_MODELS,
     "06_statistics.ipynb": STATISTICS,
+    "07_lm_evaluation_harness.ipynb": HARNESS,
 }
 RECORD_KEY = "lens_heads"  # notebook metadata: the execution the header's time line is rendered from
 
