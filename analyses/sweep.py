@@ -48,7 +48,7 @@ from lens_heads.ablation.hooks import DRAWS
 from lens_heads.data.chat import parse_chat_setting, resolve_chat_template
 from lens_heads.data.rows import PROTOCOLS
 from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
-from lens_heads.evaluation.batching import AUTO
+from lens_heads.evaluation.batching import AUTO, parse_batch_size
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS
@@ -70,18 +70,6 @@ from shared_settings import TESTED, recorded_name
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = INACTIVE_HEADS_TASKS
 TOLERANCE = 2.0  # points: the realised share of heads zeroed should land this close to its target
-
-
-def _batch_size(text: str) -> int | str:
-    if text == AUTO:
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"expected a whole number >= 1 or 'auto', got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -119,7 +107,7 @@ class SweepSettings:
     tag: str = option("", "appended to the output names (sweep_<task>_<tag>.*), for a variant beside a record")
     calibration: str = option("rows", "thresholds from the evaluated rows (the paper's) or the item prompts",
                               choices=CALIBRATIONS)
-    batch_size: int | str = option(16, "forward rows per batch, or 'auto' (the largest that fits)", parse=_batch_size)
+    batch_size: int | str = option(16, "forward rows per batch, or 'auto' (the largest that fits)", parse=parse_batch_size)
     seed: int = option(0, "sampling and random-baseline seed")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
     dtype: str = option("float32", "weights and activations (scores and log-likelihoods are float32 anyway)",

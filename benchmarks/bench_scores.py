@@ -70,11 +70,7 @@ def make_tokens(model, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
 
 
 def runner(model, tokens, method: str):
-    from transformer_lens.utils import get_act_name
-
-    from lens_heads.heads.scores import scores_of_layer
     from lens_heads.heads.scoring import score_heads
-    from lens_heads.models.loading import expand_kv
 
     L = model.cfg.n_layers
     mask = torch.ones(tokens.shape, dtype=torch.bool)
@@ -90,18 +86,28 @@ def runner(model, tokens, method: str):
     def scoring():
         return score_heads(model, tokens, batch_size=tokens.shape[0], progress=False).values
 
-    def naive():
-        wanted = {get_act_name(k, l) for l in range(L) for k in ("v", "pattern", "z")}
-        with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
-            return torch.stack([scores_of_layer(cache[get_act_name("pattern", l)],
-                                             expand_kv(cache[get_act_name("v", l)], model.cfg.n_heads),
-                                             cache[get_act_name("z", l)], mask) for l in range(L)], dim=1)
-
-    return {"plain": plain, "plain-trunk": plain_trunk, "scoring": scoring, "naive": naive}[method]
+    return {"plain": plain, "plain-trunk": plain_trunk, "scoring": scoring,
+            "naive": lambda: naive_scores(model, tokens, mask)}[method]
 
 
-def _status_kb(field: str) -> int:
+def naive_scores(model, tokens, mask) -> torch.Tensor:
+    """The twelve scores the naive way: ``run_with_cache`` keeps every layer's v, pattern and z, then
+    ``scores_of_layer`` per layer."""
+    from transformer_lens.utils import get_act_name
+
+    from lens_heads.heads.scores import scores_of_layer
+    from lens_heads.models.loading import expand_kv
+
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    wanted = {get_act_name(k, l) for l in range(L) for k in ("v", "pattern", "z")}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
+        return torch.stack([scores_of_layer(cache[get_act_name("pattern", l)], expand_kv(cache[get_act_name("v", l)], H),
+                                            cache[get_act_name("z", l)], mask) for l in range(L)], dim=1)
+
+
+def status_kb(field: str) -> int:
+    """A field of /proc/self/status in kB (VmRSS, VmHWM)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
@@ -121,9 +127,9 @@ def memory_child(method: str, batch: int, seq: int) -> None:
     except OSError:
         pass
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    before = _status_kb("VmRSS")
+    before = status_kb("VmRSS")
     result = fn()
-    peak = _status_kb("VmHWM")
+    peak = status_kb("VmHWM")
     del result
     print(json.dumps({"method": method, "rss_before_mb": before / 1024, "peak_mb": peak / 1024}))
 

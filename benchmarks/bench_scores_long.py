@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from bench_scores import naive_scores, status_kb
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
@@ -83,7 +84,7 @@ def runner(model, tokens, method: str):
     from lens_heads.evaluation.packed_weights import packed_weights
     from lens_heads.heads.scores import scores_of_layer
     from lens_heads.heads.scoring import score_heads
-    from lens_heads.models.backends import get_act_name, run_to_resid
+    from lens_heads.models.backends import run_to_resid
     from lens_heads.models.capture import LayerCapture
     from lens_heads.models.loading import expand_kv
 
@@ -109,22 +110,8 @@ def runner(model, tokens, method: str):
             run_to_resid(model, tokens, None, stop=L)
         return out
 
-    def naive():
-        wanted = {get_act_name(k, layer) for layer in range(L) for k in ("v", "pattern", "z")}
-        with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in wanted)
-            return torch.stack([scores_of_layer(cache[get_act_name("pattern", layer)],
-                                                expand_kv(cache[get_act_name("v", layer)], H),
-                                                cache[get_act_name("z", layer)], mask) for layer in range(L)], dim=1)
-
-    return {"evaluator": evaluator, "chunked": chunked, "whole-pattern": whole_pattern, "naive": naive}[method]
-
-
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    return {"evaluator": evaluator, "chunked": chunked, "whole-pattern": whole_pattern,
+            "naive": lambda: naive_scores(model, tokens, mask)}[method]
 
 
 def child(method: str, length: int) -> None:
@@ -140,11 +127,11 @@ def child(method: str, length: int) -> None:
     except OSError:
         pass
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    before = _status_kb("VmRSS")
+    before = status_kb("VmRSS")
     start, cpu = time.perf_counter(), time.process_time()
     fn()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peak = _status_kb("VmHWM")
+    peak = status_kb("VmHWM")
     print(json.dumps({"method": method, "length": length, "wall_s": wall, "cpu_s": cpu,
                       "rss_before_mb": before / 1024, "peak_mb": peak / 1024, "threads": torch.get_num_threads()}))
 

@@ -12,6 +12,7 @@ from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.loading import tiny_model
+from lens_heads.plumbing.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +92,10 @@ def test_bfloat16_model_is_scored_in_float32_from_its_activations(tiny_text_mode
         in_bf16 = z.norm(dim=-1).mean(1).float()  # what a bfloat16 reduction would give
         torch.testing.assert_close(scores.values[:, layer, :, ahon], by_hand, rtol=1e-5, atol=1e-6)
         assert (in_bf16 - by_hand).abs().max() > 1e-4  # so the check above tells the two apart
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "x", "1.5", ""])
+def test_a_batch_size_written_as_text_is_a_whole_number_or_auto(text):
+    assert batching.parse_batch_size(" auto ") == "auto" and batching.parse_batch_size("12") == 12
+    with pytest.raises(InputError, match="batch_size must be a whole number >= 1 or 'auto'"):
+        batching.parse_batch_size(text)

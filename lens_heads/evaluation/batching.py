@@ -42,6 +42,19 @@ def check_batch_size(batch_size) -> None:
         raise InputError(f"batch_size must be a whole number >= 1 or 'auto', got {batch_size!r}")
 
 
+def parse_batch_size(text: str) -> int | str:
+    """A batch size written as text (a command-line flag, lm-eval's model_args): a whole number >= 1 or ``"auto"``."""
+    text = str(text).strip()
+    if text == AUTO:
+        return AUTO
+    try:
+        size = int(text)
+    except ValueError:
+        raise InputError(f"batch_size must be a whole number >= 1 or 'auto', got {text!r}") from None
+    check_batch_size(size)
+    return size
+
+
 def first_size(device, n_rows: int, what: str = "evaluate") -> int:
     """Where halving starts: the device's start size, or fewer when there are fewer rows (rounded up to a power of
     two, so the sizes tried stay powers of two), or the size a ``what`` pass settled on (:func:`settled_sizes`)."""

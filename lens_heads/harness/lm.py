@@ -28,7 +28,7 @@ from lm_eval.utils import simple_parse_args_string
 
 from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import build_rows, encode, lm_eval_bos
-from lens_heads.evaluation.batching import AUTO
+from lens_heads.evaluation.batching import AUTO, parse_batch_size
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.generate import generate
 from lens_heads.harness.model_args import build_hooks, check_against, parse_ablation
@@ -228,12 +228,6 @@ def _batch_size(value) -> int | str:
     if value is None:
         return 8
     text = str(value)
-    if text == AUTO or text.startswith(f"{AUTO}:"):  # lm-eval's auto:N re-detects N times; one detection here
+    if text.startswith(f"{AUTO}:"):  # lm-eval's auto:N re-detects N times; one detection here
         return AUTO
-    try:
-        size = int(text)
-    except ValueError:
-        raise InputError(f"batch_size={value!r}: give a positive number or auto") from None
-    if size < 1:
-        raise InputError(f"batch_size={value!r}: give a positive number or auto")
-    return size
+    return parse_batch_size(text)
