@@ -61,6 +61,8 @@ def json_differences(committed, fresh, where: str) -> list[str]:
         for key in committed:
             if key == "patterns" and isinstance(committed[key], str):
                 problems += _pattern_differences(committed[key], fresh[key], f"{where}.patterns")
+            elif key == "rank" and "values" in committed:
+                problems += _rank_differences(committed["values"], committed[key], fresh[key], f"{where}.rank")
             else:
                 problems += json_differences(committed[key], fresh[key], f"{where}.{key}")
         return problems
@@ -95,6 +97,23 @@ def _array_differences(a: np.ndarray, b: np.ndarray, where: str) -> list[str]:
     worst = int(np.argmax(np.where(np.isnan(a) | np.isnan(b), np.inf, np.abs(a - b))))
     return [f"{where}: {int((~ok).sum())} of {a.size} values differ, e.g. {a.flat[worst]!r} committed, "
             f"{b.flat[worst]!r} now"]
+
+
+def _rank_differences(values, committed, fresh, where: str) -> list[str]:
+    """Ranks of the explorer's heads: a rank may move only as far as the values it orders tie within the rounding
+    (a head among k values within :data:`RELATIVE`/:data:`ABSOLUTE` of its own can take any of k places)."""
+    v = np.asarray(values, float).ravel()
+    a, b = np.asarray(committed, float).ravel(), np.asarray(fresh, float).ravel()
+    if a.shape != b.shape or a.shape != v.shape:
+        return [f"{where}: shape {a.shape} committed, {b.shape} now"]
+    ties = (np.abs(v[:, None] - v[None, :]) <= ABSOLUTE + RELATIVE * np.maximum(np.abs(v[:, None]),
+                                                                                 np.abs(v[None, :]))).sum(1)
+    moved = np.abs(a - b) > ties - 1
+    if not moved.any():
+        return []
+    worst = int(np.argmax(moved))
+    return [f"{where}: {int(moved.sum())} of {a.size} ranks moved further than their values tie, e.g. "
+            f"{a[worst]!r} committed, {b[worst]!r} now"]
 
 
 def _pattern_differences(a: str, b: str, where: str) -> list[str]:

@@ -113,6 +113,10 @@ def test_the_comparison_absorbs_the_stated_rounding_and_no_more():
     assert json_differences({"patterns": pattern}, {"patterns": base64.b64encode(bytes([1, 127, 255])).decode()},
                             "p") == []
     assert json_differences({"patterns": pattern}, {"patterns": base64.b64encode(bytes([9, 128, 255])).decode()}, "p")
+    # explorer ranks: two heads whose values tie within the rounding may swap places; apart ones may not
+    ranked = {"values": [0.5, 0.70001, 0.7, 0.9], "rank": [4, 2, 3, 1]}
+    assert json_differences(ranked, {**ranked, "rank": [4, 3, 2, 1]}, "r") == []
+    assert json_differences(ranked, {**ranked, "rank": [3, 2, 4, 1]}, "r")
     page = '<div class="lhx" id="lhx-a"></div><script type="application/json" id="lhx-a-data">{"v":[0.25]}</script>'
     assert html_differences(page, page.replace("lhx-a", "lhx-b"), "h") == []
     assert html_differences(page, page.replace("0.25", "0.26"), "h")
