@@ -25,7 +25,7 @@ import torch
 
 import timing
 from lens_heads import load_model
-from lens_heads.data.tasks import read_docs_cached
+from lens_heads.harness.tasks import hf_documents
 from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
@@ -48,13 +48,9 @@ class HarnessBench(timing.Comparison):
 
 def task_folder(out: Path, s: HarnessBench) -> Path:
     """The two tasks as lm-eval YAMLs over JSONL in ``out``: the test YAMLs' formats, the benchmark's documents."""
-    labels = "ABCDE"
-    arc = [{"id": d["id"], "question": d["question"],
-            "choices": {"text": d["choices"]["text"], "label": list(labels[:len(d["choices"]["text"])])},
-            "answerKey": labels[d["gold"]]} for d in read_docs_cached("arc_easy", "test")[:s.arc_n]]
-    _jsonl(out / "arc.jsonl", arc)
+    _jsonl(out / "arc.jsonl", hf_documents("arc_easy", "test")[:s.arc_n])
     for split in ("test", "dev"):
-        docs = [d for d in read_docs_cached("mmlu", split) if d["subject"] == s.mmlu_subject]
+        docs = hf_documents("mmlu", split, subject=s.mmlu_subject)
         if not docs:
             raise SystemExit(f"no MMLU subject {s.mmlu_subject!r}")
         _jsonl(out / f"mmlu_{split}.jsonl", docs)

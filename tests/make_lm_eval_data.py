@@ -5,7 +5,7 @@ test items, one MMLU subject's test items and its five dev items, read from the 
 import json
 from pathlib import Path
 
-from lens_heads.data.tasks import read_docs_cached
+from lens_heads.harness.tasks import hf_documents
 
 OUT = Path(__file__).resolve().parent / "data" / "lm_eval"
 ARC_N, MMLU_SUBJECT, MMLU_N = 30, "high_school_geography", 12
@@ -18,17 +18,9 @@ def write(name: str, docs: list[dict]) -> None:
 
 
 def main() -> None:
-    arc = read_docs_cached("arc_easy", "test")[:ARC_N]
-    labels = "ABCDE"
-    write("arc_easy.jsonl", [{"id": d["id"], "question": d["question"],
-                              "choices": {"text": d["choices"]["text"],
-                                          "label": list(labels[:len(d["choices"]["text"])])},
-                              "answerKey": labels[d["gold"]]} for d in arc])
+    write("arc_easy.jsonl", hf_documents("arc_easy", "test")[:ARC_N])
     for split, n in (("test", MMLU_N), ("dev", 5)):
-        docs = [d for d in read_docs_cached("mmlu", split) if d["subject"] == MMLU_SUBJECT][:n]
-        write(f"mmlu_{split}.jsonl", [{"question": d["question"], "subject": d["subject"], "choices": d["choices"],
-                                       "answer": d["answer"]} for d in docs])
-
+        write(f"mmlu_{split}.jsonl", hf_documents("mmlu", split, subject=MMLU_SUBJECT)[:n])
 
 if __name__ == "__main__":
     main()

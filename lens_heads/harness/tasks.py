@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_heads.data.items import Item, Task, sample
+from lens_heads.data.tasks import read_docs_cached
 from lens_heads.plumbing.errors import InputError
 
 PREFIX = "lm_eval:"
@@ -143,3 +144,19 @@ def _version() -> str:
     from importlib.metadata import version
 
     return version("lm_eval")
+
+
+def hf_documents(task: str, split: str, *, subject: str | None = None) -> list[dict]:
+    """The installed benchmark documents of ``task`` ("arc_easy" or "mmlu") in the fields of the Hugging Face datasets
+    lm-eval's own YAMLs read (ARC: ``choices.text/label`` and ``answerKey``; MMLU: ``question, subject, choices,
+    answer``), for task YAMLs over local JSONL (``dataset_path: json``); ``subject``: one MMLU subject."""
+    docs = read_docs_cached(task, split)
+    if task == "arc_easy":
+        labels = "ABCDE"
+        return [{"id": d["id"], "question": d["question"],
+                 "choices": {"text": d["choices"]["text"], "label": list(labels[:len(d["choices"]["text"])])},
+                 "answerKey": labels[d["gold"]]} for d in docs]
+    if task == "mmlu":
+        return [{k: d[k] for k in ("question", "subject", "choices", "answer")} for d in docs
+                if subject is None or d["subject"] == subject]
+    raise InputError(f"hf_documents reads 'arc_easy' or 'mmlu', got {task!r}")
