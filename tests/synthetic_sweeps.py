@@ -3,6 +3,7 @@ ablation lowers the gold choice's log-likelihood by one of two levels at random.
 
 import numpy as np
 
+from lens_heads.ablation.specs import RandomAblation, ThresholdAblation, Unablated
 from lens_heads.evaluation.results import EvalResult, ItemRecord
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 
@@ -23,10 +24,17 @@ def record(i: int, e: float) -> ItemRecord:
                       n_chars=[1, 1], greedy=[True, False], n_bytes=[1, 1])
 
 
+def spec_of(mode: str, score: str | None, p: float, threshold: float | None = None) -> dict:
+    """The spec JSON of a synthetic unit: the baseline, a random ablation or a score's threshold ablation."""
+    spec = (Unablated() if mode == "baseline" else RandomAblation(p) if mode == "random" else
+            ThresholdAblation(score, p, threshold))
+    return spec.to_dict()
+
+
 def unit(mode, score, p, drops, zeroed=None, heads=10) -> UnitResult:
     result = EvalResult(task="synthetic", format="cloze", chance=0.5, items=[record(i, e) for i, e in enumerate(drops)])
     realised = p if zeroed is None else zeroed.sum() / (2 * len(drops) * heads)
-    return UnitResult(mode=mode, score=score, target_fraction=p, threshold=None, realised_fraction=float(realised),
+    return UnitResult(spec=spec_of(mode, score, p), realised_fraction=float(realised),
                       result=result, item_zeroed=None if zeroed is None else [[2, int(z)] for z in zeroed])
 
 

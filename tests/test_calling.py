@@ -3,13 +3,14 @@ interval and the adjusted p to agree, one rank rule for estimates and intervals,
 contradict their own numbers."""
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from lens_heads import InputError
-from lens_heads.experiments.sweep_result import SweepResult, UnitResult
+from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.report.sweep_stages import headline_tests
 from lens_heads.stats import calling
 from lens_heads.stats import inference as stats
@@ -117,7 +118,7 @@ def test_the_report_box_example_reads_as_a_disagreement_not_as_cannot_tell_apart
 
 def test_summary_ranks_by_the_rule_its_intervals_use_so_a_tied_rank_lies_inside_its_interval():
     sweep = synthetic_sweep(np.random.default_rng(4), 30, {"A": (0.2, 1.0), "random": (0.5, 2.0)})
-    twin = [UnitResult(**{**u.__dict__, "score": "A2"}) for u in sweep.units if u.score == "A"]
+    twin = [replace(u, spec={**u.spec, "score": "A2"}) for u in sweep.units if u.score == "A"]
     sweep = SweepResult(sweep.baseline, sweep.units + twin, dict(sweep.meta, scores=["A", "A2"]))
     iv = sweep.intervals(n_resamples=100)
     summary = sweep.summary(intervals=iv).set_index("score")

@@ -4,6 +4,7 @@ sweeps back from a run folder and from the analysis JSON, and the report's compa
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from lens_heads.experiments.sweep_result import SweepResult, UnitResult
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.unit_store import read_sweep_folder
 from lens_heads.stats.inference import average_ranks, spearman
+from synthetic_sweeps import spec_of
 
 N = 10  # items per synthetic evaluation
 
@@ -32,11 +34,11 @@ def evaluation(accuracy_pct: float, task: str) -> EvalResult:
 
 def synthetic_sweep(model: str, task: str, curves: dict[str, tuple[float, float]], baseline: float = 80.0):
     """A sweep whose curve ``name`` has accuracy ``curves[name]`` (%) at 10% and 20% of heads zeroed."""
-    units = [UnitResult("baseline", None, 0.0, None, 0.0, evaluation(baseline, task))]
+    units = [UnitResult(spec_of("baseline", None, 0.0), 0.0, evaluation(baseline, task))]
     for i, p in enumerate((0.1, 0.2)):
         for name, accuracies in curves.items():
             mode, score = ("random", None) if name == "random" else ("threshold", name)
-            units.append(UnitResult(mode, score, p, None if mode == "random" else 0.5, p,
+            units.append(UnitResult(spec_of(mode, score, p, None if mode == "random" else 0.5), p,
                                     evaluation(accuracies[i], task)))
     fingerprint = {"model": {"name": model, "weight_basis": "raw"}, "task": {"task": task, "n": N, "seed": 0}}
     return SweepResult(baseline=units[0].result, units=units,
@@ -360,7 +362,6 @@ def test_two_settings_of_one_model_and_task_compare_item_by_item():
     """The same items under two settings: a curve with the same outcomes under both differs by exactly 0 in every
     paired replicate; a curve whose gold answer drops further under b has a lower accuracy AUC, by the difference
     of the two sweeps' own AUCs, with an interval below 0."""
-    from dataclasses import replace
 
     from lens_heads.experiments.compare import compare_settings, setting_of
     from synthetic_sweeps import synthetic_sweep as item_sweep
@@ -402,7 +403,7 @@ def test_zeroed_head_overlap_by_hand():
         units = [unit("baseline", None, 0.0, np.zeros(4))]
         for score, share in shares.items():
             u = unit("threshold", score, 0.1, np.zeros(4))
-            units.append(UnitResult(**{**u.__dict__, "head_share": share}))
+            units.append(replace(u, head_share=share))
         return SweepResult(baseline=units[0].result, units=units, meta={})
 
     a = sweep({"S1": [[1.0, 0.6], [0.2, 0.0]], "S2": [[0.1, 0.0], [0.0, 0.0]]})

@@ -14,7 +14,7 @@ from lens_heads.data.custom_tasks import task_from_records
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.unit_store import UnitStore
+from lens_heads.experiments.unit_store import UnitStore, read_sweep_folder
 from lens_heads.plumbing.errors import InputError
 
 RECORDS = [dict(context=f"Question {q}: which one is the answer here?", choices=[f" option {c} for {q}" for c in
@@ -121,10 +121,19 @@ def test_the_spec_keeps_the_draw_in_its_key_and_reads_old_keys():
         RandomAblation(0.1, draw="sometimes")
 
 
+def _old_unit(value: dict) -> dict:
+    """A unit's JSON as earlier versions wrote it: ``mode``, ``score``, ``target_fraction`` and ``threshold`` instead
+    of its spec (these folders' units are baselines, random, threshold and static ablations)."""
+    spec = value["spec"]
+    rest = {k: v for k, v in value.items() if k != "spec"}
+    return {**rest, "mode": spec["kind"], "score": spec.get("score"), "target_fraction": spec.get("fraction") or 0.0,
+            "threshold": spec.get("threshold")}
+
+
 def _file_as_an_earlier_version(path, entry) -> str:
     """Write the unit ``entry`` into folder ``path`` as runs of earlier versions filed it: its spec's JSON with the
     ablation under "mode" and no per-item draw, the file named by the sha256 of that JSON (sorted keys, as the file
-    names are documented). Returns the file name."""
+    names are documented), and the unit in its old format (:func:`_old_unit`). Returns the file name."""
     import hashlib
     import json
 
@@ -132,7 +141,8 @@ def _file_as_an_earlier_version(path, entry) -> str:
     if old.get("draw") == "per_item":
         del old["draw"]
     name = entry["value"]["key"] + "-" + hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
-    (path / f"{name}.json").write_text(json.dumps({"key": {**entry["key"], "ablation": old}, "value": entry["value"]}))
+    (path / f"{name}.json").write_text(json.dumps({"key": {**entry["key"], "ablation": old},
+                                                   "value": _old_unit(entry["value"])}))
     return f"{name}.json"
 
 
@@ -147,7 +157,7 @@ def test_a_unit_filed_by_an_earlier_version_is_refiled_once_and_found(tmp_path):
 
     fingerprint = {"run": "old"}
     spec = ThresholdAblation("AHON (LN)", 0.1, threshold=0.5)
-    unit = UnitResult(mode="threshold", score="AHON (LN)", target_fraction=0.1, threshold=0.5, realised_fraction=0.1,
+    unit = UnitResult(spec=spec.to_dict(), realised_fraction=0.1,
                       result=EvalResult(task="t", format="cloze", items=[], chance=0.25), wall_s=1.0)
     (tmp_path / "sweep.json").write_text(json.dumps({"key": fingerprint}))  # the folder's claim, as it was
     old_name = _file_as_an_earlier_version(tmp_path, {"key": {"run": fingerprint, "ablation": spec.to_dict()},
@@ -176,10 +186,19 @@ def test_a_sweep_folder_of_an_earlier_version_resumes_without_recomputing(model,
         _file_as_an_earlier_version(tmp_path, json.loads(path.read_text()))
         path.unlink()
     (tmp_path / REFILED).unlink()
+    folder = read_sweep_folder(tmp_path)  # read as it was left, old-format units and all
+    assert [u.key for u in folder.units] == [u.key for u in first.units]
+    assert folder.to_dataframe().equals(first.to_dataframe())
     again = run_sweep(model, task, **settings)
     assert again.meta["units_run"] == 0 and again.meta["units_reused"] == len(first.units) == 4
     assert again.to_dataframe().equals(first.to_dataframe())
     assert len(list(tmp_path.glob("*__*__*.json"))) == len(first.units)  # moved, not copied
+    static = [u for u in again.units if u.mode == "static"]  # the old record never held the head set it resolved
+    assert [u.spec for u in static] == [{"kind": "static", "ablation": "zero", "score": "AWFT", "fraction": 0.5,
+                                         "unrecorded": ["heads"]}]
+    assert [u.spec for u in again.units if u.mode == "threshold"] == [
+        {"kind": "threshold", "ablation": "zero", "score": "AHON (LN)", "fraction": 0.5,
+         "threshold": next(u.threshold for u in first.units if u.mode == "threshold")}]
 
 
 def test_sweeps_record_the_draw_and_never_mix_the_two(model, task, tmp_path):

@@ -1,12 +1,13 @@
 """Intervals and paired tests of sweep summaries, on synthetic sweeps whose true differences are known."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lens_heads.experiments.sweep_result import SweepResult, UnitResult
+from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import curves
 from lens_heads.stats import inference as stats
@@ -69,7 +70,7 @@ def test_curves_of_one_distribution_give_uniform_p_values_and_identical_curves_n
 
     rng = np.random.default_rng(7)
     sweep = synthetic_sweep(rng, 30, {"A": (0.2, 1.0)})
-    twin = [UnitResult(**{**u.__dict__, "score": "A2"}) for u in sweep.units if u.score == "A"]
+    twin = [replace(u, spec={**u.spec, "score": "A2"}) for u in sweep.units if u.score == "A"]
     sweep = SweepResult(sweep.baseline, sweep.units + twin, dict(sweep.meta, scores=["A", "A2"]))
     d = sweep.difference("A", "A2", "kl_auc", n_resamples=100)
     assert (d["difference"], d["low"], d["high"], d["verdict"]) == (0.0, 0.0, 0.0, "cannot tell apart")

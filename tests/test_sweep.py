@@ -227,6 +227,7 @@ def _sweep(model_name, task_name, curves):
     baseline 50% on 1,000 items."""
     from lens_heads.evaluation.results import EvalResult, ItemRecord
     from lens_heads.experiments.sweep_result import SweepResult, UnitResult
+    from synthetic_sweeps import spec_of
 
     def result(accuracy):
         k = round(10 * accuracy)
@@ -234,11 +235,11 @@ def _sweep(model_name, task_name, curves):
                             n_chars=[1, 1]) for i in range(1000)]
         return EvalResult(task=task_name, format="cloze", items=items, chance=0.5)
 
-    units = [UnitResult("baseline", None, 0.0, None, 0.0, result(50))]
+    units = [UnitResult(spec_of("baseline", None, 0.0), 0.0, result(50))]
     for score, points in curves.items():
         for target, realised, acc in points:
-            units.append(UnitResult("random" if score == "random" else "threshold", None if score == "random"
-                                    else score, target, 0.0, realised / 100, result(acc)))
+            units.append(UnitResult(spec_of("random" if score == "random" else "threshold", score, target, 0.0),
+                                    realised / 100, result(acc)))
     meta = dict(scores=[s for s in curves if s != "random"],
                 fingerprint=dict(model=dict(name=model_name), task=dict(task=task_name)))
     return SweepResult(baseline=units[0].result, units=units, meta=meta)

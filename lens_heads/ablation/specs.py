@@ -23,7 +23,7 @@ keyed by its spec.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from torch import Tensor
 
@@ -50,12 +50,12 @@ class AblationSpec:
 
     @property
     def target_fraction(self) -> float:
-        return float(getattr(self, "fraction", None) or 0.0)
+        return target_fraction({"kind": self.kind, **vars(self)})
 
     @property
     def ranked_by(self) -> str | None:
         """The score that chooses the heads (None for the baseline and random ablation)."""
-        return getattr(self, "score", None)
+        return ranked_by({"kind": self.kind, **vars(self)})
 
     @property
     def curve(self) -> CurveKey | None:
@@ -193,17 +193,8 @@ class LayerRemoval(AblationSpec):
         object.__setattr__(self, "layers", tuple(int(layer) for layer in self.layers))  # JSON gives lists
 
     @property
-    def target_fraction(self) -> float:
-        return float(len(self.layers))
-
-    @property
-    def ranked_by(self) -> str:
-        """The curve's name: the ranking and the part (``"Block Influence · attention"``), or the layers removed."""
-        return f"{self.order} · {self.part}" if self.order else f"layers {','.join(map(str, self.layers))} · {self.part}"
-
-    @property
     def curve(self) -> CurveKey:
-        return CurveKey("layers", self.ranked_by)
+        return CurveKey("layers", str(self.ranked_by))
 
     def build(self, model, *, means: Tensor | None = None) -> RemovedLayers:
         if means is not None:
@@ -244,6 +235,25 @@ class InputAblation(AblationSpec):
 SPECS: dict[str, type[AblationSpec]] = {cls.kind: cls for cls in (
     Unablated, RandomAblation, ThresholdAblation, StaticAblation, InputAblation, LayerRemoval)}
 UNIT_MODES: tuple[str, ...] = tuple(SPECS)
+
+
+def ranked_by(fields: Mapping) -> str | None:
+    """What chose the ablated heads, read off a spec's JSON (its ``to_dict``): the score, or for a layer removal the
+    ranking and the part (``"Block Influence · attention"``) or the layers removed; None for the baseline and random
+    ablation. It reads the JSON, not a built spec, so that a unit's migrated spec missing a field (its
+    ``"unrecorded"``) still names its curve."""
+    if fields["kind"] == LayerRemoval.kind:
+        order, part = fields.get("order"), fields["part"]
+        return f"{order} · {part}" if order else f"layers {','.join(map(str, fields['layers']))} · {part}"
+    return fields.get("score")
+
+
+def target_fraction(fields: Mapping) -> float:
+    """A spec's target, read off its JSON: the share of heads it aims at (0 for the baseline), or for a layer removal
+    the number of layers removed."""
+    if fields["kind"] == LayerRemoval.kind:
+        return float(len(fields["layers"]))
+    return float(fields.get("fraction") or 0.0)
 
 
 def from_dict(d: dict) -> AblationSpec:

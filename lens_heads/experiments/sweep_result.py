@@ -14,8 +14,10 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
+from lens_heads.ablation import specs
 from lens_heads.evaluation.results import EvalResult, paired_difference
 from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_intervals
+from lens_heads.experiments.unit_migration import is_legacy, legacy_spec
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import slug
 from lens_heads.stats import curves, inference
@@ -24,12 +26,12 @@ from lens_heads.stats.curves import ALL, RANDOM, SCORES_AND_RANDOM, CurveKey, ch
 
 @dataclass
 class UnitResult:
-    """One evaluated point of the sweep."""
+    """One evaluated point of the sweep: the JSON of the (resolved) ablation spec it evaluated
+    (:meth:`lens_heads.ablation.specs.AblationSpec.to_dict` as it reads back from JSON, whose ``kind`` names the
+    ablation) and what it gave.
+    ``mode``, ``score``, ``target_fraction`` and ``threshold`` are read off the spec."""
 
-    mode: str  # its spec's kind, one of lens_heads.ablation.specs.UNIT_MODES
-    score: str | None
-    target_fraction: float
-    threshold: float | None
+    spec: dict
     realised_fraction: float
     result: EvalResult
     head_share: list[list[float]] | None = None  # [layer][head]: share of inputs for which the head was zeroed
@@ -37,6 +39,24 @@ class UnitResult:
     # per item of ``result.items``: [rows, (row, layer, head) triples zeroed], so that a bootstrap over items
     # resamples the realised share with the outcomes (None: not recorded, the share is then held fixed)
     item_zeroed: list[list[int]] | None = None
+
+    @property
+    def mode(self) -> str:
+        """Its spec's kind, one of lens_heads.ablation.specs.UNIT_MODES."""
+        return self.spec["kind"]
+
+    @property
+    def score(self) -> str | None:
+        """What ranked its heads (:func:`lens_heads.ablation.specs.ranked_by`)."""
+        return specs.ranked_by(self.spec)
+
+    @property
+    def target_fraction(self) -> float:
+        return specs.target_fraction(self.spec)
+
+    @property
+    def threshold(self) -> float | None:
+        return self.spec.get("threshold")
 
     @property
     def key(self) -> str:
@@ -48,14 +68,16 @@ class UnitResult:
         return None if self.mode == "baseline" else CurveKey(self.mode, None if self.mode == RANDOM else self.score)
 
     def to_dict(self) -> dict:
-        return dict(key=self.key, mode=self.mode, score=self.score, target_fraction=self.target_fraction,
-                    threshold=self.threshold, realised_fraction=self.realised_fraction, wall_s=self.wall_s,
+        return dict(key=self.key, spec=self.spec, realised_fraction=self.realised_fraction, wall_s=self.wall_s,
                     head_share=self.head_share, item_zeroed=self.item_zeroed, result=self.result.to_dict())
 
     @classmethod
-    def from_dict(cls, d: dict) -> "UnitResult":
-        return cls(mode=d["mode"], score=d["score"], target_fraction=d["target_fraction"], threshold=d["threshold"],
-                   realised_fraction=d["realised_fraction"], result=EvalResult.from_dict(d["result"]),
+    def from_dict(cls, d: dict, filed: dict | None = None) -> "UnitResult":
+        """The unit :meth:`to_dict` wrote, or one of the earlier format (``mode``, ``score``, ``target_fraction``,
+        ``threshold`` instead of its spec: :func:`lens_heads.experiments.unit_migration.legacy_spec`, with
+        ``filed``, the spec JSON a run folder filed it under, where known)."""
+        spec = legacy_spec(d, filed) if is_legacy(d) else d["spec"]
+        return cls(spec=spec, realised_fraction=d["realised_fraction"], result=EvalResult.from_dict(d["result"]),
                    head_share=d.get("head_share"), wall_s=d.get("wall_s") or float("nan"),
                    item_zeroed=d.get("item_zeroed"))
 

@@ -47,6 +47,7 @@ from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
 from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.plumbing import distributed
+from lens_heads.plumbing.cache import canonical
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
 
@@ -156,9 +157,7 @@ def run_unit(model, task, spec: AblationSpec, *, means=None, settings: EvalSetti
 
 def unit_result(spec: AblationSpec, ablation, result: EvalResult, wall_s: float = float("nan")) -> UnitResult:
     """The unit of ``spec`` evaluated with its built ``ablation`` (None for the baseline) into ``result``."""
-    return UnitResult(mode=spec.kind, score=spec.ranked_by, target_fraction=spec.target_fraction,
-                      threshold=getattr(spec, "threshold", None),
-                      realised_fraction=ablation.share_zeroed() if ablation else 0.0, result=result,
+    return UnitResult(spec=canonical(spec.to_dict()), realised_fraction=ablation.share_zeroed() if ablation else 0.0, result=result,
                       head_share=ablation.zeroed().float().mean(0).tolist() if ablation else None,
                       wall_s=wall_s, item_zeroed=_item_zeroed(ablation, result))
 

@@ -22,7 +22,8 @@ from lens_heads.plumbing.cache import Cache, canonical, claim_folder, load_keyed
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # of a units file (save_units): 4, each unit stores its spec whole (3: mode, score, ... instead)
+RUN_VERSION = 3  # of a run's fingerprint: what its stored units' numbers depend on (old folders keep resuming)
 MARKER = "sweep.json"
 REFILED = "units_refiled.json"  # marks a folder whose every unit is filed under its spec's current JSON
 
@@ -52,7 +53,7 @@ class UnitStore:
         if self.out is None:
             return None
         stored = load_keyed(self.path(spec), self.key(spec))
-        return UnitResult.from_dict(stored) if stored is not None else None
+        return UnitResult.from_dict(stored, filed=spec.to_dict()) if stored is not None else None
 
     def save(self, spec: AblationSpec, unit: UnitResult) -> None:
         if self.out is not None:
@@ -106,7 +107,7 @@ def run_fingerprint(model, task, **settings) -> dict:
                                    "d_model", "d_head")}
     if m.get("backend", "hooked") != "hooked":  # HookedTransformer runs stored before backends existed stay valid
         model["backend"] = m["backend"]
-    return dict(version=FORMAT_VERSION, model=model,
+    return dict(version=RUN_VERSION, model=model,
                 task={k: meta.get(k) for k in ("task", "split", "shots", "format", "n", "seed")}, item_ids=ids,
                 **settings)
 
@@ -115,7 +116,13 @@ def save_units(result: SweepResult, path) -> Path:
     """Every unit of ``result`` with its per-item records, gzipped JSON written atomically: what
     :func:`read_units` (and :func:`lens_heads.experiments.compare.read_sweep_record` beside a recorded ``sweep_<task>.json``) needs to
     recompute every summary and its interval without the run folder."""
-    data = dict(format=FORMAT_VERSION, meta=result.meta, units=[u.to_dict() for u in result.units])
+    return write_units_file(path, result.meta, [u.to_dict() for u in result.units])
+
+
+def write_units_file(path, meta: dict, units: list[dict]) -> Path:
+    """A units file of the current format from its ``meta`` and units' JSON (:func:`save_units`, and the script that
+    migrates recorded files), gzipped without a timestamp so the same units give the same bytes."""
+    data = dict(format=FORMAT_VERSION, meta=meta, units=units)
     return atomic_write_bytes(path, gzip.compress(json.dumps(data).encode("utf-8"), mtime=0))
 
 
@@ -182,7 +189,7 @@ def _read_unit(path: Path, fingerprint: dict) -> tuple[UnitResult | None, str]:
     if entry["key"].get("run") != fingerprint:
         return None, ""
     try:
-        unit = UnitResult.from_dict(entry["value"])
+        unit = UnitResult.from_dict(entry["value"], filed=entry["key"].get("ablation"))
     except (KeyError, TypeError, ValueError) as e:
         return None, f"not a unit: {type(e).__name__}: {e}"
     if unit.mode not in UNIT_MODES:
