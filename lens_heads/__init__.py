@@ -14,6 +14,7 @@ from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_ar
 from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.ablation.removed_layers import remove_layers
 from lens_heads.collapse.rank import RankProfile, approx_rank, attention_rank
+from lens_heads.collapse.rank_settings import RankSettings
 from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.items import Item, Task
@@ -23,11 +24,13 @@ from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_difference
 from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep, read_sweep_record
 from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions
+from lens_heads.experiments.distribution_settings import DistributionSettings
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.healing import Healed, heal, removal_arms, truncation
 from lens_heads.experiments.layer_ranking import LayerScores, layer_scores
 from lens_heads.experiments.rankings import ranking_sweep
 from lens_heads.experiments.sweep_intervals import sweep_intervals
+from lens_heads.experiments.sweep_plan import SweepPlan
 from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.unit_store import load_sweep, read_sweep_folder
@@ -55,13 +58,13 @@ __all__ = [
     "EvalResult", "EvalSettings", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads", "mean_z", "remove_layers",
     # sweeps, effects and their statistics
-    "SweepResult", "read_sweep_folder", "read_sweep_record", "run_sweep", "sweep_intervals", "ranking_sweep",
+    "SweepPlan", "SweepResult", "read_sweep_folder", "read_sweep_record", "run_sweep", "sweep_intervals", "ranking_sweep",
     "SweepComparison", "compare_sweeps", "HeadEffects", "head_effects",
     "load_sweep", "read_sweep",  # the old names of read_sweep_folder and read_sweep_record
     # score distributions across models
-    "DistributionComparison", "compare_distributions",
+    "DistributionComparison", "DistributionSettings", "compare_distributions",
     # layers
-    "RankProfile", "approx_rank", "attention_rank", "LayerScores", "layer_scores",
+    "RankProfile", "RankSettings", "approx_rank", "attention_rank", "LayerScores", "layer_scores",
     # smaller models
     "PrunedModel", "prune", "prune_arguments", "first_layers", "kv_account",
     "Healed", "heal", "removal_arms", "truncation",

@@ -13,7 +13,7 @@ A setting of the code (a preset, a default, a pin) is read from the code the sam
 object at ``"module:attribute"`` (call a dataclass for its defaults: ``code('lens_heads.training.config:
 TrainConfig')().grad_clip``; an analysis script as ``"analyses/inheritune.py:PRESETS"``), ``code_text`` a value
 written in a file Python does not import (``code_text('scripts/setup.sh', '"torch==([^"]+)"')``), ``default`` a
-parameter's default (``default('lens_heads.collapse.rank:attention_rank', 'energy')``).
+parameter's default (``default('lens_heads.collapse.rank_settings:RankSettings', 'energy')``).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import torch
 from scipy import stats
 
 from lens_heads.experiments.compare_distributions import compare_distributions
+from lens_heads.experiments.distribution_settings import DistributionSettings
 from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.plumbing.errors import InputError
@@ -118,6 +119,13 @@ def test_the_null_the_verdicts_and_seeded_intervals(three_models):
     other_seed = compare_distributions(three_models, names=names, views=["pooled"], n_resamples=200, seed=4)
     assert result.distances.equals(again.distances) and result.versus.equals(again.versus)
     assert not np.allclose(result.distances["low"], other_seed.distances["low"])
+    as_value = compare_distributions(three_models, names=names, settings=DistributionSettings(
+        views="pooled", n_resamples=200, seed=4), seed=3)  # a keyword overrides the value's field
+    assert as_value.distances.equals(result.distances) and as_value.versus.equals(result.versus)
+    assert result.meta["settings"] == {"views": ["pooled"], "depth_bins": 3, "shares": [0.1, 0.3],
+                                       "n_resamples": 200, "seed": 3, "confidence": 0.95, "cdf_points": 200}
+    with pytest.raises(InputError, match="unknown setting n_resample"):
+        compare_distributions(three_models, n_resample=10)
     d = result.distances
     tuned, other = d[d.b == "tuned"], d[d.b == "other"]
     assert (tuned.verdict == "cannot tell apart").all()  # a copy with 1% noise: its excess interval holds 0

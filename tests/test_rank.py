@@ -8,6 +8,8 @@ import torch
 
 from lens_heads import tiny_model
 from lens_heads.collapse.rank import approx_rank, attention_rank, mass_columns
+from lens_heads.collapse.rank_settings import RankSettings
+from lens_heads.plumbing.errors import InputError
 
 
 def numpy_rank(A: np.ndarray, energy: float = 0.9) -> int:
@@ -175,6 +177,14 @@ def test_uniform_attention_is_not_lazy_by_default():
     np.testing.assert_array_equal(profile.max_rank, [numpy_rank(uniform)] * model.cfg.n_layers)
     assert not profile.lazy.any()
     assert attention_rank(model, tokens, lazy_rank=5, progress=False).lazy.all()
+    by_value = attention_rank(model, tokens, settings=RankSettings(lazy_rank=5, energy=0.5), energy=0.9, progress=False)
+    assert by_value.lazy.all() and by_value.meta["settings"] == {"aggregation": "matrix", "energy": 0.9, "mass": 0.9,
+                                                                 "lazy_rank": 5}
+    np.testing.assert_array_equal(by_value.per_head, profile.per_head)  # the keyword's energy, not the value's
+    for bad, message in ((dict(energy=0.0), "energy must lie"), (dict(aggregation="mean"), "unknown aggregation"),
+                         (dict(lazy=2), "unknown setting lazy")):
+        with pytest.raises(InputError, match=message):
+            attention_rank(model, tokens, progress=False, **bad)
 
 
 def test_padding_does_not_change_the_rank():

@@ -35,20 +35,16 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from lens_heads.collapse.rank_settings import AGGREGATIONS, RankSettings
 from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.heads.scores import what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.values import laid_over
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
 
-AGGREGATIONS = {
-    "matrix": "rank of each head's attention matrix averaged over the inputs",
-    "rank": "each input's rank, averaged over the inputs per head",
-    "layer_rank": "each input's rank; the layer's max/mean over heads per input, averaged over the inputs "
-                  "(band: one standard deviation over the inputs)",
-}
 
 # Cumulative energies are compared with this slack so that exact ties (identity: k/T == e) count as reached.
 _ENERGY_TOL = 1e-6
@@ -142,14 +138,12 @@ def attention_rank(
     model: HookedTransformer,
     inputs,
     *,
+    settings: RankSettings | None = None,
     average: bool = True,
-    aggregation: str | None = None,
-    energy: float = 0.9,
-    mass: float = 0.9,
-    lazy_rank: float = 2.0,
     max_len: int | None = None,
     batch_size: int = 8,
     progress: bool = True,
+    **options,
 ) -> RankProfile:
     """Approximate attention rank of every head (hooks on ``hook_pattern`` only; no activation cache).
 
@@ -160,6 +154,10 @@ def attention_rank(
     averaged over inputs; ``"layer_rank"``: each input's ranks, the layer's max/mean over heads per input, then
     averaged with a one-standard-deviation band (the paper's figures).
 
+    ``settings`` (:class:`lens_heads.collapse.rank_settings.RankSettings`, or its fields as keywords laid over it:
+    ``aggregation``, ``energy``, ``mass``, ``lazy_rank``): what is measured; ``meta["settings"]`` records it whole,
+    its aggregation resolved.
+
     A layer is lazy when every head's rank is at most ``lazy_rank``. The default 2 counts a head whose attention
     is one column (a sink: rank 1) or a sink with a weak second pattern, and not uniform causal averaging, the
     attention of an untrained layer, whose rank at 90% energy is 5 for T = 64..128: a threshold of 5 or more would
@@ -167,7 +165,9 @@ def attention_rank(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"attention_rank: batch_size must be a whole number >= 1, got {batch_size!r}")
-    aggregation = check_aggregation(aggregation, average)
+    settings = laid_over(RankSettings, settings, options, argument="settings", what="rank settings")
+    aggregation = check_aggregation(settings.aggregation, average)
+    energy, mass, lazy_rank = settings.energy, settings.mass, settings.lazy_rank
     average = aggregation == "matrix"
     tokens, mask = tokenize_inputs(model, inputs, max_len=max_len)
     tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
@@ -186,6 +186,7 @@ def attention_rank(
         "n_inputs": n, "mean_length": float(lengths.mean()), "min_length": int(lengths.min()),
         "max_length": int(lengths.max()), "average": average, "aggregation": aggregation, "mode": mode,
         "energy": energy, "mass": mass,
+        "settings": RankSettings(aggregation, energy, mass, lazy_rank).to_dict(),
     }
     return RankProfile(
         per_head=per_head, max_rank=layer_max, mean_rank=layer_mean,

@@ -19,6 +19,7 @@ from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol
 from lens_heads.evaluation.batching import check_batch_size
 from lens_heads.evaluation.results import check_primary
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.values import laid_over
 
 ATTENTION = ("fused", "eager")
 
@@ -71,13 +72,4 @@ FIELDS = tuple(f.name for f in dataclasses.fields(EvalSettings))
 def eval_settings(settings: EvalSettings | None = None, options: Mapping[str, Any] | None = None) -> EvalSettings:
     """``settings`` (default: ``EvalSettings()``) with the keyword ``options`` a function was called with laid over
     it; an option that is not a setting is refused by name."""
-    if settings is not None and not isinstance(settings, EvalSettings):
-        raise InputError(f"settings takes an EvalSettings, got {settings!r}: write "
-                         "settings=lens_heads.EvalSettings(batch_size=..., primary=...), or pass those as keywords")
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(FIELDS))
-    if unknown:
-        raise InputError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: the evaluation "
-                         f"settings are {', '.join(FIELDS)} (lens_heads.EvalSettings)")
-    base = settings if settings is not None else EvalSettings()
-    return dataclasses.replace(base, **options) if options else base
+    return laid_over(EvalSettings, settings, dict(options or {}), argument="settings", what="evaluation settings")

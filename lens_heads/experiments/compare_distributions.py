@@ -42,17 +42,15 @@ import pandas as pd
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
+from lens_heads.experiments.distribution_settings import VIEWS, DistributionSettings
 from lens_heads.experiments.head_overlap import head_agreement
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.values import laid_over
 from lens_heads.stats import calling, inference
 from lens_heads.stats.distances import PooledValues, counts, greater_p_value, replicate_swaps, swap_draws
 
-VIEWS = ("pooled", "depth", "layer", "head")
 STATISTICS = ("wasserstein", "ks")
-DEPTH_BINS = 3
-SHARES = (0.1, 0.3)
-CDF_POINTS = 200
 NULL = ("swap: each item's values exchanged between the two models at random (a paired permutation over items); "
         "the null level is the mean distance over the permutations")
 EXCESS = ("percentile bootstrap over items (lens_heads.stats.inference.bootstrap_items); in each replicate every "
@@ -82,22 +80,24 @@ class DistributionComparison:
 
 
 def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: str | None = None,
-                          names: Sequence[str] | None = None, views: Sequence[str] | str = "auto",
-                          depth_bins: int = DEPTH_BINS, shares: Sequence[float] = SHARES,
-                          n_resamples: int = inference.N_RESAMPLES, seed: int = 0,
-                          confidence: float = inference.CONFIDENCE, cdf_points: int = CDF_POINTS,
-                          progress: bool = False) -> DistributionComparison:
+                          names: Sequence[str] | None = None, settings: DistributionSettings | None = None,
+                          progress: bool = False, **options) -> DistributionComparison:
     """Compare the head-score distributions of several models scored on the same items (module docstring).
 
     ``score_sets``: model name -> its :class:`HeadScores` (from ``score_heads`` on the same task, or on the same
     list of inputs). ``reference``: the model every other is compared with (default: the first). ``names``: the
-    scores (default: those all sets have). ``views``: ``"auto"`` (pooled and depth for every pair, per layer and per
-    head where the shapes allow) or a list from :data:`VIEWS`; asking for ``"layer"`` or ``"head"`` between models
-    of different shapes is refused. ``n_resamples``: bootstrap replicates and permutations, seeded by ``seed``.
+    scores (default: those all sets have). ``settings``
+    (:class:`lens_heads.experiments.distribution_settings.DistributionSettings`, or its fields as keywords laid over
+    it): ``views`` (``"auto"``: pooled and depth for every pair, per layer and per head where the shapes allow; or a
+    list from :data:`VIEWS`; asking for ``"layer"`` or ``"head"`` between models of different shapes is refused),
+    ``depth_bins``, ``shares``, ``n_resamples`` (bootstrap replicates and permutations, seeded by ``seed``),
+    ``confidence``, ``cdf_points``; ``meta["settings"]`` records it whole.
     """
+    settings = laid_over(DistributionSettings, settings, options, argument="settings", what="comparison settings")
+    views, depth_bins, shares, cdf_points = settings.views, settings.depth_bins, settings.shares, settings.cdf_points
+    n_resamples, seed, confidence = settings.n_resamples, settings.seed, settings.confidence
     models = list(score_sets)
     reference = _checked_reference(models, reference)
-    _check_depth_and_shares(depth_bins, shares)
     n_items, items = _check_items(score_sets)
     names = _check_names(score_sets, names)
     others = [m for m in models if m != reference]
@@ -125,6 +125,7 @@ def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: st
     meta = _meta(score_sets, reference=reference, names=names, chosen=chosen, pairs=pairs, levels=levels,
                  shapes=shapes, n_items=n_items, depth_bins=depth_bins, shares=shares, n_resamples=n_resamples,
                  seed=seed, confidence=confidence)
+    meta["settings"] = settings.to_dict()
     return DistributionComparison(_called(rows), _called(versus_rows), pd.DataFrame(head_rows), cdfs, meta)
 
 
@@ -218,15 +219,6 @@ def _checked_reference(models: list[str], reference: str | None) -> str:
     if reference not in models:
         raise InputError(f"reference {reference!r} is not among the models {models}")
     return reference
-
-
-def _check_depth_and_shares(depth_bins: int, shares: Sequence[float]) -> None:
-    """Refuse fewer than one depth bin, or a target share outside (0, 1)."""
-    if depth_bins < 1:
-        raise InputError(f"depth_bins must be at least 1, got {depth_bins}")
-    bad_shares = [p for p in shares if not 0 < p < 1]
-    if bad_shares:
-        raise InputError(f"shares must lie in (0, 1), got {bad_shares}")
 
 
 def _check_items(score_sets: Mapping[str, HeadScores]) -> tuple[int, dict[str, np.ndarray]]:

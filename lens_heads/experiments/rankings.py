@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 
 from lens_heads.ablation.specs import AblationSpec, InputAblation, StaticAblation, Unablated
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
+from lens_heads.experiments.sweep_plan import DEFAULT_FRACTIONS
 from lens_heads.experiments.sweep_result import SweepResult
-from lens_heads.experiments.sweep_run import DEFAULT_FRACTIONS, run_unit
+from lens_heads.experiments.sweep_run import run_unit
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly

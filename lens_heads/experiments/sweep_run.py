@@ -24,17 +24,12 @@ normalised AUC, both on the realised-% axis, and the paper's Table 2 (:func:`len
 from __future__ import annotations
 
 import time
-from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from lens_heads.ablation.hooks import DRAWS
 from lens_heads.ablation.specs import (
     AblationSpec,
-    RandomAblation,
-    StaticAblation,
     ThresholdAblation,
-    Unablated,
 )
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.evaluation.batching import settled_sizes
@@ -42,28 +37,29 @@ from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS, Calibration, calibration_id
+from lens_heads.experiments.sweep_plan import SweepPlan, sweep_plan
 from lens_heads.experiments.sweep_result import SweepResult, UnitResult, calibration_key
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
-from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
+from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import canonical
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
 
-DEFAULT_FRACTIONS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
-
 
 @distributed.local()  # each unit is evaluated whole by the worker that owns it
 @stops_cleanly("sweep")  # SIGTERM/SIGINT: finished units stay in out_dir
-def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-              calibration="rows", out_dir=None, seed: int = 0, random_baseline: bool = True,
-              static_scores: Sequence[str] = (), specs: Sequence[AblationSpec] = (),
-              thresholds: Thresholds | None = None, random: str = "per_item", settings: EvalSettings | None = None,
-              progress: bool = True, **options) -> SweepResult | None:
+def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows", out_dir=None,
+              thresholds: Thresholds | None = None, settings: EvalSettings | None = None, progress: bool = True,
+              **options) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
     ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
+
+    ``plan`` (:class:`lens_heads.experiments.sweep_plan.SweepPlan`, or its fields as keywords laid over it:
+    ``scores``, ``fractions``, ``seed``, ``random_baseline``, ``static_scores``, ``specs``, ``random``): the units;
+    ``meta["plan"]`` records it whole.
 
     ``settings`` (:class:`lens_heads.evaluation.eval_settings.EvalSettings`, or its fields as keywords laid over it:
     ``batch_size``, ``primary``, ``protocol``, ``apply_chat_template``, ``attention``): every unit's evaluation and
@@ -74,10 +70,10 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     ``score_heads`` accepts. The settings' ``protocol``/``apply_chat_template``: the evaluation's rows
     (:mod:`lens_heads.data.rows`; the meta records the chat setting given and what it resolved to,
     ``chat_template``, and the task's split).
-    ``out_dir``: where each finished unit is written (and found again on a rerun). ``seed``: the random baseline's.
-    ``random``: how the random baseline draws, once per item (``"per_item"``: all choices of a question lose the same
-    heads, and their shared prefix runs once) or once per forward row (``"per_row"``, the authors' baseline; kept in
-    the run's fingerprint and each unit's key, so a folder never mixes the two).
+    ``out_dir``: where each finished unit is written (and found again on a rerun). The plan's ``seed``: the random
+    baseline's. Its ``random``: how the random baseline draws, once per item (``"per_item"``: all choices of a
+    question lose the same heads, and their shared prefix runs once) or once per forward row (``"per_row"``, the
+    authors' baseline; kept in the run's fingerprint and each unit's key, so a folder never mixes the two).
     ``thresholds``: zero at given thresholds instead of calibrating them
     (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused for another
     model; ``scores`` default to the file's, and every target fraction must be one the file has.
@@ -88,13 +84,15 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
     returns the whole result (only rank 0 should write it); the tasks of a job array each run their share into the
     shared ``out_dir`` and return None unless every unit is finished there, and a plain run afterwards merges them.
     """
+    plan = sweep_plan(plan, options)
     if thresholds is not None:
         thresholds.check_model(model)
-        scores = thresholds.scores if scores is None else scores
+        plan = plan.with_scores(thresholds.scores)
+    plan = plan.with_scores(SCORE_NAMES)
     evaluation = eval_settings(settings, options)
-    scores, fractions = _check_settings(scores, fractions, static_scores, calibration)
-    if random not in DRAWS:
-        raise InputError(f"random must be one of {DRAWS}, got {random!r}")
+    scores, fractions, static_scores, seed, random = (list(plan.scores or ()), list(plan.fractions),
+                                                      list(plan.static_scores), plan.seed, plan.random)
+    _check_calibration(calibration)
     chat = resolve_chat_template(model, evaluation.apply_chat_template)
     run = evaluation.replace(apply_chat_template=chat)  # the rows as they run: the chat setting resolved
     if thresholds is not None:
@@ -102,45 +100,29 @@ def run_sweep(model, task, *, scores: Sequence[str] | None = None, fractions: Se
             thresholds.threshold(s, p)  # refuses a score or a target share the file lacks, before any work
     fingerprint = _fingerprint(model, task, seed, run, calibration, thresholds, random)
     distributed.check_agree(fingerprint, "sweep fingerprint (model, data, seed, scoring, calibration)")
-    plan = sweep_plan(scores, fractions, seed=seed, random_baseline=random_baseline, static_scores=static_scores,
-                      random=random)
-    plan += [spec for spec in _check_specs(specs) if spec not in plan]
+    units_plan = plan.units()
     store = UnitStore(out_dir, fingerprint)
     progress = progress and distributed.is_main()
     extras = [s for s in dict.fromkeys(list(scores) + list(static_scores)) if s not in SCORE_NAMES]
     calib = Calibration(model, task, calibration, store, run, progress, extras, thresholds)
     workers = distributed.unit_workers()
-    units, n_run = _run_units(model, task, plan, store, calib, set(workers.share(len(plan))), run, progress,
-                              desc=f"sweep {getattr(task, 'name', '')} units")
-    if len(units) < len(plan):
+    units, n_run = _run_units(model, task, units_plan, store, calib, set(workers.share(len(units_plan))), run,
+                              progress, desc=f"sweep {getattr(task, 'name', '')} units")
+    if len(units) < len(units_plan):
         return None
     unablated = {calibration_key(s.score, s.fraction): calib.unablated_share(s.score, s.fraction)
-                 for s in plan if isinstance(s, ThresholdAblation)}
-    meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=list(static_scores),
-                random_baseline=random_baseline, random_draw=random, seed=seed, settings=evaluation.to_dict(),
+                 for s in units_plan if isinstance(s, ThresholdAblation)}
+    meta = dict(fingerprint=fingerprint, fractions=fractions, scores=scores, static_scores=static_scores,
+                random_baseline=plan.random_baseline, random_draw=random, seed=seed, plan=plan.to_dict(),
+                settings=evaluation.to_dict(),
                 batch_size=evaluation.batch_size,
                 out_dir=store.describe(), calibration=calib.describe(), unablated_shares=unablated,
-                units_reused=len(plan) - n_run,
+                units_reused=len(units_plan) - n_run,
                 thresholds=None if thresholds is None else thresholds.describe(),
-                units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in _check_specs(specs)],
+                units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in plan.specs],
                 protocol=evaluation.protocol, apply_chat_template=evaluation.apply_chat_template, chat_template=chat,
                 split=getattr(task, "split", None), fewshot_split=getattr(task, "fewshot_split", None))
-    return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(plan))], meta=meta)
-
-
-def sweep_plan(scores: Sequence[str], fractions: Sequence[float], *, seed: int = 0, random_baseline: bool = True,
-               static_scores: Sequence[str] = (), random: str = "per_item") -> list[AblationSpec]:
-    """The units of a sweep, in order: the baseline, then per target fraction the random ablation (drawn
-    ``random``: per item or per row), each score's threshold ablation and each static score's most inactive
-    heads."""
-    plan: list[AblationSpec] = [Unablated()]
-    for p in fractions:
-        if p == 0:
-            continue
-        plan += [RandomAblation(p, seed, draw=random)] if random_baseline else []
-        plan += [ThresholdAblation(s, p) for s in scores]
-        plan += [StaticAblation(score=s, fraction=p) for s in static_scores]
-    return plan
+    return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(units_plan))], meta=meta)
 
 
 def run_unit(model, task, spec: AblationSpec, *, means=None, settings: EvalSettings | None = None,
@@ -170,31 +152,10 @@ def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
     return [list(by_input[i]) for i in range(result.n)]
 
 
-def _check_settings(scores, fractions, static_scores, calibration) -> tuple[list[str], list[float]]:
-    for name, value in (("scores", scores), ("static_scores", static_scores), ("fractions", fractions)):
-        if isinstance(value, (str, int, float)):
-            raise InputError(f"{name} takes a list, got {value!r}: write {name}=[{value!r}]")
-    scores = list(SCORE_NAMES if scores is None else scores)
-    unknown = [s for s in list(scores) + list(static_scores) if s not in SCORE_NAMES + EXTRA_NAMES]
-    if unknown:
-        raise InputError(f"unknown scores {unknown}: choose from {SCORE_NAMES} or the extras {EXTRA_NAMES}")
-    fractions = sorted({float(p) for p in fractions} | {0.0})
-    if any(not 0.0 <= p < 1.0 for p in fractions):
-        raise InputError(f"target fractions must lie in [0, 1), got {fractions}")
+def _check_calibration(calibration) -> None:
     if isinstance(calibration, str) and calibration not in CALIBRATIONS:
         raise InputError(f"unknown calibration {calibration!r}: choose 'rows' (the evaluated rows, the paper's), "
                          "'prompts', a HeadScores, or inputs to score")
-    return scores, fractions
-
-
-def _check_specs(specs) -> list[AblationSpec]:
-    if isinstance(specs, AblationSpec) or not hasattr(specs, "__iter__"):
-        raise InputError(f"specs takes a list of ablation specs, got {specs!r}: write specs=[{specs!r}]")
-    specs = list(specs)
-    bad = [spec for spec in specs if not isinstance(spec, AblationSpec)]
-    if bad:
-        raise InputError(f"specs must be ablation specs (lens_heads.ablation.specs), got {bad[:3]}")
-    return list(dict.fromkeys(specs))
 
 
 @settled_sizes()  # batch_size="auto": a unit that ran out of memory settles the size the next units start at
