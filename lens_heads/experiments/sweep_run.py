@@ -13,7 +13,8 @@ For each score and target fraction p (the paper's protocol, as its authors' code
 4. Optionally the **static pruning view**: rank heads by their mean score over the calibration inputs and zero the
    most inactive ``round(p x layers x heads)`` heads for every input, as removing them for good would.
 
-The plan is a list of ablation specs (:mod:`lens_heads.ablation.specs`), one per unit. Rows and tokens follow a
+The plan (:class:`lens_heads.experiments.sweep_plan.SweepPlan`) lists ablation specs
+(:mod:`lens_heads.ablation.specs`), one per unit. Rows and tokens follow a
 named protocol (:mod:`lens_heads.data.rows`: ``"lm-eval"`` by default, ``"tl"``), recorded in the result. Each finished
 unit is written at once to ``out_dir``, keyed by the run's fingerprint and its spec (:mod:`lens_heads.plumbing.cache`); a
 rerun with the same model, data, protocol, seed and calibration skips the finished units. Headline numbers (from

@@ -4,7 +4,10 @@ single gzipped file of every unit a recorded sweep ships with; both read back wi
 A unit file is named by the hash of its spec's JSON (``spec.to_dict()``). Runs of earlier versions filed units under
 an older JSON of the spec (the ablation under ``"mode"``, the word for a curve's kind; a per-item random draw left
 out): the first :class:`UnitStore` to open such a folder re-files them once (:func:`refile_units`) and marks the
-folder, so every read is one lookup and an old folder resumes as a new one does."""
+folder, so every read is one lookup and an old folder resumes as a new one does. A unit stores its resolved spec
+whole; one stored before it did (``mode``, ``score``, ... instead) is read with the spec its key files it under
+(:mod:`lens_heads.experiments.unit_migration`), so such a folder also resumes as it is; recorded units files are
+migrated once by ``scripts/migrate_units.py``."""
 
 from __future__ import annotations
 
