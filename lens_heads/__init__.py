@@ -58,7 +58,8 @@ __all__ = [
     "EvalResult", "EvalSettings", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads", "mean_z", "remove_layers",
     # sweeps, effects and their statistics
-    "SweepPlan", "SweepResult", "read_sweep_folder", "read_sweep_record", "run_sweep", "sweep_intervals", "ranking_sweep",
+    "SweepPlan", "SweepResult", "read_sweep_folder", "read_sweep_record", "run_sweep", "sweep_intervals",
+    "ranking_sweep",
     "SweepComparison", "compare_sweeps", "HeadEffects", "head_effects",
     "load_sweep", "read_sweep",  # the old names of read_sweep_folder and read_sweep_record
     # score distributions across models

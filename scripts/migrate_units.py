@@ -1,15 +1,16 @@
 """Migrate recorded units files to the format in which each unit stores its ablation spec whole.
 
     python scripts/migrate_units.py                 # every figures/*_units.json.gz
-    python scripts/migrate_units.py PATH [PATH...]  # the units files given
+    python scripts/migrate_units.py PATH [PATH...]  # the units files, or run_sweep output folders, given
 
-A unit of an earlier format kept ``mode``, ``score``, ``target_fraction`` and ``threshold``; it becomes ``spec``, built by
-:func:`lens_heads.experiments.unit_migration.legacy_spec` from what the unit holds and what its file's meta records
-(a random unit's ``seed`` and ``random_draw``; a ranking's ablation, ``rankings``; an extra spec of ``specs``). A
-field neither records is named in the spec's ``"unrecorded"``, never guessed. Every other field of the unit is kept
-as it is, and each migrated unit must read back the mode, score, target fraction, threshold and key it had, or the
-file is left alone. A file already in the current format is left alone, so a second run changes nothing. Each file
-is rewritten atomically; the script prints what it changed.
+A unit of an earlier format kept ``mode``, ``score``, ``target_fraction`` and ``threshold``; it becomes ``spec``,
+built by :func:`lens_heads.experiments.unit_migration.legacy_spec` from what the unit holds and what its file's meta
+records (a random unit's ``seed`` and ``random_draw``; a ranking's ablation, ``rankings``; an extra spec of
+``specs``), or in a run folder from the spec its key files it under (such a folder also resumes unmigrated: this only
+rewrites it). A field neither records is named in the spec's ``"unrecorded"``, never guessed. Every other field of
+the unit is kept as it is, and each migrated unit must read back the mode, score, target fraction, threshold and key
+it had, or the file is left alone. A file already in the current format is left alone, so a second run changes
+nothing. Each file is rewritten atomically; the script prints what it changed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lens_heads.ablation.specs import ranked_by, target_fraction
 from lens_heads.experiments.sweep_result import UnitResult
 from lens_heads.experiments.unit_migration import is_legacy, legacy_spec
 from lens_heads.experiments.unit_store import FORMAT_VERSION, write_units_file
+from lens_heads.plumbing.cache import read_json, save_keyed
 from lens_heads.plumbing.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,10 +46,9 @@ def known_fields(unit: dict, meta: dict) -> tuple[dict | None, dict]:
     return None, {}
 
 
-def migrated(unit: dict, meta: dict) -> dict:
+def migrated(unit: dict, filed: dict | None, known: dict) -> dict:
     """``unit`` (an old-format unit's JSON) with its spec in place of its separate fields, checked to read back
     the same."""
-    filed, known = known_fields(unit, meta)
     spec = legacy_spec(unit, filed, known)
     new = {"key": unit["key"], "spec": spec,
            **{k: v for k, v in unit.items() if k not in ("key", "mode", "score", "target_fraction", "threshold")}}
@@ -64,11 +65,24 @@ def migrate(path: Path) -> str:
     legacy = [u for u in data["units"] if is_legacy(u)]
     if data.get("format") == FORMAT_VERSION and not legacy:
         return f"{path.name}: already format {FORMAT_VERSION}, unchanged"
-    units = [migrated(u, data["meta"]) if is_legacy(u) else u for u in data["units"]]
+    units = [migrated(u, *known_fields(u, data["meta"])) if is_legacy(u) else u for u in data["units"]]
     unrecorded = sorted({f for u in units for f in u["spec"].get("unrecorded", [])})
     write_units_file(path, data["meta"], units)
     return (f"{path.name}: format {data.get('format')} -> {FORMAT_VERSION}, {len(legacy)} of {len(units)} units given "
             f"their spec" + (f" (fields no record held: {', '.join(unrecorded)})" if unrecorded else ""))
+
+
+def migrate_folder(out: Path) -> str:
+    """Migrate the unit files of the run folder ``out`` in place, each from the spec its key files it under."""
+    changed = 0
+    for path in sorted(out.glob("*__*__*.json")):
+        entry = read_json(path)
+        if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict) or "value" not in entry:
+            continue  # not a unit (read_sweep_folder names the unreadable)
+        if is_legacy(entry["value"]):
+            save_keyed(path, entry["key"], migrated(entry["value"], entry["key"].get("ablation"), {}))
+            changed += 1
+    return f"{out.name}/: {changed} unit file(s) given their spec" if changed else f"{out.name}/: unchanged"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", type=Path, help="units files (default: every figures/*_units.json.gz)")
     args = parser.parse_args(argv)
     for path in args.paths or sorted((ROOT / "figures").glob("*_units.json.gz")):
-        print(migrate(path))
+        print(migrate_folder(path) if path.is_dir() else migrate(path))
     return 0
 
 

@@ -61,4 +61,5 @@ def test_the_rule_counts_what_a_caller_names():
         pass
 
     assert len(named_parameters(wide)) == 9 and len(named_parameters(narrow)) == 8
-    assert len(named_parameters(lh.run_sweep)) <= MAX_PARAMETERS and "plan" in inspect.signature(lh.run_sweep).parameters
+    assert len(named_parameters(lh.run_sweep)) <= MAX_PARAMETERS
+    assert "plan" in inspect.signature(lh.run_sweep).parameters

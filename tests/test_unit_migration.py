@@ -12,7 +12,7 @@ import pytest
 from lens_heads.ablation.specs import InputAblation, LayerRemoval, StaticAblation, ThresholdAblation
 from lens_heads.evaluation.results import EvalResult, ItemRecord
 from lens_heads.experiments.sweep_result import UnitResult
-from lens_heads.experiments.unit_store import FORMAT_VERSION, read_units
+from lens_heads.experiments.unit_store import FORMAT_VERSION, read_sweep_folder, read_units
 from lens_heads.plumbing.errors import InputError
 
 RESULT = EvalResult(task="t", format="cloze", chance=0.5, items=[
@@ -91,11 +91,40 @@ def test_the_specs_written_by_hand_are_the_ones_the_spec_classes_write():
         "kind": "per_input", "ablation": "zero", "heads": (((0, 1),),), "score": "attribution", "fraction": 0.1}
 
 
-def test_the_migration_script_rewrites_an_old_units_file_once(tmp_path, capsys):
+def migration_script():
     where = Path(__file__).resolve().parents[1] / "scripts" / "migrate_units.py"
     spec = importlib.util.spec_from_file_location("migrate_units", where)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_migration_script_rewrites_an_old_run_folder_from_its_keys_once(tmp_path, capsys):
+    fingerprint = {"run": "old"}
+    (tmp_path / "sweep.json").write_text(json.dumps({"key": fingerprint}))
+    files = {"baseline__none__0.0000-a.json": ({"kind": "baseline", "ablation": "zero"},
+                                               old_unit("baseline", None, 0.0)),
+             "threshold__AWFT__0.1000-b.json": ({"kind": "threshold", "ablation": "mean", "score": "AWFT",
+                                                 "fraction": 0.1, "threshold": None},
+                                                old_unit("threshold", "AWFT", 0.1, 0.5))}
+    for name, (filed, value) in files.items():
+        (tmp_path / name).write_text(json.dumps({"key": {"run": fingerprint, "ablation": filed}, "value": value}))
+    before = read_sweep_folder(tmp_path)
+    migration_script().main([str(tmp_path)])
+    assert "2 unit file(s) given their spec" in capsys.readouterr().out
+    values = {name: json.loads((tmp_path / name).read_text())["value"] for name in files}
+    assert values["threshold__AWFT__0.1000-b.json"]["spec"] == {"kind": "threshold", "ablation": "mean",
+                                                               "score": "AWFT", "fraction": 0.1, "threshold": 0.5}
+    assert values["baseline__none__0.0000-a.json"]["spec"] == {"kind": "baseline", "ablation": "zero"}
+    assert not any("mode" in v for v in values.values())
+    migration_script().main([str(tmp_path)])
+    assert "unchanged" in capsys.readouterr().out
+    after = read_sweep_folder(tmp_path)
+    assert [u.to_dict() for u in after.units] == [u.to_dict() for u in before.units]
+
+
+def test_the_migration_script_rewrites_an_old_units_file_once(tmp_path, capsys):
+    script = migration_script()
     meta = {"seed": 7, "random_draw": "per_row", "rankings": {"attribution": "mean"}, "specs": []}
     old = [old_unit("baseline", None, 0.0), old_unit("random", None, 0.1), old_unit("threshold", "AWFT", 0.1, 0.5),
            old_unit("static", "attribution", 0.1)]
