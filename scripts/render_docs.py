@@ -41,6 +41,9 @@ from lens_heads.evaluation.evaluate import ACC_NORM
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.stats import calling
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers in scripts/pages, loaded as a test loads this
+from pages import claims, imports, measures  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = "docs/src"
 # page -> its template in docs/src
@@ -118,6 +121,17 @@ def recorded(record: dict) -> str:
     made = record.get("provenance")
     return (f"recorded {made['recorded_at'][:10]} at commit {made['commit'][:7]}" if made
             else "recorded before records stated their commit")
+
+
+def untested(rows: list[dict]) -> dict[str, int]:
+    """Of comparisons as :meth:`Records.tested` gives them, those the rule could not test, counted by why (their
+    note, else the missing test)."""
+    why: dict[str, int] = {}
+    for r in rows:
+        if r["verdict"] == calling.NOT_TESTED:
+            reason = calling._untested_because(r)
+            why[reason] = why.get(reason, 0) + 1
+    return why
 
 
 def upper_first(text: str) -> str:
@@ -330,6 +344,13 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median, recorded=recorded)
     env.globals.update(code=code, code_text=code_text, default=default)
+    package = root / "lens_heads" if (root / "lens_heads").exists() else ROOT / "lens_heads"
+    env.globals.update(untested=untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
+                       gib_from_kib=measures.gib_from_kib, floor_to=measures.floor_to,
+                       commits_since=lambda commit, *paths: measures.commits_since(commit, paths, ROOT),
+                       claim_status=claims.claim_status, statuses=claims,
+                       layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
+                       layer_modules=lambda: imports.modules(package))
     env.filters["upper_first"] = upper_first
     env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
     return env

@@ -1,0 +1,32 @@
+"""Units and distances the pages state beside a recorded number."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+KIB_PER_GIB = 1024 ** 2
+
+
+def gib_from_kib(kib: int | str, spec: str = ".1f") -> str:
+    """A size GNU time reports in KiB (``Maximum resident set size (kbytes)``) in GiB: ``"3.4 GiB"``."""
+    return f"{int(kib) / KIB_PER_GIB:{spec}} GiB"
+
+
+def floor_to(value: float, digits: int = 3) -> str:
+    """``value`` rounded down at ``digits`` decimals: a lower bound shown as "x or more" stays a lower bound."""
+    scaled = math.floor(float(value) * 10 ** digits + 1e-9)  # 1e-9: a value exactly at a digit stays there
+    return f"{scaled / 10 ** digits:.{digits}f}"
+
+
+def commits_since(commit: str, paths: tuple[str, ...], root: Path) -> int:
+    """How many commits of HEAD's history after ``commit`` touch ``paths`` (``git rev-list --count C..HEAD --
+    paths``): how far a recording made at ``commit`` is behind the code it measured. Counted over paths, not all
+    commits, so that a commit of the pages alone does not make the page stale."""
+    done = subprocess.run(["git", "rev-list", "--count", f"{commit}..HEAD", "--", *paths], cwd=root,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"git rev-list cannot count the commits since {commit[:7]} (a shallow clone? fetch the "
+                           f"history with git fetch --unshallow): {done.stderr.strip()}")
+    return int(done.stdout.strip())
