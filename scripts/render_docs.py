@@ -350,6 +350,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        commits_since=lambda commit, *paths: measures.commits_since(commit, paths, ROOT),
                        claim_status=claims.claim_status, statuses=claims,
                        layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
+                       layer_imports=lambda: imports.folder_imports(package), layer_order=imports.layer_order,
                        layer_modules=lambda: imports.modules(package))
     env.filters["upper_first"] = upper_first
     env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage

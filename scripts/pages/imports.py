@@ -55,11 +55,31 @@ def layer_order(graph: dict[str, set[str]]) -> list[str]:
     return order
 
 
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every folder ``start`` imports directly or through others."""
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo += graph[f]
+    return seen
+
+
+def reduced(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The imports no longer path implies (the transitive reduction): an import of C by A is left out where A also
+    imports a B that reaches C. Drawn, these are the arrows a reader needs; every folder still reaches what it
+    imports."""
+    return {f: {d for d in deps if not any(d in _reaches(graph, b) for b in deps - {d})} for f, deps in graph.items()}
+
+
 def mermaid(graph: dict[str, set[str]]) -> str:
-    """A Mermaid flowchart of the folders, an arrow from each folder to each folder it imports, the bottom layer at
-    the bottom."""
+    """A Mermaid flowchart of the folders, bottom layer at the bottom, an arrow from each folder to each folder it
+    imports that no longer path through the arrows implies (:func:`reduced`)."""
     order = layer_order(graph)
+    arrows = reduced(graph)
     lines = ["flowchart BT"]
     lines += [f"    {f}[{f}/]" for f in order]
-    lines += [f"    {f} --> {dep}" for f in reversed(order) for dep in sorted(graph[f], key=order.index)]
+    lines += [f"    {f} --> {dep}" for f in reversed(order) for dep in sorted(arrows[f], key=order.index)]
     return "\n".join(lines)
