@@ -346,7 +346,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
     env.globals.update(code=code, code_text=code_text, default=default)
     package = root / "lens_heads" if (root / "lens_heads").exists() else ROOT / "lens_heads"
     env.globals.update(untested=untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
-                       gib_from_kib=measures.gib_from_kib, floor_to=measures.floor_to,
+                       gib_from_kib=measures.gib_from_kib, moves_with_head=measures.moves_with_head, floor_to=measures.floor_to,
                        commits_since=lambda commit, *paths: measures.commits_since(commit, paths, ROOT),
                        claim_status=claims.claim_status, statuses=claims,
                        layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
@@ -364,12 +364,13 @@ def render(root: Path = ROOT) -> dict[str, str]:
 
 
 def differences(rendered: dict[str, str], committed_root: Path = ROOT) -> list[str]:
-    """A unified diff per committed page that differs from its rendering (a missing page counts as empty)."""
+    """A unified diff per committed page that differs from its rendering (a missing page counts as empty), the text
+    marked as moving with HEAD (``moves_with_head``) left out of the comparison."""
     out = []
     for page, text in rendered.items():
         path = committed_root / page
         committed = path.read_text(encoding="utf-8") if path.exists() else ""
-        if committed != text:
+        if measures.steady(committed) != measures.steady(text):  # a distance from HEAD moves with every commit
             out.append("".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
                                                     f"{page} (committed)", f"{page} (rendered)")))
     return out

@@ -176,3 +176,14 @@ def test_a_direction_word_follows_its_record(perturbed):
     assert "scratch given twice the steps ends lower (" in before["docs/results.md"]
     assert "scratch given twice the steps ends higher (" in after["docs/results.md"]
     assert '"beats scratch trained 2x" is seen in this one run' in after["docs/results.md"]
+
+
+def test_the_page_check_leaves_out_only_the_text_that_moves_with_head(tmp_path):
+    r = renderer()
+    m = r.measures
+    page = f"recorded at abc, {m.moves_with_head('3 commits behind HEAD')}; 677 tests\n"
+    (tmp_path / "page.md").write_text(page.replace("3 commits", "5 commits"))
+    assert r.differences({"page.md": page}, tmp_path) == []
+    (tmp_path / "page.md").write_text(page.replace("677", "678"))
+    assert len(r.differences({"page.md": page}, tmp_path)) == 1
+    assert m.steady(page) == m.steady(page.replace("3 commits", "4 commits")) != m.steady(page.replace("abc", "abd"))

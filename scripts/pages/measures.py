@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -30,3 +31,19 @@ def commits_since(commit: str, paths: tuple[str, ...], root: Path) -> int:
         raise RuntimeError(f"git rev-list cannot count the commits since {commit[:7]} (a shallow clone? fetch the "
                            f"history with git fetch --unshallow): {done.stderr.strip()}")
     return int(done.stdout.strip())
+
+
+# A distance from HEAD changes with every commit to the paths it counts, the commit that renders the page included, so
+# the page check compares the page around it: the text between these marks (invisible in rendered Markdown).
+_OPEN, _CLOSE = "<!-- moves with HEAD -->", "<!-- /moves with HEAD -->"
+_MOVING = re.compile(re.escape(_OPEN) + r".*?" + re.escape(_CLOSE), re.S)
+
+
+def moves_with_head(text: str) -> str:
+    """``text`` marked as depending on the checkout's HEAD, not on a record: :func:`steady` leaves it out."""
+    return f"{_OPEN}{text}{_CLOSE}"
+
+
+def steady(page: str) -> str:
+    """A page with the text that moves with HEAD left out: what the page check compares."""
+    return _MOVING.sub(_OPEN + _CLOSE, page)
