@@ -189,6 +189,14 @@ class Records:
             raise FileNotFoundError(f"a template reads {name}, which does not exist under {self.root}")
         return path
 
+    def optional(self, name: str) -> Any:
+        """A JSON record that may not have been made yet (another branch adds it): the record, or None, for a
+        template to say it is not recorded."""
+        try:
+            return self.record(name)
+        except FileNotFoundError:
+            return None
+
     @functools.lru_cache(maxsize=None)
     def record(self, name: str) -> Any:
         """A JSON record (``.json`` or ``.json.gz``)."""
@@ -337,7 +345,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / SOURCES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
-    env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
+    env.globals.update(record=records.record, optional=records.optional, table=records.table, rows=records.rows, row=records.row,
                        tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        stale_verdicts=records.stale_verdicts,

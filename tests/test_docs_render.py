@@ -187,3 +187,13 @@ def test_the_page_check_leaves_out_only_the_text_that_moves_with_head(tmp_path):
     (tmp_path / "page.md").write_text(page.replace("677", "678"))
     assert len(r.differences({"page.md": page}, tmp_path)) == 1
     assert m.steady(page) == m.steady(page.replace("3 commits", "4 commits")) != m.steady(page.replace("abc", "abd"))
+
+
+def test_an_optional_record_not_yet_made_is_none(tmp_path):
+    (tmp_path / "docs" / "records").mkdir(parents=True)
+    (tmp_path / "docs" / "records" / "made.json").write_text('{"n": 3}')
+    records = renderer().Records(tmp_path)
+    assert records.optional("docs/records/made.json") == {"n": 3}
+    assert records.optional("docs/records/not_yet.json") is None
+    with pytest.raises(FileNotFoundError, match="not_yet.json"):
+        records.record("docs/records/not_yet.json")
