@@ -135,8 +135,8 @@ def perturbed(tmp_path_factory):
     return renderer().render(ROOT), renderer().render(root)
 
 
-def _claim(page: str, claim: str, task: str) -> str:
-    rows = [line for line in page.splitlines() if f"| {claim} |" in line and f"| {task} |" in line]
+def _claim(page: str, claim: str, task: str, model: str = "SmolLM2-135M-Instruct") -> str:
+    rows = [line for line in page.splitlines() if f"| {claim} |" in line and f"| {model} | {task} |" in line]
     assert len(rows) == 1, (claim, task, rows)
     return rows[0].split(" | ")[2].strip("* ")
 
