@@ -151,7 +151,7 @@ def test_a_claims_status_follows_its_record(perturbed):
 
 def test_a_flipped_verdict_flips_the_readme(perturbed):
     before, after = perturbed
-    row = "| heads AHON (LN) calls inactive, zeroed, against random zeroing: ARC-Easy |"
+    row = "| zeroing the heads AHON (LN) calls inactive vs as many random heads (ARC-Easy) |"
 
     def finding(page):
         return next(line for line in page.splitlines() if line.startswith(row))
