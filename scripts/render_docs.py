@@ -355,7 +355,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
     package = root / "lens_heads" if (root / "lens_heads").exists() else ROOT / "lens_heads"
     env.globals.update(untested=untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
                        gib_from_kib=measures.gib_from_kib, moves_with_head=measures.moves_with_head, floor_to=measures.floor_to,
-                       commits_since=lambda commit, *paths: measures.commits_since(commit, paths, ROOT),
+                       commits_since=lambda commit, *paths: measures.commits_behind(commit, paths, ROOT),
                        claim_status=claims.claim_status, statuses=claims,
                        layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
                        layer_imports=lambda: imports.folder_imports(package), layer_order=imports.layer_order,

@@ -96,6 +96,8 @@ def test_commits_since_counts_only_the_measured_paths(tmp_path):
     assert measures.commits_since(recorded, ("code",), tmp_path) == 2
     with pytest.raises(RuntimeError, match="cannot count"):
         measures.commits_since("0" * 40, ("code",), tmp_path)
+    assert measures.commits_behind("0" * 40, ("code",), tmp_path) is None
+    assert measures.commits_behind(recorded, ("code",), tmp_path) == 2
 
 
 def _set(path, where: dict, **values):

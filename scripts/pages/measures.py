@@ -33,6 +33,16 @@ def commits_since(commit: str, paths: tuple[str, ...], root: Path) -> int:
     return int(done.stdout.strip())
 
 
+
+def commits_behind(commit: str, paths: tuple[str, ...], root: Path) -> int | None:
+    """:func:`commits_since`, or None where this clone cannot count them (a shallow clone without ``commit``): the
+    distance is text that moves with HEAD, which the page check leaves out, so the pages still render there."""
+    try:
+        return commits_since(commit, paths, root)
+    except RuntimeError:
+        return None
+
+
 # A distance from HEAD changes with every commit to the paths it counts, the commit that renders the page included, so
 # the page check compares the page around it: the text between these marks (invisible in rendered Markdown).
 _OPEN, _CLOSE = "<!-- moves with HEAD -->", "<!-- /moves with HEAD -->"
