@@ -199,3 +199,14 @@ def test_an_optional_record_not_yet_made_is_none(tmp_path):
     assert records.optional("docs/records/not_yet.json") is None
     with pytest.raises(FileNotFoundError, match="not_yet.json"):
         records.record("docs/records/not_yet.json")
+
+
+def test_every_claim_has_one_of_the_statuses():
+    claims, _, _ = pages()
+    page = (ROOT / "docs" / "results.md").read_text()
+    table = page.split("## What this reproduces, at a glance", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| inactive heads |")
+            or line.startswith("| attention collapse |")]
+    papers = {line.split(" | ")[0].strip("| ") for line in rows}
+    assert papers == {"inactive heads", "attention collapse"}
+    assert all(line.split(" | ")[2].strip("* ") in claims.STATUSES for line in rows), rows
