@@ -123,17 +123,6 @@ def recorded(record: dict) -> str:
             else "recorded before records stated their commit")
 
 
-def untested(rows: list[dict]) -> dict[str, int]:
-    """Of comparisons as :meth:`Records.tested` gives them, those the rule could not test, counted by why (their
-    note, else the missing test)."""
-    why: dict[str, int] = {}
-    for r in rows:
-        if r["verdict"] == calling.NOT_TESTED:
-            reason = calling._untested_because(r)
-            why[reason] = why.get(reason, 0) + 1
-    return why
-
-
 def upper_first(text: str) -> str:
     """A sentence's first letter in capitals (the calling rule's sentences start in lower case)."""
     return text[:1].upper() + text[1:]
@@ -353,7 +342,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        report_help=report_help, median=statistics.median, recorded=recorded)
     env.globals.update(code=code, code_text=code_text, default=default)
     package = root / "lens_heads" if (root / "lens_heads").exists() else ROOT / "lens_heads"
-    env.globals.update(untested=untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
+    env.globals.update(untested=claims.untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
                        gib_from_kib=measures.gib_from_kib, moves_with_head=measures.moves_with_head, floor_to=measures.floor_to,
                        commits_since=lambda commit, *paths: measures.commits_behind(commit, paths, ROOT),
                        claim_status=claims.claim_status, statuses=claims,

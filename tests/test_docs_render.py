@@ -31,6 +31,18 @@ def test_claim_status_follows_the_verdicts():
         claims.claim_status([yes, yes], [yes])
 
 
+def test_untested_comparisons_are_counted_by_why():
+    claims, _, _ = pages()
+    nan = float("nan")
+    rows = [dict(verdict=calling.NOT_TESTED, p_value=nan, low=nan, high=nan),
+            dict(verdict=calling.NOT_TESTED, p_value=0.01, low=nan, high=nan),
+            dict(verdict=calling.NOT_TESTED, p_value=nan, low=nan, high=nan, test_note="one curve ends short"),
+            dict(verdict=calling.NOT_TESTED, p_value=nan, low=nan, high=nan),
+            dict(verdict=calling.CANNOT_TELL, p_value=0.5, low=-1.0, high=1.0)]
+    assert claims.untested(rows) == {"no permutation p-value": 2, "no bootstrap interval": 1,
+                                     "one curve ends short": 1}
+
+
 def test_units_and_lower_bounds():
     _, _, measures = pages()
     # GNU time's KiB: 3,539,236 KiB = 3,624,177,664 bytes = 3.375 GiB

@@ -32,3 +32,14 @@ def claim_status(verdicts: Iterable[str], expected: Iterable[str] | str) -> str:
     if any(v not in calling.UNCALLED and v != w for v, w in zip(verdicts, wanted)):
         return NOT_REPRODUCED
     return NOT_CALLED
+
+
+def untested(rows: Iterable[dict]) -> dict[str, int]:
+    """Of comparisons with the rule's verdicts, those it could not test, counted by why (their note, else the missing
+    test, in the calling rule's words)."""
+    why: dict[str, int] = {}
+    for r in rows:
+        if r["verdict"] == calling.NOT_TESTED:
+            reason = calling._untested_because(r)
+            why[reason] = why.get(reason, 0) + 1
+    return why
