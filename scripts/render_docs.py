@@ -41,6 +41,9 @@ from lens_heads.evaluation.evaluate import ACC_NORM
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.stats import calling
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers in scripts/pages, loaded as a test loads this
+from pages import claims, imports, measures  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = "docs/src"
 # page -> its template in docs/src
@@ -174,6 +177,14 @@ class Records:
         if not path.exists():
             raise FileNotFoundError(f"a template reads {name}, which does not exist under {self.root}")
         return path
+
+    def optional(self, name: str) -> Any:
+        """A JSON record that may not have been made yet (another branch adds it): the record, or None, for a
+        template to say it is not recorded."""
+        try:
+            return self.record(name)
+        except FileNotFoundError:
+            return None
 
     @functools.lru_cache(maxsize=None)
     def record(self, name: str) -> Any:
@@ -323,13 +334,21 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / SOURCES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
-    env.globals.update(record=records.record, table=records.table, rows=records.rows, row=records.row,
+    env.globals.update(record=records.record, optional=records.optional, table=records.table, rows=records.rows, row=records.row,
                        tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        stale_verdicts=records.stale_verdicts,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median, recorded=recorded)
     env.globals.update(code=code, code_text=code_text, default=default)
+    package = root / "lens_heads" if (root / "lens_heads").exists() else ROOT / "lens_heads"
+    env.globals.update(untested=claims.untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
+                       gib_from_kib=measures.gib_from_kib, moves_with_head=measures.moves_with_head, floor_to=measures.floor_to,
+                       commits_since=lambda commit, *paths: measures.commits_behind(commit, paths, ROOT),
+                       claim_status=claims.claim_status, statuses=claims,
+                       layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
+                       layer_imports=lambda: imports.folder_imports(package), layer_order=imports.layer_order,
+                       layer_modules=lambda: imports.modules(package))
     env.filters["upper_first"] = upper_first
     env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
     return env
@@ -342,12 +361,13 @@ def render(root: Path = ROOT) -> dict[str, str]:
 
 
 def differences(rendered: dict[str, str], committed_root: Path = ROOT) -> list[str]:
-    """A unified diff per committed page that differs from its rendering (a missing page counts as empty)."""
+    """A unified diff per committed page that differs from its rendering (a missing page counts as empty), the text
+    marked as moving with HEAD (``moves_with_head``) left out of the comparison."""
     out = []
     for page, text in rendered.items():
         path = committed_root / page
         committed = path.read_text(encoding="utf-8") if path.exists() else ""
-        if committed != text:
+        if measures.steady(committed) != measures.steady(text):  # a distance from HEAD moves with every commit
             out.append("".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
                                                     f"{page} (committed)", f"{page} (rendered)")))
     return out

@@ -1,0 +1,45 @@
+"""A paper's claim against what a record says: the status is read from the calling rule's verdicts of the
+comparisons that test it, never typed, so a re-recording that flips a verdict changes the status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from lens_heads.stats import calling
+
+REPRODUCED = "reproduced"
+NOT_CALLED = "not called by the rule"
+NOT_REPRODUCED = "not reproduced"
+UNTESTABLE = "untestable at this scale"
+NEEDS_GPU = "needs a GPU or weights not installable offline"
+NOT_RECORDED = "not recorded"
+STATUSES = (REPRODUCED, NOT_CALLED, NOT_REPRODUCED, UNTESTABLE, NEEDS_GPU, NOT_RECORDED)
+
+
+def claim_status(verdicts: Iterable[str], expected: Iterable[str] | str) -> str:
+    """The status of a claim tested by one or more comparisons: ``verdicts`` are their calling-rule verdicts and
+    ``expected`` the verdict the claim predicts for each (one for all, or one each). Reproduced where every
+    comparison is called as the claim says, not reproduced where any is called the other way, else (some
+    uncalled, none against) not called by the rule; no comparison at all is not recorded."""
+    verdicts = [str(v) for v in verdicts]
+    wanted = [expected] * len(verdicts) if isinstance(expected, str) else [str(e) for e in expected]
+    if len(wanted) != len(verdicts):
+        raise ValueError(f"{len(verdicts)} verdicts but {len(wanted)} expected verdicts: give one each or one for all")
+    if not verdicts:
+        return NOT_RECORDED
+    if all(v == w for v, w in zip(verdicts, wanted)):
+        return REPRODUCED
+    if any(v not in calling.UNCALLED and v != w for v, w in zip(verdicts, wanted)):
+        return NOT_REPRODUCED
+    return NOT_CALLED
+
+
+def untested(rows: Iterable[dict]) -> dict[str, int]:
+    """Of comparisons with the rule's verdicts, those it could not test, counted by why (their note, else the missing
+    test, in the calling rule's words)."""
+    why: dict[str, int] = {}
+    for r in rows:
+        if r["verdict"] == calling.NOT_TESTED:
+            reason = calling._untested_because(r)
+            why[reason] = why.get(reason, 0) + 1
+    return why
