@@ -1,7 +1,8 @@
 """Head scores on long prompts: peak memory and tokens/s of the scoring pass by query chunks, against the pass that
 hooks each layer's whole pattern, a naive run_with_cache and the evaluator's forward.
 
-    python benchmarks/bench_scores_long.py [--lengths 512,2048,8192 --threads 1 --naive-gb 6] [--write-docs]
+    python benchmarks/bench_scores_long.py [--lengths 512,2048,8192 --methods evaluator,scoring --threads 1
+                                            --naive-gb 6] [--write-docs]
 
 Each measured (method, length) is merged into docs/records/bench_scores_long.json as it finishes (with its date,
 commit and load average), so the lengths can be run in separate invocations (the long one when the machine is
@@ -66,6 +67,8 @@ class LongScoresBench:
 
     lengths: str = option("512,2048,8192", "prompt lengths in tokens, comma-separated ('': none, only the table "
                           "of the recorded rows)", parse=str)
+    methods: str = option(",".join(METHODS), "methods to measure, comma-separated (the others' recorded rows stay)",
+                          parse=str)
     threads: int | None = threads_option()
     naive_gb: float = option(6.0, "leave out the naive run where its cached patterns exceed this many GB", parse=float)
     write_docs: bool = write_docs_option(SECTION)
@@ -196,12 +199,15 @@ def main(argv=None) -> None:
         method, length = args.child.split(":")
         return child(method, int(length))
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]  # none: the table of what is recorded
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := sorted(set(methods) - set(METHODS)):
+        raise SystemExit(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     started_load = load_average()
     print(f"embedded model, one prompt of {lengths} tokens; {machine_line(started_load)}", flush=True)
     if lengths:
         check_agreement(min(lengths))
     for length in lengths:
-        for method in METHODS:
+        for method in methods:
             if method == "naive" and naive_gb(length) > args.naive_gb:
                 print(f"  {length:6d} {method:14s} left out: its patterns alone are {naive_gb(length):.0f} GB",
                       flush=True)
@@ -256,7 +262,8 @@ def summary(rows: list[dict], lengths: list[int], limit_gb: float) -> tuple[str,
 def write_docs(args, machine: str, table: str, verdict: str) -> None:
     threads = f" --threads {args.threads}" if args.threads else ""
     write_section(SECTION, "\n".join([
-        f"`python benchmarks/bench_scores_long.py --lengths {args.lengths}{threads} --naive-gb {args.naive_gb:g}` "
+        f"`python benchmarks/bench_scores_long.py --lengths {args.lengths} --methods {args.methods}{threads} "
+        f"--naive-gb {args.naive_gb:g}` "
         f"(the last invocation: {machine}; fp32 CPU; each row's date and commit in the table, + = uncommitted "
         "changes). Embedded SmolLM2-135M-Instruct (30 layers x 9 heads, 3 KV heads), "
         "one prompt per length, no padding. Each (method, length) ran once in its own fresh process, one after "
