@@ -58,6 +58,15 @@ def test_smoke_table_shows_each_shapes_numbers(smoke):
         assert f"{r.evaluator_tokens_per_s / r.hf_sdpa_tokens_per_s:.2f}x" in row("evaluator / HF SDPA")
         assert f"{r.threshold_unit_share_zeroed:.1%}" in row("threshold unit: heads zeroed")
         assert f"{r.scoring_flops_per_s / result.matmul_flops_per_s:.1%}" in row("scoring pass FLOP/s / matmul")
+    for i, n in enumerate(gpu_measure.LONG_PROMPTS):  # the scoring pass on long prompts, a sixteenth as long
+        cells = row(f"scoring / evaluator, {n:,}-token prompts")
+        for r in result.shapes:
+            long = r.long_prompts[i]
+            assert long["tokens"] == n // 16 and long["prompts"] * long["tokens"] == gpu_measure.LONG_TOKENS // 16
+            assert f"{long['scoring_tokens_per_s'] / long['evaluator_tokens_per_s']:.2f}x" in cells
+    # the stacked sweep is not measured on this branch: the table says so, in capitals, beside every target
+    assert "stacked sweep (smollm2-135m): NOT MEASURED" in printed
+    assert all(f"{k} {v}" in printed for k, v in gpu_check.TARGETS.items())
     hours = paper_flops(float(np.mean(gpu_rows.mmlu_lengths()))) / result.shapes[-1].evaluator_flops_per_s / 3600
     assert f"{hours:,.0f} GPU-hours" in printed and "torchrun --nproc_per_node=1 sweep" in printed
 
@@ -71,6 +80,8 @@ def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     assert [s["shape"] for s in written["shapes"]] == list(gpu_shapes.SHAPES)
     assert written["shapes"][0]["evaluator_tokens_per_s"] == pytest.approx(result.shapes[0].evaluator_tokens_per_s)
     assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
+    assert written["targets"] == gpu_check.TARGETS and written["stacked_sweep"]["measured"] is False
+    assert [len(s["long_prompts"]) for s in written["shapes"]] == [len(gpu_measure.LONG_PROMPTS)] * len(result.shapes)
 
 
 @pytest.mark.slow
@@ -152,5 +163,5 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch, capsys, tmp_path):
 
 def test_unknown_shape_and_missing_folder_are_refused(capsys, tmp_path):
     err = refused([str(tmp_path), "--device", "cpu", "--smoke", "--shapes", "smollm2-135m,gpt-5"], capsys)
-    assert "unknown shape gpt-5: choose from smollm2-135m, qwen2.5-0.5b, llama-3.2-1b" in err
+    assert "unknown shape gpt-5: choose from smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, qwen2.5-7b" in err
     assert "give the folder" in refused(["--device", "cpu", "--smoke"], capsys)
