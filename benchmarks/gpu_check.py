@@ -26,7 +26,8 @@ one batch) is not measured here yet: :func:`stacked_sweep_check` says so in the 
 
 Then a sweep (baseline, random 10%, AHON (LN) 10%) on the first shape twice: in this process, and under
 ``torchrun --standalone --nproc_per_node=1``; their log-likelihoods must agree. Last, the paper's full experiment in
-GPU-hours at the evaluator's measured FLOP/s on the largest shape. One table is printed and written, with every
+GPU-hours, each of its models at the evaluator's FLOP/s measured on the shape nearest its size
+(``flops.paper_projection``). One table is printed and written, with every
 figure, as ``gpu_check.json`` in the folder given.
 """
 
@@ -45,11 +46,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flops import matmul_flops_per_s, paper_flops
+from flops import matmul_flops_per_s, paper_projection
 from gpu_measure import FRACTION, LONG_PROMPTS, SCORE, ShapeResult, logprobs_of, max_difference, measure_shape
 from gpu_rows import check_lengths, mmlu_lengths, record_lengths, synthetic_task
 from gpu_settings import GpuCheck
-from gpu_shapes import build_pair
+from gpu_shapes import SHAPES, build_pair
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.provenance import write_record
@@ -146,6 +147,7 @@ class CheckResult:
     shapes: list[ShapeResult]
     torchrun: TorchrunResult
     mmlu_tokens_per_question: float
+    projection: list[dict]  # per paper model: flops.paper_projection
     projected_gpu_hours: float
     wall_s: float
     stacked_sweep: dict = field(default_factory=dict)
@@ -227,8 +229,11 @@ def table(result: CheckResult) -> str:
         f"stacked sweep ({result.stacked_sweep.get('shape')}): "
         f"{'measured' if result.stacked_sweep.get('measured') else 'NOT MEASURED: ' + result.stacked_sweep['why']}",
         "targets: " + "; ".join(f"{k} {v}" for k, v in result.targets.items()),
-        f"paper's experiment at the evaluator's rate on {result.shapes[-1].shape}: {result.projected_gpu_hours:,.0f} "
-        f"GPU-hours ({result.mmlu_tokens_per_question:.0f} tokens per MMLU question; flops.paper_flops)",
+        f"paper's experiment, each model at the evaluator's rate on the shape nearest its size: "
+        f"{result.projected_gpu_hours:,.0f} GPU-hours = "
+        + " + ".join(f"{r['flops']:.2g} / {r['flops_per_s']:.2g}" for r in result.projection)
+        + f" FLOPs / (FLOP/s) / 3600 ({result.mmlu_tokens_per_question:.0f} tokens per MMLU question; "
+        "flops.paper_projection)",
         f"wall time of the check: {result.wall_s:.0f} s"])
 
 
@@ -249,11 +254,13 @@ def run_check(s: GpuCheck) -> CheckResult:
     torchrun = torchrun_check(s)
     stacked = stacked_sweep_check(s)
     mean_tokens = float(np.mean(mmlu_lengths()))
-    hours = paper_flops(mean_tokens) / shapes[-1].evaluator_flops_per_s / 3600
+    # matched by the shapes' real sizes, also where --smoke ran them at toy size
+    projection = paper_projection([dict(asdict(r), n_params=SHAPES[r.shape].n_params()) for r in shapes], mean_tokens)
     gpu = f"; {torch.cuda.get_device_name(s.device)}" if big else ""
     return CheckResult(machine=machine_line() + gpu, device=s.device, dtype=str(s.torch_dtype).replace("torch.", ""),
                        smoke=s.smoke, matmul_flops_per_s=peak, shapes=shapes, torchrun=torchrun,
-                       mmlu_tokens_per_question=mean_tokens, projected_gpu_hours=hours,
+                       mmlu_tokens_per_question=mean_tokens, projection=projection,
+                       projected_gpu_hours=sum(r["gpu_hours"] for r in projection),
                        wall_s=time.perf_counter() - start, stacked_sweep=stacked)
 
 

@@ -32,6 +32,12 @@ class Shape:
     vocab: int
     tied: bool = True
 
+    def n_params(self) -> int:
+        """Its parameters, norms and biases left out (well under 1%): the size the check's projection matches."""
+        attention = 2 * self.d_model * self.n_heads * self.d_head + 2 * self.d_model * self.n_kv_heads * self.d_head
+        return self.vocab * self.d_model * (1 if self.tied else 2) + self.n_layers * (
+            attention + 3 * self.d_model * self.d_mlp)
+
     def smoke(self) -> Shape:
         """The same family at toy size: runs on a CPU in a second."""
         return Shape(self.family, 2, 64, 4, 2, 16, 128, 512, self.tied)
