@@ -8,8 +8,10 @@ and torchrun on random-init models of real shapes, all side by side in one proce
 Throughput does not depend on the weights' values, so each shape (SmolLM2-135M, Qwen2.5-0.5B, Llama-3.2-1B and
 Qwen2.5-7B shapes) is a random-init Hugging Face model (SDPA attention) and a HookedTransformer holding the same weights (the
 project's own conversion, ``lens_heads.models.loading.hooked_from_hf``), in bf16 on ``cuda`` by default. Its rows are
-synthetic token ids with MMLU 5-shot row lengths (``benchmarks/mmlu_row_lengths.json``, from the real rows under
-SmolLM2's tokenizer; ``--record-lengths`` remakes it), run through the evaluator's own task and row code. Per shape:
+synthetic token ids with MMLU 5-shot row lengths, whole subjects at a time, the rows of a subject sharing as
+many leading ids as the real rows do (its description and five shots: ``benchmarks/mmlu_row_lengths.json``, from the
+real rows under SmolLM2's tokenizer; ``--record-lengths`` remakes it), run through the evaluator's own task and row
+code, so that its shared prefixes run once as on real MMLU. Per shape:
 
 1. ``batch_size="auto"``: the size it settles on for these rows and the peak GPU memory of that evaluation;
 2. the evaluator (``lens_heads.evaluation.evaluate``, at that batch size) against Hugging Face SDPA on the same batches, the
@@ -179,6 +181,7 @@ ROWS = [  # (label, a ShapeResult and the matmul FLOP/s as text)
     ('batch_size="auto" chose', lambda r, peak: str(r.auto_batch_size)),
     ("peak memory of that evaluation", lambda r, peak: "-" if r.auto_peak_memory_gib is None
      else f"{r.auto_peak_memory_gib:.1f} GiB"),
+    ("evaluator forward tokens / row tokens", lambda r, peak: f"{r.forward_tokens_share:.0%}"),
     ("evaluator tokens/s", lambda r, peak: f"{r.evaluator_tokens_per_s:,.0f}"),
     ("HF SDPA tokens/s", lambda r, peak: f"{r.hf_sdpa_tokens_per_s:,.0f}"),
     ("evaluator / HF SDPA", lambda r, peak: f"{r.evaluator_vs_hf:.2f}x"),

@@ -93,6 +93,7 @@ class ShapeResult:
     scoring_flops_per_s: float
     threshold_unit_flops_per_s: float
     long_prompts: list[dict] = field(default_factory=list)  # per length: see long_prompt_rates
+    forward_tokens_share: float = 1.0  # the evaluator's forward tokens / the rows' tokens (shared prefixes run once)
 
     @property
     def evaluator_vs_hf(self) -> float:
@@ -133,6 +134,7 @@ def measure_shape(name: str, s: GpuCheck) -> ShapeResult:
         evaluator_flops_per_s=eval_flops / walls["evaluator"], hf_sdpa_flops_per_s=eval_flops / walls["hf"],
         scoring_flops_per_s=score_flops / walls["scoring"], threshold_unit_flops_per_s=eval_flops / walls["unit"])
     result.long_prompts = long_prompt_rates(model, s)
+    result.forward_tokens_share = auto.meta["forward_tokens"] / auto.meta["row_tokens"]
     hf = model = None  # frees both before the next shape (the timing lambdas above hold them)
     reset_peak_memory(device)
     return result
