@@ -53,6 +53,8 @@ def test_fused_and_chunked_rows_match_the_float64_softmax(causal, padding):
         for b, i in ones:
             assert bool((fused.first_weight[b, :, i] == 1).all()) and bool((fused.entropy[b, :, i] == 0).all())
     assert bool((fused.entropy[read] >= 0).all())
+    if causal and padding == "left":  # the padding queries before the first token: no allowed key, all zero
+        assert bool((fused.first_weight[1, :, :4] == 0).all()) and bool((fused.entropy[1, :, :4] == 0).all())
 
 
 def test_rows_with_a_prefix_of_keys_take_the_chunks():

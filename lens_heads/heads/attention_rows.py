@@ -163,8 +163,10 @@ def fused_row_statistics(source: QueryKeys, first: Tensor) -> RowStatistics:
     first_key = k[torch.arange(k.shape[0], device=k.device), :, first.to(k.device)]  # [batch, head, d]
     first_weight = torch.exp(torch.einsum("bhqd,bhd->bhq", q, first_key) - lse)
     entropy = (lse - torch.linalg.vecdot(q, means)).clamp_min(0.0)
-    single = (allowed == 1)[:, None, :]
-    return RowStatistics(first_weight.masked_fill(single, 1.0), entropy.masked_fill(single, 0.0))
+    single, none = (allowed == 1)[:, None, :], (allowed == 0)[:, None, :]
+    # a row with no allowed key (a padding query before a left-padded row's first token) is all zero, as by chunks
+    return RowStatistics(first_weight.masked_fill(single, 1.0).masked_fill(none, 0.0),
+                         entropy.masked_fill(single, 0.0).masked_fill(none, 0.0))
 
 
 # ---------------------------------------------------------------- which hooks a layer's rows come from
