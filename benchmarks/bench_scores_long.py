@@ -1,7 +1,8 @@
 """Head scores on long prompts: peak memory and tokens/s of the scoring pass by query chunks, against the pass that
 hooks each layer's whole pattern, a naive run_with_cache and the evaluator's forward.
 
-    python benchmarks/bench_scores_long.py [--lengths 512,2048,8192 --threads 1 --naive-gb 6] [--write-docs]
+    python benchmarks/bench_scores_long.py [--lengths 512,2048,8192 --methods evaluator,scoring --threads 1
+                                            --naive-gb 6] [--write-docs]
 
 Each measured (method, length) is merged into docs/records/bench_scores_long.json as it finishes (with its date,
 commit and load average), so the lengths can be run in separate invocations (the long one when the machine is
@@ -9,8 +10,10 @@ quiet); the table and the docs section cover every recorded row.
 
 One prompt of each length (random ids after a BOS, no padding) on the embedded model, fp32 CPU, under no_grad:
   evaluator      the evaluator's forward: fused attention and packed weights, the blocks to the last residual stream
-  chunked        lens_heads.score_heads: attention fused, AWFT/AEQD read query_chunk rows at a time from the queries
-                 and keys (lens_heads.heads.attention_rows)
+  scoring        lens_heads.score_heads: attention fused, AWFT/AEQD from one more fused attention per layer, over the
+                 keys, with its log-sum-exp (lens_heads.heads.attention_rows.fused_row_statistics)
+  chunked        score_heads as on a device without that attention: AWFT/AEQD read query_chunk rows at a time from
+                 the queries and keys
   whole-pattern  the scoring pass before query chunks: hook_pattern captured whole in every layer (eager attention),
                  the same scores_of_layer on it
   naive          model.run_with_cache(names_filter=hook_v|hook_pattern|hook_z), then scores_of_layer per layer; left
@@ -22,7 +25,7 @@ method once on 64 tokens (first-call allocations), trims the allocator, resets t
 whole process during that run (weights included); "delta" is that peak minus the RSS just before. Wall and CPU
 seconds from the same run (one run each: 8,192 tokens take minutes); on a shared machine the CPU seconds of a
 one-thread run are what an idle core would take, so tokens/s and the ratios are given by CPU seconds too. Before them, this process checks on the shortest length that the
-chunked, whole-pattern and naive scores agree (atol/rtol 1e-4, float32).
+scoring, chunked, whole-pattern and naive scores agree (atol/rtol 1e-4, float32).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from timing import (
     write_section,
 )
 
-METHODS = ("evaluator", "chunked", "whole-pattern", "naive")
+METHODS = ("evaluator", "scoring", "chunked", "whole-pattern", "naive")
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "records" / "bench_scores_long.json"
 SECTION = "Scoring pass on long prompts"
@@ -64,6 +67,8 @@ class LongScoresBench:
 
     lengths: str = option("512,2048,8192", "prompt lengths in tokens, comma-separated ('': none, only the table "
                           "of the recorded rows)", parse=str)
+    methods: str = option(",".join(METHODS), "methods to measure, comma-separated (the others' recorded rows stay)",
+                          parse=str)
     threads: int | None = threads_option()
     naive_gb: float = option(6.0, "leave out the naive run where its cached patterns exceed this many GB", parse=float)
     write_docs: bool = write_docs_option(SECTION)
@@ -82,6 +87,7 @@ def runner(model, tokens, method: str):
     """The function that runs ``method`` once on ``tokens`` (scores [input, layer, head, score], or None)."""
     from lens_heads.evaluation.fused_attention import fused_attention
     from lens_heads.evaluation.packed_weights import packed_weights
+    from lens_heads.heads import attention_rows
     from lens_heads.heads.scores import scores_of_layer
     from lens_heads.heads.scoring import score_heads
     from lens_heads.models.backends import run_to_resid
@@ -96,8 +102,16 @@ def runner(model, tokens, method: str):
         with torch.no_grad(), fused_attention(model), packed_weights(model):
             run_to_resid(model, tokens, None, stop=L)
 
-    def chunked():
+    def scoring():
         return score_heads(model, tokens, batch_size=1, progress=False).values
+
+    def chunked():
+        fused = attention_rows.fused_statistics_apply
+        attention_rows.fused_statistics_apply = lambda source: False  # the rows by chunks, as off the CPU
+        try:
+            return scoring()
+        finally:
+            attention_rows.fused_statistics_apply = fused
 
     def whole_pattern():
         out = torch.empty(tokens.shape[0], L, H, 12)
@@ -110,7 +124,7 @@ def runner(model, tokens, method: str):
             run_to_resid(model, tokens, None, stop=L)
         return out
 
-    return {"evaluator": evaluator, "chunked": chunked, "whole-pattern": whole_pattern,
+    return {"evaluator": evaluator, "scoring": scoring, "chunked": chunked, "whole-pattern": whole_pattern,
             "naive": lambda: naive_scores(model, tokens, mask)}[method]
 
 
@@ -162,15 +176,15 @@ def record(row: dict) -> list[dict]:
 
 
 def check_agreement(length: int) -> None:
-    """The chunked, whole-pattern and naive scores agree on one prompt, for their times to mean anything."""
+    """The scoring, chunked, whole-pattern and naive scores agree on one prompt, for their times to mean anything."""
     from lens_heads import load_model
 
     model = load_model()
     tokens = make_tokens(model, length)
-    chunked = runner(model, tokens, "chunked")()
-    for other in ("whole-pattern", "naive"):
-        torch.testing.assert_close(chunked, runner(model, tokens, other)().float(), atol=1e-4, rtol=1e-4)
-    print(f"  {length} tokens: chunked == whole-pattern == naive (atol/rtol 1e-4)", flush=True)
+    scoring = runner(model, tokens, "scoring")()
+    for other in ("chunked", "whole-pattern", "naive"):
+        torch.testing.assert_close(scoring, runner(model, tokens, other)().float(), atol=1e-4, rtol=1e-4)
+    print(f"  {length} tokens: scoring == chunked == whole-pattern == naive (atol/rtol 1e-4)", flush=True)
 
 
 def naive_gb(length: int) -> float:
@@ -185,12 +199,15 @@ def main(argv=None) -> None:
         method, length = args.child.split(":")
         return child(method, int(length))
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]  # none: the table of what is recorded
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := sorted(set(methods) - set(METHODS)):
+        raise SystemExit(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     started_load = load_average()
     print(f"embedded model, one prompt of {lengths} tokens; {machine_line(started_load)}", flush=True)
     if lengths:
         check_agreement(min(lengths))
     for length in lengths:
-        for method in METHODS:
+        for method in methods:
             if method == "naive" and naive_gb(length) > args.naive_gb:
                 print(f"  {length:6d} {method:14s} left out: its patterns alone are {naive_gb(length):.0f} GB",
                       flush=True)
@@ -228,36 +245,39 @@ def summary(rows: list[dict], lengths: list[int], limit_gb: float) -> tuple[str,
             lines.append(f"| {length} | {method} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {length / r['cpu_s']:.1f} | "
                          f"{ratio} | {r['peak_mb']:.0f} | {r['peak_mb'] - r['rss_before_mb']:.0f} | {r['date']}, "
                          f"{(r['commit'] or '?')[:7]}{'+' if r['dirty'] else ''} |")
-    both = [n for n in lengths if ("evaluator", n) in by and ("chunked", n) in by]
-    ratios = ", ".join(f"{by[('evaluator', n)]['cpu_s'] / by[('chunked', n)]['cpu_s']:.2f}x at {n}" for n in both)
-    chunked = [n for n in lengths if ("chunked", n) in by]
-    delta = {n: by[("chunked", n)]["peak_mb"] - by[("chunked", n)]["rss_before_mb"] for n in chunked}
+    both = [n for n in lengths if ("evaluator", n) in by and ("scoring", n) in by]
+    ratios = ", ".join(f"{by[('evaluator', n)]['cpu_s'] / by[('scoring', n)]['cpu_s']:.2f}x at {n}" for n in both)
+    scored = [n for n in lengths if ("scoring", n) in by]
+    delta = {n: by[("scoring", n)]["peak_mb"] - by[("scoring", n)]["rss_before_mb"] for n in scored}
     growth = ", ".join(f"{a}->{b} tokens ({b / a:.0f}x): {delta[b] / max(delta[a], 1):.1f}x"
-                       for a, b in zip(chunked, chunked[1:]))
-    whole = ", ".join(f"{by[('whole-pattern', n)]['peak_mb'] / by[('chunked', n)]['peak_mb']:.2f}x at {n}"
-                      for n in chunked if ("whole-pattern", n) in by)
-    verdict = (f"chunked scoring / evaluator tokens per CPU second: {ratios} tokens (target >= 0.5x at every "
-               f"length); growth of the chunked pass's activation memory (delta): {growth}; whole-pattern / "
-               f"chunked peak RSS: {whole}")
+                       for a, b in zip(scored, scored[1:]))
+    whole = ", ".join(f"{by[('whole-pattern', n)]['peak_mb'] / by[('scoring', n)]['peak_mb']:.2f}x at {n}"
+                      for n in scored if ("whole-pattern", n) in by)
+    verdict = (f"scoring / evaluator tokens per CPU second: {ratios} tokens (target >= 0.5x at every "
+               f"length); growth of the scoring pass's activation memory (delta): {growth}; whole-pattern / "
+               f"scoring peak RSS: {whole}")
     return "\n".join(lines), verdict
 
 
 def write_docs(args, machine: str, table: str, verdict: str) -> None:
     threads = f" --threads {args.threads}" if args.threads else ""
     write_section(SECTION, "\n".join([
-        f"`python benchmarks/bench_scores_long.py --lengths {args.lengths}{threads} --naive-gb {args.naive_gb:g}` "
+        f"`python benchmarks/bench_scores_long.py --lengths {args.lengths} --methods {args.methods}{threads} "
+        f"--naive-gb {args.naive_gb:g}` "
         f"(the last invocation: {machine}; fp32 CPU; each row's date and commit in the table, + = uncommitted "
         "changes). Embedded SmolLM2-135M-Instruct (30 layers x 9 heads, 3 KV heads), "
         "one prompt per length, no padding. Each (method, length) ran once in its own fresh process, one after "
         "another (rows from docs/records/bench_scores_long.json): wall and CPU seconds of that run (tokens/s and "
         "the ratio to the evaluator by CPU seconds: a one-thread run's CPU seconds are what an idle core takes), "
         "and its peak RSS (VmHWM reset via /proc/self/clear_refs after loading and a "
-        "64-token warm-up), weights included; delta = peak minus RSS before. The chunked, whole-pattern and naive "
-        "scores agree to 1e-4 on the shortest prompt (checked in the parent process).",
+        "64-token warm-up), weights included; delta = peak minus RSS before. The scoring, chunked, whole-pattern "
+        "and naive scores agree to 1e-4 on the shortest prompt (checked in the parent process).",
         "", table, "", verdict, "",
-        "`evaluator` is the evaluator's forward (fused attention, packed weights, blocks only); `chunked` is "
-        "`score_heads` today (attention fused, the pattern scores read 256 query rows at a time from the queries and "
-        "keys); `whole-pattern` is the pass as it was before query chunks (every layer's whole pattern hooked, so "
+        "`evaluator` is the evaluator's forward (fused attention, packed weights, blocks only); `scoring` is "
+        "`score_heads` today (attention fused; AWFT and AEQD from one more fused attention per layer, over the keys, "
+        "with its log-sum-exp); `chunked` is `score_heads` as on a device without that attention (the pattern "
+        "scores read 256 query rows at a time from the queries and keys: the rows recorded as `chunked` before); "
+        "`whole-pattern` is the pass as it was before query chunks (every layer's whole pattern hooked, so "
         "attention runs eagerly); `naive` caches hook_v/hook_pattern/hook_z of every layer, then scores."]))
 
 

@@ -54,7 +54,28 @@ def evaluation_flops(model, task) -> float:
 def paper_flops(tokens_per_question: float) -> float:
     """FLOPs of the paper's experiment: 2 x params per token, one forward per question and evaluation (attention
     terms left out: ~1% at MMLU's length for 7B)."""
-    return sum(2 * n * 1e9 * tokens_per_question * MMLU_QUESTIONS * EVALUATIONS_PER_MODEL for n in PAPER_MODELS_B)
+    return sum(model_flops(n, tokens_per_question) for n in PAPER_MODELS_B)
+
+
+def model_flops(params_b: float, tokens_per_question: float) -> float:
+    """FLOPs of one of the paper's models (``params_b`` billion parameters) over its evaluations, as
+    :func:`paper_flops` counts them."""
+    return 2 * params_b * 1e9 * tokens_per_question * MMLU_QUESTIONS * EVALUATIONS_PER_MODEL
+
+
+def paper_projection(shapes: Sequence[dict], tokens_per_question: float) -> list[dict]:
+    """The paper's experiment model by model at measured GPU rates: each model's FLOPs (:func:`model_flops`) over
+    the evaluator's useful FLOP/s measured on the shape nearest it in parameters (by their ratio; ``shapes``: the
+    GPU check's per-shape records, ``n_params`` and ``evaluator_flops_per_s``). A model larger than every shape takes
+    the largest's rate, which small shapes fill worse: the hours are then an upper end. One row per model: its
+    parameters (billions), FLOPs, the shape, that rate and the GPU-hours."""
+    rows = []
+    for params_b in PAPER_MODELS_B:
+        near = min(shapes, key=lambda r: abs(np.log(r["n_params"] / (params_b * 1e9))))
+        flops = model_flops(params_b, tokens_per_question)
+        rows.append(dict(params_b=params_b, flops=flops, shape=near["shape"], flops_per_s=near["evaluator_flops_per_s"],
+                         gpu_hours=flops / near["evaluator_flops_per_s"] / 3600))
+    return rows
 
 
 def projected_gpu_hours(tokens_per_question: float, fraction_of_peak: float, peak: float = GPU_PEAK) -> float:

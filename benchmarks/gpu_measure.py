@@ -1,11 +1,12 @@
 """One shape measured by the GPU check: ``batch_size="auto"`` and its peak memory, the evaluator against Hugging Face
 SDPA on the same batches and weights (tokens/s, largest log-likelihood difference), the scoring pass and a
-threshold-zeroing sweep unit, each also as achieved FLOP/s."""
+threshold-zeroing sweep unit, each also as achieved FLOP/s; and the scoring pass against the evaluator's forward on
+long prompts (:data:`LONG_PROMPTS` tokens)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -28,6 +29,8 @@ from lens_heads.models.loading import model_meta
 from timing import alternate, timed
 
 SCORE, FRACTION = "AHON (LN)", 0.1
+LONG_PROMPTS = (2048, 8192)  # tokens; a sixteenth of each with --smoke
+LONG_TOKENS = 16384  # tokens per timed run (a sixteenth with --smoke): prompts of one length, as many as make this
 
 
 @torch.no_grad()
@@ -89,6 +92,8 @@ class ShapeResult:
     hf_sdpa_flops_per_s: float
     scoring_flops_per_s: float
     threshold_unit_flops_per_s: float
+    long_prompts: list[dict] = field(default_factory=list)  # per length: see long_prompt_rates
+    forward_tokens_share: float = 1.0  # the evaluator's forward tokens / the rows' tokens (shared prefixes run once)
 
     @property
     def evaluator_vs_hf(self) -> float:
@@ -109,8 +114,8 @@ def measure_shape(name: str, s: GpuCheck) -> ShapeResult:
     size, memory = auto.meta["batch_size"], peak_memory_gib(device)
     runs = alternate({"evaluator": lambda: logprobs_of(evaluate(model, task, batch_size=size, progress=False)),
                       "HF SDPA": lambda: hf_logprobs(hf, model, task, size)}, s.repeats)
-    # the scoring pass and a threshold unit read attention patterns (eager attention): they size their own batches,
-    # found once before timing (the evaluator's fused-attention size runs them out of memory)
+    # the scoring pass and a threshold unit run fused attention too, but hold per layer the pattern's rows of a query
+    # chunk (query_chunk x key floats per head) off the CPU: they size their own batches, found once before timing
     score_size = score_heads(model, task, batch_size="auto", progress=False).meta["batch_size"]
     scoring = timed(lambda: _synced(lambda: score_heads(model, task, batch_size=score_size, progress=False), device))
     threshold = thresholds(scoring.out, SCORE, [FRACTION])[FRACTION]
@@ -128,6 +133,8 @@ def measure_shape(name: str, s: GpuCheck) -> ShapeResult:
         threshold_unit_share_zeroed=unit.out.realised_fraction,
         evaluator_flops_per_s=eval_flops / walls["evaluator"], hf_sdpa_flops_per_s=eval_flops / walls["hf"],
         scoring_flops_per_s=score_flops / walls["scoring"], threshold_unit_flops_per_s=eval_flops / walls["unit"])
+    result.long_prompts = long_prompt_rates(model, s)
+    result.forward_tokens_share = auto.meta["forward_tokens"] / auto.meta["row_tokens"]
     hf = model = None  # frees both before the next shape (the timing lambdas above hold them)
     reset_peak_memory(device)
     return result
@@ -136,4 +143,39 @@ def measure_shape(name: str, s: GpuCheck) -> ShapeResult:
 def _synced(fn, device: str):
     out = fn()
     synchronize(device)
+    return out
+
+
+def long_prompt_rates(model, s: GpuCheck) -> list[dict]:
+    """Per length of :data:`LONG_PROMPTS`: tokens/s and useful FLOP/s of ``score_heads`` and of the evaluator's
+    forward (fused attention and packed weights, the blocks to the last residual stream: no logits, which the scoring
+    pass does not compute either) on random prompts of that length, as many as make :data:`LONG_TOKENS` tokens, one
+    batch each."""
+    from lens_heads.evaluation.fused_attention import fused_attention
+    from lens_heads.evaluation.packed_weights import packed_weights
+    from lens_heads.models.backends import run_to_resid
+
+    out = []
+    gen = torch.Generator().manual_seed(s.seed)
+    for length in LONG_PROMPTS:
+        length, total = (max(16, length // 16), LONG_TOKENS // 16) if s.smoke else (length, LONG_TOKENS)
+        n = max(1, total // length)
+        tokens = torch.randint(5, model.cfg.d_vocab, (n, length), generator=gen)
+
+        def forward():
+            with torch.no_grad(), fused_attention(model), packed_weights(model):
+                run_to_resid(model, tokens.to(s.device), None, stop=model.cfg.n_layers)
+            synchronize(s.device)
+
+        def scoring():
+            score_heads(model, tokens, batch_size=n, progress=False)
+            synchronize(s.device)
+
+        forward(), scoring()  # first launches at this length, outside the timing
+        runs = alternate({"evaluator": forward, "scoring": scoring}, s.repeats)
+        flops = forward_flops(model.cfg, [length] * n, 0)
+        out.append(dict(tokens=length, prompts=n, evaluator_tokens_per_s=n * length / runs["evaluator"].wall,
+                        scoring_tokens_per_s=n * length / runs["scoring"].wall,
+                        evaluator_flops_per_s=flops / runs["evaluator"].wall,
+                        scoring_flops_per_s=flops / runs["scoring"].wall))
     return out

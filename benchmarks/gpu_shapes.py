@@ -1,5 +1,6 @@
-"""The models the GPU check runs: real architectures (SmolLM2-135M, Qwen2.5-0.5B, a Llama-3.2-1B shape) at random
-init, each a Hugging Face model (SDPA attention) and a HookedTransformer holding the same weights, reading rows of
+"""The models the GPU check runs: real architectures (SmolLM2-135M, Qwen2.5-0.5B, a Llama-3.2-1B shape, a
+Qwen2.5-7B shape: the largest that fits one GPU in bf16 twice, as the Hugging Face model and the HookedTransformer) at
+random init, each a Hugging Face model (SDPA attention) and a HookedTransformer holding the same weights, reading rows of
 space-separated token ids."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import torch
 
 from lens_heads.models.loading import hooked_from_hf
 
-N_CTX = 4096  # above the longest MMLU 5-shot row; TransformerLens keeps an [n_ctx, n_ctx] mask per layer
+# the longest prompt the scoring pass is measured on (above the longest MMLU 5-shot row); TransformerLens keeps an
+# [n_ctx, n_ctx] mask per layer: 64 MB each at 8,192
+N_CTX = 8192
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,12 @@ class Shape:
     vocab: int
     tied: bool = True
 
+    def n_params(self) -> int:
+        """Its parameters, norms and biases left out (well under 1%): the size the check's projection matches."""
+        attention = 2 * self.d_model * self.n_heads * self.d_head + 2 * self.d_model * self.n_kv_heads * self.d_head
+        return self.vocab * self.d_model * (1 if self.tied else 2) + self.n_layers * (
+            attention + 3 * self.d_model * self.d_mlp)
+
     def smoke(self) -> Shape:
         """The same family at toy size: runs on a CPU in a second."""
         return Shape(self.family, 2, 64, 4, 2, 16, 128, 512, self.tied)
@@ -38,6 +47,7 @@ SHAPES = {
     "smollm2-135m": Shape("llama", 30, 576, 9, 3, 64, 1536, 49152),
     "qwen2.5-0.5b": Shape("qwen2", 24, 896, 14, 2, 64, 4864, 151936),
     "llama-3.2-1b": Shape("llama", 16, 2048, 32, 8, 64, 8192, 128256),
+    "qwen2.5-7b": Shape("qwen2", 28, 3584, 28, 4, 128, 18944, 152064, tied=False),  # 7.6B: 15 GB per copy in bf16
 }
 
 

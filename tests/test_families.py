@@ -68,9 +68,16 @@ FUSED_LAYERS = {"llama-3": [0, 1], "qwen2.5": [0, 1], "qwen3": [0, 1], "gpt-2": 
                 "gemma-3-linear-rope": [1]}
 
 
-@pytest.mark.parametrize("query_chunk", [256, 3])  # 3 rows: every input (7-11 tokens) in several chunks
+# the fused layers' rows from one fused attention's log-sum-exp (the CPU's), or by chunks of rows as on other devices;
+# chunks of 3 rows: every input (7-11 tokens) in several chunks
+@pytest.mark.parametrize("rows, query_chunk", [("fused", 256), ("chunks", 256), ("chunks", 3)])
 @pytest.mark.parametrize("family, backend", CASES)
-def test_twelve_scores_match_plain_hugging_face(family, backend, query_chunk, family_models, attention_calls):
+def test_twelve_scores_match_plain_hugging_face(family, backend, rows, query_chunk, family_models, attention_calls,
+                                                monkeypatch):
+    from lens_heads.heads import attention_rows
+
+    if rows == "chunks":
+        monkeypatch.setattr(attention_rows, "fused_statistics_apply", lambda source: False)
     model, hf = family_models(family, backend)
     assert model.lens_heads_meta["backend"] == backend
     got = score_heads(model, INPUTS, batch_size=4, progress=False, query_chunk=query_chunk)  # one padded batch

@@ -21,7 +21,12 @@ import gpu_check  # noqa: E402
 import gpu_measure  # noqa: E402
 import gpu_rows  # noqa: E402
 import gpu_shapes  # noqa: E402
-from flops import forward_flops, paper_flops, trunk_flops_per_token  # noqa: E402
+from flops import PAPER_MODELS_B, forward_flops, trunk_flops_per_token  # noqa: E402
+
+
+def paper_flops_of(params_b: float, tokens: float) -> float:
+    """One paper model's FLOPs by hand: 2 FLOPs a parameter a token, 14,042 questions, 12 x 6 + 6 + 1 evaluations."""
+    return 2 * params_b * 1e9 * tokens * 14_042 * 79
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +57,31 @@ def test_smoke_table_shows_each_shapes_numbers(smoke):
     for name in gpu_shapes.SHAPES:
         assert f"{name} (smoke)" in printed
     assert [r.shape for r in result.shapes] == list(gpu_shapes.SHAPES)
-    tokens = sum(gpu_rows.check_lengths(8, True, 0))  # the smoke run's rows, as the check builds them
+    tokens = sum(n for n, _, _ in gpu_rows.check_lengths(8, True, 0))  # the smoke run's rows, as the check builds
     for r in result.shapes:
         assert f"8 / {tokens}" in row("rows / tokens")
         assert f"{r.evaluator_tokens_per_s / r.hf_sdpa_tokens_per_s:.2f}x" in row("evaluator / HF SDPA")
+        # the subjects' shared prefixes run once: fewer tokens through the model than the rows hold
+        assert 0 < r.forward_tokens_share < 1 and f"{r.forward_tokens_share:.0%}" in row(
+            "evaluator forward tokens / row tokens")
         assert f"{r.threshold_unit_share_zeroed:.1%}" in row("threshold unit: heads zeroed")
         assert f"{r.scoring_flops_per_s / result.matmul_flops_per_s:.1%}" in row("scoring pass FLOP/s / matmul")
-    hours = paper_flops(float(np.mean(gpu_rows.mmlu_lengths()))) / result.shapes[-1].evaluator_flops_per_s / 3600
+    for i, n in enumerate(gpu_measure.LONG_PROMPTS):  # the scoring pass on long prompts, a sixteenth as long
+        cells = row(f"scoring / evaluator, {n:,}-token prompts")
+        for r in result.shapes:
+            long = r.long_prompts[i]
+            assert long["tokens"] == n // 16 and long["prompts"] * long["tokens"] == gpu_measure.LONG_TOKENS // 16
+            assert f"{long['scoring_tokens_per_s'] / long['evaluator_tokens_per_s']:.2f}x" in cells
+    # the stacked sweep is not measured on this branch: the table says so, in capitals, beside every target
+    assert "stacked sweep (smollm2-135m): NOT MEASURED" in printed
+    assert all(f"{k} {v}" in printed for k, v in gpu_check.TARGETS.items())
+    # each paper model at the rate of the shape nearest its size: the smoke shapes are all toy-sized, so their
+    # nominal sizes (what the record names) decide, and every model of 3B or more takes the 7B shape's rate
+    mean = float(np.mean(gpu_rows.mmlu_lengths()))
+    rate = {r.shape: r.evaluator_flops_per_s for r in result.shapes}
+    assert [r["shape"] for r in result.projection] == [
+        "qwen2.5-0.5b" if n < 0.75 else "llama-3.2-1b" if n < 2 else "qwen2.5-7b" for n in PAPER_MODELS_B]
+    hours = sum(paper_flops_of(n, mean) / rate[r["shape"]] / 3600 for n, r in zip(PAPER_MODELS_B, result.projection))
     assert f"{hours:,.0f} GPU-hours" in printed and "torchrun --nproc_per_node=1 sweep" in printed
 
 
@@ -71,12 +94,15 @@ def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     assert [s["shape"] for s in written["shapes"]] == list(gpu_shapes.SHAPES)
     assert written["shapes"][0]["evaluator_tokens_per_s"] == pytest.approx(result.shapes[0].evaluator_tokens_per_s)
     assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
+    assert written["targets"] == gpu_check.TARGETS and written["stacked_sweep"]["measured"] is False
+    assert [len(s["long_prompts"]) for s in written["shapes"]] == [len(gpu_measure.LONG_PROMPTS)] * len(result.shapes)
 
 
 @pytest.mark.slow
 def test_smoke_rows_auto_size_and_threshold_unit(smoke):
     result, _, _ = smoke
-    lengths = gpu_rows.check_lengths(8, True, 0)
+    rows = gpu_rows.check_lengths(8, True, 0)
+    lengths = [n for n, _, _ in rows]
     recorded = gpu_rows.mmlu_lengths()
     assert set(lengths) <= {max(8, r // 16) for r in recorded}  # toy rows: a sixteenth of recorded MMLU rows
     for shape in result.shapes:
@@ -152,5 +178,18 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch, capsys, tmp_path):
 
 def test_unknown_shape_and_missing_folder_are_refused(capsys, tmp_path):
     err = refused([str(tmp_path), "--device", "cpu", "--smoke", "--shapes", "smollm2-135m,gpt-5"], capsys)
-    assert "unknown shape gpt-5: choose from smollm2-135m, qwen2.5-0.5b, llama-3.2-1b" in err
+    assert "unknown shape gpt-5: choose from smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, qwen2.5-7b" in err
     assert "give the folder" in refused(["--device", "cpu", "--smoke"], capsys)
+
+
+def test_rows_of_one_subject_share_the_recorded_prefix_and_no_more():
+    """The synthetic rows of a subject begin alike for as many ids as the recorded real rows do, then differ: the
+    evaluator's shared prefixes see on them what they see on real MMLU."""
+    rows = [(40, 25, "algebra"), (52, 25, "algebra"), (30, 0, "law"), (33, 12, "anatomy"), (36, 12, "anatomy")]
+    task = gpu_rows.synthetic_task(rows, 512, seed=0)
+    ids = [[int(t) for t in item.contexts[0].split()] for item in task]
+    assert [len(x) for x in ids] == [n for n, _, _ in rows] and all(len(set(item.contexts)) == 1 for item in task)
+    assert ids[0][:25] == ids[1][:25] and ids[0][25] != ids[1][25]  # random ids of 507: equal by chance 1 in 507
+    assert ids[3][:12] == ids[4][:12] and ids[3][12] != ids[4][12] and ids[2][0] not in (ids[0][0], ids[3][0])
+    recorded = gpu_rows.mmlu_rows()  # the record: each row's shared prefix shorter than the row, by subject
+    assert all(0 <= shared < n for n, shared, _ in recorded) and len({s for _, _, s in recorded}) > 1

@@ -170,21 +170,31 @@ def test_padded_batch_matches_reference_on_each_input_alone(model, side, batch_s
 
 
 @pytest.mark.floats
+@pytest.mark.parametrize("rows", ["fused", "chunks"])
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("query_chunk", [1, 3, 64])
-def test_scores_by_query_chunks_match_reference_without_any_whole_pattern(model, side, query_chunk,
-                                                                          attention_calls):
+def test_scores_by_query_chunks_match_reference_without_any_whole_pattern(model, side, query_chunk, rows,
+                                                                          attention_calls, monkeypatch):
     """Chunks of 1 and 3 rows split every input (14 tokens) and cross the padding; 64 holds all rows at once. The
     attention runs fused in every layer (no eager layer, so no [batch, head, query, key] pattern), and the pattern
-    scores come from the queries and keys a chunk of rows at a time."""
+    scores come from the queries and keys: from one fused attention's log-sum-exp where the device has one that
+    returns it (this CPU), else (forced here) a chunk of rows at a time."""
+    from lens_heads.heads import attention_rows
+
+    calls = []
+    fused = attention_rows.fused_row_statistics
+    monkeypatch.setattr(attention_rows, "fused_row_statistics", lambda *a: calls.append(1) or fused(*a))
+    if rows == "chunks":
+        monkeypatch.setattr(attention_rows, "fused_statistics_apply", lambda source: False)
     seqs = sequences(model, seed=7)
     tokens, mask = padded(seqs, side, pad=7)
     result = score_heads(model, tokens, attention_mask=mask, batch_size=4, progress=False, query_chunk=query_chunk)
     assert attention_calls == {"fused": list(range(model.cfg.n_layers)), "eager": []}
     assert result.meta["query_chunk"] == query_chunk
+    assert len(calls) == (model.cfg.n_layers if rows == "fused" else 0)  # one batch: once per layer
     for i, s in enumerate(seqs):
         torch.testing.assert_close(result.values[i], reference_scores(model, s), atol=ATOL, rtol=RTOL,
-                                   msg=lambda m: f"input {i} ({side} padding, chunks of {query_chunk}): {m}")
+                                   msg=lambda m: f"input {i} ({side} padding, {rows} of {query_chunk}): {m}")
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True, "8", None])

@@ -1,7 +1,9 @@
-"""The attention pattern a chunk of query rows at a time, so that the scores which read it (AWFT, AEQD) never hold a
-layer's whole ``[batch, head, query, key]`` pattern.
+"""The two numbers per query row that the pattern scores read (AWFT: the weight on the first token; AEQD: the
+entropy), without ever holding a layer's whole ``[batch, head, query, key]`` pattern.
 
-The rows come from one of two sources:
+Where a layer runs fused on the CPU, :func:`fused_row_statistics` takes both from one more fused attention over the
+layer's keys, with its log-sum-exp: no row of the pattern at all. Elsewhere the pattern is read a chunk of query rows
+at a time, from one of two sources:
 
 - a pattern a hook captured (``hook_pattern``), sliced into rows: what a layer that runs eagerly gives anyway;
 - the layer's queries and keys (``hook_rot_q``/``hook_rot_k`` with rotary positions, else ``hook_q``/``hook_k``),
@@ -84,6 +86,8 @@ def row_statistics(source: Float[Tensor, "batch head q k"] | QueryKeys, first: T
                    query_chunk: int) -> RowStatistics:
     """The weight on the key ``first[b]`` and the entropy of every query row, ``query_chunk`` rows at a time;
     ``causal`` promises no weight on later keys, so each chunk reads only the keys up to its last row."""
+    if isinstance(source, QueryKeys) and fused_statistics_apply(source):
+        return fused_row_statistics(source, first)
     if isinstance(source, QueryKeys):
         b, q, h = source.q.shape[:3]
         k = source.k.shape[1]
@@ -111,6 +115,58 @@ def row_statistics(source: Float[Tensor, "batch head q k"] | QueryKeys, first: T
             entropy[..., start:stop] = -torch.special.xlogy(rows, rows).sum(-1)
         first_weight[..., start:stop] = rows.gather(-1, first[:, None, None, None].expand(*rows.shape[:3], 1))[..., 0]
     return RowStatistics(first_weight, entropy)
+
+
+# ---------------------------------------------------------------- from one fused attention's outputs
+
+# The CPU flash attention, which returns each row's log-sum-exp beside its output: no public function does
+_FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def fused_statistics_apply(source: QueryKeys) -> bool:
+    """Whether :func:`fused_row_statistics` computes ``source``'s rows: on the CPU (whose flash attention returns
+    the rows' log-sum-exp), with one key per query; elsewhere the rows are computed by chunks."""
+    return (_FLASH_WITH_LSE is not None and source.q.device.type == "cpu"
+            and source.q.shape[1] == source.k.shape[1])
+
+
+def fused_row_statistics(source: QueryKeys, first: Tensor) -> RowStatistics:
+    """:class:`RowStatistics` from one fused attention over the keys themselves, never a row of the pattern.
+
+    With scores ``s_ij = q_i . k_j / attn_scale`` and ``lse_i = log sum_j exp(s_ij)`` over the allowed keys, the
+    flash attention run with the keys as values returns ``lse_i`` and ``m_i = sum_j A_ij k_j``, so that
+    ``A[i, first] = exp(s_i,first - lse_i)`` and the entropy ``-sum_j A_ij ln A_ij = lse_i - q_i . m_i /
+    attn_scale``. Both are float32 differences of numbers of the size of the scores (the same rounding as the
+    softmax by chunks, up to a factor of about two); a row with one allowed key has weight 1 on it and entropy 0
+    exactly, as the softmax gives. Memory: the layer's queries and keys, plus, only where left padding or a non-causal
+    layer needs one, a ``[batch, 1, query, key]`` mask, as the padded fused forward itself holds."""
+    q = source.q.float().transpose(1, 2) / source.attn_scale  # [batch, head, q, d]: scale 1 below
+    k = source.k.float().transpose(1, 2)
+    real = source.real.to(q.device)
+    # Keys less their mean over the real positions: a row's softmax is the same (q_i . mean is constant along the
+    # row), and the scores' rounding shrinks with them, keys commonly sharing a large component
+    k = k - (k * real[:, None, :, None]).sum(2, keepdim=True) / real.sum(-1)[:, None, None, None]
+    right_padded = bool(real[:, 0].all()) and bool((real[:, 1:] <= real[:, :-1]).all())
+    if source.causal and right_padded:
+        # a real query's allowed keys are all real: the padding keys come after it; padding queries are read by none
+        mask, is_causal = None, True
+        allowed = torch.arange(1, q.shape[2] + 1, device=q.device).expand(q.shape[0], -1)
+    else:
+        keep = real[:, None, None, :]
+        if source.causal:
+            pos = torch.arange(q.shape[2], device=q.device)
+            keep = keep & (pos[None, :] <= pos[:, None])[None, None]
+        mask, is_causal = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, MASKED), False
+        allowed = real.long().cumsum(-1) if source.causal else real.sum(-1, keepdim=True).expand_as(real)
+    assert _FLASH_WITH_LSE is not None, "fused_statistics_apply says where the fused attention exists"
+    means, lse = _FLASH_WITH_LSE(q, k, k, 0.0, is_causal, attn_mask=mask, scale=1.0)
+    first_key = k[torch.arange(k.shape[0], device=k.device), :, first.to(k.device)]  # [batch, head, d]
+    first_weight = torch.exp(torch.einsum("bhqd,bhd->bhq", q, first_key) - lse)
+    entropy = (lse - torch.linalg.vecdot(q, means)).clamp_min(0.0)
+    single, none = (allowed == 1)[:, None, :], (allowed == 0)[:, None, :]
+    # a row with no allowed key (a padding query before a left-padded row's first token) is all zero, as by chunks
+    return RowStatistics(first_weight.masked_fill(single, 1.0).masked_fill(none, 0.0),
+                         entropy.masked_fill(single, 0.0).masked_fill(none, 0.0))
 
 
 # ---------------------------------------------------------------- which hooks a layer's rows come from

@@ -26,7 +26,7 @@ A score is a :class:`Score`; a new one is a few lines (``Score("MY", "<", lambda
 :func:`scores_of_layer` or ``score_heads(..., extras=[...])``; the streaming pass needs no change. ``Score.reads``
 names the activations it needs. AWFT and AEQD need only two numbers per query row (the weight on the first token, the
 entropy), which :meth:`Layer.rows` reads a chunk of rows at a time, from ``hook_pattern`` or recomputed from the
-layer's queries and keys (:mod:`lens_heads.heads.attention_rows`): the scoring pass and the per-input zeroing then
+layer's queries and keys, or takes from one fused attention's log-sum-exp (:mod:`lens_heads.heads.attention_rows`): the scoring pass and the per-input zeroing then
 run fused attention (:mod:`lens_heads.evaluation.fused_attention`) and never hold a layer's whole pattern. A Score of
 your own that reads ``layer.pattern`` whole gets it captured (the layer then runs eagerly).
 """
