@@ -51,6 +51,7 @@ from lens_heads.experiments.layer_removal import (
     zeroed_by_layer,
 )
 from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.task_runs import TaskRunSettings, recorded_name, split_of
 from lens_heads.experiments.unit_store import read_units
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
@@ -61,7 +62,6 @@ from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling, inference
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.layer_figures import layer_panels, layer_removal_curves
-from shared_settings import TaskRunSettings, recorded_name, split_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = "oracle (measured layer effect)"

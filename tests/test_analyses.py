@@ -317,7 +317,8 @@ def test_kv_savings_analysis_on_a_tiny_model(tmp_path):
 
 
 def test_steps_to_reach_interpolates_the_first_crossing():
-    script = load_script("inheritune_comparisons")
+    from lens_heads.growth import inheritune_comparisons as script
+
     h = [{"step": 0, "val_loss": 10.0}, {"step": 5, "train_loss": 9.0}, {"step": 10, "val_loss": 7.0},
          {"step": 20, "val_loss": 8.0}, {"step": 30, "val_loss": 6.0}]
     assert script.steps_to_reach(h, 7.5) == pytest.approx(10 * (10 - 7.5) / (10 - 7))  # first crossing, 0..10
@@ -333,7 +334,9 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     histories, and a rerun reads everything back."""
     import json
 
-    script, comparisons = load_script("inheritune_baselines"), load_script("inheritune_comparisons")
+    from lens_heads.growth import inheritune_comparisons as comparisons
+
+    script = load_script("inheritune_baselines")
     argv = ["--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "2", "--student-layers", "1",
             "--steps", "2", "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
             "--baselines", "hybrid_stacking,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
