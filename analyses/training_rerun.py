@@ -10,6 +10,8 @@ recorded validation-loss history and final loss of that seed and stage in ``inhe
 it lacks are listed as not made again. ``--code-pair OLD,NEW``: two ``--runs`` folders of
 ``inheritune_baselines.py`` with the same (small) settings, made by the recording's commit and by this one on the same
 machine: every stage's validation-loss history compared, which tells a change of the code from one of the machine.
+``--finetune-pair OLD,NEW``: the same for two fine-tune folders of the same (short) settings: their training and
+held-out losses, and whether their weights are the same bytes.
 
 Each curve: the points compared, how many are equal to the last bit, the largest absolute and relative difference and
 the first step that differs. Writes ``training_rerun.json`` to ``--figures``.
@@ -39,7 +41,9 @@ class RerunSettings:
     baselines: str | None = option(None, "inheritune_baselines.py --runs folder trained again")
     code_pair: tuple[str, ...] = option((), "two inheritune_baselines.py --runs folders, same settings, made at the "
                                         "recording's commit and at this one (comma-separated)")
-    code_pair_commits: tuple[str, ...] = option((), "the commits the two folders were made at (old,new), as the "
+    finetune_pair: tuple[str, ...] = option((), "two fine-tune folders, same settings, made at the recording's commit "
+                                            "and at this one (comma-separated)")
+    code_pair_commits: tuple[str, ...] = option((), "the commits the pairs' folders were made at (old,new), as the "
                                                 "record states them")
     figures: str = option(str(ROOT / "figures"), "where the recordings are read and training_rerun.json goes")
 
@@ -139,12 +143,26 @@ def code_pair(old: Path, new: Path) -> dict:
             if first.exists() else None}
 
 
+def finetune_pair(old: Path, new: Path) -> dict:
+    """Two fine-tunes of the same settings: the new one's losses against the old one's, and their weights' bytes."""
+    before, after = read(old / RECORD), read(new / RECORD)
+    if before["config"] != {k: after["config"].get(k) for k in before["config"]} or \
+            before["eval_steps"] != after["eval_steps"]:
+        raise InputError(f"{old} and {new} were fine-tuned with other settings: give two folders of the same run")
+    return {"old": str(old), "new": str(new), "config": before["config"],
+            "train_loss": compare(list(range(1, len(before["train_loss"]) + 1)), before["train_loss"],
+                                  after["train_loss"]),
+            "held_out_loss": compare(before["eval_steps"], before["eval_loss"], after["eval_loss"]),
+            "weights_equal": (old / "model.safetensors").read_bytes() == (new / "model.safetensors").read_bytes()}
+
+
 def main(argv=None) -> dict:
     args = from_args(RerunSettings, argv, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if args.finetune is None and args.baselines is None and not args.code_pair:
-        raise SystemExit("nothing to compare: give --finetune, --baselines or --code-pair")
-    if args.code_pair and len(args.code_pair) != 2:
-        raise SystemExit(f"--code-pair takes two folders (old,new), got {len(args.code_pair)}")
+    if args.finetune is None and args.baselines is None and not args.code_pair and not args.finetune_pair:
+        raise SystemExit("nothing to compare: give --finetune, --baselines, --code-pair or --finetune-pair")
+    for name in ("code_pair", "finetune_pair"):
+        if getattr(args, name) and len(getattr(args, name)) != 2:
+            raise SystemExit(f"--{name.replace('_', '-')} takes two folders (old,new), got {len(getattr(args, name))}")
     figures = Path(args.figures)
     record = {"what": "recorded training runs made again by the one training loop, their loss curves compared point "
                       "by point with the recorded ones (difference = made again - recorded)",
@@ -156,11 +174,16 @@ def main(argv=None) -> dict:
     if args.code_pair:
         record["code_pair"] = {**code_pair(*(Path(p) for p in args.code_pair)),
                                "commits": dict(zip(("old", "new"), args.code_pair_commits))}
+    if args.finetune_pair:
+        record["finetune_pair"] = {**finetune_pair(*(Path(p) for p in args.finetune_pair)),
+                                   "commits": dict(zip(("old", "new"), args.code_pair_commits))}
     write_record(figures / "training_rerun.json", record)
     curves = [("fine-tune " + name, record["finetune"][name]) for name in ("train_loss", "held_out_loss")
               if "finetune" in record]
     curves += [(f"seed {s['seed']} {s['stage']} validation loss", s["val_loss_history"])
                for s in record.get("baselines", {}).get("stages", [])]
+    curves += [(f"fine-tune pair: {name}", record["finetune_pair"][name]) for name in ("train_loss", "held_out_loss")
+               if "finetune_pair" in record]
     curves += [(f"code pair: seed {s['seed']} {s['stage']} validation loss", s["val_loss_history"])
                for s in record.get("code_pair", {}).get("stages", [])]
     for name, c in curves:

@@ -444,3 +444,23 @@ def test_training_rerun_code_pair_reads_a_finished_run_and_one_in_progress(tmp_p
     assert set(rows) == {"a", "b"} and rows["a"]["equal"] == 2 and rows["a"]["max_abs_difference"] == 0
     assert rows["b"]["equal"] == 1 and rows["b"]["first_differing_step"] == 4
     assert rows["b"]["max_rel_difference"] == pytest.approx(1e-7, rel=1e-6)  # float64 arithmetic on the planted value
+
+
+def test_training_rerun_finetune_pair_compares_losses_and_weight_bytes(tmp_path):
+    """Two hand-made fine-tune folders: equal losses but weights one byte apart read as equal curves and unequal
+    weights; another config is refused."""
+    import json
+
+    script = load_script("training_rerun")
+    rec = {"config": {"steps": 2}, "train_loss": [2.0, 1.0], "eval_steps": [0, 2], "eval_loss": [3.0, 2.0]}
+    folders = [tmp_path / "old", tmp_path / "new"]
+    for folder, weights in zip(folders, (b"\x00\x01", b"\x00\x02")):
+        folder.mkdir()
+        (folder / "finetune.json").write_text(json.dumps(rec))
+        (folder / "model.safetensors").write_bytes(weights)
+    argv = ["--finetune-pair", ",".join(map(str, folders)), "--figures", str(tmp_path)]
+    pair = script.main(argv)["finetune_pair"]
+    assert pair["train_loss"]["equal"] == 2 and pair["held_out_loss"]["equal"] == 2 and not pair["weights_equal"]
+    (folders[1] / "finetune.json").write_text(json.dumps({**rec, "config": {"steps": 3}}))
+    with pytest.raises(InputError, match="other settings"):
+        script.main(argv)
