@@ -45,6 +45,7 @@ from lens_heads.experiments.effects import HeadEffects, task_means
 from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
 from lens_heads.experiments.sweep_intervals import kl_at
 from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.task_runs import TaskRunSettings, recorded_name, split_of
 from lens_heads.experiments.unit_store import save_units
 from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing.cache import Cache
@@ -53,7 +54,6 @@ from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
-from shared_settings import TaskRunSettings, recorded_name, split_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTRIBUTION = "attribution"

@@ -42,11 +42,11 @@ from lens_heads.experiments.compare import (
     read_sweep_record,
     zeroed_head_overlap,
 )
+from lens_heads.experiments.sweep_intervals import TESTED
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
-from shared_settings import TESTED
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -49,6 +49,7 @@ from lens_heads import head_effects, load_model, load_task, score_heads
 from lens_heads.data.rows import PROTOCOLS
 from lens_heads.experiments.agreement import score_agreement
 from lens_heads.experiments.effects import HeadEffects, oracle_sweep
+from lens_heads.experiments.task_runs import TaskRunSettings, recorded_name, sweep_split
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.provenance import write_record
@@ -57,7 +58,6 @@ from lens_heads.stats.inference import kendall, spearman
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.score_figures import agreement_bars, score_vs_effect
 from lens_heads.viz.sweep_figures import ablation_curves
-from shared_settings import TaskRunSettings, recorded_name, sweep_split
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ablation", "attribution")

@@ -35,6 +35,7 @@ from lens_heads import evaluate, layer_scores, load_model, load_task
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.healing import ARMS, heal, removal_arms
 from lens_heads.experiments.layer_ranking import LayerScores
+from lens_heads.experiments.task_runs import recorded_name
 from lens_heads.models.embedded import cache_dir
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
@@ -47,7 +48,8 @@ from lens_heads.training.objectives import lm_loss
 from lens_heads.training.options import train_options
 from lens_heads.training.windows import eval_windows
 from lens_heads.viz.export import save_figure
-from shared_settings import ROOT, recorded_name
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REFERENCE = "inheritune"
 

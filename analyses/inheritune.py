@@ -33,10 +33,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from inheritune_extras import smollm_profile, uniform_causal_levels, zero_shot, zero_shot_rows
-from inheritune_figures import figures, smollm_figure
 from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
+from lens_heads.growth.inheritune_measures import smollm_profile, uniform_causal_levels, zero_shot, zero_shot_rows
 from lens_heads.growth.inheritune_result import load_result
 from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
 from lens_heads.growth.zero_shot import PAPER_TASKS
@@ -50,6 +49,7 @@ from lens_heads.training.config import TrainConfig
 from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
+from lens_heads.viz.inheritune_figures import figures, smollm_figure
 
 
 @dataclass(frozen=True)

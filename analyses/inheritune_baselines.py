@@ -33,7 +33,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from inheritune_comparisons import (
+from lens_heads.data.rows import within_context
+from lens_heads.data.tasks import load_task
+from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
+from lens_heads.growth.inheritune_comparisons import (
     compared,
     convergence_tests,
     label,
@@ -42,13 +46,8 @@ from inheritune_comparisons import (
     per_seed_table,
     zero_shot_tests,
 )
-from inheritune_extras import uniform_causal_levels
-from inheritune_figures import curves_figure, rank_figure
-from lens_heads.data.rows import within_context
-from lens_heads.data.tasks import load_task
-from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options, gpt2_config, gpt2_model
 from lens_heads.growth.inheritune_config import InherituneConfig
+from lens_heads.growth.inheritune_measures import uniform_causal_levels
 from lens_heads.growth.inheritune_result import Stage
 from lens_heads.growth.inheritune_run import run_inheritune
 from lens_heads.growth.zero_shot import PAPER_TASKS
@@ -62,6 +61,7 @@ from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
 from lens_heads.training.windows import eval_windows
+from lens_heads.viz.inheritune_figures import curves_figure, rank_figure
 
 BASELINES = ("stacking", "hybrid_stacking", "half_width", "distill_logit", "distill_distilbert")
 

@@ -44,13 +44,14 @@ from lens_heads.ablation.specs import LayerRemoval
 from lens_heads.experiments.layer_ranking import LayerScores
 from lens_heads.experiments.layer_removal import (
     RemovalCurves,
-    evaluate_specs,
     head_plan,
     random_orders,
-    removal_plan,
+    ranking_plans,
+    removal_curves,
     zeroed_by_layer,
 )
 from lens_heads.experiments.sweep_result import SweepResult
+from lens_heads.experiments.task_runs import TaskRunSettings, recorded_name, split_of
 from lens_heads.experiments.unit_store import read_units
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
@@ -61,7 +62,6 @@ from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling, inference
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.layer_figures import layer_panels, layer_removal_curves
-from shared_settings import TaskRunSettings, recorded_name, split_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = "oracle (measured layer effect)"
@@ -119,8 +119,8 @@ def cached_scores(model, task, folder: Path, args) -> tuple[HeadScores, LayerSco
 def single_layer_effects(model, task, folder: Path, args) -> tuple[RemovalCurves, pd.DataFrame]:
     """Each layer's attention and block removed alone: the curves (one point each) and one row per (part, layer)."""
     specs = [LayerRemoval((layer,), part=part) for part in args.parts for layer in range(model.cfg.n_layers)]
-    units = evaluate_specs(model, task, specs, out_dir=folder, batch_size=args.batch_size, chunk=args.chunk)
-    curves = RemovalCurves.from_units(units, model.cfg.n_heads)
+    curves = removal_curves(model, task, {"each layer alone": specs}, out_dir=folder, batch_size=args.batch_size,
+                            chunk=args.chunk)
     table = curves.to_dataframe(n_resamples=args.n_boot, seed=args.seed)
     by = {s.ranked_by: s for s in specs}
     table["part"] = [by[c].part for c in table["curve"]]
@@ -149,16 +149,14 @@ def removal(model, task, folder: Path, orders: dict, scores: HeadScores, args) -
     """Every ranking's curve per part, the random orders' mean, the head score's equal-compute curve."""
     plans, style = {}, {}
     for part, by_name in orders.items():
-        for name, order in by_name.items():
-            plans[f"{name} · {part}"] = removal_plan(model, order, args.counts, part=part, label=name)
+        plans.update(ranking_plans(model, by_name, args.counts, part=part))
+        for name in by_name:
             style[f"{name} · {part}"] = (part, name, "random seed" if name.startswith("random") else
                                          "oracle" if name == ORACLE else "")
     heads = f"{args.head_score} heads (static)"
     plans[heads] = head_plan(model, head_order(scores, args.head_score), args.counts, label=heads)
     style[heads] = ("attention", heads, "heads")
-    units = evaluate_specs(model, task, [s for plan in plans.values() for s in plan], out_dir=folder,
-                           batch_size=args.batch_size, chunk=args.chunk)
-    curves = RemovalCurves.from_units(units, model.cfg.n_heads)
+    curves = removal_curves(model, task, plans, out_dir=folder, batch_size=args.batch_size, chunk=args.chunk)
     for part in orders:
         label = f"random (mean of {len(args.random_seeds)} seeds) · {part}"
         curves.mean_of([f"random (seed {s}) · {part}" for s in args.random_seeds], label)

@@ -53,7 +53,9 @@ from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS
 from lens_heads.experiments.compare import UNITS_SUFFIX
+from lens_heads.experiments.sweep_intervals import TESTED
 from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.task_runs import recorded_name
 from lens_heads.experiments.unit_store import save_units
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.models.embedded import DEFAULT_MODEL
@@ -65,7 +67,6 @@ from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
-from shared_settings import TESTED, recorded_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_TASKS = INACTIVE_HEADS_TASKS

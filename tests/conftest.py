@@ -34,10 +34,8 @@ def text_model(n_layers: int | None = None, **overrides):
 
 
 def load_script(name: str):
-    """An ``analyses/`` script as a module (registered first: the script's dataclasses look their module up), its
-    folder on the path as when it runs as a script (it imports its neighbour shared_settings by name)."""
-    if str(ROOT / "analyses") not in sys.path:
-        sys.path.insert(0, str(ROOT / "analyses"))
+    """An ``analyses/`` script as a module (registered first: the script's dataclasses look their module up); a
+    script imports only ``lens_heads``, so nothing goes on ``sys.path``."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "analyses" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import LOGLIK_TOL, ROOT, load_script, tiny_tokenizer
+from lens_heads.plumbing.errors import InputError
 
 
 @pytest.mark.parametrize("preset, shape", [("gpt2-medium", (24, 1024, 16, 12, 16)), ("gpt2-xl", (48, 1600, 25, 24, 24))])
@@ -317,7 +318,8 @@ def test_kv_savings_analysis_on_a_tiny_model(tmp_path):
 
 
 def test_steps_to_reach_interpolates_the_first_crossing():
-    script = load_script("inheritune_comparisons")
+    from lens_heads.growth import inheritune_comparisons as script
+
     h = [{"step": 0, "val_loss": 10.0}, {"step": 5, "train_loss": 9.0}, {"step": 10, "val_loss": 7.0},
          {"step": 20, "val_loss": 8.0}, {"step": 30, "val_loss": 6.0}]
     assert script.steps_to_reach(h, 7.5) == pytest.approx(10 * (10 - 7.5) / (10 - 7))  # first crossing, 0..10
@@ -333,7 +335,9 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     histories, and a rerun reads everything back."""
     import json
 
-    script, comparisons = load_script("inheritune_baselines"), load_script("inheritune_comparisons")
+    from lens_heads.growth import inheritune_comparisons as comparisons
+
+    script = load_script("inheritune_baselines")
     argv = ["--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "2", "--student-layers", "1",
             "--steps", "2", "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
             "--baselines", "hybrid_stacking,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
@@ -377,3 +381,86 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     assert result["zero_shot_accuracy"] and result["stage_methods"]["distill logit"].startswith("fresh n layers")
     again = script.main(argv)  # from the runs and the cached measurements
     assert again["val_loss_mean"].tolist() == methods["val_loss_mean"].tolist()
+
+
+def test_training_rerun_compares_each_curve_point_by_point(tmp_path):
+    """A fine-tune record and a baselines run folder made by hand: the equal points are counted, the largest
+    differences and the first differing step are the ones planted, a stage not made again is listed, and a run with
+    other settings is refused."""
+    import json
+
+    script = load_script("training_rerun")
+    figures, ft, runs = tmp_path / "figures", tmp_path / "ft", tmp_path / "runs" / "seed_0"
+    for folder in (figures, ft, runs):
+        folder.mkdir(parents=True)
+    config = {"steps": 3, "lr": 5e-5}
+    recorded_ft = {"config": config, "train_loss": [3.0, 2.0, 1.0], "eval_steps": [0, 3], "eval_loss": [4.0, 2.0]}
+    (figures / "distributions_arc_easy.json").write_text(json.dumps({"finetune": recorded_ft}))
+    (ft / "finetune.json").write_text(json.dumps({**recorded_ft, "train_loss": [3.0, 2.5, 1.0]}))
+    history = [{"step": 0, "val_loss": 10.0}, {"step": 10, "val_loss": 8.0}]
+    (figures / "inheritune_baselines.json").write_text(json.dumps({
+        "settings": {}, "histories": {"0": {"Inheritune": history, "scratch 1x": history}},
+        "per_seed": [{"seed": 0, "stage": "student_2L", "method": "Inheritune", "val_loss": 8.0, "tokens_seen": 64},
+                     {"seed": 0, "stage": "scratch_2L_1x", "method": "scratch 1x", "val_loss": 8.0,
+                      "tokens_seen": 64}]}))
+    (runs / "stages.json").write_text(json.dumps([
+        {"name": "student_2L", "steps": 10, "tokens_seen": 64, "val_loss": 8.0 + 2e-6,
+         "history": [{"step": 0, "val_loss": 10.0}, {"step": 5, "train_loss": 9.0}, {"step": 10, "val_loss": 8.0 + 2e-6}]},
+        {"name": "stack_source_1L", "steps": 10, "tokens_seen": 64, "val_loss": 9.0, "history": []}]))
+    record = script.main(["--finetune", str(ft), "--baselines", str(tmp_path / "runs"), "--figures", str(figures)])
+    train = record["finetune"]["train_loss"]
+    assert (train["points"], train["equal"], train["first_differing_step"]) == (3, 2, 2)
+    assert train["max_abs_difference"] == 0.5 and train["max_rel_difference"] == 0.25
+    assert record["finetune"]["held_out_loss"]["equal"] == 2
+    (stage,) = record["baselines"]["stages"]
+    assert stage["method"] == "Inheritune" and stage["val_loss_history"]["equal"] == 1
+    assert stage["val_loss_history"]["first_differing_step"] == 10
+    assert stage["final_val_loss"]["max_rel_difference"] == pytest.approx(2e-6 / 8.0, rel=1e-6)  # float64 subtraction
+    assert record["baselines"]["not_made_again"] == ["seed 0 scratch_2L_1x"]
+    assert json.loads((figures / "training_rerun.json").read_text())["finetune"]["train_loss"] == train
+    (ft / "finetune.json").write_text(json.dumps({**recorded_ft, "config": {"steps": 4, "lr": 5e-5}}))
+    with pytest.raises(InputError, match="other settings"):
+        script.main(["--finetune", str(ft), "--figures", str(figures)])
+
+
+def test_training_rerun_code_pair_reads_a_finished_run_and_one_in_progress(tmp_path):
+    """The old folder's finished result.json against the new folder's stages so far: a stage equal to the last bit
+    and one with a planted difference; a stage only one side holds is not compared."""
+    import json
+
+    script = load_script("training_rerun")
+    old, new = tmp_path / "old" / "seed_1", tmp_path / "new" / "seed_1"
+    old.mkdir(parents=True)
+    new.mkdir(parents=True)
+    history = [{"step": 0, "val_loss": 10.0}, {"step": 2, "train_loss": 9.5}, {"step": 4, "val_loss": 9.0}]
+    moved = [dict(h) for h in history]
+    moved[2]["val_loss"] = 9.0 * (1 + 1e-7)
+    (old / "result.json").write_text(json.dumps({"stages": [{"name": "a", "history": history},
+                                                            {"name": "b", "history": history},
+                                                            {"name": "c", "history": history}]}))
+    (new / "stages.json").write_text(json.dumps([{"name": "a", "history": history}, {"name": "b", "history": moved}]))
+    record = script.main(["--code-pair", f"{tmp_path / 'old'},{tmp_path / 'new'}", "--figures", str(tmp_path)])
+    rows = {r["stage"]: r["val_loss_history"] for r in record["code_pair"]["stages"]}
+    assert set(rows) == {"a", "b"} and rows["a"]["equal"] == 2 and rows["a"]["max_abs_difference"] == 0
+    assert rows["b"]["equal"] == 1 and rows["b"]["first_differing_step"] == 4
+    assert rows["b"]["max_rel_difference"] == pytest.approx(1e-7, rel=1e-6)  # float64 arithmetic on the planted value
+
+
+def test_training_rerun_finetune_pair_compares_losses_and_weight_bytes(tmp_path):
+    """Two hand-made fine-tune folders: equal losses but weights one byte apart read as equal curves and unequal
+    weights; another config is refused."""
+    import json
+
+    script = load_script("training_rerun")
+    rec = {"config": {"steps": 2}, "train_loss": [2.0, 1.0], "eval_steps": [0, 2], "eval_loss": [3.0, 2.0]}
+    folders = [tmp_path / "old", tmp_path / "new"]
+    for folder, weights in zip(folders, (b"\x00\x01", b"\x00\x02")):
+        folder.mkdir()
+        (folder / "finetune.json").write_text(json.dumps(rec))
+        (folder / "model.safetensors").write_bytes(weights)
+    argv = ["--finetune-pair", ",".join(map(str, folders)), "--figures", str(tmp_path)]
+    pair = script.main(argv)["finetune_pair"]
+    assert pair["train_loss"]["equal"] == 2 and pair["held_out_loss"]["equal"] == 2 and not pair["weights_equal"]
+    (folders[1] / "finetune.json").write_text(json.dumps({**rec, "config": {"steps": 3}}))
+    with pytest.raises(InputError, match="other settings"):
+        script.main(argv)

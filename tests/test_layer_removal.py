@@ -19,6 +19,7 @@ from lens_heads.experiments.layer_removal import (
     evaluate_specs,
     head_plan,
     random_orders,
+    ranking_plans,
     removal_curves,
     removal_plan,
 )
@@ -353,3 +354,15 @@ def test_random_orders_are_seeded_permutations_of_every_layer():
         assert order == np.random.default_rng(seed).permutation(6).tolist()
     assert orders["random (seed 0)"] != orders["random (seed 3)"]
     assert random_orders(6, (0,)) == {"random (seed 0)": orders["random (seed 0)"]}  # one seed alone, the same draw
+
+
+def test_ranking_plans_name_each_plan_by_the_curve_its_removals_make():
+    """Each ranking's plan removes the first k layers of its order, its part, and is keyed by the curve name its
+    removals carry (the key the report's layers stage and analyses/layers.py look curves up by)."""
+    model = text_model(n_layers=4)
+    orders = {"mine": [3, 1, 0, 2], **random_orders(4, (5,))}
+    plans = ranking_plans(model, orders, [1, 3], part="block")
+    assert list(plans) == ["mine · block", "random (seed 5) · block"]
+    for (key, plan), order in zip(plans.items(), orders.values()):
+        assert [spec.layers for spec in plan] == [tuple(order[:1]), tuple(order[:3])]
+        assert {spec.part for spec in plan} == {"block"} and {spec.ranked_by for spec in plan} == {key}

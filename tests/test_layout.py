@@ -69,6 +69,23 @@ def test_only_the_command_line_and_tests_use_the_app():
         assert not re.search(r"^\s*(from|import) lens_heads\.report", code, re.M), notebook
 
 
+def test_every_analysis_is_a_script_that_imports_no_neighbour():
+    """``analyses/`` holds scripts only, each run as ``python analyses/NAME.py`` and importing the library: what
+    several scripts share lives in ``lens_heads`` (a neighbour imported by bare name needs ``analyses/`` on
+    ``sys.path``)."""
+    scripts = sorted(ROOT.glob("analyses/*.py"))
+    names = {p.stem for p in scripts}
+    for path in scripts:
+        source = path.read_text()
+        assert re.search(r'^if __name__ == "__main__":', source, re.M), f"{path.name} is not a script"
+        for node in ast.walk(ast.parse(source)):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            assert not [m for m in imported if m.split(".")[0] in names | {"analyses"}], \
+                f"{path.name} imports {imported} from analyses/: move what scripts share into lens_heads"
+        assert "sys.path" not in source, path.name
+
+
 def test_the_layout_names_every_module():
     layout = (ROOT / "docs" / "architecture.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     for layer in LAYERS:

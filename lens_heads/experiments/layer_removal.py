@@ -59,6 +59,15 @@ def removal_plan(model, order: Sequence[int], counts: Sequence[int], *, part: st
                          part=part, order=label) for k in _check_counts(counts, model.cfg.n_layers)]
 
 
+def ranking_plans(model, orders: Mapping[str, Sequence[int]], counts: Sequence[int], *, part: str = "attention"
+                  ) -> dict[str, list[LayerRemoval]]:
+    """One :func:`removal_plan` per ranking (``orders``: each ranking's order by its name, random orders among them),
+    keyed by the curve it makes (``"<name> · <part>"``): the plans the report's layers stage and
+    ``analyses/layers.py`` evaluate."""
+    return {f"{name} · {part}": removal_plan(model, order, counts, part=part, label=name)
+            for name, order in orders.items()}
+
+
 def head_plan(model, head_order: Sequence[tuple[int, int]], counts: Sequence[int], *, label: str
               ) -> list[StaticAblation]:
     """For each ``k`` in ``counts``, zero the first ``k x n_heads`` heads of ``head_order`` (every ``(layer,

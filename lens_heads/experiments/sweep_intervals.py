@@ -34,6 +34,7 @@ SUMMARIES = {
     "zeroable_authors": "% of heads zeroable within {points:g} point(s), authors' rule (last crossing, 0 if none)",
     "zeroable_censored": "% of heads zeroable within {points:g} point(s), censored rule (end of range if no drop)",
 }
+TESTED = ("accuracy_auc", "kl_auc", "zeroable_authors")  # the summaries a sweep tests curve against curve
 HIGHER_IS_BETTER = {"accuracy_auc": True, "kl_auc": False, "zeroable_authors": True, "zeroable_censored": True}
 RANKED = ("accuracy_auc", "kl_auc")
 

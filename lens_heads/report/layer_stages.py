@@ -10,7 +10,7 @@ import pandas as pd
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.data.items import Task
 from lens_heads.experiments.layer_ranking import layer_scores
-from lens_heads.experiments.layer_removal import random_orders, removal_curves, removal_plan
+from lens_heads.experiments.layer_removal import random_orders, ranking_plans, removal_curves
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.nonfinite import refuse_nonfinite_forward
 from lens_heads.plumbing import distributed
@@ -40,7 +40,7 @@ def layers_stage(model, task, scores: HeadScores, config: ReportConfig, cache: C
     random = next(iter(randoms))
     orders = {**{name: layers.order(name) for name in LAYER_RANKINGS}, **randoms}
     counts = [k for k in LAYER_COUNTS if k < layers.n_layers]  # a model of few layers keeps at least one
-    plans = {name: removal_plan(model, order, counts, part="attention", label=name) for name, order in orders.items()}
+    plans = ranking_plans(model, orders, counts, part="attention")
     folder = cache.path(f"layers-{task.name}", {**base_key, "data": task.meta()})
     curves = removal_curves(model, task, plans, out_dir=folder, settings=config.evaluation,
                             progress=config.progress)

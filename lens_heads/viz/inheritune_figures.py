@@ -1,6 +1,7 @@
-"""The figures of the Inheritune analyses, each as PNG and HTML. analyses/inheritune.py: validation loss curves,
-attention rank per layer at every stage, the reference's rank during training and the rank profile of the embedded
-SmolLM2. analyses/inheritune_baselines.py: every method's loss curve and rank profile over the training seeds."""
+"""The figures of the Inheritune analyses, each as PNG and HTML. One run (analyses/inheritune.py): validation loss
+curves, attention rank per layer at every stage, the reference's rank during training and the rank profile of the
+embedded SmolLM2. The baselines over seeds (analyses/inheritune_baselines.py): every method's loss curve and rank
+profile."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from inheritune_comparisons import INHERITUNE, compared, label
+from lens_heads.growth.inheritune_comparisons import INHERITUNE, compared, label
 from lens_heads.viz.export import save_figure
 
 

@@ -1,5 +1,6 @@
-"""The options every per-task analysis script shares: which model and tasks, where the outputs go, how many threads;
-and the split of the recorded sweep they measure beside.
+"""A task run of the analyses: the options every per-task analysis script shares (which model and tasks, where the
+outputs go, how many threads), how its recorded files are named, and the split of the recorded sweep it measures
+beside.
 
 The scripts' settings dataclasses extend :class:`TaskRunSettings`, so these flags read the same in each of them.
 """
@@ -13,10 +14,10 @@ from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.unit_store import read_units
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.plumbing.io import safe_name
+from lens_heads.plumbing.provenance import SOURCE
 from lens_heads.plumbing.settings import option
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTED = ("accuracy_auc", "kl_auc", "zeroable_authors")  # the summaries a sweep tests curve against curve
+FIGURES = SOURCE / "figures"  # the checkout's recorded inputs and outputs (the scripts run from a checkout)
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class TaskRunSettings:
 
     model: str = option(DEFAULT_MODEL, "model name (the embedded SmolLM2-135M by default)")
     tasks: tuple[str, ...] = option(("arc_easy", "piqa"), "comma-separated tasks")
-    figures: str = option(str(ROOT / "figures"), "where recorded inputs are read, and tables and figures go")
+    figures: str = option(str(FIGURES), "where recorded inputs are read, and tables and figures go")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)", parse=int)
     no_png: bool = option(False, "write HTML figures only (PNG needs Chromium)")
 

@@ -1,5 +1,6 @@
-"""The measurements of analyses/inheritune.py beside its training runs: the rank of uniform causal attention, the
-rank profile of the embedded SmolLM2, and the zero-shot accuracy of the trained stages."""
+"""The measurements beside Inheritune's training runs (analyses/inheritune.py, analyses/inheritune_baselines.py): the
+rank of uniform causal attention, the rank profile of the embedded SmolLM2, and the zero-shot accuracy of the trained
+stages. ``a`` below is the run's settings (their ``eval_tasks``, ``eval_n``, ``seed`` and the GPT-2's sizes)."""
 
 from __future__ import annotations
 
