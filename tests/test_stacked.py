@@ -177,15 +177,19 @@ def test_a_stack_that_does_not_fit_says_to_stack_fewer_units(model, task, monkey
 
 @pytest.mark.slow
 def test_every_unit_kind_stacked_on_the_embedded_model(smollm):
-    """The same on SmolLM2-135M (30 layers): summed log-likelihoods within 1e-4 nats plus 2e-6 of their size, the
-    float32 rounding between a row run alone, stacked or over a shared prefix (measured up to ~4e-5 at ~70 nats
-    between the prefix and row paths, lens_heads.evaluation.prefix)."""
+    """The same on SmolLM2-135M (30 layers), against each unit alone on the row-by-row path: the same rows in the same
+    batches, only the matmuls k times wider (equal to the bit on this machine, one thread). The tolerance, 2e-5 nats
+    plus 2e-6 of the log-likelihood, absorbs a BLAS that blocks a wider matmul otherwise (a few float32 roundings of
+    the activations over 30 layers). A unit that shares prefixes alone differs from its row path by the prefix
+    path's own rounding (up to 2.2e-4 nats at 52 here, a per-item random unit), which tests/test_prefix.py covers."""
     task = load_task("arc_easy", split="validation", n=3, seed=0)
     calibration = ScoreCalibration(score_heads(smollm, task, progress=False))
-    tol = dict(rtol=2e-6, atol=1e-4)
     alone_units = every_kind(smollm, task, calibration)
-    alone = [evaluate(smollm, task, hooks=[u] if u else [], batch_size=4, progress=False) for u in alone_units]
+    alone = [evaluate(smollm, task, hooks=[u] if u else [], batch_size=4, progress=False, _shared_prefixes=False)
+             for u in alone_units]
     stacked_units = every_kind(smollm, task, calibration)
     stacked = evaluate_each(smollm, task, [stack_ablations(stacked_units)], batch_size=4, progress=False)
     for a, ra, s, rs in zip(alone_units, alone, stacked_units, stacked):
-        assert_same_unit(a, ra, s, rs, tol)
+        assert_same_unit(a, ra, s, rs, dict(rtol=2e-6, atol=2e-5))
+        if a is not None:
+            assert torch.equal(s.zeroed(), a.zeroed())  # on the same path, even the order of the counted rows
