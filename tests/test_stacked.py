@@ -193,3 +193,32 @@ def test_every_unit_kind_stacked_on_the_embedded_model(smollm):
         assert_same_unit(a, ra, s, rs, dict(rtol=2e-6, atol=2e-5))
         if a is not None:
             assert torch.equal(s.zeroed(), a.zeroed())  # on the same path, even the order of the counted rows
+
+
+def test_auto_batch_size_halves_the_rows_per_unit_until_the_stack_fits(model, task, monkeypatch):
+    """``batch_size="auto"``: a stacked forward of more than 8 rows runs out of memory here, so 4 units settle at 2
+    rows each, with the records and counts of each unit alone (what the failed attempts counted is rewound)."""
+    real = passes.backends.run_to_resid
+
+    def small_memory(model, resid, mask, **kwargs):
+        out = real(model, resid, mask, **kwargs)  # the units count the rows, then the forward "fails"
+        if resid.shape[0] > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return out
+
+    calibration = ScoreCalibration(score_heads(model, task, progress=False))
+    alone_units = every_kind(model, task, calibration)[1:5]
+    alone = [evaluate(model, task, hooks=[u], batch_size=2, progress=False) for u in alone_units]
+    monkeypatch.setattr(passes.backends, "run_to_resid", small_memory)
+    units = every_kind(model, task, calibration)[1:5]
+    stacked = evaluate_each(model, task, [stack_ablations(units)], batch_size="auto", progress=False)
+    assert {r.meta["batch_size"] for r in stacked} == {2}
+    for a, ra, s, rs in zip(alone_units, alone, units, stacked):
+        assert_same_unit(a, ra, s, rs)
+
+
+def test_generate_refuses_a_stack(model):
+    from lens_heads.evaluation.generate import generate
+
+    with pytest.raises(InputError, match="one unit"):
+        generate(model, "Hello", hooks=stack_ablations([static_zeroing(model, [(0, 0)])] * 2), max_new_tokens=2)
