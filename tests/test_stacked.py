@@ -222,3 +222,21 @@ def test_generate_refuses_a_stack(model):
 
     with pytest.raises(InputError, match="one unit"):
         generate(model, "Hello", hooks=stack_ablations([static_zeroing(model, [(0, 0)])] * 2), max_new_tokens=2)
+
+
+def test_the_benchmark_compares_the_two_ways_on_the_same_plan(model):
+    """``benchmarks/bench_stacked.compare_units`` (what the GPU check calls): both ways run the same units, and its
+    agreement reads them unit by unit."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the script imports timing by name
+    import bench_stacked
+
+    task = load_task("arc_easy", split="validation", n=3, seed=1)
+    out = bench_stacked.compare_units(model, task, stack=2, scores=["AHON (LN)", "AWFT"], fractions=(0, 0.3),
+                                      batch_size=4, seed=0)
+    assert out["units"] == 1 + 1 + 2 and out["stack"] == 2
+    assert out["predictions"] == out["units"] * len(task) and out["predictions_equal"] == out["predictions"]
+    assert out["shares_equal"] and out["max_abs_loglik_diff"] <= 1e-4
+    assert out["one"]["units_per_s"] > 0 and out["stacked"]["units_per_s"] > 0
