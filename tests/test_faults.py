@@ -271,7 +271,6 @@ def test_out_of_memory_mid_sweep_with_auto_batch_size_halves_and_goes_on_recordi
 
     monkeypatch.setattr(evaluate_module, "run_passes", tight_memory)
     monkeypatch.setitem(SETTINGS, "batch_size", "auto")
-    monkeypatch.setitem(SETTINGS, "stack", 1)  # one unit at a time (a stacked group settles its own size per unit)
     swept = clean_sweep()
     monkeypatch.undo()
     assert swept is not None and any(size > 4 for size in calls[:2]) and calls[-1] == 4
