@@ -12,12 +12,12 @@ from lens_heads import load_task
 from lens_heads.ablation.hooks import input_zeroing, mean_z, static_zeroing, threshold_zeroing
 from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.ablation.removed_layers import remove_layers
-from lens_heads.ablation.specs import ScoreCalibration
+from lens_heads.ablation.specs import LayerRemoval, ScoreCalibration, ThresholdAblation
 from lens_heads.ablation.stacked import stack_ablations
 from lens_heads.data.custom_tasks import task_from_records
 from lens_heads.evaluation import passes
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
-from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.experiments.sweep_run import run_sweep, run_units_stacked
 from lens_heads.heads.scoring import score_heads
 from lens_heads.plumbing.errors import InputError
 
@@ -156,6 +156,8 @@ def test_what_cannot_stack_is_refused_with_what_to_do(model, task):
         stack_ablations([static_zeroing(model, [(0, 0)]), remove_layers(model, [1])])
     with pytest.raises(InputError, match="at least one unit"):
         stack_ablations([])
+    with pytest.raises(InputError, match="does not stack .* run it with run_unit"):
+        run_units_stacked(model, task, [ThresholdAblation("AWFT", 0.2, threshold=0.5), LayerRemoval((1,))])
     for bad in (0, -2, 1.5, "4", True):
         with pytest.raises(InputError, match="stack must be a whole number"):
             run_sweep(model, task, stack=bad, scores=["AWFT"], fractions=(0, 0.2), progress=False)

@@ -168,11 +168,12 @@ def run_units_stacked(model, task, specs: Sequence[AblationSpec], *, means=None,
     (:func:`lens_heads.ablation.stacked.stack_ablations`: each batch's rows once per spec, ``batch_size`` rows per
     spec); each unit's records and counts are what it gives alone, its ``wall_s`` its share of the stacked run's.
     Only head ablations stack (:func:`stacks`): a layer removal runs with :func:`run_unit`."""
-    built = [spec.build(model, means=means) for spec in specs]
-    cannot = [spec for spec, ablation in zip(specs, built) if ablation is not None and
-              not isinstance(ablation, HeadAblation)]
-    if cannot:
-        raise InputError(f"{cannot[0]} does not stack (it is not a head ablation): run it with run_unit")
+    built: list[HeadAblation | None] = []
+    for spec in specs:
+        ablation = spec.build(model, means=means)
+        if ablation is not None and not isinstance(ablation, HeadAblation):
+            raise InputError(f"{spec} does not stack (it is not a head ablation): run it with run_unit")
+        built.append(ablation)
     start = time.perf_counter()
     results = evaluate_each(model, task, [stack_ablations(built)], settings=settings, progress=progress, **options)
     wall = (time.perf_counter() - start) / len(specs)
