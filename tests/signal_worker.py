@@ -17,7 +17,8 @@ import torch
 
 from conftest import text_model
 
-SETTINGS = dict(scores=["AWFT", "AHON (LN)"], fractions=[0.0, 0.2, 0.4], seed=3, batch_size=4, progress=False)
+SETTINGS = dict(scores=["AWFT", "AHON (LN)"], fractions=[0.0, 0.2, 0.4], seed=3, batch_size=4, progress=False,
+                stack=1)  # one unit per evaluate(), which the pause and the tests count
 
 
 def main(path: str) -> None:

@@ -83,7 +83,8 @@ def test_job_array_index_and_count_come_from_the_environment(monkeypatch):
 def test_job_array_tasks_share_the_units_and_a_plain_run_merges(single_process, tmp_path, monkeypatch):
     model, task, reference, _, _ = single_process
     calls = []
-    monkeypatch.setattr(sweep_module, "evaluate", lambda *a, **k: (calls.append(1), evaluate(*a, **k))[1])
+    unit_result = sweep_module.unit_result  # called once per unit evaluated, alone or stacked
+    monkeypatch.setattr(sweep_module, "unit_result", lambda *a, **k: (calls.append(1), unit_result(*a, **k))[1])
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
     n_units = len(reference.units)
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")

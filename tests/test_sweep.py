@@ -66,7 +66,7 @@ def tiny_text_model():
 
 
 SETTINGS = dict(scores=["AHON (LN)", "AWFT"], fractions=(0, 0.25, 0.5), static_scores=["AHON (LN)"], seed=3,
-                batch_size=4, progress=False)
+                batch_size=4, progress=False, stack=1)  # one unit at a time: tests/test_stacked.py stacks them
 
 
 def test_interrupted_sweep_resumes_to_the_same_table(tiny_text_model, tmp_path, monkeypatch):

@@ -104,7 +104,7 @@ class HeadAblation:
         self.description = description
         self.ablation, self.means = ablation, means
         self._rule = rule
-        self._capture = LayerCapture(n_layers, self._ablate, capture)
+        self._capture = LayerCapture(n_layers, self.ablate, capture)
         self._mask: Tensor | None = None
         self._inputs: Tensor | int | None = None
         self._rows: Tensor | None = None
@@ -189,7 +189,13 @@ class HeadAblation:
 
     # ------------------------------------------------------------ the hooks
 
-    def _ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict) -> Tensor:
+    def captures(self, layer: int) -> tuple[str, ...]:
+        """The activations (``get_act_name`` names) layer ``layer``'s rule reads, captured before its ``hook_z``."""
+        return tuple(self._capture.capture(layer))
+
+    def ablate(self, layer: int, z: Float[Tensor, "batch pos head d_head"], acts: dict) -> Tensor:
+        """Layer ``layer``'s ``hook_z``: the rule's heads of ``z`` ablated (and counted), ``acts`` the layer's
+        captures (:meth:`captures`) for the same rows."""
         acts["mask"] = self._batch_mask(z)
         acts["inputs"] = self._batch_inputs(z)
         acts["rows"] = self._batch_rows(z)

@@ -32,11 +32,11 @@ from tqdm.auto import tqdm
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import Row, build_rows
-from lens_heads.evaluation.batching import AUTO, first_size, halving
+from lens_heads.evaluation.batching import AUTO, first_size, halving, is_out_of_memory
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.failed_items import check_nonfinite, settle
 from lens_heads.evaluation.fused_attention import AttentionCalls
-from lens_heads.evaluation.hook_sets import hook_objects, hook_set
+from lens_heads.evaluation.hook_sets import hook_objects, hook_set, stacked_copies, unit_objects
 from lens_heads.evaluation.logprobs import item_records
 from lens_heads.evaluation.passes import attention_ran, run_passes
 from lens_heads.evaluation.results import EvalResult
@@ -102,16 +102,30 @@ def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | 
     row-by-row reference the tests compare with). On a backend whose forward can't start at a block (a
     TransformerBridge runs the blocks before it) each set runs whole (no shared trunk: one full evaluation per set),
     and on one whose attention lens_heads doesn't fuse (the bridge's is its own) rows run one by one (no shared
-    prefixes)."""
+    prefixes).
+
+    A stacked set (:func:`lens_heads.ablation.stacked.stack_ablations`: ``k`` head ablations, None for the baseline)
+    runs ``k`` copies of each batch in one forward, row by row, ``batch_size`` rows per unit (``"auto"``: sized by
+    memory, halving the rows per unit), and gives one result per unit, each the records its unit alone gives (to the
+    float rounding of the wider matmuls); ``meta["stacked_units"]`` says how many shared the forwards."""
     if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
         raise InputError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
     check_nonfinite(nonfinite)
     run = _Run(eval_settings(settings, options), progress, first_input, _shared_prefixes, nonfinite, _settle)
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, run)
-    if run.settings.batch_size == AUTO:
-        return _evaluate_auto(model, task, hook_sets, run)
-    return _evaluate(model, task, hook_sets, run)
+    copies = max((stacked_copies(hooks) for hooks in hook_sets), default=1)
+    try:
+        if run.settings.batch_size == AUTO:
+            return _evaluate_auto(model, task, hook_sets, run)
+        return _evaluate(model, task, hook_sets, run)
+    except Exception as e:
+        if copies == 1 or not is_out_of_memory(e):
+            raise
+        raise InputError(f"a stacked forward of {copies} units does not fit in memory even at "
+                         f"{1 if run.settings.batch_size == AUTO else run.settings.batch_size} row(s) per unit: stack "
+                         f"fewer units per forward (e.g. stack={max(1, copies // 2)})"
+                         + ("" if run.settings.batch_size == AUTO else " or give batch_size='auto'")) from e
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,8 @@ def _evaluate(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
                 shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
     if len(sets) > 1:
         meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
+    if any(hs.copies > 1 for hs in sets):
+        meta["stacked_units"] = max(hs.copies for hs in sets)  # wall_s and the forward counts: all units
     results = _results(task, items, rows, hook_sets, outputs, s.primary, meta)
     return _settled(model, items, results, run) if run.settle else results
 
@@ -174,10 +190,12 @@ def _settled(model, items, results: list[EvalResult], run: _Run) -> list[EvalRes
 
 def _evaluate_auto(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
     """``batch_size="auto"``: ``evaluate_each`` at the device's start size, halved after each out-of-memory error."""
-    start = first_size(model.cfg.device, sum(len(it.continuations) for it in task))
+    # a stacked run settles its own size (rows per unit): it must not shrink the unstacked units' batches
+    what = "evaluate" if all(stacked_copies(hooks) == 1 for hooks in hook_sets) else "stacked"
+    start = first_size(model.cfg.device, sum(len(it.continuations) for it in task), what)
     described = [obj for hooks in hook_sets for obj in hook_objects(hooks)]
     return halving(lambda size: _evaluate(model, task, hook_sets, run.again(settings=run.settings.replace(
-        batch_size=size))), start, described)
+        batch_size=size))), start, described, what)
 
 
 def _checked_rows(model, items, protocol: str, chat) -> list[Row]:
@@ -190,13 +208,14 @@ def _checked_rows(model, items, protocol: str, chat) -> list[Row]:
 
 def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary: str, meta: dict
              ) -> list[EvalResult]:
-    """One result per hook set from its log-likelihoods and greedy flags, its meta naming the set's hooks."""
+    """One result per hook set (per unit of a stacked set) from its log-likelihoods and greedy flags, its meta
+    naming its hooks."""
+    described = [objects for hooks in hook_sets for objects in unit_objects(hooks)]
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
                        items=item_records(items, rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,
-                       meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj)
-                                              for obj in hook_objects(hooks)]))
-            for hooks, (logprobs, greedy) in zip(hook_sets, outputs)]
+                       meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj) for obj in objects]))
+            for objects, (logprobs, greedy) in zip(described, outputs)]
 
 
 # ---------------------------------------------------------------- under torchrun
@@ -221,7 +240,7 @@ def _evaluate_shards(model, task, hook_sets: Sequence, run: _Run) -> list[EvalRe
                                                               _shared_prefixes=shard.shared_prefixes)]
     parts = [p for p in distributed.all_gather(local) if p]
     results = []
-    for k in range(len(hook_sets)):
+    for k in range(len(parts[0])):  # one per hook set, or per unit of a stacked set
         metas = [part[k][1] for part in parts]
         meta = dict(metas[0], task=task.meta() if hasattr(task, "meta") else {}, ranks=distributed.world_size(),
                     wall_s=max(m["wall_s"] for m in metas),

@@ -40,7 +40,7 @@ from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_eval_bos
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
-from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects
+from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects, stacked_copies
 from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
 from lens_heads.evaluation.results import wilson_interval
 from lens_heads.models.backends import backend
@@ -75,6 +75,8 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable | None = Non
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     stop = [stop] if isinstance(stop, str) else list(stop)  # one string is one stop, not one per character
+    if stacked_copies(hooks) > 1:
+        raise InputError("generate runs one prompt, not a stacked batch of units: pass one unit's HeadAblation")
     pairs, batch_aware = collect_hooks(hooks, model)
     if cache and batch_aware:
         raise InputError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "

@@ -3,7 +3,8 @@ or writes (the forward below it can be shared among sets), and the prefix sharin
 
 A hook set is what ``evaluate_each`` and ``generate`` take per ablation: a list of ``(hook_name, fn)`` pairs and
 objects with ``.hooks`` (a :class:`lens_heads.ablation.hooks.HeadAblation`), or one such object; ``None`` is no
-hooks.
+hooks. A stacked set (an object with ``copies``, :class:`lens_heads.ablation.stacked.StackedAblation`) runs ``copies``
+copies of each batch in one forward, one per unit it stacks.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from lens_heads.plumbing.errors import InputError
 class HookSet:
     """One set of hooks as the forward loop uses it: the (name, fn) pairs, the objects told about each batch, the
     first block they touch (None: something before the blocks, so the forward starts from the tokens) and the
-    prefix sharing they allow (:func:`lens_heads.evaluation.prefix.hook_scope`)."""
+    prefix sharing they allow (:func:`lens_heads.evaluation.prefix.hook_scope`); ``copies``: how many copies of each
+    batch one forward stacks (1 unless the set stacks units)."""
 
     pairs: list
     batch_aware: list
     first_layer: int | None
     prefix_scope: str | None = None
+    copies: int = 1
 
 
 def hook_set(model, hooks) -> HookSet:
@@ -36,7 +39,25 @@ def hook_set(model, hooks) -> HookSet:
     known = [layer for layer in layers if layer is not None]
     first = None if len(known) < len(layers) or model.cfg.positional_embedding_type == "shortformer" \
         or not backends.backend(model).starts_at_layer else min(known, default=model.cfg.n_layers)
-    return HookSet(pairs, batch_aware, first, hook_scope(listed(hooks)))
+    return HookSet(pairs, batch_aware, first, hook_scope(listed(hooks)), stacked_copies(hooks))
+
+
+def stacked_copies(hooks) -> int:
+    """How many copies of each batch the set stacks: its stacked object's ``copies`` (at most one per set), else 1."""
+    stacked = [obj for obj in listed(hooks) if not isinstance(obj, tuple) and hasattr(obj, "copies")]
+    if len(stacked) > 1:
+        raise InputError(f"a hook set holds {len(stacked)} stacked ablations: stack every unit into one "
+                         "(stack_ablations([...]))")
+    return int(stacked[0].copies) if stacked else 1
+
+
+def unit_objects(hooks) -> list[list]:
+    """The objects of each result a set gives: one list (:func:`hook_objects`) per stacked unit, or the set's own."""
+    stacked = [obj for obj in listed(hooks) if not isinstance(obj, tuple) and hasattr(obj, "copies")]
+    if not stacked:
+        return [hook_objects(hooks)]
+    others = [obj for obj in hook_objects(hooks) if obj is not stacked[0]]
+    return [others + ([] if unit is None else [unit]) for unit in stacked[0].units]
 
 
 def listed(hooks) -> list:

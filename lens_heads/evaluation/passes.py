@@ -42,8 +42,10 @@ def run_passes(model, items, rows: list[Row], sets: list[HookSet], batch_size: i
                ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict, str | None]:
     """Every row under each hook set, over shared prefixes where the hooks and the attention allow it
     (``shared_prefixes=False``: never), row by row otherwise: the outputs and forward counts of :func:`_run_rows`
-    and the prefix sharing taken (None: the row-by-row path)."""
-    scope = _prefix_scope(model, sets, attention) if shared_prefixes else None
+    and the prefix sharing taken (None: the row-by-row path). A stacked set (``copies`` > 1) gives one output per
+    copy, in order."""
+    stacked = any(s.copies > 1 for s in sets)  # a stacked forward runs its copies row by row
+    scope = _prefix_scope(model, sets, attention) if shared_prefixes and not stacked else None
     groups = plan_groups(rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
     state = PrefixState() if any(g.prefix for g in groups) else None
     with _attention(model, attention, calls, state):
@@ -87,8 +89,11 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet
               ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
     """Forward every row (longest first, in batches) under each hook set and read each (item, choice)'s
     log-likelihood and whether its continuation is the greedy one; ``bar`` advances as each item's last row is
-    read. Per batch, the unhooked trunk is run once, as far as the sets share it."""
-    outputs = _blank_outputs(items, len(sets))
+    read. Per batch, the unhooked trunk is run once, as far as the sets share it. A stacked set runs ``copies``
+    copies of the batch in one forward, unit after unit, each read into its own output."""
+    outputs = _blank_outputs(items, sum(s.copies for s in sets))
+    offsets = np.cumsum([0] + [s.copies for s in sets]).tolist()
+    widest = max((s.copies for s in sets), default=1)  # the forward counts are the widest set's
     rows_left = np.bincount([r.item for r in rows], minlength=len(items))
     device, pad, L = model.cfg.device, pad_id(model), model.cfg.n_layers
     order = _set_order(sets)
@@ -102,13 +107,18 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet
             if hook_set.first_layer is not None:
                 trunk = _advance(model, trunk, mask, trunk_layer, hook_set.first_layer)
                 trunk_layer = hook_set.first_layer
-            with _hooked(model, hook_set, mask, [first_input + row.item for row in batch], _row_keys(batch)):
-                start = hook_set.first_layer
-                resid = backends.run_to_resid(model, tokens if start is None else trunk, mask, start=start, stop=L)
-                record_logprobs(model, resid, batch, *outputs[i])
+            c = hook_set.copies
+            start = hook_set.first_layer
+            stacked_mask = _stacked(mask, c)
+            with _hooked(model, hook_set, stacked_mask, [first_input + row.item for row in batch] * c,
+                         _row_keys(batch) * c):
+                resid = backends.run_to_resid(model, _stacked(tokens if start is None else trunk, c), stacked_mask,
+                                              start=start, stop=L)
+                for copy, part in enumerate(resid.chunk(c) if c > 1 else [resid]):
+                    record_logprobs(model, part, batch, *outputs[offsets[i] + copy])
         stats["forward_passes"] += 1
-        stats["forward_tokens"] += int(mask.sum())
-        stats["padded_tokens"] += int(mask.numel())
+        stats["forward_tokens"] += int(mask.sum()) * widest
+        stats["padded_tokens"] += int(mask.numel()) * widest
         for row in batch:
             rows_left[row.item] -= 1
         bar.update(sum(int(rows_left[row.item] == 0) for row in {r.item: r for r in batch}.values()))
@@ -204,6 +214,11 @@ def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[H
             with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows)), state.extending(_with_kv(p, kv)):
                 resid = backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
             record_logprobs(model, resid, p.rows, *outputs[i])
+
+
+def _stacked(x: Tensor, copies: int) -> Tensor:
+    """``copies`` copies of a batch's rows, one after the other (a stacked set's units each take one)."""
+    return x if copies == 1 else x.repeat(copies, *([1] * (x.dim() - 1)))
 
 
 def _with_kv(p: _Pass, kv: dict) -> Extension | None:

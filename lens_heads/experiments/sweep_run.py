@@ -25,17 +25,21 @@ normalised AUC, both on the realised-% axis, and the paper's Table 2 (:func:`len
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from lens_heads.ablation.hooks import HeadAblation
 from lens_heads.ablation.specs import (
     AblationSpec,
+    RandomAblation,
     ThresholdAblation,
 )
+from lens_heads.ablation.stacked import stack_ablations
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.evaluation.batching import settled_sizes
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
-from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.experiments.calibration import CALIBRATIONS, Calibration, calibration_id
 from lens_heads.experiments.sweep_plan import SweepPlan, sweep_plan
@@ -48,12 +52,14 @@ from lens_heads.plumbing.cache import canonical
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
 
+DEFAULT_STACK = 4  # units per forward where they stack (run_units_stacked)
+
 
 @distributed.local()  # each unit is evaluated whole by the worker that owns it
 @stops_cleanly("sweep")  # SIGTERM/SIGINT: finished units stay in out_dir
 def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows", out_dir=None,
               thresholds: Thresholds | None = None, settings: EvalSettings | None = None, progress: bool = True,
-              **options) -> SweepResult | None:
+              stack: int = DEFAULT_STACK, **options) -> SweepResult | None:
     """Evaluate ``task`` with heads zeroed per input by each score at each target fraction, plus the random
     baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
     ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
@@ -78,6 +84,9 @@ def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows",
     ``thresholds``: zero at given thresholds instead of calibrating them
     (:func:`lens_heads.heads.thresholds_file.load_thresholds`, the authors' released file): refused for another
     model; ``scores`` default to the file's, and every target fraction must be one the file has.
+    ``stack``: units per forward (:func:`run_units_stacked`: the units that run row by row alone, the threshold
+    and per-row random ones, stacked ``stack`` at a time in one batch, each unit's records what it gives alone, each
+    still stored as it finishes; 1: one unit at a time). ``meta["stack"]`` records it.
     ``scores`` may name the extras (``lens_heads.heads.scores.EXTRA_NAMES``: LTHON (HN), the full-head-output
     scores).
 
@@ -94,6 +103,9 @@ def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows",
     scores, fractions, static_scores, seed, random = (list(plan.scores or ()), list(plan.fractions),
                                                       list(plan.static_scores), plan.seed, plan.random)
     _check_calibration(calibration)
+    if isinstance(stack, bool) or not isinstance(stack, int) or stack < 1:
+        raise InputError(f"stack must be a whole number of units per forward >= 1 (1: one unit at a time), "
+                         f"got {stack!r}")
     chat = resolve_chat_template(model, evaluation.apply_chat_template)
     run = evaluation.replace(apply_chat_template=chat)  # the rows as they run: the chat setting resolved
     if thresholds is not None:
@@ -108,7 +120,7 @@ def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows",
     calib = Calibration(model, task, calibration, store, run, progress, extras, thresholds)
     workers = distributed.unit_workers()
     units, n_run = _run_units(model, task, units_plan, store, calib, set(workers.share(len(units_plan))), run,
-                              progress, desc=f"sweep {getattr(task, 'name', '')} units")
+                              progress, desc=f"sweep {getattr(task, 'name', '')} units", stack=stack)
     if len(units) < len(units_plan):
         return None
     unablated = {calibration_key(s.score, s.fraction): calib.unablated_share(s.score, s.fraction)
@@ -120,7 +132,8 @@ def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows",
                 out_dir=store.describe(), calibration=calib.describe(), unablated_shares=unablated,
                 units_reused=len(units_plan) - n_run,
                 thresholds=None if thresholds is None else thresholds.describe(),
-                units_run=n_run, workers=workers.to_dict(), specs=[spec.to_dict() for spec in plan.specs],
+                units_run=n_run, stack=stack, workers=workers.to_dict(),
+                specs=[spec.to_dict() for spec in plan.specs],
                 protocol=evaluation.protocol, apply_chat_template=evaluation.apply_chat_template, chat_template=chat,
                 split=getattr(task, "split", None), fewshot_split=getattr(task, "fewshot_split", None))
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(units_plan))], meta=meta)
@@ -138,9 +151,35 @@ def run_unit(model, task, spec: AblationSpec, *, means=None, settings: EvalSetti
     return unit_result(spec, ablation, result, time.perf_counter() - start)
 
 
+def run_units_stacked(model, task, specs: Sequence[AblationSpec], *, means=None, settings: EvalSettings | None = None,
+                      progress: bool = True, **options) -> list[UnitResult]:
+    """:func:`run_unit` for each of the resolved ``specs``, all in the same forwards
+    (:func:`lens_heads.ablation.stacked.stack_ablations`: each batch's rows once per spec, ``batch_size`` rows per
+    spec); each unit's records and counts are what it gives alone, its ``wall_s`` its share of the stacked run's.
+    Only head ablations stack (:func:`stacks`): a layer removal runs with :func:`run_unit`."""
+    built: list[HeadAblation | None] = []
+    for spec in specs:
+        ablation = spec.build(model, means=means)
+        if ablation is not None and not isinstance(ablation, HeadAblation):
+            raise InputError(f"{spec} does not stack (it is not a head ablation): run it with run_unit")
+        built.append(ablation)
+    start = time.perf_counter()
+    results = evaluate_each(model, task, [stack_ablations(built)], settings=settings, progress=progress, **options)
+    wall = (time.perf_counter() - start) / len(specs)
+    return [unit_result(spec, ablation, result, wall) for spec, ablation, result in zip(specs, built, results)]
+
+
+def stacks(spec: AblationSpec) -> bool:
+    """Whether a sweep stacks ``spec``'s unit: the head ablations that run row by row alone (the threshold zeroing
+    and the per-row random draw). The others alone share their rows' prefixes, which a stacked forward gives up (a
+    layer removal cannot stack at all)."""
+    return isinstance(spec, ThresholdAblation) or (isinstance(spec, RandomAblation) and spec.draw == "per_row")
+
+
 def unit_result(spec: AblationSpec, ablation, result: EvalResult, wall_s: float = float("nan")) -> UnitResult:
     """The unit of ``spec`` evaluated with its built ``ablation`` (None for the baseline) into ``result``."""
-    return UnitResult(spec=canonical(spec.to_dict()), realised_fraction=ablation.share_zeroed() if ablation else 0.0, result=result,
+    return UnitResult(spec=canonical(spec.to_dict()), realised_fraction=ablation.share_zeroed() if ablation else 0.0,
+                      result=result,
                       head_share=ablation.zeroed().float().mean(0).tolist() if ablation else None,
                       wall_s=wall_s, item_zeroed=_item_zeroed(ablation, result))
 
@@ -161,22 +200,38 @@ def _check_calibration(calibration) -> None:
 
 @settled_sizes()  # batch_size="auto": a unit that ran out of memory settles the size the next units start at
 def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib, mine: set[int],
-               settings: EvalSettings, progress: bool, desc: str) -> tuple[dict[int, UnitResult], int]:
-    """Every unit of ``plan`` found in ``store`` or, where it is this worker's (``mine``), evaluated and stored;
+               settings: EvalSettings, progress: bool, desc: str, stack: int = 1
+               ) -> tuple[dict[int, UnitResult], int]:
+    """Every unit of ``plan`` found in ``store`` or, where it is this worker's (``mine``), evaluated and stored
+    (``stack`` of the units that stack per forward, :func:`run_units_stacked`; each saved as its forwards finish);
     then the other workers' units (gathered, or read from the shared folder). Returns them by plan index, and how
     many units all workers ran."""
     units: dict[int, UnitResult] = {}
-    n_run = 0
-    bar = tqdm(plan, desc=desc, unit="unit", disable=not progress)
-    for index, spec in enumerate(bar):
+    bar = tqdm(total=len(plan), desc=desc, unit="unit", disable=not progress)
+    todo: list[tuple[int, AblationSpec]] = []
+    for index, spec in enumerate(plan):
         stored = store.load(spec)
         if stored is not None:
             units[index] = stored
+            bar.update()
         elif index in mine:
-            bar.set_postfix_str(f"{spec.kind} {spec.ranked_by or ''} {spec.target_fraction:g}".replace("  ", " "))
-            units[index] = run_unit(model, task, spec.resolve(calib), settings=settings, progress=progress)
-            store.save(spec, units[index])
-            n_run += 1
+            todo.append((index, spec))
+        else:
+            bar.update()
+    stacked = [(i, spec) for i, spec in todo if stack > 1 and stacks(spec)]
+    groups = [[one] for one in todo if one not in stacked] + [stacked[k:k + stack]
+                                                             for k in range(0, len(stacked), stack)]
+    for group in sorted(groups, key=lambda g: g[0][0]):  # in plan order, by each group's first unit
+        specs = [spec.resolve(calib) for _, spec in group]
+        bar.set_postfix_str(", ".join(f"{s.kind} {s.ranked_by or ''} {s.target_fraction:g}".replace("  ", " ")
+                                      for s in specs))
+        done = run_units_stacked(model, task, specs, settings=settings, progress=progress) if len(group) > 1 else \
+            [run_unit(model, task, specs[0], settings=settings, progress=progress)]
+        for (index, spec), unit in zip(group, done):
+            units[index] = unit
+            store.save(spec, unit)
+        bar.update(len(group))
+    n_run = len(todo)
     bar.close()
     gathered = distributed.all_gather((units, n_run))
     units = {index: unit for part, _ in gathered for index, unit in part.items()}
