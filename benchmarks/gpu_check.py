@@ -24,7 +24,7 @@ code, so that its shared prefixes run once as on real MMLU. Per shape:
    run (best of a few 8192^3 matmuls in the check's dtype on a GPU, 1024^3 on the CPU).
 
 Every figure is set beside its target (:data:`TARGETS`, also in the record). The stacked sweep (several units' rows in
-one batch) is not measured here yet: :func:`stacked_sweep_check` says so in the table and the record.
+one batch, :func:`stacked_sweep_check`) is timed against the same units run one at a time on the first shape.
 
 Then a sweep (baseline, random 10%, AHON (LN) 10%) on the first shape twice: in this process, and under
 ``torchrun --standalone --nproc_per_node=1``; their log-likelihoods must agree. Last, the paper's full experiment in
@@ -166,13 +166,25 @@ TARGETS = {  # issue 48's goals for a GPU run, each beside its measured row in t
 }
 
 
+STACKED_SCORES = ("AHON (LN)", "AWFT", "LTHON (LN)", "AVVN (LN)")  # 4 scores x 3 shares: 12 threshold units
+STACKED_FRACTIONS = (0.0, 0.1, 0.2, 0.3)
+
+
 def stacked_sweep_check(s: GpuCheck) -> dict:
-    """The stacked sweep's units per second against running its units one at a time, on the first shape: not
-    measured yet. Stacked units (several units' rows in one batch, a per-row head mask on ``hook_z``) are built on
-    another branch; this is where their measurement goes once they are merged, and until then the table and the
-    record say that it is missing."""
-    return dict(shape=s.shapes[0], measured=False,
-                why="stacked units are not in this lens_heads yet: this check does not measure them")
+    """The stacked sweep's units per second against running its units one at a time, on the first shape
+    (``bench_stacked.compare_units``: the same threshold units, ``stack`` per forward on a GPU, 4 with ``--smoke``;
+    the calibration scored once beforehand, so that only the units are timed; their records compared)."""
+    from bench_stacked import compare_units
+    from lens_heads.heads.scoring import score_heads
+
+    name = s.shapes[0]
+    _, model = build_pair(name, s.shape(name), s.device, s.torch_dtype, s.seed)
+    task = synthetic_task(check_lengths(min(s.n_rows, 32), s.smoke, s.seed), model.cfg.d_vocab, s.seed)
+    scores = score_heads(model, task, batch_size="auto", progress=False)  # the calibration, untimed
+    stack = 4 if s.smoke or not s.device.startswith("cuda") else 16
+    compared = compare_units(model, task, stack=stack, scores=list(STACKED_SCORES), fractions=STACKED_FRACTIONS,
+                             calibration=scores, static_scores=(), random_baseline=False, batch_size="auto", seed=s.seed)
+    return dict(shape=name, measured=True, **compared)
 
 
 ROWS = [  # (label, a ShapeResult and the matmul FLOP/s as text)
@@ -229,8 +241,7 @@ def table(result: CheckResult) -> str:
         line("", heads), *(line(label, row) for (label, _), row in zip(ROWS, cells)), "",
         f"torchrun --nproc_per_node=1 sweep ({t.units} units, {t.shape}) vs the same sweep in this process: "
         f"{verdict}; {t.torchrun_s:.1f} s (start-up and imports included) vs {t.plain_s:.1f} s",
-        f"stacked sweep ({result.stacked_sweep.get('shape')}): "
-        f"{'measured' if result.stacked_sweep.get('measured') else 'NOT MEASURED: ' + result.stacked_sweep['why']}",
+        _stacked_line(result.stacked_sweep),
         "targets: " + "; ".join(f"{k} {v}" for k, v in result.targets.items()),
         f"paper's experiment, each model at the evaluator's rate on the shape nearest its size: "
         f"{result.projected_gpu_hours:,.0f} GPU-hours = "
@@ -238,6 +249,15 @@ def table(result: CheckResult) -> str:
         + f" FLOPs / (FLOP/s) / 3600 ({result.mmlu_tokens_per_question:.0f} tokens per MMLU question; "
         "flops.paper_projection)",
         f"wall time of the check: {result.wall_s:.0f} s"])
+
+
+def _stacked_line(st: dict) -> str:
+    if not st.get("measured"):
+        return f"stacked sweep ({st.get('shape')}): NOT MEASURED: {st.get('why')}"
+    return (f"stacked sweep ({st['shape']}, {st['units']} units, {st['stack']} per forward): "
+            f"{st['stacked']['units_per_s']:.2f} vs {st['one']['units_per_s']:.2f} units/s one at a time, "
+            f"{st['wall_ratio']:.2f}x; predictions equal {st['predictions_equal']}/{st['predictions']}, max "
+            f"|log-likelihood difference| {st['max_abs_loglik_diff']:.1e}, shares {'equal' if st['shares_equal'] else 'DIFFER'}")
 
 
 # ---------------------------------------------------------------- the check

@@ -72,8 +72,11 @@ def test_smoke_table_shows_each_shapes_numbers(smoke):
             long = r.long_prompts[i]
             assert long["tokens"] == n // 16 and long["prompts"] * long["tokens"] == gpu_measure.LONG_TOKENS // 16
             assert f"{long['scoring_tokens_per_s'] / long['evaluator_tokens_per_s']:.2f}x" in cells
-    # the stacked sweep is not measured on this branch: the table says so, in capitals, beside every target
-    assert "stacked sweep (smollm2-135m): NOT MEASURED" in printed
+    # the stacked sweep: the same threshold units one at a time and stacked give the same records
+    st = result.stacked_sweep
+    assert st["measured"] and st["units"] == 1 + len(gpu_check.STACKED_SCORES) * (len(gpu_check.STACKED_FRACTIONS) - 1)
+    assert st["predictions_equal"] == st["predictions"] > 0 and st["shares_equal"]
+    assert f"stacked sweep (smollm2-135m, {st['units']} units, 4 per forward)" in printed
     assert all(f"{k} {v}" in printed for k, v in gpu_check.TARGETS.items())
     # each paper model at the rate of the shape nearest its size: the smoke shapes are all toy-sized, so their
     # nominal sizes (what the record names) decide, and every model of 3B or more takes the 7B shape's rate
@@ -94,7 +97,7 @@ def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     assert [s["shape"] for s in written["shapes"]] == list(gpu_shapes.SHAPES)
     assert written["shapes"][0]["evaluator_tokens_per_s"] == pytest.approx(result.shapes[0].evaluator_tokens_per_s)
     assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
-    assert written["targets"] == gpu_check.TARGETS and written["stacked_sweep"]["measured"] is False
+    assert written["targets"] == gpu_check.TARGETS and written["stacked_sweep"]["measured"] is True
     assert [len(s["long_prompts"]) for s in written["shapes"]] == [len(gpu_measure.LONG_PROMPTS)] * len(result.shapes)
 
 
