@@ -11,7 +11,8 @@ The GPT-2 is the authors' (lens_heads.growth.gpt2: 1/(l+1) attention scaling, no
 50304, scaled residual init; ``--architecture transformer-lens`` for TransformerLens's GPT-2). Rows: reference,
 Inheritune students (growth stages: by default the trained student grows by the reference's next blocks,
 ``--grow-from reference`` re-inherits), same-size scratch (1x, 2x steps) and the paper's baselines and ablations
-(later layers, attention only, MLP only, stacking, hybrid stacking, half width, logit distillation, DistilBERT),
+(later layers, attention only, MLP only, stacking, hybrid stacking, half width and its widened variant, logit
+distillation, DistilBERT),
 each with its FLOPs. The ``smollm2`` preset skips the GPT-2 runs and inherits the first k layers
 of the embedded SmolLM2-135M (k: its first lazy layer), trains that student and a same-size random init briefly on
 SOTU text in SmolLM2's tokenizer, and compares them with the full model by loss and zero-shot accuracy.

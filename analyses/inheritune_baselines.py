@@ -3,8 +3,9 @@
     OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py            # 3 seeds, the defaults below
 
 For each seed, `run_inheritune` trains (each stage resumable, in ``--runs/seed_<s>``): the reference, the Inheritune
-student, same-size scratch for 1x and 2x the steps, stacking and hybrid stacking (from one half-depth source), the
-half-width warm start, logit distillation and DistilBERT, all at the student's size with the same loop and steps.
+student, same-size scratch for 1x and 2x the steps, stacking and hybrid stacking (from one half-depth source), half
+width as the authors ran it (a fresh model at half the width) and lens_heads' variant (that model, trained, widened
+function-preservingly and trained again), logit distillation and DistilBERT, all at the student's size with the same loop and steps.
 Then, each cached under ``--runs/extras`` so that a rerun (or a larger one, with other flags) computes only what is
 missing:
 
@@ -63,7 +64,7 @@ from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
 from lens_heads.training.windows import eval_windows
 
-BASELINES = ("stacking", "hybrid_stacking", "half_width", "distill_logit", "distill_distilbert")
+BASELINES = ("stacking", "hybrid_stacking", "half_width", "half_width_widened", "distill_logit", "distill_distilbert")
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ def build_config(a: BaselineSettings, seed: int) -> InherituneConfig:
 
 
 def load_stage(a: BaselineSettings, folder: Path, stage: Stage, tokenizer):
-    cfg = gpt2_config(stage.n_layers, d_model=stage.d_model or a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
-                      d_vocab=PADDED_VOCAB)
+    cfg = gpt2_config(stage.n_layers, d_model=stage.d_model or a.d_model, n_heads=stage.n_heads or a.heads,
+                      n_ctx=a.seq_len, d_vocab=PADDED_VOCAB)
     model = gpt2_model(cfg, seed=0, options=GPT2Options(), tokenizer=tokenizer)
     load_model_state(model, folder / stage.name / "final" / "model.safetensors")
     return model

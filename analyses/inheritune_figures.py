@@ -27,7 +27,9 @@ def write_figure(fig, stem: Path) -> list[str]:
 STAGE_COLORS = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa",
                 "width_source": "#cccccc"}
 ABLATION_COLORS = {"later_layers": "#ff7f0e", "attention_only": "#2ca02c", "mlp_only": "#9467bd",
-                   "stacking": "#8c564b", "hybrid_stacking": "#e377c2", "half_width": "#7f7f7f",
+                   # by prefix, longest first: half_width_widened before half_width
+                   "stacking": "#8c564b", "hybrid_stacking": "#e377c2", "half_width_widened": "#c49c94",
+                   "half_width": "#7f7f7f",
                    "distill_logit": "#bcbd22", "distill_distilbert": "#17becf"}
 SCRATCH_DASHES = {"scratch_1x": "dot", "scratch_2x": "dash"}
 

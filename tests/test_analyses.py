@@ -336,7 +336,7 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     script, comparisons = load_script("inheritune_baselines"), load_script("inheritune_comparisons")
     argv = ["--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "2", "--student-layers", "1",
             "--steps", "2", "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
-            "--baselines", "hybrid_stacking,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
+            "--baselines", "hybrid_stacking,half_width,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
             "--loss-windows", "3", "--eval-tasks", "arc_easy", "--eval-n", "2", "--n-resamples", "50",
             "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"), "--no-png", "--no-progress"]
     with pytest.raises(SystemExit):  # one seed leaves nothing to resample
@@ -345,7 +345,7 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     methods = script.main(argv)
     result = json.loads((tmp_path / "fig" / "inheritune_baselines.json").read_text())
     assert set(methods["method"]) == {"reference (4L)", "Inheritune", "scratch 1x", "scratch 2x", "hybrid stacking",
-                                      "distill logit"}
+                                      "half width", "distill logit"}  # half width: 8d, 1 head, reloaded as such
     stages = {s: {st["name"]: st for st in json.loads((tmp_path / "runs" / f"seed_{s}" / "result.json").read_text())
                   ["stages"]} for s in (0, 1)}
     for row in result["per_seed"]:

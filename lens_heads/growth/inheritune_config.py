@@ -12,9 +12,10 @@ from lens_heads.training.distill import DistillConfig
 
 # the paper's baselines and ablations at the final student size, each one stage (or a source stage and one)
 INHERITANCE_ABLATIONS = ("later_layers", "attention_only", "mlp_only")
-WARM_STARTS = ("stacking", "hybrid_stacking", "half_width")
+WIDTH_BASELINES = ("half_width", "half_width_widened")  # the authors' half width, and lens_heads' warm start
+WARM_STARTS = ("stacking", "hybrid_stacking", "half_width_widened")
 DISTILLATIONS = ("distill_logit", "distill_distilbert")
-ABLATIONS = INHERITANCE_ABLATIONS + WARM_STARTS + DISTILLATIONS
+ABLATIONS = INHERITANCE_ABLATIONS + ("stacking", "hybrid_stacking") + WIDTH_BASELINES + DISTILLATIONS
 GROW_FROM = ("student", "reference")  # keep the trained student and append reference blocks, or re-inherit
 GROWTH = {"student": "the trained student grown by the reference's next blocks (the paper's recipe)",
           "reference": "a fresh re-inheritance of the reference's first blocks at each size (what the authors' "
@@ -25,7 +26,10 @@ BASELINE_METHODS = {
     "mlp_only": "inherit ln2 + MLP of the first n blocks, the rest fresh",
     "stacking": "scratch n/2 layers trained, its blocks repeated to n, trained (Gong et al. 2019)",
     "hybrid_stacking": "the same n/2-layer source's blocks at even depths, fresh blocks between, trained",
-    "half_width": "scratch n layers at half the width trained, doubled function-preservingly (Net2WiderNet), trained",
+    "half_width": "fresh init, n layers at half the width, trained (the authors' half-width baseline: their "
+                  "medium_halfwdth log starts at the loss of a fresh model)",
+    "half_width_widened": "the trained half-width model doubled function-preservingly (Net2WiderNet), trained "
+                          "(lens_heads' warm start)",
     "distill_logit": "fresh n layers trained on the reference's logits (T^2 KL at temperature T) mixed with the LM loss",
     "distill_distilbert": "DistilBERT: evenly spaced reference blocks + embeddings, trained with soft, LM and cosine "
                           "losses",
@@ -40,8 +44,9 @@ class InherituneConfig:
     reference's next blocks; ``"reference"`` re-inherits the first n blocks at each size.
     ``ablations``: the paper's baselines and ablations at the final student size (`BASELINE_METHODS`), each one
     stage (a row of the table), trained with the same loop and steps; the warm starts first train their source
-    (``stack_source``: scratch at half the depth, shared by stacking and hybrid stacking; ``width_source``: scratch
-    at half the width), whose budget the table adds to theirs. ``distill_logit`` / ``distill_distilbert``: the
+    (``stack_source``: scratch at half the depth, shared by stacking and hybrid stacking; for
+    ``half_width_widened`` the trained ``half_width`` model, or a ``width_source`` stage where ``half_width`` is not
+    asked for), whose budget the table adds to theirs. ``distill_logit`` / ``distill_distilbert``: the
     losses of the two distillation baselines (the trained reference is the teacher). ``widen_noise``: the noise that
     breaks the copies' symmetry in the half-width warm start. ``options``: the GPT-2 architecture (authors' default).
     """
@@ -88,7 +93,7 @@ def check_config(c: InherituneConfig) -> int:
         raise InputError(f"grow_by={c.grow_by} must be at least 1 (layers added per growth stage)")
     if c.grow_from not in GROW_FROM:
         raise InputError(f"grow_from={c.grow_from!r} must be one of {GROW_FROM}")
-    if "half_width" in c.ablations:
+    if set(WIDTH_BASELINES) & set(c.ablations):
         half_width_shape(c.d_model, c.n_heads)
     return max_layers
 
@@ -97,7 +102,7 @@ def half_width_shape(d_model: int, n_heads: int) -> tuple[int, int]:
     """(d_model, n_heads) of the half-width source of a ``d_model``-wide model with ``n_heads`` heads: half the
     heads at the same d_head, or (an odd number of heads, as GPT-2 XL's 25) the same heads at half the d_head."""
     if d_model % 2:
-        raise InputError(f"d_model={d_model} is odd: the half-width warm start needs a width that halves (or "
-                         "leave half_width out of the ablations)")
+        raise InputError(f"d_model={d_model} is odd: the half-width baselines need a width that halves (or "
+                         f"leave {' and '.join(WIDTH_BASELINES)} out of the ablations)")
     # an even width with an odd number of heads has an even d_head
     return (d_model // 2, n_heads // 2) if n_heads % 2 == 0 else (d_model // 2, n_heads)

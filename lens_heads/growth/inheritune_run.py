@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 import torch
@@ -20,6 +20,7 @@ from lens_heads.growth.inheritune_config import (
     BASELINE_METHODS,
     DISTILLATIONS,
     GROWTH,
+    WIDTH_BASELINES,
     InherituneConfig,
     check_config,
     half_width_shape,
@@ -109,9 +110,13 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
                 continue
             if not any(r["stage"] == f"stack_source_{n // 2}L" for r in rows):
                 add(f"stack_source_{n // 2}L", n // 2)
-        elif ablation == "half_width":
+        elif ablation in WIDTH_BASELINES:
             d_half, h_half = half_width_shape(c.d_model, c.n_heads)
-            add(f"width_source_{n}L_{d_half}d", n, d_half, h_half)
+            trained = f"half_width_{n}L" if "half_width" in c.ablations else f"width_source_{n}L_{d_half}d"
+            if not any(r["stage"] == trained for r in rows):  # one half-width model serves both
+                add(trained, n, d_half, h_half)
+            if ablation == "half_width":
+                continue
         add(f"{ablation}_{n}L", n, teacher=ablation in DISTILLATIONS)
     return pd.DataFrame(rows)
 
@@ -127,6 +132,7 @@ class _Stages:
                           if config.rank_every else [])
         self.stages: list[Stage] = []
         self.sources: dict[str, HookedTransformer] = {}  # trained warm-start sources, by stage name
+        self.width_stage = cast(Stage, None)  # the trained half-width model's stage, once `_half_width` ran
 
     def fresh(self, n_layers: int, seed: int, d_model: int | None = None,
               n_heads: int | None = None) -> HookedTransformer:
@@ -149,7 +155,8 @@ class _Stages:
                       rank=_rank(model, self.tokens, average), rank_at_init=at_init, history=result.history,
                       wall_time_s=result.wall_time_s,
                       flops=training_flops(model.cfg, result.tokens_seen, cfg.seq_len), teacher_flops=teacher,
-                      built_from=list(built_from), d_model=model.cfg.d_model, method=method)
+                      built_from=list(built_from), d_model=model.cfg.d_model, n_heads=model.cfg.n_heads,
+                      method=method)
         self.stages.append(stage)
         atomic_write_json(self.out / "stages.json", [asdict(s) for s in self.stages])
         return stage
@@ -193,13 +200,11 @@ def _ablation(run: _Stages, reference: HookedTransformer, ref: Stage, ablation: 
         source = run.sources[name]
         grown = stack(source, n, seed=seed) if ablation == "stacking" else hybrid_stack(source, n, seed=seed)
         run.train(f"{ablation}_{n}L", "ablation", grown, built_from=(name,), method=method)
-    elif ablation == "half_width":
-        d_half, h_half = half_width_shape(c.d_model, c.n_heads)
-        source = run.fresh(n, c.seed + 3000 + n, d_model=d_half, n_heads=h_half)
-        src = run.train(f"width_source_{n}L_{d_half}d", "width_source", source,
-                        method=f"fresh init at half the width ({d_half}d, {h_half} heads)")
-        wide = widen(source, d_model=c.d_model, n_heads=c.n_heads, seed=seed, noise=c.widen_noise)
-        run.train(f"half_width_{n}L", "ablation", wide, built_from=(src.name,), method=method)
+    elif ablation in WIDTH_BASELINES:
+        source, src = _half_width(run, n, as_baseline=ablation == "half_width" or "half_width" in c.ablations)
+        if ablation == "half_width_widened":
+            wide = widen(source, d_model=c.d_model, n_heads=c.n_heads, seed=seed, noise=c.widen_noise)
+            run.train(f"half_width_widened_{n}L", "ablation", wide, built_from=(src.name,), method=method)
     elif ablation == "distill_logit":
         objective = Distillation(reference, c.distill_logit)
         run.train(f"distill_logit_{n}L", "ablation", run.fresh(n, c.seed + 4000 + n), objective=objective,
@@ -208,6 +213,23 @@ def _ablation(run: _Stages, reference: HookedTransformer, ref: Stage, ablation: 
         objective = Distillation(reference, c.distill_distilbert)
         run.train(f"distill_distilbert_{n}L", "ablation", distilbert_init(reference, n, seed=seed),
                   objective=objective, built_from=(ref.name,), method=f"{method}; {c.distill_distilbert.to_dict()}")
+
+
+def _half_width(run: _Stages, n: int, as_baseline: bool) -> tuple[HookedTransformer, Stage]:
+    """The trained ``n``-layer model at half the width, trained once per run: the authors' ``half_width`` baseline
+    (a stage of the table) where it is asked for, else a ``width_source`` stage that only feeds the widened start."""
+    c = run.c
+    if "half_width" not in run.sources:
+        d_half, h_half = half_width_shape(c.d_model, c.n_heads)
+        model = run.fresh(n, c.seed + 3000 + n, d_model=d_half, n_heads=h_half)
+        name, kind = (f"half_width_{n}L", "ablation") if as_baseline else (f"width_source_{n}L_{d_half}d",
+                                                                          "width_source")
+        how = f"fresh init at half the width ({d_half}d, {h_half} heads)"
+        stage = run.train(name, kind, model, method=f"{BASELINE_METHODS['half_width']}: {how}" if as_baseline
+                          else how)
+        run.sources["half_width"] = model
+        run.width_stage = stage
+    return run.sources["half_width"], run.width_stage
 
 
 def _meta(c: InherituneConfig, corpus, ref: Stage) -> dict:
