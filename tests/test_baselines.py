@@ -351,3 +351,34 @@ def test_half_width_as_the_authors_ran_it(corpus, tmp_path, ablations):  # noqa:
     assert widened.built_from == [half] and widened.d_model == 32
     assert widened.history[0]["val_loss"] == pytest.approx(by[half].val_loss, rel=1e-3)
     assert widened.history[0]["val_loss"] < math.log(VOCAB) - 0.1  # it does not start from scratch
+
+
+@pytest.mark.floats
+def test_a_longer_trained_reference_makes_the_run_grow_and_meta_shows_each_stage(corpus, tmp_path):  # noqa: F811
+    """A reference trained 40 steps against students trained 2 steps a stage: the first two students do not match
+    it, so the loop grows 1 -> 2 -> 3 layers and stops there (max_layers); ``meta["growth"]["stages"]`` lists each
+    stage as it ran, with what the rule did next."""
+    cfg = InherituneConfig(ref_layers=4, student_layers=1, grow_by=1, max_layers=3, d_model=32, n_heads=2, n_ctx=32,
+                           d_vocab=VOCAB, train=tiny_train_config(steps=2, eval_every=2), ref_steps=40, rank_inputs=2,
+                           rank_len=16, baselines=True, ablations=(), seed=0)
+    result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
+    by = {s.name: s for s in result.stages}
+    ref = by["reference_4L"]
+    assert ref.steps == 40 and ref.tokens_seen == 40 * 4 * 16 and by["student_1L"].tokens_seen == 2 * 4 * 16
+    grown = result.meta["growth"]["stages"]
+    assert [g["stage"] for g in grown] == ["student_1L", "student_2L", "student_3L"]
+    assert result.meta["growth"]["times_grown"] == 2 and result.final_layers == 3
+    last = grown[-1]
+    assert [g["then"] for g in grown] == ["grew", "grew", "stopped: matched the reference" if last["matched"] else
+                                          "stopped: the deepest student allowed (max_layers)"]
+    for g in grown:
+        s = by[g["stage"]]
+        assert g["matched"] == (s.val_loss <= ref.val_loss)
+        assert g["minus_reference"] == s.val_loss - ref.val_loss and len(g["max_rank"]) == g["n_layers"]
+    assert not grown[0]["matched"] and not grown[1]["matched"]  # what made it grow
+    assert by["scratch_3L_2x"].steps == 4  # the scratch baselines at the students' steps, not the reference's
+    plan = planned_stages(cfg).set_index("stage")
+    assert list(plan.index) == [s.name for s in result.stages]
+    assert plan.loc["reference_4L", "tokens"] == ref.tokens_seen
+    with pytest.raises(InputError, match="ref_steps"):
+        InherituneConfig(ref_steps=0)

@@ -3,7 +3,7 @@ schedule, and the paper's baselines and ablations it trains at the final student
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.plumbing.errors import InputError
@@ -40,6 +40,8 @@ BASELINE_METHODS = {
 class InherituneConfig:
     """Sizes and schedule of an Inheritune run. ``train`` is used for every stage (same steps for each).
 
+    ``ref_steps``: the reference's training steps (default ``train.steps``, as every other stage); a reference trained
+    longer than a student stage is one the first student does not already match, so the run grows.
     ``grow_from``: ``"student"`` (default, the paper's recipe) keeps the trained student and appends the
     reference's next blocks; ``"reference"`` re-inherits the first n blocks at each size.
     ``ablations``: the paper's baselines and ablations at the final student size (`BASELINE_METHODS`), each one
@@ -62,6 +64,7 @@ class InherituneConfig:
     options: GPT2Options = field(default_factory=GPT2Options)
     train: TrainConfig = field(default_factory=TrainConfig)
     grow_from: str = "student"
+    ref_steps: int | None = None  # the reference's steps (default train.steps): a longer-trained reference to grow to
     baselines: bool = True  # same-size scratch models for 1x and 2x steps
     ablations: tuple[str, ...] = ABLATIONS
     distill_logit: DistillConfig = field(default_factory=DistillConfig.logit)
@@ -91,11 +94,21 @@ def check_config(c: InherituneConfig) -> int:
         raise InputError(f"unknown ablations {sorted(unknown)}: choose from {ABLATIONS}")
     if c.grow_by < 1:  # growing by 0 would train the same size forever
         raise InputError(f"grow_by={c.grow_by} must be at least 1 (layers added per growth stage)")
+    if c.ref_steps is not None and c.ref_steps < 1:
+        raise InputError(f"ref_steps={c.ref_steps} must be at least 1 (the reference's training steps), or None for "
+                         "the students' steps")
     if c.grow_from not in GROW_FROM:
         raise InputError(f"grow_from={c.grow_from!r} must be one of {GROW_FROM}")
     if set(WIDTH_BASELINES) & set(c.ablations):
         half_width_shape(c.d_model, c.n_heads)
     return max_layers
+
+
+def reference_train(c: InherituneConfig) -> TrainConfig:
+    """The reference's training settings: ``c.train`` with ``c.ref_steps`` steps where given."""
+    if c.ref_steps is None:
+        return c.train
+    return TrainConfig(**{**asdict(c.train), "steps": c.ref_steps})
 
 
 def half_width_shape(d_model: int, n_heads: int) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from lens_heads.growth.inheritune_config import (
     InherituneConfig,
     check_config,
     half_width_shape,
+    reference_train,
 )
 from lens_heads.growth.inheritune_result import InherituneResult, Stage
 from lens_heads.growth.widen import widen
@@ -60,7 +61,9 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     max_layers = check_config(c)
     run = _Stages(c, corpus, Path(out_dir), tokenizer, progress)
     reference = run.fresh(c.ref_layers, c.seed)
-    ref = run.train(f"reference_{c.ref_layers}L", "reference", reference, method="scratch (the reference)")
+    ref_cfg = reference_train(c)
+    ref = run.train(f"reference_{c.ref_layers}L", "reference", reference, ref_cfg,
+                    method=f"scratch (the reference), {ref_cfg.steps} steps")
     n = _students(run, reference, ref, max_layers)
     if c.baselines:
         for mult in (1, 2):
@@ -70,7 +73,7 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     for ablation in c.ablations:
         _ablation(run, reference, ref, ablation, n)
     result = InherituneResult(stages=run.stages, reference_val_loss=ref.val_loss, final_layers=n,
-                              meta=_meta(c, corpus, ref))
+                              meta=_meta(c, corpus, ref, run.stages))
     atomic_write_json(run.out / "result.json", result.to_dict())
     return result
 
@@ -87,17 +90,17 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
     tokens, seq = c.train.steps * c.train.tokens_per_step, c.train.seq_len
     rows: list[dict] = []
 
-    def add(name: str, n_layers: int, d_model: int = c.d_model, n_heads: int = c.n_heads, steps_x: int = 1,
+    def add(name: str, n_layers: int, d_model: int = c.d_model, n_heads: int = c.n_heads, steps_x: float = 1,
             teacher: bool = False) -> None:
         shape = SimpleNamespace(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
                                 d_mlp=4 * d_model, d_vocab=c.d_vocab)
         ref = SimpleNamespace(n_layers=c.ref_layers, d_model=c.d_model, n_heads=c.n_heads,
                               d_head=c.d_model // c.n_heads, d_mlp=4 * c.d_model, d_vocab=c.d_vocab)
-        rows.append({"stage": name, "n_layers": n_layers, "d_model": d_model, "tokens": steps_x * tokens,
-                     "flops": training_flops(shape, steps_x * tokens, seq),
-                     "teacher_flops": teacher_flops(ref, steps_x * tokens, seq) if teacher else 0.0})
+        rows.append({"stage": name, "n_layers": n_layers, "d_model": d_model, "tokens": round(steps_x * tokens),
+                     "flops": training_flops(shape, round(steps_x * tokens), seq),
+                     "teacher_flops": teacher_flops(ref, round(steps_x * tokens), seq) if teacher else 0.0})
 
-    add(f"reference_{c.ref_layers}L", c.ref_layers)
+    add(f"reference_{c.ref_layers}L", c.ref_layers, steps_x=reference_train(c).steps / c.train.steps)
     for n in range(c.student_layers, final + 1, c.grow_by):
         add(f"student_{n}L", n)
     n = final
@@ -232,12 +235,29 @@ def _half_width(run: _Stages, n: int, as_baseline: bool) -> tuple[HookedTransfor
     return run.sources["half_width"], run.width_stage
 
 
-def _meta(c: InherituneConfig, corpus, ref: Stage) -> dict:
+def growth_stages(stages: list[Stage], reference: Stage) -> list[dict]:
+    """The growth loop as it ran: each student size, its loss against the reference's, and what the rule did next."""
+    students = [s for s in stages if s.kind == "student"]
+    out = []
+    for i, s in enumerate(students):
+        matched = s.val_loss <= reference.val_loss
+        then = "grew" if i + 1 < len(students) else ("stopped: matched the reference" if matched else
+                                                      "stopped: the deepest student allowed (max_layers)")
+        out.append({"stage": s.name, "n_layers": s.n_layers, "val_loss": s.val_loss,
+                    "reference_val_loss": reference.val_loss, "minus_reference": s.val_loss - reference.val_loss,
+                    "matched": matched, "then": then, "built_from": list(s.built_from),
+                    "max_rank": list(s.rank["max_rank"]), "n_lazy_layers": int(sum(s.rank["lazy"]))})
+    return out
+
+
+def _meta(c: InherituneConfig, corpus, ref: Stage, stages: list[Stage]) -> dict:
+    grown = growth_stages(stages, ref)
     return {"config": asdict(c), "corpus": dict(getattr(corpus, "meta", {})),
             "rank": {"n_inputs": c.rank_inputs, "length": c.rank_len, "mode": ref.rank["meta"]["mode"],
                      "definition": ref.rank["definition"], "lazy_rule": ref.rank["lazy_rule"]},
             "student_rule": "grow while student val loss > reference val loss",
-            "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from]},
+            "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from], "stages": grown,
+                       "times_grown": len(grown) - 1, "reference_steps": ref.steps, "student_steps": c.train.steps},
             "budget": "FLOPs: 3 x forward per training token, teacher forwards added for distillation "
                       "(lens_heads.training.budget); total_flops adds the stages a warm start was built from, "
                       "all but the shared reference",
