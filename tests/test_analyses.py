@@ -377,3 +377,29 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     assert result["zero_shot_accuracy"] and result["stage_methods"]["distill logit"].startswith("fresh n layers")
     again = script.main(argv)  # from the runs and the cached measurements
     assert again["val_loss_mean"].tolist() == methods["val_loss_mean"].tolist()
+
+
+@pytest.mark.slow
+def test_inheritune_growth_preset_end_to_end(tmp_path):
+    """The growth preset at tiny sizes: a reference trained longer than a stage, students grown, same-size scratch
+    beside the final one; its own files, every seed's growth stages in the record, and the per-stage rank figure."""
+    import json
+
+    script = load_script("inheritune_baselines")
+    argv = ["--preset", "growth", "--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "4",
+            "--student-layers", "1", "--grow-by", "1", "--max-layers", "3", "--steps", "2", "--ref-steps", "12",
+            "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
+            "--rank-inputs", "2", "--rank-len", "16", "--loss-windows", "3", "--eval-tasks", "arc_easy", "--eval-n",
+            "2", "--n-resamples", "50", "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"),
+            "--no-png", "--no-progress"]
+    methods = script.main(argv)
+    assert set(methods["method"]) == {"reference (4L)", "Inheritune", "scratch 1x", "scratch 2x"}
+    record = json.loads((tmp_path / "fig" / "inheritune_growth.json").read_text())
+    assert (tmp_path / "fig" / "inheritune_growth_rank_stages.html").exists()
+    assert not (tmp_path / "fig" / "inheritune_baselines.json").exists()
+    for seed in ("0", "1"):
+        run = json.loads((tmp_path / "runs" / f"seed_{seed}" / "result.json").read_text())
+        students = [s["name"] for s in run["stages"] if s["kind"] == "student"]
+        assert [g["stage"] for g in record["growth"][seed]["stages"]] == students
+        assert record["growth"][seed]["reference_steps"] == 12 and record["growth"][seed]["student_steps"] == 2
+        assert run["stages"][0]["steps"] == 12
