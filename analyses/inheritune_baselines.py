@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from inheritune_comparisons import (
     compared,
@@ -70,7 +69,7 @@ from lens_heads.training.checkpoints import load_model_state
 from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
-from lens_heads.training.windows import eval_windows
+from lens_heads.training.windows import eval_windows, window_losses
 
 BASELINES = ("stacking", "hybrid_stacking", "half_width", "half_width_widened", "distill_logit", "distill_distilbert")
 
@@ -159,17 +158,6 @@ def load_stage(a: BaselineSettings, folder: Path, stage: Stage, tokenizer):
     model = gpt2_model(cfg, seed=0, options=GPT2Options(), tokenizer=tokenizer)
     load_model_state(model, folder / stage.name / "final" / "model.safetensors")
     return model
-
-
-@torch.no_grad()
-def window_losses(model, windows: torch.Tensor, batch: int = 16) -> list[float]:
-    """Mean next-token loss of each validation window."""
-    out = []
-    for chunk in windows.split(batch):
-        logits = model(chunk[:, :-1]).float()
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
-        out += loss.mean(-1).tolist()
-    return out
 
 
 def zero_shot_items(a: BaselineSettings, model) -> dict:
