@@ -1,6 +1,6 @@
 """The figures of the Inheritune analyses, each as PNG and HTML. analyses/inheritune.py: validation loss curves,
 attention rank per layer at every stage, the reference's rank during training and the rank profile of the embedded
-SmolLM2. analyses/inheritune_baselines.py: every method's loss curve and rank profile over the training seeds."""
+SmolLM2 and its growth loop. analyses/inheritune_baselines.py: every method's loss curve and rank profile over the training seeds."""
 
 from __future__ import annotations
 
@@ -220,3 +220,29 @@ def growth_rank_figure(runs: dict[int, dict], uniform_rank: int, out: Path, subt
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="approximate rank (90% energy)", col=1)
     return save_figure(fig, out / f"{stem}_rank_stages", png=png, width=1400, height=600, scale=1.5)
+
+
+def growth_loop_figure(record: dict, out: Path, subtitle: str) -> list[str]:
+    """SmolLM2's growth loop: max attention rank per layer of the reference and of every student stage after
+    training (mean over seeds), in both aggregations."""
+    from plotly.subplots import make_subplots
+
+    aggs = (("averaged", "rank of the input-averaged matrix (the paper's)"), ("per_input", "mean of per-input ranks"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in aggs], shared_yaxes=True)
+    ref = record["reference"]
+    sizes = sorted({s["n_layers"] for s in record["stages"] if s["kind"] == "student"})
+    for col, (agg, _) in enumerate(aggs, start=1):
+        fig.add_scatter(x=list(range(ref["n_layers"])), y=ref["rank"][agg]["max_rank"], mode="lines+markers",
+                        name="reference", legendgroup="reference", showlegend=col == 1, line=dict(color="#222222"),
+                        row=1, col=col)
+        for i, n in enumerate(sizes):
+            ranks = np.mean([s["rank"][agg]["max_rank"] for s in record["stages"]
+                             if s["kind"] == "student" and s["n_layers"] == n], axis=0)
+            c = GROWTH_REDS[i % len(GROWTH_REDS)]
+            fig.add_scatter(x=list(range(n)), y=ranks, mode="lines+markers", name=f"Inheritune {n}L",
+                            legendgroup=str(n), showlegend=col == 1, line=dict(color=c), row=1, col=col)
+    fig.update_layout(title=f"Max attention rank per layer at every growth stage, mean over seeds<br>"
+                            f"<sup>{wrap(subtitle)}</sup>", margin=dict(t=130), template="plotly_white")
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="approximate rank (90% energy)", col=1)
+    return write_figure(fig, out / "smollm2_growth_rank")

@@ -105,3 +105,34 @@ def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_pa
     assert [s["val_loss"] for s in again["stages"]] == [s["val_loss"] for s in record["stages"]]
     with pytest.raises(InputError, match="max_layers"):
         GrowthLoopConfig(start_layers=5, train=config.train).check(4)
+
+
+def test_growth_tests_pair_each_window_and_seed(corpus, tmp_path):  # noqa: F811
+    """Two seeds, sizes 1 and 2 reached by both: the window-unit difference is the mean over windows of the
+    seed-averaged per-window differences, the seed-unit one the mean of per-seed final-loss differences."""
+    import numpy as np
+
+    from lens_heads.growth.growth_calls import growth_tests, shared_sizes
+
+    def stage(seed, kind, n, loss, windows):
+        return {"seed": seed, "kind": kind, "n_layers": n, "val_loss": loss, "window_losses": windows}
+
+    rng = np.random.default_rng(0)
+    record = {"reference": {"val_loss": 1.0, "window_losses": list(rng.normal(1, 0.1, 4))}, "stages": [],
+              "growth": {"0": {"stages": [{"n_layers": 1}, {"n_layers": 2}]}, "1": {"stages": [{"n_layers": 1},
+                                                                                              {"n_layers": 2},
+                                                                                              {"n_layers": 3}]}}}
+    for seed in (0, 1):
+        for n in (1, 2, 3):
+            for kind, base in (("student", 2.0), ("random", 3.0), ("same_flops", 2.5)):
+                record["stages"].append(stage(seed, kind, n, base + seed, list(rng.normal(base + seed, 0.1, 4))))
+    assert shared_sizes(record) == [1, 2]
+    t = growth_tests(record, n_resamples=200)
+    assert len(t) == 2 * 2 * 3  # 2 units x 2 sizes x 3 others
+    row = t[(t["unit"] == "training seed") & (t["n_layers"] == 2) & (t["a"] == "same-size random init")].iloc[0]
+    assert row["difference"] == pytest.approx(1.0) and row["n"] == 2  # 3 + s - (2 + s)
+    w = t[(t["unit"].str.startswith("validation window")) & (t["n_layers"] == 1) & (t["a"] == "the reference")].iloc[0]
+    st = [s for s in record["stages"] if s["kind"] == "student" and s["n_layers"] == 1]
+    expected = np.mean(record["reference"]["window_losses"]) - np.mean([s["window_losses"] for s in st])
+    assert w["difference"] == pytest.approx(expected) and w["n"] == 4
+    assert set(t["verdict"]) and all(t["b"] == "Inheritune")
