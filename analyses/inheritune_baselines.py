@@ -129,8 +129,8 @@ class BaselineSettings(train_options(leave_out=("seed", "checkpoint_every"), ste
 
 
 # growth at GPT-2 CPU scale: at width 32 the vocabulary (50304) is nearly all of a step's cost, so depth is cheap;
-# a reference trained 5x a stage's steps is one the first students do not match (chosen so that 3 seeds fit about
-# 45 minutes of one core)
+# a reference trained 5x a stage's steps is one the first students do not match. Its planned FLOPs (3 seeds) are
+# about half the baselines table's: a quarter of an hour of one quiet core at that recording's rate
 GROWTH_PRESET = dict(preset="growth", ref_layers=8, student_layers=2, grow_by=2, max_layers=6, d_model=32, heads=2,
                      steps=80, ref_steps=400, warmup_steps=8, baselines="", runs="runs/inheritune_growth")
 # the two half-width baselines alone beside Inheritune and scratch, in the baselines' runs (a full run reuses them)
