@@ -41,7 +41,7 @@ from inheritune_extras import smollm_profile, uniform_causal_levels, zero_shot
 from inheritune_figures import figures, growth_loop_figure, smollm_figure
 from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.growth.growth_calls import growth_tests
-from lens_heads.growth.growth_loop import GrowthLoopConfig, run_growth_loop, stage_table
+from lens_heads.growth.growth_loop import GrowthLoopConfig, planned_loop, run_growth_loop, stage_table
 from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
 from lens_heads.growth.inheritune_result import load_result
 from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
@@ -212,7 +212,7 @@ ZERO_SHOT_ROWS = "with split and acc_norm"
 
 def main(argv=None):
     a = parse_args(argv)
-    if a.plan:
+    if a.plan and a.preset != "smollm2":  # the smollm2 plan needs the model's rank profile (its k)
         return main_plan(a)
     if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: this machine has no CUDA GPU (torch {torch.__version__}); run the "
@@ -290,6 +290,17 @@ def with_zero_shot(table: pd.DataFrame, evals: list[dict]) -> pd.DataFrame:
     return table.merge(acc, left_on="stage", right_index=True, how="left")
 
 
+def smollm_plan(a, reference, config: GrowthLoopConfig, out: Path) -> pd.DataFrame:
+    """``--plan`` for the growth loop: every training of one seed when no student matches (the costliest case), its
+    steps, tokens and FLOPs, written to ``inheritune_plan_smollm2.csv``; nothing is trained."""
+    table = pd.DataFrame(planned_loop(reference.cfg, config))
+    print(table.to_string(index=False))
+    atomic_write_text(out / "inheritune_plan_smollm2.csv", table.assign(seeds=len(config.seeds)).to_csv(index=False))
+    print(f"smollm2 growth loop: {len(table)} trainings a seed, {len(config.seeds)} seeds, "
+          f"{table['flops'].sum() * len(config.seeds):.3g} FLOPs")
+    return table
+
+
 def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
     """The paper's growth loop from the embedded SmolLM2 (`lens_heads.growth.growth_loop`), its comparisons by the
     calling rule, the rank figure; ``smollm2_growth.{csv,json}`` and ``smollm2_growth_tests.csv``."""
@@ -299,6 +310,8 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
         raise SystemExit("the smollm2 preset needs the rank profile: --smollm-inputs must be > 0")
     reference = load_model(device=a.device)
     config, k_rule = smollm_loop_config(a, smollm, reference.cfg.n_layers)
+    if a.plan:
+        return smollm_plan(a, reference, config, out)
     corpus = load_corpus("sotu", tokenizer=reference.tokenizer)
     print(f"SmolLM2 growth loop: first {config.start_layers} of {reference.cfg.n_layers} layers ({k_rule}), grown "
           f"by {config.grow_by}, {config.train.steps} steps of {config.train.tokens_per_step} tokens a stage, seeds "

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from lens_heads import tiny_model
-from lens_heads.growth.growth_loop import GrowthLoopConfig, grow_any, run_growth_loop, same_flops_steps, stage_table
+from lens_heads.growth.growth_loop import (
+    GrowthLoopConfig,
+    grow_any,
+    planned_loop,
+    run_growth_loop,
+    same_flops_steps,
+    stage_table,
+)
 from lens_heads.plumbing.errors import InputError
 from lens_heads.training.loop import train
 from lens_heads.training.windows import eval_windows, window_losses
@@ -99,6 +106,12 @@ def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_pa
     # float32 logits against float64 here: relative 1e-5 absorbs the rounding of a mean of ~16 terms
     assert record["reference"]["window_losses"][0] == pytest.approx(by_hand, rel=1e-5)
     assert window_losses(reference, windows) == record["reference"]["window_losses"]
+    plan = {r["stage"]: r for r in planned_loop(reference.cfg, config)}  # the cost planned is the cost charged
+    assert list(plan)[-3:] == ["student_3L", "random_3L", "same_flops_3L"]  # the costliest case: to max_layers
+    for s in record["stages"]:
+        assert plan[s["name"]]["steps"] == s["steps"]
+        # integers of at most 1e12 in float64: equal up to the order of the products
+        assert plan[s["name"]]["flops"] == pytest.approx(s["flops"], rel=1e-12)
     rows = stage_table(record)
     assert len(rows) == len(record["stages"]) and {"lazy_averaged", "lazy_per_input"} <= set(rows[0])
     again = run_growth_loop(reference, corpus, config, out_dir=tmp_path, progress=False)  # reloads every stage

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +33,8 @@ from lens_heads.training.windows import eval_windows, validation_loss, window_lo
 if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
 
+# what a model's FLOP count reads of its config (`lens_heads.training.budget`)
+SHAPE = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_key_value_heads", "gated_mlp")
 KINDS = {"student": "Inheritune: the reference's first blocks, grown by its next ones, trained",
          "random": "same-size random init, the stage's steps",
          "same_flops": "same-size random init, the steps that spend the student's FLOPs so far (all its stages)"}
@@ -91,6 +94,24 @@ def same_flops_steps(flops_so_far: float, model_cfg, train_cfg: TrainConfig) -> 
     the nearest step, at least 1)."""
     per_step = training_flops(model_cfg, train_cfg.tokens_per_step, train_cfg.seq_len)
     return max(1, round(flops_so_far / per_step))
+
+
+def planned_loop(ref_cfg, config: GrowthLoopConfig) -> list[dict]:
+    """The trainings `run_growth_loop` does for one seed when no student matches the reference (the costliest case),
+    in order, each with its steps, tokens and FLOPs: the run's cost before it runs (x the number of seeds)."""
+    c = config
+    top, n, spent, rows = c.check(ref_cfg.n_layers), c.start_layers, 0.0, []
+    while True:
+        shape = SimpleNamespace(**{**{k: getattr(ref_cfg, k) for k in SHAPE}, "n_layers": n})
+        per_step = training_flops(shape, c.train.tokens_per_step, c.train.seq_len)
+        spent += per_step * c.train.steps
+        for kind, steps in (("student", c.train.steps), ("random", c.train.steps),
+                            ("same_flops", same_flops_steps(spent, shape, c.train))):
+            rows.append({"stage": f"{kind}_{n}L", "kind": kind, "n_layers": n, "steps": steps,
+                         "tokens": steps * c.train.tokens_per_step, "flops": steps * per_step})
+        if n >= top:
+            return rows
+        n = min(n + c.grow_by, top)
 
 
 def grow_any(reference: HookedTransformer, n_layers: int, student: HookedTransformer, *,
