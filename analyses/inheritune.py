@@ -11,10 +11,14 @@ The GPT-2 is the authors' (lens_heads.growth.gpt2: 1/(l+1) attention scaling, no
 50304, scaled residual init; ``--architecture transformer-lens`` for TransformerLens's GPT-2). Rows: reference,
 Inheritune students (growth stages: by default the trained student grows by the reference's next blocks,
 ``--grow-from reference`` re-inherits), same-size scratch (1x, 2x steps) and the paper's baselines and ablations
-(later layers, attention only, MLP only, stacking, hybrid stacking, half width, logit distillation, DistilBERT),
-each with its FLOPs. The ``smollm2`` preset skips the GPT-2 runs and inherits the first k layers
-of the embedded SmolLM2-135M (k: its first lazy layer), trains that student and a same-size random init briefly on
-SOTU text in SmolLM2's tokenizer, and compares them with the full model by loss and zero-shot accuracy.
+(later layers, attention only, MLP only, stacking, hybrid stacking, half width and its widened variant, logit
+distillation, DistilBERT),
+each with its FLOPs. The ``smollm2`` preset skips the GPT-2 runs and runs the paper's growth loop from the embedded
+SmolLM2-135M (`lens_heads.growth.growth_loop`): its first k layers (k: its first lazy layer), trained on SOTU text in
+SmolLM2's tokenizer, grown by its next ``--grow-by`` blocks until the student matches it or reaches
+``--max-layers``, a same-size random init and a same-FLOPs scratch beside every size, seeds ``--smollm-seeds``;
+attention rank per layer at every stage in both aggregations; the comparisons by the calling rule
+(``smollm2_growth.{csv,json}``, ``smollm2_growth_tests.csv``, figure ``smollm2_growth_rank``).
 
 Writes to ``--figures`` (default ``figures/``): ``inheritune_results.csv`` (one row per stage),
 ``inheritune_results.json`` (everything, with settings), and PNG + HTML figures: validation loss curves,
@@ -34,8 +38,10 @@ import pandas as pd
 import torch
 
 from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
+from lens_heads.growth.growth_calls import growth_tests
+from lens_heads.growth.growth_loop import GrowthLoopConfig, planned_loop, run_growth_loop, stage_table
 from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
-from lens_heads.growth.inheritune_measures import smollm_profile, uniform_causal_levels, zero_shot, zero_shot_rows
+from lens_heads.growth.inheritune_measures import smollm_profile, uniform_causal_levels, zero_shot
 from lens_heads.growth.inheritune_result import load_result
 from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
 from lens_heads.growth.zero_shot import PAPER_TASKS
@@ -44,12 +50,13 @@ from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.stats.calling import RULE
 from lens_heads.training.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
 from lens_heads.training.config import TrainConfig
 from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
-from lens_heads.viz.inheritune_figures import figures, smollm_figure
+from lens_heads.viz.inheritune_figures import figures, growth_loop_figure, smollm_figure
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,10 @@ class InherituneSettings(train_options(leave_out=("seed", "checkpoint_every"), s
     rank_per_input: bool = option(False, "rank as the mean of per-input ranks instead of the paper's rank of the "
                                   "averaged matrix")
     ablations: str = option(",".join(ABLATIONS), f"comma list of {ABLATIONS} ('' for none)")
-    smollm_k: int | None = option(None, "smollm2 preset: student layers (default: first lazy)", parse=int)
+    smollm_k: int | None = option(None, "smollm2 preset: first student's layers (default: first lazy)", parse=int)
+    smollm_seeds: str = option("0,1,2", "smollm2 preset: training seeds of the growth loop (comma list)")
+    smollm_windows: int = option(64, "smollm2 preset: validation windows the paired tests resample")
+    n_resamples: int = option(2000, "bootstrap and permutation resamples")
     grow_from: str = option("student", "growth: keep the trained student and append the reference's next blocks "
                             "(the paper's recipe) or re-inherit from the reference at each size",
                             choices=("student", "reference"))
@@ -137,8 +147,8 @@ PRESETS = {
                     heads=25, seq_len=1024, batch_size=4, grad_accum=12, steps=100_000, warmup_steps=2000, lr=2e-4,
                     min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext", amp=True, eval_n=1000,
                     smollm_inputs=100),
-    # part 3 of the collapse story on a real model: the embedded SmolLM2-135M's first k layers as a student
-    "smollm2": dict(preset="smollm2", ref_layers=30, student_layers=0, grow_by=0, max_layers=30, d_model=576,
+    # the growth loop from SmolLM2: students from its first lazy layer, grown 2 blocks a round up to all 30
+    "smollm2": dict(preset="smollm2", ref_layers=30, student_layers=0, grow_by=2, max_layers=30, d_model=576,
                     heads=9, batch_size=4, steps=100, warmup_steps=10, lr=3e-4, min_lr=3e-5, eval_every=25, rank_every=0,
                     rank_inputs=32, eval_n=100),
 }
@@ -182,37 +192,18 @@ def plan(a) -> pd.DataFrame:
     return table
 
 
-def smollm_inheritune(a, runs: Path, smollm_rank: dict) -> dict:
-    """The embedded SmolLM2's first k layers as a student (k: its first lazy layer by the paper's rank, or
-    ``--smollm-k``) and a same-size random init, each trained ``--steps`` on SOTU text in SmolLM2's tokenizer,
-    against the full model: validation loss and zero-shot accuracy."""
-    from lens_heads import load_model
-    from lens_heads.growth.inherit import inherit_first_layers, same_size_random
-    from lens_heads.training.loop import train
-    from lens_heads.training.windows import validation_loss
-
-    full = load_model(device=a.device)
+def smollm_loop_config(a, smollm_rank: dict, n_layers: int) -> tuple[GrowthLoopConfig, str]:
+    """The growth loop's settings from the flags: k = ``--smollm-k`` or the first lazy layer of SmolLM2's rank
+    profile (the paper's rank), and why."""
     paper = smollm_rank["averaged"]
     lazy = [i for i, flag in enumerate(paper["lazy"]) if flag]
-    k = a.smollm_k or (lazy[0] if lazy else full.cfg.n_layers // 2)
+    k = a.smollm_k or (lazy[0] if lazy else n_layers // 2)
     k_rule = f"--smollm-k {a.smollm_k}" if a.smollm_k else (f"first lazy layer ({paper['lazy_rule']})" if lazy else
                                                              "no lazy layer: half the depth")
-    corpus = load_corpus("sotu", tokenizer=full.tokenizer)
-    cfg = train_config(a)
-    print(f"SmolLM2 student: first {k} of {full.cfg.n_layers} layers ({k_rule}); corpus {corpus}")
-    rows = [{"stage": "smollm2_full", "n_layers": full.cfg.n_layers, "steps": 0,
-             "val_loss": validation_loss(full, corpus.val, cfg)}]
-    evals = zero_shot_rows(a, "smollm2_full", full)
-    for name, make in ((f"smollm2_inherit_{k}L", inherit_first_layers), (f"smollm2_random_{k}L", same_size_random)):
-        model = make(full, k, seed=a.seed)
-        before = validation_loss(model, corpus.val, cfg)
-        result = train(model, corpus, cfg, out_dir=runs / "smollm2" / name, progress=not a.no_progress, desc=name)
-        rows.append({"stage": name, "n_layers": k, "steps": result.steps, "val_loss_before": before,
-                     "val_loss": result.val_loss, "tokens_seen": result.tokens_seen, "wall_time_s": result.wall_time_s})
-        evals += zero_shot_rows(a, name, model)
-        del model
-    return {"k": k, "k_rule": k_rule, "rows": rows, "zero_shot": evals, "corpus": corpus.meta,
-            "train": asdict(cfg), "model": full.lens_heads_meta}
+    seeds = tuple(int(x) for x in a.smollm_seeds.split(",") if x.strip())
+    return GrowthLoopConfig(start_layers=k, train=train_config(a), grow_by=a.grow_by, max_layers=a.max_layers,
+                            seeds=seeds, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
+                            loss_windows=a.smollm_windows), k_rule
 
 
 # what a cached zero-shot row holds: caches of rows without their split are computed again
@@ -221,7 +212,7 @@ ZERO_SHOT_ROWS = "with split and acc_norm"
 
 def main(argv=None):
     a = parse_args(argv)
-    if a.plan:
+    if a.plan and a.preset != "smollm2":  # the smollm2 plan needs the model's rank profile (its k)
         return main_plan(a)
     if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"--device {a.device}: this machine has no CUDA GPU (torch {torch.__version__}); run the "
@@ -299,25 +290,54 @@ def with_zero_shot(table: pd.DataFrame, evals: list[dict]) -> pd.DataFrame:
     return table.merge(acc, left_on="stage", right_index=True, how="left")
 
 
+def smollm_plan(a, reference, config: GrowthLoopConfig, out: Path) -> pd.DataFrame:
+    """``--plan`` for the growth loop: every training of one seed when no student matches (the costliest case), its
+    steps, tokens and FLOPs, written to ``inheritune_plan_smollm2.csv``; nothing is trained."""
+    table = pd.DataFrame(planned_loop(reference.cfg, config))
+    print(table.to_string(index=False))
+    atomic_write_text(out / "inheritune_plan_smollm2.csv", table.assign(seeds=len(config.seeds)).to_csv(index=False))
+    print(f"smollm2 growth loop: {len(table)} trainings a seed, {len(config.seeds)} seeds, "
+          f"{table['flops'].sum() * len(config.seeds):.3g} FLOPs")
+    return table
+
+
 def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
+    """The paper's growth loop from the embedded SmolLM2 (`lens_heads.growth.growth_loop`), its comparisons by the
+    calling rule, the rank figure; ``smollm2_growth.{csv,json}`` and ``smollm2_growth_tests.csv``."""
+    from lens_heads import load_model
+
     if smollm is None:
         raise SystemExit("the smollm2 preset needs the rank profile: --smollm-inputs must be > 0")
-    settings = {k: getattr(a, k) for k in ("smollm_k", "steps", "batch", "seq", "lr", "min_lr", "warmup", "eval_tasks",
-                                            "eval_n", "seed", "smollm_inputs", "smollm_len")} | {"rows": ZERO_SHOT_ROWS}
-    res = keyed(runs / "extras" / "smollm2_inheritune.json", settings, lambda: smollm_inheritune(a, runs, smollm))
-    table = with_zero_shot(pd.DataFrame(res["rows"]), res["zero_shot"])
-    print(table.to_string())
-    written = smollm_figure(smollm, out)
-    atomic_write_text(out / "smollm2_inheritune_results.csv", table.to_csv(index=False))
-    write_record(out / "smollm2_inheritune_results.json", {
-        "what": "Inheritune from the embedded SmolLM2-135M: its first k layers (k from the rank profile) trained "
-                "briefly, against the full model and a same-size random init trained the same way",
-        "settings": asdict(a), **res, "table": table.to_dict(orient="records"), "smollm2_rank": smollm,
-        "rank_definition": smollm["averaged"].get("definition"), "lazy_rule": smollm["averaged"]["lazy_rule"],
-        "figures": written,
-        "wall_time_s": time.time() - started,
+    reference = load_model(device=a.device)
+    config, k_rule = smollm_loop_config(a, smollm, reference.cfg.n_layers)
+    if a.plan:
+        return smollm_plan(a, reference, config, out)
+    corpus = load_corpus("sotu", tokenizer=reference.tokenizer)
+    print(f"SmolLM2 growth loop: first {config.start_layers} of {reference.cfg.n_layers} layers ({k_rule}), grown "
+          f"by {config.grow_by}, {config.train.steps} steps of {config.train.tokens_per_step} tokens a stage, seeds "
+          f"{config.seeds}; corpus {corpus}")
+    record = run_growth_loop(reference, corpus, config, out_dir=runs / "smollm2_growth", progress=not a.no_progress)
+    tests = growth_tests(record, a.n_resamples)
+    table = pd.DataFrame(stage_table(record))
+    print(table.drop(columns=["lazy_per_input"]).to_string())
+    subtitle = (f"SmolLM2-135M reference ({reference.cfg.n_layers}L), students from {config.start_layers}L "
+                f"({k_rule}) grown by {config.grow_by}; {config.train.steps} steps of {config.train.batch_size}x"
+                f"{config.train.seq_len} SOTU tokens a stage; seeds {a.smollm_seeds}")
+    written = smollm_figure(smollm, out) + growth_loop_figure(record, out, subtitle)
+    atomic_write_text(out / "smollm2_growth.csv", table.to_csv(index=False))
+    atomic_write_text(out / "smollm2_growth_tests.csv", tests.to_csv(index=False))
+    write_record(out / "smollm2_growth.json", {
+        "what": "The paper's growth loop from the embedded SmolLM2-135M: its first k layers, trained, grown by its "
+                "next blocks until the student matches it or reaches --max-layers, beside a same-size random init "
+                "and a same-FLOPs scratch at every size, several seeds",
+        "settings": asdict(a), "k_rule": k_rule, "calling_rule": RULE, "corpus": corpus.meta,
+        "token_budget_per_stage": config.train.steps * config.train.tokens_per_step,
+        "model": reference.lens_heads_meta, **record, "tests": tests.to_dict(orient="records"),
+        "smollm2_rank": smollm, "figures": written, "wall_time_s": time.time() - started,
     })
-    print(f"wrote {', '.join(written)} and smollm2_inheritune_results.csv/json to {out} in {time.time() - started:.0f} s")
+    print(f"wrote {', '.join(written)} and smollm2_growth.csv/json, _tests.csv to {out} in "
+          f"{time.time() - started:.0f} s")
+    return record
 
 
 if __name__ == "__main__":

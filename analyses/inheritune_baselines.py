@@ -1,10 +1,19 @@
 """The Inheritune paper's claims against its baselines, measured at CPU scale over several training seeds.
 
-    OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py            # 3 seeds, the defaults below
+    OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py                   # 3 seeds, the defaults below
+    OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py --preset growth   # growth at GPT-2 CPU scale
+    OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py --preset half_width  # the two half widths only
+
+The ``growth`` preset (`GROWTH_PRESET`) trains the reference longer than a student stage, so that the first student
+does not match it and the loop grows (2 -> 4 -> 6 layers of an 8-layer reference), and compares the final student
+with same-size scratch at 1x and 2x a stage's steps only; it writes ``inheritune_growth*`` instead of
+``inheritune_baselines*``, with every seed's growth stages (``meta["growth"]["stages"]``) and the figure
+``inheritune_growth_rank_stages`` (max attention rank per layer at every stage, one panel per seed).
 
 For each seed, `run_inheritune` trains (each stage resumable, in ``--runs/seed_<s>``): the reference, the Inheritune
-student, same-size scratch for 1x and 2x the steps, stacking and hybrid stacking (from one half-depth source), the
-half-width warm start, logit distillation and DistilBERT, all at the student's size with the same loop and steps.
+student, same-size scratch for 1x and 2x the steps, stacking and hybrid stacking (from one half-depth source), half
+width as the authors ran it (a fresh model at half the width) and lens_heads' variant (that model, trained, widened
+function-preservingly and trained again), logit distillation and DistilBERT, all at the student's size with the same loop and steps.
 Then, each cached under ``--runs/extras`` so that a rerun (or a larger one, with other flags) computes only what is
 missing:
 
@@ -31,7 +40,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from lens_heads.data.rows import within_context
 from lens_heads.data.tasks import load_task
@@ -60,10 +68,14 @@ from lens_heads.training.checkpoints import load_model_state
 from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
-from lens_heads.training.windows import eval_windows
-from lens_heads.viz.inheritune_figures import curves_figure, rank_figure
+from lens_heads.training.windows import eval_windows, window_losses
+from lens_heads.viz.inheritune_figures import curves_figure, growth_rank_figure, rank_figure
 
-BASELINES = ("stacking", "hybrid_stacking", "half_width", "distill_logit", "distill_distilbert")
+BASELINES = ("stacking", "hybrid_stacking", "half_width", "half_width_widened", "distill_logit", "distill_distilbert")
+
+
+# each preset writes its own files
+STEMS = {"all": "inheritune_baselines", "half_width": "inheritune_half_width", "growth": "inheritune_growth"}
 
 
 @dataclass(frozen=True)
@@ -73,9 +85,16 @@ class BaselineSettings(train_options(leave_out=("seed", "checkpoint_every"), ste
     XL run (an 8-layer reference, 4-layer students that do not grow), with a shorter schedule (80 steps of 4 x 128
     tokens) so that three seeds of every baseline fit in about half an hour of one CPU core."""
 
+    preset: str = option("all", "base settings: every baseline, half_width (its two half-width rows "
+                         "only), or growth (a longer-trained reference, students grown, scratch beside them); flags "
+                         "given explicitly override them",
+                         choices=tuple(STEMS))
     seeds: str = option("0,1,2", "training seeds (comma list): every model of the run is trained once per seed")
     ref_layers: int = option(8, "reference depth")
-    student_layers: int = option(4, "student depth (also the baselines')")
+    student_layers: int = option(4, "first student depth (the baselines' where it does not grow)")
+    grow_by: int = option(1, "layers added per growth stage")
+    max_layers: int | None = option(None, "deepest student (default: --student-layers, no growth)", parse=int)
+    ref_steps: int | None = option(None, "reference's training steps (default: --steps, as every stage)", parse=int)
     d_model: int = option(64, "width")
     heads: int = option(4, "attention heads")
     baselines: str = option(",".join(BASELINES), "comma list of the baselines beside same-size scratch")
@@ -100,18 +119,33 @@ class BaselineSettings(train_options(leave_out=("seed", "checkpoint_every"), ste
             raise ValueError("give at least 2 --seeds: the comparisons resample seeds")
 
     @property
+    def stem(self) -> str:
+        """The file names' stem: each preset its own files."""
+        return STEMS[self.preset]
+
+    @property
     def seed_list(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",") if s.strip()]
 
 
+# growth at GPT-2 CPU scale: at width 32 the vocabulary (50304) is nearly all of a step's cost, so depth is cheap;
+# a reference trained 5x a stage's steps is one the first students do not match. Its planned FLOPs (3 seeds) are
+# about half the baselines table's: a quarter of an hour of one quiet core at that recording's rate
+GROWTH_PRESET = dict(preset="growth", ref_layers=8, student_layers=2, grow_by=2, max_layers=6, d_model=32, heads=2,
+                     steps=80, ref_steps=400, warmup_steps=8, baselines="", runs="runs/inheritune_growth")
+# the two half-width baselines alone beside Inheritune and scratch, in the baselines' runs (a full run reuses them)
+HALF_WIDTH_PRESET = dict(preset="half_width", baselines="half_width,half_width_widened")
+PRESETS = {"all": dict(preset="all"), "growth": GROWTH_PRESET, "half_width": HALF_WIDTH_PRESET}
+
+
 def parse_args(argv=None) -> BaselineSettings:
-    return from_args(BaselineSettings, argv, description=__doc__)
+    return from_args(BaselineSettings, argv, presets=PRESETS, description=__doc__)
 
 
 def build_config(a: BaselineSettings, seed: int) -> InherituneConfig:
     train = a.train_config(checkpoint_every=max(a.eval_every, 50), seed=seed)
-    return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=1,
-                            max_layers=a.student_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
+    return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
+                            max_layers=a.max_layers or a.student_layers, ref_steps=a.ref_steps, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
                             d_vocab=PADDED_VOCAB, train=train, ablations=tuple(x for x in a.baselines.split(",") if x),
                             distill_logit=DistillConfig.logit(a.distill_temperature, a.distill_alpha),
                             distill_distilbert=DistillConfig.distilbert(a.distill_temperature),
@@ -119,22 +153,11 @@ def build_config(a: BaselineSettings, seed: int) -> InherituneConfig:
 
 
 def load_stage(a: BaselineSettings, folder: Path, stage: Stage, tokenizer):
-    cfg = gpt2_config(stage.n_layers, d_model=stage.d_model or a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
-                      d_vocab=PADDED_VOCAB)
+    cfg = gpt2_config(stage.n_layers, d_model=stage.d_model or a.d_model, n_heads=stage.n_heads or a.heads,
+                      n_ctx=a.seq_len, d_vocab=PADDED_VOCAB)
     model = gpt2_model(cfg, seed=0, options=GPT2Options(), tokenizer=tokenizer)
     load_model_state(model, folder / stage.name / "final" / "model.safetensors")
     return model
-
-
-@torch.no_grad()
-def window_losses(model, windows: torch.Tensor, batch: int = 16) -> list[float]:
-    """Mean next-token loss of each validation window."""
-    out = []
-    for chunk in windows.split(batch):
-        logits = model(chunk[:, :-1]).float()
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
-        out += loss.mean(-1).tolist()
-    return out
 
 
 def zero_shot_items(a: BaselineSettings, model) -> dict:
@@ -191,15 +214,21 @@ def main(argv=None):
                                                                 ("steps to the same loss", speed),
                                                                 ("zero-shot", zs_tests)) if len(t)], ignore_index=True)
     uniform = uniform_causal_levels(a.rank_len)["rank"]
-    subtitle = (f"GPT-2 (authors') d_model {a.d_model}, {a.heads} heads, reference {a.ref_layers}L, students "
-                f"{a.student_layers}L; {a.steps} steps of {a.batch_size}x{a.seq_len} SOTU tokens; seeds {a.seeds}")
-    written = curves_figure(runs, out, subtitle, not a.no_png) + rank_figure(table, uniform, out, subtitle,
-                                                                            not a.no_png)
-    atomic_write_text(out / "inheritune_baselines.csv", methods.to_csv(index=False))
-    atomic_write_text(out / "inheritune_baselines_tests.csv", all_tests.to_csv(index=False))
+    students = (f"students {a.student_layers}L" if not a.max_layers else
+                f"students {a.student_layers}L grown by {a.grow_by} up to {a.max_layers}L")
+    ref_steps = f" (the reference {a.ref_steps})" if a.ref_steps else ""
+    subtitle = (f"GPT-2 (authors') d_model {a.d_model}, {a.heads} heads, reference {a.ref_layers}L, {students}; "
+                f"{a.steps} steps{ref_steps} of {a.batch_size}x{a.seq_len} SOTU tokens; seeds {a.seeds}")
+    written = (curves_figure(runs, out, subtitle, not a.no_png, a.stem)
+               + rank_figure(table, uniform, out, subtitle, not a.no_png, a.stem))
+    if a.max_layers:
+        written += growth_rank_figure(runs, uniform, out, subtitle, not a.no_png, a.stem)
+    atomic_write_text(out / f"{a.stem}.csv", methods.to_csv(index=False))
+    atomic_write_text(out / f"{a.stem}_tests.csv", all_tests.to_csv(index=False))
     cpu_train = float(sum(s.wall_time_s for r in runs.values() for s in r["result"].stages))
-    write_record(out / "inheritune_baselines.json", {
-        "what": "Inheritune against the paper's baselines at CPU scale, several training seeds",
+    write_record(out / f"{a.stem}.json", {
+        "what": ("Inheritune against the paper's baselines at CPU scale, several training seeds" if not a.max_layers
+                 else "Inheritune's growth loop at GPT-2 CPU scale against same-size scratch, several training seeds"),
         "settings": asdict(a), "calling_rule": RULE, "corpus": corpus.meta,
         "methods": methods.to_dict(orient="records"), "per_seed": table.to_dict(orient="records"),
         "final_loss_tests": tests.to_dict(orient="records"), "convergence_tests": speed.to_dict(orient="records"),
@@ -209,11 +238,11 @@ def main(argv=None):
                                              if "val_loss" in h] for s in compared(r["result"])}
                       for seed, r in runs.items()},
         "rank": {"definition": runs[a.seed_list[0]]["result"].meta["rank"], "uniform_causal_rank": uniform},
-        "growth": runs[a.seed_list[0]]["result"].meta["growth"],
+        "growth": {str(seed): r["result"].meta["growth"] for seed, r in runs.items()},
         "figures": written, "training_time_s": cpu_train,
         "wall_time_s": time.time() - started, "cpu_time_s_this_run": time.process_time() - cpu0,
     })
-    print(f"wrote inheritune_baselines.{{csv,json}}, _tests.csv and {', '.join(written)} in {time.time() - started:.0f} s")
+    print(f"wrote {a.stem}.{{csv,json}}, _tests.csv and {', '.join(written)} in {time.time() - started:.0f} s")
     return methods
 
 

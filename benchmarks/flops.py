@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lens_heads.data.rows import build_rows
+from lens_heads.training.budget import trunk_flops_per_token
 from timing import repeated
 
 # The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
@@ -27,14 +28,6 @@ PAPER_MODELS_B = [3.2, 3.2, 8.0, 8.0, 7.3, 7.3, 7.3, 7.3, 0.49, 1.5, 3.1, 7.6, 7
 MMLU_QUESTIONS = 14_042
 EVALUATIONS_PER_MODEL = 12 * 6 + 6 + 1  # 12 scores x 6 fractions, random at 6 fractions, the baseline
 GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
-
-
-def trunk_flops_per_token(cfg) -> float:
-    """2 x the weights each token's trunk forward multiplies by (attention projections and MLP, all layers)."""
-    kv = cfg.n_key_value_heads or cfg.n_heads
-    attn = cfg.d_model * cfg.n_heads * cfg.d_head * 2 + 2 * cfg.d_model * kv * cfg.d_head
-    mlp = (3 if cfg.gated_mlp else 2) * cfg.d_model * cfg.d_mlp
-    return 2.0 * cfg.n_layers * (attn + mlp)
 
 
 def forward_flops(cfg, lengths: Sequence[int], logit_positions: int) -> float:

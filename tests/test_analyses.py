@@ -340,7 +340,7 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     script = load_script("inheritune_baselines")
     argv = ["--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "2", "--student-layers", "1",
             "--steps", "2", "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
-            "--baselines", "hybrid_stacking,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
+            "--baselines", "hybrid_stacking,half_width,distill_logit", "--rank-inputs", "2", "--rank-len", "16",
             "--loss-windows", "3", "--eval-tasks", "arc_easy", "--eval-n", "2", "--n-resamples", "50",
             "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"), "--no-png", "--no-progress"]
     with pytest.raises(SystemExit):  # one seed leaves nothing to resample
@@ -349,7 +349,7 @@ def test_inheritune_baselines_analysis_end_to_end(tmp_path):
     methods = script.main(argv)
     result = json.loads((tmp_path / "fig" / "inheritune_baselines.json").read_text())
     assert set(methods["method"]) == {"reference (4L)", "Inheritune", "scratch 1x", "scratch 2x", "hybrid stacking",
-                                      "distill logit"}
+                                      "half width", "distill logit"}  # half width: 8d, 1 head, reloaded as such
     stages = {s: {st["name"]: st for st in json.loads((tmp_path / "runs" / f"seed_{s}" / "result.json").read_text())
                   ["stages"]} for s in (0, 1)}
     for row in result["per_seed"]:
@@ -464,3 +464,29 @@ def test_training_rerun_finetune_pair_compares_losses_and_weight_bytes(tmp_path)
     (folders[1] / "finetune.json").write_text(json.dumps({**rec, "config": {"steps": 3}}))
     with pytest.raises(InputError, match="other settings"):
         script.main(argv)
+
+
+@pytest.mark.slow
+def test_inheritune_growth_preset_end_to_end(tmp_path):
+    """The growth preset at tiny sizes: a reference trained longer than a stage, students grown, same-size scratch
+    beside the final one; its own files, every seed's growth stages in the record, and the per-stage rank figure."""
+    import json
+
+    script = load_script("inheritune_baselines")
+    argv = ["--preset", "growth", "--seeds", "0,1", "--d-model", "16", "--heads", "2", "--ref-layers", "4",
+            "--student-layers", "1", "--grow-by", "1", "--max-layers", "3", "--steps", "2", "--ref-steps", "12",
+            "--warmup", "1", "--eval-every", "1", "--eval-batches", "1", "--batch", "2", "--seq", "32",
+            "--rank-inputs", "2", "--rank-len", "16", "--loss-windows", "3", "--eval-tasks", "arc_easy", "--eval-n",
+            "2", "--n-resamples", "50", "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "fig"),
+            "--no-png", "--no-progress"]
+    methods = script.main(argv)
+    assert set(methods["method"]) == {"reference (4L)", "Inheritune", "scratch 1x", "scratch 2x"}
+    record = json.loads((tmp_path / "fig" / "inheritune_growth.json").read_text())
+    assert (tmp_path / "fig" / "inheritune_growth_rank_stages.html").exists()
+    assert not (tmp_path / "fig" / "inheritune_baselines.json").exists()
+    for seed in ("0", "1"):
+        run = json.loads((tmp_path / "runs" / f"seed_{seed}" / "result.json").read_text())
+        students = [s["name"] for s in run["stages"] if s["kind"] == "student"]
+        assert [g["stage"] for g in record["growth"][seed]["stages"]] == students
+        assert record["growth"][seed]["reference_steps"] == 12 and record["growth"][seed]["student_steps"] == 2
+        assert run["stages"][0]["steps"] == 12

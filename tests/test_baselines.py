@@ -246,7 +246,7 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
     names = [s.name for s in result.stages]
     assert names == ["reference_4L", "student_2L", "scratch_2L_1x", "scratch_2L_2x", "later_layers_2L",
                      "attention_only_2L", "mlp_only_2L", "stack_source_1L", "stacking_2L", "hybrid_stacking_2L",
-                     "width_source_2L_16d", "half_width_2L", "distill_logit_2L", "distill_distilbert_2L"]
+                     "half_width_2L", "half_width_widened_2L", "distill_logit_2L", "distill_distilbert_2L"]
     tokens_seen = 4 * 4 * 16  # steps x batch x seq_len
     by = {s.name: s for s in result.stages}
     for s in result.stages:
@@ -254,17 +254,19 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
         # integers of at most 1e12 in float64: exact, rel=1e-12 only for the order of the products
         assert s.flops == pytest.approx(3 * forward_per_token(s.n_layers, s.d_model, 16) * s.tokens_seen, rel=1e-12)
         assert len(s.rank["max_rank"]) == s.n_layers and s.method
-    assert by["width_source_2L_16d"].d_model == 16 and by["half_width_2L"].d_model == 32
+    assert by["half_width_2L"].d_model == 16 and by["half_width_widened_2L"].d_model == 32
+    assert by["half_width_2L"].n_heads == 1 and by["half_width_widened_2L"].n_heads == 2
     teacher = forward_per_token(4, 32, 16) * tokens_seen  # the reference's forward on every training token
     assert by["distill_logit_2L"].teacher_flops == pytest.approx(teacher) == by["distill_distilbert_2L"].teacher_flops
     df = result.to_dataframe().set_index("stage")
     assert df.loc["stacking_2L", "source_flops"] == pytest.approx(by["stack_source_1L"].flops)
     assert df.loc["hybrid_stacking_2L", "source_flops"] == pytest.approx(by["stack_source_1L"].flops)
-    assert df.loc["half_width_2L", "total_flops"] == pytest.approx(by["half_width_2L"].flops
-                                                                    + by["width_source_2L_16d"].flops)
+    assert df.loc["half_width_widened_2L", "total_flops"] == pytest.approx(by["half_width_widened_2L"].flops
+                                                                            + by["half_width_2L"].flops)
+    assert df.loc["half_width_2L", "source_flops"] == 0  # the authors' half width starts from nothing
     assert df.loc["distill_logit_2L", "total_flops"] == pytest.approx(by["distill_logit_2L"].flops + teacher)
     assert df.loc["student_2L", "source_flops"] == 0 and df.loc["student_2L", "uses_reference"]
-    assert not df.loc["half_width_2L", "uses_reference"]
+    assert not df.loc["half_width_2L", "uses_reference"] and not df.loc["half_width_widened_2L", "uses_reference"]
     assert result.meta["growth"]["grow_from"] == "student"
     from lens_heads.training.checkpoints import load_model_state
     from lens_heads.training.windows import validation_loss
@@ -281,7 +283,7 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
     assert key["objective"]["distillation"] == {"temperature": 2.0, "kd_weight": 0.5, "lm_weight": 0.5,
                                                 "cosine_weight": 0.0}
     assert key["objective"]["teacher"]["n_layers"] == 4
-    assert math.isfinite(df.loc["half_width_2L", "val_loss"])
+    assert math.isfinite(df.loc["half_width_widened_2L", "val_loss"])
     plan = planned_stages(cfg).set_index("stage")  # the cost a run is planned at is the cost it was charged
     assert list(plan.index) == names
     for s in result.stages:
@@ -321,3 +323,62 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
     # the same function on equal weights: float32 rounding of a mean loss at most; a re-inherited start differs
     assert start == pytest.approx(validation_loss(expected, corpus.val, cfg.train), rel=1e-6)
     assert start != pytest.approx(validation_loss(re_inherited, corpus.val, cfg.train), rel=1e-3)
+
+
+@pytest.mark.floats
+@pytest.mark.parametrize("ablations", [("half_width_widened", "half_width"), ("half_width_widened",)],
+                         ids=["both", "widened only"])
+def test_half_width_as_the_authors_ran_it(corpus, tmp_path, ablations):  # noqa: F811
+    """The authors' half width is a fresh model at half the width: its first validation loss is a fresh model's,
+    about ln(vocabulary) (their medium_halfwdth log starts at 10.87, ln 50304 = 10.83). lens_heads' widened variant
+    starts where the trained half-width model ended. One half-width model is trained for both."""
+    cfg = InherituneConfig(ref_layers=2, student_layers=1, grow_by=1, max_layers=1, d_model=32, n_heads=2, n_ctx=32,
+                           d_vocab=VOCAB, train=tiny_train_config(steps=6, eval_every=3), rank_inputs=2, rank_len=16,
+                           baselines=False, ablations=ablations, seed=0)
+    result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
+    by = {s.name: s for s in result.stages}
+    half = "half_width_1L" if "half_width" in ablations else "width_source_1L_16d"
+    assert [s.name for s in result.stages] == ["reference_2L", "student_1L", half, "half_width_widened_1L"]
+    assert list(planned_stages(cfg)["stage"]) == [s.name for s in result.stages]
+    assert by[half].kind == ("ablation" if "half_width" in ablations else "width_source")
+    assert by[half].d_model == 16 and by[half].built_from == []
+    # a fresh tied GPT-2's logits have std about 0.02 * sqrt(16) = 0.08, so its loss exceeds ln V by about
+    # 0.08^2 / 2 = 0.003 (nats); 0.05 absorbs that and the validation windows' spread
+    assert by[half].history[0]["val_loss"] == pytest.approx(math.log(VOCAB), abs=0.05)
+    assert by[half].val_loss < by[half].history[0]["val_loss"] - 0.1  # and it trained
+    # the widened model computes the trained half-width model's function up to its 1e-3 noise on the second copies
+    widened = by["half_width_widened_1L"]
+    assert widened.built_from == [half] and widened.d_model == 32
+    assert widened.history[0]["val_loss"] == pytest.approx(by[half].val_loss, rel=1e-3)
+    assert widened.history[0]["val_loss"] < math.log(VOCAB) - 0.1  # it does not start from scratch
+
+
+@pytest.mark.floats
+def test_a_longer_trained_reference_makes_the_run_grow_and_meta_shows_each_stage(corpus, tmp_path):  # noqa: F811
+    """A reference trained 40 steps against students trained 2 steps a stage: the first two students do not match
+    it, so the loop grows 1 -> 2 -> 3 layers and stops there (max_layers); ``meta["growth"]["stages"]`` lists each
+    stage as it ran, with what the rule did next."""
+    cfg = InherituneConfig(ref_layers=4, student_layers=1, grow_by=1, max_layers=3, d_model=32, n_heads=2, n_ctx=32,
+                           d_vocab=VOCAB, train=tiny_train_config(steps=2, eval_every=2), ref_steps=40, rank_inputs=2,
+                           rank_len=16, baselines=True, ablations=(), seed=0)
+    result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
+    by = {s.name: s for s in result.stages}
+    ref = by["reference_4L"]
+    assert ref.steps == 40 and ref.tokens_seen == 40 * 4 * 16 and by["student_1L"].tokens_seen == 2 * 4 * 16
+    grown = result.meta["growth"]["stages"]
+    assert [g["stage"] for g in grown] == ["student_1L", "student_2L", "student_3L"]
+    assert result.meta["growth"]["times_grown"] == 2 and result.final_layers == 3
+    last = grown[-1]
+    assert [g["then"] for g in grown] == ["grew", "grew", "stopped: matched the reference" if last["matched"] else
+                                          "stopped: the deepest student allowed (max_layers)"]
+    for g in grown:
+        s = by[g["stage"]]
+        assert g["matched"] == (s.val_loss <= ref.val_loss)
+        assert g["minus_reference"] == s.val_loss - ref.val_loss and len(g["max_rank"]) == g["n_layers"]
+    assert not grown[0]["matched"] and not grown[1]["matched"]  # what made it grow
+    assert by["scratch_3L_2x"].steps == 4  # the scratch baselines at the students' steps, not the reference's
+    plan = planned_stages(cfg).set_index("stage")
+    assert list(plan.index) == [s.name for s in result.stages]
+    assert plan.loc["reference_4L", "tokens"] == ref.tokens_seen
+    with pytest.raises(InputError, match="ref_steps"):
+        InherituneConfig(ref_steps=0)

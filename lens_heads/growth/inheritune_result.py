@@ -37,6 +37,7 @@ class Stage:
     built_from: list[str] = field(default_factory=list)
     d_model: int | None = None
     method: str = ""
+    n_heads: int | None = None
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 import torch
@@ -20,9 +20,11 @@ from lens_heads.growth.inheritune_config import (
     BASELINE_METHODS,
     DISTILLATIONS,
     GROWTH,
+    WIDTH_BASELINES,
     InherituneConfig,
     check_config,
     half_width_shape,
+    reference_train,
 )
 from lens_heads.growth.inheritune_result import InherituneResult, Stage
 from lens_heads.growth.widen import widen
@@ -59,7 +61,9 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     max_layers = check_config(c)
     run = _Stages(c, corpus, Path(out_dir), tokenizer, progress)
     reference = run.fresh(c.ref_layers, c.seed)
-    ref = run.train(f"reference_{c.ref_layers}L", "reference", reference, method="scratch (the reference)")
+    ref_cfg = reference_train(c)
+    ref = run.train(f"reference_{c.ref_layers}L", "reference", reference, ref_cfg,
+                    method=f"scratch (the reference), {ref_cfg.steps} steps")
     n = _students(run, reference, ref, max_layers)
     if c.baselines:
         for mult in (1, 2):
@@ -69,7 +73,7 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     for ablation in c.ablations:
         _ablation(run, reference, ref, ablation, n)
     result = InherituneResult(stages=run.stages, reference_val_loss=ref.val_loss, final_layers=n,
-                              meta=_meta(c, corpus, ref))
+                              meta=_meta(c, corpus, ref, run.stages))
     atomic_write_json(run.out / "result.json", result.to_dict())
     return result
 
@@ -86,17 +90,17 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
     tokens, seq = c.train.steps * c.train.tokens_per_step, c.train.seq_len
     rows: list[dict] = []
 
-    def add(name: str, n_layers: int, d_model: int = c.d_model, n_heads: int = c.n_heads, steps_x: int = 1,
+    def add(name: str, n_layers: int, d_model: int = c.d_model, n_heads: int = c.n_heads, steps_x: float = 1,
             teacher: bool = False) -> None:
         shape = SimpleNamespace(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
                                 d_mlp=4 * d_model, d_vocab=c.d_vocab)
         ref = SimpleNamespace(n_layers=c.ref_layers, d_model=c.d_model, n_heads=c.n_heads,
                               d_head=c.d_model // c.n_heads, d_mlp=4 * c.d_model, d_vocab=c.d_vocab)
-        rows.append({"stage": name, "n_layers": n_layers, "d_model": d_model, "tokens": steps_x * tokens,
-                     "flops": training_flops(shape, steps_x * tokens, seq),
-                     "teacher_flops": teacher_flops(ref, steps_x * tokens, seq) if teacher else 0.0})
+        rows.append({"stage": name, "n_layers": n_layers, "d_model": d_model, "tokens": round(steps_x * tokens),
+                     "flops": training_flops(shape, round(steps_x * tokens), seq),
+                     "teacher_flops": teacher_flops(ref, round(steps_x * tokens), seq) if teacher else 0.0})
 
-    add(f"reference_{c.ref_layers}L", c.ref_layers)
+    add(f"reference_{c.ref_layers}L", c.ref_layers, steps_x=reference_train(c).steps / c.train.steps)
     for n in range(c.student_layers, final + 1, c.grow_by):
         add(f"student_{n}L", n)
     n = final
@@ -109,9 +113,13 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
                 continue
             if not any(r["stage"] == f"stack_source_{n // 2}L" for r in rows):
                 add(f"stack_source_{n // 2}L", n // 2)
-        elif ablation == "half_width":
+        elif ablation in WIDTH_BASELINES:
             d_half, h_half = half_width_shape(c.d_model, c.n_heads)
-            add(f"width_source_{n}L_{d_half}d", n, d_half, h_half)
+            trained = f"half_width_{n}L" if "half_width" in c.ablations else f"width_source_{n}L_{d_half}d"
+            if not any(r["stage"] == trained for r in rows):  # one half-width model serves both
+                add(trained, n, d_half, h_half)
+            if ablation == "half_width":
+                continue
         add(f"{ablation}_{n}L", n, teacher=ablation in DISTILLATIONS)
     return pd.DataFrame(rows)
 
@@ -127,6 +135,7 @@ class _Stages:
                           if config.rank_every else [])
         self.stages: list[Stage] = []
         self.sources: dict[str, HookedTransformer] = {}  # trained warm-start sources, by stage name
+        self.width_stage = cast(Stage, None)  # the trained half-width model's stage, once `_half_width` ran
 
     def fresh(self, n_layers: int, seed: int, d_model: int | None = None,
               n_heads: int | None = None) -> HookedTransformer:
@@ -149,7 +158,8 @@ class _Stages:
                       rank=_rank(model, self.tokens, average), rank_at_init=at_init, history=result.history,
                       wall_time_s=result.wall_time_s,
                       flops=training_flops(model.cfg, result.tokens_seen, cfg.seq_len), teacher_flops=teacher,
-                      built_from=list(built_from), d_model=model.cfg.d_model, method=method)
+                      built_from=list(built_from), d_model=model.cfg.d_model, n_heads=model.cfg.n_heads,
+                      method=method)
         self.stages.append(stage)
         atomic_write_json(self.out / "stages.json", [asdict(s) for s in self.stages])
         return stage
@@ -193,13 +203,11 @@ def _ablation(run: _Stages, reference: HookedTransformer, ref: Stage, ablation: 
         source = run.sources[name]
         grown = stack(source, n, seed=seed) if ablation == "stacking" else hybrid_stack(source, n, seed=seed)
         run.train(f"{ablation}_{n}L", "ablation", grown, built_from=(name,), method=method)
-    elif ablation == "half_width":
-        d_half, h_half = half_width_shape(c.d_model, c.n_heads)
-        source = run.fresh(n, c.seed + 3000 + n, d_model=d_half, n_heads=h_half)
-        src = run.train(f"width_source_{n}L_{d_half}d", "width_source", source,
-                        method=f"fresh init at half the width ({d_half}d, {h_half} heads)")
-        wide = widen(source, d_model=c.d_model, n_heads=c.n_heads, seed=seed, noise=c.widen_noise)
-        run.train(f"half_width_{n}L", "ablation", wide, built_from=(src.name,), method=method)
+    elif ablation in WIDTH_BASELINES:
+        source, src = _half_width(run, n, as_baseline=ablation == "half_width" or "half_width" in c.ablations)
+        if ablation == "half_width_widened":
+            wide = widen(source, d_model=c.d_model, n_heads=c.n_heads, seed=seed, noise=c.widen_noise)
+            run.train(f"half_width_widened_{n}L", "ablation", wide, built_from=(src.name,), method=method)
     elif ablation == "distill_logit":
         objective = Distillation(reference, c.distill_logit)
         run.train(f"distill_logit_{n}L", "ablation", run.fresh(n, c.seed + 4000 + n), objective=objective,
@@ -210,12 +218,46 @@ def _ablation(run: _Stages, reference: HookedTransformer, ref: Stage, ablation: 
                   objective=objective, built_from=(ref.name,), method=f"{method}; {c.distill_distilbert.to_dict()}")
 
 
-def _meta(c: InherituneConfig, corpus, ref: Stage) -> dict:
+def _half_width(run: _Stages, n: int, as_baseline: bool) -> tuple[HookedTransformer, Stage]:
+    """The trained ``n``-layer model at half the width, trained once per run: the authors' ``half_width`` baseline
+    (a stage of the table) where it is asked for, else a ``width_source`` stage that only feeds the widened start."""
+    c = run.c
+    if "half_width" not in run.sources:
+        d_half, h_half = half_width_shape(c.d_model, c.n_heads)
+        model = run.fresh(n, c.seed + 3000 + n, d_model=d_half, n_heads=h_half)
+        name, kind = (f"half_width_{n}L", "ablation") if as_baseline else (f"width_source_{n}L_{d_half}d",
+                                                                          "width_source")
+        how = f"fresh init at half the width ({d_half}d, {h_half} heads)"
+        stage = run.train(name, kind, model, method=f"{BASELINE_METHODS['half_width']}: {how}" if as_baseline
+                          else how)
+        run.sources["half_width"] = model
+        run.width_stage = stage
+    return run.sources["half_width"], run.width_stage
+
+
+def growth_stages(stages: list[Stage], reference: Stage) -> list[dict]:
+    """The growth loop as it ran: each student size, its loss against the reference's, and what the rule did next."""
+    students = [s for s in stages if s.kind == "student"]
+    out = []
+    for i, s in enumerate(students):
+        matched = s.val_loss <= reference.val_loss
+        then = "grew" if i + 1 < len(students) else ("stopped: matched the reference" if matched else
+                                                      "stopped: the deepest student allowed (max_layers)")
+        out.append({"stage": s.name, "n_layers": s.n_layers, "val_loss": s.val_loss,
+                    "reference_val_loss": reference.val_loss, "minus_reference": s.val_loss - reference.val_loss,
+                    "matched": matched, "then": then, "built_from": list(s.built_from),
+                    "max_rank": list(s.rank["max_rank"]), "n_lazy_layers": int(sum(s.rank["lazy"]))})
+    return out
+
+
+def _meta(c: InherituneConfig, corpus, ref: Stage, stages: list[Stage]) -> dict:
+    grown = growth_stages(stages, ref)
     return {"config": asdict(c), "corpus": dict(getattr(corpus, "meta", {})),
             "rank": {"n_inputs": c.rank_inputs, "length": c.rank_len, "mode": ref.rank["meta"]["mode"],
                      "definition": ref.rank["definition"], "lazy_rule": ref.rank["lazy_rule"]},
             "student_rule": "grow while student val loss > reference val loss",
-            "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from]},
+            "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from], "stages": grown,
+                       "times_grown": len(grown) - 1, "reference_steps": ref.steps, "student_steps": c.train.steps},
             "budget": "FLOPs: 3 x forward per training token, teacher forwards added for distillation "
                       "(lens_heads.training.budget); total_flops adds the stages a warm start was built from, "
                       "all but the shared reference",

@@ -1,7 +1,12 @@
-"""The half-width warm start: a trained GPT-2 of half the width, doubled to full width.
+"""lens_heads' half-width warm start (``half_width_widened``): a trained GPT-2 of half the width, doubled to full width.
 
-Sanyal et al. report a half-width warm start among their baselines; their public code holds no script for it, so
-this is lens_heads' definition, not checked against theirs.
+Sanyal et al.'s half-width baseline is not this. Their repository (sanyalsunny111/LLM-Inheritune) holds no script
+for it, but its training log ``GPT2-experiments/logs/OpenWebText_logs/Baselines/medium-baselines/medium_halfwdth.txt``
+starts at validation loss 10.87 at step 0 (a fresh model's: ln 50304 = 10.83; their 12-layer scratch log starts at
+11.01) and falls like a run from scratch to 3.05 at 100K steps; the large and XL logs do the same. So theirs is a
+model at half the width trained from a fresh initialisation: the ``half_width`` baseline of `run_inheritune`, whose
+trained model is also the source this module widens. The depth of their half-width model is not in the logs;
+lens_heads uses the student's.
 `widen` follows Net2WiderNet (Chen, Goodfellow & Shlens 2016, "Net2Net: accelerating learning via knowledge
 transfer") with bert2BERT's treatment of LayerNorm and attention heads (Chen et al. 2022, function-preserving
 initialisation): every unit is duplicated and whatever reads a duplicated unit takes half of each copy, so the wider

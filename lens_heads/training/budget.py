@@ -1,8 +1,10 @@
-"""Training compute of a GPT-2 stage: FLOPs counted from the model's shape and the tokens it trained on.
+"""Training compute of a GPT-2 (or Llama-shaped) stage: FLOPs counted from the model's shape and the tokens it trained on.
 
 A multiply-add is 2 FLOPs. Per token of a window of T tokens, a forward costs
 
-    trunk:      2 * n_layers * (4 * d_model * n_heads * d_head + 2 * d_model * d_mlp)   (Q, K, V, O and the MLP)
+    trunk:      2 * n_layers * (4 * d_model * n_heads * d_head + 2 * d_model * d_mlp)   (Q, K, V, O and the MLP;
+                with grouped K/V heads and a gated MLP: 2 * d_model * (n_heads + n_kv_heads) * d_head and
+                3 * d_model * d_mlp)
     attention:  2 * n_layers * n_heads * d_head * (T + 1)     (causal QK^T and AV: T (T + 1) / 2 pairs a head)
     logits:     2 * d_model * d_vocab
 
@@ -22,10 +24,19 @@ GPU_PEAK_FLOPS = 989e12
 ASSUMED_FRACTION_OF_PEAK = 0.44
 
 
+def trunk_flops_per_token(cfg) -> float:
+    """2 x the weights each token's trunk forward multiplies by (attention projections and MLP, all layers); K and V
+    have ``n_key_value_heads`` heads where the config has them (grouped-query attention), a gated MLP three matrices."""
+    kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    attn = 2 * cfg.d_model * cfg.n_heads * cfg.d_head + 2 * cfg.d_model * kv * cfg.d_head
+    mlp = (3 if getattr(cfg, "gated_mlp", False) else 2) * cfg.d_model * cfg.d_mlp
+    return 2.0 * cfg.n_layers * (attn + mlp)
+
+
 def forward_flops_per_token(cfg, seq_len: int) -> float:
     """FLOPs of one token's forward through a GPT-2 of config ``cfg`` (n_layers, d_model, n_heads, d_head, d_mlp,
     d_vocab) in windows of ``seq_len`` tokens."""
-    trunk = 2.0 * cfg.n_layers * (4 * cfg.d_model * cfg.n_heads * cfg.d_head + 2 * cfg.d_model * cfg.d_mlp)
+    trunk = trunk_flops_per_token(cfg)
     attention = 2.0 * cfg.n_layers * cfg.n_heads * cfg.d_head * (seq_len + 1)
     return trunk + attention + 2.0 * cfg.d_model * cfg.d_vocab
 

@@ -49,6 +49,17 @@ def validation_loss(model: HookedTransformer, val: np.ndarray, cfg: TrainConfig)
     return float(np.mean(losses))
 
 
+@torch.no_grad()
+def window_losses(model: HookedTransformer, windows: Int[Tensor, "n seq_plus_1"], batch: int = 16) -> list[float]:
+    """The mean next-token loss of each window (the items a paired comparison of two models resamples)."""
+    out: list[float] = []
+    for chunk in windows.to(model.cfg.device).split(batch):
+        logits = model(chunk[:, :-1]).float()
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
+        out += loss.mean(-1).tolist()
+    return out
+
+
 @dataclass(frozen=True)
 class CorpusWindows:
     """A corpus (``.train``/``.val`` token arrays, `lens_heads.training.corpus.TokenCorpus`) as training data for a

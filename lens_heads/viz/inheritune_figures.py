@@ -1,7 +1,6 @@
-"""The figures of the Inheritune analyses, each as PNG and HTML. One run (analyses/inheritune.py): validation loss
-curves, attention rank per layer at every stage, the reference's rank during training and the rank profile of the
-embedded SmolLM2. The baselines over seeds (analyses/inheritune_baselines.py): every method's loss curve and rank
-profile."""
+"""The figures of the Inheritune analyses, each as PNG and HTML. analyses/inheritune.py: validation loss curves,
+attention rank per layer at every stage, the reference's rank during training and the rank profile of the embedded
+SmolLM2 and its growth loop. analyses/inheritune_baselines.py: every method's loss curve and rank profile over the training seeds."""
 
 from __future__ import annotations
 
@@ -28,8 +27,11 @@ def write_figure(fig, stem: Path) -> list[str]:
 STAGE_COLORS = {"reference": "#222222", "student": "#d62728", "scratch": "#1f77b4", "stack_source": "#aaaaaa",
                 "width_source": "#cccccc"}
 ABLATION_COLORS = {"later_layers": "#ff7f0e", "attention_only": "#2ca02c", "mlp_only": "#9467bd",
-                   "stacking": "#8c564b", "hybrid_stacking": "#e377c2", "half_width": "#7f7f7f",
+                   # by prefix, longest first: half_width_widened before half_width
+                   "stacking": "#8c564b", "hybrid_stacking": "#e377c2", "half_width_widened": "#c49c94",
+                   "half_width": "#7f7f7f",
                    "distill_logit": "#bcbd22", "distill_distilbert": "#17becf"}
+GROWTH_REDS = ["#fc9272", "#ef3b2c", "#a50f15", "#67000d"]  # growth stages, lighter to darker
 SCRATCH_DASHES = {"scratch_1x": "dot", "scratch_2x": "dash"}
 
 
@@ -140,7 +142,8 @@ def smollm_figure(smollm: dict, out: Path) -> list[str]:
 # ---------------------------------------------------------------- the baselines over seeds
 
 
-def curves_figure(runs: dict[int, dict], out: Path, subtitle: str, png: bool) -> list[str]:
+def curves_figure(runs: dict[int, dict], out: Path, subtitle: str, png: bool,
+                  stem: str = "inheritune_baselines") -> list[str]:
     """Validation loss against steps, mean over seeds with the seeds' range as a band, every method."""
     import plotly.graph_objects as go
 
@@ -167,20 +170,79 @@ def curves_figure(runs: dict[int, dict], out: Path, subtitle: str, png: bool) ->
                             f"cut at {top:.1f}, the fresh initialisations start near 10.8)<br><sup>{subtitle}</sup>",
                       xaxis_title="step of the model's own training (warm starts' sources not counted)",
                       yaxis_title="validation loss", yaxis_range=[min(finals) - 0.1, top], template="plotly_white")
-    return save_figure(fig, out / "inheritune_baselines_val_loss", png=png, width=1100, height=600, scale=1.5)
+    return save_figure(fig, out / f"{stem}_val_loss", png=png, width=1100, height=600, scale=1.5)
 
 
-def rank_figure(table: pd.DataFrame, uniform_rank: int, out: Path, subtitle: str, png: bool) -> list[str]:
+def rank_figure(table: pd.DataFrame, uniform_rank: int, out: Path, subtitle: str, png: bool,
+                stem: str = "inheritune_baselines") -> list[str]:
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for m, g in table.groupby("method", sort=False):
+    for (m, depth), g in table.groupby(["method", "n_layers"], sort=False):  # grown students may end at other depths
         ranks = np.array(list(g["max_rank"]))
         bold = m == INHERITUNE or m.startswith(("reference", "scratch 1x"))
-        fig.add_scatter(x=list(range(ranks.shape[1])), y=ranks.mean(0), mode="lines+markers", name=m,
+        name = m if table.loc[table["method"] == m, "n_layers"].nunique() == 1 else f"{m} {depth}L ({len(g)} seeds)"
+        fig.add_scatter(x=list(range(ranks.shape[1])), y=ranks.mean(0), mode="lines+markers", name=name,
                         line=dict(width=3 if bold else 1, dash="solid" if bold else "dot"))
     fig.add_hline(y=uniform_rank, line=dict(color="grey", dash="dot"), annotation_text="uniform causal averaging")
     fig.add_hline(y=2, line=dict(color="black", dash="dash"), annotation_text="lazy: every head <= 2")
     fig.update_layout(title=f"Max attention rank over heads per layer, mean over seeds<br><sup>{subtitle}</sup>",
                       xaxis_title="layer", yaxis_title="approximate rank (90% energy)", template="plotly_white")
-    return save_figure(fig, out / "inheritune_baselines_rank", png=png, width=1100, height=600, scale=1.5)
+    return save_figure(fig, out / f"{stem}_rank", png=png, width=1100, height=600, scale=1.5)
+
+
+def growth_rank_figure(runs: dict[int, dict], uniform_rank: int, out: Path, subtitle: str, png: bool,
+                       stem: str) -> list[str]:
+    """Max attention rank over heads per layer at every stage of the growth loop (x: inherited, right after
+    inheritance or growth; line: after the stage's training), one panel per seed, beside the reference and scratch."""
+    from plotly.subplots import make_subplots
+
+    seeds = sorted(runs)
+    fig = make_subplots(rows=1, cols=len(seeds), subplot_titles=[f"seed {s}" for s in seeds], shared_yaxes=True)
+    for col, seed in enumerate(seeds, start=1):
+        students = [s for s in runs[seed]["result"].stages if s.kind == "student"]
+        for s in runs[seed]["result"].stages:
+            if s.kind not in ("reference", "student", "scratch"):
+                continue
+            x = list(range(s.n_layers))
+            c = GROWTH_REDS[students.index(s) % len(GROWTH_REDS)] if s.kind == "student" else color(s)
+            fig.add_scatter(x=x, y=s.rank["max_rank"], mode="lines+markers", name=s.name, legendgroup=s.name,
+                            showlegend=col == 1, line=dict(color=c, dash=dash(s),
+                                                           width=1 if s.kind == "scratch" else 2), row=1, col=col)
+            if s.kind == "student":
+                fig.add_scatter(x=x, y=s.rank_at_init["max_rank"], mode="markers", legendgroup=s.name,
+                                marker=dict(symbol="x", size=8, color=c), showlegend=False, row=1, col=col)
+        fig.add_hline(y=uniform_rank, line=dict(color="grey", dash="dot", width=1), row=1, col=col)
+        fig.add_hline(y=2, line=dict(color="black", dash="dash", width=1), row=1, col=col)
+    fig.update_layout(title=f"Max attention rank per layer at every growth stage (x: at inheritance or growth; "
+                            f"dotted: uniform causal averaging, dashed: lazy)<br><sup>{wrap(subtitle)}</sup>",
+                      margin=dict(t=130), template="plotly_white")
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="approximate rank (90% energy)", col=1)
+    return save_figure(fig, out / f"{stem}_rank_stages", png=png, width=1400, height=600, scale=1.5)
+
+
+def growth_loop_figure(record: dict, out: Path, subtitle: str) -> list[str]:
+    """SmolLM2's growth loop: max attention rank per layer of the reference and of every student stage after
+    training (mean over seeds), in both aggregations."""
+    from plotly.subplots import make_subplots
+
+    aggs = (("averaged", "rank of the input-averaged matrix (the paper's)"), ("per_input", "mean of per-input ranks"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in aggs], shared_yaxes=True)
+    ref = record["reference"]
+    sizes = sorted({s["n_layers"] for s in record["stages"] if s["kind"] == "student"})
+    for col, (agg, _) in enumerate(aggs, start=1):
+        fig.add_scatter(x=list(range(ref["n_layers"])), y=ref["rank"][agg]["max_rank"], mode="lines+markers",
+                        name="reference", legendgroup="reference", showlegend=col == 1, line=dict(color="#222222"),
+                        row=1, col=col)
+        for i, n in enumerate(sizes):
+            ranks = np.mean([s["rank"][agg]["max_rank"] for s in record["stages"]
+                             if s["kind"] == "student" and s["n_layers"] == n], axis=0)
+            c = GROWTH_REDS[i % len(GROWTH_REDS)]
+            fig.add_scatter(x=list(range(n)), y=ranks, mode="lines+markers", name=f"Inheritune {n}L",
+                            legendgroup=str(n), showlegend=col == 1, line=dict(color=c), row=1, col=col)
+    fig.update_layout(title=f"Max attention rank per layer at every growth stage, mean over seeds<br>"
+                            f"<sup>{wrap(subtitle)}</sup>", margin=dict(t=130), template="plotly_white")
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="approximate rank (90% energy)", col=1)
+    return write_figure(fig, out / "smollm2_growth_rank")

@@ -1,0 +1,151 @@
+"""The paper's growth loop from a Llama-shaped reference (the embedded SmolLM2's shape), over seeds: the stages it
+goes through, the grown student's tensors, the same-FLOPs scratch budget counted from the weights, both rank
+aggregations and the per-window losses the paired tests use."""
+
+import math
+
+import pytest
+import torch
+
+from lens_heads import tiny_model
+from lens_heads.growth.growth_loop import (
+    GrowthLoopConfig,
+    grow_any,
+    planned_loop,
+    run_growth_loop,
+    same_flops_steps,
+    stage_table,
+)
+from lens_heads.plumbing.errors import InputError
+from lens_heads.training.loop import train
+from lens_heads.training.windows import eval_windows, window_losses
+from test_inheritune import VOCAB, corpus, perturbed, tiny_train_config  # noqa: F401  (corpus: the fixture)
+
+
+def llama(n_layers=4, seed=0):
+    return tiny_model("llama", seed=seed, n_layers=n_layers, d_vocab=VOCAB, n_ctx=32)
+
+
+def test_grow_any_keeps_the_trained_student_and_appends_the_reference_blocks():
+    reference = perturbed(llama(4), seed=1)
+    student = perturbed(llama(2, seed=5), seed=2)  # a "trained" 2-layer student: every tensor its own
+    grown = grow_any(reference, 3, student, seed=7)
+    g, s, r = grown.state_dict(), student.state_dict(), reference.state_dict()
+    for name, tensor in g.items():
+        if name.startswith("blocks.2."):
+            assert torch.equal(tensor, r[name]), name  # the reference's next block
+        elif name in s:
+            assert torch.equal(tensor, s[name]), name  # everything the student has, final norm included
+    assert {"blocks.2.attn._W_K", "blocks.2.mlp.W_gate"} & set(g)
+    with pytest.raises(InputError, match="fewer layers"):
+        grow_any(reference, 2, student)
+
+
+def weight_multiplies(model) -> int:
+    """Multiply-adds a token's trunk forward does, counted from the model's own weight matrices (GQA's K and V have
+    their own, smaller shapes)."""
+    mats = ("W_Q", "_W_K", "_W_V", "W_O", "W_in", "W_gate", "W_out")
+    return sum(t.numel() for n, t in model.state_dict().items() if n.startswith("blocks.") and n.rsplit(".", 1)[-1]
+               in mats)
+
+
+def test_same_flops_steps_spends_the_students_flops():
+    cfg = tiny_train_config(steps=10)
+    small, big = llama(1), llama(3)
+    T, tokens = cfg.seq_len, cfg.tokens_per_step
+
+    def per_step(m):  # 3 x forward: 2 FLOPs a multiply-add, causal attention, logits
+        c = m.cfg
+        return 3 * tokens * (2 * weight_multiplies(m) + 2 * c.n_layers * c.n_heads * c.d_head * (T + 1)
+                             + 2 * c.d_model * c.d_vocab)
+    spent = 10 * per_step(small) + 10 * per_step(big)
+    assert same_flops_steps(spent, big.cfg, cfg) == round(spent / per_step(big))
+    assert same_flops_steps(1.0, big.cfg, cfg) == 1  # at least one step
+
+
+@pytest.mark.floats
+def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_path):  # noqa: F811
+    reference = llama(4)
+    train(reference, corpus, tiny_train_config(steps=30, eval_every=0, checkpoint_every=30), progress=False)
+    config = GrowthLoopConfig(start_layers=1, grow_by=1, max_layers=3, train=tiny_train_config(steps=2, eval_every=2),
+                              seeds=(0, 1), rank_inputs=2, rank_len=16, loss_windows=3)
+    record = run_growth_loop(reference, corpus, config, out_dir=tmp_path, progress=False)
+    by = {(s["seed"], s["name"]): s for s in record["stages"]}
+    for seed in (0, 1):
+        path = record["growth"][str(seed)]["stages"]
+        assert [p["n_layers"] for p in path] == list(range(1, len(path) + 1))
+        assert all(p["then"] == "grew" and not p["matched"] for p in path[:-1])
+        last = path[-1]
+        assert record["growth"][str(seed)]["stopped"] == ("matched the reference" if last["matched"] else
+                                                          "reached max_layers (3)")
+        assert last["matched"] or last["n_layers"] == 3
+        spent = 0.0
+        for p in path:
+            n = p["n_layers"]
+            student, random_, flops = by[seed, f"student_{n}L"], by[seed, f"random_{n}L"], by[seed, f"same_flops_{n}L"]
+            assert p["matched"] == (student["val_loss"] <= record["reference"]["val_loss"])
+            spent += student["flops"]
+            assert random_["steps"] == student["steps"] == 2
+            assert flops["steps"] == same_flops_steps(spent, llama(n).cfg, config.train)
+            if n > 1:  # the grown student carries its earlier stages' training: the same-FLOPs model trains longer
+                assert flops["steps"] > student["steps"]
+            for s in (student, random_, flops):
+                for agg in ("averaged", "per_input"):
+                    assert len(s["rank"][agg]["max_rank"]) == n == len(s["rank_at_init"][agg]["max_rank"])
+                assert len(s["window_losses"]) == 3 and all(math.isfinite(v) for v in s["window_losses"])
+            if n > 1:
+                assert student["built_from"] == [f"student_{n - 1}L", "reference"]
+    assert any(len(record["growth"][s]["stages"]) > 1 for s in ("0", "1"))  # it grew (what this test is about)
+    assert record["reference"]["rank"]["averaged"]["meta"]["mode"] != record["reference"]["rank"]["per_input"]["meta"][
+        "mode"]
+    # a window's loss, by hand: the mean over its positions of -log softmax at the next token
+    windows = eval_windows(corpus.val, 3, config.train.seq_len)
+    with torch.no_grad():
+        logp = torch.log_softmax(reference(windows[:1, :-1]).double(), -1)[0]
+    by_hand = -logp[torch.arange(windows.shape[1] - 1), windows[0, 1:]].mean().item()
+    # float32 logits against float64 here: relative 1e-5 absorbs the rounding of a mean of ~16 terms
+    assert record["reference"]["window_losses"][0] == pytest.approx(by_hand, rel=1e-5)
+    assert window_losses(reference, windows) == record["reference"]["window_losses"]
+    plan = {r["stage"]: r for r in planned_loop(reference.cfg, config)}  # the cost planned is the cost charged
+    assert list(plan)[-3:] == ["student_3L", "random_3L", "same_flops_3L"]  # the costliest case: to max_layers
+    for s in record["stages"]:
+        assert plan[s["name"]]["steps"] == s["steps"]
+        # integers of at most 1e12 in float64: equal up to the order of the products
+        assert plan[s["name"]]["flops"] == pytest.approx(s["flops"], rel=1e-12)
+    rows = stage_table(record)
+    assert len(rows) == len(record["stages"]) and {"lazy_averaged", "lazy_per_input"} <= set(rows[0])
+    again = run_growth_loop(reference, corpus, config, out_dir=tmp_path, progress=False)  # reloads every stage
+    assert [s["val_loss"] for s in again["stages"]] == [s["val_loss"] for s in record["stages"]]
+    with pytest.raises(InputError, match="max_layers"):
+        GrowthLoopConfig(start_layers=5, train=config.train).check(4)
+
+
+def test_growth_tests_pair_each_window_and_seed(corpus, tmp_path):  # noqa: F811
+    """Two seeds, sizes 1 and 2 reached by both: the window-unit difference is the mean over windows of the
+    seed-averaged per-window differences, the seed-unit one the mean of per-seed final-loss differences."""
+    import numpy as np
+
+    from lens_heads.growth.growth_calls import growth_tests, shared_sizes
+
+    def stage(seed, kind, n, loss, windows):
+        return {"seed": seed, "kind": kind, "n_layers": n, "val_loss": loss, "window_losses": windows}
+
+    rng = np.random.default_rng(0)
+    record = {"reference": {"val_loss": 1.0, "window_losses": list(rng.normal(1, 0.1, 4))}, "stages": [],
+              "growth": {"0": {"stages": [{"n_layers": 1}, {"n_layers": 2}]}, "1": {"stages": [{"n_layers": 1},
+                                                                                              {"n_layers": 2},
+                                                                                              {"n_layers": 3}]}}}
+    for seed in (0, 1):
+        for n in (1, 2, 3):
+            for kind, base in (("student", 2.0), ("random", 3.0), ("same_flops", 2.5)):
+                record["stages"].append(stage(seed, kind, n, base + seed, list(rng.normal(base + seed, 0.1, 4))))
+    assert shared_sizes(record) == [1, 2]
+    t = growth_tests(record, n_resamples=200)
+    assert len(t) == 2 * 2 * 3  # 2 units x 2 sizes x 3 others
+    row = t[(t["unit"] == "training seed") & (t["n_layers"] == 2) & (t["a"] == "same-size random init")].iloc[0]
+    assert row["difference"] == pytest.approx(1.0) and row["n"] == 2  # 3 + s - (2 + s)
+    w = t[(t["unit"].str.startswith("validation window")) & (t["n_layers"] == 1) & (t["a"] == "the reference")].iloc[0]
+    st = [s for s in record["stages"] if s["kind"] == "student" and s["n_layers"] == 1]
+    expected = np.mean(record["reference"]["window_losses"]) - np.mean([s["window_losses"] for s in st])
+    assert w["difference"] == pytest.approx(expected) and w["n"] == 4
+    assert set(t["verdict"]) and all(t["b"] == "Inheritune")
