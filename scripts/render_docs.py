@@ -117,10 +117,15 @@ def _verdict_is_stale(row: dict) -> bool:
 
 
 def recorded(record: dict) -> str:
-    """When and at which commit a record was made, as far as it says (records older than ``provenance`` do not)."""
+    """When and at which commit a record was made, and how far behind HEAD that commit is now, as far as it says
+    (records older than ``provenance`` do not)."""
     made = record.get("provenance")
-    return (f"recorded {made['recorded_at'][:10]} at commit {made['commit'][:7]}" if made
-            else "recorded before records stated their commit")
+    if not made:
+        return "recorded before records stated their commit"
+    behind = measures.commits_behind(made["commit"], (), ROOT)
+    distance = "a distance from HEAD this clone cannot count" if behind is None else f"{behind} commits behind HEAD"
+    return (f"recorded {made['recorded_at'][:10]} at commit {made['commit'][:7]}, "
+            f"{measures.moves_with_head(distance + ' when this page was rendered')}")
 
 
 def upper_first(text: str) -> str:

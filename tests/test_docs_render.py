@@ -222,3 +222,18 @@ def test_every_claim_has_one_of_the_statuses():
     papers = {line.split(" | ")[0].strip("| ") for line in rows}
     assert papers == {"inactive heads", "attention collapse"}
     assert all(line.split(" | ")[2].strip("* ") in claims.STATUSES for line in rows), rows
+
+
+def test_a_record_states_its_commit_and_its_distance_from_head():
+    """``recorded`` counts the commits since the record's own (git rev-list, counted here independently) and marks
+    that count as moving with HEAD, so the page check leaves it out."""
+    r = renderer()
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.split()[0]
+    since = subprocess.run(["git", "rev-list", "--count", f"{first}..HEAD"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    text = r.recorded({"provenance": {"recorded_at": "2026-12-01T00:00:00", "commit": first}})
+    assert text.startswith(f"recorded 2026-12-01 at commit {first[:7]}, ")
+    assert f"{since} commits behind HEAD" in text
+    assert r.measures.steady(text) == f"recorded 2026-12-01 at commit {first[:7]}, <!-- moves with HEAD --><!-- /moves with HEAD -->"
+    assert r.recorded({}) == "recorded before records stated their commit"
