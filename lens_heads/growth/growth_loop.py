@@ -170,6 +170,7 @@ def run_growth_loop(reference: HookedTransformer, corpus, config: GrowthLoopConf
             if student is None:
                 student, built = inherit_first_layers(reference, n, seed=seed), ["reference"]
             else:
+                assert prev is not None  # the stage that trained this student
                 student, built = grow_any(reference, n, student, seed=seed), [prev.name, "reference"]
             prev = trained(f"student_{n}L", seed, "student", student, cfg, built)
             spent += prev.flops
