@@ -142,7 +142,7 @@ def test_ranks_without_work_finish_and_disagreeing_ranks_write_nothing(tmp_path)
     run = torchrun(3, config, tmp_path, "three")  # one unit (the baseline) and two items for three ranks
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(result.read_text())
-    assert got["world"] == 3 and [u["mode"] for u in got["units"]] == ["baseline"]
+    assert got["world"] == 3 and [u["spec"]["kind"] for u in got["units"]] == ["baseline"]
     n_rows = len(got["scores"])  # the evaluated rows of the two items (one per choice)
     assert len(got["evaluation"]["items"]) == 2 and got["scores_meta"]["row_items"] == [0] * (n_rows // 2) + [1] * (
         n_rows // 2)
