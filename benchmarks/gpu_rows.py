@@ -14,6 +14,7 @@ import numpy as np
 from gpu_shapes import N_CTX
 from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import build_rows
+from lens_heads.evaluation.prefix import common_length
 from lens_heads.plumbing.provenance import write_record
 
 HERE = Path(__file__).resolve().parent
@@ -80,19 +81,9 @@ def record_lengths(n: int = 512, seed: int = 0) -> None:
     prefixes = []
     for row, subject in zip(rows, subjects):
         others = [r.tokens for r, s in zip(rows, subjects) if s == subject and r is not row]
-        prefixes.append(min((_common(row.tokens, t) for t in others), default=0))
+        prefixes.append(min((common_length(row.tokens, t) for t in others), default=0))
     write_record(LENGTHS, dict(
         command="python benchmarks/gpu_check.py --record-lengths", source=f"lens_heads.load_task('mmlu', n={n}, "
         f"seed={seed}), lm-eval rows, embedded SmolLM2-135M-Instruct tokenizer", mean=float(np.mean(lengths)),
         lengths=lengths, prefixes=prefixes, subjects=subjects))
     print(f"wrote {LENGTHS}: {n} rows, {min(lengths)}-{max(lengths)} tokens, mean {np.mean(lengths):.0f}")
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many tokens ``a`` and ``b`` begin with alike."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -101,7 +101,7 @@ def plan_groups(rows: Sequence[Row], scope: str, max_rows: int) -> list[Group]:
     for row in sorted(rows, key=lambda r: (key(r), r.tokens)):
         if groups:
             length, members = groups[-1]
-            joined = min(length, _read_limit(row), _common(members[0].tokens, row.tokens))
+            joined = min(length, _read_limit(row), common_length(members[0].tokens, row.tokens))
             if key(row) == key(members[0]) and joined >= MIN_PREFIX and len(members) * joined >= (
                     len(members) - 1) * length and len(members) < max_rows:
                 groups[-1] = (joined, members + [row])
@@ -114,7 +114,8 @@ def _read_limit(row: Row) -> int:
     return min(first for _, first, _ in row.reads)
 
 
-def _common(a: list[int], b: list[int]) -> int:
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` begin with alike."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
