@@ -240,6 +240,10 @@ def test_the_analysis_json_reads_back_with_the_same_aucs(tiny_sweep, tmp_path):
         assert low <= value <= high or np.isnan(low)  # 4 items: some replicates zero nothing (no AUC there)
     tests = pd.read_csv(f"{stem}_tests.csv")
     assert set(tests["reference"]) == {"random", "best"} and tests["p_value"].between(0, 1).all()
+    record = json.loads(Path(f"{stem}.json").read_text())  # the headline numbers, under the report's keys
+    assert record["baseline"]["n"] == len(task) and record["baseline"]["accuracy"] == result.baseline.accuracy
+    for key, rule in (("zeroable_within_1_point_pct", "authors"), ("zeroable_within_1_point_censored_pct", "censored")):
+        assert record[key] == pytest.approx(result.zeroable_within(1.0, rule=rule), nan_ok=True)
     Path(f"{stem}_units.json.gz").unlink()
     recorded = read_sweep_record(f"{stem}.json")
     assert isinstance(recorded, RecordedSweep)

@@ -175,8 +175,8 @@ def test_ablation_baseline_matches_a_fresh_evaluation(results, smollm, task, run
     assert a["baseline"]["accuracy"] == pytest.approx(base.accuracy, abs=1e-9)
     assert a["chance"] == pytest.approx(task.chance)
     scores = set(QUICK["scores"])
-    assert scores <= set(a["zeroable_within_1_point"]) and scores <= set(a["normalised_auc"])
-    ranked = [a["normalised_auc"][s] for s in a["auc_ranking"]]
+    assert scores <= set(a["zeroable_within_1_point_pct"]) and scores <= set(a["normalised_auc_pct"])
+    ranked = [a["normalised_auc_pct"][s] for s in a["auc_ranking"]]
     assert ranked == sorted(ranked, reverse=True)
     curves = pd.read_csv(run.out / f"ablation_{TASK}.csv")
     assert set(QUICK["scores"]) <= set(curves["score"])
@@ -195,7 +195,7 @@ def test_comparison_ranks_the_report_sweep_beside_the_recorded_one(results, run)
     tables = [pd.read_csv(run.out / f"ablation_{TASK}.csv"), pd.DataFrame(recorded["table"])]
     aucs = [{s: g[g["target_fraction"].isin(grid)]["accuracy"].mean()
              for s, g in t[t["mode"] != "static"].groupby("score", sort=False)} for t in tables]
-    common = [s for s in results["ablation"][TASK]["normalised_auc"] if s in aucs[1]]
+    common = [s for s in results["ablation"][TASK]["normalised_auc_pct"] if s in aucs[1]]
     assert set(common) == set(QUICK["scores"]) | {"random"} and c["curves"] == common
     def rank(a, s):  # 1 = best, ties share the mean of the ranks they span
         v, others = round(a[s], 9), [round(a[x], 9) for x in common]

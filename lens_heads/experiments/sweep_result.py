@@ -158,6 +158,20 @@ class SweepResult:
         return {s: curves.zeroable_within(*self._curve(us, "accuracy"), base, points, rule=rule)
                 for s, us in self.curves(mode).items()}
 
+    def headline(self, points: float = 1.0) -> dict:
+        """The numbers every record of a sweep states (the sweep script's and the report's): the baseline with its
+        Wilson interval and chance, % zeroable within ``points`` by both rules, the paper's Table 2 entry and the
+        normalised AUCs of accuracy (%) and of the paired KL (nats)."""
+        b, tag = self.baseline, f"{points:g}_point"
+        low, high = b.ci95
+        return {"baseline": dict(accuracy=float(b.accuracy), ci95=[float(low), float(high)], n=int(b.n),
+                                 chance=float(b.chance), ci_method="wilson 95%"),
+                f"zeroable_within_{tag}_pct": self.zeroable_within(points),
+                "zeroable_rule": f"authors: last crossing of baseline - {points:g} in order of realised share, 0 if none",
+                f"zeroable_within_{tag}_censored_pct": self.zeroable_within(points, rule="censored"),
+                "table2": self.table2(points), "normalised_auc_pct": self.normalised_auc(),
+                "normalised_auc_kl": self.normalised_auc(metric="kl")}
+
     def ends_above(self, points: float = 1.0, *, mode: str = SCORES_AND_RANDOM) -> dict[str, bool]:
         """Per score: whether its curve ends at or above ``baseline - points`` (its censored share is "≥")."""
         base = 100 * self.baseline.accuracy

@@ -4,8 +4,6 @@ findings rest on, and the comparison of every sweep's curves across models and t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 import pandas as pd
 
 from lens_heads.data.items import Task
@@ -66,20 +64,13 @@ def ablation_stage(model, task, scores: HeadScores, config: ReportConfig, cache:
     iv = result.intervals(1.0, shares=shares, n_resamples=INTERVAL_RESAMPLES, seed=config.seed)
     tests = headline_tests(iv)
     df, summary, t = result.to_dataframe(), result.summary(1.0, intervals=iv), task.name
-    base = result.baseline
-    baseline: dict[str, Any] = {"accuracy": float(base.accuracy), "ci95": [float(x) for x in base.ci95],
-                                "n": int(base.n)}
     numbers = {
-        "data": task.meta(), "baseline": baseline, "chance": task.chance,
-        "protocol": result.meta["protocol"], "zeroable_rule": "authors",
-        "zeroable_within_1_point": result.zeroable_within(1.0),
-        "zeroable_within_1_point_censored": result.zeroable_within(1.0, rule="censored"),
-        "table2": result.table2(1.0), "normalised_auc": result.normalised_auc(),
-        "auc_ranking": [str(s) for s in summary["score"]], "normalised_auc_kl": result.normalised_auc(metric="kl"),
+        "data": task.meta(), **result.headline(1.0), "chance": task.chance, "protocol": result.meta["protocol"],
+        "auc_ranking": [str(s) for s in summary["score"]],
         "curves": jsonable(df.to_dict(orient="records")), "meta": jsonable(result.meta),
         "intervals": jsonable(iv.to_dataframe().to_dict(orient="records")), "intervals_meta": jsonable(iv.meta),
         "tests": jsonable(tests)}
-    fig = ablation_curves(df, baseline=100 * baseline["accuracy"], chance=task.chance,
+    fig = ablation_curves(df, baseline=100 * result.baseline.accuracy, chance=task.chance,
                           title=f"Zeroing heads on {t} (n={len(task)}): accuracy vs share zeroed")
     tables = {f"ablation_{t}": df, f"ablation_summary_{t}": summary}
     return AblationResult(numbers, tables, {f"ablation_{t}": fig}, sweep=result, task=task, intervals=iv,
