@@ -18,7 +18,8 @@ SmolLM2-135M (`lens_heads.growth.growth_loop`): its first k layers (k: its first
 SmolLM2's tokenizer, grown by its next ``--grow-by`` blocks until the student matches it or reaches
 ``--max-layers``, a same-size random init and a same-FLOPs scratch beside every size, seeds ``--smollm-seeds``;
 attention rank per layer at every stage in both aggregations; the comparisons by the calling rule
-(``smollm2_growth.{csv,json}``, ``smollm2_growth_tests.csv``, figure ``smollm2_growth_rank``).
+(``smollm2_growth.{csv,json}``, ``smollm2_growth_tests.csv``; ``smollm2_growth_rank_tests.csv``: does a re-added lazy
+layer's rank rise with training; figure ``smollm2_growth_rank``).
 
 Writes to ``--figures`` (default ``figures/``): ``inheritune_results.csv`` (one row per stage),
 ``inheritune_results.json`` (everything, with settings), and PNG + HTML figures: validation loss curves,
@@ -38,7 +39,7 @@ import pandas as pd
 import torch
 
 from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
-from lens_heads.growth.growth_calls import growth_tests
+from lens_heads.growth.growth_calls import growth_tests, lazy_rank_tests, readded_lazy_layers
 from lens_heads.growth.growth_loop import GrowthLoopConfig, planned_loop, run_growth_loop, stage_table
 from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
 from lens_heads.growth.inheritune_measures import smollm_profile, uniform_causal_levels, zero_shot
@@ -317,7 +318,7 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
           f"by {config.grow_by}, {config.train.steps} steps of {config.train.tokens_per_step} tokens a stage, seeds "
           f"{config.seeds}; corpus {corpus}")
     record = run_growth_loop(reference, corpus, config, out_dir=runs / "smollm2_growth", progress=not a.no_progress)
-    tests = growth_tests(record, a.n_resamples)
+    tests, rank_tests = growth_tests(record, a.n_resamples), lazy_rank_tests(record, a.n_resamples)
     table = pd.DataFrame(stage_table(record))
     print(table.drop(columns=["lazy_per_input"]).to_string())
     subtitle = (f"SmolLM2-135M reference ({reference.cfg.n_layers}L), students from {config.start_layers}L "
@@ -326,6 +327,7 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
     written = smollm_figure(smollm, out) + growth_loop_figure(record, out, subtitle)
     atomic_write_text(out / "smollm2_growth.csv", table.to_csv(index=False))
     atomic_write_text(out / "smollm2_growth_tests.csv", tests.to_csv(index=False))
+    atomic_write_text(out / "smollm2_growth_rank_tests.csv", rank_tests.to_csv(index=False))
     write_record(out / "smollm2_growth.json", {
         "what": "The paper's growth loop from the embedded SmolLM2-135M: its first k layers, trained, grown by its "
                 "next blocks until the student matches it or reaches --max-layers, beside a same-size random init "
@@ -333,9 +335,11 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
         "settings": asdict(a), "k_rule": k_rule, "calling_rule": RULE, "corpus": corpus.meta,
         "token_budget_per_stage": config.train.steps * config.train.tokens_per_step,
         "model": reference.lens_heads_meta, **record, "tests": tests.to_dict(orient="records"),
+        "readded_lazy_layers": {str(n): layers for n, layers in readded_lazy_layers(record).items()},
+        "rank_tests": rank_tests.to_dict(orient="records"),
         "smollm2_rank": smollm, "figures": written, "wall_time_s": time.time() - started,
     })
-    print(f"wrote {', '.join(written)} and smollm2_growth.csv/json, _tests.csv to {out} in "
+    print(f"wrote {', '.join(written)} and smollm2_growth.csv/json, _tests.csv, _rank_tests.csv to {out} in "
           f"{time.time() - started:.0f} s")
     return record
 

@@ -149,3 +149,42 @@ def test_growth_tests_pair_each_window_and_seed(corpus, tmp_path):  # noqa: F811
     expected = np.mean(record["reference"]["window_losses"]) - np.mean([s["window_losses"] for s in st])
     assert w["difference"] == pytest.approx(expected) and w["n"] == 4
     assert set(t["verdict"]) and all(t["b"] == "Inheritune")
+
+
+def test_lazy_rank_tests_pair_each_readded_lazy_layer_over_inputs_and_seeds():
+    """Reference lazy in layers 2 and 3, students from 2 layers grown to 4 by both seeds: layers 2 and 3 are the
+    re-added lazy ones; the input-unit difference is the mean over inputs of the seed-averaged rank differences, the
+    seed-unit one the mean of per-seed mean differences, and a rank that rose by 3 on every input is called higher
+    over inputs."""
+    import numpy as np
+
+    from lens_heads.growth.growth_calls import lazy_rank_tests, readded_lazy_layers
+
+    rng = np.random.default_rng(0)
+    n_inputs = 12
+
+    def ranks(n, level):  # [input][layer]: each input's max rank over a layer's heads
+        return {"input_layer_max": (level + rng.integers(0, 2, (n_inputs, n))).tolist()}
+
+    reference = {"rank": {"averaged": {"lazy": [False, False, True, True]}, **ranks(4, 1)}}
+    record = {"reference": reference, "config": {"start_layers": 2}, "stages": [],
+              "growth": {"0": {"stages": [{"n_layers": 2}, {"n_layers": 4}]},
+                         "1": {"stages": [{"n_layers": 2}, {"n_layers": 4}]}}}
+    for seed in (0, 1):
+        for n in (2, 4):
+            before = ranks(n, 1)
+            after = {"input_layer_max": (np.asarray(before["input_layer_max"]) + 3).tolist()}
+            record["stages"].append({"seed": seed, "kind": "student", "n_layers": n, "rank": after,
+                                     "rank_at_init": before})
+    assert readded_lazy_layers(record) == {4: [2, 3]}
+    t = lazy_rank_tests(record, n_resamples=200)
+    assert len(t) == 2 * 2 * 2  # 2 units x 2 layers x (at growth, the reference)
+    grown = [s for s in record["stages"] if s["n_layers"] == 4]
+    after = np.asarray([s["rank"]["input_layer_max"] for s in grown], dtype=float)[:, :, 3]
+    ref = np.asarray(reference["rank"]["input_layer_max"], dtype=float)[:, 3]
+    row = t[(t["unit"] == "training seed") & (t["layer"] == 3) & (t["b"] == "the reference")].iloc[0]
+    assert row["difference"] == pytest.approx(np.mean(after.mean(axis=1) - ref.mean())) and row["n"] == 2
+    w = t[(t["unit"].str.startswith("rank input")) & (t["layer"] == 2) & (t["b"] == "at growth")].iloc[0]
+    assert w["difference"] == pytest.approx(3.0) and w["n"] == n_inputs and w["verdict"] == "higher"
+    record["growth"]["1"]["stages"].pop()  # seed 1 never grew: no size every seed reached above the start
+    assert lazy_rank_tests(record, n_resamples=50).empty

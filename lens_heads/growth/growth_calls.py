@@ -54,3 +54,47 @@ def growth_tests(record: dict, n_resamples: int = 2000) -> pd.DataFrame:
         tests["n_layers"] = [r["n_layers"] for r in rows]
         tables.append(call_table(tests.drop(columns=["p_adjusted", "verdict"])))
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+
+
+def readded_lazy_layers(record: dict) -> dict[int, list[int]]:
+    """Per grown student size every seed reached, the layers it took from the reference that the reference's rank
+    profile (the paper's aggregation) marks lazy: the blocks the question "do lazy layers stay lazy?" is about."""
+    lazy = {i for i, flag in enumerate(record["reference"]["rank"]["averaged"]["lazy"]) if flag}
+    start = record["config"]["start_layers"]
+    return {n: sorted(lazy & set(range(start, n))) for n in shared_sizes(record) if n > start}
+
+
+def lazy_rank_tests(record: dict, n_resamples: int = 2000) -> pd.DataFrame:
+    """Does a re-added lazy layer's attention rank rise with training? Per grown size and re-added lazy layer, the
+    rank after the stage's training minus the rank at growth (the grown model before training) and minus the
+    reference's rank of the same block, each input's rank being the max over the layer's heads (``higher``: the
+    rank rose); paired over the rank inputs (each input's rank averaged over the seeds) and over seeds (each seed's
+    mean over inputs). Each unit's rows are one Benjamini-Hochberg family; empty when nothing grew."""
+    seeds = sorted(int(s) for s in record["growth"])
+    sizes = readded_lazy_layers(record)
+    reference = np.asarray(record["reference"]["rank"]["input_layer_max"], dtype=float)
+    tables = []
+    for unit in ("rank input (mean over seeds)", "training seed"):
+        x, y, labels, rows = [], [], [], []
+        for n, layers in sizes.items():
+            stages = [next(s for s in record["stages"] if s["seed"] == seed and s["kind"] == "student" and
+                           s["n_layers"] == n) for seed in seeds]
+            after = np.asarray([s["rank"]["input_layer_max"] for s in stages], dtype=float)  # [seed, input, layer]
+            before = np.asarray([s["rank_at_init"]["input_layer_max"] for s in stages], dtype=float)
+            for layer in layers:
+                for other, values in (("at growth", before[:, :, layer]),
+                                      ("the reference", np.tile(reference[:, layer], (len(seeds), 1)))):
+                    a = after[:, :, layer]
+                    x.append(a.mean(axis=1) if unit == "training seed" else a.mean(axis=0))
+                    y.append(values.mean(axis=1) if unit == "training seed" else values.mean(axis=0))
+                    labels.append(f"layer {layer} of Inheritune {n}L: after training vs {other}")
+                    rows.append({"n_layers": n, "layer": layer, "b": other})
+        if not labels:
+            continue
+        tests = paired_tests(np.asarray(x), np.asarray(y), labels, None, n_resamples=n_resamples,
+                             quantity="attention rank (max over the layer's heads)", unit=unit, a="after training")
+        tests["b"] = [r["b"] for r in rows]
+        tests["n_layers"] = [r["n_layers"] for r in rows]
+        tests["layer"] = [r["layer"] for r in rows]
+        tables.append(call_table(tests.drop(columns=["p_adjusted", "verdict"])))
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()

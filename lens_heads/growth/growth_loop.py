@@ -128,9 +128,12 @@ def grow_any(reference: HookedTransformer, n_layers: int, student: HookedTransfo
 
 
 def both_ranks(model: HookedTransformer, tokens: torch.Tensor) -> dict:
-    """The attention rank profile in both aggregations."""
+    """The attention rank profile in both aggregations, and each input's rank per layer (the max over its heads,
+    ``[input][layer]``: what the paired tests of a layer's rank resample)."""
+    per_input = attention_rank(model, tokens, average=False, progress=False)
+    assert per_input.per_input is not None  # the per-input aggregation keeps every input's ranks
     return {"averaged": attention_rank(model, tokens, average=True, progress=False).to_dict(),
-            "per_input": attention_rank(model, tokens, average=False, progress=False).to_dict()}
+            "per_input": per_input.to_dict(), "input_layer_max": per_input.per_input.max(axis=2).tolist()}
 
 
 def run_growth_loop(reference: HookedTransformer, corpus, config: GrowthLoopConfig, *, out_dir: str | Path,
