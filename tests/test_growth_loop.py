@@ -64,7 +64,7 @@ def test_same_flops_steps_spends_the_students_flops():
 
 
 @pytest.mark.floats
-def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_path):  # noqa: F811
+def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_path, monkeypatch):  # noqa: F811
     reference = llama(4)
     train(reference, corpus, tiny_train_config(steps=30, eval_every=0, checkpoint_every=30), progress=False)
     config = GrowthLoopConfig(start_layers=1, grow_by=1, max_layers=3, train=tiny_train_config(steps=2, eval_every=2),
@@ -114,8 +114,15 @@ def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_pa
         assert plan[s["name"]]["flops"] == pytest.approx(s["flops"], rel=1e-12)
     rows = stage_table(record)
     assert len(rows) == len(record["stages"]) and {"lazy_averaged", "lazy_per_input"} <= set(rows[0])
-    again = run_growth_loop(reference, corpus, config, out_dir=tmp_path, progress=False)  # reloads every stage
-    assert [s["val_loss"] for s in again["stages"]] == [s["val_loss"] for s in record["stages"]]
+    import lens_heads.growth.growth_loop as loop
+
+    with monkeypatch.context() as m:  # a repeated run reloads every stage and measures none again
+        m.setattr(loop, "both_ranks", lambda *_: pytest.fail("a recorded stage was measured again"))
+        again = run_growth_loop(reference, corpus, config, out_dir=tmp_path, progress=False)
+    assert again["stages"] == record["stages"] and again["growth"] == record["growth"]
+    other = GrowthLoopConfig(**{**vars(config), "loss_windows": 2})  # other settings: everything measured anew
+    assert len(run_growth_loop(reference, corpus, other, out_dir=tmp_path, progress=False)["stages"][0][
+        "window_losses"]) == 2
     with pytest.raises(InputError, match="max_layers"):
         GrowthLoopConfig(start_layers=5, train=config.train).check(4)
 

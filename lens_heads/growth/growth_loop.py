@@ -7,11 +7,13 @@ same-size random init trained the same steps and a same-size random init trained
 consumed so far (every stage it went through; `same_flops_steps`). Every trained model's attention rank per layer
 in both aggregations of `lens_heads.collapse.rank` (``averaged``: the rank of the input-averaged matrix, the
 paper's; ``per_input``: the mean of each input's rank), before and after training, and its loss on each of a fixed
-set of validation windows (the items the paired tests resample). Every stage trains in its own resumable folder.
+set of validation windows (the items the paired tests resample). Every stage trains in its own resumable folder, and
+a run interrupted or repeated with the same settings reuses the measurements of the stages already recorded.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -146,12 +148,21 @@ def run_growth_loop(reference: HookedTransformer, corpus, config: GrowthLoopConf
     rank_tokens = eval_windows(corpus.val, c.rank_inputs, c.rank_len - 1)
     windows = eval_windows(corpus.val, c.loss_windows, c.train.seq_len)
     ref_loss = validation_loss(reference, corpus.val, c.train)
-    record: dict = {"reference": {"n_layers": reference.cfg.n_layers, "val_loss": ref_loss,
-                                  "window_losses": window_losses(reference, windows),
-                                  "rank": both_ranks(reference, rank_tokens)},
-                    "config": asdict(c), "kinds": KINDS, "stages": [], "growth": {}}
+    previous = _earlier_record(out / "growth_loop.json", c, ref_loss)
+    measured = {(s["seed"], s["name"]): s for s in previous["stages"]} if previous else {}
+    reference_measures = previous["reference"] if previous else {
+        "n_layers": reference.cfg.n_layers, "val_loss": ref_loss, "window_losses": window_losses(reference, windows),
+        "rank": both_ranks(reference, rank_tokens)}
+    record: dict = {"reference": reference_measures, "config": asdict(c), "kinds": KINDS, "stages": [], "growth": {}}
 
     def trained(name: str, seed: int, kind: str, model, cfg: TrainConfig, built_from: list[str]) -> LoopStage:
+        earlier = measured.get((seed, name))
+        if earlier is not None:  # measured by an earlier run of this loop: the training folder reloads its weights
+            res = train(model, corpus, cfg, out_dir=out / f"seed_{seed}" / name, progress=False, desc=name)
+            if res.val_loss == earlier["val_loss"]:
+                stage = LoopStage(**earlier)
+                record["stages"].append(asdict(stage))
+                return stage
         at_init, before = both_ranks(model, rank_tokens), validation_loss(model, corpus.val, cfg)
         res = train(model, corpus, cfg, out_dir=out / f"seed_{seed}" / name, progress=progress, desc=name)
         if not math.isfinite(res.val_loss):
@@ -192,6 +203,17 @@ def run_growth_loop(reference: HookedTransformer, corpus, config: GrowthLoopConf
             n = min(n + c.grow_by, top)
     atomic_write_json(out / "growth_loop.json", record)
     return record
+
+
+def _earlier_record(path: Path, config: GrowthLoopConfig, ref_loss: float) -> dict | None:
+    """The record an earlier run of the same loop (same settings, a reference with the same validation loss) left
+    in ``path``, so that an interrupted or repeated run measures only the stages it has not measured."""
+    if not path.exists():
+        return None
+    earlier = json.loads(path.read_text())
+    same = (earlier.get("config") == json.loads(json.dumps(asdict(config)))
+            and earlier.get("reference", {}).get("val_loss") == ref_loss)
+    return earlier if same else None
 
 
 def lazy_layers(rank: dict) -> list[int]:

@@ -223,8 +223,8 @@ def growth_rank_figure(runs: dict[int, dict], uniform_rank: int, out: Path, subt
 
 
 def growth_loop_figure(record: dict, out: Path, subtitle: str) -> list[str]:
-    """SmolLM2's growth loop: max attention rank per layer of the reference and of every student stage after
-    training (mean over seeds), in both aggregations."""
+    """SmolLM2's growth loop: max attention rank per layer of the reference and of every student stage at its
+    inheritance or growth (dotted) and after training (mean over seeds), in both aggregations."""
     from plotly.subplots import make_subplots
 
     aggs = (("averaged", "rank of the input-averaged matrix (the paper's)"), ("per_input", "mean of per-input ranks"))
@@ -236,11 +236,13 @@ def growth_loop_figure(record: dict, out: Path, subtitle: str) -> list[str]:
                         name="reference", legendgroup="reference", showlegend=col == 1, line=dict(color="#222222"),
                         row=1, col=col)
         for i, n in enumerate(sizes):
-            ranks = np.mean([s["rank"][agg]["max_rank"] for s in record["stages"]
-                             if s["kind"] == "student" and s["n_layers"] == n], axis=0)
+            stages = [s for s in record["stages"] if s["kind"] == "student" and s["n_layers"] == n]
             c = GROWTH_REDS[i % len(GROWTH_REDS)]
-            fig.add_scatter(x=list(range(n)), y=ranks, mode="lines+markers", name=f"Inheritune {n}L",
-                            legendgroup=str(n), showlegend=col == 1, line=dict(color=c), row=1, col=col)
+            for when, key, dash in (("after training", "rank", "solid"), ("at growth", "rank_at_init", "dot")):
+                ranks = np.mean([s[key][agg]["max_rank"] for s in stages], axis=0)
+                fig.add_scatter(x=list(range(n)), y=ranks, mode="lines+markers", name=f"Inheritune {n}L, {when}",
+                                legendgroup=f"{n}{key}", showlegend=col == 1, line=dict(color=c, dash=dash),
+                                row=1, col=col)
     fig.update_layout(title=f"Max attention rank per layer at every growth stage, mean over seeds<br>"
                             f"<sup>{wrap(subtitle)}</sup>", margin=dict(t=130), template="plotly_white")
     fig.update_xaxes(title_text="layer")
