@@ -243,7 +243,12 @@ def growth_loop_figure(record: dict, out: Path, subtitle: str) -> list[str]:
                 fig.add_scatter(x=list(range(n)), y=ranks, mode="lines+markers", name=f"Inheritune {n}L, {when}",
                                 legendgroup=f"{n}{key}", showlegend=col == 1, line=dict(color=c, dash=dash),
                                 row=1, col=col)
-    fig.update_layout(title=f"Max attention rank per layer at every growth stage, mean over seeds<br>"
+    for layer, lazy in enumerate(ref["rank"]["averaged"]["lazy"]):
+        if lazy:  # the blocks the question is about: lazy in the reference, re-added by growth
+            fig.add_vrect(x0=layer - 0.5, x1=layer + 0.5, fillcolor="#999999", opacity=0.15, line_width=0,
+                          row="all", col="all")
+    fig.update_layout(title=f"Max attention rank per layer at every growth stage, mean over seeds (shaded: the "
+                            f"reference's lazy layers)<br>"
                             f"<sup>{wrap(subtitle)}</sup>", margin=dict(t=130), template="plotly_white")
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="approximate rank (90% energy)", col=1)
