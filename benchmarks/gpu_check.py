@@ -60,9 +60,9 @@ from gpu_settings import GpuCheck
 from gpu_shapes import SHAPES, build_pair
 from gpu_train import TrainingResult, measure_training, with_shares
 from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.training.budget import GPU_PEAK_FLOPS
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.provenance import write_record
+from lens_heads.training.budget import GPU_PEAK_FLOPS
 from timing import machine_line, parse_settings, timed
 
 HERE = Path(__file__).resolve().parent

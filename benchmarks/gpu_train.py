@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flops import synchronize
+from flops import peak_memory_gib, reset_peak_memory, synchronize
 from lens_heads.growth.gpt2 import PADDED_VOCAB, gpt2_config, gpt2_model
 from lens_heads.training.budget import GPU_PEAK_FLOPS, training_flops
 from lens_heads.training.config import TrainConfig
@@ -122,8 +122,6 @@ def train_config(shape: TrainShape, steps: int, amp: bool) -> TrainConfig:
 def measure_training(name: str, shape: TrainShape, device: str, seed: int, steps: tuple[int, int]) -> TrainingResult:
     """Train a random-init GPT-2 of ``shape`` for ``steps`` = (warm-up, timed) steps through lens_heads' loop, then
     as many through the plain loop; out of memory is recorded as the row's error, not raised."""
-    from gpu_measure import peak_memory_gib, reset_peak_memory  # here: gpu_measure imports the settings, which import us
-
     warmup, timed_steps = steps
     amp = device.startswith("cuda")  # the loop's bf16 autocast is CUDA-only; on the CPU both loops run float32
     cfg = train_config(shape, warmup + timed_steps, amp)

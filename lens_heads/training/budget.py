@@ -88,7 +88,7 @@ def measured_training_share(record: dict[str, Any] | None, shape: str,
     row = next((r for r in record.get("training", []) if r.get("shape") == shape and not r.get("error")), None)
     rate = None if row is None else row.get("loop_flops_per_s")
     share = rate / peak if isinstance(rate, (int, float)) else math.nan
-    if not (math.isfinite(share) and 0 < share <= 1):
+    if row is None or not (math.isfinite(share) and 0 < share <= 1):
         return None
     return float(share), f"measured on {row.get('device_name', 'a GPU')} {recorded_on(record)}"
 
