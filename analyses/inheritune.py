@@ -59,7 +59,6 @@ from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
 from lens_heads.viz.inheritune_figures import figures, growth_loop_figure, smollm_figure
 
-
 GPU_RECORD = "docs/records/gpu_check.json"  # relative to the working folder, else to the repository
 ROOT = Path(__file__).resolve().parents[1]
 
