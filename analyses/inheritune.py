@@ -52,12 +52,15 @@ from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.calling import RULE
-from lens_heads.training.budget import ASSUMED_FRACTION_OF_PEAK, GPU_PEAK_FLOPS, GPUProjection
+from lens_heads.training.budget import GPU_PEAK_FLOPS, GPUProjection, projection_from_record
 from lens_heads.training.config import TrainConfig
 from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
 from lens_heads.viz.inheritune_figures import figures, growth_loop_figure, smollm_figure
+
+GPU_RECORD = "docs/records/gpu_check.json"  # relative to the working folder, else to the repository
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,11 @@ class InherituneSettings(train_options(leave_out=("seed", "checkpoint_every"), s
     plan: bool = option(False, "print every stage's tokens and FLOPs and the projected GPU-hours, write them to "
                         "--figures/inheritune_plan_<preset>.csv, then stop")
     gpu_peak_tflops: float = option(GPU_PEAK_FLOPS / 1e12, "--plan: the GPU's dense bf16 peak (TFLOP/s)")
-    gpu_fraction: float = option(ASSUMED_FRACTION_OF_PEAK, "--plan: the share of that peak training reaches "
-                                 "(default: the share docs/benchmarks.md measured for the evaluator; no GPU training "
-                                 "rate is measured yet)")
+    gpu_record: str = option(GPU_RECORD, "--plan: a GPU check's record (benchmarks/gpu_check.py); the training share "
+                             "it measured on this preset's shape sets the GPU-hours, and where it has none the CPU "
+                             "evaluator's share is assumed (the plan says which)")
+    gpu_fraction: float | None = option(None, "--plan: the share of that peak training reaches, overriding "
+                                        "--gpu-record", parse=float)
     rank_inputs: int = option(100, "validation windows for attention rank (N)")
     rank_len: int = option(100, "tokens per window (T, at most --seq)")
     smollm_inputs: int = option(32, "SmolLM2 rank profile: N texts (0 to skip)")
@@ -119,6 +124,8 @@ class InherituneSettings(train_options(leave_out=("seed", "checkpoint_every"), s
         if self.rank_len > self.seq_len:
             raise ValueError(f"--rank-len {self.rank_len} is longer than the models' context --seq-len {self.seq_len}")
         distill_configs(self)  # a temperature <= 0 or a mixing weight outside 0..1 is refused here
+        if self.gpu_fraction is not None and not 0 < self.gpu_fraction <= 1:
+            raise ValueError(f"--gpu-fraction {self.gpu_fraction}: give a share of the peak in (0, 1], e.g. 0.4")
         if self.preset in GPU_PRESETS and torch.device(self.device).type != "cuda" and not self.plan:
             raise InputError(f"--preset {self.preset} trains {GPU_PRESETS[self.preset]}, which needs a CUDA GPU "
                              f"(--device cuda; this run asked for {self.device!r}). On a CPU use --preset "
@@ -186,11 +193,36 @@ def build_config(a) -> InherituneConfig:
 
 def plan(a) -> pd.DataFrame:
     """Every stage the run trains (the students grown to --max-layers, the costliest case) with its tokens, FLOPs
-    and GPU-hours at --gpu-fraction of --gpu-peak-tflops."""
+    and GPU-hours at a share of --gpu-peak-tflops (:func:`gpu_projection`): the share and its source are columns."""
     table = planned_stages(build_config(a))
     total = table["flops"] + table["teacher_flops"]
-    table["gpu_hours"] = [GPUProjection(f, a.gpu_peak_tflops * 1e12, a.gpu_fraction).gpu_hours for f in total]
-    return table
+    projections = [gpu_projection(a, f) for f in total]
+    table["gpu_hours"] = [p.gpu_hours for p in projections]
+    return table.assign(gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=projections[0].fraction,
+                        gpu_fraction_source=projections[0].source)
+
+
+def gpu_projection(a, flops: float) -> GPUProjection:
+    """``flops`` in GPU-hours at --gpu-fraction where given, else at the training share --gpu-record measured on this
+    preset's shape, else at the assumed share (``lens_heads.training.budget.projection_from_record``)."""
+    peak = a.gpu_peak_tflops * 1e12
+    if a.gpu_fraction is not None:
+        return GPUProjection(flops, peak, a.gpu_fraction, f"given: --gpu-fraction {a.gpu_fraction:g}")
+    return projection_from_record(flops, gpu_record(a.gpu_record), a.preset, peak=peak)
+
+
+def gpu_record(path: str) -> dict:
+    """The GPU check's record at ``path`` (a relative path not found here is read from the repository)."""
+    where = Path(path)
+    if not where.is_absolute() and not where.exists():
+        where = ROOT / where
+    if not where.exists():
+        raise InputError(f"--gpu-record {path}: no such file; give a GPU check's gpu_check.json "
+                         "(benchmarks/gpu_check.py) or set the share with --gpu-fraction")
+    try:
+        return json.loads(where.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"--gpu-record {path} is not JSON ({e}): give a GPU check's gpu_check.json") from None
 
 
 def smollm_loop_config(a, smollm_rank: dict, n_layers: int) -> tuple[GrowthLoopConfig, str]:
@@ -238,10 +270,8 @@ def main_plan(a) -> pd.DataFrame:
     table = plan(a)
     print(table.to_string(index=False))
     Path(a.figures).mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(a.figures) / f"inheritune_plan_{a.preset}.csv", table.assign(
-        gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=a.gpu_fraction).to_csv(index=False))
-    total = GPUProjection(float((table["flops"] + table["teacher_flops"]).sum()), a.gpu_peak_tflops * 1e12,
-                          a.gpu_fraction)
+    atomic_write_text(Path(a.figures) / f"inheritune_plan_{a.preset}.csv", table.to_csv(index=False))
+    total = gpu_projection(a, float((table["flops"] + table["teacher_flops"]).sum()))
     print(f"{a.preset}: {len(table)} stages, {total.describe()}")
     return table
 

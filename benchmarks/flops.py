@@ -82,6 +82,18 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def peak_memory_gib(device: str) -> float | None:
+    """The most GPU memory allocated since the last :func:`reset_peak_memory` (None on the CPU)."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.startswith("cuda") else None
+
+
+def reset_peak_memory(device: str) -> None:
+    """Free the allocator's cached blocks and start counting the peak anew (nothing on the CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def matmul_flops_per_s(n: int = 2048, repeats: int = 5, *, device="cpu", dtype=torch.float32) -> float:
     """Best-of-``repeats`` FLOP/s of an n x n x n matmul (2 n^3 FLOPs) on ``device`` in ``dtype`` (on the CPU with
     the process's threads)."""

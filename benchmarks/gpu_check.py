@@ -23,6 +23,11 @@ code, so that its shared prefixes run once as on real MMLU. Per shape:
 5. achieved FLOP/s (useful FLOPs, ``benchmarks/flops.py``) as a share of the dense matmul FLOP/s measured in the same
    run (best of a few 8192^3 matmuls in the check's dtype on a GPU, 1024^3 on the CPU).
 
+Then training (``gpu_train``): the Inheritune presets' GPT-2 medium and XL shapes (the authors' GPT-2, random init, the
+presets' micro-batch and bf16 autocast) for a few optimizer steps through ``lens_heads.training.loop.train`` beside a
+plain PyTorch loop on the same model: tokens/s and training FLOP/s as shares of the matmul rate and of the vendor peak
+(the share ``lens_heads.training.budget.projection_from_record`` projects Inheritune's GPU-hours from).
+
 Every figure is set beside its target (:data:`TARGETS`, also in the record). The stacked sweep (several units' rows in
 one batch, :func:`stacked_sweep_check`) is timed against the same units run one at a time on the first shape.
 
@@ -53,9 +58,11 @@ from gpu_measure import FRACTION, LONG_PROMPTS, SCORE, ShapeResult, logprobs_of,
 from gpu_rows import check_lengths, mmlu_lengths, record_lengths, synthetic_task
 from gpu_settings import GpuCheck
 from gpu_shapes import SHAPES, build_pair
+from gpu_train import TrainingResult, measure_training, with_shares
 from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.provenance import write_record
+from lens_heads.training.budget import GPU_PEAK_FLOPS
 from timing import machine_line, parse_settings, timed
 
 HERE = Path(__file__).resolve().parent
@@ -153,6 +160,7 @@ class CheckResult:
     projected_gpu_hours: float
     wall_s: float
     stacked_sweep: dict = field(default_factory=dict)
+    training: list[TrainingResult] = field(default_factory=list)
     targets: dict = field(default_factory=lambda: dict(TARGETS))
 
 
@@ -241,7 +249,7 @@ def table(result: CheckResult) -> str:
         line("", heads), *(line(label, row) for (label, _), row in zip(ROWS, cells)), "",
         f"torchrun --nproc_per_node=1 sweep ({t.units} units, {t.shape}) vs the same sweep in this process: "
         f"{verdict}; {t.torchrun_s:.1f} s (start-up and imports included) vs {t.plain_s:.1f} s",
-        _stacked_line(result.stacked_sweep),
+        _stacked_line(result.stacked_sweep), *training_table(result.training, result.smoke),
         "targets: " + "; ".join(f"{k} {v}" for k, v in result.targets.items()),
         f"paper's experiment, each model at the evaluator's rate on the shape nearest its size: "
         f"{result.projected_gpu_hours:,.0f} GPU-hours = "
@@ -249,6 +257,43 @@ def table(result: CheckResult) -> str:
         + f" FLOPs / (FLOP/s) / 3600 ({result.mmlu_tokens_per_question:.0f} tokens per MMLU question; "
         "flops.paper_projection)",
         f"wall time of the check: {result.wall_s:.0f} s"])
+
+
+TRAINING_ROWS = [  # (label, a TrainingResult as text)
+    ("parameters", lambda r: f"{r.n_params / 1e6:,.1f}M"),
+    ("micro-batch x accumulation x tokens", lambda r: f"{r.micro_batch} x {r.grad_accum} x {r.seq_len:,}"),
+    ("bf16 autocast", lambda r: "yes" if r.amp else "no (CPU)"),
+    ("training FLOPs a step", lambda r: f"{r.flops_per_step:.3g}"),
+    ("lens_heads loop tokens/s", lambda r: f"{r.loop_tokens_per_s:,.0f}"),
+    ("plain PyTorch loop tokens/s", lambda r: f"{r.plain_tokens_per_s:,.0f}"),
+    ("lens_heads loop / plain", lambda r: f"{r.loop_vs_plain:.2f}x"),
+    ("loop FLOP/s / matmul", lambda r: _share(r.loop_share_of_matmul)),
+    ("loop FLOP/s / vendor peak", lambda r: _share(r.loop_share_of_peak)),
+    ("plain FLOP/s / matmul", lambda r: _share(r.plain_share_of_matmul)),
+    ("plain FLOP/s / vendor peak", lambda r: _share(r.plain_share_of_peak)),
+    ("peak memory", lambda r: "-" if r.peak_memory_gib is None else f"{r.peak_memory_gib:.1f} GiB"),
+]
+
+
+def _share(x: float) -> str:
+    return f"{x:.1%}" if x >= 1e-3 else f"{x:.1e}"  # a CPU's share of a GPU's peak would print as 0.0%
+
+
+def training_table(rows: list[TrainingResult], smoke: bool) -> list[str]:
+    """The training block of the table: one column per GPT-2 shape; a shape that failed says why."""
+    if not rows:
+        return ["training: not measured (--train-shapes '')"]
+    first = rows[0]
+    heads = [r.shape + (" (smoke)" if smoke else "") for r in rows]
+    cells = [["-" if r.error else show(r) for r in rows] for _, show in TRAINING_ROWS]
+    width = max(len(label) for label, _ in TRAINING_ROWS)
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+
+    def line(label, values):
+        return f"{label:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, widths))
+    return ["", f"training ({first.device_name}; warm-up steps untimed: {first.warmup_steps}, timed: {first.timed_steps}; vendor peak {GPU_PEAK_FLOPS / 1e12:,.0f} TFLOP/s; FLOPs: lens_heads.training.budget."
+            "training_flops):", line("", heads), *(line(label, row) for (label, _), row in zip(TRAINING_ROWS, cells)),
+            *(f"training {r.shape}: {r.error}" for r in rows if r.error), ""]
 
 
 def _stacked_line(st: dict) -> str:
@@ -273,7 +318,9 @@ def run_check(s: GpuCheck) -> CheckResult:
 
     before = matmul()
     shapes = [measure_shape(name, s) for name in s.shapes]
+    training = [measure_training(name, s.train_shape(name), s.device, s.seed, s.train_steps) for name in s.train_shapes]
     peak = max(before, matmul())  # measured again: a clock that throttles or a busy neighbour shows here
+    training = [with_shares(row, peak) for row in training]
     torchrun = torchrun_check(s)
     stacked = stacked_sweep_check(s)
     mean_tokens = float(np.mean(mmlu_lengths()))
@@ -284,7 +331,7 @@ def run_check(s: GpuCheck) -> CheckResult:
                        smoke=s.smoke, matmul_flops_per_s=peak, shapes=shapes, torchrun=torchrun,
                        mmlu_tokens_per_question=mean_tokens, projection=projection,
                        projected_gpu_hours=sum(r["gpu_hours"] for r in projection),
-                       wall_s=time.perf_counter() - start, stacked_sweep=stacked)
+                       wall_s=time.perf_counter() - start, stacked_sweep=stacked, training=training)
 
 
 def main(argv=None) -> CheckResult | None:

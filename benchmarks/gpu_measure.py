@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from flops import evaluation_flops, forward_flops, synchronize
+from flops import evaluation_flops, forward_flops, peak_memory_gib, reset_peak_memory, synchronize
 from gpu_rows import check_lengths, synthetic_task
 from gpu_settings import GpuCheck
 from gpu_shapes import build_pair
@@ -60,16 +60,6 @@ def logprobs_of(result) -> list[list[float]]:
 
 def max_difference(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> float:
     return float(np.max(np.abs(np.asarray(a, float) - np.asarray(b, float))))
-
-
-def peak_memory_gib(device: str) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.startswith("cuda") else None
-
-
-def reset_peak_memory(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 @dataclass

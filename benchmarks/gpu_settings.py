@@ -8,6 +8,7 @@ import torch
 
 from gpu_rows import LENGTHS
 from gpu_shapes import SHAPES, Shape, parse_shapes
+from gpu_train import TIMED_STEPS, TRAIN_SHAPES, WARMUP_STEPS, TrainShape, parse_train_shapes
 from lens_heads.models.loading import check_dtype_on
 from lens_heads.plumbing.settings import option
 from timing import repeats_option
@@ -24,6 +25,8 @@ class GpuCheck:
     dtype: str | None = option(None, "weights and activations (default: bfloat16 on cuda, float32 on cpu)",
                                choices=tuple(DTYPES))
     shapes: tuple = option(tuple(SHAPES), "comma-separated shapes to check", parse=parse_shapes)
+    train_shapes: tuple = option(tuple(TRAIN_SHAPES), "comma-separated GPT-2 shapes whose training rate is measured "
+                                 "('' for none)", parse=parse_train_shapes)
     smoke: bool = option(False, "toy-size shapes and few rows (runs on a CPU in seconds; tested in CI)")
     rows: int | None = option(None, "MMLU-length rows per shape (default: 256 = auto's first try on a GPU; 8 with "
                                     "--smoke)", parse=int)
@@ -53,6 +56,14 @@ class GpuCheck:
 
     def shape(self, name: str) -> Shape:
         return SHAPES[name].smoke() if self.smoke else SHAPES[name]
+
+    def train_shape(self, name: str) -> TrainShape:
+        return TRAIN_SHAPES[name].smoke() if self.smoke else TRAIN_SHAPES[name]
+
+    @property
+    def train_steps(self) -> tuple[int, int]:
+        """Warm-up (untimed) and timed optimizer steps of each training measurement."""
+        return (1, 2) if self.smoke else (WARMUP_STEPS, TIMED_STEPS)
 
     def flags(self) -> list[str]:
         """The command-line flags that rebuild these settings (for the torchrun worker)."""

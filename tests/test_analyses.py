@@ -50,9 +50,44 @@ def test_presets_refuse_devices_they_cannot_run_on(capsys, tmp_path):
     assert plan["stage"].iloc[0] == "reference_48L" and plan["gpu_hours"].sum() > 100
     written = pd.read_csv(tmp_path / "inheritune_plan_gpt2-xl.csv")
     assert written["flops"].tolist() == pytest.approx(plan["flops"].tolist()) and (written["gpu_fraction"] == 0.44).all()
+    # the committed record has no training rate: the share is assumed, and the plan says so in every row
+    assert (written["gpu_fraction_source"] == "assumed: the CPU evaluator's share").all()
     with pytest.raises(SystemExit):
         script.parse_args(["--distill-temperature", "0"])
     assert "temperature must be > 0" in capsys.readouterr().err
+
+
+def test_plan_takes_the_share_a_gpu_record_measured_or_the_one_given(tmp_path):
+    """--plan's GPU-hours at the training share of --gpu-record's row for the preset (hours = FLOPs / measured
+    FLOP/s / 3600, done here), at --gpu-fraction where given; the CSV's columns say which."""
+    import json
+
+    import pandas as pd
+
+    script = load_script("inheritune")
+    rate = 2.0e14  # FLOP/s lens_heads' loop reached on the gpt2-xl shape, in a made-up record
+    record = tmp_path / "gpu_check.json"
+    record.write_text(json.dumps(dict(
+        machine="2026-12-07; NVIDIA H200", device="cuda", smoke=False, provenance=dict(recorded_at="2026-12-07T10:00:00"),
+        training=[dict(shape="gpt2-xl", device_name="NVIDIA H200", loop_flops_per_s=rate, error=None)])))
+
+    def planned(*flags: str) -> pd.DataFrame:
+        script.main(["--preset", "gpt2-xl", "--plan", "--figures", str(tmp_path), *flags])
+        return pd.read_csv(tmp_path / "inheritune_plan_gpt2-xl.csv")
+
+    measured = planned("--gpu-record", str(record))  # the CSV keeps float64 exactly: 1e-12 absorbs division order
+    total = measured["flops"] + measured["teacher_flops"]
+    assert measured["gpu_hours"].tolist() == pytest.approx((total / rate / 3600).tolist(), rel=1e-12)
+    assert measured["gpu_fraction"].tolist() == pytest.approx([rate / 989e12] * len(measured), rel=1e-12)
+    assert (measured["gpu_fraction_source"] == "measured on NVIDIA H200 2026-12-07").all()
+    assert (measured["gpu_peak_tflops"] == 989.0).all()
+    given = planned("--gpu-record", str(record), "--gpu-fraction", "0.3")
+    assert given["gpu_hours"].tolist() == pytest.approx((total / (989e12 * 0.3) / 3600).tolist(), rel=1e-12)
+    assert (given["gpu_fraction_source"] == "given: --gpu-fraction 0.3").all() and (given["gpu_fraction"] == 0.3).all()
+    with pytest.raises(InputError, match="--gpu-record .*no such file"):
+        planned("--gpu-record", str(tmp_path / "missing.json"))
+    with pytest.raises(SystemExit):
+        script.parse_args(["--preset", "gpt2-xl", "--plan", "--gpu-fraction", "1.5"])
 
 
 def test_rank_windows_must_fit_the_models_context():

@@ -21,6 +21,8 @@ import gpu_check  # noqa: E402
 import gpu_measure  # noqa: E402
 import gpu_rows  # noqa: E402
 import gpu_shapes  # noqa: E402
+import gpu_train  # noqa: E402
+from conftest import load_script  # noqa: E402
 from flops import PAPER_MODELS_B, forward_flops, trunk_flops_per_token  # noqa: E402
 
 
@@ -99,6 +101,47 @@ def test_smoke_json_is_written_whole_and_matches_the_result(smoke):
     assert written["device"] == "cpu" and written["dtype"] == "float32" and written["smoke"] is True
     assert written["targets"] == gpu_check.TARGETS and written["stacked_sweep"]["measured"] is True
     assert [len(s["long_prompts"]) for s in written["shapes"]] == [len(gpu_measure.LONG_PROMPTS)] * len(result.shapes)
+
+
+@pytest.mark.slow
+def test_smoke_trains_each_gpt2_shape_through_both_loops(smoke):
+    """The training rows: every shape trained (toy size) by lens_heads' loop and the plain loop, its rates finite and
+    positive, its shares in (0, 1] and equal to the rates over the matmul rate and the vendor peak, its FLOPs a step
+    counted here by hand, and its cells in the printed table and the JSON."""
+    result, printed, out = smoke
+    assert [r.shape for r in result.training] == list(gpu_train.TRAIN_SHAPES)
+    # the toy shape (2 layers, d 64, 4 heads of 16, d_mlp 256, vocab 512, windows of 32): per token a forward is
+    # 2*2*(4*64*64 + 2*64*256) trunk + 2*2*4*16*33 attention + 2*64*512 logits; training 3x; 2 x 2 windows a step
+    per_token = 3 * (2 * 2 * (4 * 64 * 64 + 2 * 64 * 256) + 2 * 2 * 4 * 16 * 33 + 2 * 64 * 512)
+    lines = printed.splitlines()
+    for r in result.training:
+        assert r.error is None and (r.warmup_steps, r.timed_steps) == (1, 2) and not r.amp
+        assert r.tokens_per_step == 2 * 2 * 32 and r.flops_per_step == per_token * 128 == 103_907_328
+        rates = [r.loop_tokens_per_s, r.loop_flops_per_s, r.plain_tokens_per_s, r.plain_flops_per_s]
+        assert all(np.isfinite(x) and x > 0 for x in rates)
+        # FLOP/s = tokens/s x FLOPs a token (float64 rounding only)
+        assert r.loop_flops_per_s == pytest.approx(r.loop_tokens_per_s * per_token, rel=1e-9)
+        shares = [r.loop_share_of_matmul, r.loop_share_of_peak, r.plain_share_of_matmul, r.plain_share_of_peak]
+        assert all(0 < x <= 1 for x in shares)
+        assert r.loop_share_of_matmul == pytest.approx(r.loop_flops_per_s / result.matmul_flops_per_s, rel=1e-12)
+        assert r.plain_share_of_peak == pytest.approx(r.plain_flops_per_s / 989e12, rel=1e-12)
+    cells = next(line for line in lines if line.startswith("lens_heads loop / plain "))
+    assert all(f"{r.loop_vs_plain:.2f}x" in cells for r in result.training)
+    assert all(f"{name} (smoke)" in printed for name in gpu_train.TRAIN_SHAPES)
+    written = json.loads((out / gpu_check.RESULT).read_text())["training"]
+    assert [w["shape"] for w in written] == list(gpu_train.TRAIN_SHAPES)
+    assert written[0]["loop_tokens_per_s"] == pytest.approx(result.training[0].loop_tokens_per_s)
+    assert written[0]["device_name"] == "cpu" and written[0]["loop_share_of_peak"] > 0
+
+
+def test_training_shapes_are_the_inheritune_presets():
+    """The check trains what the presets train: the reference's shape, the micro-batch and accumulation."""
+    script = load_script("inheritune")
+    for name, shape in gpu_train.TRAIN_SHAPES.items():
+        a = script.parse_args(["--preset", name, "--plan"])
+        assert (shape.n_layers, shape.d_model, shape.n_heads, shape.seq_len) == (a.ref_layers, a.d_model, a.heads,
+                                                                                  a.seq_len)
+        assert (shape.micro_batch, shape.grad_accum, shape.vocab) == (a.batch_size, a.grad_accum, a.vocab) and a.amp
 
 
 @pytest.mark.slow
@@ -183,6 +226,8 @@ def test_unknown_shape_and_missing_folder_are_refused(capsys, tmp_path):
     err = refused([str(tmp_path), "--device", "cpu", "--smoke", "--shapes", "smollm2-135m,gpt-5"], capsys)
     assert "unknown shape gpt-5: choose from smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, qwen2.5-7b" in err
     assert "give the folder" in refused(["--device", "cpu", "--smoke"], capsys)
+    err = refused([str(tmp_path), "--device", "cpu", "--smoke", "--train-shapes", "gpt2-xl,gpt2-large"], capsys)
+    assert "unknown training shape gpt2-large: choose from gpt2-medium, gpt2-xl (or '' for none)" in err
 
 
 def test_rows_of_one_subject_share_the_recorded_prefix_and_no_more():

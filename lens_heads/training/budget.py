@@ -1,4 +1,6 @@
-"""Training compute of a GPT-2 (or Llama-shaped) stage: FLOPs counted from the model's shape and the tokens it trained on.
+"""Training compute of a GPT-2 (or Llama-shaped) stage: FLOPs counted from the model's shape and the tokens it trained on,
+and its GPU-hours at a share of a GPU's peak: the training share a GPU check measured (:func:`projection_from_record`)
+or, where none is recorded, the assumed one.
 
 A multiply-add is 2 FLOPs. Per token of a window of T tokens, a forward costs
 
@@ -15,13 +17,16 @@ models"). Distillation adds the teacher's forward on every training token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 # H100/H200 SXM dense bf16 tensor-core peak (vendor figure), the peak docs/benchmarks.md projects against
 GPU_PEAK_FLOPS = 989e12
-# the share of peak docs/benchmarks.md measured for the evaluator (44%, on the CPU against its matmul rate) and
-# assumed for GPUs there; no GPU training rate has been measured, so projections say they assume it
+# the share of peak docs/benchmarks.md measured for the evaluator (44%, on the CPU against its matmul rate): what a
+# projection assumes where no GPU check has recorded a training share, and then says so (ASSUMED_SOURCE)
 ASSUMED_FRACTION_OF_PEAK = 0.44
+ASSUMED_SOURCE = "assumed: the CPU evaluator's share"
 
 
 def trunk_flops_per_token(cfg) -> float:
@@ -53,16 +58,54 @@ def teacher_flops(cfg, tokens: int, seq_len: int) -> float:
 
 @dataclass(frozen=True)
 class GPUProjection:
-    """GPU-hours for ``flops`` at ``fraction`` of a ``peak`` FLOP/s."""
+    """GPU-hours for ``flops`` at ``fraction`` of a ``peak`` FLOP/s; ``source`` says where the fraction comes from
+    and ``measured`` whether a GPU measured it."""
 
     flops: float
     peak: float = GPU_PEAK_FLOPS
     fraction: float = ASSUMED_FRACTION_OF_PEAK
+    source: str = ASSUMED_SOURCE
+    measured: bool = False
 
     @property
     def gpu_hours(self) -> float:
         return self.flops / (self.peak * self.fraction) / 3600
 
     def describe(self) -> str:
-        return (f"{self.flops:.3g} FLOPs = {self.gpu_hours:,.0f} GPU-hours at {self.fraction:.0%} of "
-                f"{self.peak / 1e12:,.0f} TFLOP/s")
+        return (f"{self.flops:.3g} FLOPs / ({self.peak / 1e12:,.0f} TFLOP/s x {self.fraction:.1%}) / 3600 = "
+                f"{self.gpu_hours:,.0f} GPU-hours ({self.source})")
+
+
+def measured_training_share(record: dict[str, Any] | None, shape: str,
+                            peak: float = GPU_PEAK_FLOPS) -> tuple[float, str] | None:
+    """The share of ``peak`` that lens_heads' training loop reached on ``shape`` in a GPU check's record
+    (``benchmarks/gpu_check.py``'s ``gpu_check.json``: a training row's ``loop_flops_per_s`` / ``peak``; at the vendor
+    peak, the row's ``loop_share_of_peak``), and where it was measured ("measured on <GPU> <date>"). None where the
+    record has no such GPU measurement: no record, a CPU or ``--smoke`` run, no row of that shape, a row that failed
+    or a share outside (0, 1]."""
+    if not record or record.get("smoke") or not str(record.get("device", "")).startswith("cuda"):
+        return None
+    row = next((r for r in record.get("training", []) if r.get("shape") == shape and not r.get("error")), None)
+    rate = None if row is None else row.get("loop_flops_per_s")
+    share = rate / peak if isinstance(rate, (int, float)) else math.nan
+    if row is None or not (math.isfinite(share) and 0 < share <= 1):
+        return None
+    return float(share), f"measured on {row.get('device_name', 'a GPU')} {recorded_on(record)}"
+
+
+def recorded_on(record: dict[str, Any]) -> str:
+    """The date a record was made: its provenance's, else the first field of its machine line (older records)."""
+    when = (record.get("provenance") or {}).get("recorded_at") or str(record.get("machine", "")).split(";")[0]
+    return when[:10] or "(undated)"
+
+
+def projection_from_record(flops: float, record: dict[str, Any] | None, shape: str, *,
+                           peak: float = GPU_PEAK_FLOPS) -> GPUProjection:
+    """GPU-hours of ``flops`` of training at the share of ``peak`` a GPU check measured for ``shape``
+    (:func:`measured_training_share`; ``measured=True``: the hours are ``flops`` over the measured FLOP/s), else at
+    :data:`ASSUMED_FRACTION_OF_PEAK` (``measured=False``, ``source`` :data:`ASSUMED_SOURCE`)."""
+    measured = measured_training_share(record, shape, peak)
+    if measured is None:
+        return GPUProjection(flops, peak)
+    fraction, source = measured
+    return GPUProjection(flops, peak, fraction, source, measured=True)
