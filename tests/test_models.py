@@ -321,3 +321,20 @@ def test_a_gemma_3_folder_keeps_its_whole_context_in_linear_memory(tmp_path):
         torch.testing.assert_close(attn.apply_rotary(x, n_ctx - 8), own.apply_rotary(x, n_ctx - 8), rtol=0, atol=0)
     with pytest.raises(InputError, match=f"more than the model's context of {n_ctx}"):
         score_heads(model, torch.randint(3, 100, (1, n_ctx + 1)), progress=False)
+
+
+def test_the_benchmark_gemma_3_270m_shape_is_transformer_lens_own():
+    """benchmarks/gemma_shape.py reads the released config through lens_heads' Gemma 3 loader: every field equals
+    TransformerLens's own gemma-3-270m config, the context its full 32,768 (TransformerLens's default: 8,192)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gemma_shape import differences_from_transformer_lens, gemma3_270m_config
+
+    cfg = gemma3_270m_config()
+    assert differences_from_transformer_lens(cfg) == {}
+    assert cfg.n_ctx == 32_768 and cfg.window_size == 512 and cfg.attn_types.count("global") == 3
+    # a changed field is reported (the comparison can fail)
+    cfg.window_size = 1024
+    assert differences_from_transformer_lens(cfg) == {"window_size": (1024, 512)}

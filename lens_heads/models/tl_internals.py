@@ -93,6 +93,8 @@ INTERNALS = {
         ("model_name", "hf_cfg", "checkpoint_index", "checkpoint_value", "fold_ln", "device", "n_devices",
          "default_prepend_bos", "dtype", "first_n_layers", "n_ctx", "kwargs"), (3,), (LOADING,)),
     "get_official_model_name": Internal(f"{_LOADING}:get_official_model_name", ("model_name",), (3,), (LOADING,)),
+    "convert_hf_model_config": Internal(f"{_LOADING}:convert_hf_model_config", ("model_name", "kwargs"), (3,),
+                                        (LOADING,)),
 }
 # Instance attributes set in the modules' __init__ (no signature to check): read only through the functions below,
 # which name the attribute when it is gone.
@@ -321,3 +323,10 @@ def official_model_name(name: str) -> str:
     """TransformerLens's official name for hub model ``name`` (ValueError where it knows none)."""
     require(LOADING)
     return _get("get_official_model_name", LOADING)(name)
+
+
+def hub_config_fields(official_name: str) -> dict[str, Any]:
+    """The config fields TransformerLens sets for hub model ``official_name`` (for the models it describes in its
+    own source, such as google/gemma-3-270m, without reaching the hub)."""
+    require(LOADING)
+    return _get("convert_hf_model_config", LOADING)(official_name)
