@@ -13,8 +13,7 @@ import torch
 
 from lens_heads.models.loading import hooked_from_hf
 
-# the longest prompt the scoring pass is measured on (above the longest MMLU 5-shot row); TransformerLens keeps an
-# [n_ctx, n_ctx] mask per layer: 64 MB each at 8,192
+# the longest prompt the scoring pass is measured on (above the longest MMLU 5-shot row)
 N_CTX = 8192
 
 

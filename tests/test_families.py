@@ -61,11 +61,12 @@ def family_models(tmp_path_factory):
     return get
 
 
-# The layers HookedTransformer runs as plain causal attention, which lens_heads runs fused: their scores read the
-# pattern by query chunks from the queries and keys. The others (sliding windows, soft-caps, OLMo's full-vector q/k
-# norms) run TransformerLens's attention, whose pattern the scores read by rows.
-FUSED_LAYERS = {"llama-3": [0, 1], "qwen2.5": [0, 1], "qwen3": [0, 1], "gpt-2": [0, 1], "gemma-3": [1],
-                "gemma-3-linear-rope": [1]}
+# The layers HookedTransformer runs as causal attention, global or within a sliding window, which lens_heads runs
+# fused: their scores read the pattern by query chunks from the queries and keys (a window's chunks against its
+# windows only). The others (soft-caps, OLMo's full-vector q/k norms) run TransformerLens's attention, whose pattern
+# the scores read by rows.
+FUSED_LAYERS = {"llama-3": [0, 1], "qwen2.5": [0, 1], "qwen3": [0, 1], "gpt-2": [0, 1], "mistral": [0, 1],
+                "gemma-3": [0, 1], "gemma-3-linear-rope": [0, 1]}
 
 
 # the fused layers' rows from one fused attention's log-sum-exp (the CPU's), or by chunks of rows as on other devices;

@@ -288,3 +288,53 @@ def test_the_fast_tier_cannot_reach_the_embedded_model():
         embedded_model_folder()
     with pytest.raises(pytest.fail.Exception, match="is in the fast tier"):
         load_model()
+
+
+def test_a_gemma_3_folder_keeps_its_whole_context_in_linear_memory(tmp_path):
+    """A context above TransformerLens's hub default of 8,192 is kept: the attention builds its causal mask per
+    forward (no [n_ctx, n_ctx] buffer), and the rotary tables cover the whole context once per kind of layer
+    (local, global), the same numbers TransformerLens computes for each layer apart."""
+    from families import build_folder
+    from lens_heads import InputError, score_heads
+
+    n_ctx = 16_384
+    folder = build_folder("gemma-3", tmp_path / "m", config=dict(max_position_embeddings=n_ctx))
+    model = load_model(str(folder), device="cpu")
+    assert model.cfg.n_ctx == n_ctx
+    attns = [block.attn for block in model.blocks]
+    assert [a.attn_type for a in attns] == ["local", "global"]
+    tables = {a.rotary_cos.data_ptr() for a in attns} | {a.rotary_sin.data_ptr() for a in attns}
+    assert len(tables) == 4 and all(a.rotary_cos.shape[0] == n_ctx for a in attns)
+    # every buffer of the model together: the tables (2 kinds x sin, cos x n_ctx x rotary_dim floats, 8 MB here) and
+    # a few scalars; one [n_ctx, n_ctx] bool mask alone would be 268 MB
+    unique = {b.data_ptr(): b.numel() * b.element_size() for b in model.buffers()}
+    tables_bytes = 2 * 2 * n_ctx * model.cfg.rotary_dim * 4
+    assert tables_bytes <= sum(unique.values()) < tables_bytes + 1024
+    # TransformerLens's own per-layer tables, grown by its apply_rotary to the last positions: the same numbers
+    from transformer_lens import HookedTransformer
+
+    fresh = HookedTransformer(model.cfg)
+    x = torch.randn(1, 8, model.cfg.n_heads, model.cfg.d_head, generator=torch.Generator().manual_seed(0))
+    for layer, attn in enumerate(attns):
+        own = fresh.blocks[layer].attn
+        assert own.rotary_cos.shape[0] < n_ctx  # it starts small, and grows here
+        torch.testing.assert_close(attn.apply_rotary(x, n_ctx - 8), own.apply_rotary(x, n_ctx - 8), rtol=0, atol=0)
+    with pytest.raises(InputError, match=f"more than the model's context of {n_ctx}"):
+        score_heads(model, torch.randint(3, 100, (1, n_ctx + 1)), progress=False)
+
+
+def test_the_benchmark_gemma_3_270m_shape_is_transformer_lens_own():
+    """benchmarks/gemma_shape.py reads the released config through lens_heads' Gemma 3 loader: every field equals
+    TransformerLens's own gemma-3-270m config, the context its full 32,768 (TransformerLens's default: 8,192)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gemma_shape import differences_from_transformer_lens, gemma3_270m_config
+
+    cfg = gemma3_270m_config()
+    assert differences_from_transformer_lens(cfg) == {}
+    assert cfg.n_ctx == 32_768 and cfg.window_size == 512 and cfg.attn_types.count("global") == 3
+    # a changed field is reported (the comparison can fail)
+    cfg.window_size = 1024
+    assert differences_from_transformer_lens(cfg) == {"window_size": (1024, 512)}

@@ -13,8 +13,10 @@ and unaffected.
 A layer runs eagerly, per forward, whenever anything is hooked on its ``hook_attn_scores`` or ``hook_pattern``
 (forward or backward hooks, so ``run_with_cache`` and the scoring pass see the usual pattern), and always where the
 layer uses a feature the fused path does not express: soft-capped scores, attention sinks, ALiBi or relative
-position biases, local (windowed) attention, per-head results (``use_attn_result``), Q/K/V clipping, OLMo-style
-full-vector QK norms, log-n query scaling, 4-bit weights, a key/value cache, or an additive mask.
+position biases, per-head results (``use_attn_result``), Q/K/V clipping, OLMo-style full-vector QK norms, log-n
+query scaling, 4-bit weights, a key/value cache, or an additive mask. A local (sliding-window) layer runs fused by
+chunks of queries, each attending to its own window of keys only (:func:`windowed_z`), so its memory is
+``chunk x (chunk + window)`` scores per head rather than ``query x key``.
 
 Given a :class:`lens_heads.evaluation.prefix.PrefixState`, the fused layers also record each forward's keys/values (post-rotary)
 or attend to recorded prefixes as well as to the forward's own positions (the evaluator's shared prefixes,
@@ -63,7 +65,6 @@ def eager_reason(attn) -> str | None:
         (cfg.load_in_4bit, "4-bit weights"),
         (cfg.use_attn_result, "use_attn_result (hook_result needs per-head outputs)"),
         (cfg.positional_embedding_type not in FUSABLE_POSITIONS, f"{cfg.positional_embedding_type} positions"),
-        (attn.attn_type != "global", "local (windowed) attention"),
         (tl.softcap_enabled(cfg.attn_scores_soft_cap), "soft-capped attention scores"),
         (cfg.use_attention_sinks, "attention sinks"),
         (cfg.clip_qkv is not None, "Q/K/V clipping"),
@@ -124,6 +125,11 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_inpu
     calls.fused += 1
     extension = prefix.extend if prefix is not None else None
     q, k, v = tl.qkv(attn, query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
+    causal = tl.causal(attn)
+    window = tl.window(attn) if causal else None  # TransformerLens applies the window with the causal mask only
+    if window is not None and prefix is not None and prefix.active:
+        raise RuntimeError(f"layer {attn.layer_id} attends within a sliding window, which shared prefixes don't "
+                           "apply: run these rows on the row-by-row path (their prefix_scope None)")
     if attn.cfg.positional_embedding_type == "rotary" and extension is not None:
         positions = suffix_positions(extension, q.shape[1])
         q = attn.hook_rot_q(tl.rotary_at(attn, q, positions))
@@ -133,10 +139,14 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_inpu
         k = attn.hook_rot_k(tl.rotary(attn, k, attention_mask))
     if prefix is not None and prefix.record is not None:
         prefix.record[attn.layer_id] = (k, v)
-    causal = tl.causal(attn)
     scale = 1.0 / attn.attn_scale
-    z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal) if extension is None
-                    else prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
+    if window is not None:
+        z = attn.hook_z(windowed_z(q, k, v, attention_mask, scale=scale, window=window,
+                                   query_chunk=WINDOW_QUERY_CHUNK))
+    elif extension is None:
+        z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal))
+    else:
+        z = attn.hook_z(prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
     w = einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device)
     return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, attn.b_O.to(z.device))
 
@@ -173,3 +183,44 @@ def sdpa_z(
     out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=allowed, scale=scale)
     z = einops.rearrange(out, "b head p d -> b p head d")
     return z.masked_fill(dead[:, :, None, None], 0.0) if bool(dead.any()) else z
+
+
+WINDOW_QUERY_CHUNK = 256  # queries per step of a windowed layer: 256 x (256 + window) scores per head
+
+
+def windowed_z(
+    q: Float[Tensor, "batch pos head d_head"],
+    k: Float[Tensor, "batch pos kv_head d_head"],
+    v: Float[Tensor, "batch pos kv_head d_head"],
+    attention_mask: Int[Tensor, "batch pos"] | None,
+    *,
+    scale: float,
+    window: int,
+    query_chunk: int = WINDOW_QUERY_CHUNK,
+) -> Float[Tensor, "batch pos head d_head"]:
+    """Causal :func:`sdpa_z` of a local layer: query ``i`` attends to the real keys ``j`` with
+    ``i - window < j <= i``, positions counted along the padded row as TransformerLens's local mask counts them.
+    ``query_chunk`` queries at a time, each chunk against its own span of keys only: memory ``batch x head x
+    query_chunk x (query_chunk + window)`` scores instead of the whole ``[query, key]`` pattern. A query with no
+    allowed key gets z = 0, as eagerly."""
+    n_heads, n_kv = q.shape[2], k.shape[2]
+    if n_kv != n_heads:
+        k = k.repeat_interleave(n_heads // n_kv, dim=2)
+        v = v.repeat_interleave(n_heads // n_kv, dim=2)
+    q_, k_, v_ = (einops.rearrange(x, "b p head d -> b head p d") for x in (q, k, v))
+    v_ = v_.to(q_.dtype)
+    n = q.shape[1]
+    real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
+            else attention_mask.to(q.device).bool())
+    out = torch.empty_like(q_)
+    for start in range(0, n, query_chunk):
+        stop = min(n, start + query_chunk)
+        lo = max(0, start - window + 1)
+        query = torch.arange(start, stop, device=q.device)[:, None]
+        key = torch.arange(lo, stop, device=q.device)[None, :]
+        allowed = ((key > query - window) & (key <= query))[None, None] & real[:, None, None, lo:stop]  # [batch, 1, chunk, keys]
+        chunk = F.scaled_dot_product_attention(q_[:, :, start:stop], k_[:, :, lo:stop], v_[:, :, lo:stop],
+                                               attn_mask=allowed, scale=scale)
+        # a row with no allowed key: SDPA's value there is not the eager zero
+        out[:, :, start:stop] = chunk.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+    return einops.rearrange(out, "b head p d -> b p head d")

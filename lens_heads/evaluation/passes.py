@@ -34,6 +34,7 @@ from lens_heads.evaluation.prefix import (
     token_batches,
 )
 from lens_heads.models import backends
+from lens_heads.models import tl_internals as tl
 from lens_heads.models.capture import any_hooked
 
 
@@ -56,13 +57,15 @@ def run_passes(model, items, rows: list[Row], sets: list[HookSet], batch_size: i
 
 def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
     """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
-    every attention layer must run fused with rotary (or no) positions, causally, with no hook left on the model."""
+    every attention layer must run fused with rotary (or no) positions, causally, without a sliding window (the
+    prefixes' attention knows none), with no hook left on the model."""
     if not backends.backend(model).fuses_attention:  # the prefixes' keys/values live in the fused layers
         return None
     cfg = model.cfg
     fusable = attention == "fused" and cfg.positional_embedding_type == "rotary" and not cfg.use_dynamic_ntk_rope \
         and cfg.attention_dir == "causal" \
-        and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) for b in model.blocks)
+        and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) and tl.window(b.attn) is None
+                for b in model.blocks)
     bare = not any_hooked(model.hook_dict.values())
     return narrowest([s.prefix_scope for s in sets]) if fusable and bare else None
 

@@ -8,7 +8,8 @@ at a time, from one of two sources:
 - a pattern a hook captured (``hook_pattern``), sliced into rows: what a layer that runs eagerly gives anyway;
 - the layer's queries and keys (``hook_rot_q``/``hook_rot_k`` with rotary positions, else ``hook_q``/``hook_k``),
   from which each chunk of rows is computed as TransformerLens's eager attention computes it: ``q . k / attn_scale``,
-  keys after the query and padding keys masked, softmax, and a row with no allowed key all zero. Hooking these
+  keys after the query, keys out of a local layer's sliding window and padding keys masked, softmax, and a row with
+  no allowed key all zero (a windowed layer's chunk reads only the keys its rows' windows reach). Hooking these
   instead of ``hook_pattern`` leaves the layer on fused attention
   (:mod:`lens_heads.evaluation.fused_attention`), so a forward's memory grows linearly with the prompt: per layer
   ``batch x head x query_chunk x key`` floats for the rows, instead of ``batch x head x query x key``.
@@ -44,6 +45,11 @@ class QueryKeys:
     real: Bool[Tensor, "batch k"]
     attn_scale: float  # the scores are q . k / attn_scale, as eagerly
     causal: bool
+    window: int | None = None  # a causal local layer's sliding window: query i reads keys i - window + 1 .. i
+
+    def first_key(self, start: int) -> int:
+        """The first key any query from ``start`` on may read: 0, or the start of row ``start``'s window."""
+        return max(0, start - self.window + 1) if self.window is not None and self.causal else 0
 
 
 @dataclass(frozen=True)
@@ -66,19 +72,26 @@ MASKED = -1e30  # a masked score: its probability is exactly 0, and (unlike -inf
 
 
 def score_rows(source: QueryKeys, start: int, stop: int, keys: int) -> Float[Tensor, "batch head rows keys"]:
-    """The attention scores of rows ``start:stop`` over the first ``keys`` keys (float32), as the eager attention
-    computes them before its softmax, masked keys at :data:`MASKED`. A row with no allowed key (before a
-    left-padded row's first token: a padding query, which no score reads) is all masked."""
+    """The attention scores of rows ``start:stop`` over keys ``lo:keys`` (float32; ``lo`` is
+    ``source.first_key(start)``: 0 but in a sliding window), as the eager attention computes them before its
+    softmax, masked keys at :data:`MASKED`. A row with no allowed key (before a left-padded row's first token: a
+    padding query, which no score reads) is all masked."""
+    lo = source.first_key(start)
     # q / attn_scale before the product: one pass over the chunk's queries, not over its [rows, keys] scores
-    q, k = source.q[:, start:stop].float() / source.attn_scale, source.k[:, :keys].float()
+    q, k = source.q[:, start:stop].float() / source.attn_scale, source.k[:, lo:keys].float()
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
     if not bool(source.real.all()):
-        scores.masked_fill_(~source.real[:, None, None, :keys].to(scores.device), MASKED)
+        scores.masked_fill_(~source.real[:, None, None, lo:keys].to(scores.device), MASKED)
     if source.causal and keys > start:
         # keys before the chunk's first row are earlier than every row of it: only keys start:keys need the mask
         query = torch.arange(start, stop, device=scores.device)
         later = torch.arange(start, keys, device=scores.device)[None, :] > query[:, None]
-        scores[..., start:keys].masked_fill_(later, MASKED)
+        scores[..., start - lo:keys - lo].masked_fill_(later, MASKED)
+    if source.window is not None and source.causal and stop > source.window:
+        # keys a window or more before a row are out of its reach (TransformerLens's local mask)
+        query = torch.arange(start, stop, device=scores.device)
+        gone = torch.arange(lo, keys, device=scores.device)[None, :] <= query[:, None] - source.window
+        scores.masked_fill_(gone, MASKED)
     return scores
 
 
@@ -105,15 +118,19 @@ def row_statistics(source: Float[Tensor, "batch head q k"] | QueryKeys, first: T
         keys = max(min(k, stop + k - q), int(first.max()) + 1) if causal else k
         if isinstance(source, QueryKeys):
             scores = score_rows(source, start, stop, keys)
+            lo = source.first_key(start)
             # softmax and log_softmax, not exp(log_softmax): exp of the masked log-probabilities is slow on CPU
             rows = torch.softmax(scores, dim=-1)
             # -sum A ln A from the log-probabilities themselves: masked keys add 0 x (MASKED - lse) = 0
             entropy[..., start:stop] = -torch.linalg.vecdot(rows, torch.log_softmax(scores, dim=-1))
         else:
-            rows = source[..., start:stop, :keys].float()
+            rows, lo = source[..., start:stop, :keys].float(), 0
             # xlogy(0, 0) = 0: masked keys (A = 0) add nothing, as in -sum A ln A with 0 ln 0 = 0
             entropy[..., start:stop] = -torch.special.xlogy(rows, rows).sum(-1)
-        first_weight[..., start:stop] = rows.gather(-1, first[:, None, None, None].expand(*rows.shape[:3], 1))[..., 0]
+        # a first token before the chunk's keys (out of a sliding window) has weight 0 in every row of it
+        column = (first - lo).clamp_min(0)[:, None, None, None].expand(*rows.shape[:3], 1)
+        weight = rows.gather(-1, column)[..., 0]
+        first_weight[..., start:stop] = weight.masked_fill((first < lo)[:, None, None], 0.0)
     return RowStatistics(first_weight, entropy)
 
 
@@ -125,9 +142,10 @@ _FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_f
 
 def fused_statistics_apply(source: QueryKeys) -> bool:
     """Whether :func:`fused_row_statistics` computes ``source``'s rows: on the CPU (whose flash attention returns
-    the rows' log-sum-exp), with one key per query; elsewhere the rows are computed by chunks."""
+    the rows' log-sum-exp), with one key per query, without a sliding window (its mask would be the whole
+    ``[query, key]``); elsewhere the rows are computed by chunks, a windowed layer's against its windows only."""
     return (_FLASH_WITH_LSE is not None and source.q.device.type == "cpu"
-            and source.q.shape[1] == source.k.shape[1])
+            and source.q.shape[1] == source.k.shape[1] and source.window is None)
 
 
 def fused_row_statistics(source: QueryKeys, first: Tensor) -> RowStatistics:
@@ -174,7 +192,7 @@ def fused_row_statistics(source: QueryKeys, first: Tensor) -> RowStatistics:
 
 def pattern_source(model, layer: int) -> tuple[str, ...]:
     """The hooks (``get_act_name`` names) from which layer ``layer``'s pattern rows are read: its queries and keys
-    where lens_heads runs the layer's attention fused (a HookedTransformer layer without soft-caps, windows, sinks or
+    where lens_heads runs the layer's attention fused (a HookedTransformer layer without soft-caps, sinks or
     other features :func:`~lens_heads.evaluation.fused_attention.eager_reason` lists), else ``hook_pattern``."""
     if not backend(model).fuses_attention:
         return ("pattern",)
@@ -199,4 +217,6 @@ def rows_from(model, layer: int, acts: dict[str, Tensor], mask: Bool[Tensor, "ba
         raise RuntimeError(f"layer {layer}: hook_{'/hook_'.join(missing)} were not captured before hook_z")
     q, k = (acts[name] for name in names)
     attn = model.blocks[layer].attn
-    return QueryKeys(q, expand_kv(k, q.shape[2]), mask.to(q.device), float(attn.attn_scale), tl.causal(attn))
+    causal = tl.causal(attn)
+    return QueryKeys(q, expand_kv(k, q.shape[2]), mask.to(q.device), float(attn.attn_scale), causal,
+                     tl.window(attn) if causal else None)

@@ -6,7 +6,7 @@ The attention itself runs fused (:mod:`lens_heads.evaluation.fused_attention`) a
 take its rows' statistics from one more fused attention with its log-sum-exp (on the CPU), or recompute the pattern
 ``query_chunk`` rows at a time (:mod:`lens_heads.heads.attention_rows`), so no layer's whole
 ``[batch, head, query, key]`` pattern is ever held: memory grows linearly with the prompt. A layer that cannot run
-fused (soft-capped, windowed, a TransformerBridge's) gives its ``hook_pattern`` instead, read by rows all the same.
+fused (soft-capped, a TransformerBridge's) gives its ``hook_pattern`` instead, read by rows all the same.
 Nothing is cached across layers, so memory does not grow with depth beyond the score tensor, and the pass skips the
 unembedding (no logits are needed).
 """

@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # TransformerLens 3.9 only
     from transformer_lens import HookedTransformerConfig
 
 FAMILY_WORDS = ("llama", "gemma")  # words TransformerLens reads in a model path
-MAX_N_CTX = 8192  # TransformerLens keeps an [n_ctx, n_ctx] mask per layer; it caps Gemma 3 at this too
 
 
 def architecture(hf_config) -> str:
@@ -112,7 +111,7 @@ def _common(c, *, d_head: int) -> dict:
     n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     return dict(d_model=c.hidden_size, d_head=d_head, n_heads=c.num_attention_heads,
                 n_key_value_heads=n_kv if n_kv != c.num_attention_heads else None, d_mlp=c.intermediate_size,
-                n_layers=c.num_hidden_layers, n_ctx=min(c.max_position_embeddings, MAX_N_CTX), d_vocab=c.vocab_size,
+                n_layers=c.num_hidden_layers, n_ctx=c.max_position_embeddings, d_vocab=c.vocab_size,
                 initializer_range=c.initializer_range, positional_embedding_type="rotary", gated_mlp=True)
 
 

@@ -228,6 +228,9 @@ def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dty
             if unexpected or [k for k in missing if not k.endswith(("IGNORE", "mask"))]:
                 raise RuntimeError(f"weights of {folder} don't fit the model: missing {missing}, extra {unexpected}")
     model.move_model_modules_to_device()
+    # the whole context's rotary tables, one pair per kind of layer (after the move, which copies each buffer apart):
+    # at Gemma 3's 32k positions, TransformerLens's pair per layer grows to 64 MB each with a long prompt
+    tl_internals.share_rotary_tables(model)
     return model
 
 

@@ -33,6 +33,7 @@ SETUP = {3: "bash scripts/setup.sh", 4: "bash scripts/setup.sh --bridge"}  # how
 
 FUSED_ATTENTION, PACKED_WEIGHTS, CACHED_GENERATION = "fused attention", "packed weights", "cached generation"
 FINAL_LOGITS, BRIDGE_STOP = "final logits", "stopping the bridge before its final norm"
+SHARED_ROTARY = "rotary tables shared across layers"
 LOADING = "loading weights into a HookedTransformer"
 
 
@@ -68,6 +69,8 @@ INTERNALS = {
                                                (FUSED_ATTENTION,)),
     "AbstractAttention.rotate_every_two": Internal(f"{_ATTENTION}.rotate_every_two", ("self", "x"), (3,),
                                                    (FUSED_ATTENTION,)),
+    "AbstractAttention._extend_rotary_embeddings": Internal(f"{_ATTENTION}._extend_rotary_embeddings",
+                                                            ("self", "new_size"), (3,), (SHARED_ROTARY, FUSED_ATTENTION)),
     "softcap_enabled": Internal("transformer_lens.utilities.activation_functions:softcap_enabled", ("cap",), (3, 4),
                                 (FUSED_ATTENTION,)),
     "Unembed.forward": Internal("transformer_lens.components:Unembed.forward", ("self", "residual"), (3,),
@@ -90,10 +93,13 @@ INTERNALS = {
         ("model_name", "hf_cfg", "checkpoint_index", "checkpoint_value", "fold_ln", "device", "n_devices",
          "default_prepend_bos", "dtype", "first_n_layers", "n_ctx", "kwargs"), (3,), (LOADING,)),
     "get_official_model_name": Internal(f"{_LOADING}:get_official_model_name", ("model_name",), (3,), (LOADING,)),
+    "convert_hf_model_config": Internal(f"{_LOADING}:convert_hf_model_config", ("model_name", "kwargs"), (3,),
+                                        (LOADING,)),
 }
 # Instance attributes set in the modules' __init__ (no signature to check): read only through the functions below,
 # which name the attribute when it is gone.
-ATTRIBUTES = {"AbstractAttention": ("_attention_dir_override", "rotary_sin", "rotary_cos"), "GatedMLP": ("act_fn",)}
+ATTRIBUTES = {"AbstractAttention": ("_attention_dir_override", "rotary_sin", "rotary_cos", "attn_type"),
+              "GatedMLP": ("act_fn",)}
 
 
 class InternalsChanged(RuntimeError):
@@ -208,12 +214,46 @@ def rotary_at(attn, x: Float[Tensor, "batch pos head d_head"], positions: Int[Te
     """The layer's rotary embedding (``apply_rotary``'s arithmetic) at explicit per-row positions."""
     cos_table = _attribute(attn, "rotary_cos", FUSED_ATTENTION)
     sin_table = _attribute(attn, "rotary_sin", FUSED_ATTENTION)
+    needed = int(positions.max()) + 1 if positions.numel() else 0
+    if needed > cos_table.shape[0]:  # the tables grow with the longest forward so far, as apply_rotary grows them
+        _get("AbstractAttention._extend_rotary_embeddings", FUSED_ATTENTION)(
+            attn, min(attn.cfg.n_ctx, max(needed, 2 * cos_table.shape[0])))
+        cos_table, sin_table = attn.rotary_cos, attn.rotary_sin
     rotary_dim = attn.cfg.rotary_dim
     x = x.to(sin_table.device)
     x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
     positions = positions.clamp(max=cos_table.shape[0] - 1).to(cos_table.device)
     cos, sin = cos_table[positions, None, :], sin_table[positions, None, :]
     return torch.cat([x_rot * cos + attn.rotate_every_two(x_rot) * sin, x_pass], dim=-1)
+
+
+def window(attn) -> int | None:
+    """The layer's sliding window in positions (a local layer: query i attends to keys i - window + 1 .. i), or
+    None for a global layer."""
+    return attn.cfg.window_size if _attribute(attn, "attn_type", FUSED_ATTENTION) == "local" else None
+
+
+def share_rotary_tables(model) -> int:
+    """Give every attention layer rotary tables covering the model's whole context ``n_ctx``, one pair of tables per
+    distinct kind of layer (TransformerLens keeps a pair per layer and grows it with the longest forward: at Gemma 3's
+    32,768 positions x 256 dimensions, 64 MB per layer). The tables depend on the layer's kind only (local or
+    global: its rotary base and scaling), never on its index, so sharing them changes no value. Returns how many
+    pairs there are now (0: a model without rotary positions or with dynamic NTK, whose tables change per forward)."""
+    cfg = model.cfg
+    if cfg.positional_embedding_type != "rotary" or cfg.use_dynamic_ntk_rope:
+        return 0
+    require(SHARED_ROTARY)
+    extend = _get("AbstractAttention._extend_rotary_embeddings", SHARED_ROTARY)
+    tables: dict[str, tuple[Tensor, Tensor]] = {}
+    for block in model.blocks:
+        attn = block.attn
+        kind = _attribute(attn, "attn_type", SHARED_ROTARY)
+        if kind not in tables:
+            if _attribute(attn, "rotary_cos", SHARED_ROTARY).shape[0] != cfg.n_ctx:
+                extend(attn, cfg.n_ctx)
+            tables[kind] = (attn.rotary_sin, attn.rotary_cos)
+        attn.rotary_sin, attn.rotary_cos = tables[kind]  # registered buffers: the module keeps them as buffers
+    return len(tables)
 
 
 def causal(attn) -> bool:
@@ -283,3 +323,10 @@ def official_model_name(name: str) -> str:
     """TransformerLens's official name for hub model ``name`` (ValueError where it knows none)."""
     require(LOADING)
     return _get("get_official_model_name", LOADING)(name)
+
+
+def hub_config_fields(official_name: str) -> dict[str, Any]:
+    """The config fields TransformerLens sets for hub model ``official_name`` (for the models it describes in its
+    own source, such as google/gemma-3-270m, without reaching the hub)."""
+    require(LOADING)
+    return _get("convert_hf_model_config", LOADING)(official_name)
