@@ -286,8 +286,8 @@ def summary(rows: list[dict], name: str, limit_gb: float) -> tuple[str, str]:
     whole = ", ".join(f"{by[('whole-pattern', n)]['peak_mb'] / by[('scoring', n)]['peak_mb']:.2f}x at {n}"
                       for n in scored if ("whole-pattern", n) in by)
     verdict = (f"{name}: scoring / evaluator tokens per CPU second: {ratios} tokens (target >= 0.5x at every "
-               f"length); growth of the scoring pass's activation memory (delta): {growth}; whole-pattern / "
-               f"scoring peak RSS: {whole}")
+               f"length); growth of the scoring pass's activation memory (delta): {growth}"
+               + (f"; whole-pattern / scoring peak RSS: {whole}" if whole else ""))
     return "\n".join(lines), verdict
 
 
