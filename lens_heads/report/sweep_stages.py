@@ -4,6 +4,7 @@ findings rest on, and the comparison of every sweep's curves across models and t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import pandas as pd
 
 from lens_heads.data.items import Task
