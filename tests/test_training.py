@@ -151,3 +151,31 @@ def test_the_training_namespaces_document_every_name_they_export():
             if not doc or doc.startswith(f"{obj.__name__}("):
                 undocumented.append(f"{space.__name__}.{name}")
     assert not undocumented
+
+
+def test_weights_a_model_shares_between_names_are_saved_once_and_restored(tmp_path):
+    """Rotary tables shared by the layers of one kind (`share_rotary_tables`) are one tensor under many names:
+    written once (safetensors refuses aliases), filled back through the alias on load; every weight round-trips
+    exactly, and a file missing a tensor that is not an alias is refused."""
+    from safetensors.torch import load as st_load
+
+    from lens_heads.models import tl_internals
+    from lens_heads.models.loading import tiny_model
+    from lens_heads.training.checkpoints import load_model_state, model_state_bytes
+
+    model = tiny_model("llama", seed=0, n_layers=3)
+    assert tl_internals.share_rotary_tables(model) == 1
+    names = [n for n in model.state_dict() if n.endswith("rotary_sin")]
+    assert len(names) == 3 and len({model.state_dict()[n].data_ptr() for n in names}) == 1
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(model_state_bytes(model))
+    saved = st_load(path.read_bytes())
+    assert [n for n in saved if n.endswith("rotary_sin")] == names[:1]
+    other = tiny_model("llama", seed=1, n_layers=3)
+    tl_internals.share_rotary_tables(other)
+    load_model_state(other, path)
+    for name, value in model.state_dict().items():
+        assert torch.equal(other.state_dict()[name], value), name
+    unshared = tiny_model("llama", seed=1, n_layers=3)  # its tables are separate tensors: the file lacks two
+    with pytest.raises(RuntimeError, match="rotary_sin"):
+        load_model_state(unshared, path)

@@ -15,13 +15,33 @@ from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 
 
 def model_state_bytes(model: torch.nn.Module) -> bytes:
-    """The model's weights (its state dict, on the CPU) as safetensors bytes."""
-    return st_save({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()})
+    """The model's weights (its state dict, on the CPU) as safetensors bytes. A tensor the model holds under several
+    names (rotary tables shared by the layers of one kind, `lens_heads.models.tl_internals.share_rotary_tables`) is
+    written once, under its first name: safetensors stores no aliases, and `load_model_state` fills the others."""
+    state, seen = {}, set()
+    for name, value in model.state_dict().items():
+        if _storage(value) not in seen:
+            seen.add(_storage(value))
+            state[name] = value.detach().contiguous().cpu()
+    return st_save(state)
 
 
 def load_model_state(model: torch.nn.Module, path: Path) -> None:
-    """Load the weights at ``path`` (written by `model_state_bytes`) into ``model``, in place."""
-    model.load_state_dict(st_load(Path(path).read_bytes()))
+    """Load the weights at ``path`` (written by `model_state_bytes`) into ``model``, in place. A name the file lacks
+    must be an alias in ``model`` of a tensor it has (loading that tensor fills it); anything else is an error."""
+    state = st_load(Path(path).read_bytes())
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded = {_storage(own[name]) for name in state if name in own}
+    lacking = [name for name in missing if _storage(own[name]) not in loaded]
+    if lacking or unexpected:
+        raise RuntimeError(f"{path} does not hold this model's weights: missing {lacking[:5]}, unexpected "
+                           f"{unexpected[:5]} (was it written by another architecture or configuration?)")
+
+
+def _storage(t: Tensor) -> tuple:
+    """Where a tensor's values live (the same for every alias of one tensor)."""
+    return (t.device.type, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[bytes, dict]:
