@@ -195,3 +195,26 @@ def test_lazy_rank_tests_pair_each_readded_lazy_layer_over_inputs_and_seeds():
     assert w["difference"] == pytest.approx(3.0) and w["n"] == n_inputs and w["verdict"] == "higher"
     record["growth"]["1"]["stages"].pop()  # seed 1 never grew: no size every seed reached above the start
     assert lazy_rank_tests(record, n_resamples=50).empty
+
+
+def test_a_reference_with_shared_rotary_tables_is_inherited_and_grown():
+    """A model loaded from a folder shares one pair of rotary tables over its whole context (here 4,096 rows) while
+    a fresh model keeps TransformerLens's per-layer tables: the weights are copied, the tables (computed from the
+    config) are not, and the student attends as the reference's first blocks do."""
+    from lens_heads.growth.inherit import inherit_first_layers
+    from lens_heads.models import tl_internals
+
+    reference = tiny_model("llama", seed=0, n_layers=3, d_vocab=VOCAB, n_ctx=4096)
+    tl_internals.share_rotary_tables(reference)
+    student = inherit_first_layers(reference, 1, seed=0)
+    assert reference.blocks[0].attn.rotary_sin.shape != student.blocks[0].attn.rotary_sin.shape
+    grown = grow_any(reference, 2, student, seed=0)
+    tokens = torch.randint(0, VOCAB, (1, 12))
+    for model in (student, grown):
+        for layer in range(model.cfg.n_layers):
+            assert torch.equal(model.blocks[layer].attn.W_Q, reference.blocks[layer].attn.W_Q)
+        _, ref_cache = reference.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_z"))
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_z"))
+        # the same weights and positions: the first blocks' outputs agree up to float32 rounding of equal sums
+        torch.testing.assert_close(cache["blocks.0.attn.hook_z"], ref_cache["blocks.0.attn.hook_z"], rtol=1e-5,
+                                   atol=1e-6)

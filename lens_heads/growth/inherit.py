@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from lens_heads.growth.gpt2 import GPT2Options, gpt2_model, gpt2_options, own_rng
+from lens_heads.models import tl_internals
 from lens_heads.models.backends import hooked_transformer
 from lens_heads.plumbing.errors import InputError
 
@@ -55,11 +56,13 @@ def inherited_names(model: HookedTransformer, n_layers: int, *, parts: str = "bo
 
 def _copy(target: HookedTransformer, source: HookedTransformer, names: list[str],
           rename=lambda name: name) -> None:
-    """``target[name] = source[rename(name)]`` for each state-dict ``name``."""
+    """``target[name] = source[rename(name)]`` for each state-dict ``name`` that is a weight (rotary tables are
+    computed from the config, and their lengths differ between a loaded reference and a fresh model)."""
     src, dst = source.state_dict(), target.state_dict()
     with torch.no_grad():
         for name in names:
-            dst[name].copy_(src[rename(name)])
+            if not tl_internals.derived_buffer(name):
+                dst[name].copy_(src[rename(name)])
 
 
 def _block_from(mapping: dict[int, int]):

@@ -233,6 +233,15 @@ def window(attn) -> int | None:
     return attn.cfg.window_size if _attribute(attn, "attn_type", FUSED_ATTENTION) == "local" else None
 
 
+ROTARY_TABLES = ("rotary_sin", "rotary_cos")
+
+
+def derived_buffer(name: str) -> bool:
+    """Whether a state-dict name is a table computed from the config (rotary sin/cos) rather than a weight: its
+    length follows the longest forward or `share_rotary_tables`, so copying weights between models skips it."""
+    return name.rsplit(".", 1)[-1] in ROTARY_TABLES
+
+
 def share_rotary_tables(model) -> int:
     """Give every attention layer rotary tables covering the model's whole context ``n_ctx``, one pair of tables per
     distinct kind of layer (TransformerLens keeps a pair per layer and grows it with the longest forward: at Gemma 3's
