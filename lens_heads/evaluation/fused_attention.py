@@ -163,12 +163,7 @@ def sdpa_z(
     """Head outputs ``z_i = sum_j softmax_j(q_i . k_j * scale) v_j`` over the allowed keys (earlier or equal
     positions when ``causal``, real tokens of ``attention_mask``), K/V heads shared by consecutive query heads.
     A query with no allowed key gets z = 0, as the eager pattern's NaN-to-zero gives."""
-    n_heads, n_kv = q.shape[2], k.shape[2]
-    if n_kv != n_heads:  # grouped-query heads: query head h reads KV head h // (n_heads // n_kv), as eagerly
-        k = k.repeat_interleave(n_heads // n_kv, dim=2)
-        v = v.repeat_interleave(n_heads // n_kv, dim=2)
-    q_, k_, v_ = (einops.rearrange(x, "b p head d -> b head p d") for x in (q, k, v))
-    v_ = v_.to(q_.dtype)
+    q_, k_, v_ = _heads_first(q, k, v)
     if attention_mask is None:
         out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, scale=scale)
         return einops.rearrange(out, "b head p d -> b p head d")
@@ -183,6 +178,17 @@ def sdpa_z(
     out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=allowed, scale=scale)
     z = einops.rearrange(out, "b head p d -> b p head d")
     return z.masked_fill(dead[:, :, None, None], 0.0) if bool(dead.any()) else z
+
+
+def _heads_first(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Q, K, V as ``[batch, head, pos, d_head]`` for SDPA, every query head with its own K/V (grouped-query heads:
+    query head h reads KV head h // (n_heads // n_kv), as eagerly), V in Q's dtype."""
+    n_heads, n_kv = q.shape[2], k.shape[2]
+    if n_kv != n_heads:
+        k = k.repeat_interleave(n_heads // n_kv, dim=2)
+        v = v.repeat_interleave(n_heads // n_kv, dim=2)
+    q_, k_, v_ = (einops.rearrange(x, "b p head d -> b head p d") for x in (q, k, v))
+    return q_, k_, v_.to(q_.dtype)
 
 
 WINDOW_QUERY_CHUNK = 256  # queries per step of a windowed layer: 256 x (256 + window) scores per head
@@ -203,12 +209,7 @@ def windowed_z(
     ``query_chunk`` queries at a time, each chunk against its own span of keys only: memory ``batch x head x
     query_chunk x (query_chunk + window)`` scores instead of the whole ``[query, key]`` pattern. A query with no
     allowed key gets z = 0, as eagerly."""
-    n_heads, n_kv = q.shape[2], k.shape[2]
-    if n_kv != n_heads:
-        k = k.repeat_interleave(n_heads // n_kv, dim=2)
-        v = v.repeat_interleave(n_heads // n_kv, dim=2)
-    q_, k_, v_ = (einops.rearrange(x, "b p head d -> b head p d") for x in (q, k, v))
-    v_ = v_.to(q_.dtype)
+    q_, k_, v_ = _heads_first(q, k, v)
     n = q.shape[1]
     real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
             else attention_mask.to(q.device).bool())
