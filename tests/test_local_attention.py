@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import LOGLIK_TOL, assert_close_to_scale, text_model
+from test_fused_attention import padded_batch  # every row longer than the window
 from lens_heads import tiny_model
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation import fused_attention as fa
@@ -29,15 +30,6 @@ def gemma3_like(seed: int = 0):
                       rotary_base_local=10_000, use_normalization_before_and_after=True)
 
 
-def padded_batch(seed: int = 0):
-    """No padding, right padding, left padding, and a single real token; every row longer than the window."""
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 97, (4, 24), generator=gen)
-    mask = torch.ones(4, 24, dtype=torch.long)
-    mask[1, 17:] = 0
-    mask[2, :6] = 0
-    mask[3, 1:] = 0
-    return tokens, mask
 
 
 def explicit_windowed(q, k, v, real, scale: float, window: int):
