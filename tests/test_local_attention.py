@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import LOGLIK_TOL, assert_close_to_scale, text_model
-from test_fused_attention import padded_batch  # every row longer than the window
 from lens_heads import tiny_model
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation import fused_attention as fa
@@ -18,6 +17,7 @@ from lens_heads.heads.scores import scores_of_layer
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.loading import expand_kv
+from test_fused_attention import padded_batch  # every row longer than the window
 
 WINDOW = 4
 
