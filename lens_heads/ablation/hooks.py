@@ -33,6 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.evaluation.ablation_interface import HookFn, HookPair, UnitAblation
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import mark
@@ -43,8 +44,6 @@ from lens_heads.models.capture import LayerCapture
 from lens_heads.models.loading import expand_kv
 from lens_heads.plumbing.errors import InputError
 
-HookFn = Callable[..., Tensor | None]
-HookPair = tuple[str, HookFn]
 Rule = Callable[[int, Float[Tensor, "batch pos head d_head"], dict], Bool[Tensor, "batch head"]]
 ABLATIONS = ("zero", "mean")  # what replaces an ablated head's z: zeros, or its mean (mean_z)
 DRAWS = ("per_item", "per_row")  # random zeroing: one draw for all rows of an input, or one for every forward row
@@ -79,9 +78,9 @@ def zero_heads(
     return [(get_act_name("z", layer), mark(make(layer, chosen), "any")) for layer, chosen in sorted(by_layer.items())]
 
 
-class HeadAblation:
+class HeadAblation(UnitAblation):
     """Hooks that zero or mean-ablate (``ablation``), in every layer, the heads a rule picks for each input, and count
-    what they ablated.
+    what they ablated (an :class:`~lens_heads.evaluation.ablation_interface.Ablation` that is told each batch).
 
     Built by :func:`static_zeroing`, :func:`threshold_zeroing` or
     :func:`~lens_heads.ablation.random_draws.random_zeroing`. ``rule(layer, z, acts)`` returns ``Bool[batch, head]``
@@ -92,6 +91,9 @@ class HeadAblation:
     computed once for them (``"any"``, ``"item"``; None: it reads the whole row or draws per row, see
     :mod:`lens_heads.evaluation.prefix`). ``reads_rows``: the rule needs the rows' keys (the evaluator passes them).
     """
+
+    per_input = True  # the rule decides per input, and what it ablates is counted per input
+    counts_inputs = True
 
     def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str,
                  capture: Sequence[str] | Callable[[int], Sequence[str]] = (),

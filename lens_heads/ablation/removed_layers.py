@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from lens_heads.evaluation.ablation_interface import HookPair, UnitAblation
 from lens_heads.evaluation.prefix import mark
 from lens_heads.models.capture import check_hook_names
 from lens_heads.plumbing.errors import InputError
@@ -52,17 +53,23 @@ def check_layers(layers: Sequence[int], n_layers: int, *, what: str = "layers") 
     return tuple(out)
 
 
-class RemovedLayers:
+class RemovedLayers(UnitAblation):
     """Hooks that remove ``layers`` (their ``part``: ``"attention"`` or ``"block"``) for every input; built by
     :func:`remove_layers`. ``.hooks`` go wherever hooks go; :meth:`share_zeroed` and :meth:`zeroed` say which heads
-    the removal takes out, as :class:`lens_heads.ablation.hooks.HeadAblation` does, so a sweep records it alike."""
+    the removal takes out, as :class:`lens_heads.ablation.hooks.HeadAblation` does, so a sweep records it alike. It
+    acts alike on every input, so it is told no batches and counts nothing per input (``per_input`` False)."""
 
     prefix_scope = "any"
 
     def __init__(self, n_layers: int, n_heads: int, layers: tuple[int, ...], part: str, hook_names: list[str]):
         self.n_layers, self.n_heads, self.layers, self.part = n_layers, n_heads, layers, part
         self.description = f"remove {part} of layer(s) {', '.join(map(str, layers))}"
-        self.hooks = [(name, mark(_zero_output, "any")) for name in hook_names]
+        self._hooks: list[HookPair] = [(name, mark(_zero_output, "any")) for name in hook_names]
+
+    @property
+    def hooks(self) -> list[HookPair]:
+        """Each removed output's hook point (``hook_attn_out``, and ``hook_mlp_out`` for a block), zeroed."""
+        return self._hooks
 
     def heads_removed(self) -> Bool[Tensor, "layer head"]:
         """Every head of a removed layer (its attention is gone in both parts)."""

@@ -25,12 +25,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lens_heads.ablation.hooks import HeadAblation, HookPair
+from lens_heads.ablation.hooks import HeadAblation
+from lens_heads.evaluation.ablation_interface import Ablation, HookPair
 from lens_heads.models.capture import LayerCapture
 from lens_heads.plumbing.errors import InputError
 
 
-class StackedAblation:
+class StackedAblation(Ablation):
     """``units`` (HeadAblations, None for none) applied to consecutive equal slices of each forward's rows.
 
     ``hooks`` go to the model as any hook object's; :meth:`batch` is told the whole stacked batch (its mask, one input
@@ -39,6 +40,7 @@ class StackedAblation:
     """
 
     prefix_scope = None  # the evaluator runs stacked rows row by row
+    per_input = True
 
     def __init__(self, units: Sequence[HeadAblation | None]):
         units = list(units)
@@ -52,7 +54,7 @@ class StackedAblation:
         if len(shapes) > 1:
             raise InputError(f"stacked units are built for different models (layers, heads) {sorted(shapes)}: "
                              "build every unit for the model being run")
-        self.units = units
+        self.units: list[HeadAblation | None] = units
         self.copies = len(units)
         self.reads_rows = any(u is not None and u.reads_rows for u in units)
         self.description = f"stacked: {self.copies} units"

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 
+from lens_heads.evaluation.ablation_interface import Ablation
 from lens_heads.plumbing.errors import InputError
 
 AUTO = "auto"
@@ -75,7 +76,7 @@ def halving(run: Callable[[int], T], start: int, hook_objects: Iterable = (), wh
     """``run(size)`` from ``size = start``, halved after each out-of-memory error until it fits (at 1 the error is
     raised). Hook objects that count what they see (a ``HeadAblation``) are rewound to before the failed attempt.
     A size reached by halving is remembered for the next ``what`` pass within :func:`settled_sizes`."""
-    objects = [obj for obj in hook_objects if hasattr(obj, "snapshot")]
+    objects = [obj for obj in hook_objects if isinstance(obj, Ablation)]  # the others are pairs' hook names
     size = start
     while True:
         marks = [(obj, obj.snapshot()) for obj in objects]

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from lens_heads.data.chat import resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import Row, build_rows
+from lens_heads.evaluation.ablation_interface import describe
 from lens_heads.evaluation.batching import AUTO, first_size, halving, is_out_of_memory
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.failed_items import check_nonfinite, settle
@@ -214,7 +215,7 @@ def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
                        items=item_records(items, rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,
-                       meta=dict(meta, hooks=[getattr(obj, "description", None) or repr(obj) for obj in objects]))
+                       meta=dict(meta, hooks=[describe(obj) for obj in objects]))
             for objects, (logprobs, greedy) in zip(described, outputs)]
 
 

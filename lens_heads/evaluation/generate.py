@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_eval_bos
+from lens_heads.evaluation.ablation_interface import Ablation, describe
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects, stacked_copies
 from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
@@ -264,7 +265,7 @@ def evaluate_generation(model, task, *, hooks: Iterable | None = None, max_new_t
                          "against: use a generation task such as load_task('gsm8k')")
     name = getattr(task, "name", "task")
     stop = TASK_STOPS.get(name, GSM8K_STOP) if stop is None else stop
-    counters = [obj for obj in hook_objects(hooks) if hasattr(obj, "zeroed_by_input")]
+    counters = [obj for obj in hook_objects(hooks) if isinstance(obj, Ablation) and obj.counts_inputs]
     chat = resolve_chat_template(model, apply_chat_template)
     start, cpu_start = time.perf_counter(), time.process_time()
     records = []
@@ -277,7 +278,7 @@ def evaluate_generation(model, task, *, hooks: Iterable | None = None, max_new_t
             record.zeroed = list(counters[0].zeroed_by_input().get(first_input + i, (0, 0)))
         records.append(record)
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {},
-                hooks=[getattr(obj, "description", None) or repr(obj) for obj in hook_objects(hooks)],
+                hooks=[describe(obj) for obj in hook_objects(hooks)],
                 decoding="greedy", max_new_tokens=max_new_tokens, stop=list(stop), cache=cache,
                 zeroing_recomputed_every_token=bool(counters) and not cache,
                 reading="lm-eval gsm8k filters (strict-match, flexible-extract)" if name in LM_EVAL_TASKS else

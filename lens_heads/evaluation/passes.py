@@ -246,8 +246,7 @@ def _hooked(model, hook_set: HookSet, mask: Tensor, inputs: list[int], rows: lis
     counted by the objects)."""
     with contextlib.ExitStack() as stack:
         for obj in hook_set.batch_aware:
-            told = dict(inputs=inputs, rows=rows) if getattr(obj, "reads_rows", False) else dict(inputs=inputs)
-            stack.enter_context(obj.batch(mask, **told) if count else obj.batch(mask, **told, count=False))
+            stack.enter_context(obj.batch(mask, inputs=inputs, rows=rows if obj.reads_rows else None, count=count))
         stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
         yield
 

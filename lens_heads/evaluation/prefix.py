@@ -63,7 +63,7 @@ MAX_BATCH_ROWS = 1024  # rows in a prefix or suffix batch: bounds the batching's
 
 def hook_scope(hooks: Sequence) -> str | None:
     """The widest prefix sharing that every hook object or ``(name, fn)`` pair in ``hooks`` allows (None: none)."""
-    scopes = [getattr(obj[1] if isinstance(obj, tuple) else obj, "prefix_scope", None) for obj in hooks]
+    scopes = [getattr(obj[1], "prefix_scope", None) if isinstance(obj, tuple) else obj.prefix_scope for obj in hooks]
     return narrowest(scopes)
 
 

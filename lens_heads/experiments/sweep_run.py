@@ -186,7 +186,7 @@ def unit_result(spec: AblationSpec, ablation, result: EvalResult, wall_s: float 
 
 def _item_zeroed(ablation, result: EvalResult) -> list[list[int]] | None:
     """Per item of ``result`` (inputs are numbered by item, as ``evaluate`` numbers them): [rows, triples zeroed]."""
-    by_input = ablation.zeroed_by_input() if ablation is not None and hasattr(ablation, "zeroed_by_input") else {}
+    by_input = ablation.zeroed_by_input() if ablation is not None else {}
     if len(by_input) != result.n:
         return None
     return [list(by_input[i]) for i in range(result.n)]

@@ -215,7 +215,7 @@ def _shares(hooks, n_inputs: int) -> tuple[list[float | None], list[int]]:
     the rows counted."""
     if hooks is None:
         return [0.0] * n_inputs, [1] * n_inputs
-    if not hasattr(hooks, "zeroed_by_input"):  # removed layers: the same heads for every input
+    if not hooks.counts_inputs:  # removed layers: the same heads for every input
         return [float(hooks.share_zeroed())] * n_inputs, [1] * n_inputs
     counted = hooks.zeroed_by_input()
     size = hooks.n_layers * hooks.n_heads
