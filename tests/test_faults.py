@@ -263,11 +263,12 @@ def test_out_of_memory_mid_sweep_with_auto_batch_size_halves_and_goes_on_recordi
 
     run_passes, calls = evaluate_module.run_passes, []
 
-    def tight_memory(model, items, rows, sets, batch_size, *args):
+    def tight_memory(model, work, run, *args):
+        batch_size = run.settings.batch_size
         calls.append(batch_size)
         if len(calls) > 2 and batch_size > 4:
             raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate a batch of {batch_size} rows")
-        return run_passes(model, items, rows, sets, batch_size, *args)
+        return run_passes(model, work, run, *args)
 
     monkeypatch.setattr(evaluate_module, "run_passes", tight_memory)
     monkeypatch.setitem(SETTINGS, "batch_size", "auto")

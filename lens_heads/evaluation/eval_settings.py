@@ -73,3 +73,21 @@ def eval_settings(settings: EvalSettings | None = None, options: Mapping[str, An
     """``settings`` (default: ``EvalSettings()``) with the keyword ``options`` a function was called with laid over
     it; an option that is not a setting is refused by name."""
     return laid_over(EvalSettings, settings, dict(options or {}), argument="settings", what="evaluation settings")
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """One evaluation call: its settings and what it adds for this call only: the progress bar, the first item's
+    index (a block of a larger task numbers its items from there), whether shared prefixes may be used, and what
+    becomes of non-finite items (``settle=False``: left for the caller, a torchrun rank whose gathered records are
+    settled together)."""
+
+    settings: EvalSettings
+    progress: bool = True
+    first_input: int = 0
+    shared_prefixes: bool = True
+    nonfinite: str = "raise"
+    settle: bool = True
+
+    def again(self, **changes) -> "EvalRun":
+        return dataclasses.replace(self, **changes)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 import torch
@@ -34,12 +34,12 @@ from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import Row, build_rows
 from lens_heads.evaluation.ablation_interface import describe
 from lens_heads.evaluation.batching import AUTO, first_size, halving, is_out_of_memory
-from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
+from lens_heads.evaluation.eval_settings import EvalRun, EvalSettings, eval_settings
 from lens_heads.evaluation.failed_items import check_nonfinite, settle
 from lens_heads.evaluation.fused_attention import AttentionCalls
-from lens_heads.evaluation.hook_sets import hook_objects, hook_set, stacked_copies, unit_objects
+from lens_heads.evaluation.hook_sets import hook_objects, hook_set, stacked_copies
 from lens_heads.evaluation.logprobs import item_records
-from lens_heads.evaluation.passes import attention_ran, run_passes
+from lens_heads.evaluation.passes import Outputs, Work, attention_ran, run_passes
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.models.loading import model_meta
 from lens_heads.models.nonfinite import where_nonfinite
@@ -112,7 +112,7 @@ def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | 
     if isinstance(task, (str, bytes)):  # a name or a path is not a task (its characters would be the items)
         raise InputError(f"evaluate takes a Task, got {task!r}: load it first, lens_heads.load_task({task!r})")
     check_nonfinite(nonfinite)
-    run = _Run(eval_settings(settings, options), progress, first_input, _shared_prefixes, nonfinite, _settle)
+    run = EvalRun(eval_settings(settings, options), progress, first_input, _shared_prefixes, nonfinite, _settle)
     if distributed.sharding():
         return _evaluate_shards(model, task, hook_sets, run)
     copies = max((stacked_copies(hooks) for hooks in hook_sets), default=1)
@@ -129,54 +129,36 @@ def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | 
                          + ("" if run.settings.batch_size == AUTO else " or give batch_size='auto'")) from e
 
 
-@dataclass(frozen=True)
-class _Run:
-    """One call's settings and what it adds for this call only: the progress bar, the first item's index,
-    whether shared prefixes may be used, and what becomes of non-finite items (``settle=False``: left for the caller,
-    a torchrun rank whose gathered records are settled together)."""
-
-    settings: EvalSettings
-    progress: bool
-    first_input: int
-    shared_prefixes: bool
-    nonfinite: str = "raise"
-    settle: bool = True
-
-    def again(self, **changes) -> "_Run":
-        return replace(self, **changes)
-
-
-def _evaluate(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
+def _evaluate(model, task, hook_sets: Sequence, run: EvalRun) -> list[EvalResult]:
     """``evaluate_each`` at a whole-number batch size, in this process."""
     s = run.settings
     assert isinstance(s.batch_size, int)  # "auto" is resolved by the caller
     items = list(task)
     if not items:
         raise InputError("the task has no items")
-    sets = [hook_set(model, hooks) for hooks in hook_sets]
+    sets = [hook_set(model, hooks) for hooks in hook_sets]  # bad hooks are refused before the rows are built
     chat = resolve_chat_template(model, s.apply_chat_template)
-    rows = _checked_rows(model, items, s.protocol, chat)
+    work = Work(items, _checked_rows(model, items, s.protocol, chat), sets)
     start_time = time.perf_counter()
     attention_calls = AttentionCalls()
     bar = tqdm(total=len(items), desc=f"{getattr(task, 'name', 'task')} items", unit="item",
                disable=not run.progress, leave=False)
-    outputs, stats, shared_prefix = run_passes(model, items, rows, sets, s.batch_size, run.first_input, bar,
-                                               s.attention, attention_calls, run.shared_prefixes)
+    outputs, stats, shared_prefix = run_passes(model, work, run, bar, attention_calls)
     bar.close()
     meta = dict(model=model_meta(model), task=task.meta() if hasattr(task, "meta") else {}, settings=s.to_dict(),
                 batch_size=s.batch_size, protocol=s.protocol, apply_chat_template=s.apply_chat_template,
-                chat_template=chat, acc_norm=ACC_NORM, rows=len(rows), wall_s=time.perf_counter() - start_time,
+                chat_template=chat, acc_norm=ACC_NORM, rows=len(work.rows), wall_s=time.perf_counter() - start_time,
                 ci_method="wilson 95%", attention=attention_ran(model, s.attention, attention_calls),
-                shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in rows), **stats)
-    if len(sets) > 1:
-        meta["shared_by"] = len(sets)  # wall_s and the forward counts are the shared run's
-    if any(hs.copies > 1 for hs in sets):
-        meta["stacked_units"] = max(hs.copies for hs in sets)  # wall_s and the forward counts: all units
-    results = _results(task, items, rows, hook_sets, outputs, s.primary, meta)
+                shared_prefix=shared_prefix, row_tokens=sum(len(r.tokens) for r in work.rows), **stats)
+    if len(work.sets) > 1:
+        meta["shared_by"] = len(work.sets)  # wall_s and the forward counts are the shared run's
+    if any(hs.copies > 1 for hs in work.sets):
+        meta["stacked_units"] = max(hs.copies for hs in work.sets)  # wall_s and the forward counts: all units
+    results = _results(task, work, outputs, s.primary, meta)
     return _settled(model, items, results, run) if run.settle else results
 
 
-def _settled(model, items, results: list[EvalResult], run: _Run) -> list[EvalResult]:
+def _settled(model, items, results: list[EvalResult], run: EvalRun) -> list[EvalResult]:
     """The results with their non-finite items refused or excluded; an error names where the first one's forward
     went non-finite (its first row run alone, unhooked)."""
     by_id = {item.id: item for item in items}
@@ -189,7 +171,7 @@ def _settled(model, items, results: list[EvalResult], run: _Run) -> list[EvalRes
     return settle(results, run.nonfinite, where)
 
 
-def _evaluate_auto(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
+def _evaluate_auto(model, task, hook_sets: Sequence, run: EvalRun) -> list[EvalResult]:
     """``batch_size="auto"``: ``evaluate_each`` at the device's start size, halved after each out-of-memory error."""
     # a stacked run settles its own size (rows per unit): it must not shrink the unstacked units' batches
     what = "evaluate" if all(stacked_copies(hooks) == 1 for hooks in hook_sets) else "stacked"
@@ -207,13 +189,12 @@ def _checked_rows(model, items, protocol: str, chat) -> list[Row]:
     return rows
 
 
-def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary: str, meta: dict
-             ) -> list[EvalResult]:
+def _results(task, work: Work, outputs: Outputs, primary: str, meta: dict) -> list[EvalResult]:
     """One result per hook set (per unit of a stacked set) from its log-likelihoods and greedy flags, its meta
     naming its hooks."""
-    described = [objects for hooks in hook_sets for objects in unit_objects(hooks)]
+    described = [objects for hs in work.sets for objects in hs.unit_objects]
     return [EvalResult(task=getattr(task, "name", "task"), format=getattr(task, "format", "?"),
-                       items=item_records(items, rows, logprobs, greedy),
+                       items=item_records(work.items, work.rows, logprobs, greedy),
                        chance=float(getattr(task, "chance", float("nan"))), primary=primary,
                        meta=dict(meta, hooks=[describe(obj) for obj in objects]))
             for objects, (logprobs, greedy) in zip(described, outputs)]
@@ -222,7 +203,7 @@ def _results(task, items, rows: list[Row], hook_sets: Sequence, outputs, primary
 # ---------------------------------------------------------------- under torchrun
 
 
-def _evaluate_shards(model, task, hook_sets: Sequence, run: _Run) -> list[EvalResult]:
+def _evaluate_shards(model, task, hook_sets: Sequence, run: EvalRun) -> list[EvalResult]:
     """``evaluate_each`` on this rank's block of the items; the blocks' records gathered in order on every rank."""
     items = list(task)
     if not items:
@@ -255,7 +236,7 @@ def _evaluate_shards(model, task, hook_sets: Sequence, run: _Run) -> list[EvalRe
     return _settled(model, items, results, run)
 
 
-def _identity(model, items, run: _Run) -> dict:
+def _identity(model, items, run: EvalRun) -> dict:
     ids = "\n".join(item.id for item in items).encode()
     return dict(model={k: v for k, v in model_meta(model).items() if k != "source"},
                 items=hashlib.sha256(ids).hexdigest()[:16], n=len(items), **run.settings.to_dict(),

@@ -10,7 +10,7 @@ of each batch per unit in one forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from lens_heads.evaluation.ablation_interface import Ablation, HookPair, as_ablation, is_hook_object
@@ -27,13 +27,15 @@ class HookSet:
     """One set of hooks as the forward loop uses it: the (name, fn) pairs, the ablations told about each batch, the
     first block they touch (None: something before the blocks, so the forward starts from the tokens) and the
     prefix sharing they allow (:func:`lens_heads.evaluation.prefix.hook_scope`); ``copies``: how many copies of each
-    batch one forward stacks (1 unless the set stacks units)."""
+    batch one forward stacks (1 unless the set stacks units); ``unit_objects``: what each of its results is made
+    of (:func:`unit_objects`)."""
 
     pairs: list[HookPair]
     batch_aware: list[Ablation]
     first_layer: int | None
     prefix_scope: str | None = None
     copies: int = 1
+    unit_objects: list[list[Ablation | str]] = field(default_factory=list)
 
 
 def hook_set(model, hooks) -> HookSet:
@@ -44,7 +46,7 @@ def hook_set(model, hooks) -> HookSet:
     known = [layer for layer in layers if layer is not None]
     first = None if len(known) < len(layers) or model.cfg.positional_embedding_type == "shortformer" \
         or not backends.backend(model).starts_at_layer else min(known, default=model.cfg.n_layers)
-    return HookSet(pairs, batch_aware, first, hook_scope(members), stacked_copies(members))
+    return HookSet(pairs, batch_aware, first, hook_scope(members), stacked_copies(members), unit_objects(members))
 
 
 def _stack(members: list[Member]) -> Ablation | None:

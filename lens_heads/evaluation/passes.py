@@ -18,6 +18,7 @@ from torch import Tensor
 
 from lens_heads.data.inputs import pad_id
 from lens_heads.data.rows import Row
+from lens_heads.evaluation.eval_settings import EvalRun
 from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
 from lens_heads.evaluation.hook_sets import HookSet
 from lens_heads.evaluation.logprobs import batches, pad_rows, record_logprobs
@@ -37,21 +38,32 @@ from lens_heads.models import backends
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.capture import any_hooked
 
+Outputs = list[tuple[list[list[float]], list[list[bool]]]]  # per hook set: log-likelihoods, greedy flags
 
-def run_passes(model, items, rows: list[Row], sets: list[HookSet], batch_size: int, first_input: int, bar,
-               attention: str, calls: AttentionCalls, shared_prefixes: bool
-               ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict, str | None]:
-    """Every row under each hook set, over shared prefixes where the hooks and the attention allow it
-    (``shared_prefixes=False``: never), row by row otherwise: the outputs and forward counts of :func:`_run_rows`
-    and the prefix sharing taken (None: the row-by-row path). A stacked set (``copies`` > 1) gives one output per
-    copy, in order."""
-    stacked = any(s.copies > 1 for s in sets)  # a stacked forward runs its copies row by row
-    scope = _prefix_scope(model, sets, attention) if shared_prefixes and not stacked else None
-    groups = plan_groups(rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
+
+@dataclass(frozen=True)
+class Work:
+    """What one evaluation runs: its items, their forward rows (:mod:`lens_heads.data.rows`) and its hook sets."""
+
+    items: list
+    rows: list[Row]
+    sets: list[HookSet]
+
+
+def run_passes(model, work: Work, run: EvalRun, bar, calls: AttentionCalls) -> tuple[Outputs, dict, str | None]:
+    """Every row under each hook set, ``run.settings.batch_size`` rows per forward, over shared prefixes where the
+    hooks and the attention allow it (``run.shared_prefixes=False``: never), row by row otherwise: the outputs and
+    forward counts of :func:`_run_rows` and the prefix sharing taken (None: the row-by-row path). A stacked set
+    (``copies`` > 1) gives one output per copy, in order. ``calls`` counts the fused and eager attention calls."""
+    attention, batch_size = run.settings.attention, run.settings.batch_size
+    assert isinstance(batch_size, int)  # "auto" is resolved by the caller
+    stacked = any(s.copies > 1 for s in work.sets)  # a stacked forward runs its copies row by row
+    scope = _prefix_scope(model, work.sets, attention) if run.shared_prefixes and not stacked else None
+    groups = plan_groups(work.rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
     state = PrefixState() if any(g.prefix for g in groups) else None
     with _attention(model, attention, calls, state):
-        outputs, stats = (_run_rows(model, items, rows, batch_size, sets, first_input, bar) if state is None else
-                          _run_prefixed(model, items, groups, batch_size, sets, first_input, bar, state))
+        outputs, stats = (_run_rows(model, work, run, bar) if state is None else
+                          _run_prefixed(model, work, _Prefixes(groups, state), run, bar))
     return outputs, stats, scope if state is not None else None
 
 
@@ -88,12 +100,14 @@ def attention_ran(model, attention: str, calls: AttentionCalls) -> str:
     return calls.describe() if attention == "fused" else "eager"
 
 
-def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet], first_input: int, bar
-              ) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
+def _run_rows(model, work: Work, run: EvalRun, bar) -> tuple[Outputs, dict]:
     """Forward every row (longest first, in batches) under each hook set and read each (item, choice)'s
     log-likelihood and whether its continuation is the greedy one; ``bar`` advances as each item's last row is
     read. Per batch, the unhooked trunk is run once, as far as the sets share it. A stacked set runs ``copies``
     copies of the batch in one forward, unit after unit, each read into its own output."""
+    items, rows, sets, first_input = work.items, work.rows, work.sets, run.first_input
+    batch_size = run.settings.batch_size
+    assert isinstance(batch_size, int)
     outputs = _blank_outputs(items, sum(s.copies for s in sets))
     offsets = np.cumsum([0] + [s.copies for s in sets]).tolist()
     widest = max((s.copies for s in sets), default=1)  # the forward counts are the widest set's
@@ -113,8 +127,8 @@ def _run_rows(model, items, rows: list[Row], batch_size: int, sets: list[HookSet
             c = hook_set.copies
             start = hook_set.first_layer
             stacked_mask = _stacked(mask, c)
-            with _hooked(model, hook_set, stacked_mask, [first_input + row.item for row in batch] * c,
-                         _row_keys(batch) * c):
+            with _hooked(model, hook_set, _Told(stacked_mask, [first_input + row.item for row in batch] * c,
+                                                 _row_keys(batch) * c)):
                 resid = backends.run_to_resid(model, _stacked(tokens if start is None else trunk, c), stacked_mask,
                                               start=start, stop=L)
                 for copy, part in enumerate(resid.chunk(c) if c > 1 else [resid]):
@@ -144,19 +158,29 @@ class _Pass:
         return self.tokens if self.trunk is None else self.trunk
 
 
-def _run_prefixed(model, items, groups: list[Group], batch_size: int, sets: list[HookSet], first_input: int, bar,
-                  state: PrefixState) -> tuple[list[tuple[list[list[float]], list[list[bool]]]], dict]:
+@dataclass(frozen=True)
+class _Prefixes:
+    """The rows grouped by shared prefix (:func:`lens_heads.evaluation.prefix.plan_groups`) and the prefixes'
+    keys/values as the fused layers record and extend them."""
+
+    groups: list[Group]
+    state: PrefixState
+
+
+def _run_prefixed(model, work: Work, prefixes: _Prefixes, run: EvalRun, bar) -> tuple[Outputs, dict]:
     """:func:`_run_rows` for rows grouped by shared prefix: per chunk of groups, each prefix runs once (under each
     hook set, from the shared trunk) and the rows' suffixes against it; the same outputs and stats. A forward holds
     at most the padded tokens of ``batch_size`` of the longest rows (the row path's largest batch)."""
-    outputs = _blank_outputs(items, len(sets))
-    rows_left = np.bincount([r.item for g in groups for r in g.rows], minlength=len(items))
+    groups, batch_size = prefixes.groups, run.settings.batch_size
+    assert isinstance(batch_size, int)
+    outputs = _blank_outputs(work.items, len(work.sets))
+    rows_left = np.bincount([r.item for g in groups for r in g.rows], minlength=len(work.items))
     stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
     budget = batch_size * max(len(g.prefix) + len(r.tokens) for g in groups for r in g.rows)
     for chunk in chunk_groups(groups, budget):
-        prefixes, suffixes = _chunk_passes(model, chunk, budget, first_input)
-        _run_chunk(model, prefixes, suffixes, sets, outputs, state)
-        for p in prefixes + suffixes:
+        passes = _chunk_passes(model, chunk, budget, run.first_input)
+        _run_chunk(model, passes, work.sets, outputs, prefixes.state)
+        for p in passes.prefixes + passes.suffixes:
             stats["forward_passes"] += 1
             stats["forward_tokens"] += int(p.mask.sum())
             stats["padded_tokens"] += int(p.mask.numel())
@@ -165,7 +189,15 @@ def _run_prefixed(model, items, groups: list[Group], batch_size: int, sets: list
     return outputs, stats
 
 
-def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> tuple[list[_Pass], list[_Pass]]:
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk's forward batches: its prefixes' (none where no group shares one) and its suffix rows'."""
+
+    prefixes: list[_Pass]
+    suffixes: list[_Pass]
+
+
+def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> _Chunk:
     """The batches of a chunk's prefixes (none where no group shares one) and of its suffix rows, each suffix row
     told which prefix it continues (numbered across the prefix batches; the empty prefix: index 0, length 0)."""
     device, pad = model.cfg.device, pad_id(model)
@@ -185,15 +217,14 @@ def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> t
         extension = Extension({}, torch.tensor(index, device=device), torch.tensor(lengths, device=device)) \
             if prefixes else None
         suffixes.append(make(batch, extension))
-    return prefixes, suffixes
+    return _Chunk(prefixes, suffixes)
 
 
-def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[HookSet], outputs,
-               state: PrefixState) -> None:
+def _run_chunk(model, chunk: _Chunk, sets: list[HookSet], outputs: Outputs, state: PrefixState) -> None:
     """Each hook set on one chunk: the unhooked trunk advanced to the set's first hooked block (prefixes first,
     their keys/values kept), then the prefixes from there under the set's hooks (keys/values recorded, nothing
     counted), then every suffix batch against them, read into ``outputs``."""
-    L = model.cfg.n_layers
+    L, prefixes, suffixes = model.cfg.n_layers, chunk.prefixes, chunk.suffixes
     trunk_parts: list[dict] = [{} for _ in prefixes]
     trunk_layer = None
     for i in _set_order(sets):
@@ -210,11 +241,11 @@ def _run_chunk(model, prefixes: list[_Pass], suffixes: list[_Pass], sets: list[H
             trunk_layer = first
         parts = [dict(part) for part in trunk_parts]  # the set's own layers are recorded over the trunk's
         for p, part in zip(prefixes, parts):
-            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows), count=False), state.recording(part):
+            with _hooked(model, hook_set, _told(p), count=False), state.recording(part):
                 backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
         kv = merge_kv(parts) if prefixes else {}
         for p in suffixes:
-            with _hooked(model, hook_set, p.mask, p.inputs, _row_keys(p.rows)), state.extending(_with_kv(p, kv)):
+            with _hooked(model, hook_set, _told(p)), state.extending(_with_kv(p, kv)):
                 resid = backends.run_to_resid(model, p.start(), p.mask, start=first, stop=L)
             record_logprobs(model, resid, p.rows, *outputs[i])
 
@@ -239,14 +270,28 @@ def _set_order(sets: list[HookSet]) -> list[int]:
     return sorted(range(len(sets)), key=lambda i: -1 if (first := sets[i].first_layer) is None else first)
 
 
+@dataclass(frozen=True)
+class _Told:
+    """What a forward's batch-aware ablations are told: its mask, each row's input id and its key within its item."""
+
+    mask: Tensor
+    inputs: list[int]
+    rows: list[int]
+
+
+def _told(p: _Pass) -> _Told:
+    return _Told(p.mask, p.inputs, _row_keys(p.rows))
+
+
 @contextlib.contextmanager
-def _hooked(model, hook_set: HookSet, mask: Tensor, inputs: list[int], rows: list[int], count: bool = True):
-    """The set's hooks on the model, its batch-aware objects told the batch's mask and input ids (and, those that
-    draw per row, ``reads_rows``, each row's key within its item: ``rows``; ``count=False``: a shared prefix, not
-    counted by the objects)."""
+def _hooked(model, hook_set: HookSet, told: _Told, count: bool = True):
+    """The set's hooks on the model, its batch-aware ablations told the batch's mask and input ids (and, those that
+    draw per row, ``reads_rows``, each row's key within its item; ``count=False``: a shared prefix, not counted by
+    the ablations)."""
     with contextlib.ExitStack() as stack:
         for obj in hook_set.batch_aware:
-            stack.enter_context(obj.batch(mask, inputs=inputs, rows=rows if obj.reads_rows else None, count=count))
+            rows = told.rows if obj.reads_rows else None
+            stack.enter_context(obj.batch(told.mask, inputs=told.inputs, rows=rows, count=count))
         stack.enter_context(model.hooks(fwd_hooks=hook_set.pairs))
         yield
 
