@@ -100,3 +100,29 @@ def test_most_inactive_orders_by_the_inactive_side_and_keeps_layer_head_order_am
     assert most_inactive(mean, ">", 0) == []
     with pytest.raises(ValueError, match="direction"):
         most_inactive(mean, "=", 1)
+
+
+def test_lm_eval_model_args_are_the_sweep_s_specs():
+    """Each ``model_args`` ablation form parses into the spec a sweep's plan would hold for the same ablation."""
+    from lens_heads.harness import model_args
+
+    cases = {
+        ("threshold:AHON (LN):0.2", None, None): ThresholdAblation("AHON (LN)", 0.2),
+        ("static:LTHON:0.1", None, None): StaticAblation(score="LTHON", fraction=0.1),
+        ("random:0.3:per_row:7", None, None): RandomAblation(0.3, seed=7, draw="per_row"),
+        ("random:0.3", None, None): RandomAblation(0.3),
+        (None, "3.1;10.4", None): StaticAblation(heads=((3, 1), (10, 4))),
+        (None, None, "23;24"): LayerRemoval((23, 24)),
+        (None, None, None): Unablated(),
+    }
+    for (ablation, heads, layers), spec in cases.items():
+        assert model_args.parse_ablation(ablation, heads, layers).to_spec() == spec
+    block = model_args.parse_ablation(layers="2", layer_part="block").to_spec()
+    assert block == LayerRemoval((2,), part="block")
+    import ast
+    from pathlib import Path
+
+    package = Path(model_args.__file__).resolve().parents[1]
+    defined = [path.name for path in package.rglob("*.py") for node in ast.parse(path.read_text()).body
+               if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "DRAWS" for t in node.targets)]
+    assert defined == ["hooks.py"]  # the random draws are named once, where the head ablations are

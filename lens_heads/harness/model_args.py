@@ -14,6 +14,9 @@ lm-eval splits ``model_args`` at commas, so lists use ``;`` and the parts of an 
   reads a lone pair as a number, so one whose head ends in 0 needs a trailing ``;`` (``heads=3.10;``: 3.10 is 3.1).
 - ``layers=23;24`` with ``layer_part=attention|block``: whole layers removed (:func:`lens_heads.remove_layers`).
 
+Each form is one of the sweep's ablation specs (:meth:`AblationArgs.to_spec`, :mod:`lens_heads.ablation.specs`),
+resolved against a calibration and built as a sweep builds its units (:func:`build_hooks`).
+
 Calibrated thresholds and static head sets follow the authors' protocol: the unablated scores of exactly the rows
 the evaluation then runs, here every request of the call (lm-eval sends all the ``loglikelihood`` requests of a run,
 every task together, in one call; a ``generate_until`` call calibrates on its prompts).
@@ -23,17 +26,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from lens_heads.ablation.hooks import static_zeroing, threshold_zeroing
-from lens_heads.ablation.random_draws import random_zeroing
-from lens_heads.ablation.removed_layers import PARTS, remove_layers
-from lens_heads.ablation.specs import ScoreCalibration
+from lens_heads.ablation.hooks import DRAWS
+from lens_heads.ablation.removed_layers import PARTS
+from lens_heads.ablation.specs import (
+    AblationSpec,
+    LayerRemoval,
+    RandomAblation,
+    ScoreCalibration,
+    StaticAblation,
+    ThresholdAblation,
+    Unablated,
+)
+from lens_heads.evaluation.ablation_interface import UnitAblation
 from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES
 from lens_heads.heads.scoring import score_heads
 from lens_heads.heads.thresholds_file import load_thresholds
 from lens_heads.plumbing.errors import InputError
 
 FORMS = ("threshold:SCORE:SHARE", "static:SCORE:SHARE", "random:SHARE[:per_item|per_row[:SEED]]")
-DRAWS = ("per_item", "per_row")
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,23 @@ class AblationArgs:
 
     def to_dict(self) -> dict:
         return dict(asdict(self), spec=self.spec)
+
+    def to_spec(self) -> AblationSpec:
+        """The form as the sweep's ablation spec: ``threshold`` and ``static`` still to be resolved against a
+        calibration (:func:`build_hooks`), the others ready to build."""
+        if self.form == "threshold":
+            assert self.score is not None and self.share is not None
+            return ThresholdAblation(self.score, self.share)
+        if self.form == "static":
+            return StaticAblation(score=self.score, fraction=self.share)
+        if self.form == "random":
+            assert self.share is not None
+            return RandomAblation(self.share, seed=self.seed, draw=self.draw)
+        if self.form == "heads":
+            return StaticAblation(heads=self.heads)
+        if self.form == "layers":
+            return LayerRemoval(self.layers, part=self.layer_part)
+        return Unablated()
 
 
 def parse_ablation(ablation: str | None = None, heads: str | int | float | None = None,
@@ -151,37 +178,29 @@ def _heads(text: str) -> tuple[tuple[int, int], ...]:
 
 def check_against(args: AblationArgs, model) -> None:
     """Refuse heads, layers or a thresholds file that don't fit ``model``, before anything runs."""
-    if args.form == "heads":
-        static_zeroing(model, args.heads)  # refuses a head the model lacks
-    elif args.form == "layers":
-        remove_layers(model, args.layers, part=args.layer_part)
+    if args.form in ("heads", "layers"):
+        args.to_spec().build(model)  # refuses a head or a layer the model lacks
     elif args.form == "threshold" and args.thresholds is not None:
-        assert args.score is not None and args.share is not None
-        load_thresholds(args.thresholds, model, task=args.thresholds_task).threshold(args.score, args.share)
+        args.to_spec().resolve(load_thresholds(args.thresholds, model, task=args.thresholds_task))
 
 
-def build_hooks(args: AblationArgs, model, rows, *, batch_size: int | str = 8) -> tuple[object | None, dict]:
-    """The hook object of ``args`` for ``model`` (None: unablated) and what it was calibrated to (threshold, heads).
-    ``rows``: what a calibration scores (a Task: its evaluation rows; or prompts)."""
-    if args.form is None:
-        return None, {}
-    if args.form == "heads":
-        return static_zeroing(model, args.heads), {}
-    if args.form == "layers":
-        return remove_layers(model, args.layers, part=args.layer_part), {}
-    assert args.share is not None
-    if args.form == "random":
-        return random_zeroing(model, args.share, args.seed, draw=args.draw), {}
-    assert args.score is not None and args.share is not None
-    if args.form == "threshold" and args.thresholds is not None:
-        value = load_thresholds(args.thresholds, model, task=args.thresholds_task).threshold(args.score, args.share)
-        return threshold_zeroing(model, args.score, value), dict(threshold=value, calibration=args.thresholds)
+def build_hooks(args: AblationArgs, model, rows, *, batch_size: int | str = 8) -> tuple[UnitAblation | None, dict]:
+    """The ablation of ``args`` for ``model`` (None: unablated) and what it was calibrated to (threshold, heads):
+    its spec resolved against the thresholds file or the unablated scores of ``rows`` (a Task: its evaluation rows;
+    or prompts) and built, as a sweep resolves and builds its units."""
+    spec = args.to_spec()
+    if args.thresholds is not None:
+        resolved = spec.resolve(load_thresholds(args.thresholds, model, task=args.thresholds_task))
+        assert isinstance(resolved, ThresholdAblation)
+        return resolved.build(model), dict(threshold=resolved.threshold, calibration=args.thresholds)
+    if not args.needs_scores:
+        return spec.build(model), {}
+    assert args.score is not None
     scores = score_heads(model, rows, batch_size=batch_size, progress=False,
                          extras=[args.score] if args.score in EXTRA_NAMES else ())
-    calibration = ScoreCalibration(scores)
+    resolved = spec.resolve(ScoreCalibration(scores))
     where = dict(calibration=f"unablated scores of the {len(scores)} rows evaluated")
-    if args.form == "threshold":
-        value = calibration.threshold(args.score, args.share)
-        return threshold_zeroing(model, args.score, value), dict(where, threshold=value)
-    heads = calibration.most_inactive(args.score, args.share)
-    return static_zeroing(model, heads), dict(where, heads=[list(h) for h in heads])
+    if isinstance(resolved, ThresholdAblation):
+        return resolved.build(model), dict(where, threshold=resolved.threshold)
+    assert isinstance(resolved, StaticAblation) and resolved.heads is not None
+    return resolved.build(model), dict(where, heads=[list(h) for h in resolved.heads])
