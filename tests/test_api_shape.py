@@ -30,9 +30,11 @@ def public_callables():
 
 
 def named_parameters(function) -> list[str]:
-    """The parameters a caller names (not ``*args``/``**options``, not the settings values)."""
+    """The parameters a caller names (not ``*args``/``**options``, not the settings values nor their fields, which
+    the signature lists as keywords: ``lens_heads.plumbing.values.keywords``)."""
+    fields = set(getattr(function, "__value_fields__", ()))
     return [p.name for p in inspect.signature(function).parameters.values()
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in VALUES]
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in VALUES and p.name not in fields]
 
 
 @pytest.mark.parametrize("label", sorted(namespaces()))
@@ -63,3 +65,37 @@ def test_the_rule_counts_what_a_caller_names():
     assert len(named_parameters(wide)) == 9 and len(named_parameters(narrow)) == 8
     assert len(named_parameters(lh.run_sweep)) <= MAX_PARAMETERS
     assert "plan" in inspect.signature(lh.run_sweep).parameters
+
+
+# keywords handed whole to another library, which owns their names
+PASS_THROUGH = {"lh.tiny_model": "TransformerLens's HookedTransformerConfig fields",
+                "lh.corpus.load_corpus": "datasets.load_dataset's arguments",
+                "lh.corpus.hf_documents": "datasets.load_dataset's arguments"}
+
+
+def test_every_public_function_names_every_keyword_it_accepts():
+    """No public function hides its keywords behind ``**options``: its signature lists the fields of the settings
+    values it lays them over (``help()``, IDEs and the API reference show them)."""
+    from dataclasses import fields
+
+    hidden = [label for label, f in public_callables() if label not in PASS_THROUGH and
+              any(p.kind is p.VAR_KEYWORD for p in inspect.signature(f).parameters.values())]
+    assert not hidden, f"these take **options their signature does not name: {hidden}"
+    laid_over = {lh.evaluate: [lh.EvalSettings], lh.evaluate_each: [lh.EvalSettings], lh.score_heads: [lh.EvalSettings],
+                 lh.run_sweep: [lh.SweepPlan, lh.EvalSettings], lh.ranking_sweep: [lh.EvalSettings],
+                 lh.head_effects: [lh.EvalSettings], lh.layer_scores: [lh.EvalSettings],
+                 lh.compare_distributions: [lh.DistributionSettings], lh.attention_rank: [lh.RankSettings]}
+    for function, values in laid_over.items():
+        named = set(inspect.signature(function).parameters)
+        missing = [f.name for value in values for f in fields(value) if f.name not in named]
+        assert not missing, f"{function.__name__} accepts {missing}, which its signature does not name"
+
+
+def test_a_keyword_the_signature_does_not_name_is_refused():
+    """What the signatures list is all a call accepts: any other keyword is refused by name before any work."""
+    with pytest.raises(lh.InputError, match="unknown setting batchsize"):
+        lh.evaluate(None, [], batchsize=4)
+    with pytest.raises(lh.InputError, match="unknown setting fraction"):
+        lh.run_sweep(None, [], fraction=[0.1], progress=False)
+    assert "batchsize" not in inspect.signature(lh.evaluate).parameters
+    assert "fraction" not in inspect.signature(lh.run_sweep).parameters

@@ -40,7 +40,7 @@ from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.heads.scores import what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.plumbing.errors import InputError
-from lens_heads.plumbing.values import laid_over
+from lens_heads.plumbing.values import keywords, laid_over
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -134,6 +134,7 @@ class RankProfile:
                 "mean_rank_sd": None if self.mean_rank_sd is None else self.mean_rank_sd.tolist(), "meta": self.meta}
 
 
+@keywords(RankSettings)  # the signature names the settings' fields taken as keywords
 def attention_rank(
     model: HookedTransformer,
     inputs,

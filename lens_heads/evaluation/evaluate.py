@@ -45,6 +45,7 @@ from lens_heads.models.loading import model_meta
 from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.values import keywords
 
 ACC_NORM = "per_char: log-likelihood / characters of the choice, without the continuation's leading space (lm-eval's)"
 
@@ -52,6 +53,7 @@ ACC_NORM = "per_char: log-likelihood / characters of the choice, without the con
 # ---------------------------------------------------------------- the evaluator
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 @torch.no_grad()
 def evaluate(model, task, *, hooks: Iterable | None = None, settings: EvalSettings | None = None,
              progress: bool = True, first_input: int = 0, nonfinite: str = "raise", **options) -> EvalResult:
@@ -88,6 +90,7 @@ def evaluate(model, task, *, hooks: Iterable | None = None, settings: EvalSettin
                          nonfinite=nonfinite, **options)[0]
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 @torch.no_grad()
 def evaluate_each(model, task, hook_sets: Sequence, *, settings: EvalSettings | None = None, progress: bool = True,
                   first_input: int = 0, nonfinite: str = "raise", _shared_prefixes: bool = True,

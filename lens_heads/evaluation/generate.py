@@ -48,6 +48,7 @@ from lens_heads.models.backends import backend
 from lens_heads.models.loading import model_meta
 from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing.errors import InputError, NonFiniteError
+from lens_heads.plumbing.values import keywords
 
 GSM8K_STOP = ("\n\n", "Question:")
 LM_EVAL_GSM8K_STOP = ("Question:", "</s>", "<|im_end|>")  # lm-eval's gsm8k ``until``; the EOS token stops too
@@ -244,6 +245,7 @@ class GenerationResult:
         return f"GenerationResult({self.task}: exact match {self.accuracy:.3f} [{low:.3f}, {high:.3f}] on n={self.n})"
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def evaluate_generation(model, task, *, hooks: Iterable | None = None, max_new_tokens: int = 256,
                         stop: Sequence[str] | None = None, cache: bool = False, settings: EvalSettings | None = None,
                         progress: bool = True, first_input: int = 0, **options) -> GenerationResult:

@@ -17,6 +17,7 @@ from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.rankings import Head, Ranking
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.values import keywords
 
 
 @dataclass
@@ -40,6 +41,7 @@ class AttributionRanking:
                     backward_passes=self.effects.meta.get("backward_passes"))
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def attribution_ranking(model, calibration, *, metric: str = "kl", settings: EvalSettings | None = None,
                         progress: bool = True, **options) -> AttributionRanking:
     """Rank ``model``'s heads by attribution patching on the ``calibration`` items: the size (mean |per-item

@@ -46,7 +46,7 @@ from lens_heads.experiments.distribution_settings import VIEWS, DistributionSett
 from lens_heads.experiments.head_overlap import head_agreement
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.plumbing.errors import InputError
-from lens_heads.plumbing.values import laid_over
+from lens_heads.plumbing.values import keywords, laid_over
 from lens_heads.stats import calling, inference
 from lens_heads.stats.distances import PooledValues, counts, greater_p_value, replicate_swaps, swap_draws
 
@@ -79,6 +79,7 @@ class DistributionComparison:
         return d[(d["view"] == view) & (d["statistic"] == statistic)].reset_index(drop=True)
 
 
+@keywords(DistributionSettings)  # the signature names the settings' fields taken as keywords
 def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: str | None = None,
                           names: Sequence[str] | None = None, settings: DistributionSettings | None = None,
                           progress: bool = False, **options) -> DistributionComparison:

@@ -58,6 +58,7 @@ from lens_heads.plumbing.cache import claim_folder, load_keyed, save_keyed
 from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
 from lens_heads.plumbing.signals import stops_cleanly
+from lens_heads.plumbing.values import keywords
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
@@ -151,6 +152,7 @@ class HeadEffects:
         return cls(values=values, **header)
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 @stops_cleanly("head effects")
 def head_effects(model, task, *, method: str = "ablation", metric: str = "kl", out_dir=None,
                  settings: EvalSettings | None = None, progress: bool = True, **options) -> HeadEffects:
@@ -211,6 +213,7 @@ def _ascending(size: Float[Tensor, "layer head"]) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- ablation and mean ablation: one evaluation a head
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def task_means(model, task, *, settings: EvalSettings | None = None, **options) -> Float[Tensor, "layer head d_head"]:
     """Every head's mean ``hook_z`` over the positions of the rows an evaluation of ``task`` runs under ``settings``
     (or its fields as keywords: its ``protocol``, ``apply_chat_template`` and ``batch_size``; what mean ablation
@@ -376,6 +379,7 @@ def _records_from_logprobs(items, logprobs: Tensor, n_tokens: list[list[int]]) -
 # ---------------------------------------------------------------- the oracle: static zeroing in the order of effect
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30),
                  label: str = "oracle", out_dir=None, settings: EvalSettings | None = None, progress: bool = True,
                  **options):

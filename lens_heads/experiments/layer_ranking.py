@@ -38,6 +38,7 @@ from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.backends import run_to_resid
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.values import keywords
 
 # name -> (column, lowest first?): the orders a layer ranking can be read in, the first layer removed first
 ORDERS = {
@@ -100,6 +101,7 @@ class LayerScores:
         return cls(**{k: np.asarray(v) for k, v in d.items() if k != "meta"}, meta=d.get("meta", {}))
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def layer_scores(model, task, *, scores: HeadScores | None = None, zero_fraction: float = 0.3,
                  settings: EvalSettings | None = None, progress: bool = True, **options) -> LayerScores:
     """Every per-layer score of ``model`` on ``task`` (module docstring): one pass over the task's forward rows for

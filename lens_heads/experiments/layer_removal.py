@@ -36,6 +36,7 @@ from lens_heads.experiments.sweep_run import unit_result
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
+from lens_heads.plumbing.values import keywords
 from lens_heads.stats import calling, inference
 from lens_heads.stats.curves import SCORES_AND_RANDOM
 
@@ -97,6 +98,7 @@ def _check_counts(counts: Sequence[int], n_layers: int) -> list[int]:
 # ---------------------------------------------------------------- evaluating them
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 @stops_cleanly("layer removals")  # SIGTERM/SIGINT: finished units stay in out_dir
 def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, chunk: int = 12,
                    settings: EvalSettings | None = None, progress: bool = True,

@@ -30,6 +30,7 @@ from lens_heads.experiments.sweep_run import run_unit
 from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
+from lens_heads.plumbing.values import keywords
 
 Head = tuple[int, int]
 
@@ -86,6 +87,7 @@ def check_head_order(order: Sequence[Head], n_layers: int, n_heads: int, what: s
 # ---------------------------------------------------------------- zeroing in the order of rankings
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 @stops_cleanly("ranking sweep")  # SIGTERM/SIGINT: finished units stay in out_dir
 def ranking_sweep(model, task, rankings: Sequence[Ranking], *, fractions=DEFAULT_FRACTIONS, means=None,
                   out_dir=None, marker: str = "rankings.json", key: dict | None = None,

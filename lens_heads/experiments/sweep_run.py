@@ -51,10 +51,12 @@ from lens_heads.plumbing import distributed
 from lens_heads.plumbing.cache import canonical
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
+from lens_heads.plumbing.values import keywords
 
 DEFAULT_STACK = 4  # units per forward where they stack (run_units_stacked)
 
 
+@keywords(SweepPlan, EvalSettings)  # the signature names the settings' fields taken as keywords
 @distributed.local()  # each unit is evaluated whole by the worker that owns it
 @stops_cleanly("sweep")  # SIGTERM/SIGINT: finished units stay in out_dir
 def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows", out_dir=None,
@@ -139,6 +141,7 @@ def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows",
     return SweepResult(baseline=units[0].result, units=[units[i] for i in range(len(units_plan))], meta=meta)
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def run_unit(model, task, spec: AblationSpec, *, means=None, settings: EvalSettings | None = None,
              progress: bool = True, **options) -> UnitResult:
     """Evaluate ``task`` under one resolved ablation ``spec`` (``means``: what an ``ablation="mean"`` spec substitutes,
@@ -151,6 +154,7 @@ def run_unit(model, task, spec: AblationSpec, *, means=None, settings: EvalSetti
     return unit_result(spec, ablation, result, time.perf_counter() - start)
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def run_units_stacked(model, task, specs: Sequence[AblationSpec], *, means=None, settings: EvalSettings | None = None,
                       progress: bool = True, **options) -> list[UnitResult]:
     """:func:`run_unit` for each of the resolved ``specs``, all in the same forwards

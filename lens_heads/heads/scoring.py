@@ -52,6 +52,7 @@ from lens_heads.models.nonfinite import where_nonfinite
 from lens_heads.plumbing import distributed
 from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
+from lens_heads.plumbing.values import keywords
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
@@ -124,6 +125,7 @@ class HeadScores:
                    meta=header["meta"], extra_values=tensors.get("extra_values"), extra_names=header["extra_names"])
 
 
+@keywords(EvalSettings)  # the signature names the settings' fields taken as keywords
 def score_heads(
     model: HookedTransformer,
     inputs: Inputs,

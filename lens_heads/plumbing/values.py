@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+import inspect
+from typing import Any, Callable, TypeVar
 
 from lens_heads.plumbing.errors import InputError
 
 V = TypeVar("V")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def laid_over(cls: type[V], value: V | None, options: dict[str, Any] | None, *, argument: str, what: str,
@@ -31,3 +33,30 @@ def laid_over(cls: type[V], value: V | None, options: dict[str, Any] | None, *, 
     mine = {name: (options.pop(name) if take else options[name]) for name in fields if name in options}
     base = value if value is not None else cls()
     return dataclasses.replace(base, **mine) if mine else base  # type: ignore[type-var]
+
+
+def keywords(*values: type) -> Callable[[F], F]:
+    """Name a function's ``**options`` in its signature: the fields of each settings value it lays them over, in
+    order, keyword-only, each shown with the value's default (given a ``settings=``/``plan=`` value, an omitted
+    keyword keeps that value's field). ``help()``, IDEs and the API reference then list what the call accepts; the
+    function itself is unchanged, and ``__value_fields__`` says which parameters are the values' fields."""
+
+    def name_them(fn: F) -> F:
+        signature = inspect.signature(fn)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        named = {p.name for p in own}
+        fields = []
+        for cls in values:
+            for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+                if f.name in named:
+                    continue
+                named.add(f.name)
+                default = f.default if f.default is not dataclasses.MISSING else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+                fields.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                                annotation=f.type))
+        fn.__signature__ = signature.replace(parameters=own + fields)  # type: ignore[attr-defined]
+        fn.__value_fields__ = tuple(p.name for p in fields)  # type: ignore[attr-defined]
+        return fn
+
+    return name_them
