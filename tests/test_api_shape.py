@@ -99,3 +99,17 @@ def test_a_keyword_the_signature_does_not_name_is_refused():
         lh.run_sweep(None, [], fraction=[0.1], progress=False)
     assert "batchsize" not in inspect.signature(lh.evaluate).parameters
     assert "fraction" not in inspect.signature(lh.run_sweep).parameters
+
+
+def test_every_settings_and_result_value_the_namespaces_export_is_frozen():
+    """A settings value cannot be changed in place: a variant is ``dataclasses.replace(value, ...)``."""
+    import dataclasses
+
+    mutable = [f"{label}.{name}" for label, module in namespaces().items() for name in module.__all__
+               if name.endswith(("Config", "Settings", "Plan")) and dataclasses.is_dataclass(getattr(module, name))
+               and not getattr(module, name).__dataclass_params__.frozen]
+    assert not mutable, f"make these frozen dataclasses: {mutable}"
+    config = lh.train.TrainConfig(steps=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.steps = 4  # type: ignore[misc]
+    assert dataclasses.replace(config, steps=4).steps == 4 and config.steps == 3

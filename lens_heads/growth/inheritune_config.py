@@ -36,7 +36,7 @@ BASELINE_METHODS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class InherituneConfig:
     """Sizes and schedule of an Inheritune run. ``train`` is used for every stage (same steps for each).
 

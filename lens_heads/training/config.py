@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """Training hyper-parameters.
 

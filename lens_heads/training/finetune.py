@@ -45,19 +45,21 @@ class FinetuneResult:
     meta: dict = field(default_factory=dict)
 
 
-def finetune(base_folder: str | Path, train: Sequence[Example], held_out: Sequence[Example], out_dir: str | Path,
+def finetune(base_folder: str | Path, train_examples: Sequence[Example], held_out: Sequence[Example],
+             out_dir: str | Path,
              cfg: TrainConfig | None = None, *, describe: dict | None = None,
              progress: bool = True) -> FinetuneResult:
-    """Fine-tune the Hugging Face model in ``base_folder`` on ``train`` (`lens_heads.training.examples.examples`)
+    """Fine-tune the Hugging Face model in ``base_folder`` on ``train_examples``
+    (`lens_heads.training.examples.examples`)
     and write it to ``out_dir`` (module docstring). ``held_out``: examples the loss curve is measured on. ``cfg``:
     default `TrainConfig.finetune()`. ``describe``: what the data are (recorded with the run)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = cfg if cfg is not None else TrainConfig.finetune()
-    if not train or not held_out:
+    if not train_examples or not held_out:
         raise InputError("finetune needs training examples and held-out examples")
     out = Path(out_dir)
-    key = run_key(base_folder, train, held_out, cfg)
+    key = finetune_key(base_folder, train_examples, held_out, cfg)
     stored = _stored(out, key)
     if stored is not None:
         return stored
@@ -67,10 +69,10 @@ def finetune(base_folder: str | Path, train: Sequence[Example], held_out: Sequen
     model.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start = time.process_time()
-    run = train_loop(model, ExampleData(train, held_out, pad_id, describe or {}), cfg, progress=progress,
+    run = train_loop(model, ExampleData(train_examples, held_out, pad_id, describe or {}), cfg, progress=progress,
                      desc="fine-tune")
     evals = [(h["step"], h["val_loss"]) for h in run.history if "val_loss" in h]
-    meta = dict(key=key, base=str(base_folder), n_train=len(train), n_held_out=len(held_out),
+    meta = dict(key=key, base=str(base_folder), n_train=len(train_examples), n_held_out=len(held_out),
                 train_tokens_seen=run.tokens_seen, cpu_s=time.process_time() - start,
                 threads=torch.get_num_threads(), data=describe or {}, loss=run.meta["objective"],
                 schedule=f"AdamW, linear warm-up then {cfg.schedule} decay to {cfg.min_lr:g}, gradient norm clipped")
@@ -80,7 +82,8 @@ def finetune(base_folder: str | Path, train: Sequence[Example], held_out: Sequen
     return result
 
 
-def run_key(base_folder, train: Sequence[Example], held_out: Sequence[Example], cfg: TrainConfig) -> dict:
+def finetune_key(base_folder, train_examples: Sequence[Example], held_out: Sequence[Example], cfg: TrainConfig
+                 ) -> dict:
     """What must match for a stored fine-tune to be reused: the base weights' file, the data and the settings (the
     preset's arguments, and any other setting where it is not the preset's)."""
     weights = Path(base_folder) / "model.safetensors"
@@ -88,7 +91,7 @@ def run_key(base_folder, train: Sequence[Example], held_out: Sequence[Example], 
     given = {k: getattr(cfg, k) for k in PRESET_ARGUMENTS}
     preset = asdict(TrainConfig.finetune(**given))
     config = given | {k: v for k, v in asdict(cfg).items() if k not in given and v != preset[k]}
-    return canonical(dict(base=base, train=_digest(train), held_out=_digest(held_out), config=config))
+    return canonical(dict(base=base, train=_digest(train_examples), held_out=_digest(held_out), config=config))
 
 
 def _digest(data: Sequence[Example]) -> str:
