@@ -18,7 +18,7 @@ from lens_heads.collapse.rank_settings import RankSettings
 from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.items import Item, Task
-from lens_heads.data.tasks import load_task
+from lens_heads.data.tasks import load_task, register_task_source
 from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_difference
@@ -74,6 +74,20 @@ __all__ = [
     # namespaces of the attention-collapse side
     "inheritune", "train", "gpt2", "corpus",
 ]
+
+
+
+def _lm_eval_task(name: str, **options) -> Task:
+    """``lh.load_task("lm_eval:<task>")``: lm-eval's tasks, read by the harness (:mod:`lens_heads.harness.tasks`),
+    imported on first use: it needs the ``lens_heads[harness]`` extra, which the core never imports."""
+    from lens_heads.harness.tasks import PREFIX, lm_eval_task
+
+    assert name.startswith(PREFIX)
+    return lm_eval_task(name, **options)
+
+
+# the package wires the harness's task source into the data layer's registry (the data layer names no layer above)
+register_task_source("lm_eval:", _lm_eval_task)
 
 # names that were top-level before the namespaces: where each is now
 _MOVED = {

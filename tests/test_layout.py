@@ -111,3 +111,86 @@ def test_every_lens_heads_import_names_something_that_exists():
                     assert alias.name in lens_heads.__all__ or alias.name in LAYERS, f"{path}: lens_heads.{alias.name}"
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lens_heads."):
                 assert importlib.util.find_spec(node.module) is not None, f"{path}: {node.module}"
+
+
+def _package_sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _relative_imports(source: str) -> list[int]:
+    """The lines of ``source`` that import relatively (``from . import x``, ``from .items import Item``)."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom) and node.level]
+
+
+def test_no_relative_imports():
+    """Every import names its module in full (``from lens_heads.data.items import Item``), so the checks above see
+    it: a relative import would slip past them."""
+    assert _relative_imports("import os\nfrom . import x\nfrom ..data.items import Item\n") == [2, 3]
+    relative = [f"{path.relative_to(ROOT)}:{line}" for path in _package_sources()
+                for line in _relative_imports(path.read_text())]
+    assert not relative, f"write these imports in full (from lens_heads.<layer>.<module> import ...): {relative}"
+
+
+def test_no_module_imports_the_top_level_package():
+    """Inside the package a module imports from the module that defines a name, never through ``lens_heads``
+    itself (whose names come from every layer, so the import would hide which layer it reaches)."""
+    through_top = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in PACKAGE.glob("*/*.py")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.ImportFrom) and node.module == "lens_heads"
+                   or isinstance(node, ast.Import) and any(a.name == "lens_heads" for a in node.names)]
+    assert not through_top, f"import these from their own module: {through_top}"
+
+
+MODULE_PATH = re.compile(r"^lens_heads(\.\w+)+(:\w+)?$")
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*/*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_string_names_a_module_above(path):
+    """A string that is a module's path (``"lens_heads.harness.tasks:lm_eval_task"``, for importlib) is an import
+    the checks above do not see: it must go downward too (a layer above registers itself instead)."""
+    own = path.parent.name
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_PATH.match(node.value):
+            layer = _layer(node.value.split(":")[0])
+            if layer is not None:
+                assert LAYERS.index(layer) <= LAYERS.index(own), \
+                    f"{path.relative_to(ROOT)} names {node.value} from above"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (a list of nodes, the first repeated at the end), or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, path + [node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_import_cycle_inside_a_folder(layer):
+    """The modules of one folder import each other in one direction, type hints included (a reader follows those
+    too): no circle, however it is tied."""
+    modules = {p.stem: p for p in (PACKAGE / layer).glob("*.py") if p.stem != "__init__"}
+    graph = {name: {m.split(".")[2] for m in _imports(path.read_text())
+                    if m.count(".") >= 2 and m.split(".")[1] == layer and m.split(".")[2] in modules} - {name}
+             for name, path in modules.items()}
+    assert _cycle(graph) is None, f"{layer}/: {' -> '.join(_cycle(graph) or [])}"

@@ -30,8 +30,8 @@ draws the examples, by ``seed``, from the evaluated split excluding the item. Ea
 
 from __future__ import annotations
 
-import importlib
 from functools import lru_cache, partial
+from typing import Callable
 
 from lens_heads.data.benchmark_files import (
     TaskDataUnavailableError,
@@ -81,8 +81,7 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
     if source is not None:
         if split is not None or format is not None or fewshot_split is not None:
             raise InputError(f"split, format and fewshot_split do not apply to {name}: its task config decides them")
-        module, function = TASK_SOURCES[source].split(":")
-        return getattr(importlib.import_module(module), function)(name, n=n, seed=seed, shots=shots)
+        return TASK_SOURCES[source](name, n=n, seed=seed, shots=shots)
     if name not in TASK_SPECS and looks_like_file(name):
         if shots is not None or split is not None:
             raise InputError("shots and split do not apply to a task file: put few-shot examples in each record's "
@@ -114,9 +113,15 @@ def load_task(name: str, *, n: int | None = None, seed: int = 0, shots: int | No
                 fewshot_split=fewshot_split)
 
 
-# task sources outside the core, by name prefix: their module is imported on first use, so the core never imports
-# an optional extra (the lm-eval reader sits with the lm-eval model, above every layer)
-TASK_SOURCES = {"lm_eval:": "lens_heads.harness.tasks:lm_eval_task"}
+# task sources outside the core, by name prefix: each is registered by the layer that reads it (lm-eval's tasks by
+# the harness, above every layer), so the core never names an optional extra
+TASK_SOURCES: dict[str, Callable[..., Task]] = {}
+
+
+def register_task_source(prefix: str, loader: Callable[..., Task]) -> None:
+    """Let :func:`load_task` read the names that begin with ``prefix`` through ``loader(name, n=, seed=, shots=)``,
+    as lm-eval's registry takes a model type: the layer that owns the source registers it."""
+    TASK_SOURCES[prefix] = loader
 
 
 def _fewshot_source(spec: TaskSpec, split: str, shots: int, fewshot_split: str | None

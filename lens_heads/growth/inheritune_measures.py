@@ -24,7 +24,7 @@ def uniform_causal_levels(length: int) -> dict:
 
 def smollm_profile(corpus, tokenizer, n: int, length: int) -> dict:
     """Rank profile of the embedded SmolLM2-135M on English validation text (per-input and batch-averaged)."""
-    from lens_heads import load_model
+    from lens_heads.models.loading import load_model
 
     model = load_model()
     # text from the held-out SOTU years, re-tokenised by SmolLM2's own tokenizer and cut to `length` tokens

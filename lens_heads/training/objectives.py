@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
     from transformer_lens import HookedTransformer
 
     from lens_heads.training.config import TrainConfig
-    from lens_heads.training.examples import Example
 
 
 class Objective(Protocol):
@@ -53,7 +52,21 @@ class NextToken:
         return "language-model loss"
 
 
-def answer_loss(model, batch: Sequence[Example], pad_id: int) -> Tensor:
+class Solved(Protocol):
+    """What the answer loss reads of a solved item (:class:`lens_heads.training.examples.Example`): its forward
+    row's ``tokens``, and the ``answer`` tokens that positions ``first`` onwards predict."""
+
+    @property
+    def tokens(self) -> Sequence[int]: ...
+
+    @property
+    def first(self) -> int: ...
+
+    @property
+    def answer(self) -> Sequence[int]: ...
+
+
+def answer_loss(model, batch: Sequence[Solved], pad_id: int) -> Tensor:
     """Mean negative log-likelihood of the answer tokens of ``batch`` under the Hugging Face causal LM ``model``
     (rows right-padded; logits only where an answer token is predicted: most positions are prompt)."""
     device = device_of(model)
@@ -79,7 +92,7 @@ class AnswerLoss:
 
     pad_id: int
 
-    def __call__(self, model, batch: Sequence[Example]) -> Tensor:
+    def __call__(self, model, batch: Sequence[Solved]) -> Tensor:
         return answer_loss(model, batch, self.pad_id)
 
     def describe(self) -> str:

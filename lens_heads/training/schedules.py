@@ -4,15 +4,31 @@ Inheritune authors' nanoGPT schedule) or linear (the fine-tune's, with ``min_lr`
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from lens_heads.training.config import TrainConfig
+from typing import Protocol
 
 SCHEDULES = ("cosine", "linear")
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+class Schedule(Protocol):
+    """What a schedule reads of its settings (:class:`lens_heads.training.config.TrainConfig` has them all)."""
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def min_lr(self) -> float: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def warmup_steps(self) -> int: ...
+
+    @property
+    def schedule(self) -> str: ...
+
+
+def lr_at(step: int, cfg: Schedule) -> float:
     """Learning rate of (0-based) step ``step`` under ``cfg.schedule``.
 
     (The authors' nanoGPT loop warms up as ``lr * step / warmup``, so its step 0 does not move the weights; here
