@@ -42,7 +42,7 @@ from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.stats import calling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers in scripts/pages, loaded as a test loads this
-from pages import claims, imports, measures  # noqa: E402
+from pages import claims, contracts, imports, measures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = "docs/src"
@@ -354,6 +354,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
                        layer_imports=lambda: imports.folder_imports(package), layer_order=imports.layer_order,
                        layer_modules=lambda: imports.modules(package))
+    env.globals.update(contracts_now=lambda: contracts.measure(package.parent))
     env.filters["upper_first"] = upper_first
     env.filters["multiply_100"] = lambda share: num(100 * _number(share), ".1f")  # a share as its percentage
     return env
