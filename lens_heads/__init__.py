@@ -19,6 +19,7 @@ from lens_heads.data.benchmark_files import TaskDataUnavailableError
 from lens_heads.data.custom_tasks import TaskFileError, task_from_records
 from lens_heads.data.items import Item, Task
 from lens_heads.data.tasks import load_task, register_task_source
+from lens_heads.evaluation.ablation_interface import Ablation, UnitAblation
 from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_difference
@@ -57,6 +58,7 @@ __all__ = [
     # evaluation and ablation
     "EvalResult", "EvalSettings", "evaluate", "evaluate_each", "paired_difference",
     "random_zeroing", "static_zeroing", "threshold_zeroing", "zero_heads", "mean_z", "remove_layers",
+    "Ablation", "UnitAblation",  # what every ablation is to the evaluator: a new kind subclasses one
     # sweeps, effects and their statistics
     "SweepPlan", "SweepResult", "read_sweep_folder", "read_sweep_record", "run_sweep", "sweep_intervals",
     "ranking_sweep",
