@@ -1,1 +1,1 @@
-"""Intervening on heads: HeadAblation on hook_z, zero or mean (hooks); the random baseline's draws (random_draws); frozen, serialisable ablation specs (specs)."""
+"""Intervening on heads: HeadAblation on hook_z, zero or mean (hooks); the random baseline's draws (random_draws); whole layers removed (removed_layers); several units in one forward (stacked); frozen, serialisable ablation specs (specs). Every ablation is a lens_heads.evaluation.ablation_interface.Ablation (lh.Ablation): the one interface the evaluator, the sweep and the lm-eval model call."""
