@@ -9,7 +9,7 @@ Per task in ``--tasks``, against the sweep recorded in ``--figures`` (``sweep_<t
 1. **Items.** The sweep's ``--n`` items (seed ``--seed``, the sweep's split); the **calibration** items are the first
    ``--calibration-n`` of the same seeded draw (``load_task(task, n=calibration_n, seed)``: a subset of the sweep's
    items, and the ranking items of ``analyses/head_effects.py``), the **held-out** items the sweep's others.
-2. **Attribution ranking** on the calibration items (``lens_heads.experiments.rankings.attribution_ranking``:
+2. **Attribution ranking** on the calibration items (``lens_heads.sweep.rankings.attribution_ranking``:
    attribution patching of the answer KL, heads by mean |effect|, smallest first), with its CPU cost.
 3. **Curves on the held-out items** (``ranking_sweep``, resumable under ``--out``): static zeroing in the
    attribution order, the same heads mean-ablated (means over the calibration rows), the ablation oracle's order
@@ -40,18 +40,18 @@ import torch
 
 from lens_heads.data.tasks import load_task
 from lens_heads.experiments.attribution import AttributionRanking, attribution_ranking, held_out
-from lens_heads.experiments.compare import read_sweep_record
 from lens_heads.experiments.effects import HeadEffects, task_means
-from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
-from lens_heads.experiments.sweep_intervals import kl_at
-from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.task_runs import TaskRunSettings, recorded_name, split_of
-from lens_heads.experiments.unit_store import save_units
 from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.sweep.compare import read_sweep_record
+from lens_heads.sweep.intervals import kl_at
+from lens_heads.sweep.rankings import Ranking, join_heldout, ranking_sweep
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.unit_store import save_units
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
 

@@ -1,5 +1,5 @@
 """One model and task swept under two settings (the chat template, the split) on the same items: does the setting
-change which heads are inactive? (``lens_heads.experiments.compare``: ``compare_settings``, ``compare_sweeps``,
+change which heads are inactive? (``lens_heads.sweep.compare``: ``compare_settings``, ``compare_sweeps``,
 ``zeroed_head_overlap``)
 
     python analyses/compare_settings.py figures/sweep_arc_easy_n40.json figures/sweep_arc_easy_chat_n40.json \
@@ -33,7 +33,11 @@ from pathlib import Path
 import pandas as pd
 
 from lens_heads.evaluation.results import paired_difference, paired_values
-from lens_heads.experiments.compare import (
+from lens_heads.plumbing.io import atomic_write_text
+from lens_heads.plumbing.provenance import write_record
+from lens_heads.plumbing.settings import from_args, option
+from lens_heads.stats import calling
+from lens_heads.sweep.compare import (
     METRICS,
     common_grid,
     compare_settings,
@@ -42,11 +46,7 @@ from lens_heads.experiments.compare import (
     read_sweep_record,
     zeroed_head_overlap,
 )
-from lens_heads.experiments.sweep_intervals import TESTED
-from lens_heads.plumbing.io import atomic_write_text
-from lens_heads.plumbing.provenance import write_record
-from lens_heads.plumbing.settings import from_args, option
-from lens_heads.stats import calling
+from lens_heads.sweep.intervals import TESTED
 
 ROOT = Path(__file__).resolve().parents[1]
 

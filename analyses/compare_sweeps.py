@@ -1,5 +1,5 @@
 """Compare recorded sweeps across models and tasks: rank of every score per (model, task), Spearman correlation of
-the rankings and top-5 overlap between every pair (``lens_heads.experiments.compare.compare_sweeps``).
+the rankings and top-5 overlap between every pair (``lens_heads.sweep.compare.compare_sweeps``).
 
     python analyses/compare_sweeps.py figures/sweep_arc_easy.json figures/sweep_piqa.json   # the recorded run
     python analyses/compare_sweeps.py runs/sweep/arc_easy runs/sweep/piqa runs/gemma/arc_easy --top-k 3
@@ -17,7 +17,7 @@ has per-item records (its ``sweep_<task>_units.json.gz`` beside the JSON). Outpu
 - ``compare_pairs.csv``: per metric and pair of (model, task): Spearman correlation, top-k overlap (count and
   intersection over union), shared curves;
 - ``compare_spearman_<metric>.csv``: the correlation matrix;
-- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.experiments.table2.table2``): per (model, task), AWFT's % of heads
+- ``compare_table2.csv``: the paper's Table 2 (``lens_heads.sweep.table2.table2``): per (model, task), AWFT's % of heads
   zeroable within 1 accuracy point (authors' rule) beside the best other curve's, random included, and the
   paper's Average row (the mean over the sweeps; an interval only where every sweep has per-item records);
 - ``compare_ranks_<metric>.png`` and ``compare_spearman_<metric>.png`` (and ``.html``): the two heatmaps;
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from lens_heads.experiments.compare import METRICS, common_grid, compare_by_metric, on_grid, read_sweep_record
-from lens_heads.experiments.table2 import table2
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.sweep.compare import METRICS, common_grid, compare_by_metric, on_grid, read_sweep_record
+from lens_heads.sweep.table2 import table2
 from lens_heads.viz.export import PngUnavailable, png_writer
 from lens_heads.viz.sweep_figures import correlation_heatmap, rank_heatmap
 
@@ -107,7 +107,7 @@ def main(argv=None) -> None:
             print(f"PNG not written ({e}); or pass --no-png", file=sys.stderr)
     write_record(out / f"{args.name}_sweeps.json", dict(
         what="ranking of the head scores (and random zeroing) by normalised AUC per (model, task), Spearman "
-             "correlation of the rankings and top-k overlap between every pair (lens_heads.experiments.compare)",
+             "correlation of the rankings and top-k overlap between every pair (lens_heads.sweep.compare)",
         inputs=[str(p) for p in args.sweeps], sweeps=list(first.sweeps), curves=list(first.curves),
         dropped=first.dropped, top_k=first.top_k, intervals=first.intervals,
         metrics={m: dict(what=METRICS[m], ranks=c.rank_table().reset_index().to_dict(orient="records"),

@@ -7,7 +7,7 @@ bits per byte, a continuous metric that a model at 0% exact match can still lose
 1. **Exact match** (``lens_heads.evaluation.generate.evaluate_generation``): the shipped 8-shot chain-of-thought prompt, greedy
    generation with TransformerLens's key-value cache until a blank line or "Question:" (or ``--max-new-tokens``),
    the answer's final number against the gold one, with its Wilson interval. The model runs intact here.
-2. **Bits per byte of the gold answer** (``lens_heads.experiments.sweep_run.run_sweep`` on the same items): the gold
+2. **Bits per byte of the gold answer** (``lens_heads.sweep.run.run_sweep`` on the same items): the gold
    chain-of-thought answer scored by log-likelihood on lm-eval's rows, intact, with heads zeroed per input by each
    of ``--scores`` at each target share (thresholds from the unablated scores of the evaluated rows, as in
    ``analyses/sweep.py``), and with random zeroing. Per point: the realised share zeroed, the mean bits per byte,
@@ -38,7 +38,6 @@ import torch
 from lens_heads import load_model, load_task
 from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
 from lens_heads.evaluation.results import mean_ci
-from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.scores import score_names
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import model_meta
@@ -46,6 +45,7 @@ from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.sweep.run import run_sweep
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
 

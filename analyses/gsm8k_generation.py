@@ -44,7 +44,6 @@ from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import threshold_zeroing
 from lens_heads.evaluation.generate import GenerationRecord, GenerationResult, evaluate_generation
 from lens_heads.evaluation.results import mean_ci
-from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.embedded import DEFAULT_MODEL
@@ -54,6 +53,7 @@ from lens_heads.plumbing.io import atomic_write_text, slug
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
+from lens_heads.sweep.run import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

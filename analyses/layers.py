@@ -50,9 +50,7 @@ from lens_heads.experiments.layer_removal import (
     removal_curves,
     zeroed_by_layer,
 )
-from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.experiments.task_runs import TaskRunSettings, recorded_name, split_of
-from lens_heads.experiments.unit_store import read_units
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.models.loading import model_meta
@@ -60,6 +58,8 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling, inference
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.unit_store import read_units
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.layer_figures import layer_panels, layer_removal_curves
 

@@ -14,7 +14,7 @@ Steps:
 1. **Baseline against chance** on every task in ``--check-tasks`` (``--check-n`` items each; MMLU in its 5-shot
    letter format): a model at chance has nothing to lose, so the sweep runs only on tasks whose 95% Wilson interval
    lies above chance (``--force`` overrides).
-2. **The sweep** (``lens_heads.experiments.sweep_run.run_sweep``) on each remaining task in ``--tasks``, rows laid out by
+2. **The sweep** (``lens_heads.sweep.run.run_sweep``) on each remaining task in ``--tasks``, rows laid out by
    ``--protocol`` (lm-eval's by default): thresholds from the unablated pooled CDF of each score on the evaluated
    rows (``--calibration``), per-input threshold zeroing at each target fraction,
    the random baseline, and the static pruning view for ``--static-scores``. Units are kept under ``--out`` and a
@@ -51,12 +51,7 @@ from lens_heads.data.tasks import INACTIVE_HEADS_TASKS
 from lens_heads.evaluation.batching import AUTO, parse_batch_size
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import EvalResult
-from lens_heads.experiments.calibration import CALIBRATIONS
-from lens_heads.experiments.compare import UNITS_SUFFIX
-from lens_heads.experiments.sweep_intervals import TESTED
-from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.experiments.task_runs import recorded_name
-from lens_heads.experiments.unit_store import save_units
 from lens_heads.heads.scores import SCORE_NAMES, score_names
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import model_meta
@@ -65,6 +60,11 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
+from lens_heads.sweep.calibration import CALIBRATIONS
+from lens_heads.sweep.compare import UNITS_SUFFIX
+from lens_heads.sweep.intervals import TESTED
+from lens_heads.sweep.run import run_sweep
+from lens_heads.sweep.unit_store import save_units
 from lens_heads.viz.export import save_figure
 from lens_heads.viz.sweep_figures import ablation_curves
 

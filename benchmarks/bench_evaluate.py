@@ -24,10 +24,10 @@ from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import threshold_zeroing
 from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.experiments.sweep_plan import DEFAULT_FRACTIONS
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.plumbing.settings import option
+from lens_heads.sweep.plan import DEFAULT_FRACTIONS
 from timing import (
     Comparison,
     alternate,

@@ -64,7 +64,7 @@ def compare_units(model, task, *, stack: int, repeats: int = 1, **sweep) -> dict
     ``repeats`` times, each run into a fresh folder: per way its wall and CPU seconds (medians) and units per wall
     second, the stacked/one ratio, and :func:`agreement`. ``sweep``: run_sweep's arguments (scores, fractions,
     calibration: a HeadScores keeps the scoring pass out of the timing, batch_size, seed)."""
-    from lens_heads.experiments.sweep_run import run_sweep
+    from lens_heads.sweep.run import run_sweep
 
     def way(k: int):
         def run():

@@ -16,7 +16,7 @@ code, so that its shared prefixes run once as on real MMLU. Per shape:
 1. ``batch_size="auto"``: the size it settles on for these rows and the peak GPU memory of that evaluation;
 2. the evaluator (``lens_heads.evaluation.evaluate``, at that batch size) against Hugging Face SDPA on the same batches, the
    same weights and logits at the same read positions: tokens/s of each, and the largest log-likelihood difference;
-3. the scoring pass (``lens_heads.score_heads``) and one threshold-zeroing sweep unit (``lens_heads.experiments.sweep_run.run_unit``,
+3. the scoring pass (``lens_heads.score_heads``) and one threshold-zeroing sweep unit (``lens_heads.sweep.run.run_unit``,
    AHON (LN) at the threshold that zeroes 10% on the scoring pass): tokens/s;
 4. the scoring pass against the evaluator's forward on long prompts (2,048 and 8,192 tokens; a sixteenth with
    ``--smoke``): tokens/s of each (``gpu_measure.long_prompt_rates``);
@@ -59,9 +59,9 @@ from gpu_rows import check_lengths, mmlu_lengths, record_lengths, synthetic_task
 from gpu_settings import GpuCheck
 from gpu_shapes import SHAPES, build_pair
 from gpu_train import TrainingResult, measure_training, with_shares
-from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.plumbing.provenance import write_record
+from lens_heads.sweep.run import run_sweep
 from lens_heads.training.budget import GPU_PEAK_FLOPS
 from timing import machine_line, parse_settings, timed
 

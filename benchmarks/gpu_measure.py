@@ -22,10 +22,10 @@ from lens_heads.data.items import Task
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.logprobs import batches, pad_rows
-from lens_heads.experiments.sweep_run import run_unit
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models.loading import model_meta
+from lens_heads.sweep.run import run_unit
 from timing import alternate, timed
 
 SCORE, FRACTION = "AHON (LN)", 0.1

@@ -23,18 +23,11 @@ from lens_heads.evaluation.ablation_interface import Ablation, UnitAblation
 from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_difference
-from lens_heads.experiments.compare import SweepComparison, compare_sweeps, read_sweep, read_sweep_record
 from lens_heads.experiments.compare_distributions import DistributionComparison, compare_distributions
 from lens_heads.experiments.distribution_settings import DistributionSettings
 from lens_heads.experiments.effects import HeadEffects, head_effects
 from lens_heads.experiments.healing import Healed, heal, removal_arms, truncation
 from lens_heads.experiments.layer_ranking import LayerScores, layer_scores
-from lens_heads.experiments.rankings import ranking_sweep
-from lens_heads.experiments.sweep_intervals import sweep_intervals
-from lens_heads.experiments.sweep_plan import SweepPlan
-from lens_heads.experiments.sweep_result import SweepResult
-from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.unit_store import load_sweep, read_sweep_folder
 from lens_heads.growth import gpt2, inheritune
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import SCORE_NAMES
@@ -44,6 +37,13 @@ from lens_heads.models.embedded import DEFAULT_MODEL, ModelUnavailableError
 from lens_heads.models.loading import load_model, model_meta, tiny_model, weight_basis
 from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import OutputFolderError
+from lens_heads.sweep.compare import SweepComparison, compare_sweeps, read_sweep, read_sweep_record
+from lens_heads.sweep.intervals import sweep_intervals
+from lens_heads.sweep.plan import SweepPlan
+from lens_heads.sweep.rankings import ranking_sweep
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.run import run_sweep
+from lens_heads.sweep.unit_store import load_sweep, read_sweep_folder
 from lens_heads.training import corpus, train
 from lens_heads.viz.explorer import Explorer, explore
 

@@ -27,7 +27,7 @@ def sweep_settings(config: dict) -> dict:
 
 
 def main(path: str) -> None:
-    import lens_heads.experiments.sweep_run as sweep_module
+    import lens_heads.sweep.run as sweep_module
     from lens_heads.ablation.random_draws import random_zeroing
     from lens_heads.data.tasks import load_task
     from lens_heads.evaluation.evaluate import evaluate

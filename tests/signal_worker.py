@@ -22,7 +22,7 @@ SETTINGS = dict(scores=["AWFT", "AHON (LN)"], fractions=[0.0, 0.2, 0.4], seed=3,
 
 
 def main(path: str) -> None:
-    import lens_heads.experiments.sweep_run as sweep_module
+    import lens_heads.sweep.run as sweep_module
     from lens_heads.data.tasks import load_task
     from lens_heads.evaluation.evaluate import evaluate
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from lens_heads.ablation.specs import RandomAblation, ThresholdAblation, Unablated
 from lens_heads.evaluation.results import EvalResult, ItemRecord
-from lens_heads.experiments.sweep_result import SweepResult, UnitResult
+from lens_heads.sweep.result import SweepResult, UnitResult
 
 TARGETS = (0.1, 0.2, 0.3)
 BASE = np.array([0.0, -1.0])  # every item: two choices, gold 0, answered right before any ablation

@@ -205,9 +205,9 @@ def test_attribution_ranking_analysis_on_a_tiny_model(tmp_path, model_flag, key)
 
     from lens_heads.data.tasks import load_task
     from lens_heads.experiments.effects import head_effects
-    from lens_heads.experiments.sweep_run import run_sweep
-    from lens_heads.experiments.unit_store import save_units
     from lens_heads.models.loading import tiny_model
+    from lens_heads.sweep.run import run_sweep
+    from lens_heads.sweep.unit_store import save_units
 
     script = load_script("attribution_ranking")
     tokenizer = tiny_tokenizer()

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from lens_heads import InputError
-from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.report.sweep_stages import headline_tests
 from lens_heads.stats import calling
 from lens_heads.stats import inference as stats
+from lens_heads.sweep.result import SweepResult
 from synthetic_sweeps import synthetic_sweep
 
 LEVELS = {"A": (0.05, 0.3), "B": (0.2, 1.0), "random": (0.5, 2.0)}
@@ -159,7 +159,7 @@ def test_the_grouped_permutation_p_value_is_the_exact_sign_flip_p_value():
 
 
 def test_table2_average_row_carries_the_rules_verdict_on_its_own_interval_and_p_value():
-    from lens_heads.experiments.table2 import table2
+    from lens_heads.sweep.table2 import table2
 
     levels = {"AWFT": (0.3, 0.6), "AHON": (0.2, 0.4), "random": (0.5, 2.0)}
     sweeps = [synthetic_sweep(np.random.default_rng(s), 40, levels, task=t) for s, t in ((0, "t1"), (1, "t2"))]

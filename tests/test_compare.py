@@ -14,11 +14,11 @@ import pytest
 import lens_heads as lh
 from conftest import text_model
 from lens_heads.evaluation.results import EvalResult, ItemRecord
-from lens_heads.experiments.compare import RecordedSweep, compare_by_metric, compare_sweeps, read_sweep_record
-from lens_heads.experiments.sweep_result import SweepResult, UnitResult
-from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.unit_store import read_sweep_folder
 from lens_heads.stats.inference import average_ranks, spearman
+from lens_heads.sweep.compare import RecordedSweep, compare_by_metric, compare_sweeps, read_sweep_record
+from lens_heads.sweep.result import SweepResult, UnitResult
+from lens_heads.sweep.run import run_sweep
+from lens_heads.sweep.unit_store import read_sweep_folder
 from synthetic_sweeps import spec_of
 
 N = 10  # items per synthetic evaluation
@@ -298,7 +298,7 @@ def test_report_cli_checks_compare_paths(tmp_path):
 
 
 def test_table2_of_sweeps_and_of_their_records_by_hand():
-    from lens_heads.experiments.table2 import table2
+    from lens_heads.sweep.table2 import table2
 
     # line = 80 - 1 = 79; authors' rule: last crossing in order of target fraction, 0 if none
     curves = {"AWFT": (80, 70), "S2": (70, 60), "S3": (80, 80), "random": (60, 40)}
@@ -367,7 +367,7 @@ def test_two_settings_of_one_model_and_task_compare_item_by_item():
     paired replicate; a curve whose gold answer drops further under b has a lower accuracy AUC, by the difference
     of the two sweeps' own AUCs, with an interval below 0."""
 
-    from lens_heads.experiments.compare import compare_settings, setting_of
+    from lens_heads.sweep.compare import compare_settings, setting_of
     from synthetic_sweeps import synthetic_sweep as item_sweep
 
     plain = _with_setting(item_sweep(np.random.default_rng(0), 60, {"S1": (0.5, 3.0), "random": (0.2, 2.0)},
@@ -400,7 +400,7 @@ def test_two_settings_of_one_model_and_task_compare_item_by_item():
 def test_zeroed_head_overlap_by_hand():
     from scipy.stats import spearmanr
 
-    from lens_heads.experiments.compare import zeroed_head_overlap
+    from lens_heads.sweep.compare import zeroed_head_overlap
     from synthetic_sweeps import unit
 
     def sweep(shares):
@@ -421,8 +421,8 @@ def test_zeroed_head_overlap_by_hand():
 
 def test_compare_settings_analysis_writes_what_the_library_computes(tmp_path):
     from conftest import load_script
-    from lens_heads.experiments.compare import compare_settings
-    from lens_heads.experiments.unit_store import save_units
+    from lens_heads.sweep.compare import compare_settings
+    from lens_heads.sweep.unit_store import save_units
     from synthetic_sweeps import synthetic_sweep as item_sweep
 
     plain = _with_setting(item_sweep(np.random.default_rng(0), 30, {"S1": (0.5, 3.0), "random": (0.2, 2.0)},
@@ -460,7 +460,7 @@ def test_compare_sweeps_script_names_its_outputs_by_prefix(tmp_path):
     """``--name`` keeps a second comparison beside the first: every output carries the prefix, and the Table 2 it
     writes is the by-hand one (AWFT crosses baseline - 1 at 11% on both sweeps, so their Average is 11 too)."""
     from conftest import load_script
-    from lens_heads.experiments.unit_store import save_units
+    from lens_heads.sweep.unit_store import save_units
 
     curves = {"AWFT": (80, 70), "S2": (70, 60), "random": (60, 40)}
     paths = [save_units(synthetic_sweep("m1", t, curves), tmp_path / f"{t}_units.json.gz") for t in ("t1", "t2")]

@@ -11,15 +11,15 @@ import pandas as pd
 import pytest
 import torch
 
-import lens_heads.experiments.sweep_run as sweep_module
+import lens_heads.sweep.run as sweep_module
 from conftest import LOGLIK_TOL
 from distributed_worker import sweep_settings, tiny_text_model
 from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.experiments.sweep_run import run_sweep
 from lens_heads.heads.scoring import score_heads
 from lens_heads.plumbing import distributed
+from lens_heads.sweep.run import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed_worker.py"

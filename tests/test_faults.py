@@ -41,7 +41,7 @@ def clean_sweep(out_dir=None):
 
     from conftest import text_model
     from lens_heads.data.tasks import load_task
-    from lens_heads.experiments.sweep_run import run_sweep
+    from lens_heads.sweep.run import run_sweep
     from signal_worker import SETTINGS
 
     torch.set_num_threads(1)
@@ -127,7 +127,7 @@ def test_sigterm_stops_head_effects_keeping_each_finished_head_and_a_rerun_equal
 def test_sigterm_stops_the_report_and_the_same_command_resumes_to_the_same_results(tmp_path, monkeypatch, capsys):
     """SIGTERM in the ablation sweep: exit 143 naming the folder; the rerun reuses the finished stages and units and
     writes the numbers a clean run writes."""
-    import lens_heads.experiments.sweep_run as sweep_run
+    import lens_heads.sweep.run as sweep_run
     from conftest import text_model
     from lens_heads.report import pipeline
     from lens_heads.report.__main__ import main

@@ -276,7 +276,7 @@ def test_the_layers_analysis_end_to_end_on_a_tiny_model(tmp_path):
     import pandas as pd
 
     from conftest import load_script
-    from lens_heads.experiments.unit_store import save_units
+    from lens_heads.sweep.unit_store import save_units
 
     script = load_script("layers")
     model = text_model(n_layers=4, n_ctx=512)

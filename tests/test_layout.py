@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lens_heads"
 # bottom to top, as the layout section of docs/architecture.md draws them
-LAYERS = ("plumbing", "stats", "data", "models", "evaluation", "heads", "ablation", "collapse", "training", "experiments",
+LAYERS = ("plumbing", "stats", "data", "models", "evaluation", "heads", "ablation", "collapse", "training", "sweep", "experiments",
           "growth", "viz", "harness", "report")
 
 

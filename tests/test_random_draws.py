@@ -13,9 +13,9 @@ from lens_heads.ablation.specs import RandomAblation, ThresholdAblation, from_di
 from lens_heads.data.custom_tasks import task_from_records
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.unit_store import UnitStore, read_sweep_folder
 from lens_heads.plumbing.errors import InputError
+from lens_heads.sweep.run import run_sweep
+from lens_heads.sweep.unit_store import UnitStore, read_sweep_folder
 
 RECORDS = [dict(context=f"Question {q}: which one is the answer here?", choices=[f" option {c} for {q}" for c in
                                                                              "abcd"], gold=q % 4) for q in range(3)]
@@ -152,8 +152,8 @@ def test_a_unit_filed_by_an_earlier_version_is_refiled_once_and_found(tmp_path):
     import json
 
     from lens_heads import EvalResult
-    from lens_heads.experiments.sweep_result import UnitResult
-    from lens_heads.experiments.unit_store import REFILED
+    from lens_heads.sweep.result import UnitResult
+    from lens_heads.sweep.unit_store import REFILED
 
     fingerprint = {"run": "old"}
     spec = ThresholdAblation("AHON (LN)", 0.1, threshold=0.5)
@@ -177,7 +177,7 @@ def test_a_sweep_folder_of_an_earlier_version_resumes_without_recomputing(model,
     and its curves equal the first run's."""
     import json
 
-    from lens_heads.experiments.unit_store import REFILED
+    from lens_heads.sweep.unit_store import REFILED
 
     settings = dict(scores=["AHON (LN)"], static_scores=["AWFT"], fractions=[0.0, 0.5], seed=1, batch_size=4,
                     progress=False, out_dir=tmp_path)

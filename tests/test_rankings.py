@@ -12,8 +12,8 @@ from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.experiments.attribution import attribution_ranking, held_out
 from lens_heads.experiments.effects import task_means
-from lens_heads.experiments.rankings import Ranking, join_heldout, ranking_sweep
-from lens_heads.experiments.sweep_run import run_sweep
+from lens_heads.sweep.rankings import Ranking, join_heldout, ranking_sweep
+from lens_heads.sweep.run import run_sweep
 from test_effects import hand_linearised, hand_logprobs, metrics_by_hand, one_layer, toy_task
 
 

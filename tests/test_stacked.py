@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import lens_heads.experiments.sweep_run as sweep_module
+import lens_heads.sweep.run as sweep_module
 from conftest import LOGLIK_TOL, text_model
 from lens_heads import load_task
 from lens_heads.ablation.hooks import input_zeroing, mean_z, static_zeroing, threshold_zeroing
@@ -17,9 +17,9 @@ from lens_heads.ablation.stacked import stack_ablations
 from lens_heads.data.custom_tasks import task_from_records
 from lens_heads.evaluation import passes
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
-from lens_heads.experiments.sweep_run import run_sweep, run_units_stacked
 from lens_heads.heads.scoring import score_heads
 from lens_heads.plumbing.errors import InputError
+from lens_heads.sweep.run import run_sweep, run_units_stacked
 
 # contexts and choices of different lengths, so that batches pad and an item's rows differ
 RECORDS = [dict(context=f"Question {q}: which one is the answer{' here' * q}?",

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import curves
 from lens_heads.stats import inference as stats
+from lens_heads.sweep.result import SweepResult
 from synthetic_sweeps import TARGETS, kl_of, synthetic_sweep
 
 

@@ -6,14 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import lens_heads.experiments.sweep_run as sweep_module
+import lens_heads.sweep.run as sweep_module
 from conftest import text_model
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import paired_difference
-from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.table2 import table2
 from lens_heads.stats.curves import ends_above, normalised_auc, zeroable_within
+from lens_heads.sweep.run import run_sweep
+from lens_heads.sweep.table2 import table2
 
 
 def test_zeroable_within_censored_rule_interpolates_the_last_downward_crossing():
@@ -226,7 +226,7 @@ def _sweep(model_name, task_name, curves):
     """A SweepResult from hand-chosen accuracies: ``curves[score] = [(target, realised, accuracy %), ...]``,
     baseline 50% on 1,000 items."""
     from lens_heads.evaluation.results import EvalResult, ItemRecord
-    from lens_heads.experiments.sweep_result import SweepResult, UnitResult
+    from lens_heads.sweep.result import SweepResult, UnitResult
     from synthetic_sweeps import spec_of
 
     def result(accuracy):

@@ -7,8 +7,8 @@ import lens_heads as lh
 from conftest import text_model
 from lens_heads.ablation.specs import LayerRemoval, RandomAblation, StaticAblation, ThresholdAblation, Unablated
 from lens_heads.data.tasks import load_task
-from lens_heads.experiments.sweep_plan import FIELDS, SweepPlan, sweep_plan
 from lens_heads.plumbing.errors import InputError
+from lens_heads.sweep.plan import FIELDS, SweepPlan, sweep_plan
 
 
 def test_the_plan_lists_its_units_in_order_and_round_trips():

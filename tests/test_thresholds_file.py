@@ -135,7 +135,7 @@ def test_a_sweep_zeroes_at_the_files_thresholds_and_refuses_another_models(tmp_p
     from lens_heads.ablation.hooks import threshold_zeroing
     from lens_heads.data.tasks import load_task
     from lens_heads.evaluation.evaluate import evaluate
-    from lens_heads.experiments.sweep_run import run_sweep
+    from lens_heads.sweep.run import run_sweep
 
     task = load_task("piqa", n=3, seed=0)
     chosen = float(np.quantile(scored.score("LTHON (HN)").numpy(), 0.4))  # a threshold no calibration here would pick

@@ -1,19 +1,14 @@
 """A unit stores its ablation spec whole; units of the earlier format (mode, score, target_fraction, threshold) are
-read, and migrated by scripts/migrate_units.py, into the spec their record gives, naming what it never held."""
+read into the spec their record gives, naming what it never held."""
 
-import gzip
-import importlib.util
 import json
-import math
-from pathlib import Path
 
 import pytest
 
 from lens_heads.ablation.specs import InputAblation, LayerRemoval, StaticAblation, ThresholdAblation
 from lens_heads.evaluation.results import EvalResult, ItemRecord
-from lens_heads.experiments.sweep_result import UnitResult
-from lens_heads.experiments.unit_store import FORMAT_VERSION, read_sweep_folder, read_units
 from lens_heads.plumbing.errors import InputError
+from lens_heads.sweep.result import UnitResult
 
 RESULT = EvalResult(task="t", format="cloze", chance=0.5, items=[
     ItemRecord(id="q0", gold=0, logprobs=[-0.5, -1.5], n_tokens=[1, 1], n_chars=[1, 1])])
@@ -89,64 +84,3 @@ def test_the_specs_written_by_hand_are_the_ones_the_spec_classes_write():
         "kind": "static", "ablation": "mean", "heads": None, "score": "AWFT", "fraction": 0.2}
     assert InputAblation(heads=[[(0, 1)]], score="attribution", fraction=0.1).to_dict() == {
         "kind": "per_input", "ablation": "zero", "heads": (((0, 1),),), "score": "attribution", "fraction": 0.1}
-
-
-def migration_script():
-    where = Path(__file__).resolve().parents[1] / "scripts" / "migrate_units.py"
-    spec = importlib.util.spec_from_file_location("migrate_units", where)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
-
-def test_the_migration_script_rewrites_an_old_run_folder_from_its_keys_once(tmp_path, capsys):
-    fingerprint = {"run": "old"}
-    (tmp_path / "sweep.json").write_text(json.dumps({"key": fingerprint}))
-    files = {"baseline__none__0.0000-a.json": ({"kind": "baseline", "ablation": "zero"},
-                                               old_unit("baseline", None, 0.0)),
-             "threshold__AWFT__0.1000-b.json": ({"kind": "threshold", "ablation": "mean", "score": "AWFT",
-                                                 "fraction": 0.1, "threshold": None},
-                                                old_unit("threshold", "AWFT", 0.1, 0.5))}
-    for name, (filed, value) in files.items():
-        (tmp_path / name).write_text(json.dumps({"key": {"run": fingerprint, "ablation": filed}, "value": value}))
-    before = read_sweep_folder(tmp_path)
-    migration_script().main([str(tmp_path)])
-    assert "2 unit file(s) given their spec" in capsys.readouterr().out
-    values = {name: json.loads((tmp_path / name).read_text())["value"] for name in files}
-    assert values["threshold__AWFT__0.1000-b.json"]["spec"] == {"kind": "threshold", "ablation": "mean",
-                                                               "score": "AWFT", "fraction": 0.1, "threshold": 0.5}
-    assert values["baseline__none__0.0000-a.json"]["spec"] == {"kind": "baseline", "ablation": "zero"}
-    assert not any("mode" in v for v in values.values())
-    migration_script().main([str(tmp_path)])
-    assert "unchanged" in capsys.readouterr().out
-    after = read_sweep_folder(tmp_path)
-    assert [u.to_dict() for u in after.units] == [u.to_dict() for u in before.units]
-
-
-def test_the_migration_script_rewrites_an_old_units_file_once(tmp_path, capsys):
-    script = migration_script()
-    meta = {"seed": 7, "random_draw": "per_row", "rankings": {"attribution": "mean"}, "specs": []}
-    old = [old_unit("baseline", None, 0.0), old_unit("random", None, 0.1), old_unit("threshold", "AWFT", 0.1, 0.5),
-           old_unit("static", "attribution", 0.1)]
-    path = tmp_path / "sweep_t_units.json.gz"
-    path.write_bytes(gzip.compress(json.dumps({"format": 3, "meta": meta, "units": old}).encode()))
-    script.main([str(path)])
-    assert "format 3 -> 4, 4 of 4 units" in capsys.readouterr().out
-    data = json.loads(gzip.decompress(path.read_bytes()))
-    assert data["format"] == FORMAT_VERSION == 4 and data["meta"] == meta
-    rest = {k: v for k, v in old[0].items() if k not in ("key", "mode", "score", "target_fraction", "threshold")}
-    assert data["units"] == [
-        {"key": "baseline__none__0.0000", "spec": {"kind": "baseline", "unrecorded": ["ablation"]}, **rest},
-        {"key": "random__none__0.1000", "spec": {"kind": "random", "fraction": 0.1, "seed": 7, "draw": "per_row",
-                                                 "unrecorded": ["ablation"]}, **rest},
-        {"key": "threshold__AWFT__0.1000", "spec": {"kind": "threshold", "score": "AWFT", "fraction": 0.1,
-                                                    "threshold": 0.5, "unrecorded": ["ablation"]}, **rest},
-        {"key": "static__attribution__0.1000", "spec": {"kind": "static", "ablation": "mean", "score": "attribution",
-                                                        "fraction": 0.1, "unrecorded": ["heads"]}, **rest}]
-    once = path.read_bytes()
-    script.main([str(path)])
-    assert "unchanged" in capsys.readouterr().out and path.read_bytes() == once
-    sweep = read_units(path)
-    assert [(u.mode, u.score, u.target_fraction) for u in sweep.units] == [
-        (u["mode"], u["score"], u["target_fraction"]) for u in old]
-    assert math.isclose(sweep.units[2].threshold, 0.5)

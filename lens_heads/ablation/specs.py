@@ -259,7 +259,7 @@ def target_fraction(fields: Mapping) -> float:
 def from_dict(d: dict) -> AblationSpec:
     """The spec :meth:`AblationSpec.to_dict` wrote, or the older JSON of runs of earlier versions (the ablation
     under ``"mode"``; a random draw left out where it was per item), which
-    :func:`lens_heads.experiments.unit_store.refile_units` reads once to re-file their units."""
+    :func:`lens_heads.sweep.unit_store.refile_units` reads once to re-file their units."""
     fields = dict(d)
     kind = fields.pop("kind", None)
     if "mode" in fields:

@@ -1,1 +1,1 @@
-"""Experiments over heads: the zeroing sweep (sweep_run, sweep_result, unit_store, calibration, table2) and its intervals (sweep_intervals), ground-truth head effects (effects), scores against effects (agreement), sweeps across models and tasks (compare)."""
+"""Experiments over heads and layers beside the sweep (whose folder is ``lens_heads.sweep``): ground-truth head effects (effects), scores against effects (agreement), attribution rankings, whole-layer removal and ranking, healing, score distributions across models."""

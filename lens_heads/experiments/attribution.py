@@ -3,7 +3,7 @@
 Attribution patching (:func:`lens_heads.experiments.effects.head_effects` with ``method="attribution"``) estimates
 every head's effect on a task from one forward and one backward pass per batch of rows; :func:`attribution_ranking`
 orders the heads by the size of that estimate on calibration items (smallest first), and
-:meth:`AttributionRanking.ranking` hands the order to :func:`lens_heads.experiments.rankings.ranking_sweep`, which
+:meth:`AttributionRanking.ranking` hands the order to :func:`lens_heads.sweep.rankings.ranking_sweep`, which
 zeroes heads in that order on held-out items (:func:`held_out`) beside the scores' curves, the ablation oracle and
 random.
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 
 from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.experiments.effects import HeadEffects, head_effects
-from lens_heads.experiments.rankings import Head, Ranking
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.values import keywords
+from lens_heads.sweep.rankings import Head, Ranking
 
 
 @dataclass

@@ -49,8 +49,6 @@ from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.logprobs import batches, choice_chars, continuation_tokens, pad_rows, read_logprobs
 from lens_heads.evaluation.results import Z95, EvalResult, ItemRecord, paired_values
-from lens_heads.experiments.rankings import Ranking, ranking_sweep
-from lens_heads.experiments.unit_store import run_fingerprint
 from lens_heads.models.backends import get_act_name, run_to_resid
 from lens_heads.models.loading import model_meta
 from lens_heads.models.nonfinite import where_nonfinite
@@ -59,6 +57,8 @@ from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes
 from lens_heads.plumbing.signals import stops_cleanly
 from lens_heads.plumbing.values import keywords
+from lens_heads.sweep.rankings import Ranking, ranking_sweep
+from lens_heads.sweep.unit_store import run_fingerprint
 
 METHODS = ("ablation", "attribution", "mean")
 EFFECT_METRICS = ("gold_logprob", "kl", "accuracy")
@@ -386,7 +386,7 @@ def oracle_sweep(model, task, order: list[tuple[int, int]], *, fractions=(0.0, 0
     """Zero the first ``round(p x heads)`` heads of ``order`` (e.g. :meth:`HeadEffects.order`, smallest effect
     first) for every input of ``task`` at each fraction ``p``: the best a fixed per-head ranking can do where
     ``task`` holds the items that ranked the heads, and an honest reference on other items. Returns a
-    :class:`lens_heads.experiments.sweep_result.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
+    :class:`lens_heads.sweep.result.SweepResult` whose static curve is named ``label``; with ``out_dir`` each fraction is
     kept and reused like the sweep's units. ``settings`` and ``options``: :func:`lens_heads.evaluation.evaluate`'s."""
     order = [(int(layer), int(head)) for layer, head in order]
     # the order keys the run, as it did before rankings shared this sweep: stored oracle units stay valid

@@ -30,15 +30,15 @@ from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate_each
 from lens_heads.evaluation.results import EvalResult, paired_values
-from lens_heads.experiments.rankings import check_head_order
-from lens_heads.experiments.sweep_result import UnitResult
-from lens_heads.experiments.sweep_run import unit_result
-from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
 from lens_heads.plumbing.values import keywords
 from lens_heads.stats import calling, inference
 from lens_heads.stats.curves import SCORES_AND_RANDOM
+from lens_heads.sweep.rankings import check_head_order
+from lens_heads.sweep.result import UnitResult
+from lens_heads.sweep.run import unit_result
+from lens_heads.sweep.unit_store import UnitStore, run_fingerprint
 
 METRICS = {  # per-item paired value: what it is, and whether higher is better
     "accuracy_change": ("change of correctness, removed - unablated (accuracy points / 100)", True),
@@ -253,7 +253,7 @@ class RemovalCurves:
 
 
 def zeroed_by_layer(sweep, mode: str = SCORES_AND_RANDOM) -> pd.DataFrame:
-    """Per unit of a head-zeroing sweep (:class:`lens_heads.experiments.sweep_result.SweepResult`) of ``mode``
+    """Per unit of a head-zeroing sweep (:class:`lens_heads.sweep.result.SweepResult`) of ``mode``
     (``"threshold+random"``: the score curves and random) and layer: the share of the layer's (input, head) pairs it zeroed, from the
     units' recorded ``head_share``."""
     rows = []

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_heads.experiments.sweep_result import SweepResult
-from lens_heads.experiments.unit_store import read_units
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.plumbing.io import safe_name
 from lens_heads.plumbing.provenance import SOURCE
 from lens_heads.plumbing.settings import option
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.unit_store import read_units
 
 FIGURES = SOURCE / "figures"  # the checkout's recorded inputs and outputs (the scripts run from a checkout)
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
-from lens_heads.experiments.compare import read_sweep_record
 from lens_heads.plumbing.cache import Cache
 from lens_heads.report import layer_stages, sections, stages, sweep_stages
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.render import Section
 from lens_heads.report.stage_result import StageResult
+from lens_heads.sweep.compare import read_sweep_record
 
 
 class Skip(Enum):

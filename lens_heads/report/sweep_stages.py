@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from lens_heads.data.items import Task
-from lens_heads.experiments.compare import METRICS, SweepComparison, compare_by_metric
-from lens_heads.experiments.sweep_run import run_sweep
-from lens_heads.experiments.table2 import table2
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.errors import InputError
 from lens_heads.report.config import ReportConfig
 from lens_heads.report.stage_result import StageResult, jsonable
+from lens_heads.sweep.compare import METRICS, SweepComparison, compare_by_metric
+from lens_heads.sweep.run import run_sweep
+from lens_heads.sweep.table2 import table2
 from lens_heads.viz.sweep_figures import ablation_curves, correlation_heatmap, rank_heatmap
 
 COMPARE_TOP_K = 5
@@ -26,7 +26,7 @@ INTERVAL_RESAMPLES = 1000  # bootstrap replicates (and permutations) of the swee
 class AblationResult(StageResult):
     sweep: object = None
     task: Task = field(kw_only=True)
-    intervals: object = None  # lens_heads.experiments.sweep_intervals.SweepIntervals
+    intervals: object = None  # lens_heads.sweep.intervals.SweepIntervals
     tests: dict = field(default_factory=dict)  # the paired differences the findings rest on (SweepIntervals.difference)
 
 

@@ -48,7 +48,7 @@ def curve_labels(table):
 
 
 def sweep_curves(table) -> list[Curve]:
-    """The curves of a sweep table (:meth:`lens_heads.experiments.sweep_result.SweepResult.to_dataframe`), in order of appearance.
+    """The curves of a sweep table (:meth:`lens_heads.sweep.result.SweepResult.to_dataframe`), in order of appearance.
 
     ``curve`` is the label (``score`` where the table has no ``curve`` column); a curve's mode is that of its
     ablated points (the point at 0 is the shared unablated baseline). A table without ``mode`` holds threshold
@@ -93,7 +93,7 @@ def _curve_rows(curves: list[Curve]) -> dict[str, list[Curve]]:
 def ablation_curves(table, *, baseline: float, chance: float, title: str = "") -> go.Figure:
     """Accuracy and the two paired companions (gold log-prob change, KL) against the realised % of heads zeroed.
 
-    ``table``: :meth:`lens_heads.experiments.sweep_result.SweepResult.to_dataframe` (one row per curve point); a panel is drawn for
+    ``table``: :meth:`lens_heads.sweep.result.SweepResult.to_dataframe` (one row per curve point); a panel is drawn for
     each of :data:`PANELS` whose column the table has. The random curve is drawn with its 95% intervals.
     ``baseline`` and ``chance`` are in % (lines in the accuracy panel, where there is one)."""
     curves = sweep_curves(table)
@@ -151,7 +151,7 @@ def rank_heatmap(ranks, *, low=None, high=None, wide: float = 4.0, title: str = 
     with its 95% interval in the hover where ``low``/``high`` are given, and marked ``~`` where the interval spans
     more than ``wide`` ranks (the data hardly place that curve).
 
-    ``ranks``, ``low``, ``high``: :meth:`lens_heads.experiments.compare.SweepComparison.rank_table` (DataFrames, curves x model /
+    ``ranks``, ``low``, ``high``: :meth:`lens_heads.sweep.compare.SweepComparison.rank_table` (DataFrames, curves x model /
     task; ``rank_table("rank_low")`` and ``("rank_high")`` for the interval)."""
     curves, columns = [str(c) for c in ranks.index], [str(c) for c in ranks.columns]
     z = ranks.to_numpy(dtype=float)

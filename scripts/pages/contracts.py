@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-ENTRIES = {"evaluate": "lens_heads.evaluation.evaluate", "run_sweep": "lens_heads.experiments.sweep_run"}
+ENTRIES = {"evaluate": "lens_heads.evaluation.evaluate", "run_sweep": "lens_heads.sweep.run"}
 # the modules lh.evaluate passes through to the forward and back: rows, hook sets, passes, log-likelihoods
 EVALUATOR = ("evaluation/evaluate.py", "evaluation/passes.py", "evaluation/hook_sets.py", "evaluation/logprobs.py",
              "data/rows.py")

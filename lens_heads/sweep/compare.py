@@ -1,7 +1,7 @@
 """Comparing sweeps across models and tasks: does a score that spares accuracy on one (model, task) spare it on
 another?
 
-Given several sweeps, one per (model, task) (:class:`lens_heads.experiments.sweep_result.SweepResult`, or the tables that
+Given several sweeps, one per (model, task) (:class:`lens_heads.sweep.result.SweepResult`, or the tables that
 ``analyses/sweep.py`` records, read back with :func:`read_sweep_record`):
 
 - the **rank** of every curve (the scores and ``"random"``) by its normalised AUC within its (model, task): 1 is
@@ -19,7 +19,7 @@ which); :func:`compare_settings` then takes each curve's summaries and ranks und
 intervals, and :func:`zeroed_head_overlap` compares the heads the two zeroed.
 
 Intervals: each sweep with per-item records (a ``run_sweep`` folder, or a recorded sweep with its units file) is
-bootstrapped over its items (:mod:`lens_heads.experiments.sweep_intervals`), the curves re-ranked in every replicate, and the
+bootstrapped over its items (:mod:`lens_heads.sweep.intervals`), the curves re-ranked in every replicate, and the
 Spearman correlation of two rankings taken replicate by replicate. Every sweep is resampled with the same seed, so
 sweeps of the same items in the same order (two models on one task) are paired; sweeps of different items are
 resampled independently in effect. A sweep recorded without per-item records has no intervals (``no_intervals``).
@@ -36,13 +36,13 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from lens_heads.experiments.sweep_intervals import paired_statistic, replicate_ranks
-from lens_heads.experiments.sweep_result import SweepResult
-from lens_heads.experiments.unit_store import read_sweep_folder, read_units
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling
 from lens_heads.stats import inference as stats
 from lens_heads.stats.curves import normalised_auc, zeroable_within
+from lens_heads.sweep.intervals import paired_statistic, replicate_ranks
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.unit_store import read_sweep_folder, read_units
 
 METRICS = {"accuracy": "normalised AUC of accuracy (%), higher is better",
            "kl": "normalised AUC of the paired KL(unablated || ablated) (nats), lower is better"}
@@ -95,7 +95,7 @@ def read_sweep_record(path: str | Path) -> SweepResult | RecordedSweep:
     """A recorded sweep: a ``sweep_<task>.json`` written by ``analyses/sweep.py`` (a :class:`SweepResult` where its
     units file ``sweep_<task>_units.json.gz`` lies beside it, else a :class:`RecordedSweep` of its curve points), or
     a units file itself; a ``run_sweep`` output folder is read by
-    :func:`lens_heads.experiments.unit_store.read_sweep_folder` (a :class:`SweepResult` with every unit).
+    :func:`lens_heads.sweep.unit_store.read_sweep_folder` (a :class:`SweepResult` with every unit).
     ``lens_heads.read_sweep`` is this function under its earlier name."""
     path = Path(path)
     if path.is_dir():

@@ -6,8 +6,7 @@ an older JSON of the spec (the ablation under ``"mode"``, the word for a curve's
 out): the first :class:`UnitStore` to open such a folder re-files them once (:func:`refile_units`) and marks the
 folder, so every read is one lookup and an old folder resumes as a new one does. A unit stores its resolved spec
 whole; one stored before it did (``mode``, ``score``, ... instead) is read with the spec its key files it under
-(:mod:`lens_heads.experiments.unit_migration`), so such a folder also resumes as it is; recorded units files are
-migrated once by ``scripts/migrate_units.py``."""
+(:mod:`lens_heads.sweep.old_units`, the one reader of old formats), so such a folder also resumes as it is."""
 
 from __future__ import annotations
 
@@ -18,12 +17,12 @@ from pathlib import Path
 
 from lens_heads.ablation.specs import UNIT_MODES, AblationSpec
 from lens_heads.ablation.specs import from_dict as spec_from_dict
-from lens_heads.experiments.sweep_result import SweepResult, UnitResult, unit_key
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.models.loading import model_meta
 from lens_heads.plumbing.cache import Cache, canonical, claim_folder, load_keyed, read_json, save_keyed
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
+from lens_heads.sweep.result import SweepResult, UnitResult, unit_key
 
 FORMAT_VERSION = 4  # of a units file (save_units): 4, each unit stores its spec whole (3: mode, score, ... instead)
 RUN_VERSION = 3  # of a run's fingerprint: what its stored units' numbers depend on (old folders keep resuming)
@@ -117,7 +116,7 @@ def run_fingerprint(model, task, **settings) -> dict:
 
 def save_units(result: SweepResult, path) -> Path:
     """Every unit of ``result`` with its per-item records, gzipped JSON written atomically: what
-    :func:`read_units` (and :func:`lens_heads.experiments.compare.read_sweep_record` beside a recorded ``sweep_<task>.json``) needs to
+    :func:`read_units` (and :func:`lens_heads.sweep.compare.read_sweep_record` beside a recorded ``sweep_<task>.json``) needs to
     recompute every summary and its interval without the run folder."""
     return write_units_file(path, result.meta, [u.to_dict() for u in result.units])
 

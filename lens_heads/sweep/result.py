@@ -3,7 +3,7 @@
 Each :class:`UnitResult` is one point (an ablation spec evaluated on the task); :class:`SweepResult` holds them all
 with the shared unablated baseline and reads the paper's numbers off the curves (:mod:`lens_heads.stats.curves`):
 "% of heads zeroable within 1 point" (the authors' rule or the censored one) and the normalised AUC, both on the
-realised-% axis, Table 2's entry, and intervals over items (:mod:`lens_heads.experiments.sweep_intervals`).
+realised-% axis, Table 2's entry, and intervals over items (:mod:`lens_heads.sweep.intervals`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import pandas as pd
 
 from lens_heads.ablation import specs
 from lens_heads.evaluation.results import EvalResult, paired_difference
-from lens_heads.experiments.sweep_intervals import heads_per_row, sweep_intervals
-from lens_heads.experiments.unit_migration import is_legacy, legacy_spec
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import slug
 from lens_heads.stats import curves, inference
 from lens_heads.stats.curves import ALL, RANDOM, SCORES_AND_RANDOM, CurveKey, check_selection, selects
+from lens_heads.sweep.intervals import heads_per_row, sweep_intervals
+from lens_heads.sweep.old_units import is_legacy, legacy_spec
 
 
 @dataclass
@@ -74,7 +74,7 @@ class UnitResult:
     @classmethod
     def from_dict(cls, d: dict, filed: dict | None = None) -> "UnitResult":
         """The unit :meth:`to_dict` wrote, or one of the earlier format (``mode``, ``score``, ``target_fraction``,
-        ``threshold`` instead of its spec: :func:`lens_heads.experiments.unit_migration.legacy_spec`, with
+        ``threshold`` instead of its spec: :func:`lens_heads.sweep.old_units.legacy_spec`, with
         ``filed``, the spec JSON a run folder filed it under, where known)."""
         spec = legacy_spec(d, filed) if is_legacy(d) else d["spec"]
         return cls(spec=spec, realised_fraction=d["realised_fraction"], result=EvalResult.from_dict(d["result"]),
@@ -220,7 +220,7 @@ class SweepResult:
                   seed: int = 0, confidence: float = 0.95, mode: str = SCORES_AND_RANDOM):
         """95% percentile-bootstrap intervals over items for every curve's summaries (accuracy and KL AUC, KL at
         each target share, % zeroable within ``points`` by both rules) and ranks, paired across the curves of
-        ``mode`` (``"all"``: every curve, named by label) (:func:`lens_heads.experiments.sweep_intervals.
+        ``mode`` (``"all"``: every curve, named by label) (:func:`lens_heads.sweep.intervals.
         sweep_intervals`); ``.difference`` and ``.versus`` test curves against each other. Computed once per setting
         (the units are not meant to change after the sweep)."""
         key = (points, None if shares is None else tuple(shares), n_resamples, seed, confidence, mode)

@@ -8,11 +8,11 @@ import hashlib
 from lens_heads.ablation.specs import ScoreCalibration
 from lens_heads.data.rows import context_tokens
 from lens_heads.evaluation.eval_settings import EvalSettings
-from lens_heads.experiments.sweep_result import calibration_key
-from lens_heads.experiments.unit_store import UnitStore
 from lens_heads.heads.distributions import pooled_cdf
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.plumbing.cache import load_keyed, save_keyed
+from lens_heads.sweep.result import calibration_key
+from lens_heads.sweep.unit_store import UnitStore
 
 CALIBRATIONS = ("rows", "prompts")
 

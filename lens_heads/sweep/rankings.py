@@ -9,7 +9,7 @@ every input (the ablation oracle's :meth:`HeadEffects.order`, an attribution ran
 target share ``p``, for every input of a task (a static curve) or, for a per-input ranking, each input's own first
 heads (a per-input curve), beside one unablated baseline; every unit is kept and reused like a sweep's.
 :func:`join_heldout` puts a recorded sweep's curves, restricted to the same items, beside these curves on one
-baseline, so that every curve is paired with every other (:meth:`lens_heads.experiments.sweep_result.SweepResult.intervals`
+baseline, so that every curve is paired with every other (:meth:`lens_heads.sweep.result.SweepResult.intervals`
 with ``mode="all"``).
 """
 
@@ -24,13 +24,13 @@ from tqdm.auto import tqdm
 
 from lens_heads.ablation.specs import AblationSpec, InputAblation, StaticAblation, Unablated
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
-from lens_heads.experiments.sweep_plan import DEFAULT_FRACTIONS
-from lens_heads.experiments.sweep_result import SweepResult
-from lens_heads.experiments.sweep_run import run_unit
-from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
 from lens_heads.plumbing.values import keywords
+from lens_heads.sweep.plan import DEFAULT_FRACTIONS
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.run import run_unit
+from lens_heads.sweep.unit_store import UnitStore, run_fingerprint
 
 Head = tuple[int, int]
 

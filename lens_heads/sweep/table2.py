@@ -8,10 +8,10 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from lens_heads.experiments.sweep_intervals import untestable_message
-from lens_heads.experiments.sweep_result import SweepResult
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats import calling, inference
+from lens_heads.sweep.intervals import untestable_message
+from lens_heads.sweep.result import SweepResult
 
 
 def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: int | None = None, seed: int = 0,

@@ -94,7 +94,7 @@ def untestable_message(curves: Sequence[str]) -> str:
 
 
 def curve_items(sweep, mode: str = curves.SCORES_AND_RANDOM) -> tuple[list[CurveItems], np.ndarray, int]:
-    """The curves of ``mode`` (``"threshold+random"``: the score curves and random) of a :class:`lens_heads.experiments.sweep_result.SweepResult` as
+    """The curves of ``mode`` (``"threshold+random"``: the score curves and random) of a :class:`lens_heads.sweep.result.SweepResult` as
     per-item arrays, the rows each item ran (one per choice for cloze tasks) and the heads per row (layers x
     heads)."""
     base = sweep.baseline
@@ -313,7 +313,7 @@ def paired_statistic(a: CurveItems, b: CurveItems, rows_a: np.ndarray, rows_b: n
 def sweep_intervals(sweep, *, points: float = 1.0, shares: Sequence[float] | None = None,
                     n_resamples: int = stats.N_RESAMPLES, seed: int = 0, confidence: float = stats.CONFIDENCE,
                     mode: str = curves.SCORES_AND_RANDOM) -> SweepIntervals:
-    """Intervals for every curve's summaries and ranks of a :class:`lens_heads.experiments.sweep_result.SweepResult` (see the module
+    """Intervals for every curve's summaries and ranks of a :class:`lens_heads.sweep.result.SweepResult` (see the module
     docstring). ``shares``: the shares of heads zeroed (fractions) at which the KL is read (default: the sweep's target
     shares)."""
     items, rows, n_heads = curve_items(sweep, mode)

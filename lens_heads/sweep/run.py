@@ -13,13 +13,13 @@ For each score and target fraction p (the paper's protocol, as its authors' code
 4. Optionally the **static pruning view**: rank heads by their mean score over the calibration inputs and zero the
    most inactive ``round(p x layers x heads)`` heads for every input, as removing them for good would.
 
-The plan (:class:`lens_heads.experiments.sweep_plan.SweepPlan`) lists ablation specs
+The plan (:class:`lens_heads.sweep.plan.SweepPlan`) lists ablation specs
 (:mod:`lens_heads.ablation.specs`), one per unit. Rows and tokens follow a
 named protocol (:mod:`lens_heads.data.rows`: ``"lm-eval"`` by default, ``"tl"``), recorded in the result. Each finished
 unit is written at once to ``out_dir``, keyed by the run's fingerprint and its spec (:mod:`lens_heads.plumbing.cache`); a
 rerun with the same model, data, protocol, seed and calibration skips the finished units. Headline numbers (from
 :mod:`lens_heads.stats.curves`): "% of heads zeroable within 1 point" (the authors' rule or the censored one) and the
-normalised AUC, both on the realised-% axis, and the paper's Table 2 (:func:`lens_heads.experiments.table2.table2`).
+normalised AUC, both on the realised-% axis, and the paper's Table 2 (:func:`lens_heads.sweep.table2.table2`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,6 @@ from lens_heads.evaluation.batching import settled_sizes
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.results import EvalResult
-from lens_heads.experiments.calibration import CALIBRATIONS, Calibration, calibration_id
-from lens_heads.experiments.sweep_plan import SweepPlan, sweep_plan
-from lens_heads.experiments.sweep_result import SweepResult, UnitResult, calibration_key
-from lens_heads.experiments.unit_store import UnitStore, run_fingerprint
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.thresholds_file import Thresholds
 from lens_heads.plumbing import distributed
@@ -52,6 +48,10 @@ from lens_heads.plumbing.cache import canonical
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
 from lens_heads.plumbing.values import keywords
+from lens_heads.sweep.calibration import CALIBRATIONS, Calibration, calibration_id
+from lens_heads.sweep.plan import SweepPlan, sweep_plan
+from lens_heads.sweep.result import SweepResult, UnitResult, calibration_key
+from lens_heads.sweep.unit_store import UnitStore, run_fingerprint
 
 DEFAULT_STACK = 4  # units per forward where they stack (run_units_stacked)
 
@@ -66,7 +66,7 @@ def run_sweep(model, task, *, plan: SweepPlan | None = None, calibration="rows",
     baseline (``random_baseline``), the static pruning view for ``static_scores`` and any further ablation
     ``specs`` (e.g. :class:`lens_heads.ablation.specs.LayerRemoval`: ``result.curves("layers")``), each a unit.
 
-    ``plan`` (:class:`lens_heads.experiments.sweep_plan.SweepPlan`, or its fields as keywords laid over it:
+    ``plan`` (:class:`lens_heads.sweep.plan.SweepPlan`, or its fields as keywords laid over it:
     ``scores``, ``fractions``, ``seed``, ``random_baseline``, ``static_scores``, ``specs``, ``random``): the units;
     ``meta["plan"]`` records it whole.
 
