@@ -18,6 +18,7 @@ import torch
 
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
+from lens_heads.models.nonfinite import refuse_nonfinite_values
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats.inference import spearman
 
@@ -77,6 +78,7 @@ def thresholds(scores: HeadScores, name: str, fractions: float | Iterable[float]
     bad = [p for p in fractions if not 0 <= p <= 1]
     if bad:
         raise InputError(f"fractions must lie in [0, 1], got {bad}")
+    refuse_nonfinite_values(scores.score(name), f"thresholds of {name}", "a NaN score has no place in a quantile")
     cdf = pooled_cdf(scores, name)
     return {float(p): cdf.quantile(p if cdf.direction == "<" else 1 - p) for p in fractions}
 
