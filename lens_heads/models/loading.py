@@ -82,8 +82,9 @@ def load_model(
     key = name.lower()
     if key in EMBEDDED:
         spec = EMBEDDED[key]
-        folder: Path | None = embedded_model_folder(key)
-        model = _from_local_folder(folder, **load)
+        embedded = embedded_model_folder(key)
+        folder: Path | None = embedded
+        model = _from_local_folder(embedded, **load)
         source = f"embedded: {spec['hf_name']} (GGUF {spec['quant']} from PyPI {spec['package']}, dequantised)"
     elif Path(name).is_dir():
         if not (Path(name) / "config.json").exists():
