@@ -125,7 +125,7 @@ def read_task_yaml(path: Path, _seen: frozenset = frozenset()) -> dict:
     has no public reader of its task YAMLs; its ``!function`` tags are kept as the names they point at, never
     imported). Malformed YAML, a file that is not a mapping, or an include cycle: an :class:`InputError` naming the
     file and the line."""
-    import yaml
+    import yaml  # type: ignore[import-untyped]  # PyYAML ships no types
 
     class Loader(yaml.SafeLoader):
         pass
