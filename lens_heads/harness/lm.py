@@ -6,9 +6,10 @@
   same context) become one :class:`~lens_heads.data.items.Item`, and all of them one :func:`lens_heads.evaluate`
   call under the ablation's hooks: lm-eval's rows (the ``"lm-eval"`` protocol), one forward per shared context and
   shared prefixes (a subject's five shots) computed once wherever the hooks allow it.
-- ``loglikelihood_rolling``: each text as one continuation after lm-eval's prefix token (one window: a text longer
-  than the model's context is refused, not split).
-- ``generate_until``: :func:`lens_heads.evaluation.generate.generate`, greedy, the hooks active at every step.
+- ``loglikelihood_rolling``: each text after lm-eval's prefix token, in lm-eval's own rolling windows where it is
+  longer than the context, every window under the hooks.
+- ``generate_until``: greedy generation of the prompts as one padded batch with a key/value cache, the hooks
+  active at every step; a prompt too long for its ``max_gen_toks`` keeps its last tokens, as lm-eval's ``hf`` does.
 
 The ablation (:mod:`lens_heads.harness.model_args`) shows in lm-eval's output: the results' ``config`` holds
 ``lens_heads`` (the spec, what it was calibrated to, the share of heads zeroed per call and in total), and each logged
@@ -90,19 +91,31 @@ class LensHeadsLM(LM):
         return self._scored(requests, items, where, "loglikelihood", disable_tqdm)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Summed log-likelihood of each text after lm-eval's prefix token (one window)."""
+        """Summed log-likelihood of each text after lm-eval's prefix token, in lm-eval's rolling windows: a text
+        longer than the context is cut into windows of ``n_ctx`` predicted tokens, each conditioned on the token
+        before it (``lm_eval.utils.get_rolling_token_windows`` with ``context_len=1``, made disjoint by
+        ``make_disjoint_window``, as its ``hf`` model does), every window run under the ablation's hooks."""
         if not requests:
             return []
-        texts = [req.args[0] for req in requests]
-        too_long = [i for i, text in enumerate(texts) if len(encode(self.model, text)) > self.model.cfg.n_ctx]
-        if too_long:
-            raise InputError(f"{len(too_long)} loglikelihood_rolling texts are longer than the model's context of "
-                             f"{self.model.cfg.n_ctx} tokens (first: request {too_long[0]}): lens_heads scores one "
-                             "window per text; use a longer-context model or shorter documents")
-        items = [Item(id=f"rolling/{i}", contexts=("",), continuations=(text,), gold=0) for i, text in enumerate(texts)]
-        scored = self._scored(requests, items, [(i, 0) for i in range(len(items))], "loglikelihood_rolling",
-                              disable_tqdm)
-        return [logprob for logprob, _ in scored]
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        tokenizer = self.model.tokenizer
+        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        items, windows_of = [], []
+        for i, req in enumerate(requests):
+            text = req.args[0]
+            tokens = lm_eval_bos(self.model) + encode(self.model, text)  # lm-eval's tok_encode of the text
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=tokens, prefix_token=prefix, max_seq_len=self.model.cfg.n_ctx, context_len=1)]
+            windows_of.append(list(range(len(items), len(items) + len(windows))))
+            items += [Item(id=f"rolling/{i}/{w}", contexts=("",), continuations=(text,), gold=0,
+                           tokens=((tuple(context), tuple(predicted)),))
+                      for w, (context, predicted) in enumerate(windows)]
+        if not items:
+            raise InputError("loglikelihood_rolling: every text encodes to no tokens")
+        scored = self._scored(requests, items, [(k, 0) for k in range(len(items))], "loglikelihood_rolling",
+                              disable_tqdm, input_of=windows_of)
+        return [sum(scored[k][0] for k in windows) for windows in windows_of]
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy generations, each cut before the first of its ``until`` strings."""
@@ -129,7 +142,7 @@ class LensHeadsLM(LM):
             out = generate(self.model, prompt, hooks=[hooks] if hooks is not None else (), max_new_tokens=max_new,
                            stop=until, input_id=i)
             texts.append(out.text)
-        self._record(requests, hooks, len(prompts), list(range(len(prompts))), calibrated, "generate_until")
+        self._record(requests, hooks, len(prompts), [[i] for i in range(len(prompts))], calibrated, "generate_until")
         return texts
 
     # ------------------------------------------------------------ what lm-eval records
@@ -159,22 +172,26 @@ class LensHeadsLM(LM):
 
     # ------------------------------------------------------------ the shared path
 
-    def _scored(self, requests, items: list[Item], where: list[tuple[int, int]], kind: str, disable_tqdm: bool
-                ) -> list[tuple[float, bool]]:
+    def _scored(self, requests, items: list[Item], where: list[tuple[int, int]], kind: str, disable_tqdm: bool,
+                input_of: list[list[int]] | None = None) -> list[tuple[float, bool]]:
         task = Task(name=f"lm_eval {kind}", split="requests", shots=0, format="cloze", items=items,
                     n_total=len(items), seed=0, source="lm-eval requests")
         build_rows(self.model, items)  # a request longer than the context is refused before any forward
         hooks, calibrated = build_hooks(self.ablation, self.model, task, batch_size=self.batch_size)
         result = evaluate(self.model, task, hooks=[hooks] if hooks is not None else (), batch_size=self.batch_size,
                           progress=self.progress and not disable_tqdm)
-        self._record(requests, hooks, len(items), [i for i, _ in where], calibrated, kind)
+        self._record(requests, hooks, len(items), input_of or [[i] for i, _ in where], calibrated, kind)
         return [(float(result.items[i].logprobs[c]), bool(result.items[i].greedy[c])) for i, c in where]
 
-    def _record(self, requests, hooks, n_inputs: int, input_of: list[int], calibrated: dict, kind: str) -> None:
-        """Each request's share of heads zeroed (on its input), appended to its arguments; the call's in ``calls``."""
+    def _record(self, requests, hooks, n_inputs: int, input_of: list[list[int]], calibrated: dict, kind: str) -> None:
+        """Each request's share of heads zeroed (on its inputs: a rolling text's windows, weighted by their rows
+        counted), appended to its arguments; the call's in ``calls``."""
         shares, rows = _shares(hooks, n_inputs)
-        for req, i in zip(requests, input_of):
-            req.arguments = (*req.args, {"lens_heads": dict(share_zeroed=shares[i], ablation=self.ablation.spec)})
+        for req, inputs in zip(requests, input_of):
+            counted = [(shares[i], rows[i]) for i in inputs if shares[i] is not None]
+            weight = sum(r for _, r in counted)
+            share = (sum(s * r for s, r in counted) / weight if weight else counted[0][0]) if counted else None
+            req.arguments = (*req.args, {"lens_heads": dict(share_zeroed=share, ablation=self.ablation.spec)})
         counted = sum(r for s, r in zip(shares, rows) if s is not None)
         share = sum(s * r for s, r in zip(shares, rows) if s is not None) / counted if counted else 0.0
         self.calls.append(dict(request_type=kind, requests=len(requests), inputs=n_inputs, rows_counted=counted,
