@@ -188,10 +188,8 @@ class LensHeadsLM(LM):
         counted), appended to its arguments; the call's in ``calls``."""
         shares, rows = _shares(hooks, n_inputs)
         for req, inputs in zip(requests, input_of):
-            counted = [(shares[i], rows[i]) for i in inputs if shares[i] is not None]
-            weight = sum(r for _, r in counted)
-            share = (sum(s * r for s, r in counted) / weight if weight else counted[0][0]) if counted else None
-            req.arguments = (*req.args, {"lens_heads": dict(share_zeroed=share, ablation=self.ablation.spec)})
+            req.arguments = (*req.args, {"lens_heads": dict(share_zeroed=_weighted(shares, rows, inputs),
+                                                            ablation=self.ablation.spec)})
         counted = sum(r for s, r in zip(shares, rows) if s is not None)
         share = sum(s * r for s, r in zip(shares, rows) if s is not None) / counted if counted else 0.0
         self.calls.append(dict(request_type=kind, requests=len(requests), inputs=n_inputs, rows_counted=counted,
@@ -221,6 +219,16 @@ def _items(pairs: list[tuple[str, str]], keys: list) -> tuple[list[Item], list[t
         group.append((context, continuation))
     close()
     return items, where
+
+
+def _weighted(shares: list[float | None], rows: list[int], inputs: list[int]) -> float | None:
+    """The share zeroed over ``inputs`` (a rolling text's windows), weighted by their rows counted; None where none
+    of them has one."""
+    counted = [(share, rows[i]) for i in inputs if (share := shares[i]) is not None]
+    if not counted:
+        return None
+    weight = sum(r for _, r in counted)
+    return sum(s * r for s, r in counted) / weight if weight else counted[0][0]
 
 
 def _doc_key(req) -> tuple | None:
