@@ -101,7 +101,8 @@ class LensHeadsLM(LM):
 
         tokenizer = self.model.tokenizer
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-        items, windows_of = [], []
+        items: list[Item] = []
+        windows_of: list[list[int]] = []
         for i, req in enumerate(requests):
             text = req.args[0]
             tokens = lm_eval_bos(self.model) + encode(self.model, text)  # lm-eval's tok_encode of the text
