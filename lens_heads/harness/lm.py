@@ -20,6 +20,7 @@ a request longer than the context) is refused before any forward.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: it adds them only while its registry is empty)
@@ -31,7 +32,7 @@ from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import build_rows, encode, lm_eval_bos
 from lens_heads.evaluation.batching import AUTO, parse_batch_size
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.evaluation.generate import generate
+from lens_heads.evaluation.generate_batch import generate_batch
 from lens_heads.harness.model_args import build_hooks, check_against, parse_ablation
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import load_model, model_meta
@@ -119,32 +120,29 @@ class LensHeadsLM(LM):
         return [sum(scored[k][0] for k in windows) for windows in windows_of]
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy generations, each cut before the first of its ``until`` strings."""
+        """Greedy generations, each cut before the first of its ``until`` strings, the prompts run as padded
+        batches of ``batch_size`` (:func:`lens_heads.evaluation.generate_batch.generate_batch`). A prompt that
+        leaves no room for its ``max_gen_toks`` keeps its last ``n_ctx - max_gen_toks`` tokens, as lm-eval's ``hf``
+        model cuts it, with a warning naming the request."""
         if not requests:
             return []
-        prompts, settings = [], []
+        prompts, max_new, stops = [], [], []
         for i, req in enumerate(requests):
             context, kwargs = req.args[0], dict(req.args[1] if len(req.args) > 1 else {})
             if kwargs.get("do_sample"):
                 raise InputError(f"request {i} asks for sampling (do_sample=True): lens_heads generates greedily")
             until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kwargs.get("max_gen_toks", 256))
-            length = len(lm_eval_bos(self.model) + encode(self.model, context))
-            if length + max_new > self.model.cfg.n_ctx:
-                raise InputError(f"generation request {i}: a prompt of {length} tokens + max_gen_toks={max_new} exceeds "
-                                 f"the model's context of {self.model.cfg.n_ctx} tokens: use fewer shots or a smaller "
-                                 "max_gen_toks (gen_kwargs)")
-            prompts.append(context)
-            settings.append((until, max_new))
-        hooks, calibrated = build_hooks(self.ablation, self.model, prompts, batch_size=self.batch_size)
-        texts = []
-        for i, (prompt, (until, max_new)) in enumerate(zip(prompts, settings)):
-            out = generate(self.model, prompt, hooks=[hooks] if hooks is not None else (), max_new_tokens=max_new,
-                           stop=until, input_id=i)
-            texts.append(out.text)
+            stops.append([until] if isinstance(until, str) else list(until))
+            max_new.append(int(kwargs.get("max_gen_toks", 256)))
+            prompts.append(_fitted(lm_eval_bos(self.model) + encode(self.model, context), max_new[-1],
+                                   self.model.cfg.n_ctx, _request_name(req, i)))
+        hooks, calibrated = build_hooks(self.ablation, self.model, [p for p in prompts], batch_size=self.batch_size)
+        batch = self.batch_size if isinstance(self.batch_size, int) else 8  # "auto" sizes a scoring pass, not this
+        generations = generate_batch(self.model, prompts, hooks=[hooks] if hooks is not None else (),
+                                     max_new_tokens=max_new, stops=stops, batch_size=batch,
+                                     progress=self.progress and not disable_tqdm)
         self._record(requests, hooks, len(prompts), [[i] for i in range(len(prompts))], calibrated, "generate_until")
-        return texts
+        return [g.text for g in generations]
 
     # ------------------------------------------------------------ what lm-eval records
 
@@ -220,6 +218,28 @@ def _items(pairs: list[tuple[str, str]], keys: list) -> tuple[list[Item], list[t
         group.append((context, continuation))
     close()
     return items, where
+
+
+def _fitted(tokens: list[int], max_new: int, n_ctx: int, name: str) -> list[int]:
+    """``tokens`` cut to their last ``n_ctx - max_new`` where they leave no room for ``max_new`` (lm-eval's ``hf``
+    model's ``left_truncate_len``), with a warning naming the request; refused where ``max_new`` alone fills the
+    context."""
+    room = n_ctx - max_new
+    if room < 1:
+        raise InputError(f"generation {name}: max_gen_toks={max_new} leaves no room for a prompt in the model's context "
+                         f"of {n_ctx} tokens: give a smaller max_gen_toks (gen_kwargs)")
+    if len(tokens) <= room:
+        return tokens
+    warnings.warn(f"generation {name}: its prompt of {len(tokens)} tokens + max_gen_toks={max_new} exceeds the "
+                  f"model's context of {n_ctx}, so it keeps the prompt's last {room} tokens (as lm-eval's hf model "
+                  "does)", stacklevel=3)
+    return tokens[-room:]
+
+
+def _request_name(req, i: int) -> str:
+    """A request as a warning names it: its task and document where lm-eval gives them, else its position."""
+    task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
+    return f"request {i} ({task} document {doc})" if task is not None and doc is not None else f"request {i}"
 
 
 def _weighted(shares: list[float | None], rows: list[int], inputs: list[int]) -> float | None:
