@@ -19,6 +19,7 @@ import argparse
 import gzip
 import json
 import sys
+import zlib
 from pathlib import Path
 
 from lens_heads.ablation.specs import ranked_by, target_fraction
@@ -61,7 +62,7 @@ def migrated(unit: dict, filed: dict | None, known: dict) -> dict:
 
 def migrate(path: Path) -> str:
     """Migrate the units file ``path`` in place; returns what it did."""
-    data = json.loads(gzip.decompress(path.read_bytes()))
+    data = read_units_file(path)
     legacy = [u for u in data["units"] if is_legacy(u)]
     if data.get("format") == FORMAT_VERSION and not legacy:
         return f"{path.name}: already format {FORMAT_VERSION}, unchanged"
@@ -72,26 +73,49 @@ def migrate(path: Path) -> str:
             f"their spec" + (f" (fields no record held: {', '.join(unrecorded)})" if unrecorded else ""))
 
 
+def read_units_file(path: Path) -> dict:
+    """The units file at ``path``, or an InputError naming it where it is torn (a gzip stream or JSON cut short) or
+    not a units file: nothing is written then, so the file stays as it is."""
+    try:
+        data = json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: torn or not a gzipped units file ({type(e).__name__}: {e}); left untouched: restore "
+                         "it (e.g. git checkout) or rerun the sweep that wrote it, then migrate again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("units"), list) or not isinstance(data.get("meta"), dict):
+        raise InputError(f"{path}: not a units file (no units and meta); left untouched")
+    return data
+
+
 def migrate_folder(out: Path) -> str:
     """Migrate the unit files of the run folder ``out`` in place, each from the spec its key files it under."""
-    changed = 0
+    changed, torn = 0, []
     for path in sorted(out.glob("*__*__*.json")):
         entry = read_json(path)
         if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict) or "value" not in entry:
-            continue  # not a unit (read_sweep_folder names the unreadable)
+            torn.append(path.name)  # left as it is: the sweep recomputes a unit it cannot read
+            continue
         if is_legacy(entry["value"]):
             save_keyed(path, entry["key"], migrated(entry["value"], entry["key"].get("ablation"), {}))
             changed += 1
-    return f"{out.name}/: {changed} unit file(s) given their spec" if changed else f"{out.name}/: unchanged"
+    done = f"{out.name}/: {changed} unit file(s) given their spec" if changed else f"{out.name}/: unchanged"
+    if torn:
+        raise InputError(f"{done}; {len(torn)} file(s) torn or not units, left untouched: {', '.join(torn)} (rerun the "
+                         "sweep into this folder: it recomputes them)")
+    return done
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", type=Path, help="units files (default: every figures/*_units.json.gz)")
     args = parser.parse_args(argv)
+    failed = 0
     for path in args.paths or sorted((ROOT / "figures").glob("*_units.json.gz")):
-        print(migrate_folder(path) if path.is_dir() else migrate(path))
-    return 0
+        try:
+            print(migrate_folder(path) if path.is_dir() else migrate(path))
+        except InputError as e:  # one bad file stops neither the others nor leaves it half written
+            print(f"migrate_units: {e}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

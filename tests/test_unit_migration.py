@@ -150,3 +150,30 @@ def test_the_migration_script_rewrites_an_old_units_file_once(tmp_path, capsys):
     assert [(u.mode, u.score, u.target_fraction) for u in sweep.units] == [
         (u["mode"], u["score"], u["target_fraction"]) for u in old]
     assert math.isclose(sweep.units[2].threshold, 0.5)
+
+
+def test_a_torn_units_file_is_named_and_left_untouched(tmp_path, capsys):
+    """A units file cut short mid-write (its gzip stream, or its JSON inside a whole stream): exit 1, the file named
+    and its bytes as they were; a torn unit file in a run folder is named, the others migrated."""
+    script = migration_script()
+    whole = gzip.compress(json.dumps({"format": 3, "meta": {}, "units": [old_unit("baseline", None, 0.0)]}).encode())
+    torn_gzip, torn_json = tmp_path / "a_units.json.gz", tmp_path / "b_units.json.gz"
+    torn_gzip.write_bytes(whole[: len(whole) // 2])
+    torn_json.write_bytes(gzip.compress(b'{"format": 3, "meta": {}, "units": [{"key": "base'))
+    before = {p: p.read_bytes() for p in (torn_gzip, torn_json)}
+    assert script.main([str(torn_gzip), str(torn_json)]) == 1
+    err = capsys.readouterr().err
+    for path in (torn_gzip, torn_json):
+        assert f"{path}: torn or not a gzipped units file" in err and "left untouched" in err
+        assert path.read_bytes() == before[path]
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "baseline__none__0.0000-a.json").write_text(json.dumps(
+        {"key": {"run": {}, "ablation": {"kind": "baseline", "ablation": "zero"}},
+         "value": old_unit("baseline", None, 0.0)}))
+    (folder / "threshold__AWFT__0.1000-b.json").write_text('{"key": {"run": {}}, "val')
+    assert script.main([str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "1 unit file(s) given their spec; 1 file(s) torn or not units, left untouched: " \
+           "threshold__AWFT__0.1000-b.json" in err
+    assert (folder / "threshold__AWFT__0.1000-b.json").read_text() == '{"key": {"run": {}}, "val'
