@@ -48,7 +48,7 @@ REFUSES = {
         b, three_choice_task(2), [Ranking("r", order=tuple((l, h) for l in range(3) for h in range(4)))], fractions=[0.1], progress=False)),
     "head_effects": ("log-likelihoods|items", lambda i, b, f, t: lh.head_effects(b, three_choice_task(2),
                                                                                   progress=False)),
-    "thresholds": ("thresholds of AHON", lambda i, b, f, t: lh.thresholds(nan_scores(i), "AHON", [0.3])),
+    "thresholds": ("AHON has 1 non-finite values", lambda i, b, f, t: lh.thresholds(nan_scores(i), "AHON", [0.3])),
     "compare_distributions": ("broken's AHON scores", lambda i, b, f, t: lh.compare_distributions(
         {"intact": lh.score_heads(i, three_choice_task(2), progress=False), "broken": nan_scores(i)},
         names=["AHON"], n_resamples=10, progress=False)),
