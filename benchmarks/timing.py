@@ -146,6 +146,19 @@ def machine_line(started_load: float | None = None) -> str:
             f"{torch.get_num_threads()} threads; load average {start}{load_average():.1f} at the end")
 
 
+def cpu_line() -> str:
+    """The CPU as a record names it: its model (/proc/cpuinfo, lscpu's "Model name"), which of the flags that pick
+    torch's kernels it has, and the kernels torch chose (its CPU capability)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = set((re.search(r"^flags\s*:\s*(.+)$", info, re.M) or re.search("(.*)", "")).group(1).split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    has = ", ".join(f for f in wanted if f in flags) or "none of avx2/avx512f/avx512_bf16/amx"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"CPU {model.group(1).strip() if model else platform.processor() or 'unknown'} (flags: {has}); " \
+           f"torch CPU capability {capability}"
+
+
 def print_machine(started_load: float) -> str:
     """Print the machine line (load at the start and now) and return it."""
     machine = machine_line(started_load)

@@ -123,7 +123,8 @@ def test_every_config_field_is_an_option_of_every_training_script():
         for f in fields(TrainConfig):
             if f.name in set_by_script[name]:
                 continue
-            value = {"schedule": "linear", "amp": True, "decay_embeddings": True}.get(f.name)
+            # min_lr below every script's lr: a min_lr above lr is refused
+            value = {"schedule": "linear", "amp": True, "decay_embeddings": True, "min_lr": 7e-7}.get(f.name)
             flag = [f"--{f.name.replace('_', '-')}"] if isinstance(value, bool) else \
                 [f"--{f.name.replace('_', '-')}", str(value if value is not None else 7)]
             expected = value if value is not None else 7

@@ -42,7 +42,8 @@ from lens_heads.heads.scores import EXTRA_NAMES, SCORE_NAMES, get_score, inactiv
 from lens_heads.models.backends import check_attention_hooks, get_act_name
 from lens_heads.models.capture import LayerCapture
 from lens_heads.models.loading import expand_kv
-from lens_heads.plumbing.errors import InputError
+from lens_heads.models.nonfinite import where_nonfinite
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 
 Rule = Callable[[int, Float[Tensor, "batch pos head d_head"], dict], Bool[Tensor, "batch head"]]
 ABLATIONS = ("zero", "mean")  # what replaces an ablated head's z: zeros, or its mean (mean_z)
@@ -369,6 +370,10 @@ def mean_z(model, inputs, *, attention_mask: Tensor | None = None, batch_size: i
             model.run_with_hooks(batch_tokens.to(cfg.device), attention_mask=batch_mask.to(cfg.device).long(),
                                  fwd_hooks=hooks, return_type=None)
             count += int(batch_mask.sum())
+    if not bool(torch.isfinite(total).all()):  # a NaN mean would be substituted into every ablated head
+        layer = int(torch.nonzero((~torch.isfinite(total)).flatten(1).any(1))[0, 0])
+        raise NonFiniteError(f"mean_z: the mean of layer {layer}'s hook_z is NaN or infinite, so no mean is kept; "
+                             f"on input 0, {where_nonfinite(model, tokens[0][mask[0]].tolist())}")
     return (total / max(count, 1)).to(cfg.dtype)
 
 

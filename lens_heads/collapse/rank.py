@@ -39,7 +39,8 @@ from lens_heads.collapse.rank_settings import AGGREGATIONS, RankSettings
 from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.heads.scores import what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
-from lens_heads.plumbing.errors import InputError
+from lens_heads.models.nonfinite import refuse_nonfinite_values, where_nonfinite
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.values import keywords, laid_over
 
 if TYPE_CHECKING:  # HookedTransformer is TransformerLens 3.9 only
@@ -57,6 +58,8 @@ def approx_rank(A: Float[Tensor, "... q k"], energy: float = 0.9) -> Int[Tensor,
     """
     if not 0 < energy <= 1:
         raise InputError(f"energy must be in (0, 1], got {energy}")
+    # a NaN matrix has a NaN energy, which the rule below would read as rank 0 (a "lazy" head)
+    refuse_nonfinite_values(A, "approx_rank", "a NaN attention pattern has no rank")
     # float32 SVD (half the cost of float64); energies are summed in float64
     s2 = torch.linalg.svdvals(A if A.dtype in (torch.float32, torch.float64) else A.float()).double() ** 2
     total = s2.sum(-1, keepdim=True)
@@ -201,6 +204,9 @@ def attention_rank(
     )
 
 
+ROW_SUM_TOL = 0.05  # bfloat16 softmax rows sum to 1 within ~1e-2; a zeroed NaN row sums to 0
+
+
 def _collect(model, tokens: Tensor, mask: Tensor, *, average: bool, energy: float, mass: float, batch_size: int,
              progress: bool) -> tuple[Tensor, Tensor, list]:
     """One pass over the inputs with hooks on ``hook_pattern``: per input, layer and head the rank and the columns
@@ -209,12 +215,22 @@ def _collect(model, tokens: Tensor, mask: Tensor, *, average: bool, energy: floa
     ranks, masses = torch.zeros(n, L, H), torch.zeros(n, L, H)
     pattern_sum = [None] * L
     offset = 0
+    broken: list[tuple[int, int]] = []  # (input, layer) of the first pattern holding NaN or infinity
 
     def hook(pattern: Float[Tensor, "batch head q k"], hook):
         layer = hook.layer()
         valid = mask[offset: offset + pattern.shape[0]]
-        pair = (valid[:, None, :, None] & valid[:, None, None, :]).to(pattern.dtype)
-        pattern = pattern.detach() * pair  # zero rows/columns of padding: adds only zero singular values
+        pair = valid[:, None, :, None] & valid[:, None, None, :]
+        # a real query's row sums to 1: TransformerLens writes a NaN softmax as zeros, so a row that does not is one
+        rows = pattern.detach().double().sum(-1)
+        bad = ((~torch.isfinite(pattern.detach()) & pair).flatten(1).any(1)
+               | (((rows - 1).abs() > ROW_SUM_TOL) & valid[:, None, :]).flatten(1).any(1))
+        if bool(bad.any()):
+            if not broken:
+                broken.append((offset + int(torch.nonzero(bad)[0, 0]), layer))
+            return
+        # zero rows/columns of padding (where, not a product: a padded row may hold NaN): only zero singular values
+        pattern = torch.where(pair, pattern.detach(), torch.zeros((), dtype=pattern.dtype, device=pattern.device))
         if average:
             s = pattern.double().sum(0)
             pattern_sum[layer] = s if pattern_sum[layer] is None else pattern_sum[layer] + s
@@ -232,6 +248,11 @@ def _collect(model, tokens: Tensor, mask: Tensor, *, average: bool, energy: floa
             with model.hooks(fwd_hooks=hooks):
                 run_to_resid(model, batch, mask[offset: offset + batch_size].long(), stop=L)
             bar.update(len(batch))
+            if broken:  # a NaN pattern read as a number would be rank 0: a "lazy" layer that is a broken one
+                k, layer = broken[0]
+                raise NonFiniteError(
+                    f"attention rank: input {k}'s attention pattern at layer {layer} ({get_act_name('pattern', layer)}) "
+                    f"is NaN or infinite, so no rank is computed; {where_nonfinite(model, tokens[k][mask[k]].tolist())}")
     bar.close()
     return ranks, masses, pattern_sum
 

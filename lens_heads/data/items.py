@@ -25,6 +25,9 @@ class Item:
     # the few-shot examples in the context, as lm-eval's multi-turn chat puts them: (question, answer) pairs, each in
     # the plain context as question + " " + answer + "\n\n" after the description (empty where not structured: GSM8K)
     fewshot: tuple[tuple[str, str], ...] = ()
+    # each choice's (context, continuation) token ids where they are given as tokens, not text (lm-eval's rolling
+    # windows of a long document): the rows read them as they are; the texts above are then for people only
+    tokens: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
     @property
     def prompt(self) -> str:

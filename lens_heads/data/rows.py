@@ -146,6 +146,9 @@ def request_pairs(model, item, apply_chat_template: bool | str = False) -> list[
 
 def _encode(model, item, n_choices: int, protocol: str, apply_chat_template: bool | str
             ) -> list[tuple[list[int], list[int]]]:
-    """(context tokens, continuation tokens) of the item's first ``n_choices`` choices under ``protocol``."""
+    """(context tokens, continuation tokens) of the item's first ``n_choices`` choices under ``protocol`` (an item
+given as tokens: its own, under either protocol)."""
+    if item.tokens:
+        return [(list(c), list(x)) for c, x in item.tokens[:n_choices]]
     pairs = [_split_whitespace(c, x) for c, x in request_pairs(model, item, apply_chat_template)[:n_choices]]
     return _encode_lm_eval(model, pairs) if protocol == "lm-eval" else _encode_tl(model, pairs)

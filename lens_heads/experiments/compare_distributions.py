@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from lens_heads.experiments.distribution_settings import VIEWS, DistributionSettings
 from lens_heads.experiments.head_overlap import head_agreement
 from lens_heads.heads.scoring import HeadScores
+from lens_heads.models.nonfinite import refuse_nonfinite_values
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.values import keywords, laid_over
 from lens_heads.stats import calling, inference
@@ -101,6 +102,10 @@ def compare_distributions(score_sets: Mapping[str, HeadScores], *, reference: st
     reference = _checked_reference(models, reference)
     n_items, items = _check_items(score_sets)
     names = _check_names(score_sets, names)
+    for model_name, scores in score_sets.items():  # a NaN score would sit in a quantile, an interval, a p-value
+        for name in names:
+            refuse_nonfinite_values(scores.score(name), f"compare_distributions: {model_name}'s {name} scores",
+                                    "score the model again (score_heads refuses a forward that goes NaN)")
     others = [m for m in models if m != reference]
     shapes = {m: tuple(s.values.shape[1:3]) for m, s in score_sets.items()}
     chosen = _check_views(views, reference, others, shapes)

@@ -41,8 +41,17 @@ class DistributionSettings:
             if unknown:
                 raise InputError(f"unknown views {unknown}: choose from {VIEWS} or 'auto'")
             object.__setattr__(self, "views", views)
-        if self.depth_bins < 1:
-            raise InputError(f"depth_bins must be at least 1, got {self.depth_bins}")
+        for name in ("depth_bins", "n_resamples", "cdf_points", "seed"):
+            value = getattr(self, name)
+            least = 0 if name == "seed" else 2 if name == "cdf_points" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InputError(f"DistributionSettings({name}={value!r}): give a whole number >= {least}")
+        if isinstance(self.confidence, bool) or not isinstance(self.confidence, (int, float)) \
+                or not 0 < self.confidence < 1:
+            raise InputError(f"DistributionSettings(confidence={self.confidence!r}): give a level in (0, 1), "
+                             "e.g. 0.95 (not 95)")
+        if isinstance(self.shares, (str, float, int)):
+            raise InputError(f"DistributionSettings(shares={self.shares!r}): give a sequence of shares, e.g. (0.1, 0.3)")
         object.__setattr__(self, "shares", tuple(float(p) for p in self.shares))
         bad_shares = [p for p in self.shares if not 0 < p < 1]
         if bad_shares:

@@ -37,7 +37,8 @@ from lens_heads.heads.scores import inactive
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.backends import run_to_resid
 from lens_heads.models.loading import model_meta
-from lens_heads.plumbing.errors import InputError
+from lens_heads.models.nonfinite import where_nonfinite
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.plumbing.values import keywords
 
 # name -> (column, lowest first?): the orders a layer ranking can be read in, the first layer removed first
@@ -188,4 +189,9 @@ def block_influence(model, tokens, mask: Bool[Tensor, "batch pos"], *, batch_siz
             count += int(real.sum())
             bar.update(len(batch))
     bar.close()
+    if not bool(torch.isfinite(total).all()):  # a NaN influence would rank a broken layer as any other
+        layer = int(torch.nonzero((~torch.isfinite(total)).any(0))[0, 0])
+        first = tokens[0][mask[0]].tolist()
+        raise NonFiniteError(f"block influence: layer {layer}'s influence is NaN or infinite, so no layer score is "
+                             f"computed; on input 0, {where_nonfinite(model, first)}")
     return (total[0] / count).float(), (total[1] / count).float()

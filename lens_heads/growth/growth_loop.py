@@ -27,6 +27,7 @@ from lens_heads.collapse.rank import attention_rank
 from lens_heads.growth.inherit import _copy, _meta_of, inherit_first_layers, same_size_random
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.signals import stops_cleanly
 from lens_heads.training.budget import training_flops
 from lens_heads.training.config import TrainConfig
 from lens_heads.training.loop import train
@@ -138,11 +139,14 @@ def both_ranks(model: HookedTransformer, tokens: torch.Tensor) -> dict:
             "per_input": per_input.to_dict(), "input_layer_max": per_input.per_input.max(axis=2).tolist()}
 
 
+@stops_cleanly("growth loop")
 def run_growth_loop(reference: HookedTransformer, corpus, config: GrowthLoopConfig, *, out_dir: str | Path,
                     progress: bool = True) -> dict:
     """The loop for every seed (module docstring). Returns the reference's losses and ranks, every `LoopStage` (as
     dicts) and per seed the stages the growth went through and why it stopped; ``out_dir/growth_loop.json`` is
-    rewritten as each stage finishes."""
+    rewritten as each stage finishes. SIGTERM/SIGINT stop it with exit 143/130: between stages at once, inside a
+    stage after its training step in progress is checkpointed; the same call resumes (recorded stages reloaded, the
+    interrupted one from its checkpoint)."""
     c, out = config, Path(out_dir)
     top = c.check(reference.cfg.n_layers)
     rank_tokens = eval_windows(corpus.val, c.rank_inputs, c.rank_len - 1)

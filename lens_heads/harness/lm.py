@@ -6,9 +6,10 @@
   same context) become one :class:`~lens_heads.data.items.Item`, and all of them one :func:`lens_heads.evaluate`
   call under the ablation's hooks: lm-eval's rows (the ``"lm-eval"`` protocol), one forward per shared context and
   shared prefixes (a subject's five shots) computed once wherever the hooks allow it.
-- ``loglikelihood_rolling``: each text as one continuation after lm-eval's prefix token (one window: a text longer
-  than the model's context is refused, not split).
-- ``generate_until``: :func:`lens_heads.evaluation.generate.generate`, greedy, the hooks active at every step.
+- ``loglikelihood_rolling``: each text after lm-eval's prefix token, in lm-eval's own rolling windows where it is
+  longer than the context, every window under the hooks.
+- ``generate_until``: greedy generation of the prompts as one padded batch with a key/value cache, the hooks
+  active at every step; a prompt too long for its ``max_gen_toks`` keeps its last tokens, as lm-eval's ``hf`` does.
 
 The ablation (:mod:`lens_heads.harness.model_args`) shows in lm-eval's output: the results' ``config`` holds
 ``lens_heads`` (the spec, what it was calibrated to, the share of heads zeroed per call and in total), and each logged
@@ -19,6 +20,7 @@ a request longer than the context) is refused before any forward.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: it adds them only while its registry is empty)
@@ -30,7 +32,7 @@ from lens_heads.data.items import Item, Task
 from lens_heads.data.rows import build_rows, encode, lm_eval_bos
 from lens_heads.evaluation.batching import AUTO, parse_batch_size
 from lens_heads.evaluation.evaluate import evaluate
-from lens_heads.evaluation.generate import generate
+from lens_heads.evaluation.generate_batch import generate_batch
 from lens_heads.harness.model_args import build_hooks, check_against, parse_ablation
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import load_model, model_meta
@@ -90,47 +92,57 @@ class LensHeadsLM(LM):
         return self._scored(requests, items, where, "loglikelihood", disable_tqdm)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Summed log-likelihood of each text after lm-eval's prefix token (one window)."""
+        """Summed log-likelihood of each text after lm-eval's prefix token, in lm-eval's rolling windows: a text
+        longer than the context is cut into windows of ``n_ctx`` predicted tokens, each conditioned on the token
+        before it (``lm_eval.utils.get_rolling_token_windows`` with ``context_len=1``, made disjoint by
+        ``make_disjoint_window``, as its ``hf`` model does), every window run under the ablation's hooks."""
         if not requests:
             return []
-        texts = [req.args[0] for req in requests]
-        too_long = [i for i, text in enumerate(texts) if len(encode(self.model, text)) > self.model.cfg.n_ctx]
-        if too_long:
-            raise InputError(f"{len(too_long)} loglikelihood_rolling texts are longer than the model's context of "
-                             f"{self.model.cfg.n_ctx} tokens (first: request {too_long[0]}): lens_heads scores one "
-                             "window per text; use a longer-context model or shorter documents")
-        items = [Item(id=f"rolling/{i}", contexts=("",), continuations=(text,), gold=0) for i, text in enumerate(texts)]
-        scored = self._scored(requests, items, [(i, 0) for i in range(len(items))], "loglikelihood_rolling",
-                              disable_tqdm)
-        return [logprob for logprob, _ in scored]
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        tokenizer = self.model.tokenizer
+        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        items: list[Item] = []
+        windows_of: list[list[int]] = []
+        for i, req in enumerate(requests):
+            text = req.args[0]
+            tokens = lm_eval_bos(self.model) + encode(self.model, text)  # lm-eval's tok_encode of the text
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=tokens, prefix_token=prefix, max_seq_len=self.model.cfg.n_ctx, context_len=1)]
+            windows_of.append(list(range(len(items), len(items) + len(windows))))
+            items += [Item(id=f"rolling/{i}/{w}", contexts=("",), continuations=(text,), gold=0,
+                           tokens=((tuple(context), tuple(predicted)),))
+                      for w, (context, predicted) in enumerate(windows)]
+        if not items:
+            raise InputError("loglikelihood_rolling: every text encodes to no tokens")
+        scored = self._scored(requests, items, [(k, 0) for k in range(len(items))], "loglikelihood_rolling",
+                              disable_tqdm, input_of=windows_of)
+        return [sum(scored[k][0] for k in windows) for windows in windows_of]
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy generations, each cut before the first of its ``until`` strings."""
+        """Greedy generations, each cut before the first of its ``until`` strings, the prompts run as padded
+        batches of ``batch_size`` (:func:`lens_heads.evaluation.generate_batch.generate_batch`). A prompt that
+        leaves no room for its ``max_gen_toks`` keeps its last ``n_ctx - max_gen_toks`` tokens, as lm-eval's ``hf``
+        model cuts it, with a warning naming the request."""
         if not requests:
             return []
-        prompts, settings = [], []
+        prompts, max_new, stops = [], [], []
         for i, req in enumerate(requests):
             context, kwargs = req.args[0], dict(req.args[1] if len(req.args) > 1 else {})
             if kwargs.get("do_sample"):
                 raise InputError(f"request {i} asks for sampling (do_sample=True): lens_heads generates greedily")
             until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kwargs.get("max_gen_toks", 256))
-            length = len(lm_eval_bos(self.model) + encode(self.model, context))
-            if length + max_new > self.model.cfg.n_ctx:
-                raise InputError(f"generation request {i}: a prompt of {length} tokens + max_gen_toks={max_new} exceeds "
-                                 f"the model's context of {self.model.cfg.n_ctx} tokens: use fewer shots or a smaller "
-                                 "max_gen_toks (gen_kwargs)")
-            prompts.append(context)
-            settings.append((until, max_new))
-        hooks, calibrated = build_hooks(self.ablation, self.model, prompts, batch_size=self.batch_size)
-        texts = []
-        for i, (prompt, (until, max_new)) in enumerate(zip(prompts, settings)):
-            out = generate(self.model, prompt, hooks=[hooks] if hooks is not None else (), max_new_tokens=max_new,
-                           stop=until, input_id=i)
-            texts.append(out.text)
-        self._record(requests, hooks, len(prompts), list(range(len(prompts))), calibrated, "generate_until")
-        return texts
+            stops.append([until] if isinstance(until, str) else list(until))
+            max_new.append(int(kwargs.get("max_gen_toks", 256)))
+            prompts.append(_fitted(lm_eval_bos(self.model) + encode(self.model, context), max_new[-1],
+                                   self.model.cfg.n_ctx, _request_name(req, i)))
+        hooks, calibrated = build_hooks(self.ablation, self.model, [p for p in prompts], batch_size=self.batch_size)
+        batch = self.batch_size if isinstance(self.batch_size, int) else 8  # "auto" sizes a scoring pass, not this
+        generations = generate_batch(self.model, prompts, hooks=[hooks] if hooks is not None else (),
+                                     max_new_tokens=max_new, stops=stops, batch_size=batch,
+                                     progress=self.progress and not disable_tqdm)
+        self._record(requests, hooks, len(prompts), [[i] for i in range(len(prompts))], calibrated, "generate_until")
+        return [g.text for g in generations]
 
     # ------------------------------------------------------------ what lm-eval records
 
@@ -159,22 +171,24 @@ class LensHeadsLM(LM):
 
     # ------------------------------------------------------------ the shared path
 
-    def _scored(self, requests, items: list[Item], where: list[tuple[int, int]], kind: str, disable_tqdm: bool
-                ) -> list[tuple[float, bool]]:
+    def _scored(self, requests, items: list[Item], where: list[tuple[int, int]], kind: str, disable_tqdm: bool,
+                input_of: list[list[int]] | None = None) -> list[tuple[float, bool]]:
         task = Task(name=f"lm_eval {kind}", split="requests", shots=0, format="cloze", items=items,
                     n_total=len(items), seed=0, source="lm-eval requests")
         build_rows(self.model, items)  # a request longer than the context is refused before any forward
         hooks, calibrated = build_hooks(self.ablation, self.model, task, batch_size=self.batch_size)
         result = evaluate(self.model, task, hooks=[hooks] if hooks is not None else (), batch_size=self.batch_size,
                           progress=self.progress and not disable_tqdm)
-        self._record(requests, hooks, len(items), [i for i, _ in where], calibrated, kind)
+        self._record(requests, hooks, len(items), input_of or [[i] for i, _ in where], calibrated, kind)
         return [(float(result.items[i].logprobs[c]), bool(result.items[i].greedy[c])) for i, c in where]
 
-    def _record(self, requests, hooks, n_inputs: int, input_of: list[int], calibrated: dict, kind: str) -> None:
-        """Each request's share of heads zeroed (on its input), appended to its arguments; the call's in ``calls``."""
+    def _record(self, requests, hooks, n_inputs: int, input_of: list[list[int]], calibrated: dict, kind: str) -> None:
+        """Each request's share of heads zeroed (on its inputs: a rolling text's windows, weighted by their rows
+        counted), appended to its arguments; the call's in ``calls``."""
         shares, rows = _shares(hooks, n_inputs)
-        for req, i in zip(requests, input_of):
-            req.arguments = (*req.args, {"lens_heads": dict(share_zeroed=shares[i], ablation=self.ablation.spec)})
+        for req, inputs in zip(requests, input_of):
+            req.arguments = (*req.args, {"lens_heads": dict(share_zeroed=_weighted(shares, rows, inputs),
+                                                            ablation=self.ablation.spec)})
         counted = sum(r for s, r in zip(shares, rows) if s is not None)
         share = sum(s * r for s, r in zip(shares, rows) if s is not None) / counted if counted else 0.0
         self.calls.append(dict(request_type=kind, requests=len(requests), inputs=n_inputs, rows_counted=counted,
@@ -204,6 +218,38 @@ def _items(pairs: list[tuple[str, str]], keys: list) -> tuple[list[Item], list[t
         group.append((context, continuation))
     close()
     return items, where
+
+
+def _fitted(tokens: list[int], max_new: int, n_ctx: int, name: str) -> list[int]:
+    """``tokens`` cut to their last ``n_ctx - max_new`` where they leave no room for ``max_new`` (lm-eval's ``hf``
+    model's ``left_truncate_len``), with a warning naming the request; refused where ``max_new`` alone fills the
+    context."""
+    room = n_ctx - max_new
+    if room < 1:
+        raise InputError(f"generation {name}: max_gen_toks={max_new} leaves no room for a prompt in the model's context "
+                         f"of {n_ctx} tokens: give a smaller max_gen_toks (gen_kwargs)")
+    if len(tokens) <= room:
+        return tokens
+    warnings.warn(f"generation {name}: its prompt of {len(tokens)} tokens + max_gen_toks={max_new} exceeds the "
+                  f"model's context of {n_ctx}, so it keeps the prompt's last {room} tokens (as lm-eval's hf model "
+                  "does)", stacklevel=3)
+    return tokens[-room:]
+
+
+def _request_name(req, i: int) -> str:
+    """A request as a warning names it: its task and document where lm-eval gives them, else its position."""
+    task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
+    return f"request {i} ({task} document {doc})" if task is not None and doc is not None else f"request {i}"
+
+
+def _weighted(shares: list[float | None], rows: list[int], inputs: list[int]) -> float | None:
+    """The share zeroed over ``inputs`` (a rolling text's windows), weighted by their rows counted; None where none
+    of them has one."""
+    counted = [(share, rows[i]) for i in inputs if (share := shares[i]) is not None]
+    if not counted:
+        return None
+    weight = sum(r for _, r in counted)
+    return sum(s * r for s, r in counted) / weight if weight else counted[0][0]
 
 
 def _doc_key(req) -> tuple | None:

@@ -114,12 +114,47 @@ def _include_path(name: str) -> tuple[str | None, str]:
     path = Path(name)
     if not path.is_file():
         raise InputError(f"lm-eval task file {name} does not exist")
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    config = load_yaml(str(path), resolve_func=False)
-    if not isinstance(config, dict) or not isinstance(config.get("task"), str):
+    config = read_task_yaml(path)
+    if not isinstance(config.get("task"), str):
         raise InputError(f"{name} is not an lm-eval task YAML: it names no `task:`")
     return str(path.resolve().parent), config["task"]
+
+
+def read_task_yaml(path: Path, _seen: frozenset = frozenset()) -> dict:
+    """The task YAML at ``path`` as data, its ``include:`` files under it, read with PyYAML's safe loader (lm-eval
+    has no public reader of its task YAMLs; its ``!function`` tags are kept as the names they point at, never
+    imported). Malformed YAML, a file that is not a mapping, or an include cycle: an :class:`InputError` naming the
+    file and the line."""
+    import yaml  # type: ignore[import-untyped]  # PyYAML ships no types
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, tag, node: f"!{tag} {loader.construct_scalar(node)}"
+                                 if isinstance(node, yaml.ScalarNode) else None)
+    path = path.resolve()
+    if path in _seen:
+        raise InputError(f"lm-eval task file {path} includes itself (through {', '.join(map(str, _seen))})")
+    try:
+        config = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)  # noqa: S506 (a safe loader)
+    except yaml.YAMLError as e:
+        raise yaml_error(e, path) from None
+    if not isinstance(config, dict):
+        raise InputError(f"lm-eval task file {path} holds a {type(config).__name__}, not a mapping of task fields")
+    include = config.pop("include", None)
+    if isinstance(include, str):  # lm-eval's rule: the file's own fields over the included file's
+        config = {**read_task_yaml(path.parent / include, _seen | {path}), **config}
+    return config
+
+
+def yaml_error(error, path: Path) -> InputError:
+    """An :class:`InputError` for a YAML parse ``error`` in ``path``: the file, the line and column, and what the
+    parser found."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    line = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = " ".join(str(x) for x in (getattr(error, "context", None), getattr(error, "problem", None)) if x)
+    return InputError(f"lm-eval task file {path}{line}: not valid YAML "
+                      f"({problem or error}); fix the file there")
 
 
 def _flatten(tree: dict):

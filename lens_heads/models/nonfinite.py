@@ -59,3 +59,17 @@ def refuse_nonfinite_forward(model, inputs: Sequence[Sequence[int]], what: str) 
         if first_nonfinite(model, tokens) is not None:
             raise NonFiniteError(f"{what}: the forward of input {k} goes NaN or infinite, so no number is computed "
                                  f"from it; {where_nonfinite(model, tokens)}")
+
+
+def refuse_nonfinite_values(values, what: str, advice: str = "") -> None:
+    """Raise a :class:`NonFiniteError` if ``values`` (a tensor or array) hold NaN or infinity: the guard of numbers
+    that did not come from a forward this module can replay (given scores, a matrix, a loss). ``what`` names them;
+    ``advice`` says where they came from or what to do."""
+    tensor = values if torch.is_tensor(values) else torch.as_tensor(values)
+    if not tensor.is_floating_point() and not tensor.is_complex():
+        return
+    bad = ~torch.isfinite(tensor)
+    if bool(bad.any()):
+        first = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
+        raise NonFiniteError(f"{what}: {int(bad.sum())} of {tensor.numel()} values are NaN or infinite (the first at "
+                             f"index {first}), so no number is computed from them" + (f"; {advice}" if advice else ""))

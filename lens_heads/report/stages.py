@@ -41,7 +41,7 @@ def model_card(meta: dict, config: ReportConfig) -> StageResult:
             ("query heads per layer", meta["n_heads"]), ("key/value heads per layer", meta["n_kv_heads"]),
             ("attention heads in all", meta["n_layers"] * meta["n_heads"]), ("d_model", meta["d_model"]),
             ("d_head", meta["d_head"]), ("context length", meta["n_ctx"]),
-            ("parameters (a tied unembedding counted once)", f"{meta['n_params']:,}"),
+            ("parameters (as the source counts them: a tied unembedding once)", f"{meta['n_params']:,}"),
             ("weight basis", meta.get("weight_basis")), ("dtype", meta.get("dtype", config.dtype))]
     df = pd.DataFrame(rows, columns=["property", "value"])
     df["value"] = df["value"].astype(str)

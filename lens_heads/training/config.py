@@ -60,6 +60,9 @@ class TrainConfig:
             raise InputError(f"TrainConfig(eval_every={self.eval_every}): give steps >= 1, or 0 for never")
         if not self.lr > 0 or self.warmup_steps < 0:
             raise InputError(f"TrainConfig: lr must be > 0 and warmup_steps >= 0, got {self.lr}, {self.warmup_steps}")
+        if not 0 <= self.min_lr <= self.lr:  # the schedule decays from lr to min_lr: above lr it would climb
+            raise InputError(f"TrainConfig(lr={self.lr}, min_lr={self.min_lr}): min_lr is where the schedule decays to, "
+                             "so give 0 <= min_lr <= lr")
         if self.schedule not in SCHEDULES:
             raise InputError(f"TrainConfig(schedule={self.schedule!r}): choose one of {', '.join(SCHEDULES)}")
 

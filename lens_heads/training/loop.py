@@ -15,6 +15,7 @@ resumed from another run's checkpoints.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 
 from lens_heads.plumbing import signals
 from lens_heads.plumbing.cache import claim_folder
+from lens_heads.plumbing.errors import NonFiniteError
 from lens_heads.plumbing.io import atomic_write_bytes, atomic_write_json
 from lens_heads.training.checkpoints import (
     latest_checkpoint,
@@ -178,7 +180,7 @@ def _resume(model, optimizer, ckpt: Path) -> _Run:
 def _first_record(model, data: TrainData, cfg: TrainConfig, callbacks: Sequence[Callback]) -> _Run:
     """A fresh run, its history starting with the measurements at step 0 (the starting point of the curves)."""
     run = _Run()
-    first = {"val_loss": data.validation_loss(model, cfg)} if cfg.eval_every else {}
+    first = {"val_loss": _finite(data.validation_loss(model, cfg), 0, model)} if cfg.eval_every else {}
     first.update(_run_callbacks(callbacks, model, 0))
     if first:
         run.history.append({"step": 0, "tokens_seen": 0, **first})
@@ -197,10 +199,17 @@ def _train_step(model, optimizer, data: TrainData, cfg: TrainConfig, step: int,
         batch = data.batch(step, micro, cfg, device_of(model))
         with autocast(model, cfg):
             loss = objective(model, batch) / cfg.grad_accum
+        if not bool(torch.isfinite(loss.detach()).all()):  # before backward: the weights stay as they were
+            raise NonFiniteError(f"training step {step} (micro-batch {micro}): the loss is NaN or infinite, so the run "
+                                 f"stops with the weights of step {step}; {nonfinite_advice(model)}")
         loss.backward()
         loss_sum += loss.item()
         tokens += data.tokens(batch)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+    if not math.isfinite(grad_norm):  # a finite loss with NaN gradients: one step would make every weight NaN
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"training step {step}: the gradients are NaN or infinite (the loss is {loss_sum:.4g}), "
+                             f"so the run stops with the weights of step {step}; {nonfinite_advice(model)}")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return lr, loss_sum, grad_norm, tokens
@@ -210,10 +219,26 @@ def _measurements(model, data: TrainData, cfg: TrainConfig, callbacks: Sequence[
     """The validation loss when one is due after ``done`` steps, and what the callbacks return."""
     record: dict = {}
     if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
-        record["val_loss"] = data.validation_loss(model, cfg)
+        record["val_loss"] = _finite(data.validation_loss(model, cfg), done, model)
         model.train()
     record.update(_run_callbacks(callbacks, model, done))
     return record
+
+
+def _finite(val_loss: float, step: int, model) -> float:
+    """``val_loss``, refused where it is NaN or infinite (it would be a point of the curve and the run's result)."""
+    if not math.isfinite(val_loss):
+        raise NonFiniteError(f"the validation loss after {step} steps is NaN or infinite; {nonfinite_advice(model)}")
+    return val_loss
+
+
+def nonfinite_advice(model) -> str:
+    """What a NaN loss points to: the weights (a NaN given in, or a step that diverged), or the learning rate."""
+    broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    if broken:
+        return f"the weights hold NaN or infinity ({', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''})"
+    return ("the weights are finite, so the data or the step diverged: lower lr, keep grad_clip, or train in "
+            "float32; resume from the last checkpoint")
 
 
 @dataclass
