@@ -6,7 +6,14 @@ import torch
 from scipy import stats
 
 from lens_heads.heads.scoring import HeadScores
-from lens_heads.heads.stability import STATISTICS, item_values, jaccard, most_inactive_mask, spearman_rows, stability
+from lens_heads.heads.stability import (
+    CLAIM_STATISTICS,
+    item_values,
+    jaccard,
+    most_inactive_mask,
+    spearman_rows,
+    stability,
+)
 from lens_heads.plumbing.errors import InputError
 from lens_heads.stats.calling import CANNOT_TELL
 
@@ -107,7 +114,7 @@ def noisy_tasks(n_tasks=5, n_items=40, seed=0):
 def test_a_stable_score_is_called_more_stable_than_an_unstable_one():
     result = stability(noisy_tasks(), names=NAMES, fraction=0.2, n_resamples=1100)  # >= 2^10: exact permutations
     tests = result.to_dataframe("tests").set_index("statistic")
-    assert list(tests.index) == list(STATISTICS)
+    assert list(tests.index) == list(CLAIM_STATISTICS)
     row = tests.loc["spearman_heads"]
     pairs = result.to_dataframe("pairs")
     by_hand = (pairs[pairs.score == "AHON (LN)"].spearman_heads.to_numpy()
