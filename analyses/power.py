@@ -10,8 +10,9 @@ The claims table's inactive-heads rows rest on paired comparisons of curves reco
   table2    "AWFT finds fewer zeroable heads than the best score": AWFT against the best curve, % zeroable
 For every comparison the normal approximation from the recorded interval gives the items at which the observed
 difference would be called with 80% power (n0 ((z_.975 + z_.8) se / |d|)^2, se = interval width / 3.92); for each
-row's hardest comparison (the smallest |d| / se) a bootstrap power analysis (:mod:`lens_heads.stats.power`) draws
-studies of n items from the recorded ones and runs the rule on each. Nothing is re-evaluated.
+row's hardest comparison (the largest such n), where that n is within ``--max-factor`` times the recorded items, a
+bootstrap power analysis (:mod:`lens_heads.stats.power`) draws studies of n items from the recorded ones and runs
+the rule on each (``boot_n_needed``; empty: not reached within ``n_max``). Nothing is re-evaluated.
 
 Writes ``power_inactive_heads.csv`` (one row per comparison) and ``power_inactive_heads.json`` to ``--out``.
 """
@@ -44,9 +45,10 @@ SWEEPS = ("arc_easy", "piqa", "gemma-3-270m_arc_easy")
 class PowerSettings:
     sweeps: tuple[str, ...] = option(SWEEPS, "recorded sweeps (figures/sweep_<name>_tests.csv and _units.json.gz)")
     target: float = option(TARGET, "power to reach")
-    draws: int = option(30, "simulated studies per size (power to about +-0.07 near 80%)")
-    resamples: int = option(150, "bootstrap and permutation resamples per study")
-    max_factor: int = option(32, "largest study tried, in multiples of the recorded items")
+    draws: int = option(20, "simulated studies per size (power to about +-0.09 near 80%)")
+    resamples: int = option(100, "bootstrap and permutation resamples per study")
+    max_factor: int = option(8, "largest study tried, in multiples of the recorded items; a comparison whose normal "
+                                "approximation needs more is not simulated")
     seed: int = option(0, "seed of the draws and resamples")
     simulate: str = option("hardest", "which comparisons get the bootstrap power analysis", choices=("hardest", "all",
                                                                                                        "none"))
@@ -108,6 +110,9 @@ def main(argv=None) -> None:
                 continue
             picks = mine.index if args.simulate == "all" else [(mine.n_normal.fillna(math.inf)).idxmax()]
             for i in picks:
+                rows[i]["n_max"] = args.max_factor * n0
+                if not rows[i]["n_normal"] <= args.max_factor * n0:
+                    continue
                 r = rows[i]
                 q = summary_names(shares).index(r["summary"])
                 diff = paired_statistic(items[names.index(r["a"])], items[names.index(r["b"])], item_rows, item_rows,
@@ -125,9 +130,8 @@ def main(argv=None) -> None:
                 rows[i]["boot_seconds"] = round(time.perf_counter() - t)
                 print(f"{name} {claim} {r['a']} vs {r['b']}: n needed {power.n_needed} (normal {r['n_normal']:.0f})",
                       flush=True)
-    table = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "power_inactive_heads.csv", table.to_csv(index=False, float_format="%.6g"))
+                _write(rows, args.out)  # a killed run keeps the comparisons it finished
+    table = _write(rows, args.out)
     write_record(args.out / "power_inactive_heads.json", dict(
         script="analyses/power.py", argv=sys.argv[1:] if argv is None else list(argv),
         settings={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -136,6 +140,13 @@ def main(argv=None) -> None:
         caveat="unadjusted alpha: Benjamini-Hochberg within a table raises the bar, so n is a lower bound"))
     print(table[["claim", "sweep", "a", "b", "difference", "verdict", "n_normal"]
                 + [c for c in table.columns if c == "boot_n_needed"]].to_string(index=False))
+
+
+def _write(rows: list[dict], out: Path) -> pd.DataFrame:
+    table = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "power_inactive_heads.csv", table.to_csv(index=False, float_format="%.6g"))
+    return table
 
 
 if __name__ == "__main__":

@@ -12,18 +12,21 @@ the inactive-heads paper's claim "AHON (LN) is more stable than AWFT" called by 
 Writes to ``--out`` (default ``figures/``):
   score_stability.csv            per model, score and pair of tasks: the statistics with their intervals
   score_stability_layers.csv     per model, score, pair of tasks and layer: Spearman over that layer's heads
-  score_stability_tests.csv      per model and statistic: AHON (LN) against AWFT (and every score against AWFT),
-                                 mean over task pairs, called by the rule
+  score_stability_scores.csv     per model and score: each statistic's mean over the task pairs, with its interval
+  score_stability_tests.csv      per model and statistic: AHON (LN) against AWFT, mean over task pairs, called by
+                                 the rule (the p-values adjusted over the whole table)
   score_stability.json           settings, models, tasks (items, rows, tokens), CPU and commit
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -34,6 +37,7 @@ from lens_heads.plumbing.cache import Cache
 from lens_heads.plumbing.io import atomic_write_text, slug
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
+from lens_heads.stats.calling import call_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("arc_easy", "piqa", "winogrande", "hellaswag", "mmlu")
@@ -59,15 +63,16 @@ class StabilitySettings:
                                "score_stability)", parse=Path, default_factory=lambda: cache_dir() / "score_stability")
 
 
-def task_scores(model, model_name: str, task_name: str, args: StabilitySettings) -> HeadScores:
-    """One task's scores, from ``--scores`` where this exact sample was scored before."""
+def task_scores(model: Callable[[], Any], model_name: str, task_name: str, args: StabilitySettings) -> HeadScores:
+    """One task's scores, from ``--scores`` where this exact sample was scored before (``model()`` loads the model
+    only where it is not)."""
     task = load_task(task_name, n=args.n, seed=args.seed)
     key = dict(model=model_name, task=task_name, n=len(task), shots=task.shots, seed=args.seed)
 
     def compute(path: Path) -> None:
         t = time.perf_counter()
         size = args.batch_size_long if task_name in LONG else args.batch_size
-        result = score_heads(model, task, batch_size=size)
+        result = score_heads(model(), task, batch_size=size)
         print(f"[{model_name} {task_name}] {len(task)} items ({task.shots}-shot), {result.meta['data']['n_rows']} "
               f"rows, {result.meta['data']['n_tokens']} tokens, {time.perf_counter() - t:.0f} s", flush=True)
         result.save(path)
@@ -82,10 +87,9 @@ def main(argv=None) -> None:
         sys.exit("stability compares tasks pairwise: give at least two --tasks")
     torch.set_num_threads(args.threads)
     sets: dict[str, dict[str, HeadScores]] = {}
-    for name in args.models:  # one model in memory at a time
-        model = load_model(name)
-        sets[name] = {task: task_scores(model, name, task, args) for task in args.tasks}
-        del model
+    for name in args.models:  # one model in memory at a time, loaded only for tasks not scored yet
+        sets[name] = {task: task_scores(functools.partial(_loaded, name), name, task, args) for task in args.tasks}
+        _loaded.cache_clear()
     if args.score_only:
         print(f"scores of {len(args.models)} model(s) x {len(args.tasks)} tasks are in {args.scores}")
         return
@@ -95,9 +99,11 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = {name: stability(s, fraction=args.fraction, n_resamples=args.n_resamples, seed=args.seed)
                for name, s in sets.items()}
-    tables = {kind: _stacked(results, kind) for kind in ("pairs", "layers", "tests")}
+    tables = {kind: _stacked(results, kind) for kind in ("pairs", "layers", "scores", "tests")}
+    tables["tests"] = call_table(tables["tests"].drop(columns=["p_adjusted", "verdict"]))  # one family: the table
     atomic_write_text(out / "score_stability.csv", tables["pairs"].to_csv(index=False, float_format="%.4f"))
     atomic_write_text(out / "score_stability_layers.csv", tables["layers"].to_csv(index=False, float_format="%.4f"))
+    atomic_write_text(out / "score_stability_scores.csv", tables["scores"].to_csv(index=False, float_format="%.4f"))
     atomic_write_text(out / "score_stability_tests.csv", tables["tests"].to_csv(index=False, float_format="%.6g"))
     write_record(out / "score_stability.json", dict(
         script="analyses/score_stability.py", argv=sys.argv[1:] if argv is None else list(argv),
@@ -109,6 +115,11 @@ def main(argv=None) -> None:
     print(tests[["model", "statistic", "a", "b", "difference", "low", "high", "p_value", "verdict"]]
           .to_string(index=False))
     print(f"\nwrote score_stability.csv, score_stability_layers.csv, score_stability_tests.csv and .json to {out}")
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded(name: str):
+    return load_model(name)
 
 
 def _stacked(results: dict, kind: str):
