@@ -134,7 +134,7 @@ def main(argv=None) -> None:
     table = _write(rows, args.out)
     write_record(args.out / "power_inactive_heads.json", dict(
         script="analyses/power.py", argv=sys.argv[1:] if argv is None else list(argv),
-        settings={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        settings={k: v for k, v in vars(args).items() if k not in ("figures", "out")},  # no machine's paths
         method=METHOD, normal=("n0 ((z_.975 + z_target) se / |d|)^2 with se = (high - low) / 3.92 of the recorded "
                                "95% interval"), rule=calling.RULE,
         caveat="unadjusted alpha: Benjamini-Hochberg within a table raises the bar, so n is a lower bound"))
