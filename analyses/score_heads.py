@@ -1,4 +1,4 @@
-"""Score every head of a model on MMLU, PIQA and WinoGrande samples: distributions, stability, heatmaps.
+"""Score every head of a model on MMLU, PIQA and WinoGrande samples: distributions, thresholds, heatmaps.
 
     python analyses/score_heads.py                      # embedded SmolLM2-135M, ~5 min on 2 CPU cores
     python analyses/score_heads.py --model gpt2-medium --n-mmlu 500 --n-piqa 500 --n-winogrande 500
@@ -6,12 +6,11 @@
 Writes to ``--out`` (default ``figures/``):
   score_distributions.csv   per data set, score and layer: mean, std, quantiles over (input, head) values
   score_thresholds.csv      per data set and score: thresholds at the paper's target fractions of heads
-  score_stability.csv       per score and pair of data sets: Spearman of per-head and per-layer means, overlap of
-                            the 10% most inactive heads (the paper's "stable across data" claim)
   heatmap_<score>.png       layer x head heatmap of each of the twelve scores (mean over the first data set)
   score_heatmaps.html/.png  all twelve in one interactive page (plotly inlined, works offline) and one image
   score_heads_run.json      the settings, model and data of this run
 Scores of each data set are kept in ``--cache`` (outside the repository) and reused by a rerun with the same settings.
+Stability across tasks (the paper's "stable across data" claim, with intervals and tests): analyses/score_stability.py.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from lens_heads import load_model, load_task
-from lens_heads.heads.distributions import layer_summary, stability_table, thresholds
+from lens_heads.heads.distributions import layer_summary, thresholds
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.scoring import HeadScores, score_heads
 from lens_heads.models.embedded import cache_dir
@@ -94,13 +93,6 @@ def main(argv=None) -> None:
                         for name, s in sets.items() for score in SCORE_NAMES
                         for p, t in thresholds(s, score, FRACTIONS).items()])
     atomic_write_text(out / "score_thresholds.csv", thr.to_csv(index=False, float_format="%.6g"))
-    if len(sets) > 1:
-        stab = stability_table(sets)
-        atomic_write_text(out / "score_stability.csv", stab.to_csv(index=False, float_format="%.4f"))
-        print("\nSpearman correlation of per-head mean scores across data sets (rows: score):")
-        print(stab.assign(pair=stab.data_a + " vs " + stab.data_b)
-              .pivot(index="score", columns="pair", values="spearman_heads").loc[SCORE_NAMES].round(3).to_string())
-
     first = next(iter(sets))
     means = {name: sets[first].mean(name).numpy() for name in SCORE_NAMES}
     written = _figures(means, sets[first], first, model_meta(model), out, png=not args.no_png)
@@ -109,7 +101,7 @@ def main(argv=None) -> None:
         script="analyses/score_heads.py", argv=sys.argv[1:] if argv is None else list(argv), model=meta,
         data={name: s.meta["data"] for name, s in sets.items()}, heatmaps_from=first, fractions=FRACTIONS,
         definitions=next(iter(sets.values())).meta.get("definitions"), files=sorted(written)))
-    print(f"\nwrote {len(written)} figures and 3 tables to {out}")
+    print(f"\nwrote {len(written)} figures and 2 tables to {out}")
 
 
 def _figures(means: dict, scores: HeadScores, data: str, meta: dict, out: Path, *, png: bool) -> list[str]:

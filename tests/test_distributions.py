@@ -11,7 +11,6 @@ from lens_heads.heads.distributions import (
     pooled_cdf,
     rank_correlation,
     spearman,
-    stability_table,
     thresholds,
 )
 from lens_heads.heads.scores import DIRECTION, SCORE_NAMES, inactive
@@ -100,9 +99,3 @@ def test_stability_of_identical_and_reversed_data():
     reversed_ = HeadScores(values=-a.values, names=a.names, direction=a.direction, meta={})
     assert rank_correlation(a, same, "AHON") == pytest.approx(1.0)
     assert rank_correlation(a, reversed_, "AHON") == pytest.approx(-1.0)
-    table = stability_table({"mmlu": a, "piqa": same, "wino": reversed_}, names=["AHON", "AWFT"])
-    assert len(table) == 2 * 3
-    row = table[(table.score == "AHON") & (table.data_a == "mmlu") & (table.data_b == "piqa")].iloc[0]
-    assert row.spearman_heads == pytest.approx(1.0) and row.inactive_jaccard == pytest.approx(1.0)
-    row = table[(table.score == "AHON") & (table.data_a == "mmlu") & (table.data_b == "wino")].iloc[0]
-    assert row.spearman_layers == pytest.approx(-1.0) and row.inactive_jaccard == 0.0

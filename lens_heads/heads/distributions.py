@@ -1,5 +1,6 @@
 """How head scores are distributed: per-layer summaries, the pooled empirical CDF, thresholds at target fractions
-of heads, and the stability of a score across data sets (the paper's MMLU vs PIQA vs WinoGrande comparison).
+of heads, and the rank correlation of a score's per-head means on two data sets (the stability of every score across
+tasks, with intervals and tests: :mod:`lens_heads.heads.stability`).
 
 Thresholds follow the paper: pool every (input, layer, head) value of the unablated run into one empirical CDF and
 read the threshold at the target fraction p; for a ">" score (AWFT) read the (1 - p) quantile. Quantiles
@@ -10,13 +11,11 @@ the inactive side (``lens_heads.heads.scores.inactive``), so p = 0 zeroes nothin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence, cast
+from typing import Iterable, Sequence, cast
 
 import numpy as np
 import pandas as pd
-import torch
 
-from lens_heads.heads.scores import SCORE_NAMES, most_inactive
 from lens_heads.heads.scoring import HeadScores
 from lens_heads.plumbing.errors import InputError, NonFiniteError
 from lens_heads.stats.inference import spearman
@@ -101,31 +100,3 @@ def rank_correlation(a: HeadScores, b: HeadScores, name: str) -> float:
     if a.values.shape[1:3] != b.values.shape[1:3]:
         raise InputError("the two score sets come from models of different shapes")
     return spearman(a.mean(name).numpy(), b.mean(name).numpy())
-
-
-def stability_table(score_sets: Mapping[str, HeadScores], names: Sequence[str] = SCORE_NAMES,
-                    fraction: float = 0.1) -> pd.DataFrame:
-    """For each score and pair of data sets: rank correlation of the per-head means and of the per-layer means,
-    and the overlap (Jaccard) of the ``fraction`` most inactive heads by mean score."""
-    keys = list(score_sets)
-    if len(keys) < 2:
-        raise InputError("stability needs at least two data sets")
-    rows = []
-    for name in names:
-        for i, ka in enumerate(keys):
-            for kb in keys[i + 1 :]:
-                a, b = score_sets[ka].mean(name).double().numpy(), score_sets[kb].mean(name).double().numpy()
-                rows.append(dict(score=name, data_a=ka, data_b=kb, n_a=len(score_sets[ka]), n_b=len(score_sets[kb]),
-                                 spearman_heads=spearman(a, b), spearman_layers=spearman(a.mean(1), b.mean(1)),
-                                 inactive_fraction=fraction,
-                                 inactive_jaccard=_jaccard(_most_inactive(a, score_sets[ka].direction[name], fraction),
-                                                           _most_inactive(b, score_sets[kb].direction[name], fraction))))
-    return pd.DataFrame(rows)
-
-
-def _most_inactive(means: np.ndarray, direction: str, fraction: float) -> set[tuple[int, int]]:
-    return set(most_inactive(torch.from_numpy(means), direction, max(1, round(fraction * means.size))))
-
-
-def _jaccard(a: set, b: set) -> float:
-    return len(a & b) / len(a | b) if a | b else float("nan")
