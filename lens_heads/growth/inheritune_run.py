@@ -263,7 +263,8 @@ def _half_width(run: _Stages, n: int, as_baseline: bool) -> tuple[HookedTransfor
 
 
 def growth_stages(stages: list[Stage], reference: Stage) -> list[dict]:
-    """The growth loop as it ran: each student size, its loss against the reference's, and what the rule did next."""
+    """The growth loop as it ran: each student size, its loss against the reference's, what the rule did next, and
+    its training FLOPs (the students' sum is what the growth spent, whichever way each size was built)."""
     students = [s for s in stages if s.kind == "student"]
     out = []
     for i, s in enumerate(students):
@@ -272,7 +273,7 @@ def growth_stages(stages: list[Stage], reference: Stage) -> list[dict]:
                                                       "stopped: the deepest student allowed (max_layers)")
         out.append({"stage": s.name, "n_layers": s.n_layers, "val_loss": s.val_loss,
                     "reference_val_loss": reference.val_loss, "minus_reference": s.val_loss - reference.val_loss,
-                    "matched": matched, "then": then, "built_from": list(s.built_from),
+                    "matched": matched, "then": then, "built_from": list(s.built_from), "flops": s.flops,
                     "max_rank": list(s.rank["max_rank"]), "n_lazy_layers": int(sum(s.rank["lazy"]))})
     return out
 
@@ -284,7 +285,7 @@ def _meta(c: InherituneConfig, corpus, ref: Stage, stages: list[Stage]) -> dict:
                      "definition": ref.rank["definition"], "lazy_rule": ref.rank["lazy_rule"]},
             "student_rule": "grow while student val loss > reference val loss",
             "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from], "stages": grown,
-                       "times_grown": len(grown) - 1, "reference_steps": ref.steps, "student_steps": c.train.steps},
+                       "times_grown": len(grown) - 1, "students_flops": float(sum(g["flops"] for g in grown)), "reference_steps": ref.steps, "student_steps": c.train.steps},
             "budget": "FLOPs: 3 x forward per training token, teacher forwards added for distillation "
                       "(lens_heads.training.budget); total_flops adds the stages a warm start was built from, "
                       "all but the shared reference",
