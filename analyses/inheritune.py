@@ -3,8 +3,8 @@
     OMP_NUM_THREADS=1 python analyses/inheritune.py                      # CPU scale on one core
     OMP_NUM_THREADS=1 python analyses/inheritune.py --preset cpu-medium  # the gpt2-medium depth ratios at CPU scale
     OMP_NUM_THREADS=1 python analyses/inheritune.py --preset smollm2     # inherit from the embedded SmolLM2
-    python analyses/inheritune.py --preset gpt2-medium --device cuda     # the paper's 24 -> 16 on OpenWebText
-    python analyses/inheritune.py --preset gpt2-xl --device cuda         # the paper's 48 -> 24
+    python analyses/inheritune.py --preset gpt2-medium --device cuda     # the paper's 24-layer run on OpenWebText
+    python analyses/inheritune.py --preset gpt2-xl --device cuda         # the paper's 48-layer run
     python analyses/inheritune.py --preset gpt2-xl --plan                # its stages, FLOPs and GPU-hours; no training
 
 The GPT-2 is the authors' (lens_heads.growth.gpt2: 1/(l+1) attention scaling, no biases, tied embeddings, vocabulary
@@ -14,7 +14,7 @@ Inheritune students (growth stages: by default the trained student grows by the 
 (later layers, attention only, MLP only, stacking, hybrid stacking, half width and its widened variant, logit
 distillation, DistilBERT),
 each with its FLOPs. The ``smollm2`` preset skips the GPT-2 runs and runs the paper's growth loop from the embedded
-SmolLM2-135M (`lens_heads.growth.growth_loop`): its first k layers (k: its first lazy layer), trained on SOTU text in
+SmolLM2-135M (`lens_heads.growth.growth_loop`): its first k layers (k: `lens_heads.growth.k_rule` on its own rank profile), trained on SOTU text in
 SmolLM2's tokenizer, grown by its next ``--grow-by`` blocks until the student matches it or reaches
 ``--max-layers``, a same-size random init and a same-FLOPs scratch beside every size, seeds ``--smollm-seeds``;
 attention rank per layer at every stage in both aggregations; the comparisons by the calling rule
@@ -34,10 +34,12 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 import torch
 
+from lens_heads.collapse.rank import attention_rank
 from lens_heads.growth.gpt2 import PADDED_VOCAB, GPT2Options
 from lens_heads.growth.growth_calls import growth_tests, lazy_rank_tests, readded_lazy_layers
 from lens_heads.growth.growth_loop import GrowthLoopConfig, planned_loop, run_growth_loop, stage_table
@@ -45,6 +47,7 @@ from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
 from lens_heads.growth.inheritune_measures import smollm_profile, uniform_causal_levels, zero_shot
 from lens_heads.growth.inheritune_result import load_result
 from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
+from lens_heads.growth.k_rule import K_RULE, KChoice, choose_k
 from lens_heads.growth.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
 from lens_heads.plumbing.errors import InputError
@@ -57,6 +60,7 @@ from lens_heads.training.config import TrainConfig
 from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
 from lens_heads.training.options import train_options
+from lens_heads.training.windows import eval_windows
 from lens_heads.viz.inheritune_figures import figures, growth_loop_figure, smollm_figure
 
 GPU_RECORD = "docs/records/gpu_check.json"  # relative to the working folder, else to the repository
@@ -75,7 +79,8 @@ class InherituneSettings(train_options(leave_out=("seed", "checkpoint_every"), s
     ref_layers: int = option(8, "reference depth")
     student_layers: int = option(4, "first student depth")
     grow_by: int = option(2, "layers added per growth stage")
-    max_layers: int = option(6, "deepest student")
+    max_layers: int | None = option(None, "deepest student (default: the reference's depth, so that the loop's \"grow "
+                                    "until it matches\" is tested past the depth the paper reports)", parse=int)
     d_model: int = option(64, "width")
     heads: int = option(4, "attention heads")
     rank_every: int = option(50, "steps between rank measurements of the reference (0: never)")
@@ -86,7 +91,8 @@ class InherituneSettings(train_options(leave_out=("seed", "checkpoint_every"), s
     rank_per_input: bool = option(False, "rank as the mean of per-input ranks instead of the paper's rank of the "
                                   "averaged matrix")
     ablations: str = option(",".join(ABLATIONS), f"comma list of {ABLATIONS} ('' for none)")
-    smollm_k: int | None = option(None, "smollm2 preset: first student's layers (default: first lazy)", parse=int)
+    smollm_k: int | None = option(None, "smollm2 preset: first student's layers (default: the k rule on SmolLM2's own "
+                                  "rank profile, lens_heads.growth.k_rule)", parse=int)
     smollm_seeds: str = option("0,1,2", "smollm2 preset: training seeds of the growth loop (comma list)")
     smollm_windows: int = option(64, "smollm2 preset: validation windows the paired tests resample")
     n_resamples: int = option(2000, "bootstrap and permutation resamples")
@@ -136,26 +142,30 @@ class InherituneSettings(train_options(leave_out=("seed", "checkpoint_every"), s
 GPU_PRESETS = {"gpt2-medium": "a 24-layer GPT-2 medium reference and 12..16-layer students on OpenWebText",
                "gpt2-xl": "a 48-layer GPT-2 XL reference and 24-layer students on OpenWebText"}
 
+# the student depth the paper reports matching its reference (24 -> 16, 48 -> 24): an outcome to test, so no preset
+# stops there; every GPT-2 preset may grow its students up to the reference's own depth
+PAPER_DEPTHS = {"gpt2-medium": 16, "gpt2-xl": 24}
+
 PRESETS = {
     "cpu": dict(preset="cpu"),  # the defaults
-    # the paper-scale presets' depth ratios at the cpu preset's width and schedule: medium's 24 -> 12..16 by 2 as
-    # 12 -> 6..8 by 1, XL's 48 -> 24 as 8 -> 4
-    "cpu-medium": dict(preset="cpu-medium", ref_layers=12, student_layers=6, grow_by=1, max_layers=8),
-    "cpu-xl": dict(preset="cpu-xl", ref_layers=8, student_layers=4, grow_by=2, max_layers=4),
+    # the paper-scale presets' depth ratios at the cpu preset's width and schedule: medium's 24 -> 12.. by 2 as
+    # 12 -> 6.. by 1, XL's 48 -> 24.. as 8 -> 4..
+    "cpu-medium": dict(preset="cpu-medium", ref_layers=12, student_layers=6, grow_by=1, max_layers=12),
+    "cpu-xl": dict(preset="cpu-xl", ref_layers=8, student_layers=4, grow_by=2, max_layers=8),
     # the paper's GPT-2 medium run (authors' train_iniheritune.py: lr 2e-4 cosine to 1e-5 over 100K steps, 2000
     # warm-up steps, 2 sequences x 8 accumulation steps x 3 GPUs of 1024 tokens = 49K tokens a step)
-    # the paper's 24 -> 16: students from 12 layers growing by 2 to 16 (12, 14, 16 in the authors' logs)
-    "gpt2-medium": dict(preset="gpt2-medium", ref_layers=24, student_layers=12, grow_by=2, max_layers=16,
+    # students from 12 layers growing by 2 (12, 14, 16 in the authors' logs), up to all 24
+    "gpt2-medium": dict(preset="gpt2-medium", ref_layers=24, student_layers=12, grow_by=2, max_layers=24,
                         d_model=1024, heads=16, seq_len=1024, batch_size=12, grad_accum=4, steps=100_000,
                         warmup_steps=2000, lr=2e-4, min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext",
                         amp=True, eval_n=1000, smollm_inputs=100),
     # the paper's 48 -> 24 (GPT-2 XL: d 1600, 25 heads); the same 49K tokens a step as 4 sequences x 12 accumulation
     # steps (a 48-layer model's activations at 12 x 1024 tokens exceed one GPU's memory without checkpointing)
-    "gpt2-xl": dict(preset="gpt2-xl", ref_layers=48, student_layers=24, grow_by=2, max_layers=24, d_model=1600,
+    "gpt2-xl": dict(preset="gpt2-xl", ref_layers=48, student_layers=24, grow_by=2, max_layers=48, d_model=1600,
                     heads=25, seq_len=1024, batch_size=4, grad_accum=12, steps=100_000, warmup_steps=2000, lr=2e-4,
                     min_lr=1e-5, eval_every=1000, eval_batches=50, rank_every=5000, corpus="openwebtext", amp=True, eval_n=1000,
                     smollm_inputs=100),
-    # the growth loop from SmolLM2: students from its first lazy layer, grown 2 blocks a round up to all 30
+    # the growth loop from SmolLM2: students from k layers (the k rule), grown 2 blocks a round up to all 30
     "smollm2": dict(preset="smollm2", ref_layers=30, student_layers=0, grow_by=2, max_layers=30, d_model=576,
                     heads=9, batch_size=4, steps=100, warmup_steps=10, lr=3e-4, min_lr=3e-5, eval_every=25, rank_every=0,
                     rank_inputs=32, eval_n=100),
@@ -183,7 +193,7 @@ def build_config(a) -> InherituneConfig:
     options = GPT2Options() if a.architecture == "authors" else GPT2Options.transformer_lens()
     logit, distilbert = distill_configs(a)
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
-                            max_layers=a.max_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len, train=train,
+                            max_layers=a.max_layers or a.ref_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len, train=train,
                             d_vocab=a.vocab, rank_average=not a.rank_per_input, options=options,
                             grow_from=a.grow_from, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
                             ablations=tuple(x for x in a.ablations.split(",") if x), distill_logit=logit,
@@ -225,18 +235,22 @@ def gpu_record(path: str) -> dict:
         raise InputError(f"--gpu-record {path} is not JSON ({e}): give a GPU check's gpu_check.json") from None
 
 
-def smollm_loop_config(a, smollm_rank: dict, n_layers: int) -> tuple[GrowthLoopConfig, str]:
-    """The growth loop's settings from the flags: k = ``--smollm-k`` or the first lazy layer of SmolLM2's rank
-    profile (the paper's rank), and why."""
-    paper = smollm_rank["averaged"]
-    lazy = [i for i, flag in enumerate(paper["lazy"]) if flag]
-    k = a.smollm_k or (lazy[0] if lazy else n_layers // 2)
-    k_rule = f"--smollm-k {a.smollm_k}" if a.smollm_k else (f"first lazy layer ({paper['lazy_rule']})" if lazy else
-                                                             "no lazy layer: half the depth")
+def smollm_loop_config(a, own_rank: dict, n_layers: int) -> tuple[GrowthLoopConfig, KChoice | None]:
+    """The growth loop's settings from the flags: k = ``--smollm-k``, or `choose_k` on the reference's own rank
+    profile (``own_rank``: the paper's aggregation, on the loop's rank windows) with what it flagged."""
+    choice = None if a.smollm_k else choose_k(own_rank)
+    k = a.smollm_k or cast(KChoice, choice).k
     seeds = tuple(int(x) for x in a.smollm_seeds.split(",") if x.strip())
-    return GrowthLoopConfig(start_layers=k, train=train_config(a), grow_by=a.grow_by, max_layers=a.max_layers,
+    return GrowthLoopConfig(start_layers=k, train=train_config(a), grow_by=a.grow_by, max_layers=a.max_layers or n_layers,
                             seeds=seeds, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
-                            loss_windows=a.smollm_windows), k_rule
+                            loss_windows=a.smollm_windows), choice
+
+
+def own_rank_profile(reference, corpus, a) -> dict:
+    """The reference's rank profile in the paper's aggregation on the windows the loop measures every stage's rank
+    on (`run_growth_loop` records the same profile as its reference's)."""
+    tokens = eval_windows(corpus.val, a.rank_inputs, a.rank_len - 1)
+    return attention_rank(reference, tokens, average=True, progress=False).to_dict()
 
 
 # what a cached zero-shot row holds: caches of rows without their split are computed again
@@ -340,10 +354,14 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
     if smollm is None:
         raise SystemExit("the smollm2 preset needs the rank profile: --smollm-inputs must be > 0")
     reference = load_model(device=a.device)
-    config, k_rule = smollm_loop_config(a, smollm, reference.cfg.n_layers)
+    corpus = load_corpus("sotu", tokenizer=reference.tokenizer)
+    own = keyed(runs / "extras" / "smollm2_own_rank.json", {"n": a.rank_inputs, "len": a.rank_len},
+                lambda: own_rank_profile(reference, corpus, a))
+    config, choice = smollm_loop_config(a, own, reference.cfg.n_layers)
+    k_rule = f"--smollm-k {a.smollm_k}" if choice is None else (
+        f"{K_RULE}; the profile flags layers {list(choice.flagged)}")
     if a.plan:
         return smollm_plan(a, reference, config, out)
-    corpus = load_corpus("sotu", tokenizer=reference.tokenizer)
     print(f"SmolLM2 growth loop: first {config.start_layers} of {reference.cfg.n_layers} layers ({k_rule}), grown "
           f"by {config.grow_by}, {config.train.steps} steps of {config.train.tokens_per_step} tokens a stage, seeds "
           f"{config.seeds}; corpus {corpus}")
@@ -362,7 +380,8 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
         "what": "The paper's growth loop from the embedded SmolLM2-135M: its first k layers, trained, grown by its "
                 "next blocks until the student matches it or reaches --max-layers, beside a same-size random init "
                 "and a same-FLOPs scratch at every size, several seeds",
-        "settings": asdict(a), "k_rule": k_rule, "calling_rule": RULE, "corpus": corpus.meta,
+        "settings": asdict(a), "k_rule": k_rule, "k_choice": choice.to_dict() if choice else None,
+        "calling_rule": RULE, "corpus": corpus.meta,
         "token_budget_per_stage": config.train.steps * config.train.tokens_per_step,
         "model": reference.lens_heads_meta, **record, "tests": tests.to_dict(orient="records"),
         "readded_lazy_layers": {str(n): layers for n, layers in readded_lazy_layers(record).items()},

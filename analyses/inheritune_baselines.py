@@ -3,15 +3,22 @@
     OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py                   # 3 seeds, the defaults below
     OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py --preset growth   # growth at GPT-2 CPU scale
     OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py --preset half_width  # the two half widths only
+    OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py --preset inheritance  # later layers, attn/MLP only
+    OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py --preset stacking     # two rounds
+    OMP_NUM_THREADS=1 nice python analyses/inheritune_baselines.py --preset growth_reference  # growth, re-inherited
 
 The ``growth`` preset (`GROWTH_PRESET`) trains the reference longer than a student stage, so that the first student
-does not match it and the loop grows (2 -> 4 -> 6 layers of an 8-layer reference), and compares the final student
-with same-size scratch at 1x and 2x a stage's steps only; it writes ``inheritune_growth*`` instead of
+does not match it and the loop grows (2 -> 4 -> ... layers, up to all 8 of the reference), and compares the final
+student with same-size scratch at 1x and 2x a stage's steps only; it writes ``inheritune_growth*`` instead of
 ``inheritune_baselines*``, with every seed's growth stages (``meta["growth"]["stages"]``) and the figure
-``inheritune_growth_rank_stages`` (max attention rank per layer at every stage, one panel per seed).
+``inheritune_growth_rank_stages`` (max attention rank per layer at every stage, one panel per seed). The
+``growth_reference`` preset is the same loop with every size re-inherited from the reference and trained with a full
+schedule (``--grow-from reference``), written to ``inheritune_growth_reference*``. Every other preset writes its own
+files too (`STEMS`).
 
 For each seed, `run_inheritune` trains (each stage resumable, in ``--runs/seed_<s>``): the reference, the Inheritune
-student, same-size scratch for 1x and 2x the steps, stacking and hybrid stacking (from one half-depth source), half
+student, same-size scratch for 1x and 2x the steps, stacking and hybrid stacking (from one half-depth source),
+two rounds of stacking (a quarter-depth source stacked to half, trained, stacked again), half
 width as the authors ran it (a fresh model at half the width) and lens_heads' variant (that model, trained, widened
 function-preservingly and trained again), logit distillation and DistilBERT, all at the student's size with the same loop and steps.
 Then, each cached under ``--runs/extras`` so that a rerun (or a larger one, with other flags) computes only what is
@@ -71,11 +78,14 @@ from lens_heads.training.options import train_options
 from lens_heads.training.windows import eval_windows, window_losses
 from lens_heads.viz.inheritune_figures import curves_figure, growth_rank_figure, rank_figure
 
-BASELINES = ("stacking", "hybrid_stacking", "half_width", "half_width_widened", "distill_logit", "distill_distilbert")
+BASELINES = ("stacking", "hybrid_stacking", "stacking_2rnd", "half_width", "half_width_widened", "distill_logit",
+             "distill_distilbert")
 
 
 # each preset writes its own files
-STEMS = {"all": "inheritune_baselines", "half_width": "inheritune_half_width", "growth": "inheritune_growth"}
+STEMS = {"all": "inheritune_baselines", "half_width": "inheritune_half_width", "inheritance": "inheritune_inheritance",
+         "stacking": "inheritune_stacking", "growth": "inheritune_growth",
+         "growth_reference": "inheritune_growth_reference"}
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,10 @@ class BaselineSettings(train_options(leave_out=("seed", "checkpoint_every"), ste
     XL run (an 8-layer reference, 4-layer students that do not grow), with a shorter schedule (80 steps of 4 x 128
     tokens) so that three seeds of every baseline fit in about half an hour of one CPU core."""
 
-    preset: str = option("all", "base settings: every baseline, half_width (its two half-width rows "
-                         "only), or growth (a longer-trained reference, students grown, scratch beside them); flags "
-                         "given explicitly override them",
+    preset: str = option("all", "base settings: every baseline, half_width (its two half-width rows only), "
+                         "inheritance (later layers, attention only, MLP only), stacking (two rounds), growth "
+                         "(a longer-trained reference, students grown, scratch beside them) or growth_reference (the "
+                         "same, each size re-inherited); flags given explicitly override them",
                          choices=tuple(STEMS))
     seeds: str = option("0,1,2", "training seeds (comma list): every model of the run is trained once per seed")
     ref_layers: int = option(8, "reference depth")
@@ -95,9 +106,13 @@ class BaselineSettings(train_options(leave_out=("seed", "checkpoint_every"), ste
     grow_by: int = option(1, "layers added per growth stage")
     max_layers: int | None = option(None, "deepest student (default: --student-layers, no growth)", parse=int)
     ref_steps: int | None = option(None, "reference's training steps (default: --steps, as every stage)", parse=int)
+    grow_from: str = option("student", "growth: keep the trained student and append the reference's next blocks "
+                            "(the paper's recipe) or re-inherit from the reference at each size",
+                            choices=("student", "reference"))
     d_model: int = option(64, "width")
     heads: int = option(4, "attention heads")
     baselines: str = option(",".join(BASELINES), "comma list of the baselines beside same-size scratch")
+    no_scratch: bool = option(False, "leave same-size scratch (1x and 2x the steps) out")
     distill_temperature: float = option(2.0, "distillation temperature T (> 0)")
     distill_alpha: float = option(0.5, "logit distillation: weight of the T^2 KL term, the LM loss gets the rest")
     rank_inputs: int = option(32, "validation windows for attention rank (N)")
@@ -129,13 +144,26 @@ class BaselineSettings(train_options(leave_out=("seed", "checkpoint_every"), ste
 
 
 # growth at GPT-2 CPU scale: at width 32 the vocabulary (50304) is nearly all of a step's cost, so depth is cheap;
-# a reference trained 5x a stage's steps is one the first students do not match. Its planned FLOPs (3 seeds) are
-# about half the baselines table's: a quarter of an hour of one quiet core at that recording's rate
-GROWTH_PRESET = dict(preset="growth", ref_layers=8, student_layers=2, grow_by=2, max_layers=6, d_model=32, heads=2,
+# a reference trained 5x a stage's steps is one the first students do not match. Students may grow up to the
+# reference's own depth, so that "grow until it matches" is tested past any depth the paper reports. Its planned
+# FLOPs (3 seeds) are about half the baselines table's: a quarter of an hour of one quiet core at that recording's rate
+GROWTH_PRESET = dict(preset="growth", ref_layers=8, student_layers=2, grow_by=2, max_layers=8, d_model=32, heads=2,
                      steps=80, ref_steps=400, warmup_steps=8, baselines="", runs="runs/inheritune_growth")
-# the two half-width baselines alone beside Inheritune and scratch, in the baselines' runs (a full run reuses them)
+# the same loop, each size a fresh re-inheritance with a full schedule (what the authors' logs fit), in its own runs
+# (its students share the default's names)
+# (its students share the default's names); against the reference only: scratch beside the grown student, and
+# zero-shot, are the default's record's
+GROWTH_REFERENCE_PRESET = {**GROWTH_PRESET, "preset": "growth_reference", "grow_from": "reference",
+                           "runs": "runs/inheritune_growth_reference", "no_scratch": True, "eval_tasks": ""}
+# subsets of the baselines beside Inheritune, in the baselines' runs (a full run reuses them): the two half widths
+# (with scratch); what lazy layers hold (the paper's inheritance ablations) and two rounds of stacking, final losses
+# only (one round, scratch and every zero-shot score are the full baselines table's, same seeds and settings)
 HALF_WIDTH_PRESET = dict(preset="half_width", baselines="half_width,half_width_widened")
-PRESETS = {"all": dict(preset="all"), "growth": GROWTH_PRESET, "half_width": HALF_WIDTH_PRESET}
+INHERITANCE_PRESET = dict(preset="inheritance", baselines="later_layers,attention_only,mlp_only", no_scratch=True,
+                          eval_tasks="")
+STACKING_PRESET = dict(preset="stacking", baselines="stacking_2rnd", no_scratch=True, eval_tasks="")
+PRESETS = {"all": dict(preset="all"), "growth": GROWTH_PRESET, "growth_reference": GROWTH_REFERENCE_PRESET,
+           "half_width": HALF_WIDTH_PRESET, "inheritance": INHERITANCE_PRESET, "stacking": STACKING_PRESET}
 
 
 def parse_args(argv=None) -> BaselineSettings:
@@ -145,11 +173,12 @@ def parse_args(argv=None) -> BaselineSettings:
 def build_config(a: BaselineSettings, seed: int) -> InherituneConfig:
     train = a.train_config(checkpoint_every=max(a.eval_every, 50), seed=seed)
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
-                            max_layers=a.max_layers or a.student_layers, ref_steps=a.ref_steps, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
+                            max_layers=a.max_layers or a.student_layers, ref_steps=a.ref_steps, grow_from=a.grow_from,
+                            d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
                             d_vocab=PADDED_VOCAB, train=train, ablations=tuple(x for x in a.baselines.split(",") if x),
                             distill_logit=DistillConfig.logit(a.distill_temperature, a.distill_alpha),
                             distill_distilbert=DistillConfig.distilbert(a.distill_temperature),
-                            rank_inputs=a.rank_inputs, rank_len=a.rank_len, seed=seed)
+                            rank_inputs=a.rank_inputs, rank_len=a.rank_len, baselines=not a.no_scratch, seed=seed)
 
 
 def load_stage(a: BaselineSettings, folder: Path, stage: Stage, tokenizer):

@@ -10,12 +10,14 @@ from lens_heads.plumbing.errors import InputError
 from lens_heads.training.config import TrainConfig
 from lens_heads.training.distill import DistillConfig
 
-# the paper's baselines and ablations at the final student size, each one stage (or a source stage and one)
+# the paper's baselines and ablations at the final student size, each one stage (the warm starts after the stages
+# they start from)
 INHERITANCE_ABLATIONS = ("later_layers", "attention_only", "mlp_only")
 WIDTH_BASELINES = ("half_width", "half_width_widened")  # the authors' half width, and lens_heads' warm start
-WARM_STARTS = ("stacking", "hybrid_stacking", "half_width_widened")
+STACKINGS = ("stacking", "hybrid_stacking", "stacking_2rnd")
+WARM_STARTS = STACKINGS + ("half_width_widened",)
 DISTILLATIONS = ("distill_logit", "distill_distilbert")
-ABLATIONS = INHERITANCE_ABLATIONS + ("stacking", "hybrid_stacking") + WIDTH_BASELINES + DISTILLATIONS
+ABLATIONS = INHERITANCE_ABLATIONS + STACKINGS + WIDTH_BASELINES + DISTILLATIONS
 GROW_FROM = ("student", "reference")  # keep the trained student and append reference blocks, or re-inherit
 GROWTH = {"student": "the trained student grown by the reference's next blocks (the paper's recipe)",
           "reference": "a fresh re-inheritance of the reference's first blocks at each size (what the authors' "
@@ -26,6 +28,8 @@ BASELINE_METHODS = {
     "mlp_only": "inherit ln2 + MLP of the first n blocks, the rest fresh",
     "stacking": "scratch n/2 layers trained, its blocks repeated to n, trained (Gong et al. 2019)",
     "hybrid_stacking": "the same n/2-layer source's blocks at even depths, fresh blocks between, trained",
+    "stacking_2rnd": "two rounds of stacking (Gong et al. 2019; the authors' *_stacking_2rnd logs): scratch n/4 "
+                     "layers trained, stacked to n/2 and trained, stacked to n and trained",
     "half_width": "fresh init, n layers at half the width, trained (the authors' half-width baseline: their "
                   "medium_halfwdth log starts at the loss of a fresh model)",
     "half_width_widened": "the trained half-width model doubled function-preservingly (Net2WiderNet), trained "
@@ -46,7 +50,8 @@ class InherituneConfig:
     reference's next blocks; ``"reference"`` re-inherits the first n blocks at each size.
     ``ablations``: the paper's baselines and ablations at the final student size (`BASELINE_METHODS`), each one
     stage (a row of the table), trained with the same loop and steps; the warm starts first train their source
-    (``stack_source``: scratch at half the depth, shared by stacking and hybrid stacking; for
+    (``stack_source``: scratch at half the depth, shared by stacking and hybrid stacking; for ``stacking_2rnd``
+    scratch at a quarter of the depth and its first round stacked to half; for
     ``half_width_widened`` the trained ``half_width`` model, or a ``width_source`` stage where ``half_width`` is not
     asked for), whose budget the table adds to theirs. ``distill_logit`` / ``distill_distilbert``: the
     losses of the two distillation baselines (the trained reference is the teacher). ``widen_noise``: the noise that

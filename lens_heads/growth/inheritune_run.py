@@ -20,6 +20,7 @@ from lens_heads.growth.inheritune_config import (
     BASELINE_METHODS,
     DISTILLATIONS,
     GROWTH,
+    STACKINGS,
     WIDTH_BASELINES,
     InherituneConfig,
     check_config,
@@ -108,11 +109,13 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
         add(f"scratch_{n}L_1x", n)
         add(f"scratch_{n}L_2x", n, steps_x=2)
     for ablation in c.ablations:
-        if ablation in ("stacking", "hybrid_stacking"):
-            if n < 2:
+        if ablation in STACKINGS:
+            sources = stacking_sources(ablation, n)
+            if sources is None:
                 continue
-            if not any(r["stage"] == f"stack_source_{n // 2}L" for r in rows):
-                add(f"stack_source_{n // 2}L", n // 2)
+            for name, depth in sources:
+                if not any(r["stage"] == name for r in rows):  # one half-depth source serves two warm starts
+                    add(name, depth)
         elif ablation in WIDTH_BASELINES:
             d_half, h_half = half_width_shape(c.d_model, c.n_heads)
             trained = f"half_width_{n}L" if "half_width" in c.ablations else f"width_source_{n}L_{d_half}d"
@@ -195,14 +198,8 @@ def _ablation(run: _Stages, reference: HookedTransformer, ref: Stage, ablation: 
         parts = ablation.removesuffix("_only")
         run.train(f"{ablation}_{n}L", "ablation", inherit(reference, n, seed=seed, parts=parts),
                   built_from=(ref.name,), method=method)
-    elif ablation in ("stacking", "hybrid_stacking") and n >= 2:
-        name = f"stack_source_{n // 2}L"
-        if name not in run.sources:  # one source for both depth warm starts, trained once
-            run.sources[name] = run.fresh(n // 2, c.seed + 2000 + n)
-            run.train(name, "stack_source", run.sources[name], method="fresh init at half the depth")
-        source = run.sources[name]
-        grown = stack(source, n, seed=seed) if ablation == "stacking" else hybrid_stack(source, n, seed=seed)
-        run.train(f"{ablation}_{n}L", "ablation", grown, built_from=(name,), method=method)
+    elif ablation in STACKINGS and stacking_sources(ablation, n) is not None:
+        _stacking(run, ablation, n, seed, method)
     elif ablation in WIDTH_BASELINES:
         source, src = _half_width(run, n, as_baseline=ablation == "half_width" or "half_width" in c.ablations)
         if ablation == "half_width_widened":
@@ -216,6 +213,36 @@ def _ablation(run: _Stages, reference: HookedTransformer, ref: Stage, ablation: 
         objective = Distillation(reference, c.distill_distilbert)
         run.train(f"distill_distilbert_{n}L", "ablation", distilbert_init(reference, n, seed=seed),
                   objective=objective, built_from=(ref.name,), method=f"{method}; {c.distill_distilbert.to_dict()}")
+
+
+def stacking_sources(ablation: str, n: int) -> list[tuple[str, int]] | None:
+    """The stages (name, depth) a stacking warm start of depth ``n`` is built from, in training order: a scratch
+    source at half the depth (stacking, hybrid stacking: one source for both), or for two rounds a scratch source at
+    a quarter of the depth and its first round stacked to half. None where ``n`` is too shallow to halve (quarter)."""
+    if ablation == "stacking_2rnd":
+        return None if n < 4 else [(f"stack_source_{n // 4}L", n // 4), (f"stacking_round1_{n // 2}L", n // 2)]
+    return None if n < 2 else [(f"stack_source_{n // 2}L", n // 2)]
+
+
+def _stacking(run: _Stages, ablation: str, n: int, seed: int, method: str) -> None:
+    """A stacking warm start of depth ``n``: its sources trained (once per run), then the stacked model trained."""
+    c = run.c
+    (src_name, depth), *rounds = cast(list, stacking_sources(ablation, n))
+    if src_name not in run.sources:  # one source for both half-depth warm starts, trained once
+        # the two sources' own seed offsets: their fresh inits share no draws
+        run.sources[src_name] = run.fresh(depth, c.seed + (2500 if ablation == "stacking_2rnd" else 2000) + n)
+        run.train(src_name, "stack_source", run.sources[src_name],
+                  method=f"fresh init at {'a quarter of' if ablation == 'stacking_2rnd' else 'half'} the depth")
+    built = src_name
+    for round_name, round_depth in rounds:  # two rounds: the source stacked to half the depth, trained
+        if round_name not in run.sources:
+            run.sources[round_name] = stack(run.sources[built], round_depth, seed=seed)
+            run.train(round_name, "stack_source", run.sources[round_name], built_from=(built,),
+                      method=f"stacking round 1: {built} repeated to {round_depth} layers, trained")
+        built = round_name
+    source = run.sources[built]
+    grown = hybrid_stack(source, n, seed=seed) if ablation == "hybrid_stacking" else stack(source, n, seed=seed)
+    run.train(f"{ablation}_{n}L", "ablation", grown, built_from=(built,), method=method)
 
 
 def _half_width(run: _Stages, n: int, as_baseline: bool) -> tuple[HookedTransformer, Stage]:
@@ -236,7 +263,8 @@ def _half_width(run: _Stages, n: int, as_baseline: bool) -> tuple[HookedTransfor
 
 
 def growth_stages(stages: list[Stage], reference: Stage) -> list[dict]:
-    """The growth loop as it ran: each student size, its loss against the reference's, and what the rule did next."""
+    """The growth loop as it ran: each student size, its loss against the reference's, what the rule did next, and
+    its training FLOPs (the students' sum is what the growth spent, whichever way each size was built)."""
     students = [s for s in stages if s.kind == "student"]
     out = []
     for i, s in enumerate(students):
@@ -245,7 +273,7 @@ def growth_stages(stages: list[Stage], reference: Stage) -> list[dict]:
                                                       "stopped: the deepest student allowed (max_layers)")
         out.append({"stage": s.name, "n_layers": s.n_layers, "val_loss": s.val_loss,
                     "reference_val_loss": reference.val_loss, "minus_reference": s.val_loss - reference.val_loss,
-                    "matched": matched, "then": then, "built_from": list(s.built_from),
+                    "matched": matched, "then": then, "built_from": list(s.built_from), "flops": s.flops,
                     "max_rank": list(s.rank["max_rank"]), "n_lazy_layers": int(sum(s.rank["lazy"]))})
     return out
 
@@ -257,7 +285,7 @@ def _meta(c: InherituneConfig, corpus, ref: Stage, stages: list[Stage]) -> dict:
                      "definition": ref.rank["definition"], "lazy_rule": ref.rank["lazy_rule"]},
             "student_rule": "grow while student val loss > reference val loss",
             "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from], "stages": grown,
-                       "times_grown": len(grown) - 1, "reference_steps": ref.steps, "student_steps": c.train.steps},
+                       "times_grown": len(grown) - 1, "students_flops": float(sum(g["flops"] for g in grown)), "reference_steps": ref.steps, "student_steps": c.train.steps},
             "budget": "FLOPs: 3 x forward per training token, teacher forwards added for distillation "
                       "(lens_heads.training.budget); total_flops adds the stages a warm start was built from, "
                       "all but the shared reference",
