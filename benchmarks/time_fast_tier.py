@@ -67,7 +67,7 @@ def run(settings: FastTier) -> dict:
                 command=shlex.join(["python", *command[1:]]), omp_num_threads=env.get("OMP_NUM_THREADS"),
                 cpu_count=os.cpu_count(), load_average_before=[round(x, 2) for x in load_before],
                 load_average_after=[round(x, 2) for x in load_after], wall_s=round(wall, 1), cpu_s=round(cpu, 1),
-                returncode=done.returncode, summary=summary, **counts(summary), cpu=cpu_description())
+                returncode=done.returncode, summary=summary, **counts(summary), cpu=cpu_description(settings.threads))
 
 
 def main(argv: list[str] | None = None) -> None:
