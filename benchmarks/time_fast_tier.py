@@ -3,8 +3,9 @@
     python benchmarks/time_fast_tier.py [--threads 1] [--pytest-args "tests/test_rows.py"] [--out PATH]
 
 Runs ``python -m pytest -m "not slow" -q`` (this interpreter, from the repository root) in a child process and
-records the date, the load average before and after, the CPU count, the wall seconds (interpreter start and
-collection included: what the tier costs) and the counts pytest reports, with the record's provenance (the commit
+records the date, the load average before and after, the CPU (model, vector flags, torch's CPU capability), the wall
+seconds (interpreter start and collection included: what the tier costs), the CPU seconds of the run (user +
+system: on one thread, what an idle core would take, whatever the neighbours' load) and the counts pytest reports, with the record's provenance (the commit
 and whether the tree had changes, package versions, machine).
 Run it on an idle machine: the load average beside the figure says whether it can be read. A run with failures
 is printed, not recorded; ``--pytest-args`` (extra arguments, e.g. a subset of files) are recorded with the run.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import option
-from timing import parse_settings
+from timing import cpu_description, parse_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "records" / "fast_tier.json"
@@ -51,9 +53,12 @@ def run(settings: FastTier) -> dict:
         env["OMP_NUM_THREADS"] = str(settings.threads)
     command = [sys.executable, "-m", "pytest", *TIER, *shlex.split(settings.pytest_args)]
     load_before = os.getloadavg()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     load_after = os.getloadavg()
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     summary = lines[-1] if lines else ""
@@ -61,8 +66,8 @@ def run(settings: FastTier) -> dict:
     return dict(date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 command=shlex.join(["python", *command[1:]]), omp_num_threads=env.get("OMP_NUM_THREADS"),
                 cpu_count=os.cpu_count(), load_average_before=[round(x, 2) for x in load_before],
-                load_average_after=[round(x, 2) for x in load_after], wall_s=round(wall, 1),
-                returncode=done.returncode, summary=summary, **counts(summary))
+                load_average_after=[round(x, 2) for x in load_after], wall_s=round(wall, 1), cpu_s=round(cpu, 1),
+                returncode=done.returncode, summary=summary, **counts(summary), cpu=cpu_description(settings.threads))
 
 
 def main(argv: list[str] | None = None) -> None:

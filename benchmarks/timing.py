@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,24 @@ def alternate(fns: Mapping[str, Callable[[], Any]], repeats: int, *, prepared: b
 
 
 # ---------------------------------------------------------------- the machine and the docs
+
+
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # the vector units torch's kernels pick between
+
+
+def cpu_description(threads: int | None = None) -> dict[str, Any]:
+    """The CPU a timing ran on: lscpu's model name, which of :data:`CPU_FLAGS` it has, the cores this process may
+    use, torch's CPU capability (the kernels ATen dispatched to) and the torch threads of the timed run (``threads``
+    where it set its own, else this process's)."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        lscpu = ""
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    return dict(model=" ".join(fields.get("Model name", platform.processor()).split()),
+                flags={flag: flag in flags for flag in CPU_FLAGS}, cores=len(os.sched_getaffinity(0)),
+                torch_cpu_capability=torch.backends.cpu.get_cpu_capability(), torch_threads=threads or torch.get_num_threads())
 
 
 def machine_line(started_load: float | None = None) -> str:

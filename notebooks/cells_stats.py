@@ -7,10 +7,10 @@ STATISTICS = [
     new_markdown_cell("""# How sure is a finding? A sweep's intervals, a paired difference and the calling rule
 
 A curve of accuracy against the share of heads zeroed is measured on a sample of items, so every number read off it
-has an interval: here a small sweep on the embedded SmolLM2-135M-Instruct (20 ARC-Easy items, heads zeroed by AHON
+has an interval: here a small sweep on the embedded SmolLM2-135M-Instruct (12 ARC-Easy items, heads zeroed by AHON
 (LN) and by AVVN at 10% and 30%, against random zeroing drawn per item), its summaries with 95% bootstrap intervals
 over items (paired across the curves: every curve ran on the same items), one paired difference, and the verdict of
-the one rule that calls every comparison in lens_heads (`lens_heads.stats.calling`). Twenty items make wide
+the one rule that calls every comparison in lens_heads (`lens_heads.stats.calling`). Twelve items make wide
 intervals: the point is how to read them (the recorded sweeps use 200 items)."""),
     new_code_cell("""import tempfile
 import lens_heads as lh
@@ -18,7 +18,7 @@ from lens_heads.stats import calling
 from lens_heads.viz.sweep_figures import ablation_curves
 
 model = lh.load_model()
-task = lh.load_task("arc_easy", n=20, seed=0)
+task = lh.load_task("arc_easy", n=12, seed=0)
 sweep = lh.run_sweep(model, task, scores=["AHON (LN)", "AVVN"], fractions=[0.1, 0.3], out_dir=tempfile.mkdtemp(),
                      progress=False)
 print(sweep.baseline)"""),
