@@ -80,6 +80,8 @@ class Planned:
     name: str
     title: str
     anchor: str
+    skipped: Section | None = None  # known before it is reached (--quick): its note, shown from the first page
+    skip_reason: str = ""
 
 
 class LivePage:
@@ -160,6 +162,11 @@ class LivePage:
                 entries[planned.name] = done[planned.name].entry()
                 if planned.name in parts:
                     body.append(parts[planned.name])
+                continue
+            if planned.skipped is not None:
+                entries[planned.name] = {"status": "skipped", "seconds": None, "cpu_seconds": None,
+                                         "reason": planned.skip_reason}
+                body.append(rendered(planned.skipped))
                 continue
             if running is not None and planned.name == running[0]:
                 status = "stopped" if stopped else "running"

@@ -148,9 +148,13 @@ def live_page(out_dir: Path, config: ReportConfig, meta: dict, tasks: dict, card
     made = provenance()
     basis = meta.get("weight_basis", "unknown")
     title, subtitle = page_title(meta, config, basis, made["versions"], made["recorded_at"])
-    plan = [Planned(stage_name(stage, task), stage.title + (f" on {task}" if task else ""),
-                    f"{stage.kind}-{task}" if task else stage.kind)
-            for stage, task in planned(STAGES, config, tasks)]
+    plan = []
+    for stage, task in planned(STAGES, config, tasks):
+        skip = stage.skip(config)
+        plan.append(Planned(stage_name(stage, task), stage.title + (f" on {task}" if task else ""),
+                            f"{stage.kind}-{task}" if task else stage.kind,
+                            skipped=stage.skipped_section(task) if skip and stage.skipped_section else None,
+                            skip_reason=skip.value if skip else ""))
     again = (f"Run the same command again to resume ({command})" if command else
              "Run the same report again (same settings and output folder) to resume")
     resume = f"{again}: the finished stages and sweep units are cached in {out_dir / 'cache'} and are reused."
