@@ -87,6 +87,29 @@ def test_every_figure_and_table_fits_its_card(page_and_log, width):
         page.evaluate("() => { document.querySelector('#model-card table').style.width = ''; }")
 
 
+# The page itself never scrolls sideways: what is wider than its card scrolls in its own box.
+PAGE_WIDTH = "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+
+
+@pytest.mark.parametrize("width", [1366, 1920])
+def test_the_page_never_scrolls_sideways(page_and_log, width):
+    _, page, _ = page_and_log
+    page.set_viewport_size({"width": width, "height": 1000})
+    page.wait_for_timeout(1500)
+    wide = "() => { const t = document.querySelector('#run table'); t.style.minWidth = '4000px'; }"
+    try:
+        scroll, client = page.evaluate(PAGE_WIDTH)
+        assert scroll <= client, (scroll, client)
+        page.evaluate(wide)  # a table far wider than the window: its box scrolls, the page does not
+        scroll, client = page.evaluate(PAGE_WIDTH)
+        assert scroll <= client, (scroll, client)
+        box = page.evaluate("() => { const b = document.querySelector('#run table').parentElement; "
+                            "return [b.className, b.scrollWidth, b.clientWidth, getComputedStyle(b).overflowX]; }")
+        assert box[0] == "table-fit" and box[1] >= 4000 > box[2] and box[3] == "auto", box
+    finally:
+        page.evaluate("() => { document.querySelector('#run table').style.minWidth = ''; }")
+
+
 def test_the_explorer_section_shows_the_clicked_head(page_and_log):
     _, page, _ = page_and_log
     page.click('#explorer .lhx-grid div[data-layer="2"][data-head="3"]')

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 
 from lens_heads.data.benchmark_files import TaskDataUnavailableError
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with stoppable("report", f"in {config.out_dir} (finished stages are cached there)"):
-            results = build_report(config)
+            results = build_report(config, command=shlex.join([*PROG.split(), *(sys.argv[1:] if argv is None else argv)]))
     except TaskFileError as e:
         _fail(2, str(e).replace("\n", " "))
     except (ModelUnavailableError, TaskDataUnavailableError) as e:

@@ -77,9 +77,16 @@ def offline_page(path: str | Path, *, width: int = 1360, height: int = 900, sett
             browser.close()
 
 
-def screenshot(report: str | Path, png: str | Path, *, width: int = 1360, height: int = 1500) -> Path:
-    """A PNG of the top of the report (model card and the first figures), as shown in the README."""
+def screenshot(report: str | Path, png: str | Path, *, width: int = 1360, height: int = 1500,
+               at: str | None = None) -> Path:
+    """A PNG of the top of the report (model card and the first figures), as shown in the README; ``at``: of the
+    page scrolled to the section of that id instead (a running page's banner stays in view)."""
     with offline_page(report, width=width, height=height) as (page, log):
+        if at is not None:
+            page.evaluate("(id) => { const s = document.getElementById(id); const b = document.getElementById("
+                          "'run-banner'); window.scrollTo(0, s.getBoundingClientRect().top + window.scrollY - "
+                          "(b ? b.offsetHeight : 0) - 16); }", at)
+            page.wait_for_timeout(500)
         data = page.screenshot(full_page=False)
     if log.outside or log.errors:
         raise RuntimeError(f"the report is not self-contained: outside requests {log.outside}, errors {log.errors}")
@@ -93,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("png", help="where to write the screenshot")
     p.add_argument("--width", type=int, default=1360)
     p.add_argument("--height", type=int, default=1500)
+    p.add_argument("--at", metavar="ID", help="scroll to the section of this id first (e.g. ablation-arc_easy)")
     args = p.parse_args(argv)
-    print(screenshot(args.report, args.png, width=args.width, height=args.height))
+    print(screenshot(args.report, args.png, width=args.width, height=args.height, at=args.at))
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import torch
 
+from lens_heads.data.rows import DEFAULT_PROTOCOL, build_rows
 from lens_heads.data.tasks import load_task
 from lens_heads.models.loading import load_model, model_meta
 from lens_heads.plumbing import distributed
@@ -28,7 +29,9 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.provenance import provenance
 from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
+from lens_heads.report.estimate import Estimate, estimate
 from lens_heads.report.findings import findings
+from lens_heads.report.live import LivePage, Planned
 from lens_heads.report.render import render_page
 from lens_heads.report.stage_result import StageResult
 from lens_heads.report.stage_table import STAGES, Inputs, Need, Skip, Stage
@@ -86,9 +89,13 @@ def run_stage(name: str, log, compute: Callable[..., R], needs: Sequence[Ran] = 
         return Ran(name, "failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), **seconds())
 
 
-def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
+def build_report(config: ReportConfig, *, model=None, log=None, live: bool = True, command: str | None = None) -> dict:
     """Run every stage of the stage table (``stage_table.STAGES``) for ``config`` and write the report folder;
-    returns the ``results.json`` content."""
+    returns the ``results.json`` content.
+
+    ``live``: report.html is written when the first stage finishes and rewritten as the run goes (:mod:`live`); the
+    finished page replaces it at the end. ``command``: the command line that resumes the run, for the page a stopped
+    run leaves."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if distributed.is_main() else None)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,10 +111,19 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     ran: list[Ran[StageResult]] = [Ran("load_model", "done", seconds=round(time.perf_counter() - t0, 2))]
     key = {"model": meta.get("source", meta.get("name")), "name": config.model, "dtype": str(config.dtype),
            "basis": meta.get("weight_basis"), "seed": config.seed}
-    ran += run_stages(STAGES, Inputs(model, config, cache, key), tasks, log)
     card = stages.model_card(meta, config)
-    results = describe(config, meta, tasks, ran)
-    files, png = write_outputs(out_dir, config, card, ran, results, log) if distributed.is_main() else ([], None)
+    page = live_page(out_dir, config, meta, tasks, card, ran[0], command) if live and distributed.is_main() else None
+    watch = Watch(page, model, config, tasks, log)
+    try:
+        ran += run_stages(STAGES, Inputs(model, config, cache, key), tasks, log, watch=watch)
+        if page is not None:
+            page.close()  # nothing of the running pages may land after the finished one
+        results = describe(config, meta, tasks, ran)
+        files, png = write_outputs(out_dir, config, card, ran, results, log) if distributed.is_main() else ([], None)
+    except BaseException as e:  # a signal (Stopped), Ctrl-C, or an error outside the stages
+        if page is not None:
+            page.stopped(stop_reason(e))
+        raise
     total = {"status": "done", "seconds": round(time.perf_counter() - started, 1),
              "cpu_seconds": round(time.process_time() - cpu_started, 1)}
     results["stages"] = {**{r.name: r.entry() for r in ran}, **({"png": png} if png else {}), "total": total}
@@ -117,10 +133,92 @@ def build_report(config: ReportConfig, *, model=None, log=None) -> dict:
     return {**results, "files": files}
 
 
-def run_stages(table: Sequence[Stage], inputs: Inputs, tasks: dict, log) -> list[Ran]:
+def stop_reason(e: BaseException) -> str:
+    """How a run ended early, in the words of the page it leaves."""
+    if getattr(e, "signal", None):
+        return f"{e.signal}, exit {e.code}"  # type: ignore[attr-defined]
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def live_page(out_dir: Path, config: ReportConfig, meta: dict, tasks: dict, card: StageResult, loaded: Ran,
+              command: str | None) -> LivePage:
+    """The page written while the run goes (:class:`lens_heads.report.live.LivePage`)."""
+    made = provenance()
+    basis = meta.get("weight_basis", "unknown")
+    title, subtitle = page_title(meta, config, basis, made["versions"], made["recorded_at"])
+    plan = []
+    for stage, task in planned(STAGES, config, tasks):
+        skip = stage.skip(config)
+        plan.append(Planned(stage_name(stage, task), stage.title + (f" on {task}" if task else ""),
+                            f"{stage.kind}-{task}" if task else stage.kind,
+                            skipped=stage.skipped_section(task) if skip and stage.skipped_section else None,
+                            skip_reason=skip.value if skip else ""))
+    again = (f"Run the same command again to resume ({command})" if command else
+             "Run the same report again (same settings and output folder) to resume")
+    resume = f"{again}: the finished stages and sweep units are cached in {out_dir / 'cache'} and are reused."
+    return LivePage(out_dir / "report.html", title, subtitle, plan,
+                    head=lambda done: head_sections(card, done, config),
+                    section=lambda r: stage_section(r, basis),
+                    run_table=lambda entries: sections.run({loaded.name: loaded.entry(), **entries},
+                                                           made["versions"]),
+                    resume=resume)
+
+
+class Watch:
+    """What the pipeline does around each stage: the live page's writes, and after the first stage, where the run is
+    expected to take long, the warning (:mod:`lens_heads.report.estimate`)."""
+
+    def __init__(self, page: LivePage | None, model, config: ReportConfig, tasks: dict, log):
+        self.page, self.model, self.config, self.tasks, self.log = page, model, config, tasks, log
+        self.expected: Estimate | None = None
+
+    def started(self, name: str) -> None:
+        if self.page is not None:
+            self.page.started(name)
+
+    def finished(self, r: Ran) -> None:
+        if self.expected is None and r.stage is not None and r.stage.kind == "scores" and r.status == "done":
+            self.expected = self.estimate(r)
+        if self.page is not None:
+            self.page.finished(r)
+
+    def estimate(self, r: Ran) -> Estimate | None:
+        """The run's expected time from the scores stage that just ran (none where its scores came from the cache)."""
+        result = r.result
+        if not isinstance(result, stages.ScoresResult) or result.reused or not r.seconds:
+            return None
+        try:
+            rows = build_rows(self.model, list(result.task), protocol=result.scores.meta.get("data", {}).get(
+                "protocol", DEFAULT_PROTOCOL))
+        except Exception:  # the estimate is advice: a task whose rows can't be laid out here gets none
+            return None
+        expected = estimate(self.config, len(self.tasks), self.model.cfg, [len(row.tokens) for row in rows],
+                            len(result.task), r.seconds)
+        if expected.long:
+            self.log(f"[report] warning: {expected.message()}")
+        if self.page is not None:
+            finish = time.strftime("%H:%M", time.localtime(time.time() + expected.seconds - r.seconds))
+            self.page.note = f"Expected to finish around {finish}: {expected.message()}"
+        return expected
+
+
+def stage_name(stage: Stage, task: str | None) -> str:
+    """A stage's key in results.json's stages and the Run table: ``kind:task`` per task."""
+    return f"{stage.kind}:{task}" if task else stage.kind
+
+
+def planned(table: Sequence[Stage], settings: ReportConfig, tasks: dict) -> list[tuple[Stage, str | None]]:
+    """The stages the report has, in the table's order, each with its task (None for a stage run once)."""
+    return [(stage, task) for stage in table if stage.present(settings, len(tasks))
+            for task in (list(tasks) if stage.per_task else [None])]
+
+
+def run_stages(table: Sequence[Stage], inputs: Inputs, tasks: dict, log, watch: "Watch | None" = None) -> list[Ran]:
     """Every stage of ``table`` the report has, in the table's order: a per-task stage on each task, the others
     once on the first task. A stage is skipped where its ``skip`` says so, and not run where a stage it needs did
-    not finish."""
+    not finish. ``watch`` is told as each stage starts and finishes."""
     first = next(iter(tasks))
     by_kind = {stage.kind: stage for stage in table}
     ran: dict[tuple[str, str | None], Ran] = {}
@@ -131,20 +229,21 @@ def run_stages(table: Sequence[Stage], inputs: Inputs, tasks: dict, log) -> list
         on = [t if per_task else None for t in (list(tasks) if need.every_task else [task])]
         return [ran.get((need.kind, t)) or Ran(f"{need.kind}:{t}" if t else need.kind, "not run") for t in on]
 
-    for stage in table:
-        if not stage.present(inputs.settings, len(tasks)):
-            continue
-        for task in (list(tasks) if stage.per_task else [None]):
-            own = task or first
-            needs, uses = [of(need, own) for need in stage.needs], [of(need, own) for need in stage.uses]
-            ran[stage.kind, task] = run_one(stage, task, inputs, tasks[own], needs, uses, log)
+    for stage, task in planned(table, inputs.settings, tasks):
+        own = task or first
+        needs, uses = [of(need, own) for need in stage.needs], [of(need, own) for need in stage.uses]
+        if watch is not None:
+            watch.started(stage_name(stage, task))
+        ran[stage.kind, task] = run_one(stage, task, inputs, tasks[own], needs, uses, log)
+        if watch is not None:
+            watch.finished(ran[stage.kind, task])
     return list(ran.values())
 
 
 def run_one(stage: Stage, task: str | None, inputs: Inputs, data, needs: list[list[Ran]], uses: list[list[Ran]],
             log) -> Ran:
     """One stage on one task's data (``task`` None for a stage run once): skipped, not run or its outcome."""
-    name = f"{stage.kind}:{task}" if task else stage.kind
+    name = stage_name(stage, task)
     skip = stage.skip(inputs.settings)
     if skip is not None:
         return Ran(name, "skipped", reason=skip.value, stage=stage, task=task, skip=skip)
@@ -199,27 +298,41 @@ def describe(config: ReportConfig, meta: dict, tasks: dict, ran: list[Ran]) -> d
 
 def page_sections(card: StageResult, ran: list[Ran], config: ReportConfig, weight_basis: str) -> list:
     """The page, section by section, in the order the stages ran."""
+    out = head_sections(card, ran, config)
+    return out + [section for section in (stage_section(r, weight_basis) for r in ran) if section is not None]
+
+
+def head_sections(card: StageResult, ran: list[Ran], config: ReportConfig) -> list:
+    """The findings box (from the stages that finished) and the model card."""
     done = [r for r in ran if r.stage is not None and r.status == "done"]
     of = lambda kind: [r.result for r in done if r.stage is not None and r.stage.kind == kind]  # noqa: E731
     rank = of("rank")
-    out = [findings(of("scores"), of("ablation"), rank[0] if rank else None), sections.model_card(card, config)]
-    for r in ran:
-        if r.stage is None:
-            continue
-        if r.status == "done":
-            out.append(r.stage.section(r.result, weight_basis))
-        elif r.skip is not None and r.stage.skipped_section is not None:
-            out.append(r.stage.skipped_section(r.task))
-        else:
-            title = r.stage.title + (f" on {r.task}" if r.task else "")
-            out.append(sections.not_done(title, r.status, r.reason))
-    return out
+    return [findings(of("scores"), of("ablation"), rank[0] if rank else None), sections.model_card(card, config)]
+
+
+def stage_section(r: Ran, weight_basis: str):
+    """A stage's section: its result, the note of a skipped stage, or why it did not finish."""
+    if r.stage is None:
+        return None
+    if r.status == "done":
+        return r.stage.section(r.result, weight_basis)
+    if r.skip is not None and r.stage.skipped_section is not None:
+        return r.stage.skipped_section(r.task)
+    title = r.stage.title + (f" on {r.task}" if r.task else "")
+    return sections.not_done(title, r.status, r.reason)
 
 
 def file_name(name: str) -> str:
     """A table's or figure's file name in the report folder: a task given as a path (``lm_eval:tasks/x.yaml``) is
     one name, not folders (``ablation_lm_eval_tasks_x.yaml``)."""
     return slug(name, keep="-_.")
+
+
+def page_title(meta: dict, config: ReportConfig, weight_basis: str, versions: dict, created: str) -> tuple[str, str]:
+    """The page's title and the line under it (model, shape, weight basis, seed, version, when)."""
+    subtitle = (f"{meta.get('name')} — {meta.get('n_layers')} layers x {meta.get('n_heads')} heads — "
+                f"{weight_basis} — seed {config.seed} — lens_heads {versions.get('lens_heads')} — {created}")
+    return f"lens_heads report: {meta.get('name')}", subtitle
 
 
 def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], results: dict, log
@@ -234,13 +347,11 @@ def write_outputs(out_dir: Path, config: ReportConfig, card, ran: list[Ran], res
     figures = {name: fig for result in done for name, fig in result.figures.items()}
     png, pngs = write_pngs(out_dir, figures, log) if config.png and figures else (None, [])
     files += pngs
-    meta = results["model"]
-    subtitle = (f"{meta.get('name')} — {meta.get('n_layers')} layers x {meta.get('n_heads')} heads — "
-                f"{results['weight_basis']} — seed {config.seed} — lens_heads "
-                f"{results['versions'].get('lens_heads')} — {results['created']}")
+    title, subtitle = page_title(results["model"], config, results["weight_basis"], results["versions"],
+                                 results["created"])
     stage_table = {**{r.name: r.entry() for r in ran}, **({"png": png} if png else {})}
     body = page_sections(card, ran, config, results["weight_basis"]) + [sections.run(stage_table, results["versions"])]
-    atomic_write_text(out_dir / "report.html", render_page(f"lens_heads report: {meta.get('name')}", subtitle, body))
+    atomic_write_text(out_dir / "report.html", render_page(title, subtitle, body))
     return files + ["report.html", "results.json"], png
 
 

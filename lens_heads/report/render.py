@@ -71,14 +71,66 @@ th,td{border-bottom:1px solid #e3e6eb;padding:3px 10px;text-align:right}th{backg
 td:first-child,th:first-child{text-align:left}figcaption{font-size:13px;color:#566072}
 figure{margin:8px 0;max-width:100%}.table-fit{max-width:100%;overflow-x:auto}
 th{white-space:normal;vertical-align:bottom;max-width:160px}
+body{overflow-wrap:break-word}section{overflow-x:auto}
 p.finding{margin:4px 0;padding:6px 10px;background:#eef4ff;border-left:4px solid #2a4d8f;max-width:none}
 """
 
 
-def render_page(title: str, subtitle: str, sections: list[Section]) -> str:
-    """The whole page as a string."""
-    nav = "".join(f'<a href="#{esc(s.anchor or _anchor(s.title))}">{esc(s.title)}</a>' for s in sections)
-    body = "\n".join(_section(s) for s in sections)
+@dataclass(frozen=True)
+class Banner:
+    """A line above the page's sections while the run is going (``reload_seconds``: the page reloads itself that
+    often, keeping its scroll position) or after it stopped (no reload)."""
+
+    text: str
+    kind: str = "running"  # "running" | "stopped"
+    reload_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One section as HTML, with the title and anchor the page's navigation shows."""
+
+    title: str
+    anchor: str
+    html: str
+
+
+def rendered(s: Section) -> Rendered:
+    return Rendered(s.title, s.anchor or _anchor(s.title), _section(s))
+
+
+def render_page(title: str, subtitle: str, sections: list[Section], banner: Banner | None = None) -> str:
+    """The whole page as a string (``banner``: the run is still going or stopped; none on the finished page)."""
+    return page_html(title, subtitle, [rendered(s) for s in sections], banner)
+
+
+# Kept scroll position across the reloads of a page that is still being written: the browser's own restoration
+# does not survive location.reload() on every engine; window.name stands in where storage is refused (file: URLs).
+RELOAD_JS = """(function(){var k="lens_heads_scroll",ms=%d;
+function put(v){try{sessionStorage.setItem(k,v)}catch(e){window.name=k+"="+v}}
+function get(){try{return sessionStorage.getItem(k)}catch(e){var m=/^lens_heads_scroll=(\\d+)$/.exec(window.name);return m&&m[1]}}
+if("scrollRestoration" in history)history.scrollRestoration="manual";
+window.addEventListener("load",function(){var y=get();if(y!==null)window.scrollTo(0,+y)});
+setTimeout(function(){put(String(Math.round(window.scrollY)));location.reload()},ms)})();"""
+
+
+# in the banner's own style element, so the finished page (no banner) carries nothing of it
+BANNER_CSS = """.banner{position:sticky;top:0;z-index:10;margin:0;padding:10px 32px;font-size:14px;border-bottom:1px solid #0002}
+.banner p{margin:0;max-width:none}.banner.running{background:#eef4ff}.banner.stopped{background:#fff4e0}"""
+
+
+def banner_html(banner: Banner) -> str:
+    script = "" if banner.reload_seconds is None else f"<script>{RELOAD_JS % (1000 * banner.reload_seconds)}</script>"
+    return (f'<style>{BANNER_CSS}</style><div class="banner {esc(banner.kind)}" id="run-banner">'
+            f'<p>{esc(banner.text)}</p>{script}</div>\n')
+
+
+def page_html(title: str, subtitle: str, parts: list[Rendered], banner: Banner | None = None) -> str:
+    """The page from sections already rendered (a page rewritten while the run goes renders each finished section
+    once)."""
+    nav = "".join(f'<a href="#{esc(p.anchor)}">{esc(p.title)}</a>' for p in parts)
+    body = "\n".join(p.html for p in parts)
+    live = "" if banner is None else banner_html(banner)
     # The head says no outside request is wanted: plotly.js is inline and the CSP forbids network fetches.
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -90,7 +142,7 @@ style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'non
 </head><body>
 <header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header>
 <nav>{nav}</nav>
-<main>
+{live}<main>
 {body}
 </main></body></html>
 """

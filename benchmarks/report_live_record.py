@@ -1,0 +1,84 @@
+"""Write docs/records/report_live.json from the logs of timed report runs (docs/report.md renders it).
+
+Each run was made under ``/usr/bin/time -v`` (its wall time, user CPU time and peak resident memory are read from the
+log); the embedded model's ``--quick`` run beside a loop that copied report.html each time it changed, named
+``page_<seconds since the start>.html``, which gives when the first page and the page with the ablation running
+appeared:
+
+    python benchmarks/report_live_record.py --quick-log Q.log --snapshots DIR --gpt2 'CMD|LOG|LOAD|OUTCOME' ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import torch
+
+from lens_heads.plumbing.io import atomic_write_json
+from lens_heads.plumbing.provenance import provenance
+
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def timed(log: str) -> dict:
+    """Wall seconds, user CPU seconds and peak RSS (kB) from ``/usr/bin/time -v``'s lines at the end of ``log``."""
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log).group(1)
+    parts = [float(p) for p in wall.split(":")]
+    seconds = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    return {"wall_s": round(seconds, 1),
+            "user_cpu_s": float(re.search(r"User time \(seconds\): ([\d.]+)", log).group(1)),
+            "peak_rss_kb": int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", log).group(1)),
+            "exit_status": int(re.search(r"Exit status: (\d+)", log).group(1))}
+
+
+def snapshot_times(folder: Path) -> dict:
+    """Seconds to the first page, and to the first page showing the ablation running."""
+    pages = sorted(folder.glob("page_*.html"), key=lambda p: float(p.stem.removeprefix("page_")))
+    at = lambda p: float(p.stem.removeprefix("page_"))  # noqa: E731
+    running = [p for p in pages if "Ablation sweep on arc_easy (running)" in p.read_text()]
+    scores = re.search(r"<td>scores:arc_easy</td><td>done</td><td>([\d.]+)</td><td>([\d.]+)</td>",
+                       pages[0].read_text())
+    return {"first_page_s": round(at(pages[0]), 1), "ablation_running_s": round(at(running[0]), 1) if running else None,
+            "pages_seen": len(pages), "scores_stage_s": float(scores.group(1)) if scores else None,
+            "scores_stage_cpu_s": float(scores.group(2)) if scores else None}
+
+
+def machine() -> dict:
+    cpu = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"model name\s*:\s*(.+)", cpu)
+    flags = set(re.search(r"flags\s*:\s*(.+)", cpu).group(1).split())
+    return {"cpu": model.group(1).strip() if model else "unknown", "cores": cpu.count("processor\t:"),
+            "flags": [f for f in FLAGS if f in flags], "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick-log", type=Path, required=True, help="the embedded --quick run's log")
+    p.add_argument("--quick-load", required=True, help="its load average at the start (1, 5, 15 min)")
+    p.add_argument("--quick-outcome", required=True, help="how it ended")
+    p.add_argument("--snapshots", type=Path, required=True)
+    p.add_argument("--gpt2", action="append", default=[], metavar="CMD|LOG|LOAD|OUTCOME")
+    p.add_argument("--warning", type=Path, required=True, help="a file holding the long-run warning a run printed")
+    p.add_argument("--warning-note", required=True)
+    p.add_argument("--out", type=Path, default=Path("docs/records/report_live.json"))
+    a = p.parse_args()
+    quick = {**timed(a.quick_log.read_text()), **snapshot_times(a.snapshots), "load_average_start": a.quick_load,
+             "outcome": a.quick_outcome,
+             "command": "python -m lens_heads.report --quick"}
+    gpt2 = []
+    for spec in a.gpt2:
+        command, log, load, outcome = spec.split("|")
+        gpt2.append({"command": command, **timed(Path(log).read_text()), "load_average": load, "outcome": outcome})
+    warning = next((line for line in a.warning.read_text().splitlines() if "[report] warning:" in line), None)
+    if warning is None:
+        raise SystemExit(f"{a.warning} holds no long-run warning")
+    atomic_write_json(a.out, {"provenance": provenance(), "machine": machine(), "embedded_quick": quick,
+                              "gpt2_medium": gpt2, "warning_example": {"text": warning, "note": a.warning_note}})
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
