@@ -8,7 +8,9 @@ reading it. Inside ``with fused_attention(model):`` each attention layer runs
 point it fires eagerly except the two that hold the pattern: ``hook_q``, ``hook_k``, ``hook_v`` (K/V with their
 grouped-query heads, as eagerly), ``hook_rot_q``/``hook_rot_k`` (rotary), and ``hook_z``, which a hook may replace
 before ``W_O`` exactly as eagerly. Block-level hooks (``hook_attn_out``, residual hooks) are outside the attention
-and unaffected.
+and unaffected. Where a block hands the layer one tensor as its query, key and value input (a fast block,
+:mod:`lens_heads.evaluation.fast_blocks`), the queries, keys and values come from one product with the weights laid out
+once; grouped-query key/value heads reach SDPA uncopied (its ``enable_gqa``).
 
 A layer runs eagerly, per forward, whenever anything is hooked on its ``hook_attn_scores`` or ``hook_pattern``
 (forward or backward hooks, so ``run_with_cache`` and the scoring pass see the usual pattern), and always where the
