@@ -101,7 +101,8 @@ def fused_attention(model, calls: AttentionCalls | None = None,
         # an enclosing block may have swapped it already: kept, unless this block brings a prefix state
         if eager_reason(attn) is None and ("forward" not in vars(attn) or prefix is not None):
             swapped.append((attn, vars(attn).get("forward")))
-            attn.forward = functools.partial(_forward, attn, calls, prefix, _packed_qkv(attn))
+            attn.forward = functools.partial(_forward, attn, calls, prefix, _packed_qkv(attn),
+                                             _packed_output(attn))
     try:
         yield calls
     finally:
@@ -142,8 +143,8 @@ def _qkv(attn, packed: Packed | None, query_input, key_input, value_input) -> tu
             attn.hook_v(v.unflatten(-1, (n_kv, d_head))))
 
 
-def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, packed: Packed | None, query_input, key_input,
-             value_input,
+def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, packed: Packed | None, output: Packed,
+             query_input, key_input, value_input,
              past_kv_cache_entry=None, additive_attention_mask=None,
              attention_mask: Int[Tensor, "batch pos"] | None = None, position_bias=None
              ) -> Float[Tensor, "batch pos d_model"]:
@@ -182,8 +183,19 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, packed: Pa
         z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal))
     else:
         z = attn.hook_z(prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
-    w = einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device)
-    return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, attn.b_O.to(z.device))
+    if z.device == attn.W_O.device:
+        w, b = output.get()
+    else:
+        w, b = (einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device),
+                attn.b_O.to(z.device))
+    return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, b)
+
+
+def _packed_output(attn) -> Packed:
+    """The layer's ``W_O`` as ``[d_model, (head d_head)]`` and its bias (None where all zero: adding zero is exact),
+    laid out once per block of forwards."""
+    return Packed(lambda w, b: (einops.rearrange(w, "head d_head d_model -> d_model (head d_head)").contiguous(),
+                                b if bool(b.any()) else None), attn.W_O, attn.b_O)
 
 
 def sdpa_z(
