@@ -3,11 +3,11 @@
 TransformerLens's pre-norm block normalises its input three times (once each for the query, key and value inputs,
 the same tensor), and its norms are five elementwise passes each (``x.pow(2).mean``, ``+ eps``, ``sqrt``, ``x /
 scale``, ``* w``), every one a full read and write of the residual stream. Inside ``with fast_blocks(model):`` each
-plain pre-norm block (see :func:`slow_reason`) normalises once, with ATen's one-pass ``rms_norm`` / ``layer_norm``,
-and hands the attention the one normalised tensor as its query, key and value input, which lets the fused attention
+plain pre-norm block (see :func:`slow_reason`) normalises once, with ATen's ``rms_norm`` / ``layer_norm`` (on CPU
+``rms_norm`` is itself a composite of elementwise passes, as the profile shows), and hands the attention the one normalised tensor as its query, key and value input, which lets the fused attention
 compute queries, keys and values in one product (:mod:`lens_heads.evaluation.fused_attention`). Every hook point of
-the block outside the norms fires as before, with the values it has eagerly (up to float32 rounding: a one-pass norm
-rounds once where the eager norm rounds at each step).
+the block outside the norms fires as before, with the values it has eagerly (up to float32 rounding: ATen's norm multiplies
+by ``rsqrt`` where the eager norm divides by ``sqrt``).
 
 A block runs its own forward, per forward, whenever a hook is attached to a hook point of its norms (``ln1`` and
 ``ln2``'s ``hook_scale`` and ``hook_normalized``, which the eager block fires three times and this one would fire
@@ -105,7 +105,7 @@ def _on_device(block, x: Tensor) -> bool:
 
 
 def norm(ln, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-    """TransformerLens's RMSNorm / RMSNormPre / LayerNorm / LayerNormPre of ``x`` in one ATen call: ``x /
+    """TransformerLens's RMSNorm / RMSNormPre / LayerNorm / LayerNormPre of ``x`` by ATen's norm: ``x /
     sqrt(mean(x^2) + eps)`` (centred first for LayerNorm), times the weight and plus the bias where the norm has
     them."""
     shape = (x.shape[-1],)
