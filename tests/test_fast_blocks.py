@@ -78,7 +78,7 @@ def test_fast_forward_equals_eager_per_family(family, zeroing, family_model):
     assert swapped == (model.cfg.n_layers if family in FAST else 0)
     assert all("forward" not in vars(b) for b in model.blocks)  # the blocks' own forwards are back
     real = mask.bool()
-    # float32: one-pass norms, one stacked product and SDPA sum in other orders than the eager steps (conftest)
+    # float32: ATen's norms, one stacked product and SDPA sum in other orders than the eager steps (conftest)
     assert_close_to_scale(got[real], eager[real])
 
 
