@@ -4,7 +4,8 @@
 
 1. Attention: a plain forward (logits at every position, batch 1) over MMLU 5-shot prompts (the evaluator's rows:
    one per question) with TransformerLens eager attention, with :func:`lens_heads.evaluation.fused_attention.fused_attention`,
-   with fused attention and :func:`lens_heads.evaluation.packed_weights.packed_weights` (the evaluator's forward), and with the
+   with fused attention and :func:`lens_heads.evaluation.packed_weights.packed_weights`, with both and
+   :func:`lens_heads.evaluation.fast_blocks.fast_blocks` (the evaluator's forward), and with the
    same weights in Hugging Face (SDPA and eager attention). Target: the evaluator's forward >= 0.8x HF SDPA
    throughput; fused logits within 1e-4 of eager.
 2. Logits only where read: ``evaluate`` on ARC-Easy as it is (final norm + unembedding at the read positions)
@@ -53,6 +54,7 @@ from lens_heads.data.inputs import tokenize_inputs
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation import passes
 from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.fast_blocks import fast_blocks
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.distributions import thresholds
@@ -92,9 +94,10 @@ class FastEvalBench(Comparison):
 
 
 @torch.no_grad()
-def tl_logits(model, rows, fused: bool, packed: bool = False) -> list[torch.Tensor]:
+def tl_logits(model, rows, fused: bool, packed: bool = False, fast: bool = False) -> list[torch.Tensor]:
     with fused_attention(model) if fused else contextlib.nullcontext(), \
-            packed_weights(model) if packed else contextlib.nullcontext():
+            packed_weights(model) if packed else contextlib.nullcontext(), \
+            fast_blocks(model) if fast else contextlib.nullcontext():
         return [model(torch.tensor([row.tokens]))[0] for row in rows]
 
 
@@ -172,6 +175,7 @@ def attention_comparison(model, hf: dict, s: FastEvalBench, peaks: list[float]) 
     tokens = sum(lengths)
     r = alternate({"TL eager": lambda: tl_logits(model, rows, False), "TL fused": lambda: tl_logits(model, rows, True),
                    "TL fused+packed": lambda: tl_logits(model, rows, True, packed=True),
+                   "TL fused+packed+fast": lambda: tl_logits(model, rows, True, packed=True, fast=True),
                    "HF SDPA": lambda: hf_logits(hf["sdpa"], rows),
                    **({"HF eager": lambda: hf_logits(hf["eager"], rows)} if s.hf_eager else {})}, s.repeats)
     peaks.append(matmul_flops_per_s())  # measured again: the neighbours' load varies
@@ -193,6 +197,9 @@ def attention_comparison(model, hf: dict, s: FastEvalBench, peaks: list[float]) 
     lines += [f"  -> TL fused+packed (the evaluator's forward) / HF SDPA throughput {hf_sdpa / packed:.2f}x (target >= "
               f"0.8x); TL fused / HF SDPA {hf_sdpa / fused:.2f}x; TL eager / HF SDPA {hf_sdpa / eager:.2f}x; fused vs "
               f"eager {eager / fused:.2f}x",
+              f"  -> TL fused+packed+fast (the evaluator's forward with fast blocks) / HF SDPA throughput "
+              f"{hf_sdpa / r['TL fused+packed+fast'].wall:.2f}x; max |logit difference| vs TL eager "
+              f"{max(float((a - b).abs().max()) for a, b in zip(r['TL fused+packed+fast'].out, r['TL eager'].out)):.1e}",
               f"  max |logit difference|: TL fused vs TL eager {fused_vs_eager:.1e} (target <= 1e-4), "
               f"TL fused+packed vs TL fused {packed_vs_fused:.1e}, TL fused vs HF SDPA {tl_vs_hf:.1e}"]
     return lines, rows

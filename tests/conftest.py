@@ -147,10 +147,11 @@ def attention_calls(monkeypatch):
     """The layer ids of every attention call inside lens_heads's fused attention during the test: ``fused`` (SDPA,
     no pattern) and ``eager`` (a swapped layer that fell back to TransformerLens's attention, which materialises the
     whole [batch, head, query, key] pattern). Layers never swapped (windows, soft-caps) appear in neither."""
+    from lens_heads.evaluation import fused_attention
     from lens_heads.models import tl_internals
 
     calls: dict[str, list[int]] = {"fused": [], "eager": []}
-    eager, qkv = tl_internals.eager_attention, tl_internals.qkv
+    eager, qkv = tl_internals.eager_attention, fused_attention._qkv
 
     def counted_eager(attn, *args, **kwargs):
         calls["eager"].append(attn.layer_id)
@@ -161,5 +162,5 @@ def attention_calls(monkeypatch):
         return qkv(attn, *args, **kwargs)
 
     monkeypatch.setattr(tl_internals, "eager_attention", counted_eager)
-    monkeypatch.setattr(tl_internals, "qkv", counted_qkv)
+    monkeypatch.setattr(fused_attention, "_qkv", counted_qkv)
     return calls

@@ -8,7 +8,9 @@ reading it. Inside ``with fused_attention(model):`` each attention layer runs
 point it fires eagerly except the two that hold the pattern: ``hook_q``, ``hook_k``, ``hook_v`` (K/V with their
 grouped-query heads, as eagerly), ``hook_rot_q``/``hook_rot_k`` (rotary), and ``hook_z``, which a hook may replace
 before ``W_O`` exactly as eagerly. Block-level hooks (``hook_attn_out``, residual hooks) are outside the attention
-and unaffected.
+and unaffected. Where a block hands the layer one tensor as its query, key and value input (a fast block,
+:mod:`lens_heads.evaluation.fast_blocks`), the queries, keys and values come from one product with the weights laid out
+once; grouped-query key/value heads reach SDPA uncopied (its ``enable_gqa``).
 
 A layer runs eagerly, per forward, whenever anything is hooked on its ``hook_attn_scores`` or ``hook_pattern``
 (forward or backward hooks, so ``run_with_cache`` and the scoring pass see the usual pattern), and always where the
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lens_heads.evaluation.packed_weights import Packed
 from lens_heads.evaluation.prefix import PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import backend
@@ -89,7 +92,7 @@ def fused_attention(model, calls: AttentionCalls | None = None,
     block's fused forward for the duration). The layers' own forwards are restored on exit. Nothing is swapped on a
     backend whose attention lens_heads doesn't fuse (a TransformerBridge runs its own)."""
     calls = calls if calls is not None else AttentionCalls()
-    swapped = []
+    swapped: list = []
     blocks = model.blocks if backend(model).fuses_attention else []
     if len(blocks):
         tl.require(tl.FUSED_ATTENTION)
@@ -98,7 +101,8 @@ def fused_attention(model, calls: AttentionCalls | None = None,
         # an enclosing block may have swapped it already: kept, unless this block brings a prefix state
         if eager_reason(attn) is None and ("forward" not in vars(attn) or prefix is not None):
             swapped.append((attn, vars(attn).get("forward")))
-            attn.forward = functools.partial(_forward, attn, calls, prefix)
+            attn.forward = functools.partial(_forward, attn, calls, prefix, _packed_qkv(attn),
+                                             _packed_output(attn))
     try:
         yield calls
     finally:
@@ -108,7 +112,39 @@ def fused_attention(model, calls: AttentionCalls | None = None,
                 attn.forward = before
 
 
-def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_input, key_input, value_input,
+def _packed_qkv(attn) -> Packed | None:
+    """The layer's query, key and value weights as one ``[(head + 2 kv_head) d_head, d_model]`` matrix and bias
+    (None: an all-zero bias, left out), laid out once per block of forwards; None where the layer's inputs are per
+    head or its queries and keys are normalised (those take TransformerLens's own products)."""
+    cfg = attn.cfg
+    if cfg.use_split_qkv_input or cfg.use_attn_in or cfg.use_qk_norm:
+        return None
+    grouped = hasattr(attn, "_W_K") and not cfg.ungroup_grouped_query_attention
+    names = ("W_Q", "_W_K", "_W_V", "b_Q", "_b_K", "_b_V") if grouped else ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
+
+    def make(w_q, w_k, w_v, b_q, b_k, b_v):
+        w = torch.cat([einops.rearrange(x, "head d_model d_head -> (head d_head) d_model") for x in (w_q, w_k, w_v)])
+        b = torch.cat([x.flatten() for x in (b_q, b_k, b_v)])
+        return w.contiguous(), (b if bool(b.any()) else None)
+
+    return Packed(make, *(getattr(attn, name) for name in names))
+
+
+def _qkv(attn, packed: Packed | None, query_input, key_input, value_input) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`tl.qkv` (fires ``hook_q``, ``hook_k``, ``hook_v``); in one product where the three inputs are one
+    tensor (a fast block's) and the layer's weights are packed."""
+    if packed is None or not (query_input is key_input is value_input) or query_input.device != attn.W_Q.device:
+        return tl.qkv(attn, query_input, key_input, value_input)
+    w, b = packed.get()
+    n_heads, d_head = attn.cfg.n_heads, attn.cfg.d_head
+    n_kv = (w.shape[0] // d_head - n_heads) // 2
+    q, k, v = F.linear(query_input, w, b).split([n_heads * d_head, n_kv * d_head, n_kv * d_head], dim=-1)
+    return (attn.hook_q(q.unflatten(-1, (n_heads, d_head))), attn.hook_k(k.unflatten(-1, (n_kv, d_head))),
+            attn.hook_v(v.unflatten(-1, (n_kv, d_head))))
+
+
+def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, packed: Packed | None, output: Packed,
+             query_input, key_input, value_input,
              past_kv_cache_entry=None, additive_attention_mask=None,
              attention_mask: Int[Tensor, "batch pos"] | None = None, position_bias=None
              ) -> Float[Tensor, "batch pos d_model"]:
@@ -124,7 +160,7 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_inpu
                                   position_bias=position_bias)
     calls.fused += 1
     extension = prefix.extend if prefix is not None else None
-    q, k, v = tl.qkv(attn, query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
+    q, k, v = _qkv(attn, packed, query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
     causal = tl.causal(attn)
     window = tl.window(attn) if causal else None  # TransformerLens applies the window with the causal mask only
     if window is not None and prefix is not None and prefix.active:
@@ -147,8 +183,19 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, query_inpu
         z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal))
     else:
         z = attn.hook_z(prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
-    w = einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device)
-    return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, attn.b_O.to(z.device))
+    if z.device == attn.W_O.device:
+        w, b = output.get()
+    else:
+        w, b = (einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device),
+                attn.b_O.to(z.device))
+    return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, b)
+
+
+def _packed_output(attn) -> Packed:
+    """The layer's ``W_O`` as ``[d_model, (head d_head)]`` and its bias (None where all zero: adding zero is exact),
+    laid out once per block of forwards."""
+    return Packed(lambda w, b: (einops.rearrange(w, "head d_head d_model -> d_model (head d_head)").contiguous(),
+                                b if bool(b.any()) else None), attn.W_O, attn.b_O)
 
 
 def sdpa_z(
@@ -163,9 +210,9 @@ def sdpa_z(
     """Head outputs ``z_i = sum_j softmax_j(q_i . k_j * scale) v_j`` over the allowed keys (earlier or equal
     positions when ``causal``, real tokens of ``attention_mask``), K/V heads shared by consecutive query heads.
     A query with no allowed key gets z = 0, as the eager pattern's NaN-to-zero gives."""
-    q_, k_, v_ = _heads_first(q, k, v)
+    q_, k_, v_, grouped = _heads_first(q, k, v)
     if attention_mask is None:
-        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, scale=scale)
+        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, scale=scale, enable_gqa=grouped)
         return einops.rearrange(out, "b head p d -> b p head d")
     real = attention_mask.to(q.device).bool()
     allowed = real[:, None, None, :]  # [batch, 1, 1, key]
@@ -175,20 +222,17 @@ def sdpa_z(
         dead = real.long().cumsum(-1) == 0  # no real key at or before the query (left padding)
     else:
         dead = ~real.any(-1, keepdim=True).expand_as(real)
-    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=allowed, scale=scale)
+    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=allowed, scale=scale, enable_gqa=grouped)
     z = einops.rearrange(out, "b head p d -> b p head d")
     return z.masked_fill(dead[:, :, None, None], 0.0) if bool(dead.any()) else z
 
 
-def _heads_first(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Q, K, V as ``[batch, head, pos, d_head]`` for SDPA, every query head with its own K/V (grouped-query heads:
-    query head h reads KV head h // (n_heads // n_kv), as eagerly), V in Q's dtype."""
-    n_heads, n_kv = q.shape[2], k.shape[2]
-    if n_kv != n_heads:
-        k = k.repeat_interleave(n_heads // n_kv, dim=2)
-        v = v.repeat_interleave(n_heads // n_kv, dim=2)
+def _heads_first(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """Q, K, V as ``[batch, head, pos, d_head]`` for SDPA, V in Q's dtype, and whether the heads are grouped: SDPA's
+    ``enable_gqa`` has query head h read KV head h // (n_heads // n_kv), as eagerly, without copying K/V per query
+    head."""
     q_, k_, v_ = (einops.rearrange(x, "b p head d -> b head p d") for x in (q, k, v))
-    return q_, k_, v_.to(q_.dtype)
+    return q_, k_, v_.to(q_.dtype), k.shape[2] != q.shape[2]
 
 
 WINDOW_QUERY_CHUNK = 256  # queries per step of a windowed layer: 256 x (256 + window) scores per head
@@ -209,7 +253,7 @@ def windowed_z(
     ``query_chunk`` queries at a time, each chunk against its own span of keys only: memory ``batch x head x
     query_chunk x (query_chunk + window)`` scores instead of the whole ``[query, key]`` pattern. A query with no
     allowed key gets z = 0, as eagerly."""
-    q_, k_, v_ = _heads_first(q, k, v)
+    q_, k_, v_, grouped = _heads_first(q, k, v)
     n = q.shape[1]
     real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
             else attention_mask.to(q.device).bool())
@@ -221,7 +265,7 @@ def windowed_z(
         key = torch.arange(lo, stop, device=q.device)[None, :]
         allowed = ((key > query - window) & (key <= query))[None, None] & real[:, None, None, lo:stop]  # [batch, 1, chunk, keys]
         chunk = F.scaled_dot_product_attention(q_[:, :, start:stop], k_[:, :, lo:stop], v_[:, :, lo:stop],
-                                               attn_mask=allowed, scale=scale)
+                                               attn_mask=allowed, scale=scale, enable_gqa=grouped)
         # a row with no allowed key: SDPA's value there is not the eager zero
         out[:, :, start:stop] = chunk.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
     return einops.rearrange(out, "b head p d -> b p head d")

@@ -6,8 +6,9 @@ zeros for models that have none, into every logit (an ``addmm`` that first write
 ``[pos, vocab]`` output). On the embedded model these copies are about a seventh of a plain forward's CPU time.
 
 Inside ``with packed_weights(model):`` the unembedding and the gated MLPs multiply by copies laid out once per block
-(made again whenever a weight is changed in place), an all-zero unembedding bias is left out, and every hook point
-fires as before. The products are the same operations on the same values, so the outputs are equal (adding a zero
+(made again whenever a weight is changed in place; a gated MLP's gate and input weights stacked into one matrix, so
+one product computes both), all-zero unembedding and MLP input biases are left out, and every hook point fires as
+before. The products are the same operations on the same values, so the outputs are equal (adding a zero
 bias is exact). Where gradients must reach the weights (grad enabled and the weight requires it, as in training) a
 module computes its layout afresh at each call, as TransformerLens does.
 """
@@ -55,7 +56,7 @@ def packed_weights(model) -> Iterator[None]:
     tl.require(tl.PACKED_WEIGHTS)
     swapped: list[torch.nn.Module] = []
     if tl.is_plain_unembed(model.unembed) and "forward" not in vars(model.unembed):
-        packed = Packed(lambda w, b: (w.T.contiguous(), b if bool(b.any()) else None), model.unembed.W_U,
+        packed = Packed(lambda w, b: (w.T.contiguous(), _nonzero(b)), model.unembed.W_U,
                         model.unembed.b_U)
         # an instance attribute shadows the method for the block (deleted on exit): mypy reads a method assigned
         model.unembed.forward = functools.partial(_unembed, model.unembed, packed)  # type: ignore[method-assign]
@@ -63,7 +64,8 @@ def packed_weights(model) -> Iterator[None]:
     for block in model.blocks:
         mlp = getattr(block, "mlp", None)  # attention-only models have none
         if mlp is not None and tl.is_plain_gated_mlp(mlp) and "forward" not in vars(mlp):
-            packed = Packed(lambda *ws: tuple(w.T.contiguous() for w in ws), mlp.W_gate, mlp.W_in, mlp.W_out)
+            packed = Packed(_gated_layout, mlp.W_gate, mlp.W_in, mlp.W_out, mlp.b_in,
+                            mlp.b_out)
             mlp.forward = functools.partial(_gated_mlp, mlp, packed)  # type: ignore[method-assign]  # as above
             swapped.append(mlp)
     try:
@@ -81,11 +83,23 @@ def _unembed(unembed, packed: Packed, residual: Float[Tensor, "batch pos d_model
     return unembed.hook_out(F.linear(unembed.hook_in(residual), w, b))
 
 
+def _gated_layout(w_gate: Tensor, w_in: Tensor, w_out: Tensor, b_in: Tensor, b_out: Tensor) -> tuple:
+    """The gate and input weights stacked as one ``[2 d_mlp, d_model]`` matrix (one product for both), the output
+    weight as ``[d_model, d_mlp]``, and the two biases (None where all zero: adding zero is exact)."""
+    return (torch.cat([w_gate.T, w_in.T]).contiguous(), w_out.T.contiguous(), _nonzero(b_in), _nonzero(b_out))
+
+
+def _nonzero(b: Tensor) -> Tensor | None:
+    return b if bool(b.any()) else None
+
+
 def _gated_mlp(mlp, packed: Packed, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
     if x.device != mlp.W_gate.device:
         return tl.eager_forward(mlp, x)
-    w_gate, w_in, w_out = packed.get()
-    pre_act = mlp.hook_pre(F.linear(x, w_gate))
-    pre_linear = mlp.hook_pre_linear(F.linear(x, w_in))
-    post_act = mlp.hook_post((tl.activation(mlp)(pre_act) * pre_linear) + mlp.b_in)
-    return F.linear(post_act, w_out, mlp.b_out)
+    w_gate_in, w_out, b_in, b_out = packed.get()
+    gate, linear = F.linear(x, w_gate_in).chunk(2, dim=-1)
+    pre_act = mlp.hook_pre(gate)
+    pre_linear = mlp.hook_pre_linear(linear)
+    post = tl.activation(mlp)(pre_act) * pre_linear
+    post_act = mlp.hook_post(post if b_in is None else post + b_in)
+    return F.linear(post_act, w_out, b_out)

@@ -19,6 +19,7 @@ from torch import Tensor
 from lens_heads.data.inputs import pad_id
 from lens_heads.data.rows import Row
 from lens_heads.evaluation.eval_settings import EvalRun
+from lens_heads.evaluation.fast_blocks import fast_blocks
 from lens_heads.evaluation.fused_attention import AttentionCalls, eager_reason, fused_attention, reads_pattern
 from lens_heads.evaluation.hook_sets import HookSet
 from lens_heads.evaluation.logprobs import batches, pad_rows, record_logprobs
@@ -85,9 +86,13 @@ def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
 @contextlib.contextmanager
 def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState | None = None):
     """Weights laid out once (:mod:`lens_heads.evaluation.packed_weights`: the same outputs) and, unless ``attention`` is
-    ``"eager"``, the fused-attention block (counting into ``calls``; ``prefix``: the shared prefixes' state)."""
-    fused = contextlib.nullcontext() if attention == "eager" else fused_attention(model, calls, prefix)
-    with packed_weights(model), fused:
+    ``"eager"``, the fused-attention block (counting into ``calls``; ``prefix``: the shared prefixes' state) inside
+    blocks that normalise once (:mod:`lens_heads.evaluation.fast_blocks`)."""
+    if attention == "eager":
+        with packed_weights(model):
+            yield
+        return
+    with packed_weights(model), fused_attention(model, calls, prefix), fast_blocks(model):
         yield
 
 

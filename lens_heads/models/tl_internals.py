@@ -35,6 +35,7 @@ FUSED_ATTENTION, PACKED_WEIGHTS, CACHED_GENERATION = "fused attention", "packed 
 FINAL_LOGITS, BRIDGE_STOP = "final logits", "stopping the bridge before its final norm"
 SHARED_ROTARY = "rotary tables shared across layers"
 LOADING = "loading weights into a HookedTransformer"
+FAST_BLOCKS = "fast blocks"
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,16 @@ INTERNALS = {
     "GroupedQueryAttention": Internal("transformer_lens.components:GroupedQueryAttention", None, (3,),
                                       (FUSED_ATTENTION,)),
     "Unembed": Internal("transformer_lens.components:Unembed", None, (3,), (PACKED_WEIGHTS,)),
+    "TransformerBlock": Internal("transformer_lens.components:TransformerBlock", None, (3,), (FAST_BLOCKS,)),
+    "TransformerBlock.forward": Internal(
+        "transformer_lens.components:TransformerBlock.forward",
+        ("self", "resid_pre", "shortformer_pos_embed", "past_kv_cache_entry", "attention_mask"), (3,), (FAST_BLOCKS,)),
+    "RMSNorm": Internal("transformer_lens.components:RMSNorm", None, (3,), (FAST_BLOCKS,)),
+    "RMSNormPre": Internal("transformer_lens.components:RMSNormPre", None, (3,), (FAST_BLOCKS,)),
+    "LayerNorm": Internal("transformer_lens.components:LayerNorm", None, (3,), (FAST_BLOCKS,)),
+    "LayerNormPre": Internal("transformer_lens.components:LayerNormPre", None, (3,), (FAST_BLOCKS,)),
+    "POST_NORM_ARCHITECTURES": Internal("transformer_lens.utilities.architectures:POST_NORM_ARCHITECTURES", None,
+                                        (3,), (FAST_BLOCKS,)),
     "GatedMLP": Internal("transformer_lens.components.mlps.gated_mlp:GatedMLP", None, (3,), (PACKED_WEIGHTS,)),
     "AbstractAttention.forward": Internal(
         f"{_ATTENTION}.forward", _QKV + ("past_kv_cache_entry", "additive_attention_mask", "attention_mask",
@@ -268,6 +279,18 @@ def share_rotary_tables(model) -> int:
 def causal(attn) -> bool:
     """Whether the layer attends causally (its own override, else its config's direction)."""
     return (_attribute(attn, "_attention_dir_override", FUSED_ATTENTION) or attn.cfg.attention_dir) == "causal"
+
+
+# ---------------------------------------------------------------- fast blocks
+
+TRANSFORMER_BLOCK = _optional("TransformerBlock")
+RMS_NORMS = tuple(c for c in (_optional("RMSNorm"), _optional("RMSNormPre")) if c is not None)
+NORMS = RMS_NORMS + tuple(c for c in (_optional("LayerNorm"), _optional("LayerNormPre")) if c is not None)
+
+
+def post_norm_architectures() -> frozenset[str]:
+    """The architectures whose TransformerLens blocks normalise after each sublayer (OLMo 2/3)."""
+    return frozenset(_get("POST_NORM_ARCHITECTURES", FAST_BLOCKS))
 
 
 # ---------------------------------------------------------------- packed weights
