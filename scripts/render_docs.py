@@ -37,12 +37,13 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from lens_heads import glossary
 from lens_heads.evaluation.evaluate import ACC_NORM
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.stats import calling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers in scripts/pages, loaded as a test loads this
-from pages import claims, imports, measures  # noqa: E402
+from pages import claims, imports, measures, wrap  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = "docs/src"
@@ -51,13 +52,22 @@ PAGES = {
     "README.md": "README.md.j2",
     "docs/protocol.md": "protocol.md.j2",
     "docs/results.md": "results.md.j2",
+    "docs/heads.md": "heads.md.j2",
+    "docs/layers.md": "layers.md.j2",
+    "docs/smaller.md": "smaller.md.j2",
+    "docs/inheritune.md": "inheritune.md.j2",
+    "docs/gsm8k.md": "gsm8k.md.j2",
     "docs/report.md": "report.md.j2",
     "docs/performance.md": "performance.md.j2",
     "docs/gpu.md": "gpu.md.j2",
     "docs/architecture.md": "architecture.md.j2",
     "docs/faults.md": "faults.md.j2",
     "figures/README.md": "figures_README.md.j2",
+    "docs/glossary.md": "glossary.md.j2",
+    "docs/usage.md": "usage.md.j2",
 }
+# pages whose prose is wrapped at the code's line length after rendering (the others keep their template's lines)
+WRAPPED = {"README.md", "docs/glossary.md", "docs/usage.md", "docs/results.md"}
 
 
 def _number(value: Any) -> float:
@@ -126,6 +136,12 @@ def recorded(record: dict) -> str:
     distance = "a distance from HEAD this clone cannot count" if behind is None else f"{behind} commits behind HEAD"
     return (f"recorded {made['recorded_at'][:10]} at commit {made['commit'][:7]}, "
             f"{measures.moves_with_head(distance + ' when this page was rendered')}")
+
+
+def glossary_link(name: str, where: str = "glossary.md", text: str | None = None) -> str:
+    """A link to the glossary's entry for ``name`` (``where``: the glossary's path from the page), shown as ``text``
+    (default: the term's name)."""
+    return f"[{text or name}]({where}#{glossary.term(name).anchor})"
 
 
 def upper_first(text: str) -> str:
@@ -345,12 +361,12 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                        stale_verdicts=records.stale_verdicts,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median, recorded=recorded)
-    env.globals.update(code=code, code_text=code_text, default=default)
+    env.globals.update(code=code, code_text=code_text, default=default, gl=glossary_link, glossary=glossary)
     package = root / "lens_heads" if (root / "lens_heads").exists() else ROOT / "lens_heads"
     env.globals.update(untested=claims.untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
                        gib_from_kib=measures.gib_from_kib, moves_with_head=measures.moves_with_head, floor_to=measures.floor_to,
                        commits_since=lambda commit, *paths: measures.commits_behind(commit, paths, ROOT),
-                       claim_status=claims.claim_status, statuses=claims,
+                       claim_status=claims.claim_status, claim_lists=claims.claim_lists, statuses=claims,
                        layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
                        layer_imports=lambda: imports.folder_imports(package), layer_order=imports.layer_order,
                        layer_modules=lambda: imports.modules(package))
@@ -362,7 +378,8 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
 def render(root: Path = ROOT) -> dict[str, str]:
     """Every page's rendering, by its path under the root."""
     env = environment(root)
-    return {page: env.get_template(template).render() for page, template in PAGES.items()}
+    rendered = {page: env.get_template(template).render() for page, template in PAGES.items()}
+    return {page: wrap.reflow(text) if page in WRAPPED else text for page, text in rendered.items()}
 
 
 def differences(rendered: dict[str, str], committed_root: Path = ROOT) -> list[str]:

@@ -43,3 +43,24 @@ def untested(rows: Iterable[dict]) -> dict[str, int]:
             reason = calling._untested_because(r)
             why[reason] = why.get(reason, 0) + 1
     return why
+
+
+def claim_lists(table: str) -> dict[str, list[str]]:
+    """The claims table (Markdown, as rendered) as three short lists for a reader: "reproduced" (every row of the
+    claim reproduced), "not reproduced" (some row not reproduced) and "untested" (the rest), each claim once, with
+    its rows' statuses in brackets where they are not all "not reproduced"."""
+    rows: dict[str, list[str]] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) < 3 or cells[2].strip("* ") not in STATUSES:
+            continue
+        rows.setdefault(cells[1], []).append(cells[2].strip("* "))
+    out: dict[str, list[str]] = {"reproduced": [], "not reproduced": [], "untested": []}
+    for claim, statuses in rows.items():
+        if all(s == REPRODUCED for s in statuses):
+            out["reproduced"].append(claim)
+            continue
+        group = "not reproduced" if NOT_REPRODUCED in statuses else "untested"
+        seen = sorted(set(statuses), key=statuses.index)
+        out[group].append(f"{claim} ({'; '.join(seen)})" if seen != [NOT_REPRODUCED] else claim)
+    return out
