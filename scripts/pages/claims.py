@@ -13,7 +13,8 @@ NOT_REPRODUCED = "not reproduced"
 UNTESTABLE = "untestable at this scale"
 NEEDS_GPU = "needs a GPU or weights not installable offline"
 NOT_RECORDED = "not recorded"
-STATUSES = (REPRODUCED, NOT_CALLED, NOT_REPRODUCED, UNTESTABLE, NEEDS_GPU, NOT_RECORDED)
+NOT_COMPLETED = "not tested to completion"  # the run stopped before the claim's own end point (a depth cap, a budget)
+STATUSES = (REPRODUCED, NOT_CALLED, NOT_REPRODUCED, UNTESTABLE, NEEDS_GPU, NOT_RECORDED, NOT_COMPLETED)
 
 
 def claim_status(verdicts: Iterable[str], expected: Iterable[str] | str) -> str:
