@@ -233,6 +233,14 @@ class Records:
             raise LookupError(f"{name}: {len(found)} rows match {where}, expected one")
         return found[0]
 
+    def table2(self, name: str = "figures/compare_table2.csv") -> list[dict]:
+        """A recorded Table 2 as the calling rule reads it: one family, its p-values Benjamini-Hochberg adjusted within
+        it and its verdicts decided from them (``lens_heads.experiments.table2.adjusted_within``; a record made before
+        the table was adjusted is adjusted here)."""
+        from lens_heads.experiments.table2 import adjusted_within
+
+        return adjusted_within(pd.DataFrame(self.table(name))).to_dict("records")
+
     def tested(self, source: str | list[dict], **where: Any) -> dict:
         """The one comparison of a tests CSV (columns a, b, difference, low, high, p_value and p_adjusted where the
         table was adjusted) matching ``where``, its verdict decided again by the calling rule from the recorded
@@ -356,7 +364,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, optional=records.optional, table=records.table, rows=records.rows, row=records.row,
-                       tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed,
+                       tested=records.tested, table2_adjusted=records.table2, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        stale_verdicts=records.stale_verdicts,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
