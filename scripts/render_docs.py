@@ -279,6 +279,22 @@ class Records:
         parts = re.split(r"^## (.+)$", text, flags=re.M)
         return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2])}
 
+    def stamp(self, name: str, section: str) -> str:
+        """When a ``## section`` of a Markdown log of runs was measured and how far its commit is behind HEAD, said the
+        same way for every section (:func:`recorded`'s words): its first date and the first commit it names (``commit
+        abc1234``, ``clone of main (abc1234)``, ``at abc1234``), or that it names none."""
+        sections = self._log_sections(name)
+        if section not in sections:
+            raise LookupError(f"{name} has no section {section!r}")
+        text = sections[section]
+        date = re.search(r"\b(20\d\d-\d\d-\d\d)\b", text)
+        commit = re.search(r"(?:commit|clone of main \(|\bat) ([0-9a-f]{7,40})\b", text)
+        when = f"measured {date.group(1)}" if date else "measured on a date the log does not give"
+        if not commit:
+            return f"{when}, at a commit the log does not name (its distance from HEAD is unknown)"
+        return recorded({"provenance": {"recorded_at": date.group(1) if date else "unknown date",
+                                        "commit": commit.group(1)}}).replace("recorded", "measured", 1)
+
     def printed(self, name: str, section: str, around: str) -> str:
         """What a benchmark printed, from the ``## section`` of a Markdown log of runs: the token (a number, a date,
         a commit) at ``{}`` in the first place the text reads as ``around``, where ``{*}`` skips any text and a space
@@ -364,7 +380,7 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, optional=records.optional, table=records.table, rows=records.rows, row=records.row,
-                       tested=records.tested, table2_adjusted=records.table2, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed,
+                       tested=records.tested, table2_adjusted=records.table2, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, stamp=records.stamp,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        stale_verdicts=records.stale_verdicts,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
