@@ -51,6 +51,10 @@ def test_the_readme_keeps_its_budgets(pages):
     assert over_budget(pages["README.md"]) == []
 
 
+def test_the_findings_page_keeps_to_3000_words(pages):
+    assert len(pages["docs/results.md"].split()) <= 3000
+
+
 def test_a_section_past_its_budget_fails():
     page = (ROOT / "README.md").read_text()
     grown = page.replace("## Quick tour\n", "## Quick tour\n\n" + "word " * BUDGETS["Quick tour"] + "\n", 1)
