@@ -85,8 +85,15 @@ TERMS: tuple[Term, ...] = (
          "less."),
     Term("accuracy AUC", "The area under the curve of accuracy against the share of heads zeroed, normalised by the "
          "share range (normalised AUC): higher means accuracy survives more zeroing.", r"(?i)accuracy AUC"),
-    Term("% zeroable within 1 point", "Table 2's number: the largest share of heads zeroed at which accuracy is still "
-         "within 1 point of the unablated baseline.", r"% (of heads )?zeroable within 1 (accuracy )?point"),
+    Term("% zeroable within 1 point", "Table 2's number, by the authors' rule: the share of heads zeroed where the "
+         "accuracy curve last crosses 1 point below the unablated baseline (interpolated; 0 if it never does).", r"% (of heads )?zeroable within 1 (accuracy )?point"),
+    Term("censored rule", "Another reading of % zeroable within 1 point: where a curve never drops 1 point below the "
+         "baseline, it gives the largest share measured (a lower bound, shown as ≥ X%) where the authors' rule gives 0.",
+         r"(?i)censored rule"),
+    Term("bits per byte", "The gold answer's negative log-likelihood in bits, divided by its length in UTF-8 bytes: a "
+         "cost that moves even when the model never answers right (GSM8K here).", r"(?i)bits per byte"),
+    Term("oracle", "Heads zeroed in the order of their measured single-head ablation KL: the ranking the scores would "
+         "give if they knew each head's effect.", r"(?i)\boracle\b"),
     Term("gold log-prob change", "The paired change, item by item, of the log-probability the model gives the right "
          "answer when heads are zeroed: a finer measure than accuracy on few items.", r"(?i)gold log-prob change"),
     Term("head effect", "What zeroing one head alone does (its single-head ablation KL or gold log-prob change), "
@@ -128,7 +135,8 @@ BY_NAME = {t.name: t for t in TERMS}
 GROUPS: dict[str, tuple[str, ...]] = {
     "Head scores": tuple(t.name for t in TERMS[:12]),
     "Zeroing heads and what it costs": ("per-input zeroing", "static zeroing", "random baseline", "KL AUC",
-                                        "accuracy AUC", "% zeroable within 1 point", "gold log-prob change",
+                                        "accuracy AUC", "% zeroable within 1 point", "censored rule",
+                                        "gold log-prob change", "bits per byte", "oracle",
                                         "head effect", "attribution patching"),
     "Layers and attention rank": ("approximate rank", "lazy layer", "rank aggregation", "Block Influence"),
     "Statistics": ("calling rule",),
