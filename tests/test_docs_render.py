@@ -257,3 +257,17 @@ def test_every_logged_timing_states_its_commit_distance_the_same_way(tmp_path):
     assert "commits behind HEAD" in named
     assert records.stamp("log.md", "B") == ("measured 2026-12-02, at a commit the log does not name (its distance "
                                             "from HEAD is unknown)")
+
+
+def test_the_readme_lists_each_claim_once_under_the_status_its_rows_give():
+    claims, _, _ = pages()
+    table = "\n".join([
+        "| paper | claim | status here | model |", "|---|---|---|---|",
+        f"| p | a | **{claims.REPRODUCED}** | m1 |", f"| p | a | **{claims.REPRODUCED}** | m2 |",
+        f"| p | b | **{claims.REPRODUCED}** | m1 |", f"| p | b | **{claims.NOT_REPRODUCED}** | m2 |",
+        f"| p | c | **{claims.NOT_CALLED}** | m1 |", f"| p | c | **{claims.NEEDS_GPU}** | m2 |",
+        f"| p | d | **{claims.NOT_COMPLETED}** | m1 |", "| p | e | **made up** | m1 |"])
+    assert claims.claim_lists(table) == {
+        "reproduced": {claims.REPRODUCED: ["a"]},
+        "not reproduced": {claims.NOT_REPRODUCED: ["b"]},
+        "open": {claims.NOT_CALLED: ["c"], claims.NEEDS_GPU: ["c"], claims.NOT_COMPLETED: ["d"]}}

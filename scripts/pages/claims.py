@@ -46,22 +46,21 @@ def untested(rows: Iterable[dict]) -> dict[str, int]:
     return why
 
 
-def claim_lists(table: str) -> dict[str, list[str]]:
-    """The claims table (Markdown, as rendered) as three short lists for a reader: "reproduced" (every row of the
-    claim reproduced), "not reproduced" (some row not reproduced) and "untested" (the rest), each claim once, with
-    its rows' statuses in brackets where they are not all "not reproduced"."""
+def claim_lists(table: str) -> dict[str, dict[str, list[str]]]:
+    """The claims table (Markdown, as rendered) as three short lists for a reader, each claim once: "reproduced"
+    (every row of the claim reproduced), "not reproduced" (some row not reproduced) and "open" (the rest), each list
+    by status (an open claim whose rows differ is listed under each of their statuses)."""
     rows: dict[str, list[str]] = {}
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
         if len(cells) < 3 or cells[2].strip("* ") not in STATUSES:
             continue
         rows.setdefault(cells[1], []).append(cells[2].strip("* "))
-    out: dict[str, list[str]] = {"reproduced": [], "not reproduced": [], "untested": []}
+    out: dict[str, dict[str, list[str]]] = {"reproduced": {}, "not reproduced": {}, "open": {}}
     for claim, statuses in rows.items():
-        if all(s == REPRODUCED for s in statuses):
-            out["reproduced"].append(claim)
-            continue
-        group = "not reproduced" if NOT_REPRODUCED in statuses else "untested"
-        seen = sorted(set(statuses), key=statuses.index)
-        out[group].append(f"{claim} ({'; '.join(seen)})" if seen != [NOT_REPRODUCED] else claim)
+        group = "reproduced" if all(s == REPRODUCED for s in statuses) else \
+            "not reproduced" if NOT_REPRODUCED in statuses else "open"
+        # a claim not reproduced in one row is listed as not reproduced; an open one under each of its statuses
+        for status in [NOT_REPRODUCED] if group == "not reproduced" else sorted(set(statuses), key=statuses.index):
+            out[group].setdefault(status, []).append(claim)
     return out
