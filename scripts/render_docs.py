@@ -39,10 +39,18 @@ import pandas as pd
 
 from lens_heads.evaluation.evaluate import ACC_NORM
 from lens_heads.heads.scores import SCORE_NAMES
+from lens_heads.report import glossary
 from lens_heads.stats import calling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers in scripts/pages, loaded as a test loads this
-from pages import claims, contracts, imports, measures  # noqa: E402
+from pages import (  # noqa: E402, F401  (terms: the docs tests read it here)
+    claims,
+    contracts,
+    imports,
+    measures,
+    terms,
+    wrap,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = "docs/src"
@@ -51,13 +59,22 @@ PAGES = {
     "README.md": "README.md.j2",
     "docs/protocol.md": "protocol.md.j2",
     "docs/results.md": "results.md.j2",
+    "docs/heads.md": "heads.md.j2",
+    "docs/layers.md": "layers.md.j2",
+    "docs/smaller.md": "smaller.md.j2",
+    "docs/inheritune.md": "inheritune.md.j2",
+    "docs/gsm8k.md": "gsm8k.md.j2",
     "docs/report.md": "report.md.j2",
     "docs/performance.md": "performance.md.j2",
     "docs/gpu.md": "gpu.md.j2",
     "docs/architecture.md": "architecture.md.j2",
     "docs/faults.md": "faults.md.j2",
     "figures/README.md": "figures_README.md.j2",
+    "docs/glossary.md": "glossary.md.j2",
+    "docs/usage.md": "usage.md.j2",
 }
+# pages whose prose is wrapped at the code's line length after rendering (the others keep their template's lines)
+WRAPPED = {"README.md", "docs/glossary.md", "docs/usage.md", "docs/results.md"}
 
 
 def _number(value: Any) -> float:
@@ -126,6 +143,12 @@ def recorded(record: dict) -> str:
     distance = "a distance from HEAD this clone cannot count" if behind is None else f"{behind} commits behind HEAD"
     return (f"recorded {made['recorded_at'][:10]} at commit {made['commit'][:7]}, "
             f"{measures.moves_with_head(distance + ' when this page was rendered')}")
+
+
+def glossary_link(name: str, where: str = "glossary.md", text: str | None = None) -> str:
+    """A link to the glossary's entry for ``name`` (``where``: the glossary's path from the page), shown as ``text``
+    (default: the term's name)."""
+    return f"[{text or name}]({where}#{glossary.term(name).anchor})"
 
 
 def upper_first(text: str) -> str:
@@ -217,6 +240,14 @@ class Records:
             raise LookupError(f"{name}: {len(found)} rows match {where}, expected one")
         return found[0]
 
+    def table2(self, name: str = "figures/compare_table2.csv") -> list[dict]:
+        """A recorded Table 2 as the calling rule reads it: one family, its p-values Benjamini-Hochberg adjusted within
+        it and its verdicts decided from them (``lens_heads.sweep.table2.adjusted_within``; a record made before
+        the table was adjusted is adjusted here)."""
+        from lens_heads.sweep.table2 import adjusted_within
+
+        return adjusted_within(pd.DataFrame(self.table(name))).to_dict("records")
+
     def tested(self, source: str | list[dict], **where: Any) -> dict:
         """The one comparison of a tests CSV (columns a, b, difference, low, high, p_value and p_adjusted where the
         table was adjusted) matching ``where``, its verdict decided again by the calling rule from the recorded
@@ -254,6 +285,22 @@ class Records:
         text = self.path(name).read_text(encoding="utf-8")
         parts = re.split(r"^## (.+)$", text, flags=re.M)
         return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2])}
+
+    def stamp(self, name: str, section: str) -> str:
+        """When a ``## section`` of a Markdown log of runs was measured and how far its commit is behind HEAD, said the
+        same way for every section (:func:`recorded`'s words): its first date and the first commit it names (``commit
+        abc1234``, ``clone of main (abc1234)``, ``at abc1234``), or that it names none."""
+        sections = self._log_sections(name)
+        if section not in sections:
+            raise LookupError(f"{name} has no section {section!r}")
+        text = sections[section]
+        date = re.search(r"\b(20\d\d-\d\d-\d\d)\b", text)
+        commit = re.search(r"(?:commit|clone of main \(|\bat) ([0-9a-f]{7,40})\b", text)
+        when = f"measured {date.group(1)}" if date else "measured on a date the log does not give"
+        if not commit:
+            return f"{when}, at a commit the log does not name (its distance from HEAD is unknown)"
+        return recorded({"provenance": {"recorded_at": date.group(1) if date else "unknown date",
+                                        "commit": commit.group(1)}}).replace("recorded", "measured", 1)
 
     def printed(self, name: str, section: str, around: str) -> str:
         """What a benchmark printed, from the ``## section`` of a Markdown log of runs: the token (a number, a date,
@@ -340,17 +387,17 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              extensions=["jinja2.ext.do"])
     env.globals.update(record=records.record, optional=records.optional, table=records.table, rows=records.rows, row=records.row,
-                       tested=records.tested, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed,
+                       tested=records.tested, table2_adjusted=records.table2, tested_all=records.tested_all, said=records.said, called=records.called, printed=records.printed, stamp=records.stamp,
                        undated=records.undated, earlier_acc_norm=records.earlier_acc_norm,
                        stale_verdicts=records.stale_verdicts,
                        num=num, iv=iv, ivc=ivc, pct=pct, pct_iv=pct_iv, calling_rule=calling.RULE, score_names=SCORE_NAMES,
                        report_help=report_help, median=statistics.median, recorded=recorded)
-    env.globals.update(code=code, code_text=code_text, default=default)
+    env.globals.update(code=code, code_text=code_text, default=default, gl=glossary_link, glossary=glossary)
     package = root / "lens_heads" if (root / "lens_heads").exists() else ROOT / "lens_heads"
     env.globals.update(untested=claims.untested, NOT_TESTED=calling.NOT_TESTED, UNCALLED=calling.UNCALLED,
                        gib_from_kib=measures.gib_from_kib, moves_with_head=measures.moves_with_head, floor_to=measures.floor_to,
                        commits_since=lambda commit, *paths: measures.commits_behind(commit, paths, ROOT),
-                       claim_status=claims.claim_status, statuses=claims,
+                       claim_status=claims.claim_status, claim_lists=claims.claim_lists, statuses=claims,
                        layer_diagram=lambda: imports.mermaid(imports.folder_imports(package)),
                        layer_imports=lambda: imports.folder_imports(package), layer_order=imports.layer_order,
                        layer_modules=lambda: imports.modules(package))
@@ -363,7 +410,8 @@ def environment(root: Path = ROOT) -> jinja2.Environment:
 def render(root: Path = ROOT) -> dict[str, str]:
     """Every page's rendering, by its path under the root."""
     env = environment(root)
-    return {page: env.get_template(template).render() for page, template in PAGES.items()}
+    rendered = {page: env.get_template(template).render() for page, template in PAGES.items()}
+    return {page: wrap.reflow(text) if page in WRAPPED else text for page, text in rendered.items()}
 
 
 def differences(rendered: dict[str, str], committed_root: Path = ROOT) -> list[str]:

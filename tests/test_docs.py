@@ -19,7 +19,7 @@ def renderer():
 
 
 def arc_baseline_text(record: dict) -> str:
-    """The ARC-Easy sweep's baseline as the README shows it, written out here from the record."""
+    """The ARC-Easy sweep's baseline as the heads page shows it, written out here from the record."""
     b = record["baseline"]
     return f"{100 * b['accuracy']:.1f}% [{100 * b['ci95'][0]:.1f}, {100 * b['ci95'][1]:.1f}]"
 
@@ -36,12 +36,12 @@ def test_a_number_edited_by_hand_fails_the_check(tmp_path):
     for page in rendered:
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / page, tmp_path / page)
-    readme = (tmp_path / "README.md").read_text()
-    assert shown in readme
+    page = (tmp_path / "docs" / "heads.md").read_text()
+    assert shown in page
     assert not r.differences(rendered, tmp_path)
-    (tmp_path / "README.md").write_text(readme.replace(shown, shown.replace("[", "[1", 1), 1))
+    (tmp_path / "docs" / "heads.md").write_text(page.replace(shown, shown.replace("[", "[1", 1), 1))
     diffs = r.differences(rendered, tmp_path)
-    assert len(diffs) == 1 and "README.md" in diffs[0] and shown in diffs[0]
+    assert len(diffs) == 1 and "docs/heads.md" in diffs[0] and shown in diffs[0]
 
 
 def test_a_changed_record_changes_the_page(tmp_path):
@@ -52,8 +52,8 @@ def test_a_changed_record_changes_the_page(tmp_path):
     before = arc_baseline_text(record)
     record["baseline"]["accuracy"] = 0.4321
     path.write_text(json.dumps(record))
-    readme = renderer().render(tmp_path)["README.md"]
-    assert arc_baseline_text(record) in readme and before != arc_baseline_text(record)
+    page = renderer().render(tmp_path)["docs/heads.md"]
+    assert arc_baseline_text(record) in page and before != arc_baseline_text(record)
 
 
 def test_the_report_options_in_the_docs_are_its_help(capsys, monkeypatch):

@@ -163,23 +163,26 @@ def test_a_claims_status_follows_its_record(perturbed):
     assert _claim(after["docs/results.md"], claim, "ARC-Easy") == _claim(before["docs/results.md"], claim, "ARC-Easy")
 
 
-def test_a_flipped_verdict_flips_the_readme(perturbed):
+def test_a_flipped_verdict_flips_the_findings(perturbed):
     before, after = perturbed
     row = "| zeroing the heads AHON (LN) calls inactive vs as many random heads (ARC-Easy) |"
 
     def finding(page):
         return next(line for line in page.splitlines() if line.startswith(row))
 
-    assert "**AHON (LN) better**" in finding(before["README.md"])
-    assert "**random better**" in finding(after["README.md"]) and "0.600 [0.470, 0.760]" in finding(after["README.md"])
-    assert "zeroing the heads AHON (LN) calls inactive (solid) costs more than zeroing at random" in " ".join(after["README.md"].split())
+    assert "**AHON (LN) better**" in finding(before["docs/results.md"])
+    assert "**random better**" in finding(after["docs/results.md"])
+    assert "0.600 [0.470, 0.760]" in finding(after["docs/results.md"])
+    readme = " ".join(after["README.md"].split())
+    assert "zeroing the heads AHON (LN) calls inactive (solid) costs more than zeroing at random" in readme
+    assert "0.600 [0.470, 0.760], **random better** on ARC-Easy" in readme
 
 
 def test_a_count_of_tests_counts_tested_rows(perturbed):
     before, after = perturbed
     count = []
     for page in (before, after):
-        text = page["README.md"].split("**Scores against attribution, in full**: of the ", 1)[1]
+        text = " ".join(page["docs/results.md"].split()).split("**Scores against attribution, in full**: of the ", 1)[1]
         count.append((int(text.split(" ", 1)[0]), int(text.split("; ", 1)[1].split(" ", 1)[0])))
     (tested_before, untested_before), (tested_after, untested_after) = count
     assert (tested_after, untested_after) == (tested_before + 1, untested_before - 1)
@@ -187,9 +190,9 @@ def test_a_count_of_tests_counts_tested_rows(perturbed):
 
 def test_a_direction_word_follows_its_record(perturbed):
     before, after = perturbed
-    assert "scratch given twice the steps ends lower (" in before["docs/results.md"]
-    assert "scratch given twice the steps ends higher (" in after["docs/results.md"]
-    assert '"beats scratch trained 2x" is seen in this one run' in after["docs/results.md"]
+    assert "scratch given twice the steps ends lower (" in before["docs/inheritune.md"]
+    assert "scratch given twice the steps ends higher (" in after["docs/inheritune.md"]
+    assert '"beats scratch trained 2x" is seen in this one run' in after["docs/inheritune.md"]
 
 
 def test_the_page_check_leaves_out_only_the_text_that_moves_with_head(tmp_path):
@@ -237,3 +240,34 @@ def test_a_record_states_its_commit_and_its_distance_from_head():
     assert f"{since} commits behind HEAD" in text
     assert r.measures.steady(text) == f"recorded 2026-12-01 at commit {first[:7]}, <!-- moves with HEAD --><!-- /moves with HEAD -->"
     assert r.recorded({}) == "recorded before records stated their commit"
+
+
+def test_every_logged_timing_states_its_commit_distance_the_same_way(tmp_path):
+    """A section of the benchmark log that names its commit gets recorded()'s words, one that names none says so:
+    no section is left with a date alone."""
+    r = renderer()
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.split()[0]
+    (tmp_path / "log.md").write_text(f"## A\n\n`bench` (2026-12-01; x86_64) at commit {first[:7]}\n\n"
+                                     "## B\n\n`bench` (2026-12-02; x86_64)\n")
+    records = r.Records(tmp_path)
+    named = records.stamp("log.md", "A")
+    assert named == r.recorded({"provenance": {"recorded_at": "2026-12-01", "commit": first[:7]}}).replace(
+        "recorded", "measured", 1)
+    assert "commits behind HEAD" in named
+    assert records.stamp("log.md", "B") == ("measured 2026-12-02, at a commit the log does not name (its distance "
+                                            "from HEAD is unknown)")
+
+
+def test_the_readme_lists_each_claim_once_under_the_status_its_rows_give():
+    claims, _, _ = pages()
+    table = "\n".join([
+        "| paper | claim | status here | model |", "|---|---|---|---|",
+        f"| p | a | **{claims.REPRODUCED}** | m1 |", f"| p | a | **{claims.REPRODUCED}** | m2 |",
+        f"| p | b | **{claims.REPRODUCED}** | m1 |", f"| p | b | **{claims.NOT_REPRODUCED}** | m2 |",
+        f"| p | c | **{claims.NOT_CALLED}** | m1 |", f"| p | c | **{claims.NEEDS_GPU}** | m2 |",
+        f"| p | d | **{claims.NOT_COMPLETED}** | m1 |", "| p | e | **made up** | m1 |"])
+    assert claims.claim_lists(table) == {
+        "reproduced": {claims.REPRODUCED: ["a"]},
+        "not reproduced": {claims.NOT_REPRODUCED: ["b"]},
+        "open": {claims.NOT_CALLED: ["c"], claims.NEEDS_GPU: ["c"], claims.NOT_COMPLETED: ["d"]}}

@@ -386,11 +386,17 @@ def test_findings_box_states_what_the_intervals_support(run, results):
     assert html.index('id="findings"') < html.index('id="model-card"')
     tests = results["ablation"][TASK]["tests"]
     kl = tests["best_vs_random_kl"]
-    claimed = f"{kl['a']} costs less than random" in html or "costs less than " + kl["a"] in html
+    text = re.sub(r"<[^>]+>", "", html)  # the words a reader sees: a term's first use is a link to the box's glossary
+    claimed = f"{kl['a']} costs less than random" in text or "costs less than " + kl["a"] in text
     assert claimed == (kl["verdict"] != "cannot tell apart" and kl["p_value"] < 0.05)
-    assert (f"cannot tell {kl['a']} and random apart by KL AUC" in html) == (kl["verdict"] == "cannot tell apart")
+    assert (f"cannot tell {kl['a']} and random apart by KL AUC" in text) == (kl["verdict"] == "cannot tell apart")
     low, high = kl["low"], kl["high"]
-    assert f"[{low:.2f}, {high:.2f}]" in html
+    assert f"[{low:.2f}, {high:.2f}]" in text
+    box = html[html.index('id="findings"'):]
+    box = box[:box.index("</section>")]
+    linked = re.findall(r'<a href="#(glossary-[^"]+)">', box)
+    assert linked and len(linked) == len(set(linked))  # each term linked once, at its first use
+    assert all(f'<dt id="{anchor}">' in box for anchor in linked)  # to an entry the box carries
 
 
 def test_sweep_summary_has_human_headings_and_intervals(run):

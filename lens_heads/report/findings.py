@@ -12,9 +12,11 @@ import math
 import pandas as pd
 
 from lens_heads.heads.scores import most_inactive
-from lens_heads.report.render import Section, Text
+from lens_heads.report import glossary
+from lens_heads.report.render import Raw, Section
 from lens_heads.stats import calling
 from lens_heads.stats.inference import Interval
+from lens_heads.viz.escape import esc
 
 INACTIVE_SHOWN = 5
 
@@ -96,5 +98,44 @@ def findings(scores: list, ablations: list, rank=None) -> Section:
     if not lines:
         lines.append("No stage finished that the findings rest on; see the sections below.")
     note = ("Intervals: 95% percentile bootstrap over items, paired across curves; p: paired permutation test; "
-            f"{calling.RULE}.")
-    return Section("Findings", [Text(line, "finding") for line in lines] + [Text(note, "note")], anchor="findings")
+            f"the calling rule: {calling.RULE}.")
+    seen: list[glossary.Term] = []
+    blocks = [Raw(f'<p class="finding">{linked(line, seen)}</p>') for line in lines]
+    blocks.append(Raw(f'<p class="note">{linked(note, seen)}</p>'))
+    if seen:
+        blocks.append(Raw(glossary_html(seen)))
+    return Section("Findings", blocks, anchor="findings")
+
+
+GLOSSARY_ANCHOR = "glossary-"  # an entry's id on the page: this prefix and the glossary page's anchor
+
+
+def linked(text: str, seen: list[glossary.Term]) -> str:
+    """``text`` as escaped HTML whose first use of each glossary term not in ``seen`` links to its entry in the
+    findings box's glossary; the terms it links are added to ``seen``."""
+    found = []
+    for term in glossary.TERMS:
+        if term in seen:
+            continue
+        m = term.regex.search(text)
+        if m:
+            found.append((m.start(), m.end(), term))
+    out, at = [], 0
+    for start, end, term in sorted(found, key=lambda f: (f[0], -f[1])):
+        if start < at:  # inside a longer term already linked
+            continue
+        out.append(esc(text[at:start]))
+        out.append(f'<a href="#{GLOSSARY_ANCHOR}{esc(term.anchor)}">{esc(text[start:end])}</a>')
+        at = end
+        seen.append(term)
+    out.append(esc(text[at:]))
+    return "".join(out)
+
+
+def glossary_html(terms: list[glossary.Term]) -> str:
+    """The findings box's own glossary (the page works offline, so it cannot link to docs/glossary.md): the
+    entries of ``terms``, from :mod:`lens_heads.report.glossary`."""
+    entries = "".join(f'<dt id="{GLOSSARY_ANCHOR}{esc(t.anchor)}">{esc(t.name)}</dt><dd>{esc(t.text)}</dd>'
+                      for t in terms)
+    return f'<details class="glossary" open><summary>Glossary</summary><dl>{entries}</dl></details>'
+

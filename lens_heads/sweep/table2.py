@@ -21,7 +21,11 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: i
     test of AWFT against the best for every sweep with per-item records (:meth:`SweepResult.table2`). ``average``:
     the paper's last row, ``model="Average"``: the mean of each column over the sweeps (the best curve may differ
     from row to row), with 95% intervals where every sweep has per-item records (the mean of the sweeps'
-    bootstrap replicates, which resample each sweep's own items) and the paired test of the mean difference."""
+    bootstrap replicates, which resample each sweep's own items) and the paired test of the mean difference.
+
+    The table is one family, as the calling rule states: every row's p-value (the Average row's included) is
+    Benjamini-Hochberg adjusted within it (``p_adjusted``) and its verdict decided from its own interval and that
+    adjusted p."""
     ivs = [sweep.intervals(points, n_resamples=n_resamples, seed=seed)
            if n_resamples and isinstance(sweep, SweepResult) else None for sweep in sweeps]
     rows = [sweep.table2(points, intervals=iv) for sweep, iv in zip(sweeps, ivs)]
@@ -30,7 +34,21 @@ def table2(sweeps: Sequence[SweepResult], points: float = 1.0, *, n_resamples: i
         raise InputError(f"two sweeps of the same model and task in {keys}: give one sweep per (model, task)")
     if average and rows:
         rows.append(average_row(rows, ivs))
-    return pd.DataFrame(rows)
+    return adjusted_within(pd.DataFrame(rows))
+
+
+def adjusted_within(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with ``p_adjusted``, its rows' p-values Benjamini-Hochberg adjusted together, and each tested row's
+    verdict decided again by the calling rule from its interval and adjusted p (AWFT against that row's best)."""
+    if "p_value" not in table:
+        return table
+    out = table.copy()
+    out["p_adjusted"] = inference.adjusted_p_values(out["p_value"].to_numpy(dtype=float))
+    for i in out.index[np.isfinite(out["p_adjusted"].to_numpy(dtype=float))]:
+        r = out.loc[i]
+        out.at[i, "verdict"] = calling.verdict(r["difference_low"], r["difference_high"], r["p_adjusted"],
+                                               higher_is_better=True, a="AWFT", b=r["best_score"] or "best")
+    return out
 
 
 def average_row(rows: list[dict], intervals: Sequence | None = None) -> dict:

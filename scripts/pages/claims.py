@@ -13,7 +13,8 @@ NOT_REPRODUCED = "not reproduced"
 UNTESTABLE = "untestable at this scale"
 NEEDS_GPU = "needs a GPU or weights not installable offline"
 NOT_RECORDED = "not recorded"
-STATUSES = (REPRODUCED, NOT_CALLED, NOT_REPRODUCED, UNTESTABLE, NEEDS_GPU, NOT_RECORDED)
+NOT_COMPLETED = "not tested to completion"  # the run stopped before the claim's own end point (a depth cap, a budget)
+STATUSES = (REPRODUCED, NOT_CALLED, NOT_REPRODUCED, UNTESTABLE, NEEDS_GPU, NOT_RECORDED, NOT_COMPLETED)
 
 
 def claim_status(verdicts: Iterable[str], expected: Iterable[str] | str) -> str:
@@ -43,3 +44,23 @@ def untested(rows: Iterable[dict]) -> dict[str, int]:
             reason = calling._untested_because(r)
             why[reason] = why.get(reason, 0) + 1
     return why
+
+
+def claim_lists(table: str) -> dict[str, dict[str, list[str]]]:
+    """The claims table (Markdown, as rendered) as three short lists for a reader, each claim once: "reproduced"
+    (every row of the claim reproduced), "not reproduced" (some row not reproduced) and "open" (the rest), each list
+    by status (an open claim whose rows differ is listed under each of their statuses)."""
+    rows: dict[str, list[str]] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) < 3 or cells[2].strip("* ") not in STATUSES:
+            continue
+        rows.setdefault(cells[1], []).append(cells[2].strip("* "))
+    out: dict[str, dict[str, list[str]]] = {"reproduced": {}, "not reproduced": {}, "open": {}}
+    for claim, statuses in rows.items():
+        group = "reproduced" if all(s == REPRODUCED for s in statuses) else \
+            "not reproduced" if NOT_REPRODUCED in statuses else "open"
+        # a claim not reproduced in one row is listed as not reproduced; an open one under each of its statuses
+        for status in [NOT_REPRODUCED] if group == "not reproduced" else sorted(set(statuses), key=statuses.index):
+            out[group].setdefault(status, []).append(claim)
+    return out
