@@ -26,8 +26,9 @@ class Item:
     # the plain context as question + " " + answer + "\n\n" after the description (empty where not structured: GSM8K)
     fewshot: tuple[tuple[str, str], ...] = ()
     # each choice's (context, continuation) token ids where they are given as tokens, not text (lm-eval's rolling
-    # windows of a long document): the rows read them as they are; the texts above are then for people only
-    tokens: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # windows of a long document): the rows read them as they are; the texts above are then for people only. Left out
+    # of the repr: an item reads as its texts, and thousands of ids would bury them
+    tokens: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = field(default=(), repr=False)
 
     @property
     def prompt(self) -> str:
