@@ -82,7 +82,8 @@ def run(tmp_path_factory):
         mp.setattr(pipeline, "write_outputs", rendered_again)
         out = tmp_path_factory.mktemp("live") / "report"
         assert main([*ARGS, "--out", str(out)]) == 0
-        yield out, pages, finals[0]
+        # a copy: the patch stays on for the module, and later tests' own runs (a stopped one) write pages too
+        yield out, list(pages), finals[0]
     finally:
         mp.undo()
 
