@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import einops
 import torch
@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lens_heads.evaluation import rotary
 from lens_heads.evaluation.packed_weights import Packed
-from lens_heads.evaluation.prefix import PrefixState, prefixed_z, suffix_positions
+from lens_heads.evaluation.prefix import Extension, PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import backend
 from lens_heads.models.capture import any_hooked
@@ -92,6 +93,7 @@ def fused_attention(model, calls: AttentionCalls | None = None,
     block's fused forward for the duration). The layers' own forwards are restored on exit. Nothing is swapped on a
     backend whose attention lens_heads doesn't fuse (a TransformerBridge runs its own)."""
     calls = calls if calls is not None else AttentionCalls()
+    tables = rotary.RotaryTables()  # shared by the block's layers: gathered once per forward
     swapped: list = []
     blocks = model.blocks if backend(model).fuses_attention else []
     if len(blocks):
@@ -101,8 +103,8 @@ def fused_attention(model, calls: AttentionCalls | None = None,
         # an enclosing block may have swapped it already: kept, unless this block brings a prefix state
         if eager_reason(attn) is None and ("forward" not in vars(attn) or prefix is not None):
             swapped.append((attn, vars(attn).get("forward")))
-            attn.forward = functools.partial(_forward, attn, calls, prefix, _packed_qkv(attn),
-                                             _packed_output(attn))
+            attn.forward = functools.partial(_forward, _Layer(attn, calls, prefix, _packed_qkv(attn),
+                                                              _packed_output(attn), tables))
     try:
         yield calls
     finally:
@@ -143,11 +145,24 @@ def _qkv(attn, packed: Packed | None, query_input, key_input, value_input) -> tu
             attn.hook_v(v.unflatten(-1, (n_kv, d_head))))
 
 
-def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, packed: Packed | None, output: Packed,
-             query_input, key_input, value_input,
+@dataclass(frozen=True)
+class _Layer:
+    """What a fused layer's forward reads besides its inputs: the layer, the block's counts, prefix state and
+    rotary tables, and its weights laid out once."""
+
+    attn: Any  # a TransformerLens attention layer
+    calls: AttentionCalls
+    prefix: PrefixState | None
+    qkv: Packed | None
+    output: Packed
+    tables: rotary.RotaryTables
+
+
+def _forward(layer: _Layer, query_input, key_input, value_input,
              past_kv_cache_entry=None, additive_attention_mask=None,
              attention_mask: Int[Tensor, "batch pos"] | None = None, position_bias=None
              ) -> Float[Tensor, "batch pos d_model"]:
+    attn, calls, prefix = layer.attn, layer.calls, layer.prefix
     eager = (past_kv_cache_entry is not None or additive_attention_mask is not None or position_bias is not None
              or reads_pattern(attn))
     if eager:
@@ -160,19 +175,14 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, packed: Pa
                                   position_bias=position_bias)
     calls.fused += 1
     extension = prefix.extend if prefix is not None else None
-    q, k, v = _qkv(attn, packed, query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
+    q, k, v = _qkv(attn, layer.qkv, query_input, key_input, value_input)  # fires hook_q, hook_k, hook_v
     causal = tl.causal(attn)
     window = tl.window(attn) if causal else None  # TransformerLens applies the window with the causal mask only
     if window is not None and prefix is not None and prefix.active:
         raise RuntimeError(f"layer {attn.layer_id} attends within a sliding window, which shared prefixes don't "
                            "apply: run these rows on the row-by-row path (their prefix_scope None)")
-    if attn.cfg.positional_embedding_type == "rotary" and extension is not None:
-        positions = suffix_positions(extension, q.shape[1])
-        q = attn.hook_rot_q(tl.rotary_at(attn, q, positions))
-        k = attn.hook_rot_k(tl.rotary_at(attn, k, positions))
-    elif attn.cfg.positional_embedding_type == "rotary":
-        q = attn.hook_rot_q(tl.rotary(attn, q, attention_mask))
-        k = attn.hook_rot_k(tl.rotary(attn, k, attention_mask))
+    if attn.cfg.positional_embedding_type == "rotary":
+        q, k = _rotary(layer, q, k, attention_mask, extension)  # fires hook_rot_q, hook_rot_k
     if prefix is not None and prefix.record is not None:
         prefix.record[attn.layer_id] = (k, v)
     scale = 1.0 / attn.attn_scale
@@ -184,11 +194,28 @@ def _forward(attn, calls: AttentionCalls, prefix: PrefixState | None, packed: Pa
     else:
         z = attn.hook_z(prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
     if z.device == attn.W_O.device:
-        w, b = output.get()
+        w, b = layer.output.get()
     else:
         w, b = (einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device),
                 attn.b_O.to(z.device))
     return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, b)
+
+
+def _rotary(layer: _Layer, q, k, attention_mask, extension: Extension | None) -> tuple[Tensor, Tensor]:
+    """Queries and keys rotated (:mod:`lens_heads.evaluation.rotary`; TransformerLens's own rotary where that
+    module doesn't apply), at the rows' positions or after their prefixes."""
+    attn, n_pos = layer.attn, q.shape[1]
+    if not rotary.lean(attn) or q.device != attn.rotary_cos.device:
+        if extension is None:
+            return attn.hook_rot_q(tl.rotary(attn, q, attention_mask)), attn.hook_rot_k(tl.rotary(attn, k, attention_mask))
+        positions = suffix_positions(extension, n_pos)
+        return attn.hook_rot_q(tl.rotary_at(attn, q, positions)), attn.hook_rot_k(tl.rotary_at(attn, k, positions))
+    if extension is None:
+        cos, sin = layer.tables.at_mask(attn, n_pos, attention_mask)
+    else:
+        cos, sin = layer.tables.at_positions(attn, n_pos, extension.lengths,
+                                             lambda: suffix_positions(extension, n_pos))
+    return attn.hook_rot_q(rotary.rotate(q, cos, sin)), attn.hook_rot_k(rotary.rotate(k, cos, sin))
 
 
 def _packed_output(attn) -> Packed:

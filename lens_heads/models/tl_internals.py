@@ -227,8 +227,7 @@ def rotary_at(attn, x: Float[Tensor, "batch pos head d_head"], positions: Int[Te
     sin_table = _attribute(attn, "rotary_sin", FUSED_ATTENTION)
     needed = int(positions.max()) + 1 if positions.numel() else 0
     if needed > cos_table.shape[0]:  # the tables grow with the longest forward so far, as apply_rotary grows them
-        _get("AbstractAttention._extend_rotary_embeddings", FUSED_ATTENTION)(
-            attn, min(attn.cfg.n_ctx, max(needed, 2 * cos_table.shape[0])))
+        extend_rotary(attn, min(attn.cfg.n_ctx, max(needed, 2 * cos_table.shape[0])))
         cos_table, sin_table = attn.rotary_cos, attn.rotary_sin
     rotary_dim = attn.cfg.rotary_dim
     x = x.to(sin_table.device)
@@ -236,6 +235,11 @@ def rotary_at(attn, x: Float[Tensor, "batch pos head d_head"], positions: Int[Te
     positions = positions.clamp(max=cos_table.shape[0] - 1).to(cos_table.device)
     cos, sin = cos_table[positions, None, :], sin_table[positions, None, :]
     return torch.cat([x_rot * cos + attn.rotate_every_two(x_rot) * sin, x_pass], dim=-1)
+
+
+def extend_rotary(attn, size: int) -> None:
+    """Grow the layer's rotary tables to ``size`` positions, as ``apply_rotary`` grows them."""
+    _get("AbstractAttention._extend_rotary_embeddings", FUSED_ATTENTION)(attn, size)
 
 
 def window(attn) -> int | None:
