@@ -115,9 +115,11 @@ def fused_attention(model, calls: AttentionCalls | None = None,
 
 
 def _packed_qkv(attn) -> Packed | None:
-    """The layer's query, key and value weights as one ``[(head + 2 kv_head) d_head, d_model]`` matrix and bias
-    (None: an all-zero bias, left out), laid out once per block of forwards; None where the layer's inputs are per
-    head or its queries and keys are normalised (those take TransformerLens's own products)."""
+    """The layer's query, key and value weights each as ``[(head d_head), d_model]`` and their biases (None where all
+    zero, left out), laid out once per block of forwards; None where the layer's inputs are per head or its queries
+    and keys are normalised (those take TransformerLens's own products). Three products rather than one stacked
+    ``[(head + 2 kv_head) d_head, d_model]`` product: on the CPUs measured (benchmarks/profile_forward.py) the
+    stacked one was the slower, and its slices reach the elementwise ops strided."""
     cfg = attn.cfg
     if cfg.use_split_qkv_input or cfg.use_attn_in or cfg.use_qk_norm:
         return None
@@ -125,24 +127,23 @@ def _packed_qkv(attn) -> Packed | None:
     names = ("W_Q", "_W_K", "_W_V", "b_Q", "_b_K", "_b_V") if grouped else ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 
     def make(w_q, w_k, w_v, b_q, b_k, b_v):
-        w = torch.cat([einops.rearrange(x, "head d_model d_head -> (head d_head) d_model") for x in (w_q, w_k, w_v)])
-        b = torch.cat([x.flatten() for x in (b_q, b_k, b_v)])
-        return w.contiguous(), (b if bool(b.any()) else None)
+        weights = [einops.rearrange(x, "head d_model d_head -> (head d_head) d_model").contiguous()
+                   for x in (w_q, w_k, w_v)]
+        biases = [b.flatten() if bool(b.any()) else None for b in (b_q, b_k, b_v)]
+        return weights, biases
 
     return Packed(make, *(getattr(attn, name) for name in names))
 
 
 def _qkv(attn, packed: Packed | None, query_input, key_input, value_input) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`tl.qkv` (fires ``hook_q``, ``hook_k``, ``hook_v``); in one product where the three inputs are one
-    tensor (a fast block's) and the layer's weights are packed."""
+    """:func:`tl.qkv` (fires ``hook_q``, ``hook_k``, ``hook_v``); by the weights laid out once where the three
+    inputs are one tensor (a fast block's) and the layer's weights are packed."""
     if packed is None or not (query_input is key_input is value_input) or query_input.device != attn.W_Q.device:
         return tl.qkv(attn, query_input, key_input, value_input)
-    w, b = packed.get()
-    n_heads, d_head = attn.cfg.n_heads, attn.cfg.d_head
-    n_kv = (w.shape[0] // d_head - n_heads) // 2
-    q, k, v = F.linear(query_input, w, b).split([n_heads * d_head, n_kv * d_head, n_kv * d_head], dim=-1)
-    return (attn.hook_q(q.unflatten(-1, (n_heads, d_head))), attn.hook_k(k.unflatten(-1, (n_kv, d_head))),
-            attn.hook_v(v.unflatten(-1, (n_kv, d_head))))
+    weights, biases = packed.get()
+    d_head = attn.cfg.d_head
+    q, k, v = (F.linear(query_input, w, b).unflatten(-1, (-1, d_head)) for w, b in zip(weights, biases))
+    return attn.hook_q(q), attn.hook_k(k), attn.hook_v(v)
 
 
 @dataclass(frozen=True)
