@@ -4,7 +4,8 @@
 
 A plain forward (logits at every position, batch 1) over MMLU 5-shot prompts, alternating in one process: TL with
 fused attention, TL with fused attention and packed weights (the evaluator's forward before fast blocks), fused
-attention with fast blocks but without packed weights (the evidence for keeping them or not), the evaluator's forward now (fused attention, packed weights, :mod:`lens_heads.evaluation.fast_blocks`), and the same
+attention with fast blocks but without packed weights (the evidence for keeping them or not), the evaluator's forward
+with oneDNN turned off (its products plain, :mod:`lens_heads.evaluation.blocked_linear`), the evaluator's forward now (fused attention, packed weights, :mod:`lens_heads.evaluation.fast_blocks`), and the same
 weights in Hugging Face SDPA. Then one ``torch.profiler`` run of the evaluator's forward and of HF's: the ATen ops
 by self CPU time. The record names the CPU (model, the flags avx2/avx512f/avx512_bf16/amx), torch's CPU capability,
 the threads, the commit and the load average (other processes share the cores: read the ratios, measured side by
@@ -89,6 +90,9 @@ def main(argv=None) -> None:
         "TL fused+fast blocks (no packed)": lambda: tl_forward(model, rows, fused_attention, fast_blocks),
         "TL evaluator (fused+packed+fast blocks)": lambda: tl_forward(model, rows, packed_weights, fused_attention,
                                                                       fast_blocks),
+        "TL evaluator, plain products (oneDNN off)": lambda: tl_forward(
+            model, rows, lambda m: torch.backends.mkldnn.flags(enabled=False), packed_weights, fused_attention,
+            fast_blocks),
         "HF SDPA": lambda: hf_logits(hf["sdpa"], rows),
     }
     r = alternate(forwards, s.repeats)

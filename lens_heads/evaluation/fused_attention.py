@@ -39,6 +39,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_heads.evaluation import rotary
+from lens_heads.evaluation.blocked_linear import linear
 from lens_heads.evaluation.packed_weights import Packed
 from lens_heads.evaluation.prefix import Extension, PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
@@ -127,10 +128,8 @@ def _packed_qkv(attn) -> Packed | None:
     names = ("W_Q", "_W_K", "_W_V", "b_Q", "_b_K", "_b_V") if grouped else ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 
     def make(w_q, w_k, w_v, b_q, b_k, b_v):
-        weights = [einops.rearrange(x, "head d_model d_head -> (head d_head) d_model").contiguous()
-                   for x in (w_q, w_k, w_v)]
-        biases = [b.flatten() if bool(b.any()) else None for b in (b_q, b_k, b_v)]
-        return weights, biases
+        return [linear(einops.rearrange(w, "head d_model d_head -> (head d_head) d_model"),
+                       b.flatten() if bool(b.any()) else None) for w, b in ((w_q, b_q), (w_k, b_k), (w_v, b_v))]
 
     return Packed(make, *(getattr(attn, name) for name in names))
 
@@ -140,9 +139,8 @@ def _qkv(attn, packed: Packed | None, query_input, key_input, value_input) -> tu
     inputs are one tensor (a fast block's) and the layer's weights are packed."""
     if packed is None or not (query_input is key_input is value_input) or query_input.device != attn.W_Q.device:
         return tl.qkv(attn, query_input, key_input, value_input)
-    weights, biases = packed.get()
     d_head = attn.cfg.d_head
-    q, k, v = (F.linear(query_input, w, b).unflatten(-1, (-1, d_head)) for w, b in zip(weights, biases))
+    q, k, v = (product(query_input).unflatten(-1, (-1, d_head)) for product in packed.get())
     return attn.hook_q(q), attn.hook_k(k), attn.hook_v(v)
 
 
@@ -194,12 +192,11 @@ def _forward(layer: _Layer, query_input, key_input, value_input,
         z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal))
     else:
         z = attn.hook_z(prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
-    if z.device == attn.W_O.device:
-        w, b = layer.output.get()
-    else:
-        w, b = (einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device),
-                attn.b_O.to(z.device))
-    return F.linear(einops.rearrange(z.to(w.dtype), "b p head d -> b p (head d)"), w, b)
+    if z.device != attn.W_O.device:
+        return F.linear(einops.rearrange(z.to(attn.W_O.dtype), "b p head d -> b p (head d)"),
+                        einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device),
+                        attn.b_O.to(z.device))
+    return layer.output.get()(einops.rearrange(z.to(attn.W_O.dtype), "b p head d -> b p (head d)"))
 
 
 def _rotary(layer: _Layer, q, k, attention_mask, extension: Extension | None) -> tuple[Tensor, Tensor]:
@@ -222,8 +219,8 @@ def _rotary(layer: _Layer, q, k, attention_mask, extension: Extension | None) ->
 def _packed_output(attn) -> Packed:
     """The layer's ``W_O`` as ``[d_model, (head d_head)]`` and its bias (None where all zero: adding zero is exact),
     laid out once per block of forwards."""
-    return Packed(lambda w, b: (einops.rearrange(w, "head d_head d_model -> d_model (head d_head)").contiguous(),
-                                b if bool(b.any()) else None), attn.W_O, attn.b_O)
+    return Packed(lambda w, b: linear(einops.rearrange(w, "head d_head d_model -> d_model (head d_head)"),
+                                      b if bool(b.any()) else None), attn.W_O, attn.b_O)
 
 
 def sdpa_z(

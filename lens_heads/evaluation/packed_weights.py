@@ -6,10 +6,11 @@ zeros for models that have none, into every logit (an ``addmm`` that first write
 ``[pos, vocab]`` output). On the embedded model these copies are about a seventh of a plain forward's CPU time.
 
 Inside ``with packed_weights(model):`` the unembedding and the gated MLPs multiply by copies laid out once per block
-(made again whenever a weight is changed in place), all-zero unembedding and MLP input biases are left out, and every hook point fires as
-before. The products are the same operations on the same values, so the outputs are equal (adding a zero
-bias is exact). Where gradients must reach the weights (grad enabled and the weight requires it, as in training) a
-module computes its layout afresh at each call, as TransformerLens does.
+(made again whenever a weight is changed in place; on the CPU in oneDNN's blocked layout,
+:mod:`lens_heads.evaluation.blocked_linear`), all-zero unembedding and MLP input biases are left out, and every hook
+point fires as before. The outputs equal the eager ones up to float32 rounding (the blocked products sum in another
+order; adding a zero bias is exact). Where gradients must reach the weights (grad enabled and the weight requires
+it, as in training) a module computes its layout afresh at each call, as TransformerLens does.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import functools
 from typing import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from lens_heads.evaluation.blocked_linear import linear
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import backend
 
@@ -55,8 +56,7 @@ def packed_weights(model) -> Iterator[None]:
     tl.require(tl.PACKED_WEIGHTS)
     swapped: list[torch.nn.Module] = []
     if tl.is_plain_unembed(model.unembed) and "forward" not in vars(model.unembed):
-        packed = Packed(lambda w, b: (w.T.contiguous(), _nonzero(b)), model.unembed.W_U,
-                        model.unembed.b_U)
+        packed = Packed(lambda w, b: linear(w.T, _nonzero(b)), model.unembed.W_U, model.unembed.b_U)
         # an instance attribute shadows the method for the block (deleted on exit): mypy reads a method assigned
         model.unembed.forward = functools.partial(_unembed, model.unembed, packed)  # type: ignore[method-assign]
         swapped.append(model.unembed)
@@ -78,15 +78,14 @@ def _unembed(unembed, packed: Packed, residual: Float[Tensor, "batch pos d_model
              ) -> Float[Tensor, "batch pos d_vocab"]:
     if residual.device != unembed.W_U.device:
         return tl.eager_forward(unembed, residual)
-    w, b = packed.get()
-    return unembed.hook_out(F.linear(unembed.hook_in(residual), w, b))
+    return unembed.hook_out(packed.get()(unembed.hook_in(residual)))
 
 
 def _gated_layout(w_gate: Tensor, w_in: Tensor, w_out: Tensor, b_in: Tensor, b_out: Tensor) -> tuple:
-    """The gate, input and output weights as ``[out, in]`` matrices (``F.linear``'s layout, Hugging Face's), and the
-    two biases (None where all zero: adding zero is exact). The gate and input products stay two: one stacked
+    """The gate, input and output products by weights laid out once (:func:`lens_heads.evaluation.blocked_linear.linear`;
+    the output's bias with it), and the input bias (None where all zero: adding zero is exact). The gate and input products stay two: one stacked
     ``[2 d_mlp, d_model]`` product measured slower on our CPUs, and its halves reach the activation strided."""
-    return (w_gate.T.contiguous(), w_in.T.contiguous(), w_out.T.contiguous(), _nonzero(b_in), _nonzero(b_out))
+    return linear(w_gate.T), linear(w_in.T), linear(w_out.T, _nonzero(b_out)), _nonzero(b_in)
 
 
 def _nonzero(b: Tensor) -> Tensor | None:
@@ -96,9 +95,9 @@ def _nonzero(b: Tensor) -> Tensor | None:
 def _gated_mlp(mlp, packed: Packed, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
     if x.device != mlp.W_gate.device:
         return tl.eager_forward(mlp, x)
-    w_gate, w_in, w_out, b_in, b_out = packed.get()
-    pre_act = mlp.hook_pre(F.linear(x, w_gate))
-    pre_linear = mlp.hook_pre_linear(F.linear(x, w_in))
+    gate, linear_in, out, b_in = packed.get()
+    pre_act = mlp.hook_pre(gate(x))
+    pre_linear = mlp.hook_pre_linear(linear_in(x))
     post = tl.activation(mlp)(pre_act) * pre_linear
     post_act = mlp.hook_post(post if b_in is None else post + b_in)
-    return F.linear(post_act, w_out, b_out)
+    return out(post_act)
