@@ -160,7 +160,10 @@ def two_processes(args, threshold: float) -> tuple[float, float, dict]:
 
 
 def max_difference(a: dict, b: dict) -> dict[str, float]:
-    return {n: float(np.max(np.abs(np.asarray(a[n], float) - np.asarray(b[n], float)))) for n in a}
+    """Per unit, the largest difference between two runs' log-likelihoods (items have different numbers of
+    choices: compared item by item)."""
+    return {n: max(float(np.max(np.abs(np.asarray(x, float) - np.asarray(y, float)))) for x, y in zip(a[n], b[n]))
+            for n in a}
 
 
 # ---------------------------------------------------------------- the benchmark

@@ -1,11 +1,12 @@
 """Write docs/records/report_live.json from the logs of timed report runs (docs/report.md renders it).
 
 Each run was made under ``/usr/bin/time -v`` (its wall time, user CPU time and peak resident memory are read from the
-log); the embedded model's ``--quick`` run beside a loop that copied report.html each time it changed, named
-``page_<seconds since the start>.html``, which gives when the first page and the page with the ablation running
-appeared:
+log), beside a loop that copied report.html each time it changed, named ``page_<seconds since the start>.html``, which
+gives when the first page and the page with the ablation running appeared:
 
-    python benchmarks/report_live_record.py --quick-log Q.log --snapshots DIR --gpt2 'CMD|LOG|LOAD|OUTCOME' ...
+    python benchmarks/report_live_record.py --run 'CMD|LOG|SNAPSHOTS|LOAD|OUTCOME' ... --warning LOG --warning-note TEXT
+
+A run of the embedded model goes under "embedded", one of ``gpt2-medium`` under "gpt2_medium".
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def timed(log: str) -> dict:
-    """Wall seconds, user CPU seconds and peak RSS (kB) from ``/usr/bin/time -v``'s lines at the end of ``log``."""
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log).group(1)
-    parts = [float(p) for p in wall.split(":")]
+    """Wall seconds, user CPU seconds and peak RSS (kB) from ``/usr/bin/time -v``'s lines at the end of ``log``
+    (None each where the run was stopped before ``time`` could write them)."""
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log)
+    if wall is None:
+        return {"wall_s": None, "user_cpu_s": None, "peak_rss_kb": None, "exit_status": None}
+    parts = [float(p) for p in wall.group(1).split(":")]
     seconds = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
     return {"wall_s": round(seconds, 1),
             "user_cpu_s": float(re.search(r"User time \(seconds\): ([\d.]+)", log).group(1)),
@@ -54,29 +58,30 @@ def machine() -> dict:
             "threads": torch.get_num_threads()}
 
 
+def run_record(spec: str) -> tuple[str, dict]:
+    """One run's entry from ``CMD|LOG|SNAPSHOTS|LOAD|OUTCOME``, and the section it belongs to."""
+    command, log, snapshots, load, outcome = spec.split("|")
+    entry = {"command": command, **timed(Path(log).read_text()), **snapshot_times(Path(snapshots)),
+             "load_average": load, "outcome": outcome}
+    return ("gpt2_medium" if "gpt2-medium" in command else "embedded"), entry
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick-log", type=Path, required=True, help="the embedded --quick run's log")
-    p.add_argument("--quick-load", required=True, help="its load average at the start (1, 5, 15 min)")
-    p.add_argument("--quick-outcome", required=True, help="how it ended")
-    p.add_argument("--snapshots", type=Path, required=True)
-    p.add_argument("--gpt2", action="append", default=[], metavar="CMD|LOG|LOAD|OUTCOME")
+    p.add_argument("--run", action="append", required=True, metavar="CMD|LOG|SNAPSHOTS|LOAD|OUTCOME")
     p.add_argument("--warning", type=Path, required=True, help="a file holding the long-run warning a run printed")
     p.add_argument("--warning-note", required=True)
     p.add_argument("--out", type=Path, default=Path("docs/records/report_live.json"))
     a = p.parse_args()
-    quick = {**timed(a.quick_log.read_text()), **snapshot_times(a.snapshots), "load_average_start": a.quick_load,
-             "outcome": a.quick_outcome,
-             "command": "python -m lens_heads.report --quick"}
-    gpt2 = []
-    for spec in a.gpt2:
-        command, log, load, outcome = spec.split("|")
-        gpt2.append({"command": command, **timed(Path(log).read_text()), "load_average": load, "outcome": outcome})
+    runs: dict[str, list] = {"embedded": [], "gpt2_medium": []}
+    for spec in a.run:
+        section, entry = run_record(spec)
+        runs[section].append(entry)
     warning = next((line for line in a.warning.read_text().splitlines() if "[report] warning:" in line), None)
     if warning is None:
         raise SystemExit(f"{a.warning} holds no long-run warning")
-    atomic_write_json(a.out, {"provenance": provenance(), "machine": machine(), "embedded_quick": quick,
-                              "gpt2_medium": gpt2, "warning_example": {"text": warning, "note": a.warning_note}})
+    atomic_write_json(a.out, {"provenance": provenance(), "machine": machine(), **runs,
+                              "warning_example": {"text": warning, "note": a.warning_note}})
     print(a.out)
 
 
