@@ -216,3 +216,18 @@ def test_the_comparison_sees_padding_attended_to(models, monkeypatch):
 
     monkeypatch.setattr(backends.HookedBackend, "cached_step", padding_attended)
     assert not same(batched(model, []), want)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_evaluator_fast_paths_hand_the_cache_to_transformer_lens(models, arch):
+    """Inside the evaluator's fused attention and fast blocks, a layer or block given a key/value cache runs
+    TransformerLens's own forward (their eager fallback), so the cached batch is unchanged there."""
+    from lens_heads.evaluation.fast_blocks import fast_blocks
+    from lens_heads.evaluation.fused_attention import fused_attention
+
+    model = models[arch]
+    want = alone(model, ABLATIONS["static"](model))
+    with fused_attention(model) as calls, fast_blocks(model):
+        made = batched(model, ABLATIONS["static"](model))
+    assert all(g.cached for g in made) and same(made, want)
+    assert calls.fused == 0 and calls.eager > 0

@@ -20,6 +20,11 @@ the row has alone, and the distance between two tokens (a sliding window's) is u
 masked out of every query (a padding query attends to nothing and gets zero, TransformerLens's NaN-to-zero). A row
 whose generation ended leaves the batch and the cache.
 
+The forward is TransformerLens's own, with its eager attention: the evaluator's fused attention and fast blocks
+(:mod:`lens_heads.evaluation.fused_attention`, :mod:`lens_heads.evaluation.fast_blocks`) hand any layer or block
+given a key/value cache to TransformerLens's forward, so the cache works inside them too. A cached step's attention
+is one query row per prompt, so the pattern eager attention materialises is small.
+
 Hooks fire on the positions each forward runs: the whole left-padded prompt batch, then one column per step. A
 per-input ablation is told each forward's rows and the mask of the positions run (``batch(mask, inputs=...)``), so
 a static or random zeroing counts one row per step, as on the rerun path.
