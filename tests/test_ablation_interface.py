@@ -22,7 +22,7 @@ from lens_heads.harness.model_args import build_hooks, parse_ablation
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lens_heads"
 MEMBERS = ("hooks", "batch", "copies", "units", "reads_rows", "zeroed_by_input", "share_zeroed", "snapshot",
-           "restore", "per_input", "counts_inputs")  # the interface's members an object could be probed for
+           "restore", "per_input", "counts_inputs", "cache_exact")  # the interface's members an object could be probed for
 RECORDS = [dict(context=f"Question {q}: which one{' here' * q}?", choices=[f" option {c}" for c in "abc"], gold=q % 3)
            for q in range(4)]
 
@@ -45,6 +45,8 @@ def test_every_ablation_lens_heads_builds_is_one(model, task):
         units.append(build_hooks(parse_ablation(**args), model, task)[0])
     for unit in units:
         assert isinstance(unit, UnitAblation), unit
+    # whether generation may keep a key/value cache under it: all but the threshold zeroing act on each position alone
+    assert [unit.cache_exact for unit in units] == [True, False, True, True, True, True, True, True, True]
     stacked = stack_ablations([None, units[0]])
     assert isinstance(stacked, Ablation) and not isinstance(stacked, UnitAblation)
     assert list(stacked.units) == [None, units[0]] and units[0].units is None

@@ -1,7 +1,7 @@
 """Every family of the paper (Llama-3, Qwen2.5, OLMo-2), and Qwen3, Mistral, Gemma-2, Gemma-3 and GPT-2, loaded from a
 tiny random Hugging Face folder with ``load_model(folder)`` on each backend and checked against plain Hugging Face
 eager attention (``families.py``): the twelve scores, the per-input threshold zeroing, greedy generation under a
-static zeroing.
+static zeroing (one prompt, and a padded batch against a key/value cache).
 
 Each environment has one backend: ``.venv`` HookedTransformer (TransformerLens 3.9), ``.venv-bridge``
 TransformerBridge (4.x); ``.ci/run`` runs this file in both, and the other backend's cases skip with that reason.
@@ -24,9 +24,10 @@ from families import (
     load_hf,
     reference_scores,
 )
-from lens_heads import load_model, score_heads, threshold_zeroing, zero_heads
+from lens_heads import load_model, score_heads, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.data.inputs import right_pad
 from lens_heads.evaluation.generate import generate
+from lens_heads.evaluation.generate_batch import generate_batch
 from lens_heads.models.backends import default_backend, tl_version
 from report_run import run_cli
 
@@ -144,6 +145,19 @@ def test_greedy_generation_under_static_zeroing_matches_plain_hugging_face(famil
         assert made.tokens == want[:len(made.tokens)], (cache, made.tokens, want)
         assert (made.stop, len(made.tokens)) == ("max_new_tokens", n) or \
             (made.stop == "eos" and want[len(made.tokens)] == eos), (cache, made, want)
+
+
+@pytest.mark.parametrize("family, backend", CASES)
+def test_batched_generation_against_a_key_value_cache_equals_each_input_alone(family, backend, family_models):
+    """The inputs (of different lengths, longer than the sliding windows) left-padded into one batch and generated
+    against a key/value cache under a static zeroing: token for token what each gives alone, its whole sequence
+    rerun at every step. The bridge keeps no cache for a batch: it reruns."""
+    model, _ = family_models(family, backend)
+    hooks = [static_zeroing(model, [(0, 1), (1, 2), (1, 3)])]
+    made = generate_batch(model, INPUTS, hooks=hooks, max_new_tokens=[8] * len(INPUTS), stops=[[]] * len(INPUTS))
+    want = [generate(model, ids, hooks=hooks, max_new_tokens=8, stop=(), input_id=i) for i, ids in enumerate(INPUTS)]
+    assert [(g.tokens, g.stop) for g in made] == [(g.tokens, g.stop) for g in want]
+    assert all(g.cached is (backend == "hooked") for g in made)
 
 
 @pytest.mark.parametrize("family, backend", [_case(*key) for key in REFUSED])

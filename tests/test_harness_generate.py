@@ -1,5 +1,6 @@
-"""lm-eval's ``generate_until`` through ``LensHeadsLM``: the prompts run as padded batches, each text the one
-lens_heads' one-prompt generation gives for that prompt alone (under the same hooks); a prompt too long for its
+"""lm-eval's ``generate_until`` through ``LensHeadsLM``: the prompts run as padded batches (against a key/value cache
+where the ablation allows one), each text the one lens_heads' one-prompt generation gives for that prompt alone
+(under the same hooks, rerun at every step); a prompt too long for its
 ``max_gen_toks`` keeps its last tokens, as lm-eval's ``hf`` model cuts it, with a warning naming the request."""
 
 from __future__ import annotations
@@ -25,33 +26,44 @@ def model():
     return text_model(n_ctx=256)
 
 
-@pytest.mark.parametrize("ablation", [None, "random:0.3:per_item:2", "threshold:AHON (LN):0.3"])
-def test_batched_texts_equal_one_prompt_at_a_time(model, ablation):
-    """Five prompts of different lengths in batches of 2 (padding in every batch, a last batch of one)."""
+@pytest.mark.parametrize("args", [{}, dict(ablation="random:0.3:per_item:2"), dict(heads="0.1;1.2"),
+                                  dict(layers="1"), dict(ablation="threshold:AHON (LN):0.3")], ids=str)
+def test_batched_texts_equal_one_prompt_at_a_time(model, args):
+    """Five prompts of different lengths in batches of 2 (padding in every batch, a last batch of one), against a
+    key/value cache where the ablation is exact under one (the call's record says so), else rerun at each step."""
     kwargs = [dict(until=["\n"], max_gen_toks=6 + 2 * i) for i in range(len(PROMPTS))]
     requests = [Instance("generate_until", {}, (p, k), i) for i, (p, k) in enumerate(zip(PROMPTS, kwargs))]
-    lm = LensHeadsLM(pretrained=model, progress=False, batch_size=2, ablation=ablation)
+    lm = LensHeadsLM(pretrained=model, progress=False, batch_size=2, **args)
     texts = lm.generate_until(requests)
     prompts = [model.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    if ablation is None:
-        hooks = ()
+    ablation = args.get("ablation", "")
+    if "heads" in args:
+        hooks = [lh.static_zeroing(model, [(0, 1), (1, 2)])]
+    elif "layers" in args:
+        hooks = [lh.remove_layers(model, [1])]
     elif ablation.startswith("random"):
         hooks = [lh.random_zeroing(model, 0.3, 2)]
-    else:  # calibrated on the prompts generation reads first
+    elif ablation.startswith("threshold"):  # calibrated on the prompts generation reads first
         scores = lh.score_heads(model, prompts, progress=False)
         hooks = [lh.threshold_zeroing(model, "AHON (LN)", lh.thresholds(scores, "AHON (LN)", [0.3])[0.3])]
+    else:
+        hooks = []
     alone = [generate(model, p, hooks=hooks, max_new_tokens=k["max_gen_toks"], stop=k["until"], input_id=i).text
              for i, (p, k) in enumerate(zip(prompts, kwargs))]
     assert texts == alone
     assert any(texts)  # not all empty: the comparison compares something
+    assert lm.get_model_info()["lens_heads"]["calls"][-1]["kv_cache"] is not ablation.startswith("threshold")
 
 
-def test_generate_batch_equals_generate_on_token_prompts(model):
+@pytest.mark.parametrize("cache", [True, False])
+def test_generate_batch_equals_generate_on_token_prompts(model, cache):
     prompts = [model.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     hooks = [lh.static_zeroing(model, [(0, 1), (1, 2)])]
-    batched = generate_batch(model, prompts, hooks=hooks, max_new_tokens=[10] * 5, stops=[["."]] * 5, batch_size=3)
+    batched = generate_batch(model, prompts, hooks=hooks, max_new_tokens=[10] * 5, stops=[["."]] * 5, batch_size=3,
+                             cache=cache)
     alone = [generate(model, p, hooks=hooks, max_new_tokens=10, stop=["."], input_id=i) for i, p in enumerate(prompts)]
     assert [(g.tokens, g.text, g.stop) for g in batched] == [(g.tokens, g.text, g.stop) for g in alone]
+    assert all(g.cached is cache for g in batched)
 
 
 def test_a_prompt_too_long_keeps_its_last_tokens_with_a_warning():

@@ -108,10 +108,11 @@ def test_a_nan_weight_is_refused_by_name(name, models, folders, tmp_path):  # no
     assert "NaN" in str(caught.value)
 
 
-def test_batched_generation_refuses_naming_the_prompt(models):  # noqa: F811
+@pytest.mark.parametrize("cache", [True, False])  # against a key/value cache, and rerun at every step
+def test_batched_generation_refuses_naming_the_prompt(models, cache):  # noqa: F811
     from lens_heads.evaluation.generate_batch import generate_batch
 
     _, broken = models
     prompts = [broken.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     with pytest.raises(NonFiniteError, match=r"generation of prompt 0 .*NaN.*blocks\.1\."):
-        generate_batch(broken, prompts, max_new_tokens=[3, 3], stops=[[], []])
+        generate_batch(broken, prompts, max_new_tokens=[3, 3], stops=[[], []], cache=cache)

@@ -91,6 +91,9 @@ class HeadAblation(UnitAblation):
     ``prefix_scope``: over which rows the rule decides alike at every position, so that a shared prefix may be
     computed once for them (``"any"``, ``"item"``; None: it reads the whole row or draws per row, see
     :mod:`lens_heads.evaluation.prefix`). ``reads_rows``: the rule needs the rows' keys (the evaluator passes them).
+    ``cache_exact``: the rule's heads for a row do not change as its sequence grows (a fixed set per input: static,
+    per-input sets, random draws), so generation may keep a key/value cache; a threshold zeroing decides from the
+    whole sequence, and is not.
     """
 
     per_input = True  # the rule decides per input, and what it ablates is counted per input
@@ -99,9 +102,10 @@ class HeadAblation(UnitAblation):
     def __init__(self, n_layers: int, n_heads: int, rule: Rule, *, description: str,
                  capture: Sequence[str] | Callable[[int], Sequence[str]] = (),
                  ablation: str = "zero", means: Tensor | None = None, prefix_scope: str | None = None,
-                 reads_rows: bool = False):
+                 reads_rows: bool = False, cache_exact: bool = False):
         _check_ablation(ablation, means)
         self.prefix_scope = prefix_scope
+        self.cache_exact = cache_exact
         self.reads_rows = reads_rows  # the rule tells the rows of one input apart: the evaluator passes rows=
         self.n_layers, self.n_heads = n_layers, n_heads
         self.description = description
@@ -255,7 +259,7 @@ def static_zeroing(model, heads: Iterable[tuple[int, int]], *, ablation: str = "
         return chosen[layer].to(z.device).expand(z.shape[0], -1)
 
     return HeadAblation(model.cfg.n_layers, model.cfg.n_heads, rule, description=f"static: {int(chosen.sum())} heads",
-                        ablation=ablation, means=means, prefix_scope="any")
+                        ablation=ablation, means=means, prefix_scope="any", cache_exact=True)
 
 
 def input_zeroing(model, heads_by_input: Sequence[Iterable[tuple[int, int]]], *, ablation: str = "zero",
@@ -279,7 +283,7 @@ def input_zeroing(model, heads_by_input: Sequence[Iterable[tuple[int, int]]], *,
         return chosen[ids.cpu(), layer].to(z.device)
 
     return HeadAblation(model.cfg.n_layers, model.cfg.n_heads, rule, ablation=ablation, means=means, prefix_scope="item",
-                        description=f"per input: {chosen.shape[0]} head sets")
+                        description=f"per input: {chosen.shape[0]} head sets", cache_exact=True)
 
 
 def _head_mask(model, heads: Iterable[tuple[int, int]]) -> Bool[Tensor, "layer head"]:
@@ -336,7 +340,8 @@ def threshold_zeroing(model, score_name: str, threshold: float, *, ablation: str
         return inactive(scores, direction, threshold)
 
     return HeadAblation(model.cfg.n_layers, n_heads, rule, capture=captured, ablation=ablation, means=means,
-                   description=f"threshold: {score_name} {direction} {threshold:.6g}")
+                        description=f"threshold: {score_name} {direction} {threshold:.6g}",
+                        cache_exact=False)  # it decides from the whole sequence, which grows at every step
 
 
 # ---------------------------------------------------------------- mean ablation

@@ -51,7 +51,8 @@ def random_zeroing(model, p: float, seed: int = 0, *, draw: str = "per_item", ab
 
     return HeadAblation(n_layers, n_heads, rule, description=f"random: p={p:g}, seed={seed}" + (
         ", drawn per row" if per_row else ""), ablation=ablation, means=means,
-        prefix_scope=None if per_row else "item", reads_rows=per_row)
+        prefix_scope=None if per_row else "item", reads_rows=per_row,
+        cache_exact=True)  # a row's draw is fixed by its input (and row key), whatever its length
 
 
 def _row_keys(ids: list[int], rows: Tensor | None) -> list[int]:

@@ -13,7 +13,8 @@ A layer is removed by zeroing what it writes into the residual stream, at every 
 
 The removed layers still run (their output is discarded): this measures what a layer contributes, not the time its
 removal saves. The action at a position does not depend on the rest of the row, so the evaluator's shared prefixes
-stay exact (``prefix_scope = "any"``, :mod:`lens_heads.evaluation.prefix`).
+stay exact (``prefix_scope = "any"``, :mod:`lens_heads.evaluation.prefix`), and so does generation's key/value cache
+(``cache_exact``, :mod:`lens_heads.evaluation.cached_generation`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class RemovedLayers(UnitAblation):
     acts alike on every input, so it is told no batches and counts nothing per input (``per_input`` False)."""
 
     prefix_scope = "any"
+    cache_exact = True  # the same layers removed at every position, whatever the sequence's length
 
     def __init__(self, n_layers: int, n_heads: int, layers: tuple[int, ...], part: str, hook_names: list[str]):
         self.n_layers, self.n_heads, self.layers, self.part = n_layers, n_heads, layers, part

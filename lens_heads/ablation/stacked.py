@@ -57,6 +57,7 @@ class StackedAblation(Ablation):
         self.units: list[HeadAblation | None] = units
         self.copies = len(units)
         self.reads_rows = any(u is not None and u.reads_rows for u in units)
+        self.cache_exact = all(u is None or u.cache_exact for u in units)  # each slice acts as its unit alone
         self.description = f"stacked: {self.copies} units"
         self._ablating = [u for u in units if u is not None]
         n_layers = shapes.pop()[0] if shapes else 0

@@ -15,6 +15,11 @@ The vocabulary is TransformerLens's: an ablation is a list of ``(hook_name, fn)`
   once (``"any"``, ``"item"``; None: it reads the whole row, :mod:`lens_heads.evaluation.prefix`);
 - :meth:`~Ablation.snapshot` / :meth:`~Ablation.restore` / :meth:`~Ablation.reset`: rewind what it counted (a batch
   that ran out of memory and is retried smaller, :mod:`lens_heads.evaluation.batching`);
+- :attr:`~Ablation.cache_exact`: whether a key/value cache stays exact under it: what it does at a position is fixed
+  once that position has run (it reads no later position and decides no differently as the sequence grows), so
+  generation may run only each new token against the keys and values of the earlier ones
+  (:mod:`lens_heads.evaluation.cached_generation`). False (the default, and what a threshold zeroing declares, since
+  it decides from the whole sequence): generation reruns the whole sequence at every step;
 - :attr:`~Ablation.units`: a stack of units run in one forward (:mod:`lens_heads.ablation.stacked`) lists them, and
   the evaluator runs one copy of each batch per unit; None for one ablation;
 - :meth:`~Ablation.zeroed_by_input`: per input id, (rows counted, (layer, head) pairs ablated), where
@@ -25,7 +30,8 @@ A unit of a sweep (:class:`UnitAblation`) also says which heads it took out (:me
 (:class:`lens_heads.ablation.hooks.HeadAblation`: static, per-input, threshold and random zeroing), a layer removal
 (:class:`lens_heads.ablation.removed_layers.RemovedLayers`) and a stack of head ablations
 (:class:`lens_heads.ablation.stacked.StackedAblation`). A new kind of ablation is one subclass: ``hooks``, and
-``batch`` with ``per_input = True`` where it decides per input.
+``batch`` with ``per_input = True`` where it decides per input, and ``cache_exact = True`` where it acts on each
+position alone.
 
 Hook sets also take plain pairs, and objects of other classes with a ``.hooks`` list (and, optionally, the members
 above): :func:`as_ablation` reads those once, at the door, so that nothing past it asks an object what it can do.
@@ -52,6 +58,7 @@ class Ablation(ABC):
     reads_rows: bool = False  # batch() needs each row's key within its input (a per-row draw)
     per_input: bool = False  # batch() must be entered around each forward (it decides or counts per input)
     counts_inputs: bool = False  # zeroed_by_input() counts what each input lost
+    cache_exact: bool = False  # a key/value cache of earlier positions stays exact under it (module docstring)
     units: Sequence[UnitAblation | None] | None = None  # a stack's units (None: the baseline's), one copy each
 
     @property
@@ -129,6 +136,7 @@ class Foreign(Ablation):
         self.reads_rows = bool(getattr(obj, "reads_rows", False))
         self.per_input = hasattr(obj, "batch")
         self.counts_inputs = hasattr(obj, "zeroed_by_input")
+        self.cache_exact = getattr(obj, "cache_exact", False) is True
         self.units = list(obj.units) if hasattr(obj, "copies") else None
 
     @property

@@ -11,7 +11,10 @@ zeroing counts one input row per step, so ``share_zeroed()`` is the share over s
 is told the same input id (``input_id``), so a random zeroing draws once per generation. ``cache=True`` keeps
 TransformerLens's key-value cache (fast: each step runs only the new token); hooks then see only the new
 position, so it takes plain ``(hook_name, fn)`` pairs that act position by position (such as
-:func:`lens_heads.ablation.hooks.zero_heads` for a fixed set of heads) and refuses per-input HeadAblation objects.
+:func:`lens_heads.ablation.hooks.zero_heads` for a fixed set of heads) and ablations that declare
+:attr:`~lens_heads.evaluation.ablation_interface.Ablation.cache_exact` (static, per-input and random zeroing, layer
+removal), and refuses a threshold zeroing, which decides from the whole sequence. Many prompts at once:
+:func:`lens_heads.evaluation.generate_batch.generate_batch`, which picks the cache itself where it is exact.
 
 GSM8K: :func:`evaluate_generation` generates for each item of ``load_task("gsm8k")`` (the shipped 8-shot
 chain-of-thought prompt, stops "\\n\\n" and "Question:") and compares :func:`extract_answer` of the text with the
@@ -33,6 +36,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -41,7 +45,7 @@ from lens_heads.data.inputs import check_token_ids
 from lens_heads.data.rows import DEFAULT_PROTOCOL, check_protocol, encode, lm_eval_bos
 from lens_heads.evaluation.ablation_interface import Ablation, describe
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
-from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects, stacked_copies
+from lens_heads.evaluation.hook_sets import collect_hooks, hook_objects, not_cache_exact, stacked_copies
 from lens_heads.evaluation.lm_eval_filters import FILTERS, lm_eval_exact_match
 from lens_heads.evaluation.results import wilson_interval
 from lens_heads.models.backends import backend
@@ -63,6 +67,7 @@ class Generation:
     tokens: list[int]
     text: str
     stop: str  # the stop string, "eos", or "max_new_tokens"
+    cached: bool = False  # its steps ran only the new token against a key/value cache (else each reran the sequence)
 
 
 @torch.no_grad()
@@ -80,10 +85,11 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable | None = Non
     if stacked_copies(hooks) > 1:
         raise InputError("generate runs one prompt, not a stacked batch of units: pass one unit's HeadAblation")
     pairs, batch_aware = collect_hooks(hooks, model)
-    if cache and batch_aware:
-        raise InputError("cache=True runs only the new token at each step, so a per-input HeadAblation would decide on "
-                         "that one position: use cache=False (reruns the sequence), or zero_heads(...) pairs for a "
-                         "fixed set of heads")
+    inexact = not_cache_exact(hooks, pairs=False) if cache else []
+    if inexact:
+        raise InputError(f"cache=True runs only the new token at each step, so {', '.join(inexact)} would decide on "
+                         "that one position: use cache=False (reruns the sequence), or an ablation that acts on each "
+                         "position alone (static_zeroing, zero_heads(...) pairs for a fixed set of heads)")
     tokens = _prompt_tokens(model, prompt, protocol)
     if len(tokens) + max_new_tokens > model.cfg.n_ctx:
         raise InputError(f"prompt of {len(tokens)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
@@ -100,18 +106,44 @@ def generate(model, prompt: str | Sequence[int], *, hooks: Iterable | None = Non
                         stack.enter_context(obj.batch(None, first=input_id))
                     ids = torch.tensor([step_input if cache else tokens + new], device=model.cfg.device)
                     next_token, kv = _next_token(model, ids, kv, cache, tokens + new)
-                if next_token == eos:
-                    return Generation(new, _decode(model, new), "eos")
-                new.append(next_token)
+                ended = advance(model, new, next_token, eos, stop, max_new_tokens)
+                if ended is not None:
+                    ended.cached = cache
+                    return ended
                 step_input = [next_token]
-                text = _decode(model, new)
-                hits = [(text.index(s), s) for s in stop if s in text]
-                if hits:
-                    at, which = min(hits)
-                    return Generation(new, text[:at], which)
     except NonFiniteError as e:  # diagnosed outside the hooks: where the model's own forward goes non-finite
         raise NonFiniteError(f"{e}; {where_nonfinite(model, tokens + new)}") from None
-    return Generation(new, _decode(model, new), "max_new_tokens")
+    raise AssertionError("unreachable: advance() ends a generation at max_new_tokens")
+
+
+def advance(model, new: list[int], token: int, eos: int | None, stops: Sequence[str],
+         max_new_tokens: int) -> Generation | None:
+    """Append greedy ``token`` to the tokens ``new`` so far (the end-of-sequence token is not appended); the
+    generation if it ends here (by the EOS token, a stop string in the text, which is cut before the first stop, or
+    ``max_new_tokens``), else None. Every greedy loop (:func:`generate`,
+    :func:`lens_heads.evaluation.generate_batch.generate_batch`, cached or not) ends a generation by this rule."""
+    if token == eos:
+        return Generation(new, _decode(model, new), "eos")
+    new.append(token)
+    text = _decode(model, new)
+    hits = [(text.index(s), s) for s in stops if s in text]
+    if hits:
+        at, which = min(hits)
+        return Generation(new, text[:at], which)
+    return Generation(new, text, "max_new_tokens") if len(new) >= max_new_tokens else None
+
+
+def greedy_tokens(model, logits: Float[Tensor, "batch d_vocab"], sequences: Sequence[Sequence[int]],
+                  input_ids: Sequence[int]) -> list[int]:
+    """Each row's argmax of ``logits`` (the logits after ``sequences[row]``, prompt ``input_ids[row]``). Non-finite
+    logits are refused, naming the prompt and where the model's forward first goes non-finite: their argmax would be
+    a token chosen by a NaN."""
+    for k, (sequence, input_id) in enumerate(zip(sequences, input_ids)):
+        if not bool(torch.isfinite(logits[k]).all()):
+            raise NonFiniteError(f"generation of prompt {input_id} stopped: the logits after {len(sequence)} tokens "
+                                 "are NaN or infinite, so no next token can be chosen; "
+                                 f"{where_nonfinite(model, list(sequence))}")
+    return [int(t) for t in logits.argmax(-1).tolist()]
 
 
 def _next_token(model, ids: Tensor, kv, cache: bool, sequence: list[int]) -> tuple[int, object]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from lens_heads.evaluation.ablation_interface import Ablation, HookPair, as_ablation, is_hook_object
+from lens_heads.evaluation.ablation_interface import Ablation, HookPair, as_ablation, describe, is_hook_object
 from lens_heads.evaluation.prefix import hook_scope
 from lens_heads.models import backends
 from lens_heads.models.capture import check_hook_names
@@ -116,3 +116,20 @@ def collect_hooks(hooks: Iterable | None, model) -> tuple[list[HookPair], list[A
 def hook_objects(hooks: Iterable | None) -> list[Ablation | str]:
     """The members of a hook set as results describe them: each ablation, or each pair's hook name."""
     return [h[0] if isinstance(h, tuple) else h for h in listed(hooks)]
+
+
+def not_cache_exact(hooks: Iterable | None, *, pairs: bool = True) -> list[str]:
+    """The members of a hook set under which a key/value cache of earlier positions would not be exact, described
+    (empty: it is exact under all of them): each ablation that does not declare
+    :attr:`~lens_heads.evaluation.ablation_interface.Ablation.cache_exact`, and, where ``pairs``, each pair whose
+    function is not marked for shared prefixes (:func:`lens_heads.evaluation.prefix.mark`: a pair so marked acts at
+    a position on what the forward holds there, so a forward of only the new positions acts on them as the whole
+    row's; an unmarked pair may read the whole row)."""
+    out = []
+    for obj in listed(hooks):
+        if isinstance(obj, Ablation):
+            if not obj.cache_exact:
+                out.append(describe(obj))
+        elif pairs and (not isinstance(obj, tuple) or hook_scope([obj]) is None):
+            out.append(f"a hook on {obj[0]}" if isinstance(obj, tuple) and obj else repr(obj))
+    return out

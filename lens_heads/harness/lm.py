@@ -121,7 +121,9 @@ class LensHeadsLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy generations, each cut before the first of its ``until`` strings, the prompts run as padded
-        batches of ``batch_size`` (:func:`lens_heads.evaluation.generate_batch.generate_batch`). A prompt that
+        batches of ``batch_size`` (:func:`lens_heads.evaluation.generate_batch.generate_batch`: against a key/value
+        cache where the ablation is exact under one, else rerunning the sequence at each step; the call's record in
+        ``get_model_info()["lens_heads"]["calls"]`` says which, ``kv_cache``). A prompt that
         leaves no room for its ``max_gen_toks`` keeps its last ``n_ctx - max_gen_toks`` tokens, as lm-eval's ``hf``
         model cuts it, with a warning naming the request."""
         if not requests:
@@ -142,6 +144,7 @@ class LensHeadsLM(LM):
                                      max_new_tokens=max_new, stops=stops, batch_size=batch,
                                      progress=self.progress and not disable_tqdm)
         self._record(requests, hooks, len(prompts), [[i] for i in range(len(prompts))], calibrated, "generate_until")
+        self.calls[-1]["kv_cache"] = all(g.cached for g in generations)  # which path ran (generate_batch's docstring)
         return [g.text for g in generations]
 
     # ------------------------------------------------------------ what lm-eval records

@@ -20,6 +20,7 @@ import abc
 from collections import Counter
 from typing import Callable, Sequence
 
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_heads.models import tl_internals as tl
@@ -133,30 +134,54 @@ class Backend(abc.ABC):
         eager attention, which the evaluator counts)."""
         return None
 
+    caches_batches: bool  # generation over a left-padded batch may run against a key/value cache (cached_step)
+
     @abc.abstractmethod
-    def new_kv_cache(self, model):
-        """An empty key/value cache for :meth:`cached_logits` (one row)."""
+    def new_kv_cache(self, model, batch_size: int = 1):
+        """An empty key/value cache for :meth:`cached_logits` (one row) or :meth:`cached_step` (``batch_size``)."""
 
     @abc.abstractmethod
     def cached_logits(self, model, ids: Tensor, kv) -> tuple[Tensor, object]:
         """The logits ``[d_vocab]`` after the last of ``ids`` (one row: only the tokens ``kv`` has not seen), run
         against the key/value cache ``kv``, and the cache updated."""
 
+    def cached_step(self, model, ids: Int[Tensor, "batch new"], attention_mask: Int[Tensor, "batch new"],
+                    kv) -> Float[Tensor, "batch d_vocab"]:
+        """The logits after the last of ``ids`` in each row (left-padded: the last column is every row's last
+        token), run against the key/value cache ``kv`` of the batch's earlier tokens, which takes the new keys,
+        values and mask. Only where :attr:`caches_batches`."""
+        raise InputError(f"the {self.name} backend does not run generation over a padded batch against a key/value "
+                         "cache: generate without it (cache=False)")
+
+    def keep_rows(self, kv, rows: Int[Tensor, "k"]) -> None:
+        """Keep only batch ``rows`` of a :meth:`cached_step` cache (the others' generations ended)."""
+        raise InputError(f"the {self.name} backend keeps no batch key/value cache")
+
 
 class HookedBackend(Backend):
     """``HookedTransformer`` (TransformerLens 3.9): every fast path, and forwards from any block to any block."""
 
     name, fuses_attention, packs_weights, starts_at_layer = "hooked", True, True, True
+    caches_batches = True
 
     def run_to_resid(self, model, tokens, attention_mask, *, start=None, stop):
         return model(tokens, attention_mask=attention_mask, start_at_layer=start, stop_at_layer=stop)
 
-    def new_kv_cache(self, model):
-        return tl.new_kv_cache(model.cfg, model.cfg.device, 1)
+    def new_kv_cache(self, model, batch_size=1):
+        return tl.new_kv_cache(model.cfg, model.cfg.device, batch_size)
 
     def cached_logits(self, model, ids, kv):
         resid = model(ids, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
         return self.final_logits(model, resid[:, -1:])[0, -1], kv
+
+    def cached_step(self, model, ids, attention_mask, kv):
+        # TransformerLens appends the mask to the cache's and counts each position from the row's first real token
+        # (cumsum of the whole mask): learned and rotary positions skip the left padding
+        resid = model(ids, attention_mask=attention_mask, stop_at_layer=model.cfg.n_layers, past_kv_cache=kv)
+        return self.final_logits(model, resid[:, -1:])[:, -1]
+
+    def keep_rows(self, kv, rows):
+        tl.keep_kv_rows(kv, rows)
 
 
 class BridgeBackend(Backend):
@@ -166,6 +191,7 @@ class BridgeBackend(Backend):
     to read the residual stream after the last block)."""
 
     name, fuses_attention, packs_weights, starts_at_layer = "bridge", False, False, False
+    caches_batches = False  # its cache is Hugging Face's, which lens_heads runs one row at a time
 
     def run_to_resid(self, model, tokens, attention_mask, *, start=None, stop):
         if start is not None:
@@ -183,7 +209,7 @@ class BridgeBackend(Backend):
     def own_attention(self, model):
         return bridge_attention(model)
 
-    def new_kv_cache(self, model):
+    def new_kv_cache(self, model, batch_size=1):
         return None  # the first step starts one; Hugging Face's comes back from each step
 
     def cached_logits(self, model, ids, kv):

@@ -5,7 +5,7 @@ The evaluator's fast paths replace the forwards of HookedTransformer's modules (
 forwards and call what those forwards call: fused attention and shared prefixes replace ``AbstractAttention.forward``
 and call ``calculate_qkv_matrices``, ``apply_rotary``, ``rotate_every_two``, the rotary tables and the layer's
 causal direction; packed weights replace ``Unembed.forward`` and ``GatedMLP.forward``; cached generation builds
-TransformerLens's key/value cache; loading a Hugging Face model into a HookedTransformer calls
+TransformerLens's key/value cache and drops a batch's finished rows from it; loading a Hugging Face model into a HookedTransformer calls
 ``loading_from_pretrained``'s config, weight and name converters. The bridge (4.x) is stopped before its final norm by its
 ``StopAtLayerException``, and both backends' logits end in ``apply_softcap``. None of these is public API, so a
 release may rename one or change its parameters without notice. :data:`INTERNALS` lists each with its parameters as
@@ -327,6 +327,18 @@ def new_kv_cache(cfg, device, batch_size: int = 1):
     """An empty TransformerLens key/value cache for HookedTransformer's cached forward."""
     require(CACHED_GENERATION)
     return _get("TransformerLensKeyValueCache.init_cache", CACHED_GENERATION)(cfg, device, batch_size)
+
+
+def keep_kv_rows(kv, rows: Int[Tensor, "k"]) -> None:
+    """Keep only batch ``rows`` of TransformerLens's key/value cache ``kv`` (rows whose generation ended leave it):
+    every layer's keys and values and the attention mask so far. The cache's dataclass fields are not public API,
+    so each is read through :func:`_attribute`, which names a field a release has renamed."""
+    for entry in _attribute(kv, "entries", CACHED_GENERATION):
+        keys = _attribute(entry, "past_keys", CACHED_GENERATION)
+        entry.past_keys = keys[rows.to(keys.device)]
+        entry.past_values = _attribute(entry, "past_values", CACHED_GENERATION)[rows.to(keys.device)]
+    mask = _attribute(kv, "previous_attention_mask", CACHED_GENERATION)
+    kv.previous_attention_mask = mask[rows.to(mask.device)]
 
 
 def apply_softcap(logits: Tensor, cap: float | None) -> Tensor:
