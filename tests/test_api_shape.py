@@ -14,7 +14,7 @@ VALUES = ("settings", "plan", "progress")  # the settings values a function take
 
 
 def namespaces() -> dict[str, types.ModuleType]:
-    """``lh`` and the namespaces it exports (``lh.train``, ``lh.corpus``, ...)."""
+    """``lh`` and the namespaces it exports (``lh.training``, ``lh.corpus``, ...)."""
     found = {"lh": lh}
     found.update({f"lh.{name}": getattr(lh, name) for name in lh.__all__
                   if isinstance(getattr(lh, name), types.ModuleType)})
@@ -109,7 +109,7 @@ def test_every_settings_and_result_value_the_namespaces_export_is_frozen():
                if name.endswith(("Config", "Settings", "Plan")) and dataclasses.is_dataclass(getattr(module, name))
                and not getattr(module, name).__dataclass_params__.frozen]
     assert not mutable, f"make these frozen dataclasses: {mutable}"
-    config = lh.train.TrainConfig(steps=3)
+    config = lh.training.TrainConfig(steps=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.steps = 4  # type: ignore[misc]
     assert dataclasses.replace(config, steps=4).steps == 4 and config.steps == 3
