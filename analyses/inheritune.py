@@ -189,11 +189,11 @@ def distill_configs(a) -> tuple[DistillConfig, DistillConfig]:
 
 
 def build_config(a) -> InherituneConfig:
-    train = train_config(a)
     options = GPT2Options() if a.architecture == "authors" else GPT2Options.transformer_lens()
     logit, distilbert = distill_configs(a)
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
-                            max_layers=a.max_layers or a.ref_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len, train=train,
+                            max_layers=a.max_layers or a.ref_layers, d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
+                            train_config=train_config(a),
                             d_vocab=a.vocab, rank_average=not a.rank_per_input, options=options,
                             grow_from=a.grow_from, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
                             ablations=tuple(x for x in a.ablations.split(",") if x), distill_logit=logit,
@@ -241,7 +241,7 @@ def smollm_loop_config(a, own_rank: dict, n_layers: int) -> tuple[GrowthLoopConf
     choice = None if a.smollm_k else choose_k(own_rank)
     k = a.smollm_k or cast(KChoice, choice).k
     seeds = tuple(int(x) for x in a.smollm_seeds.split(",") if x.strip())
-    return GrowthLoopConfig(start_layers=k, train=train_config(a), grow_by=a.grow_by, max_layers=a.max_layers or n_layers,
+    return GrowthLoopConfig(start_layers=k, train_config=train_config(a), grow_by=a.grow_by, max_layers=a.max_layers or n_layers,
                             seeds=seeds, rank_inputs=a.rank_inputs, rank_len=a.rank_len,
                             loss_windows=a.smollm_windows), choice
 
@@ -363,15 +363,15 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
     if a.plan:
         return smollm_plan(a, reference, config, out)
     print(f"SmolLM2 growth loop: first {config.start_layers} of {reference.cfg.n_layers} layers ({k_rule}), grown "
-          f"by {config.grow_by}, {config.train.steps} steps of {config.train.tokens_per_step} tokens a stage, seeds "
+          f"by {config.grow_by}, {config.train_config.steps} steps of {config.train_config.tokens_per_step} tokens a stage, seeds "
           f"{config.seeds}; corpus {corpus}")
     record = run_growth_loop(reference, corpus, config, out_dir=runs / "smollm2_growth", progress=not a.no_progress)
     tests, rank_tests = growth_tests(record, a.n_resamples), lazy_rank_tests(record, a.n_resamples)
     table = pd.DataFrame(stage_table(record))
     print(table.drop(columns=["lazy_per_input"]).to_string())
     subtitle = (f"SmolLM2-135M reference ({reference.cfg.n_layers}L), students from {config.start_layers}L "
-                f"({k_rule}) grown by {config.grow_by}; {config.train.steps} steps of {config.train.batch_size}x"
-                f"{config.train.seq_len} SOTU tokens a stage; seeds {a.smollm_seeds}")
+                f"({k_rule}) grown by {config.grow_by}; {config.train_config.steps} steps of {config.train_config.batch_size}x"
+                f"{config.train_config.seq_len} SOTU tokens a stage; seeds {a.smollm_seeds}")
     written = smollm_figure(smollm, out) + growth_loop_figure(record, out, subtitle)
     atomic_write_text(out / "smollm2_growth.csv", table.to_csv(index=False))
     atomic_write_text(out / "smollm2_growth_tests.csv", tests.to_csv(index=False))
@@ -382,7 +382,7 @@ def main_smollm(a, runs: Path, out: Path, smollm: dict | None, started: float):
                 "and a same-FLOPs scratch at every size, several seeds",
         "settings": asdict(a), "k_rule": k_rule, "k_choice": choice.to_dict() if choice else None,
         "calling_rule": RULE, "corpus": corpus.meta,
-        "token_budget_per_stage": config.train.steps * config.train.tokens_per_step,
+        "token_budget_per_stage": config.train_config.steps * config.train_config.tokens_per_step,
         "model": reference.lens_heads_meta, **record, "tests": tests.to_dict(orient="records"),
         "readded_lazy_layers": {str(n): layers for n, layers in readded_lazy_layers(record).items()},
         "rank_tests": rank_tests.to_dict(orient="records"),

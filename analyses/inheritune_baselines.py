@@ -171,11 +171,11 @@ def parse_args(argv=None) -> BaselineSettings:
 
 
 def build_config(a: BaselineSettings, seed: int) -> InherituneConfig:
-    train = a.train_config(checkpoint_every=max(a.eval_every, 50), seed=seed)
+    train_config = a.train_config(checkpoint_every=max(a.eval_every, 50), seed=seed)
     return InherituneConfig(ref_layers=a.ref_layers, student_layers=a.student_layers, grow_by=a.grow_by,
                             max_layers=a.max_layers or a.student_layers, ref_steps=a.ref_steps, grow_from=a.grow_from,
                             d_model=a.d_model, n_heads=a.heads, n_ctx=a.seq_len,
-                            d_vocab=PADDED_VOCAB, train=train, ablations=tuple(x for x in a.baselines.split(",") if x),
+                            d_vocab=PADDED_VOCAB, train_config=train_config, ablations=tuple(x for x in a.baselines.split(",") if x),
                             distill_logit=DistillConfig.logit(a.distill_temperature, a.distill_alpha),
                             distill_distilbert=DistillConfig.distilbert(a.distill_temperature),
                             rank_inputs=a.rank_inputs, rank_len=a.rank_len, baselines=not a.no_scratch, seed=seed)

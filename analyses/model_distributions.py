@@ -47,7 +47,7 @@ from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats import calling
 from lens_heads.training.config import TrainConfig
-from lens_heads.training.examples import examples
+from lens_heads.training.example_data import examples
 from lens_heads.training.finetune import finetune
 from lens_heads.training.options import train_options
 from lens_heads.viz.export import save_figure

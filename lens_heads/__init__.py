@@ -3,11 +3,12 @@
 The heads workflow is at the top level, by topic: models and data, head scores, evaluation and ablation, sweeps and
 their statistics, layers, smaller models, the explorer (``import lens_heads as lh``; ``lh.score_heads``). The
 attention-collapse side's training is in namespaces: ``lh.inheritune`` (inherit, grow, stack, the baselines,
-``run_inheritune``), ``lh.train`` (``train``, ``TrainConfig``, ``RankTracker``), ``lh.gpt2`` (the authors' GPT-2) and
-``lh.corpus`` (the offline corpus). Everything else is imported from its module
+``run_inheritune``), ``lh.training`` (the loop ``train``, ``TrainConfig``, ``RankTracker``), ``lh.gpt2`` (the authors'
+GPT-2) and ``lh.corpus`` (the offline corpus). Everything else is imported from its module
 (``from lens_heads.heads.scores import SCORES``).
 """
 
+from lens_heads import training
 from lens_heads.ablation.hooks import mean_z, static_zeroing, threshold_zeroing, zero_heads
 from lens_heads.ablation.kv_cache import kv_account
 from lens_heads.ablation.prune import PrunedModel, first_layers, prune, prune_arguments
@@ -44,7 +45,7 @@ from lens_heads.sweep.rankings import ranking_sweep
 from lens_heads.sweep.result import SweepResult
 from lens_heads.sweep.run import run_sweep
 from lens_heads.sweep.unit_store import load_sweep, read_sweep_folder
-from lens_heads.training import corpus, train
+from lens_heads.training import corpus
 from lens_heads.viz.explorer import Explorer, explore
 
 __all__ = [
@@ -74,7 +75,7 @@ __all__ = [
     # the explorer
     "Explorer", "explore",
     # namespaces of the attention-collapse side
-    "inheritune", "train", "gpt2", "corpus",
+    "inheritune", "training", "gpt2", "corpus",
 ]
 
 
@@ -95,13 +96,19 @@ register_task_source("lm_eval:", _lm_eval_task)
 _MOVED = {
     **{name: "inheritune" for name in ("InherituneConfig", "InherituneResult", "grow", "inherit",
                                         "inherit_first_layers", "inherit_later_layers", "run_inheritune", "stack")},
-    **{name: "train" for name in ("RankTracker", "TrainConfig")},
+    **{name: "training" for name in ("RankTracker", "TrainConfig")},
     **{name: "gpt2" for name in ("GPT2Options", "gpt2_config", "gpt2_model")},
     **{name: "corpus" for name in ("TokenCorpus", "gpt2_tokenizer", "load_corpus")},
 }
 
 
+# names that were renamed: where the thing is now
+_RENAMED = {"train": "the namespace is lens_heads.training; the loop is lens_heads.training.train"}
+
+
 def __getattr__(name: str):
+    if name in _RENAMED:
+        raise AttributeError(f"lens_heads.{name} was renamed: {_RENAMED[name]}")
     if name in _MOVED:
         raise AttributeError(f"lens_heads.{name} moved to its namespace: use lens_heads.{_MOVED[name]}.{name}")
     raise AttributeError(f"module 'lens_heads' has no attribute {name!r}")

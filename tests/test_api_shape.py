@@ -14,7 +14,7 @@ VALUES = ("settings", "plan", "progress")  # the settings values a function take
 
 
 def namespaces() -> dict[str, types.ModuleType]:
-    """``lh`` and the namespaces it exports (``lh.train``, ``lh.corpus``, ...)."""
+    """``lh`` and the namespaces it exports (``lh.training``, ``lh.corpus``, ...)."""
     found = {"lh": lh}
     found.update({f"lh.{name}": getattr(lh, name) for name in lh.__all__
                   if isinstance(getattr(lh, name), types.ModuleType)})
@@ -109,7 +109,24 @@ def test_every_settings_and_result_value_the_namespaces_export_is_frozen():
                if name.endswith(("Config", "Settings", "Plan")) and dataclasses.is_dataclass(getattr(module, name))
                and not getattr(module, name).__dataclass_params__.frozen]
     assert not mutable, f"make these frozen dataclasses: {mutable}"
-    config = lh.train.TrainConfig(steps=3)
+    config = lh.training.TrainConfig(steps=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.steps = 4  # type: ignore[misc]
     assert dataclasses.replace(config, steps=4).steps == 4 and config.steps == 3
+
+
+def test_no_function_from_evaluate_to_the_forward_takes_more_than_five_parameters():
+    """The evaluator's path (``lh.evaluate`` to rows, passes, shared prefixes, the fused blocks and attention,
+    log-likelihoods) passes values instead of long lists, measured as the architecture page measures it
+    (``scripts/pages/contracts.py``)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("contracts", root / "scripts" / "pages" / "contracts.py")
+    assert spec is not None and spec.loader is not None
+    contracts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(contracts)
+    assert "evaluation/prefix.py" in contracts.EVALUATOR  # the path reaches the fused attention's functions
+    where, count = contracts.widest_on_path(root / "lens_heads")
+    assert count <= 5, f"{where} takes {count} parameters: pass a value (evaluate.EvalRun, passes.Work, prefix.QKV)"

@@ -240,7 +240,7 @@ def forward_per_token(n_layers, d_model, seq_len, vocab=VOCAB):
 @pytest.mark.floats
 def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):  # noqa: F811
     cfg = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=2, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
+                           d_vocab=VOCAB, train_config=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
                            seed=0)
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     names = [s.name for s in result.stages]
@@ -273,7 +273,7 @@ def test_run_inheritune_trains_every_baseline_with_its_budget(corpus, tmp_path):
 
     reference = gpt2(4, 32, 2)  # the DistilBERT student starts from the trained reference's blocks 0 and 3
     load_model_state(reference, tmp_path / "reference_4L" / "final" / "model.safetensors")
-    start = validation_loss(distilbert_init(reference, 2, seed=cfg.seed + 2), corpus.val, cfg.train)
+    start = validation_loss(distilbert_init(reference, 2, seed=cfg.seed + 2), corpus.val, cfg.train_config)
     # the same function on the same weights (reloaded from safetensors): equal up to float32 rounding of a mean loss
     assert by["distill_distilbert_2L"].history[0]["val_loss"] == pytest.approx(start, rel=1e-6)
     # the distillation runs' folders are claimed with their loss and teacher: another temperature is another run
@@ -309,7 +309,7 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
 
     monkeypatch.setattr(inheritune_run._Stages, "train", first_student_loses)
     cfg = InherituneConfig(ref_layers=3, student_layers=1, grow_by=1, max_layers=2, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
+                           d_vocab=VOCAB, train_config=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
                            seed=0, baselines=False, ablations=())
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     grown = result.stage("student_2L")
@@ -321,8 +321,8 @@ def test_growth_keeps_the_trained_student_by_default(corpus, tmp_path, monkeypat
     re_inherited = inherit.inherit(reference, 2, seed=cfg.seed + 2)
     start = grown.history[0]["val_loss"]  # measured before the grown student's first step
     # the same function on equal weights: float32 rounding of a mean loss at most; a re-inherited start differs
-    assert start == pytest.approx(validation_loss(expected, corpus.val, cfg.train), rel=1e-6)
-    assert start != pytest.approx(validation_loss(re_inherited, corpus.val, cfg.train), rel=1e-3)
+    assert start == pytest.approx(validation_loss(expected, corpus.val, cfg.train_config), rel=1e-6)
+    assert start != pytest.approx(validation_loss(re_inherited, corpus.val, cfg.train_config), rel=1e-3)
 
 
 @pytest.mark.floats
@@ -333,7 +333,7 @@ def test_half_width_as_the_authors_ran_it(corpus, tmp_path, ablations):  # noqa:
     about ln(vocabulary) (their medium_halfwdth log starts at 10.87, ln 50304 = 10.83). lens_heads' widened variant
     starts where the trained half-width model ended. One half-width model is trained for both."""
     cfg = InherituneConfig(ref_layers=2, student_layers=1, grow_by=1, max_layers=1, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=tiny_train_config(steps=6, eval_every=3), rank_inputs=2, rank_len=16,
+                           d_vocab=VOCAB, train_config=tiny_train_config(steps=6, eval_every=3), rank_inputs=2, rank_len=16,
                            baselines=False, ablations=ablations, seed=0)
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     by = {s.name: s for s in result.stages}
@@ -359,7 +359,7 @@ def test_a_longer_trained_reference_makes_the_run_grow_and_meta_shows_each_stage
     it, so the loop grows 1 -> 2 -> 3 layers and stops there (max_layers); ``meta["growth"]["stages"]`` lists each
     stage as it ran, with what the rule did next."""
     cfg = InherituneConfig(ref_layers=4, student_layers=1, grow_by=1, max_layers=3, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=tiny_train_config(steps=2, eval_every=2), ref_steps=40, rank_inputs=2,
+                           d_vocab=VOCAB, train_config=tiny_train_config(steps=2, eval_every=2), ref_steps=40, rank_inputs=2,
                            rank_len=16, baselines=True, ablations=(), seed=0)
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)
     by = {s.name: s for s in result.stages}

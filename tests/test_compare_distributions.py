@@ -185,7 +185,7 @@ def test_answer_loss_is_the_answer_tokens_mean_negative_log_likelihood(tmp_path)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lens_heads.training.config import TrainConfig
-    from lens_heads.training.examples import Example
+    from lens_heads.training.example_data import Example
     from lens_heads.training.finetune import finetune
     from lens_heads.training.objectives import answer_loss
     from lens_heads.training.schedules import lr_at

@@ -27,7 +27,7 @@ def test_sigterm_between_and_inside_stages_resumes_to_the_same_records(corpus, t
     training_loop.train(reference, corpus, tiny_train_config(steps=30, eval_every=0, checkpoint_every=30),
                         progress=False)  # a reference the 1-layer student does not match: the loop grows
     config = GrowthLoopConfig(start_layers=1, grow_by=1, max_layers=3, seeds=(0,), rank_inputs=2, rank_len=16,
-                              loss_windows=2, train=tiny_train_config(steps=4, eval_every=2, checkpoint_every=4))
+                              loss_windows=2, train_config=tiny_train_config(steps=4, eval_every=2, checkpoint_every=4))
     clean = run_growth_loop(reference, corpus, config, out_dir=tmp_path / "clean", progress=False)
     assert len(clean["stages"]) >= 6  # it grew at least once: stages after the interrupted ones exist
     out = tmp_path / "run"

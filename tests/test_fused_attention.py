@@ -14,6 +14,7 @@ from lens_heads.ablation.random_draws import random_zeroing
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.fused_attention import eager_reason, fused_attention, sdpa_z
+from lens_heads.evaluation.prefix import QKV
 
 ARCHS = {
     "gpt2": dict(scale_attn_by_inverse_layer_idx=True),  # GPT-2's per-layer score scaling folds into attn_scale
@@ -121,7 +122,7 @@ def test_sdpa_z_against_a_hand_written_masked_softmax():
     mask[1, 5:] = 0
     mask[2, :3] = 0
     scale = 0.37
-    z = sdpa_z(q, k, v, mask, scale=scale)
+    z = sdpa_z(QKV(q, k, v, mask), scale=scale)
     for i in range(b):
         for head in range(h):
             g = head // (h // kv)  # consecutive query heads share a KV head

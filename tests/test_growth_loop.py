@@ -2,6 +2,7 @@
 goes through, the grown student's tensors, the same-FLOPs scratch budget counted from the weights, both rank
 aggregations and the per-window losses the paired tests use."""
 
+import json
 import math
 
 import pytest
@@ -67,8 +68,9 @@ def test_same_flops_steps_spends_the_students_flops():
 def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_path, monkeypatch):  # noqa: F811
     reference = llama(4)
     train(reference, corpus, tiny_train_config(steps=30, eval_every=0, checkpoint_every=30), progress=False)
-    config = GrowthLoopConfig(start_layers=1, grow_by=1, max_layers=3, train=tiny_train_config(steps=2, eval_every=2),
-                              seeds=(0, 1), rank_inputs=2, rank_len=16, loss_windows=3)
+    config = GrowthLoopConfig(start_layers=1, grow_by=1, max_layers=3,
+                              train_config=tiny_train_config(steps=2, eval_every=2), seeds=(0, 1), rank_inputs=2,
+                              rank_len=16, loss_windows=3)
     record = run_growth_loop(reference, corpus, config, out_dir=tmp_path, progress=False)
     by = {(s["seed"], s["name"]): s for s in record["stages"]}
     for seed in (0, 1):
@@ -86,7 +88,7 @@ def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_pa
             assert p["matched"] == (student["val_loss"] <= record["reference"]["val_loss"])
             spent += student["flops"]
             assert random_["steps"] == student["steps"] == 2
-            assert flops["steps"] == same_flops_steps(spent, llama(n).cfg, config.train)
+            assert flops["steps"] == same_flops_steps(spent, llama(n).cfg, config.train_config)
             if n > 1:  # the grown student carries its earlier stages' training: the same-FLOPs model trains longer
                 assert flops["steps"] > student["steps"]
             for s in (student, random_, flops):
@@ -99,7 +101,7 @@ def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_pa
     assert record["reference"]["rank"]["averaged"]["meta"]["mode"] != record["reference"]["rank"]["per_input"]["meta"][
         "mode"]
     # a window's loss, by hand: the mean over its positions of -log softmax at the next token
-    windows = eval_windows(corpus.val, 3, config.train.seq_len)
+    windows = eval_windows(corpus.val, 3, config.train_config.seq_len)
     with torch.no_grad():
         logp = torch.log_softmax(reference(windows[:1, :-1]).double(), -1)[0]
     by_hand = -logp[torch.arange(windows.shape[1] - 1), windows[0, 1:]].mean().item()
@@ -116,6 +118,10 @@ def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_pa
     assert len(rows) == len(record["stages"]) and {"lazy_averaged", "lazy_per_input"} <= set(rows[0])
     import lens_heads.growth.growth_loop as loop
 
+    record_path = tmp_path / "growth_loop.json"  # its config as written when the field was named train
+    stored = json.loads(record_path.read_text())
+    stored["config"] = {("train" if k == "train_config" else k): v for k, v in stored["config"].items()}
+    record_path.write_text(json.dumps(stored))
     with monkeypatch.context() as m:  # a repeated run reloads every stage and measures none again
         m.setattr(loop, "both_ranks", lambda *_: pytest.fail("a recorded stage was measured again"))
         again = run_growth_loop(reference, corpus, config, out_dir=tmp_path, progress=False)
@@ -124,7 +130,7 @@ def test_growth_loop_grows_until_it_matches_or_reaches_max_layers(corpus, tmp_pa
     assert len(run_growth_loop(reference, corpus, other, out_dir=tmp_path, progress=False)["stages"][0][
         "window_losses"]) == 2
     with pytest.raises(InputError, match="max_layers"):
-        GrowthLoopConfig(start_layers=5, train=config.train).check(4)
+        GrowthLoopConfig(start_layers=5, train_config=config.train_config).check(4)
 
 
 def test_growth_tests_pair_each_window_and_seed(corpus, tmp_path):  # noqa: F811

@@ -266,7 +266,7 @@ def test_rank_tracker_logs_every_layer(corpus):
 
 def test_run_inheritune_stages(corpus, tmp_path):
     cfg = InherituneConfig(ref_layers=4, student_layers=2, grow_by=1, max_layers=3, d_model=32, n_heads=2, n_ctx=32,
-                           d_vocab=VOCAB, train=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
+                           d_vocab=VOCAB, train_config=tiny_train_config(steps=4, eval_every=2), rank_inputs=2, rank_len=16,
                            seed=0, ablations=("later_layers", "attention_only", "mlp_only", "stacking"),
                            grow_from="reference")
     result = run_inheritune(cfg, corpus, out_dir=tmp_path, progress=False)

@@ -55,7 +55,26 @@ def test_subpackage_inits_hold_no_code():
         body = ast.parse(init.read_text()).body
         if init.parent.name in ("report", "harness"):
             continue  # the app's package and the lm-eval model's: their entry points
+        if init.parent.name == "training":  # the namespace lh.training: its imports and __all__, nothing else
+            assert all(isinstance(node, ast.ImportFrom) or _is_docstring_or_all(node) for node in body), init
+            continue
         assert all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body), init
+
+
+def _is_docstring_or_all(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) or (
+        isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"])
+
+
+def test_the_training_namespace_shadows_none_of_its_modules():
+    """A name of ``lh.training`` that is also a module of the folder would hide the module from attribute access
+    (``lens_heads.training.NAME`` would be the name, not the module)."""
+    import lens_heads.training
+
+    modules = {p.stem for p in (PACKAGE / "training").glob("*.py")}
+    assert not modules & set(lens_heads.training.__all__)
+    assert all(vars(lens_heads.training)[name].__name__ == f"lens_heads.training.{name}"
+               for name in modules - {"__init__"} if name in vars(lens_heads.training))
 
 
 def test_only_the_command_line_and_tests_use_the_app():

@@ -13,6 +13,7 @@ from lens_heads.data.tasks import load_task
 from lens_heads.evaluation import fused_attention as fa
 from lens_heads.evaluation.eval_settings import EvalSettings
 from lens_heads.evaluation.evaluate import evaluate
+from lens_heads.evaluation.prefix import QKV
 from lens_heads.heads.scores import scores_of_layer
 from lens_heads.heads.scoring import score_heads
 from lens_heads.models import tl_internals as tl
@@ -51,7 +52,7 @@ def test_windowed_z_is_the_masked_softmax(query_chunk):
     q = torch.randn(4, 24, 4, 8, generator=gen)
     k, v = torch.randn(4, 24, 1, 8, generator=gen), torch.randn(4, 24, 1, 8, generator=gen)
     _, mask = padded_batch()
-    got = fa.windowed_z(q, k, v, mask, scale=0.35, window=WINDOW, query_chunk=query_chunk)
+    got = fa.windowed_z(QKV(q, k, v, mask), scale=0.35, window=WINDOW, query_chunk=query_chunk)
     # float32 sums of at most 4 terms against float64: a few float32 roundoffs of the values' scale
     assert_close_to_scale(got, explicit_windowed(q, k, v, mask, 0.35, WINDOW))
 

@@ -59,9 +59,9 @@ REFUSES = {
                                                                             progress=False)),
     "heal": ("validation loss", lambda i, b, f, t: lh.heal(f[1], [0], corpus(), TrainConfig(**TRAIN), out_dir=t,
                                                           device="cpu", progress=False)),
-    "train": ("training step 0.*loss", lambda i, b, f, t: lh.train.train(b, corpus(), TrainConfig(**TRAIN,
-                                                                                             eval_every=0),
-                                                                         progress=False)),
+    "training": ("training step 0.*loss", lambda i, b, f, t: lh.training.train(b, corpus(), TrainConfig(**TRAIN,
+                                                                                                   eval_every=0),
+                                                                               progress=False)),
     "explore": ("head scores", lambda i, b, f, t: lh.explore(b, PROMPTS)),
 }
 
@@ -87,7 +87,7 @@ COMPUTES_NONE = {
     **dict.fromkeys(["prune_arguments", "first_layers", "kv_account", "removal_arms", "truncation"],
                     "arithmetic on a config, a spec or layer scores"),
     **dict.fromkeys(["inheritune", "gpt2", "corpus"],
-                    "a namespace: its runs train with lh.train.train and evaluate with lh.evaluate (walked)"),
+                    "a namespace: its runs train with lh.training.train and evaluate with lh.evaluate (walked)"),
 }
 
 

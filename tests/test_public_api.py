@@ -62,10 +62,16 @@ def test_every_name_the_docs_and_messages_use_resolves():
 
 def test_the_collapse_side_is_grouped_in_namespaces_and_old_names_say_where_they_went():
     assert lh.inheritune.run_inheritune.__module__ == "lens_heads.growth.inheritune_run"
-    assert callable(lh.train.train) and lh.train.TrainConfig.__module__ == "lens_heads.training.config"
+    assert lh.training.train.__module__ == "lens_heads.training.loop"
+    assert lh.training.TrainConfig.__module__ == "lens_heads.training.config"
     assert callable(lh.gpt2.gpt2_model) and callable(lh.corpus.load_corpus)
     with pytest.raises(AttributeError, match=r"use lens_heads.inheritune.run_inheritune"):
         lh.run_inheritune  # noqa: B018
+    with pytest.raises(AttributeError, match=r"use lens_heads.training.TrainConfig"):
+        lh.TrainConfig  # noqa: B018
+    with pytest.raises(AttributeError, match=r"train was renamed: the namespace is lens_heads.training; the loop is "
+                                             r"lens_heads.training.train"):
+        lh.train  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'nonsense'"):
         lh.nonsense  # noqa: B018
     collapse_side = {"run_inheritune", "InherituneConfig", "TrainConfig", "gpt2_model", "load_corpus", "stack", "grow"}

@@ -53,7 +53,7 @@ def hand_flops(n_layers: int) -> int:
 
 def two_round_config(**kw) -> InherituneConfig:
     return InherituneConfig(**{**dict(ref_layers=4, student_layers=4, max_layers=4, d_model=32, n_heads=2, n_ctx=32,
-                                      d_vocab=VOCAB, train=tiny_train_config(steps=4, eval_every=2), rank_inputs=2,
+                                      d_vocab=VOCAB, train_config=tiny_train_config(steps=4, eval_every=2), rank_inputs=2,
                                       rank_len=16, seed=0, baselines=False, ablations=("stacking_2rnd",)), **kw})
 
 

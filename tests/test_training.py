@@ -7,7 +7,7 @@ import torch
 
 from lens_heads.plumbing.errors import InputError
 from lens_heads.training.config import TrainConfig
-from lens_heads.training.examples import Example, ExampleData
+from lens_heads.training.example_data import Example, ExampleData
 from lens_heads.training.loop import train
 
 
@@ -136,14 +136,14 @@ def test_every_config_field_is_an_option_of_every_training_script():
 
 
 def test_the_training_namespaces_document_every_name_they_export():
-    """lh.train and lh.inheritune export only documented functions and classes (a dataclass's generated signature is
+    """lh.training and lh.inheritune export only documented functions and classes (a dataclass's generated signature is
     not a docstring)."""
     import inspect
 
     import lens_heads as lh
 
     undocumented = []
-    for space in (lh.train, lh.inheritune):
+    for space in (lh.training, lh.inheritune):
         for name in space.__all__:
             obj = getattr(space, name)
             if not (inspect.isfunction(obj) or inspect.isclass(obj)):

@@ -41,7 +41,7 @@ from torch import Tensor
 from lens_heads.evaluation import rotary
 from lens_heads.evaluation.blocked_linear import linear
 from lens_heads.evaluation.packed_weights import Packed
-from lens_heads.evaluation.prefix import Extension, PrefixState, prefixed_z, suffix_positions
+from lens_heads.evaluation.prefix import QKV, Extension, PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import backend
 from lens_heads.models.capture import any_hooked
@@ -127,9 +127,9 @@ def _packed_qkv(attn) -> Packed | None:
     grouped = hasattr(attn, "_W_K") and not cfg.ungroup_grouped_query_attention
     names = ("W_Q", "_W_K", "_W_V", "b_Q", "_b_K", "_b_V") if grouped else ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 
-    def make(w_q, w_k, w_v, b_q, b_k, b_v):
+    def make(*weights):  # W_Q, W_K, W_V, then b_Q, b_K, b_V
         return [linear(einops.rearrange(w, "head d_model d_head -> (head d_head) d_model"),
-                       b.flatten() if bool(b.any()) else None) for w, b in ((w_q, b_q), (w_k, b_k), (w_v, b_v))]
+                       b.flatten() if bool(b.any()) else None) for w, b in zip(weights[:3], weights[3:])]
 
     return Packed(make, *(getattr(attn, name) for name in names))
 
@@ -184,14 +184,13 @@ def _forward(layer: _Layer, query_input, key_input, value_input,
         q, k = _rotary(layer, q, k, attention_mask, extension)  # fires hook_rot_q, hook_rot_k
     if prefix is not None and prefix.record is not None:
         prefix.record[attn.layer_id] = (k, v)
-    scale = 1.0 / attn.attn_scale
+    scale, heads = 1.0 / attn.attn_scale, QKV(q, k, v, attention_mask)
     if window is not None:
-        z = attn.hook_z(windowed_z(q, k, v, attention_mask, scale=scale, window=window,
-                                   query_chunk=WINDOW_QUERY_CHUNK))
+        z = attn.hook_z(windowed_z(heads, scale=scale, window=window, query_chunk=WINDOW_QUERY_CHUNK))
     elif extension is None:
-        z = attn.hook_z(sdpa_z(q, k, v, attention_mask, scale=scale, causal=causal))
+        z = attn.hook_z(sdpa_z(heads, scale=scale, causal=causal))
     else:
-        z = attn.hook_z(prefixed_z(q, k, v, attention_mask, extension, attn.layer_id, scale=scale))
+        z = attn.hook_z(prefixed_z(heads, extension, attn.layer_id, scale=scale))
     if z.device != attn.W_O.device:
         return F.linear(einops.rearrange(z.to(attn.W_O.dtype), "b p head d -> b p (head d)"),
                         einops.rearrange(attn.W_O, "head d_head d_model -> d_model (head d_head)").to(z.device),
@@ -223,23 +222,16 @@ def _packed_output(attn) -> Packed:
                                       b if bool(b.any()) else None), attn.W_O, attn.b_O)
 
 
-def sdpa_z(
-    q: Float[Tensor, "batch pos head d_head"],
-    k: Float[Tensor, "batch pos kv_head d_head"],
-    v: Float[Tensor, "batch pos kv_head d_head"],
-    attention_mask: Int[Tensor, "batch pos"] | None,
-    *,
-    scale: float,
-    causal: bool = True,
-) -> Float[Tensor, "batch pos head d_head"]:
+def sdpa_z(x: QKV, *, scale: float, causal: bool = True) -> Float[Tensor, "batch pos head d_head"]:
     """Head outputs ``z_i = sum_j softmax_j(q_i . k_j * scale) v_j`` over the allowed keys (earlier or equal
-    positions when ``causal``, real tokens of ``attention_mask``), K/V heads shared by consecutive query heads.
+    positions when ``causal``, real tokens of ``x.attention_mask``), K/V heads shared by consecutive query heads.
     A query with no allowed key gets z = 0, as the eager pattern's NaN-to-zero gives."""
-    q_, k_, v_, grouped = _heads_first(q, k, v)
-    if attention_mask is None:
+    q = x.q
+    q_, k_, v_, grouped = _heads_first(q, x.k, x.v)
+    if x.attention_mask is None:
         out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, scale=scale, enable_gqa=grouped)
         return einops.rearrange(out, "b head p d -> b p head d")
-    real = attention_mask.to(q.device).bool()
+    real = x.real()
     allowed = real[:, None, None, :]  # [batch, 1, 1, key]
     if causal:
         positions = torch.arange(q.shape[1], device=q.device)
@@ -263,25 +255,17 @@ def _heads_first(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tenso
 WINDOW_QUERY_CHUNK = 256  # queries per step of a windowed layer: 256 x (256 + window) scores per head
 
 
-def windowed_z(
-    q: Float[Tensor, "batch pos head d_head"],
-    k: Float[Tensor, "batch pos kv_head d_head"],
-    v: Float[Tensor, "batch pos kv_head d_head"],
-    attention_mask: Int[Tensor, "batch pos"] | None,
-    *,
-    scale: float,
-    window: int,
-    query_chunk: int = WINDOW_QUERY_CHUNK,
-) -> Float[Tensor, "batch pos head d_head"]:
+def windowed_z(x: QKV, *, scale: float, window: int,
+               query_chunk: int = WINDOW_QUERY_CHUNK) -> Float[Tensor, "batch pos head d_head"]:
     """Causal :func:`sdpa_z` of a local layer: query ``i`` attends to the real keys ``j`` with
     ``i - window < j <= i``, positions counted along the padded row as TransformerLens's local mask counts them.
     ``query_chunk`` queries at a time, each chunk against its own span of keys only: memory ``batch x head x
     query_chunk x (query_chunk + window)`` scores instead of the whole ``[query, key]`` pattern. A query with no
     allowed key gets z = 0, as eagerly."""
-    q_, k_, v_, grouped = _heads_first(q, k, v)
+    q = x.q
+    q_, k_, v_, grouped = _heads_first(q, x.k, x.v)
     n = q.shape[1]
-    real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
-            else attention_mask.to(q.device).bool())
+    real = x.real()
     out = torch.empty_like(q_)
     for start in range(0, n, query_chunk):
         stop = min(n, start + query_chunk)

@@ -238,8 +238,26 @@ Heads = Float[Tensor, "batch pos head d_head"]
 KVHeads = Float[Tensor, "batch pos kv_head d_head"]
 
 
-def prefixed_z(q: Heads, k: KVHeads, v: KVHeads, attention_mask: Int[Tensor, "batch pos"] | None,
-               extension: Extension, layer: int, *, scale: float) -> Heads:
+@dataclass(frozen=True)
+class QKV:
+    """One attention layer call's queries, keys and values (after rotary; grouped-query K/V heads not copied per
+    query head) and its padding mask (``attention_mask``, 1 for a real token; None: every position real): what the
+    fused attention functions attend with (:func:`prefixed_z`, :func:`lens_heads.evaluation.fused_attention.sdpa_z`,
+    :func:`lens_heads.evaluation.fused_attention.windowed_z`)."""
+
+    q: Heads
+    k: KVHeads
+    v: KVHeads
+    attention_mask: Int[Tensor, "batch pos"] | None = None
+
+    def real(self) -> Bool[Tensor, "batch pos"]:
+        """Which positions hold real tokens, on the queries' device."""
+        if self.attention_mask is None:
+            return torch.ones(self.q.shape[:2], dtype=torch.bool, device=self.q.device)
+        return self.attention_mask.to(self.q.device).bool()
+
+
+def prefixed_z(x: QKV, extension: Extension, layer: int, *, scale: float) -> Heads:
     """Causal head outputs of a suffix batch whose queries attend to their row's prefix keys/values (all real ones)
     and to the suffix's earlier or equal real positions: the values the whole row's forward has there.
 
@@ -247,10 +265,10 @@ def prefixed_z(q: Heads, k: KVHeads, v: KVHeads, attention_mask: Int[Tensor, "ba
     KV head, the group's query heads one after another along it, so the keys and values are never copied per query
     head (a suffix of a few tokens against a prefix of tens would spend more on those copies than on its products).
     """
+    q, k, v = x.q, x.k, x.v
     n_pos, group = q.shape[1], q.shape[2] // k.shape[2]
-    prefix_k, prefix_v = (x[:, :extension.longest][extension.index.to(x.device)] for x in extension.kv[layer])
-    real = (torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if attention_mask is None
-            else attention_mask.to(q.device).bool())
+    prefix_k, prefix_v = (t[:, :extension.longest][extension.index.to(t.device)] for t in extension.kv[layer])
+    real = x.real()
     in_prefix: Bool[Tensor, "batch key"] = (torch.arange(extension.longest, device=q.device)[None]
                                             < extension.lengths.to(q.device)[:, None])
     causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=q.device).tril()

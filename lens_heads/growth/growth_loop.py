@@ -46,11 +46,11 @@ KINDS = {"student": "Inheritune: the reference's first blocks, grown by its next
 @dataclass(frozen=True)
 class GrowthLoopConfig:
     """``start_layers`` (k: the paper's first lazy layer), ``grow_by`` blocks a round up to ``max_layers`` (default:
-    the reference's depth); ``train``: every stage's schedule; ``seeds``; ``rank_inputs`` windows of ``rank_len``
-    tokens for the attention rank, ``loss_windows`` validation windows of ``train.seq_len`` for the paired tests."""
+    the reference's depth); ``train_config``: every stage's schedule; ``seeds``; ``rank_inputs`` windows of ``rank_len``
+    tokens for the attention rank, ``loss_windows`` validation windows of ``train_config.seq_len`` for the paired tests."""
 
     start_layers: int
-    train: TrainConfig
+    train_config: TrainConfig
     grow_by: int = 2
     max_layers: int | None = None
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -106,12 +106,12 @@ def planned_loop(ref_cfg, config: GrowthLoopConfig) -> list[dict]:
     top, n, spent, rows = c.check(ref_cfg.n_layers), c.start_layers, 0.0, []
     while True:
         shape = SimpleNamespace(**{**{k: getattr(ref_cfg, k) for k in SHAPE}, "n_layers": n})
-        per_step = training_flops(shape, c.train.tokens_per_step, c.train.seq_len)
-        spent += per_step * c.train.steps
-        for kind, steps in (("student", c.train.steps), ("random", c.train.steps),
-                            ("same_flops", same_flops_steps(spent, shape, c.train))):
+        per_step = training_flops(shape, c.train_config.tokens_per_step, c.train_config.seq_len)
+        spent += per_step * c.train_config.steps
+        for kind, steps in (("student", c.train_config.steps), ("random", c.train_config.steps),
+                            ("same_flops", same_flops_steps(spent, shape, c.train_config))):
             rows.append({"stage": f"{kind}_{n}L", "kind": kind, "n_layers": n, "steps": steps,
-                         "tokens": steps * c.train.tokens_per_step, "flops": steps * per_step})
+                         "tokens": steps * c.train_config.tokens_per_step, "flops": steps * per_step})
         if n >= top:
             return rows
         n = min(n + c.grow_by, top)
@@ -150,8 +150,8 @@ def run_growth_loop(reference: HookedTransformer, corpus, config: GrowthLoopConf
     c, out = config, Path(out_dir)
     top = c.check(reference.cfg.n_layers)
     rank_tokens = eval_windows(corpus.val, c.rank_inputs, c.rank_len - 1)
-    windows = eval_windows(corpus.val, c.loss_windows, c.train.seq_len)
-    ref_loss = validation_loss(reference, corpus.val, c.train)
+    windows = eval_windows(corpus.val, c.loss_windows, c.train_config.seq_len)
+    ref_loss = validation_loss(reference, corpus.val, c.train_config)
     previous = _earlier_record(out / "growth_loop.json", c, ref_loss)
     measured = {(s["seed"], s["name"]): s for s in previous["stages"]} if previous else {}
     reference_measures = previous["reference"] if previous else {
@@ -182,7 +182,7 @@ def run_growth_loop(reference: HookedTransformer, corpus, config: GrowthLoopConf
         return stage
 
     for seed in c.seeds:
-        cfg = replace(c.train, seed=seed)
+        cfg = replace(c.train_config, seed=seed)
         n, student, spent, prev, path = c.start_layers, None, 0.0, None, []
         while True:
             if student is None:
@@ -215,7 +215,10 @@ def _earlier_record(path: Path, config: GrowthLoopConfig, ref_loss: float) -> di
     if not path.exists():
         return None
     earlier = json.loads(path.read_text())
-    same = (earlier.get("config") == json.loads(json.dumps(asdict(config)))
+    stored = earlier.get("config") or {}
+    if "train" in stored and "train_config" not in stored:  # a record from before the field said what it holds
+        stored = {("train_config" if k == "train" else k): v for k, v in stored.items()}
+    same = (stored == json.loads(json.dumps(asdict(config)))
             and earlier.get("reference", {}).get("val_loss") == ref_loss)
     return earlier if same else None
 

@@ -42,9 +42,9 @@ BASELINE_METHODS = {
 
 @dataclass(frozen=True)
 class InherituneConfig:
-    """Sizes and schedule of an Inheritune run. ``train`` is used for every stage (same steps for each).
+    """Sizes and schedule of an Inheritune run. ``train_config`` is used for every stage (same steps for each).
 
-    ``ref_steps``: the reference's training steps (default ``train.steps``, as every other stage); a reference trained
+    ``ref_steps``: the reference's training steps (default ``train_config.steps``, as every other stage); a reference trained
     longer than a student stage is one the first student does not already match, so the run grows.
     ``grow_from``: ``"student"`` (default, the paper's recipe) keeps the trained student and appends the
     reference's next blocks; ``"reference"`` re-inherits the first n blocks at each size.
@@ -67,9 +67,9 @@ class InherituneConfig:
     n_ctx: int = 128
     d_vocab: int = PADDED_VOCAB
     options: GPT2Options = field(default_factory=GPT2Options)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train_config: TrainConfig = field(default_factory=TrainConfig)
     grow_from: str = "student"
-    ref_steps: int | None = None  # the reference's steps (default train.steps): a longer-trained reference to grow to
+    ref_steps: int | None = None  # the reference's steps (default train_config.steps): a longer-trained reference to grow to
     baselines: bool = True  # same-size scratch models for 1x and 2x steps
     ablations: tuple[str, ...] = ABLATIONS
     distill_logit: DistillConfig = field(default_factory=DistillConfig.logit)
@@ -110,10 +110,10 @@ def check_config(c: InherituneConfig) -> int:
 
 
 def reference_train(c: InherituneConfig) -> TrainConfig:
-    """The reference's training settings: ``c.train`` with ``c.ref_steps`` steps where given."""
+    """The reference's training settings: ``c.train_config`` with ``c.ref_steps`` steps where given."""
     if c.ref_steps is None:
-        return c.train
-    return TrainConfig(**{**asdict(c.train), "steps": c.ref_steps})
+        return c.train_config
+    return TrainConfig(**{**asdict(c.train_config), "steps": c.ref_steps})
 
 
 def half_width_shape(d_model: int, n_heads: int) -> tuple[int, int]:

@@ -68,7 +68,7 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     n = _students(run, reference, ref, max_layers)
     if c.baselines:
         for mult in (1, 2):
-            train_cfg = TrainConfig(**{**asdict(c.train), "steps": mult * c.train.steps})
+            train_cfg = TrainConfig(**{**asdict(c.train_config), "steps": mult * c.train_config.steps})
             run.train(f"scratch_{n}L_{mult}x", "scratch", run.fresh(n, c.seed + 1000 + n), train_cfg,
                       method=f"fresh init, {mult}x the steps")
     for ablation in c.ablations:
@@ -88,7 +88,7 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
     if not c.student_layers <= final <= max_layers or (final - c.student_layers) % c.grow_by:
         raise InputError(f"final_layers={final} is not a size the students reach ({c.student_layers} + k x "
                          f"{c.grow_by}, at most {max_layers})")
-    tokens, seq = c.train.steps * c.train.tokens_per_step, c.train.seq_len
+    tokens, seq = c.train_config.steps * c.train_config.tokens_per_step, c.train_config.seq_len
     rows: list[dict] = []
 
     def add(name: str, n_layers: int, d_model: int = c.d_model, n_heads: int = c.n_heads, steps_x: float = 1,
@@ -101,7 +101,7 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
                      "flops": training_flops(shape, round(steps_x * tokens), seq),
                      "teacher_flops": teacher_flops(ref, round(steps_x * tokens), seq) if teacher else 0.0})
 
-    add(f"reference_{c.ref_layers}L", c.ref_layers, steps_x=reference_train(c).steps / c.train.steps)
+    add(f"reference_{c.ref_layers}L", c.ref_layers, steps_x=reference_train(c).steps / c.train_config.steps)
     for n in range(c.student_layers, final + 1, c.grow_by):
         add(f"student_{n}L", n)
     n = final
@@ -150,7 +150,7 @@ class _Stages:
     def train(self, name: str, kind: str, model: HookedTransformer, train_cfg: TrainConfig | None = None, *,
               objective: Distillation | None = None, built_from: tuple[str, ...] = (), method: str = "") -> Stage:
         average = self.c.rank_average
-        cfg = train_cfg or self.c.train
+        cfg = train_cfg or self.c.train_config
         at_init = _rank(model, self.tokens, average)  # fresh init, or for students: just inherited
         result: TrainResult = train(model, self.corpus, cfg, out_dir=self.out / name, callbacks=self.callbacks,
                                     objective=objective, progress=self.progress, desc=name)
@@ -285,7 +285,7 @@ def _meta(c: InherituneConfig, corpus, ref: Stage, stages: list[Stage]) -> dict:
                      "definition": ref.rank["definition"], "lazy_rule": ref.rank["lazy_rule"]},
             "student_rule": "grow while student val loss > reference val loss",
             "growth": {"grow_from": c.grow_from, "what": GROWTH[c.grow_from], "stages": grown,
-                       "times_grown": len(grown) - 1, "students_flops": float(sum(g["flops"] for g in grown)), "reference_steps": ref.steps, "student_steps": c.train.steps},
+                       "times_grown": len(grown) - 1, "students_flops": float(sum(g["flops"] for g in grown)), "reference_steps": ref.steps, "student_steps": c.train_config.steps},
             "budget": "FLOPs: 3 x forward per training token, teacher forwards added for distillation "
                       "(lens_heads.training.budget); total_flops adds the stages a warm start was built from, "
                       "all but the shared reference",

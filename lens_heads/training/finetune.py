@@ -1,5 +1,5 @@
 """A short supervised fine-tune of a Hugging Face causal language model on a task's solved items: the training loop
-(`lens_heads.training.loop.train`) on `lens_heads.training.examples.ExampleData` with the answer loss, under the
+(`lens_heads.training.loop.train`) on `lens_heads.training.example_data.ExampleData` with the answer loss, under the
 fine-tune's preset of the one config (`TrainConfig.finetune`: AdamW, linear warm-up then linear decay to zero,
 gradient clipping, the held-out loss every ``eval_every`` steps).
 
@@ -25,7 +25,7 @@ from lens_heads.plumbing.cache import canonical
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.io import atomic_write_json
 from lens_heads.training.config import TrainConfig
-from lens_heads.training.examples import Example, ExampleData
+from lens_heads.training.example_data import Example, ExampleData
 from lens_heads.training.loop import train as train_loop
 
 RECORD = "finetune.json"
@@ -50,7 +50,7 @@ def finetune(base_folder: str | Path, train_examples: Sequence[Example], held_ou
              cfg: TrainConfig | None = None, *, describe: dict | None = None,
              progress: bool = True) -> FinetuneResult:
     """Fine-tune the Hugging Face model in ``base_folder`` on ``train_examples``
-    (`lens_heads.training.examples.examples`)
+    (`lens_heads.training.example_data.examples`)
     and write it to ``out_dir`` (module docstring). ``held_out``: examples the loss curve is measured on. ``cfg``:
     default `TrainConfig.finetune()`. ``describe``: what the data are (recorded with the run)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -3,7 +3,7 @@
 AdamW with linear warmup and a cosine or linear decay, gradient clipping, periodic validation loss, tokens seen,
 progress bar with loss and tokens/s. What the loop reads is data (`TrainData`): token windows of a corpus
 (`lens_heads.training.windows.CorpusWindows`, what a corpus passed as such becomes) or solved items
-(`lens_heads.training.examples.ExampleData`, the fine-tune's); what it minimises is an objective
+(`lens_heads.training.example_data.ExampleData`, the fine-tune's); what it minimises is an objective
 (`lens_heads.training.objectives`: next-token loss, answer loss, distillation), by default the data's own.
 Checkpoints are safetensors (weights and optimizer state) plus a JSON state; an interrupted run resumes from its last
 checkpoint and ends at exactly the weights an uninterrupted run reaches, because the batch of step s is a pure
@@ -126,7 +126,7 @@ def train(
     desc: str = "train",
 ) -> TrainResult:
     """Train ``model`` in place on ``corpus``: a corpus (`lens_heads.training.corpus.TokenCorpus`: ``.train``/``.val``
-    token arrays) or other `TrainData` (`lens_heads.training.examples.ExampleData`).
+    token arrays) or other `TrainData` (`lens_heads.training.example_data.ExampleData`).
 
     With ``out_dir``: checkpoints every ``checkpoint_every`` steps, resumes from the last one, and a finished run
     (``out_dir/final``) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned

@@ -4,7 +4,7 @@ model and a batch of its data and says what it is (``describe()``, recorded with
 | objective | batch | loss |
 |---|---|---|
 | `NextToken` (the default on token windows) | token windows | mean next-token cross-entropy (`lm_loss`) |
-| `AnswerLoss` (the default on solved items) | `lens_heads.training.examples.Example` | the gold answer's mean token negative log-likelihood given its context (`answer_loss`) |
+| `AnswerLoss` (the default on solved items) | `lens_heads.training.example_data.Example` | the gold answer's mean token negative log-likelihood given its context (`answer_loss`) |
 | `lens_heads.training.distill.Distillation` | token windows | logit or DistilBERT-style distillation from a teacher |
 
 Also where a model runs: its device (`device_of`) and the bfloat16 autocast of ``TrainConfig.amp`` (`autocast`).
@@ -53,7 +53,7 @@ class NextToken:
 
 
 class Solved(Protocol):
-    """What the answer loss reads of a solved item (:class:`lens_heads.training.examples.Example`): its forward
+    """What the answer loss reads of a solved item (:class:`lens_heads.training.example_data.Example`): its forward
     row's ``tokens``, and the ``answer`` tokens that positions ``first`` onwards predict."""
 
     @property

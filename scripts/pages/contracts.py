@@ -2,8 +2,9 @@
 for the tree as it is and beside the record of the tree before the contracts issue):
 
 - the lens_heads modules an entry module reaches by import (from ``lh.evaluate``'s module and ``lh.run_sweep``'s);
-- the most parameters a function of the evaluator's modules takes (``evaluate`` to the forward, but the public
-  front doors ``evaluate`` and ``evaluate_each``);
+- the most parameters a function of the evaluator's modules takes (``evaluate`` to the forward and its fused
+  attention, but the public front doors ``evaluate`` and ``evaluate_each``, and the attention forward the fused one
+  stands in for, whose parameters are TransformerLens's);
 - the largest function of the package, in lines;
 - the hasattr/getattr calls that ask an object for an ablation's member by name (outside the interface's door);
 - the public functions whose ``**options`` their signature does not name.
@@ -18,14 +19,19 @@ import json
 import sys
 from pathlib import Path
 
-ENTRIES = {"evaluate": "lens_heads.evaluation.evaluate", "run_sweep": "lens_heads.sweep.run"}
-# the modules lh.evaluate passes through to the forward and back: rows, hook sets, passes, log-likelihoods
-EVALUATOR = ("evaluation/evaluate.py", "evaluation/passes.py", "evaluation/hook_sets.py", "evaluation/logprobs.py",
-             "data/rows.py")
+# each entry's module, where it is now first (before the sweep had its folder, run_sweep was experiments/sweep_run)
+ENTRIES = {"evaluate": ("lens_heads.evaluation.evaluate",),
+           "run_sweep": ("lens_heads.sweep.run", "lens_heads.experiments.sweep_run")}
+# the modules lh.evaluate passes through to the forward and back: rows, hook sets, passes, shared prefixes, the
+# fused blocks and attention, log-likelihoods
+EVALUATOR = ("evaluation/evaluate.py", "evaluation/passes.py", "evaluation/hook_sets.py", "evaluation/prefix.py",
+             "evaluation/fast_blocks.py", "evaluation/fused_attention.py", "evaluation/logprobs.py", "data/rows.py")
 MEMBERS = ("hooks", "batch", "copies", "units", "reads_rows", "zeroed_by_input", "share_zeroed", "snapshot",
            "restore", "per_input", "counts_inputs")  # what an ablation object could be asked for by name
 DOOR = "evaluation/ablation_interface.py"  # the one place that reads objects of other classes
 FRONT_DOORS = ("evaluate", "evaluate_each")  # public: their keywords are the API (test_api_shape bounds them)
+# stands in for TransformerLens's attention forward, so it takes that forward's parameters
+TL_SIGNATURES = ("evaluation/fused_attention:_forward",)
 
 
 def _tree(path: Path) -> ast.Module:
@@ -73,7 +79,8 @@ def widest_on_path(package: Path) -> tuple[str, int]:
     """The function of the evaluator's modules (but the public front doors) with the most parameters:
     ``(module:name, count)``."""
     found = [(f"{rel[:-3]}:{fn.name}", _n_parameters(fn)) for rel in EVALUATOR if (package / rel).exists()
-             for fn in _functions(_tree(package / rel)) if fn.name not in FRONT_DOORS]
+             for fn in _functions(_tree(package / rel))
+             if fn.name not in FRONT_DOORS and f"{rel[:-3]}:{fn.name}" not in TL_SIGNATURES]
     return max(found, key=lambda x: (x[1], x[0]))
 
 
@@ -116,7 +123,11 @@ def measure(root: Path) -> dict:
     """Every measure of the checkout at ``root``."""
     package = Path(root) / "lens_heads"
     probes = ablation_probes(package)
-    return dict(modules_reached={name: len(reached(package, module)) for name, module in ENTRIES.items()},
+    def entry(modules: tuple[str, ...]) -> str:
+        return next(m for m in modules if (package.parent / (m.replace(".", "/") + ".py")).exists())
+
+    return dict(modules_reached={name: len(reached(package, entry(modules))) for name, modules in ENTRIES.items()},
+                evaluator_modules=[rel[:-3] for rel in EVALUATOR if (package / rel).exists()],
                 widest_on_path=list(widest_on_path(package)), largest_function=list(largest_function(package)),
                 ablation_probes=len(probes), probe_files=len({p.split(":")[0] for p in probes}),
                 hidden_options=len(hidden_options(package)))
