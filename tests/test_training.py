@@ -113,7 +113,7 @@ def test_every_config_field_is_an_option_of_every_training_script():
     configs = {
         "inheritune": lambda argv: inheritune.train_config(inheritune.parse_args(argv)),
         "inheritune_baselines": lambda argv: baselines.build_config(baselines.parse_args(["--seeds", "0,1", *argv]),
-                                                                    0).train,
+                                                                    0).train_config,
         "heal": lambda argv: from_args(heal.HealSettings, argv).seed_config(0),
         "model_distributions": lambda argv: distributions.parse_args(argv).train_config(),
     }
