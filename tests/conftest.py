@@ -5,6 +5,7 @@ import importlib.util
 import socket
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -117,6 +118,16 @@ def pytest_configure(config):
         return dequantise(*args, **kwargs)
 
     embedded.cache_dir, embedded.dequantise_gguf = cache_dir, dequantise_gguf
+
+
+@pytest.fixture(scope="session")
+def checkout_pages():
+    """The pages ``scripts/render_docs.py`` renders from this checkout, read-only: a rendering takes about 5 s of
+    CPU and test_docs, test_docs_readme and test_docs_render each compare or read the same one."""
+    spec = importlib.util.spec_from_file_location("render_docs", ROOT / "scripts" / "render_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return MappingProxyType(module.render())
 
 
 @pytest.fixture(scope="session")

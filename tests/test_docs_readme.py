@@ -43,8 +43,8 @@ def over_budget(page: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pages():
-    return renderer().render()
+def pages(checkout_pages):
+    return checkout_pages
 
 
 def test_the_readme_keeps_its_budgets(pages):

@@ -124,7 +124,7 @@ def _set(path, where: dict, **values):
 
 
 @pytest.fixture(scope="module")
-def perturbed(tmp_path_factory):
+def perturbed(tmp_path_factory, checkout_pages):
     """The pages rendered from the checkout and from a copy of its records with a few verdicts, a direction and a
     count changed."""
     root = tmp_path_factory.mktemp("records")
@@ -146,7 +146,7 @@ def perturbed(tmp_path_factory):
     results = pd.read_csv(f / "inheritune_results.csv")
     student = float(results.loc[results.stage == "student_4L", "val_loss"].iloc[0])
     _set(f / "inheritune_results.csv", dict(stage="scratch_4L_2x"), val_loss=student + 0.5)
-    return renderer().render(ROOT), renderer().render(root)
+    return checkout_pages, renderer().render(root)
 
 
 def _claim(page: str, claim: str, task: str, model: str = "SmolLM2-135M-Instruct") -> str:
