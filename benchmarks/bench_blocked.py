@@ -22,8 +22,7 @@ import lens_heads as lh
 from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
-from profile_forward import cpu_description
-from timing import load_average, parse_settings
+from timing import cpu_description, load_average, parse_settings
 
 RECORD = Path(__file__).resolve().parents[1] / "docs" / "records" / "blocked_linear.json"
 WAYS = {"blocked (oneDNN)": True, "plain (F.linear)": False}

@@ -3,8 +3,8 @@
 A plain ``F.linear`` on the CPU multiplies by the ``[out, in]`` matrix as it lies, and the matrix library re-packs
 panels of it into its own tiles at every call. oneDNN can take the weight already in its blocked layout (the
 packing torch's own compiler does when it freezes a model: ``torch.ops.mkldnn._reorder_linear_weight`` and
-``_linear_pointwise``), so the packing is paid once per block of forwards. On the CPUs measured (AMD EPYC with
-AVX-512, 2 threads; ``benchmarks/profile_forward.py``) the products of SmolLM2's shapes ran 15-35% faster this way.
+``_linear_pointwise``), so the packing is paid once per block of forwards. Whole evaluations against plain
+products: ``benchmarks/bench_blocked.py`` (its record, ``docs/records/blocked_linear.json``, names the CPU).
 The sums run in another order, so the values are the plain product's up to float32 rounding.
 
 Used only where it applies: float32 weights and inputs on the CPU, no gradient recorded, and torch built with

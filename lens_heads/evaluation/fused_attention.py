@@ -119,7 +119,7 @@ def _packed_qkv(attn) -> Packed | None:
     """The layer's query, key and value weights each as ``[(head d_head), d_model]`` and their biases (None where all
     zero, left out), laid out once per block of forwards; None where the layer's inputs are per head or its queries
     and keys are normalised (those take TransformerLens's own products). Three products rather than one stacked
-    ``[(head + 2 kv_head) d_head, d_model]`` product: on the CPUs measured (benchmarks/profile_forward.py) the
+    ``[(head + 2 kv_head) d_head, d_model]`` product: on the CPU measured (a side-by-side timing of the products alone) the
     stacked one was the slower, and its slices reach the elementwise ops strided."""
     cfg = attn.cfg
     if cfg.use_split_qkv_input or cfg.use_attn_in or cfg.use_qk_norm:
