@@ -2,6 +2,7 @@
 models speak a tiny tokenizer (``tests/data/tiny_tokenizer``), so the fast tier never touches the embedded model."""
 
 import importlib.util
+import os
 import socket
 import sys
 from pathlib import Path
@@ -11,6 +12,11 @@ import pytest
 import torch
 
 torch.set_grad_enabled(True)
+# Under pytest-xdist (.ci/run's `-n 2`) the workers share the cores: each computes on its part of them, so that two
+# workers on 2 cores run 2 torch threads, not 4 that take turns. A thread count the caller set (OMP_NUM_THREADS)
+# stands, and the processes a test starts keep theirs (a notebook's kernel runs on the 2 threads its test gives it).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TOKENIZER = ROOT / "tests" / "data" / "tiny_tokenizer"
 
@@ -101,6 +107,8 @@ def _refuse_outside_slow(what: str) -> None:
 
 
 def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistUnits())
     from lens_heads.models import embedded
 
     cache, dequantise = embedded.cache_dir, embedded.dequantise_gguf
@@ -175,3 +183,51 @@ def attention_calls(monkeypatch):
     monkeypatch.setattr(tl_internals, "eager_attention", counted_eager)
     monkeypatch.setattr(fused_attention, "_qkv", counted_qkv)
     return calls
+
+
+# How pytest-xdist hands out the tests (.ci/run: `-n 2`): a test file is one unit, run by one worker, so that its
+# module fixtures (a tiny model, a sweep, a report run) are computed once; except that each notebook's execution is a
+# unit of its own (they share nothing and take a minute or more each), and test_report_browser.py goes with
+# test_report.py, whose report run it reads (report_run.py). The units known to take longest go first, so that the
+# two workers finish together instead of one starting a long unit at the end.
+SAME_UNIT = {"tests/test_report_browser.py": "tests/test_report.py"}
+OWN_UNITS = ("tests/test_notebooks.py::test_a_fresh_execution_shows_the_committed_numbers",)
+LONGEST_FIRST = ("tests/test_report.py", "tests/test_notebooks.py::test_a_fresh_execution", "tests/test_faults.py",
+                 "tests/test_report_live.py")
+
+
+def unit_of(nodeid: str) -> str:
+    if nodeid.startswith(OWN_UNITS):
+        return nodeid
+    path = nodeid.split("::", 1)[0]
+    return SAME_UNIT.get(path, path)
+
+
+class XdistUnits:
+    """Registered where pytest-xdist is loaded (its hook is unknown to pytest without it)."""
+
+    def pytest_xdist_make_scheduler(self, config, log):
+        return units_scheduler(config, log)
+
+
+def units_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed and self._check_nodes_have_same_collection():
+                collection = list(next(iter(self.registered_collections.values())))
+                units: dict[str, dict[str, bool]] = {}
+                for nodeid in collection:
+                    units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+                first = sorted((u for u in units if u.startswith(LONGEST_FIRST)),
+                               key=lambda u: next(i for i, p in enumerate(LONGEST_FIRST) if u.startswith(p)))
+                for unit in first + [u for u in units if u not in first]:
+                    self.workqueue[unit] = units[unit]
+                config.option.loadscopereorder = False  # the order above stands
+            super().schedule()
+
+    return Units(config, log)
