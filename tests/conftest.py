@@ -12,11 +12,18 @@ import pytest
 import torch
 
 torch.set_grad_enabled(True)
-# Under pytest-xdist (.ci/run's `-n 2`) the workers share the cores: each computes on its part of them, so that two
-# workers on 2 cores run 2 torch threads, not 4 that take turns. A thread count the caller set (OMP_NUM_THREADS)
-# stands, and the processes a test starts keep theirs (a notebook's kernel runs on the 2 threads its test gives it).
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+# Under pytest-xdist (.ci/run's `-n 2`) the workers share the cores: each computes on its part of them, and so do the
+# processes its tests start (report runs, notebook kernels, harness workers inherit OMP_NUM_THREADS), so that two
+# workers on 2 cores run 2 torch threads, not 4 that take turns. Where threads still outnumber the cores (a caller's
+# OMP_NUM_THREADS, which stands; a notebook's kernel on the caller's thread count), OpenMP's waiting threads sleep
+# instead of spinning on a core another process needs.
+CALLER_THREADS = os.environ.get("OMP_NUM_THREADS")  # the thread count this session was started with, if any
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if CALLER_THREADS is None:
+        share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        torch.set_num_threads(share)
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TOKENIZER = ROOT / "tests" / "data" / "tiny_tokenizer"
 

@@ -7,7 +7,6 @@ a notebook: the logic lives in lens_heads)."""
 import ast
 import base64
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import nbformat
 import numpy as np
 import pytest
 
+from conftest import CALLER_THREADS
 from notebook_outputs import html_differences, json_differences, text_differences
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -179,7 +179,7 @@ def test_a_fresh_execution_shows_the_committed_numbers(name, tmp_path, monkeypat
     """Executed again from the generator's cells (in CI on 2 threads, against the committed execution on one, so
     the comparison crosses thread counts; rounding: :mod:`notebook_outputs`). Not marked ``floats``: rerunning every
     notebook on unvectorised kernels would double the notebook tier's time in CI."""
-    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "2"))  # CI: the 2 cores
+    monkeypatch.setenv("OMP_NUM_THREADS", CALLER_THREADS or "2")  # CI: the 2 cores (conftest: not the worker's share)
     old = committed(name)
     fresh = build(name)
     execute(fresh, tmp_path)
