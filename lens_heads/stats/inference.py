@@ -158,17 +158,19 @@ def adjusted_p_values(p: np.ndarray | Sequence[float]) -> np.ndarray:
     return out
 
 
-def average_ranks(values: np.ndarray | Sequence[float], decimals: int = 9) -> np.ndarray:
-    """Ranks 1..n, smallest first; ties share the mean of the ranks they span. Values equal to ``decimals`` places
-    tie: two curves with the same accuracies give AUCs that differ in the last bits through their x values."""
-    return stats.rankdata(np.round(np.asarray(values, dtype=float), decimals), method="average")
+def average_ranks(values: np.ndarray | Sequence[float], decimals: int = 9, axis: int = -1) -> np.ndarray:
+    """Ranks 1..n along ``axis``, smallest first; ties share the mean of the ranks they span. Values equal to
+    ``decimals`` places tie: two curves with the same accuracies give AUCs that differ in the last bits through their
+    x values."""
+    return stats.rankdata(np.round(np.asarray(values, dtype=float), decimals), method="average", axis=axis)
 
 
-def ranks(values: np.ndarray | Sequence[float], higher_is_better: bool) -> np.ndarray:
+def ranks(values: np.ndarray | Sequence[float], higher_is_better: bool, axis: int = -1) -> np.ndarray:
     """The one rank rule of lens_heads: 1 = best, ties averaged (:func:`average_ranks`), undefined (NaN) values
-    last. Point estimates and every bootstrap replicate are ranked by it, so a rank lies inside its own interval."""
+    last, along ``axis``. Point estimates and every bootstrap replicate are ranked by it, so a rank lies inside its
+    own interval."""
     values = np.asarray(values, dtype=float)
-    return average_ranks(np.where(np.isnan(values), np.inf, -values if higher_is_better else values))
+    return average_ranks(np.where(np.isnan(values), np.inf, -values if higher_is_better else values), axis=axis)
 
 
 def spearman(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float]) -> float:
@@ -176,9 +178,20 @@ def spearman(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float]) -
     a, b = np.asarray(a, dtype=float).reshape(-1), np.asarray(b, dtype=float).reshape(-1)
     if a.shape != b.shape or a.size < 2:
         raise InputError(f"need two equally long samples of at least 2 values, got {a.size} and {b.size}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.ConstantInputWarning)
-        return float(stats.spearmanr(a, b).statistic)
+    return float(spearman_columns(a[:, None], b[:, None])[0])
+
+
+def spearman_columns(a: Float[np.ndarray, "n k"], b: Float[np.ndarray, "n k"]) -> Float[np.ndarray, "k"]:
+    """:func:`spearman` of every column pair ``a[:, r]``, ``b[:, r]`` at once (the Pearson correlation of their
+    average ranks); NaN where either column is constant."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 2 or a.shape[0] < 2:
+        raise InputError(f"need two equally shaped [n, k] arrays with n >= 2, got {a.shape} and {b.shape}")
+    ra, rb = (stats.rankdata(x, method="average", axis=0) for x in (a, b))
+    ra, rb = ra - ra.mean(axis=0), rb - rb.mean(axis=0)
+    norm = np.sqrt((ra * ra).sum(axis=0) * (rb * rb).sum(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norm > 0, (ra * rb).sum(axis=0) / norm, np.nan)
 
 
 def kendall(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float]) -> float:

@@ -173,7 +173,7 @@ class SweepComparison:
         a, b = self.rank_replicates[i], self.rank_replicates[j]
         if a is None or b is None:
             return stats.Interval(estimate, float("nan"), float("nan"))
-        per_replicate = np.array([stats.spearman(a[:, r], b[:, r]) for r in range(a.shape[1])])
+        per_replicate = stats.spearman_columns(a, b)
         return stats.percentile_interval(estimate, per_replicate,
                                          self.intervals.get("confidence", stats.CONFIDENCE))
 

@@ -177,7 +177,7 @@ def summary_names(shares: Sequence[float]) -> list[str]:
 def replicate_ranks(values: Float[np.ndarray, "curve rep"], higher_is_better: bool) -> np.ndarray:
     """Per replicate (columns), the rank of each curve (rows) by the one rank rule (:func:`lens_heads.stats.
     inference.ranks`: 1 = best, ties averaged, NaN last)."""
-    return np.apply_along_axis(stats.ranks, 0, values, higher_is_better)
+    return stats.ranks(values, higher_is_better, axis=0)
 
 
 # ---------------------------------------------------------------- the result
