@@ -194,10 +194,12 @@ def attention_calls(monkeypatch):
 
 # How pytest-xdist hands out the tests (.ci/run: `-n 2`): a test file is one unit, run by one worker, so that its
 # module fixtures (a tiny model, a sweep, a report run) are computed once; except that each notebook's execution is a
-# unit of its own (they share nothing and take a minute or more each), and test_report_browser.py goes with
-# test_report.py, whose report run it reads (report_run.py). The units known to take longest go first, so that the
+# unit of its own (they share nothing and take a minute or more each), test_report_browser.py goes with
+# test_report.py, whose report run it reads (report_run.py), and the docs tests go together, as they read one
+# rendering of the checkout (checkout_pages, seconds of work). The units known to take longest go first, so that the
 # two workers finish together instead of one starting a long unit at the end.
-SAME_UNIT = {"tests/test_report_browser.py": "tests/test_report.py"}
+SAME_UNIT = {"tests/test_report_browser.py": "tests/test_report.py", "tests/test_docs_readme.py": "tests/test_docs.py",
+             "tests/test_docs_render.py": "tests/test_docs.py"}
 OWN_UNITS = ("tests/test_notebooks.py::test_a_fresh_execution_shows_the_committed_numbers",)
 LONGEST_FIRST = ("tests/test_report.py", "tests/test_notebooks.py::test_a_fresh_execution", "tests/test_faults.py",
                  "tests/test_report_live.py")

@@ -247,6 +247,7 @@ def test_attribution_ranking_analysis_on_a_tiny_model(tmp_path, model_flag, key)
     assert result["costs"]["per_input"]["items"] == 4 and result["costs"]["attribution"]["items"] == 2
 
 
+@pytest.mark.slow  # generation to the end of GSM8K answers: seconds
 def test_gsm8k_generation_analysis_on_a_tiny_model(tmp_path):
     """Zeroing recomputed at every generated token: each zeroed generation equals a hand-rolled greedy loop that reruns
     prompt + tokens so far with a fresh threshold zeroing at every step; the threshold is the numpy quantile of the

@@ -44,6 +44,7 @@ def test_a_number_edited_by_hand_fails_the_check(tmp_path, checkout_pages):
     assert len(diffs) == 1 and "docs/heads.md" in diffs[0] and shown in diffs[0]
 
 
+@pytest.mark.slow  # a second rendering of every page
 def test_a_changed_record_changes_the_page(tmp_path):
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
     shutil.copytree(ROOT / "figures", tmp_path / "figures", ignore=shutil.ignore_patterns("*.png"))

@@ -155,6 +155,7 @@ def _claim(page: str, claim: str, task: str, model: str = "SmolLM2-135M-Instruct
     return rows[0].split(" | ")[2].strip("* ")
 
 
+@pytest.mark.slow  # a second rendering of every page (perturbed)
 def test_a_claims_status_follows_its_record(perturbed):
     before, after = perturbed
     claim = "a share of heads is zeroable within 1 accuracy point (AHON (LN) beyond random)"
@@ -163,6 +164,7 @@ def test_a_claims_status_follows_its_record(perturbed):
     assert _claim(after["docs/results.md"], claim, "ARC-Easy") == _claim(before["docs/results.md"], claim, "ARC-Easy")
 
 
+@pytest.mark.slow  # a second rendering of every page (perturbed)
 def test_a_flipped_verdict_flips_the_findings(perturbed):
     before, after = perturbed
     row = "| zeroing the heads AHON (LN) calls inactive vs as many random heads (ARC-Easy) |"
@@ -178,6 +180,7 @@ def test_a_flipped_verdict_flips_the_findings(perturbed):
     assert "0.600 [0.470, 0.760], **random better** on ARC-Easy" in readme
 
 
+@pytest.mark.slow  # a second rendering of every page (perturbed)
 def test_a_count_of_tests_counts_tested_rows(perturbed):
     before, after = perturbed
     count = []
@@ -188,6 +191,7 @@ def test_a_count_of_tests_counts_tested_rows(perturbed):
     assert (tested_after, untested_after) == (tested_before + 1, untested_before - 1)
 
 
+@pytest.mark.slow  # a second rendering of every page (perturbed)
 def test_a_direction_word_follows_its_record(perturbed):
     before, after = perturbed
     assert "scratch given twice the steps ends lower (" in before["docs/inheritune.md"]

@@ -124,6 +124,7 @@ def test_sigterm_stops_head_effects_keeping_each_finished_head_and_a_rerun_equal
     assert resumed.values.equal(clean.values)
 
 
+@pytest.mark.slow  # the report end to end on the tiny model, twice
 def test_sigterm_stops_the_report_and_the_same_command_resumes_to_the_same_results(tmp_path, monkeypatch, capsys):
     """SIGTERM in the ablation sweep: exit 143 naming the folder; the rerun reuses the finished stages and units and
     writes the numbers a clean run writes."""

@@ -354,6 +354,7 @@ def test_pick_heads_by_direction():
     assert high_inactive == {"most active": [(1, 0), (0, 0)], "least active": [(0, 1), (1, 1)]}
 
 
+@pytest.mark.slow  # head effects, scores and agreement: seconds
 def test_effects_stage_matches_the_library(tmp_path):
     """The report's head-effects stage on a tiny model: its effects and agreement table are the library's, and a
     rerun reads them from the cache."""

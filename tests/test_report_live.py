@@ -92,6 +92,7 @@ def statuses(page: str) -> dict[str, str]:
     return {title: status for title, status in STATUS.findall(page)}
 
 
+@pytest.mark.slow  # the report end to end on the tiny model: seconds of page writing
 def test_a_page_after_every_stage_says_what_runs_and_what_is_queued(run):
     out, pages, _ = run
     assert len(pages) >= len(PLANNED) - 1  # from the end of the first stage on, at least one page per stage
@@ -115,6 +116,7 @@ def test_a_page_after_every_stage_says_what_runs_and_what_is_queued(run):
     assert seen_running == set(titles[1:])
 
 
+@pytest.mark.slow  # the report end to end on the tiny model: seconds of page writing
 def test_the_finished_page_is_the_page_the_pipeline_renders_with_no_banner(run):
     out, pages, again = run
     final = (out / "report.html").read_text()
@@ -124,6 +126,7 @@ def test_the_finished_page_is_the_page_the_pipeline_renders_with_no_banner(run):
     assert pages[-1] != final  # the last running page came before it, and nothing came after
 
 
+@pytest.mark.slow  # the report end to end on the tiny model: seconds of page writing
 def test_the_finished_page_is_what_the_pipeline_wrote_without_live_pages(tmp_path, monkeypatch):
     """The same run with the live pages off (the path the report took before them): the same page but for the
     run's provenance (the time under the title, the stages' seconds in the Run table)."""
@@ -148,6 +151,7 @@ def test_the_finished_page_is_what_the_pipeline_wrote_without_live_pages(tmp_pat
 
 @pytest.mark.parametrize("stop, words", [(KeyboardInterrupt(), "interrupted"),
                                          (Stopped(signal.SIGTERM), "SIGTERM, exit 143")])
+@pytest.mark.slow  # the report end to end on the tiny model: seconds of page writing
 def test_a_stopped_run_leaves_a_page_saying_so_and_how_to_resume(tmp_path, monkeypatch, stop, words):
     tiny(monkeypatch)
     pages = kept_writes(monkeypatch)
@@ -228,6 +232,7 @@ main([*ARGS, "--no-progress", "--out", sys.argv[1]])
 """
 
 
+@pytest.mark.slow  # the report end to end on the tiny model: seconds of page writing
 def test_a_page_survives_kill_9_whole(tmp_path):
     out = tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
