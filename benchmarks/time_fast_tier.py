@@ -1,8 +1,9 @@
 """The fast tier's wall time and test count, written to docs/records/fast_tier.json (git keeps the earlier ones).
 
-    python benchmarks/time_fast_tier.py [--threads 1] [--pytest-args "tests/test_rows.py"] [--out PATH]
+    python benchmarks/time_fast_tier.py [--workers 2] [--threads 1] [--pytest-args "tests/test_rows.py"] [--out PATH]
 
-Runs ``python -m pytest -m "not slow" -q`` (this interpreter, from the repository root) in a child process and
+Runs ``python -m pytest -m "not slow" -q -n 2`` (this interpreter, from the repository root; ``--workers``
+pytest-xdist processes, each computing on its share of the cores, ``tests/conftest.py``) in a child process and
 records the date, the load average before and after, the CPU (model, vector flags, torch's CPU capability), the wall
 seconds (interpreter start and collection included: what the tier costs), the CPU seconds of the run (user +
 system: on one thread, what an idle core would take, whatever the neighbours' load) and the counts pytest reports, with the record's provenance (the commit
@@ -36,7 +37,9 @@ TIER = ["-m", "not slow", "-q", "-p", "no:cacheprovider"]
 class FastTier:
     """What to run and where to record it."""
 
-    threads: int | None = option(None, "OMP_NUM_THREADS for the run (unset: inherited)", parse=int)
+    workers: int = option(2, "pytest-xdist worker processes (0: one pytest process)")
+    threads: int | None = option(None, "OMP_NUM_THREADS for the run (unset: inherited; under xdist each worker "
+                                       "takes its share of the cores)", parse=int)
     pytest_args: str = option("", "extra pytest arguments, e.g. a subset of test files (recorded with the run)")
     out: Path = option(RECORD, "the JSON record to write (replaced)", parse=Path)
 
@@ -51,7 +54,7 @@ def run(settings: FastTier) -> dict:
     env = dict(os.environ)
     if settings.threads:
         env["OMP_NUM_THREADS"] = str(settings.threads)
-    command = [sys.executable, "-m", "pytest", *TIER, *shlex.split(settings.pytest_args)]
+    command = [sys.executable, "-m", "pytest", *TIER, "-n", str(settings.workers), *shlex.split(settings.pytest_args)]
     load_before = os.getloadavg()
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -64,7 +67,8 @@ def run(settings: FastTier) -> dict:
     summary = lines[-1] if lines else ""
     # "date" beside the provenance block: the README reads it from the committed record
     return dict(date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                command=shlex.join(["python", *command[1:]]), omp_num_threads=env.get("OMP_NUM_THREADS"),
+                command=shlex.join(["python", *command[1:]]), workers=settings.workers,
+                omp_num_threads=env.get("OMP_NUM_THREADS"),
                 cpu_count=os.cpu_count(), load_average_before=[round(x, 2) for x in load_before],
                 load_average_after=[round(x, 2) for x in load_after], wall_s=round(wall, 1), cpu_s=round(cpu, 1),
                 returncode=done.returncode, summary=summary, **counts(summary), cpu=cpu_description(settings.threads))
