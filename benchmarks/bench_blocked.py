@@ -10,7 +10,6 @@ compared item by item. The record names the CPU and the load average (read the r
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,9 @@ import numpy as np
 import torch
 
 import lens_heads as lh
-from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
-from timing import cpu_description, load_average, parse_settings
+from timing import cpu_description, load_average, parse_settings, print_and_write
 
 RECORD = Path(__file__).resolve().parents[1] / "docs" / "records" / "blocked_linear.json"
 WAYS = {"blocked (oneDNN)": True, "plain (F.linear)": False}
@@ -63,10 +61,7 @@ def main(argv=None) -> None:
         max_loglik_difference={t: max(float(np.abs(a - b).max()) for a, b in zip(ways[blocked], ways[plain]))
                                for t, ways in logliks.items()},
     )
-    print(json.dumps(record, indent=1))
-    if s.write:
-        atomic_write_text(RECORD, json.dumps(record, indent=1) + "\n")
-        print(f"wrote {RECORD}")
+    print_and_write(record, RECORD, s.write)
 
 
 if __name__ == "__main__":

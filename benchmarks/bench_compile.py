@@ -21,7 +21,6 @@ fails to compile is recorded with its error and left out of the timings.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import traceback
 from dataclasses import dataclass
@@ -36,10 +35,9 @@ from lens_heads.evaluation.fast_blocks import fast_blocks
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.models.embedded import embedded_model_folder
-from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
-from timing import cpu_description, load_average, parse_settings
+from timing import cpu_description, load_average, parse_settings, print_and_write
 
 RECORD = Path(__file__).resolve().parents[1] / "docs" / "records" / "compile.json"
 BASE = "evaluator (eager)"
@@ -136,10 +134,7 @@ def main(argv=None) -> None:
     record["passes_to_earn_back_compiling"] = {
         name: (round(c / (best[BASE] - best[name]), 1) if best[name] < best[BASE] else None)
         for name, c in record["compile_s"].items()}
-    print(json.dumps(record, indent=1))
-    if s.write:
-        atomic_write_text(RECORD, json.dumps(record, indent=1) + "\n")
-        print(f"wrote {RECORD}")
+    print_and_write(record, RECORD, s.write)
 
 
 if __name__ == "__main__":

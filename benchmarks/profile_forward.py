@@ -15,7 +15,6 @@ side).
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import subprocess
 from dataclasses import dataclass
@@ -30,10 +29,9 @@ from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.fast_blocks import fast_blocks
 from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
-from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
-from timing import alternate, load_average, parse_settings
+from timing import alternate, load_average, parse_settings, print_and_write
 
 RECORD = Path(__file__).resolve().parents[1] / "docs" / "records" / "profile_forward.json"
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -109,10 +107,7 @@ def main(argv=None) -> None:
         profile={name: top_ops(forwards[name], s.top) for name in (ours, theirs)},
     )
     record["load_average"]["end"] = load_average()
-    print(json.dumps(record, indent=1))
-    if s.write:
-        atomic_write_text(RECORD, json.dumps(record, indent=1) + "\n")
-        print(f"wrote {RECORD}")
+    print_and_write(record, RECORD, s.write)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ ratios (``.walls``). On a shared machine the CPU seconds of a one-thread run are
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -202,3 +203,12 @@ def write_printed(heading: str, command: str, machine: str, note: str, blocks: S
     printed = [line for i, block in enumerate(blocks) for line in ([""] if i else []) + list(block)]
     paragraphs = [line for paragraph in after for line in ("", paragraph)]
     write_section(heading, "\n".join([f"`{command}` ({machine}){note}", "", "```", *printed, "```", *paragraphs]))
+
+
+def print_and_write(record: dict, path: Path, write: bool) -> None:
+    """Print a benchmark's JSON record, and write it to ``path`` (atomically) where ``write`` asks for it."""
+    text = json.dumps(record, indent=1)
+    print(text)
+    if write:
+        atomic_write_text(path, text + "\n")
+        print(f"wrote {path}")
