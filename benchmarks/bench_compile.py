@@ -106,7 +106,7 @@ def main(argv=None) -> None:
             try:
                 out = one_pass(forward, context, rows)
             except Exception as e:  # a way that does not compile is recorded, not fatal
-                errors[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+                errors[name] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
                 traceback.print_exc()
                 continue
             seconds[name].append(time.perf_counter() - start)

@@ -41,7 +41,7 @@ def available(weight: Tensor) -> bool:
                 and not torch.is_grad_enabled())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity, as a module's: fields that are tensors have no useful equality
 class Linear:
     """``x @ weight.T + bias``; by ``blocked`` (the weight in oneDNN's layout) where it applies at the call."""
 
