@@ -15,8 +15,6 @@ side).
 from __future__ import annotations
 
 import contextlib
-import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +29,9 @@ from lens_heads.evaluation.fused_attention import fused_attention
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
-from timing import alternate, load_average, parse_settings, print_and_write
+from timing import alternate, cpu_description, load_average, parse_settings, print_and_write
 
 RECORD = Path(__file__).resolve().parents[1] / "docs" / "records" / "profile_forward.json"
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 @dataclass(frozen=True)
@@ -45,16 +42,6 @@ class ProfileSettings:
     repeats: int = option(1, "alternating timing rounds")
     top: int = option(12, "ATen ops kept per profile")
     write: bool = option(False, "write docs/records/profile_forward.json")
-
-
-def cpu_description() -> dict:
-    """The CPU's model name and which of the flags that matter it has, torch's CPU capability, the threads."""
-    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = re.search(r"Model name:\s*(.+)", text)
-    flags = set((re.search(r"Flags:\s*(.+)", text) or re.search("()", "")).group(1).split())
-    return dict(model=model.group(1).strip() if model else "unknown", flags={f: f in flags for f in FLAGS},
-                torch_capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
-                torch=torch.__version__)
 
 
 @torch.no_grad()
@@ -98,7 +85,7 @@ def main(argv=None) -> None:
     differences = {name: max(float((a - b).abs().max()) for a, b in zip(r[name].out, r["HF SDPA"].out))
                    for name in forwards if name != "HF SDPA"}
     record = dict(
-        cpu=cpu_description(), commit=code_commit(), load_average=dict(start=started), rows=len(rows),
+        cpu=cpu_description(), torch=torch.__version__, commit=code_commit(), load_average=dict(start=started), rows=len(rows),
         tokens=tokens, lengths=[len(r.tokens) for r in rows],
         seconds={name: round(t.wall, 3) for name, t in r.items()},
         tokens_per_s={name: round(tokens / t.wall, 1) for name, t in r.items()},

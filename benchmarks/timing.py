@@ -141,7 +141,7 @@ def alternate(fns: Mapping[str, Callable[[], Any]], repeats: int, *, prepared: b
 # ---------------------------------------------------------------- the machine and the docs
 
 
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # the vector units torch's kernels pick between
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the vector units torch's kernels pick between
 
 
 def cpu_description(threads: int | None = None) -> dict[str, Any]:
