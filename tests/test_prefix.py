@@ -104,6 +104,29 @@ def test_a_few_shot_block_is_computed_once_across_the_questions_of_a_subject(kin
     assert_same_logprobs(shared, row)
 
 
+def common_beginning(rows) -> int:
+    """How many tokens all ``rows`` begin with, ending before the first read position of any (counted here, apart
+    from the planner)."""
+    n = min(first for r in rows for _, first, _ in r.reads)
+    for i in range(n):
+        if len({r.tokens[i] for r in rows}) > 1:
+            return i
+    return n
+
+
+@pytest.mark.floats
+def test_a_subject_split_into_several_groups_runs_its_block_once():
+    """More questions than a group holds (4 x batch size rows): the parts share the subject's whole common
+    beginning and run it once, so the forward tokens are the rows' tokens less every other question's block."""
+    model = text_model(n_ctx=512)
+    task = mmlu_like(questions=11)
+    rows = build_rows(model, task)
+    blocks = [common_beginning([r for r in rows if task.items[r.item].subject == s]) for s in ("s0", "s1")]
+    shared, row, _, _ = both_paths(model, task, lambda: [], batch_size=2)  # groups of at most 8 rows
+    assert shared.meta["forward_tokens"] == row.meta["row_tokens"] - sum((11 - 1) * b for b in blocks)
+    assert_same_logprobs(shared, row)
+
+
 @pytest.mark.floats
 def test_mmlu_five_shot_rows_share_their_subject_block(model):
     """The real MMLU 5-shot rows (a subject's questions) share the five shots; random zeroing draws per item, so
@@ -239,7 +262,8 @@ def test_groups_end_before_the_first_read_and_random_zeroing_groups_within_an_it
     by_item = plan_groups(rows, "item", max_rows=8)
     assert all(len({r.item for r in g.rows}) == 1 for g in by_item)
     assert [len(g.prefix) for g in by_item if g.prefix] == [4]
-    assert len(plan_groups(rows[:3], "any", max_rows=2)) == 2  # a group larger than max_rows is split
+    split = plan_groups(rows[:3], "any", max_rows=2)  # a group larger than max_rows is split, its prefix kept
+    assert [len(g.rows) for g in split] == [2, 1] and [g.prefix for g in split] == [[1, 2, 3, 4]] * 2
 
 
 def test_embedded_model_arc_easy_under_static_zeroing(smollm):

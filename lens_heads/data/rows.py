@@ -47,9 +47,16 @@ def check_protocol(protocol: str) -> str:
 
 def encode(model, text: str) -> list[int]:
     """Token ids of ``text`` without special tokens (any BOS is added by the row layout)."""
+    return encode_each(model, [text])[0]
+
+
+def encode_each(model, texts: list[str]) -> list[list[int]]:
+    """:func:`encode` of each text, the distinct ones in one tokenizer call (an item's choices repeat its context)."""
     if model.tokenizer is None:
         raise InputError("this model has no tokenizer: evaluating text tasks needs one (tiny_model(tokenizer=...))")
-    return list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    distinct = list(dict.fromkeys(texts))
+    ids = dict(zip(distinct, model.tokenizer(distinct, add_special_tokens=False)["input_ids"]))
+    return [list(ids[text]) for text in texts]
 
 
 def lm_eval_bos(model) -> list[int]:
@@ -102,23 +109,26 @@ def item_rows(model, index: int, item, protocol: str, apply_chat_template: bool 
 
 def _encode_lm_eval(model, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
     bos = lm_eval_bos(model)
+    # an empty context is conditioned on lm-eval's prefix token, its continuation encoded alone
+    texts = [t for c, x in pairs for t in ((c + x, c) if c else (x, ""))]
+    encoded = iter(encode_each(model, texts))
     out = []
-    for context, continuation in pairs:
-        if context == "":  # lm-eval conditions an empty context on its prefix token
+    for context, _ in pairs:
+        whole, ctx = next(encoded), next(encoded)
+        if context == "":
             prefix = model.tokenizer.bos_token_id if model.tokenizer.bos_token_id is not None \
                 else model.tokenizer.eos_token_id
-            out.append(([prefix], encode(model, continuation)))
+            out.append(([prefix], whole))
             continue
-        whole = bos + encode(model, context + continuation)
-        ctx = bos + encode(model, context)
-        out.append((ctx, whole[len(ctx):]))
+        out.append((bos + ctx, whole[len(ctx):]))
     return out
 
 
 def _encode_tl(model, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
     bos_id = model.tokenizer.bos_token_id
     bos = [bos_id] if model.cfg.default_prepend_bos and bos_id is not None else []
-    return [(bos + encode(model, c), encode(model, x)) for c, x in pairs]
+    encoded = iter(encode_each(model, [t for pair in pairs for t in pair]))
+    return [(bos + next(encoded), next(encoded)) for _ in pairs]
 
 
 def _split_whitespace(context: str, continuation: str) -> tuple[str, str]:

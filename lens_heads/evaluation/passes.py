@@ -64,7 +64,7 @@ def run_passes(model, work: Work, run: EvalRun, bar, calls: AttentionCalls) -> t
     state = PrefixState() if any(g.prefix for g in groups) else None
     with _attention(model, attention, calls, state):
         outputs, stats = (_run_rows(model, work, run, bar) if state is None else
-                          _run_prefixed(model, work, _Prefixes(groups, state), run, bar))
+                          _run_prefixed(model, work, _Prefixes(groups, state, scope), run, bar))
     return outputs, stats, scope if state is not None else None
 
 
@@ -170,6 +170,7 @@ class _Prefixes:
 
     groups: list[Group]
     state: PrefixState
+    scope: str | None  # "item" or "any" (:func:`lens_heads.evaluation.prefix.plan_groups`)
 
 
 def _run_prefixed(model, work: Work, prefixes: _Prefixes, run: EvalRun, bar) -> tuple[Outputs, dict]:
@@ -183,7 +184,7 @@ def _run_prefixed(model, work: Work, prefixes: _Prefixes, run: EvalRun, bar) -> 
     stats = dict(forward_passes=0, forward_tokens=0, padded_tokens=0)
     budget = batch_size * max(len(g.prefix) + len(r.tokens) for g in groups for r in g.rows)
     for chunk in chunk_groups(groups, budget):
-        passes = _chunk_passes(model, chunk, budget, run.first_input)
+        passes = _chunk_passes(model, chunk, budget, run.first_input, prefixes.scope)
         _run_chunk(model, passes, work.sets, outputs, prefixes.state)
         for p in passes.prefixes + passes.suffixes:
             stats["forward_passes"] += 1
@@ -202,20 +203,26 @@ class _Chunk:
     suffixes: list[_Pass]
 
 
-def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int) -> _Chunk:
+def _chunk_passes(model, chunk: list[Group], budget: int, first_input: int, scope: str | None) -> _Chunk:
     """The batches of a chunk's prefixes (none where no group shares one) and of its suffix rows, each suffix row
-    told which prefix it continues (numbered across the prefix batches; the empty prefix: index 0, length 0)."""
+    told which prefix it continues (numbered across the prefix batches; the empty prefix: index 0, length 0).
+    Groups with the same prefix (a large group's parts: a subject's questions) run it once; under ``scope``
+    ``"item"`` only within an item, whose hooks may act differently from another's."""
     device, pad = model.cfg.device, pad_id(model)
 
     def make(rows: list[Row], extension=None) -> _Pass:
         tokens, mask = (t.to(device) for t in pad_rows(rows, pad))
         return _Pass(rows, tokens, mask.long(), [first_input + r.item for r in rows], extension)
 
-    shared = {id(g.rows[0]): g for g in chunk if g.prefix}
-    heads = [Row(g.rows[0].item, g.prefix, [(0, id(g.rows[0]), [])]) for g in shared.values()]  # reads: the group
-    prefixes = [make(batch) for batch in token_batches(heads, budget)]
-    order = [shared[row.reads[0][1]] for p in prefixes for row in p.rows]
-    where = {id(row): (i, len(g.prefix)) for i, g in enumerate(order) for row in g.rows}
+    shared: dict[tuple, list[Group]] = {}  # one forward per distinct prefix: a group split by size shares its own
+    for g in chunk:
+        if g.prefix:
+            shared.setdefault((g.rows[0].item if scope == "item" else None, *g.prefix), []).append(g)
+    keys = list(shared)
+    heads = [Row(gs[0].rows[0].item, gs[0].prefix, [(0, k, [])]) for k, gs in enumerate(shared.values())]
+    prefixes = [make(batch) for batch in token_batches(heads, budget)]  # reads: the prefix's key
+    order = [shared[keys[row.reads[0][1]]] for p in prefixes for row in p.rows]
+    where = {id(row): (i, len(gs[0].prefix)) for i, gs in enumerate(order) for g in gs for row in g.rows}
     suffixes = []
     for batch in token_batches(sorted([r for g in chunk for r in g.rows], key=lambda r: -len(r.tokens)), budget):
         index, lengths = zip(*[where.get(id(row), (0, 0)) for row in batch])

@@ -95,7 +95,8 @@ def plan_groups(rows: Sequence[Row], scope: str, max_rows: int) -> list[Group]:
     """Group ``rows`` by their common beginning: sorted by (item when ``scope`` is ``"item"``, tokens), a row joins
     the group before it while the tokens that saves do not shrink; a prefix always ends before the group's first
     read position, so every read lies in a suffix. Rows that share nothing form groups with an empty prefix.
-    Groups larger than ``max_rows`` are split (each part runs the prefix once)."""
+    Groups larger than ``max_rows`` are split into parts with the group's prefix (the parts that one chunk holds
+    run it once)."""
     key = (lambda r: r.item) if scope == "item" else (lambda r: 0)
     groups: list[tuple[int, list[Row]]] = []
     for row in sorted(rows, key=lambda r: (key(r), r.tokens)):
@@ -103,11 +104,12 @@ def plan_groups(rows: Sequence[Row], scope: str, max_rows: int) -> list[Group]:
             length, members = groups[-1]
             joined = min(length, _read_limit(row), common_length(members[0].tokens, row.tokens))
             if key(row) == key(members[0]) and joined >= MIN_PREFIX and len(members) * joined >= (
-                    len(members) - 1) * length and len(members) < max_rows:
+                    len(members) - 1) * length:
                 groups[-1] = (joined, members + [row])
                 continue
         groups.append((_read_limit(row), [row]))
-    return [_group(members, length if len(members) > 1 else 0) for length, members in groups]
+    return [_group(members[i:i + max_rows], length if len(members) > 1 else 0)
+            for length, members in groups for i in range(0, len(members), max_rows)]
 
 
 def _read_limit(row: Row) -> int:

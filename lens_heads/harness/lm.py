@@ -29,7 +29,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import simple_parse_args_string
 
 from lens_heads.data.items import Item, Task
-from lens_heads.data.rows import build_rows, encode, lm_eval_bos
+from lens_heads.data.rows import encode, lm_eval_bos
 from lens_heads.evaluation.batching import AUTO, parse_batch_size
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.generate_batch import generate_batch
@@ -178,7 +178,6 @@ class LensHeadsLM(LM):
                 input_of: list[list[int]] | None = None) -> list[tuple[float, bool]]:
         task = Task(name=f"lm_eval {kind}", split="requests", shots=0, format="cloze", items=items,
                     n_total=len(items), seed=0, source="lm-eval requests")
-        build_rows(self.model, items)  # a request longer than the context is refused before any forward
         hooks, calibrated = build_hooks(self.ablation, self.model, task, batch_size=self.batch_size)
         result = evaluate(self.model, task, hooks=[hooks] if hooks is not None else (), batch_size=self.batch_size,
                           progress=self.progress and not disable_tqdm)
