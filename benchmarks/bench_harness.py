@@ -29,7 +29,10 @@ import numpy as np
 import torch
 
 import timing
-from lens_heads import load_model
+from flops import path_flops, whole_logits_flops
+from lens_heads import load_model, load_task
+from lens_heads.data.rows import build_rows
+from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.harness.tasks import hf_documents
 from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.provenance import code_commit
@@ -133,6 +136,18 @@ def compare(name: str, task: str, r: dict, load: float) -> list[str]:
             f"CPU; per item: predictions equal on {equal} of {len(ours)}, max |log-likelihood difference| {diff:.1e}"]
 
 
+def work_lines(model, yaml: Path, call: dict, batch_size: int) -> list[str]:
+    """What each side runs on the task: its tokens (lens_heads' last call), and the useful FLOPs counted from the
+    config (``flops.py``), whose ratio is lens_heads' lead where both run at the same FLOP/s."""
+    rows = build_rows(model, list(load_task(f"lm_eval:{yaml}")))
+    hf, ours = whole_logits_flops(model, rows), path_flops(model, rows, ROWS_PER_PREFIX * batch_size, shared=True)
+    return [f"  tokens: lm-eval hf {call['row_tokens']} (every row whole), lens_heads {call['forward_tokens']} "
+            f"(shared prefixes once), {call['padded_tokens']} padded: {call['row_tokens'] / call['forward_tokens']:.2f}x "
+            "fewer",
+            f"  useful FLOPs from the config: hf {hf / 1e9:.0f} G (logits at every position), lens_heads "
+            f"{ours / 1e9:.0f} G (logits where read): at equal FLOP/s lens_heads would be {hf / ours:.2f}x"]
+
+
 def main(argv=None) -> None:
     s = timing.parse_settings(HarnessBench, argv, __doc__)
     timing.set_threads(s.threads)
@@ -162,7 +177,9 @@ def main(argv=None) -> None:
             load = timing.load_average()
             r = timing.alternate({"hf": lambda: run(theirs), "lens_heads": lambda: run(ours)}, s.repeats, show=True)
             (ppl_blocks if key == "ppl" else blocks).append(
-                compare_ppl(task, r, load, s) if key == "ppl" else compare(name, task, r, load))
+                compare_ppl(task, r, load, s) if key == "ppl" else
+                compare(name, task, r, load) + work_lines(ours.model, Path(tmp) / f"{task}.yaml", ours.calls[-1],
+                                                          s.batch_size))
             print("\n".join((ppl_blocks if key == "ppl" else blocks)[-1]), flush=True)
     machine = timing.print_machine(started_load) + "; " + timing.cpu_line()
     print(timing.cpu_line())

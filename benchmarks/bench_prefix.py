@@ -32,12 +32,12 @@ import torch
 
 import timing
 from bench_effects import spread_heads
-from flops import forward_flops, trunk_flops_per_token
+from flops import path_flops
 from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate_each
-from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
+from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.settings import option
 
@@ -67,25 +67,6 @@ def mmlu_task(subjects: int, per_subject: int):
     task = load_task("mmlu", n=None, seed=0)
     names = sorted({it.subject for it in task})[:subjects]
     return replace(task, items=[it for s in names for it in [x for x in task if x.subject == s][:per_subject]])
-
-
-def path_flops(model, task, batch_size: int, shared: bool) -> float:
-    """Useful FLOPs of the tokens a path runs: whole rows, or each shared prefix once and the suffixes against it
-    (a suffix of s tokens after p attends to p + its own earlier tokens)."""
-    rows = build_rows(model, list(task))
-    reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
-    if not shared:
-        return forward_flops(model.cfg, [len(r.tokens) for r in rows], reads)
-    cfg = model.cfg
-    groups = plan_groups(rows, "any", ROWS_PER_PREFIX * batch_size)
-    prefixes = [len(g.prefix) for g in groups if g.prefix]
-    flops = forward_flops(cfg, prefixes, 0) + 2.0 * cfg.d_model * cfg.d_vocab * reads
-    for g in groups:
-        for r in g.rows:
-            s, p = len(r.tokens), len(g.prefix)
-            flops += trunk_flops_per_token(cfg) * s + cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * (
-                2 * s * p + s * (s + 1))
-    return flops
 
 
 def matmul_cpu_flops(n: int = 2048, repeats: int = 5) -> float:
@@ -137,7 +118,7 @@ def time_evaluator(model, name: str, task, s: PrefixBench, peak: float, lm_eval=
              f"(load average {load:.1f} before, {timing.load_average():.1f} after):"]
     for label, res, took, shared_path in (("row by row", row, r["row"], False),
                                            ("shared prefixes", shared, r["shared"], True)):
-        flops = path_flops(model, task, s.batch_size, shared_path)
+        flops = path_flops(model, build_rows(model, list(task)), ROWS_PER_PREFIX * s.batch_size, shared_path)
         lines.append(f"  {label:16s} {res.meta['forward_tokens']:6d} tokens ({res.meta['padded_tokens']:6d} padded) "
                      f"{took.wall:6.1f} s wall {took.cpu:6.1f} s CPU  {flops / 1e9:7.1f} GFLOP "
                      f"{flops / took.cpu / 1e9:5.1f} GFLOP/s per CPU s = {flops / took.cpu / peak:5.1%} of matmul")

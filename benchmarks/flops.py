@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lens_heads.data.rows import build_rows
+from lens_heads.data.rows import Row, build_rows
+from lens_heads.evaluation.prefix import plan_groups
 from lens_heads.training.budget import trunk_flops_per_token
 from timing import repeated
 
@@ -42,6 +43,30 @@ def evaluation_flops(model, task) -> float:
     rows = build_rows(model, list(task))
     reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
     return forward_flops(model.cfg, [len(row.tokens) for row in rows], reads)
+
+
+def path_flops(model, rows: Sequence[Row], max_rows: int, shared: bool) -> float:
+    """Useful FLOPs of the evaluator's tokens over ``rows``, logits at each row's distinct read positions: whole rows,
+    or (``shared``) each distinct prefix of :func:`lens_heads.evaluation.prefix.plan_groups` once and every suffix
+    against its prefix (a suffix of s tokens after p attends to p + its own earlier tokens)."""
+    cfg = model.cfg
+    positions = sum(len({first + i for _, first, ids in r.reads for i in range(len(ids))}) for r in rows)
+    if not shared:
+        return forward_flops(cfg, [len(r.tokens) for r in rows], positions)
+    groups = plan_groups(rows, "any", max_rows)
+    flops = forward_flops(cfg, [len(p) for p in {tuple(g.prefix) for g in groups if g.prefix}], positions)
+    for g in groups:
+        for r in g.rows:
+            s, p = len(r.tokens), len(g.prefix)
+            flops += trunk_flops_per_token(cfg) * s + cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * (
+                2 * s * p + s * (s + 1))
+    return flops
+
+
+def whole_logits_flops(model, rows: Sequence[Row]) -> float:
+    """Useful FLOPs of a forward over every row whole with logits at every position (lm-eval's ``hf`` model)."""
+    lengths = [len(r.tokens) for r in rows]
+    return forward_flops(model.cfg, lengths, sum(lengths))
 
 
 def paper_flops(tokens_per_question: float) -> float:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from lens_heads.data.rows import Row
 from lens_heads.evaluation.evaluate import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +24,7 @@ import gpu_rows  # noqa: E402
 import gpu_shapes  # noqa: E402
 import gpu_train  # noqa: E402
 from conftest import load_script  # noqa: E402
-from flops import PAPER_MODELS_B, forward_flops, trunk_flops_per_token  # noqa: E402
+from flops import PAPER_MODELS_B, forward_flops, path_flops, trunk_flops_per_token, whole_logits_flops  # noqa: E402
 
 
 def paper_flops_of(params_b: float, tokens: float) -> float:
@@ -193,6 +194,20 @@ def test_flop_count_of_a_tiny_config_by_hand():
     assert trunk_flops_per_token(cfg) == per_token == 576
     # 3 tokens; causal QK^T and AV: 2 layers * 2 * 2 heads * 2 d_head * 3 * 4; logits at 2 positions: 2 * 4 * 10 * 2
     assert forward_flops(cfg, [3], 2) == 3 * 576 + 2 * 2 * 2 * 2 * 3 * 4 + 2 * 4 * 10 * 2
+
+
+
+def test_a_shared_prefix_is_counted_once_and_its_rows_logits_where_read():
+    cfg = SimpleNamespace(n_layers=2, d_model=4, n_heads=2, n_key_value_heads=1, d_head=2, d_mlp=8, gated_mlp=True,
+                          d_vocab=10)
+    model = SimpleNamespace(cfg=cfg)
+    # two rows of 10 tokens sharing their first 8, each reading 2 positions (the first at 8: the prefix ends there)
+    rows = [Row(0, list(range(10)), [(0, 8, [5, 6])]), Row(0, list(range(8)) + [20, 21], [(1, 8, [7, 7])])]
+    whole = path_flops(model, rows, max_rows=8, shared=False)
+    assert whole == forward_flops(cfg, [10, 10], 4)
+    # the shared path runs the 8 prefix tokens (and their attention among themselves) once instead of twice
+    assert whole - path_flops(model, rows, max_rows=8, shared=True) == forward_flops(cfg, [8], 0)
+    assert whole_logits_flops(model, rows) == forward_flops(cfg, [10, 10], 20)
 
 
 def refused(argv, capsys) -> str:

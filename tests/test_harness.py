@@ -186,6 +186,9 @@ def test_mmlu_five_shot_static_zeroing_equals_evaluate(model, manager):
     ours = lh.evaluate(model, task, hooks=lh.static_zeroing(model, [(0, 0), (1, 2)]), progress=False)
     assert ours.meta["shared_prefix"]
     np.testing.assert_allclose(np.concatenate(lls), np.concatenate([r.logprobs for r in ours.items]), **LOGLIK_TOL)
+    call = results["config"]["lens_heads"]["calls"][0]  # what ran: every row's tokens, fewer through the shared shots
+    assert call["row_tokens"] == sum(len(r.tokens) for r in build_rows(model, task)) > call["forward_tokens"]
+    assert call["padded_tokens"] >= call["forward_tokens"]
 
 
 @pytest.mark.parametrize("ablation", ["random:0.3:per_item:2", "threshold:AHON (LN):0.3"])

@@ -69,7 +69,7 @@ class LensHeadsLM(LM):
         else:
             self.model = pretrained
         check_against(self.ablation, self.model)
-        self.calls: list[dict] = []  # per request-type call: what was zeroed
+        self.calls: list[dict] = []  # per request-type call: what was zeroed, the tokens run
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "LensHeadsLM":
@@ -182,6 +182,8 @@ class LensHeadsLM(LM):
         result = evaluate(self.model, task, hooks=[hooks] if hooks is not None else (), batch_size=self.batch_size,
                           progress=self.progress and not disable_tqdm)
         self._record(requests, hooks, len(items), input_of or [[i] for i, _ in where], calibrated, kind)
+        # the tokens of every row, and how many the forwards ran (shared prefixes once) and padded
+        self.calls[-1].update({k: result.meta[k] for k in ("row_tokens", "forward_tokens", "padded_tokens")})
         return [(float(result.items[i].logprobs[c]), bool(result.items[i].greedy[c])) for i, c in where]
 
     def _record(self, requests, hooks, n_inputs: int, input_of: list[list[int]], calibrated: dict, kind: str) -> None:
