@@ -133,7 +133,9 @@ def compare(name: str, task: str, r: dict, load: float) -> list[str]:
             f"  lm-eval lens_heads  {r['lens_heads'].wall:7.1f} s wall {r['lens_heads'].cpu:7.1f} s CPU   "
             f"acc {acc['lens_heads']:.3f}",
             f"  -> lens_heads {r['hf'].wall / r['lens_heads'].wall:.2f}x wall, {r['hf'].cpu / r['lens_heads'].cpu:.2f}x "
-            f"CPU; per item: predictions equal on {equal} of {len(ours)}, max |log-likelihood difference| {diff:.1e}"]
+            f"CPU; per item: predictions equal on {equal} of {len(ours)}, max |log-likelihood difference| {diff:.1e}",
+            "  each round (hf's time over lens_heads' in the same round): " + ", ".join(
+                f"{a / b:.2f}x" for a, b in zip(r["hf"].walls, r["lens_heads"].walls)) + " wall"]
 
 
 def work_lines(model, yaml: Path, call: dict, batch_size: int) -> list[str]:
