@@ -306,8 +306,8 @@ def main(argv=None) -> None:
     if s.write_docs:
         write_printed(HEADING, f"OMP_NUM_THREADS=2 python benchmarks/bench_fast_eval.py --mmlu-n {s.mmlu_n} "
                       f"--arc-n {s.arc_n} --repeats {s.repeats}{' --hf-eager' * s.hf_eager} --write-docs", machine,
-                      "; embedded SmolLM2-135M-Instruct, fp32, raw weight basis; the other agents on this machine "
-                      "make absolute times noisy, so read the ratios.", [lines, lines2, lines3, lines4])
+                      "; embedded SmolLM2-135M-Instruct, fp32, raw weight basis; absolute times vary with the machine "
+                      "and its load, so read the ratios.", [lines, lines2, lines3, lines4])
 
 
 if __name__ == "__main__":

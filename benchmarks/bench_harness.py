@@ -35,7 +35,6 @@ from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.harness.tasks import hf_documents
 from lens_heads.models.embedded import embedded_model_folder
-from lens_heads.plumbing.provenance import code_commit
 from lens_heads.plumbing.settings import option
 
 HEADING = "lens_heads inside lm-evaluation-harness, against lm-eval's hf model"
@@ -183,11 +182,7 @@ def main(argv=None) -> None:
                 compare(name, task, r, load) + work_lines(ours.model, Path(tmp) / f"{task}.yaml", ours.calls[-1],
                                                           s.batch_size))
             print("\n".join((ppl_blocks if key == "ppl" else blocks)[-1]), flush=True)
-    machine = timing.print_machine(started_load) + "; " + timing.cpu_line()
-    print(timing.cpu_line())
-    code = code_commit()
-    if code["commit"]:
-        machine += f"; commit {code['commit'][:7]}" + (" with local changes" if code["dirty"] else "")
+    machine = timing.print_machine(started_load)
     note = "; lm-eval's hf model and LensHeadsLM alternating in one process, the same simple_evaluate call and documents"
     if s.write_docs and blocks:
         timing.write_printed(HEADING, f"python benchmarks/bench_harness.py --arc-n {s.arc_n} --mmlu-subject "

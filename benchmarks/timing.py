@@ -179,9 +179,19 @@ def cpu_line() -> str:
            f"torch CPU capability {capability}"
 
 
+def commit_words() -> str:
+    """``commit abc1234`` (``with local changes`` where the checkout differs from it), or "" outside a git checkout."""
+    from lens_heads.plumbing.provenance import code_commit
+
+    code = code_commit()
+    if not code["commit"]:
+        return ""
+    return f"commit {code['commit'][:7]}" + (" with local changes" if code["dirty"] else "")
+
+
 def print_machine(started_load: float) -> str:
-    """Print the machine line (load at the start and now) and return it."""
-    machine = machine_line(started_load)
+    """Print the machine line (load at the start and now, the CPU, the commit measured) and return it."""
+    machine = "; ".join(x for x in (machine_line(started_load), cpu_line(), commit_words()) if x)
     print(f"machine: {machine}")
     return machine
 
