@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
+from transformers import PreTrainedTokenizerBase
+
 from lens_heads.data.chat import chat_context, resolve_chat_template
 from lens_heads.plumbing.errors import InputError
 
@@ -55,7 +57,11 @@ def encode_each(model, texts: list[str]) -> list[list[int]]:
     if model.tokenizer is None:
         raise InputError("this model has no tokenizer: evaluating text tasks needs one (tiny_model(tokenizer=...))")
     distinct = list(dict.fromkeys(texts))
-    ids = dict(zip(distinct, model.tokenizer(distinct, add_special_tokens=False)["input_ids"]))
+    if isinstance(model.tokenizer, PreTrainedTokenizerBase):
+        encoded = model.tokenizer(distinct, add_special_tokens=False)["input_ids"]
+    else:  # a tokenizer of one's own is called as TransformerLens calls it, one text at a time
+        encoded = [model.tokenizer(text, add_special_tokens=False)["input_ids"] for text in distinct]
+    ids = dict(zip(distinct, encoded))
     return [list(ids[text]) for text in texts]
 
 
