@@ -48,3 +48,23 @@ def test_the_plain_product_runs_where_the_blocked_one_does_not_apply():
         assert not available(w.double())
     with torch.enable_grad():
         assert linear(w).blocked is None and not available(w)  # packed under grad: nothing to pack for
+
+
+@pytest.mark.floats
+def test_a_transposed_weight_is_packed_without_a_copy_beside_the_blocked_one():
+    """TransformerLens keeps its MLP and unembedding weights [in, out]: packed from their transposed view, the product
+    keeps that view for the plain path (the memory of one copy, not two) and both paths give the product."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 48, generator=gen).T  # [out, in] as a view of an [in, out] tensor
+    x = torch.randn(5, 64, generator=gen)
+    with torch.no_grad():
+        product = linear(w)
+        bound = ROUNDING * (x.abs().double() @ w.abs().double().T)
+        assert product.blocked is not None and product.weight.data_ptr() == w.data_ptr()
+        for out in (product(x), _plain(product, x)):
+            assert bool(((out.double() - reference(x, w, None)).abs() <= bound).all())
+
+
+def _plain(product, x):
+    with torch.backends.mkldnn.flags(enabled=False):
+        return product(x)

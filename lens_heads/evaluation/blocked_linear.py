@@ -58,7 +58,8 @@ class Linear:
 
 def linear(weight: Float[Tensor, "out d_in"], bias: Float[Tensor, " out"] | None = None) -> Linear:
     """A product by ``weight`` (``[out, in]``, laid out as ``F.linear`` takes it), packed into oneDNN's blocked layout
-    where that applies now (see the module docstring)."""
-    weight = weight.contiguous()
-    blocked = _REORDER(weight, ROWS_HINT) if available(weight) else None
-    return Linear(weight, bias, blocked)
+    where that applies now (see the module docstring). Packed, the weight is kept as given for the plain product, a
+    transposed view without a copy of its own; otherwise it is laid out contiguously once."""
+    if available(weight):
+        return Linear(weight, bias, _REORDER(weight, ROWS_HINT))
+    return Linear(weight.contiguous(), bias, None)
