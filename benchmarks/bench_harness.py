@@ -141,7 +141,7 @@ def work_lines(model, yaml: Path, call: dict, batch_size: int) -> list[str]:
     """What each side runs on the task: its tokens (lens_heads' last call), and the useful FLOPs counted from the
     config (``flops.py``), whose ratio is lens_heads' lead where both run at the same FLOP/s."""
     rows = build_rows(model, list(load_task(f"lm_eval:{yaml}")))
-    hf, ours = whole_logits_flops(model, rows), path_flops(model, rows, ROWS_PER_PREFIX * batch_size, shared=True)
+    hf, ours = whole_logits_flops(model, rows), path_flops(model, rows, ROWS_PER_PREFIX * batch_size)
     return [f"  tokens: lm-eval hf {call['row_tokens']} (every row whole), lens_heads {call['forward_tokens']} "
             f"(shared prefixes once), {call['padded_tokens']} padded: {call['row_tokens'] / call['forward_tokens']:.2f}x "
             "fewer",

@@ -39,22 +39,21 @@ def forward_flops(cfg, lengths: Sequence[int], logit_positions: int) -> float:
 
 
 def evaluation_flops(model, task) -> float:
-    """Useful FLOPs of ``lens_heads.evaluation.evaluate`` on ``task``: its rows, logits at the positions it reads."""
-    rows = build_rows(model, list(task))
-    reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
-    return forward_flops(model.cfg, [len(row.tokens) for row in rows], reads)
+    """Useful FLOPs of ``lens_heads.evaluation.evaluate`` on ``task``: its rows whole, logits where it reads."""
+    return path_flops(model, build_rows(model, list(task)))
 
 
-def path_flops(model, rows: Sequence[Row], max_rows: int, shared: bool) -> float:
-    """Useful FLOPs of the evaluator's tokens over ``rows``, logits at each row's distinct read positions: whole rows,
-    or (``shared``) each distinct prefix of :func:`lens_heads.evaluation.prefix.plan_groups` once and every suffix
-    against its prefix (a suffix of s tokens after p attends to p + its own earlier tokens)."""
+def path_flops(model, rows: Sequence[Row], max_rows: int | None = None) -> float:
+    """Useful FLOPs of the evaluator over ``rows``, logits at every token it reads (as it computes them: MMLU's four
+    letters read one position four times): whole rows, or, given ``max_rows``, each distinct prefix of
+    :func:`lens_heads.evaluation.prefix.plan_groups` once and every suffix against its prefix (a suffix of s tokens
+    after p attends to p + its own earlier tokens)."""
     cfg = model.cfg
-    positions = sum(len({first + i for _, first, ids in r.reads for i in range(len(ids))}) for r in rows)
-    if not shared:
-        return forward_flops(cfg, [len(r.tokens) for r in rows], positions)
+    reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
+    if max_rows is None:
+        return forward_flops(cfg, [len(r.tokens) for r in rows], reads)
     groups = plan_groups(rows, "any", max_rows)
-    flops = forward_flops(cfg, [len(p) for p in {tuple(g.prefix) for g in groups if g.prefix}], positions)
+    flops = forward_flops(cfg, [len(p) for p in {tuple(g.prefix) for g in groups if g.prefix}], reads)
     for g in groups:
         for r in g.rows:
             s, p = len(r.tokens), len(g.prefix)

@@ -197,17 +197,20 @@ def test_flop_count_of_a_tiny_config_by_hand():
 
 
 
-def test_a_shared_prefix_is_counted_once_and_its_rows_logits_where_read():
+def test_a_shared_prefix_is_counted_once_and_logits_at_every_token_read():
     cfg = SimpleNamespace(n_layers=2, d_model=4, n_heads=2, n_key_value_heads=1, d_head=2, d_mlp=8, gated_mlp=True,
                           d_vocab=10)
     model = SimpleNamespace(cfg=cfg)
     # two rows of 10 tokens sharing their first 8, each reading 2 positions (the first at 8: the prefix ends there)
     rows = [Row(0, list(range(10)), [(0, 8, [5, 6])]), Row(0, list(range(8)) + [20, 21], [(1, 8, [7, 7])])]
-    whole = path_flops(model, rows, max_rows=8, shared=False)
+    whole = path_flops(model, rows)
     assert whole == forward_flops(cfg, [10, 10], 4)
     # the shared path runs the 8 prefix tokens (and their attention among themselves) once instead of twice
-    assert whole - path_flops(model, rows, max_rows=8, shared=True) == forward_flops(cfg, [8], 0)
+    assert whole - path_flops(model, rows, max_rows=8) == forward_flops(cfg, [8], 0)
     assert whole_logits_flops(model, rows) == forward_flops(cfg, [10, 10], 20)
+    # letters read at one position: the evaluator computes that position's logits once per letter, and so counts it
+    letters = [Row(0, list(range(6)), [(c, 5, [30 + c]) for c in range(4)])]
+    assert path_flops(model, letters) == forward_flops(cfg, [6], 4)
 
 
 def refused(argv, capsys) -> str:
