@@ -124,6 +124,10 @@ TERMS: tuple[Term, ...] = (
          "stacking (the student's blocks copied to double depth), hybrid stacking and the half-width start (lens_heads' "
          "own definitions), logit distillation and DistilBERT-style distillation from the reference.",
          r"(?i)\bbaselines\b"),
+    Term("useful FLOPs", "The multiply-adds (2 FLOPs each) a forward needs, counted from the model's config: the "
+         "blocks' products per token, attention over the keys each position sees, and the unembedding at the "
+         "positions whose logits are computed; padding, norms and softmax left out (benchmarks/flops.py).",
+         r"(?i)useful FLOPs"),
     Term("weight basis", "Whether TransformerLens's weight processing (fold_ln, centring, folded value biases) was "
          "applied. It leaves logits unchanged but moves the value and output norms the scores read; lens_heads keeps "
          "the raw basis by default.", r"(?i)weight basis"),
@@ -142,6 +146,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Statistics": ("calling rule",),
     "Smaller models": ("Inheritune", "growth", "baselines", "healing"),
     "Models": ("weight basis",),
+    "Speed": ("useful FLOPs",),
 }
 
 
