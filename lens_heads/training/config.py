@@ -43,7 +43,7 @@ class TrainConfig:
     eval_batches: int = option(8, "validation batches")
     log_every: int = option(10, "steps between training-loss records")
     checkpoint_every: int = option(100, "steps between checkpoints")
-    keep_checkpoints: int = option(2, "checkpoints kept")
+    keep_checkpoints: int = option(2, "checkpoints kept while the run is unfinished")
     seed: int = option(0, "batch-order seed")
     amp: bool = option(False, "bfloat16 autocast (CUDA only)")
     decay_embeddings: bool = option(False, "weight decay on embeddings too (not the authors')")

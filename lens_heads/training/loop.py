@@ -129,7 +129,7 @@ def train(
     token arrays) or other `TrainData` (`lens_heads.training.example_data.ExampleData`).
 
     With ``out_dir``: checkpoints every ``checkpoint_every`` steps, resumes from the last one, and a finished run
-    (``out_dir/final``) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned
+    (``out_dir/final``, which replaces the checkpoints) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned
     dict is logged at that step (e.g. `RankTracker`). ``objective(model, batch)``: the training loss (default: the
     data's, the next-token cross-entropy `lm_loss` on a corpus); the validation loss is the data's (on a corpus
     always `lm_loss`, so runs compare).
@@ -285,6 +285,9 @@ def _finish(model, data: TrainData, cfg: TrainConfig, run: _Run, out: Path | Non
     if out is not None:
         atomic_write_bytes(out / "final" / "model.safetensors", model_state_bytes(model))
         atomic_write_json(out / "final" / "result.json", result.to_dict())
+        # a finished run resumes from final alone; its checkpoints (weights and twice their size in Adam's moments)
+        # would only fill the disk
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return result
 
 
