@@ -157,7 +157,8 @@ def train(
             run.step, run.tokens_seen = step + 1, run.tokens_seen + tokens
             run.wall_time_s += time.perf_counter() - t0
             log(loss, lr, grad_norm, _measurements(model, data, cfg, callbacks, run.step))
-            due = run.step % cfg.checkpoint_every == 0 or run.step == cfg.steps
+            # the last step's weights go to final, written next, instead
+            due = run.step % cfg.checkpoint_every == 0 and run.step < cfg.steps
             if out is not None and (due or signals.stop_requested()):
                 state = {**asdict(run), "config": asdict(cfg)}
                 save_checkpoint(out / "checkpoints" / f"step_{run.step:07d}", model, optimizer, state)
