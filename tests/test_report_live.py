@@ -304,29 +304,30 @@ def distinct_states(pages: list[str]) -> list[str]:
 
 @pytest.mark.browser
 def test_chromium_shows_every_page_of_the_run_without_errors(run, tmp_path):
-    from lens_heads.report.browser import offline_page
+    from lens_heads.report.browser import offline_browser, offline_page
 
     out, pages, _ = run
     shown_pages = [*distinct_states(pages), (out / "report.html").read_text()]
-    for i, page in enumerate(shown_pages):
-        path = tmp_path / f"page{i}.html"
-        path.write_text(page)
-        with offline_page(path, settle_ms=1500) as (tab, log):
-            assert log.errors == [] and log.console_errors == [] and log.outside == [], (i, log.errors,
-                                                                                         log.console_errors)
-            shown = {h.rsplit(" (", 1)[0]: h.rsplit(" (", 1)[1].rstrip(")")
-                     for h in tab.locator("main h2").all_inner_texts() if h.endswith(("(running)", "(queued)"))}
-            assert shown == statuses(page), i
-            banner = tab.locator("#run-banner")
-            if i < len(shown_pages) - 1:  # every page the run wrote says it is still going; the finished one not
-                assert "still going" in banner.inner_text() and "reloads itself" in banner.inner_text()
-            else:
-                assert banner.count() == 0
-            for state in ("running", "queued"):  # each such section says so in its words too
-                for title in [t for t, s in statuses(page).items() if s == state]:
-                    text = tab.locator("main section", has=tab.locator(f"h2:text-is('{title} ({state})')"))
-                    assert text.inner_text().split("\n")[-1].startswith("Running for" if state == "running"
-                                                                        else "Queued:")
+    with offline_browser() as browser:
+        for i, page in enumerate(shown_pages):
+            path = tmp_path / f"page{i}.html"
+            path.write_text(page)
+            with offline_page(path, settle_ms=1500, browser=browser) as (tab, log):
+                assert log.errors == [] and log.console_errors == [] and log.outside == [], (i, log.errors,
+                                                                                             log.console_errors)
+                shown = {h.rsplit(" (", 1)[0]: h.rsplit(" (", 1)[1].rstrip(")")
+                         for h in tab.locator("main h2").all_inner_texts() if h.endswith(("(running)", "(queued)"))}
+                assert shown == statuses(page), i
+                banner = tab.locator("#run-banner")
+                if i < len(shown_pages) - 1:  # every page the run wrote says it is still going; the finished one not
+                    assert "still going" in banner.inner_text() and "reloads itself" in banner.inner_text()
+                else:
+                    assert banner.count() == 0
+                for state in ("running", "queued"):  # each such section says so in its words too
+                    for title in [t for t, s in statuses(page).items() if s == state]:
+                        text = tab.locator("main section", has=tab.locator(f"h2:text-is('{title} ({state})')"))
+                        assert text.inner_text().split("\n")[-1].startswith("Running for" if state == "running"
+                                                                            else "Queued:")
 
 
 @pytest.mark.browser

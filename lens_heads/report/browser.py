@@ -40,41 +40,57 @@ def chromium_path() -> str | None:
 
 
 @contextmanager
-def offline_page(path: str | Path, *, width: int = 1360, height: int = 900, settle_ms: int = 2500):
-    """Yield ``(page, log)`` with ``path`` loaded; any request that is not a local file is aborted and recorded."""
+def offline_browser():
+    """Yield a headless Chromium (the system's where there is one) for `offline_page`: one launch for many pages."""
     from playwright.sync_api import sync_playwright  # optional (browser checks, dev extras)
 
-    log = PageLog()
     with sync_playwright() as p:
         exe = chromium_path()
         browser = p.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS) if exe else \
             p.chromium.launch(args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": width, "height": height}, offline=True)
-            page = context.new_page()
-
-            def route(r):
-                url = r.request.url
-                if url.startswith(("file:", "data:", "blob:", "about:")):
-                    r.continue_()
-                else:
-                    log.outside.append(url)
-                    r.abort()
-
-            def dialog(d):
-                log.dialogs.append(d.message)
-                d.dismiss()
-
-            page.route("**/*", route)
-            page.on("request", lambda r: log.requests.append(r.url))
-            page.on("console", lambda m: log.console.append((m.type, m.text)))
-            page.on("pageerror", lambda e: log.errors.append(str(e)))
-            page.on("dialog", dialog)
-            page.goto(Path(path).resolve().as_uri(), wait_until="load")
-            page.wait_for_timeout(settle_ms)  # plotly and React render after load
-            yield page, log
+            yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def offline_page(path: str | Path, *, width: int = 1360, height: int = 900, settle_ms: int = 2500, browser=None):
+    """Yield ``(page, log)`` with ``path`` loaded; any request that is not a local file is aborted and recorded.
+    ``browser``: one from `offline_browser` (default: a Chromium launched for this page alone). Each page has a
+    context of its own: no cache, storage or history is shared between pages."""
+    if browser is None:
+        with offline_browser() as own, offline_page(path, width=width, height=height, settle_ms=settle_ms,
+                                                    browser=own) as shown:
+            yield shown
+        return
+    log = PageLog()
+    context = browser.new_context(viewport={"width": width, "height": height}, offline=True)
+    try:
+        page = context.new_page()
+
+        def route(r):
+            url = r.request.url
+            if url.startswith(("file:", "data:", "blob:", "about:")):
+                r.continue_()
+            else:
+                log.outside.append(url)
+                r.abort()
+
+        def dialog(d):
+            log.dialogs.append(d.message)
+            d.dismiss()
+
+        page.route("**/*", route)
+        page.on("request", lambda r: log.requests.append(r.url))
+        page.on("console", lambda m: log.console.append((m.type, m.text)))
+        page.on("pageerror", lambda e: log.errors.append(str(e)))
+        page.on("dialog", dialog)
+        page.goto(Path(path).resolve().as_uri(), wait_until="load")
+        page.wait_for_timeout(settle_ms)  # plotly and React render after load
+        yield page, log
+    finally:
+        context.close()
 
 
 def screenshot(report: str | Path, png: str | Path, *, width: int = 1360, height: int = 1500,
