@@ -187,11 +187,12 @@ def test_uniform_attention_is_not_lazy_by_default():
             attention_rank(model, tokens, progress=False, **bad)
 
 
-def test_padding_does_not_change_the_rank():
+@pytest.mark.parametrize("batch_size", [1, 8])  # each input in a batch of its own, or short padded to 15 tokens
+def test_padding_does_not_change_the_rank(batch_size):
     model = tiny_model("gpt2", seed=3)
     g = torch.Generator().manual_seed(2)
     short, long = torch.randint(0, model.cfg.d_vocab, (9,), generator=g), torch.randint(0, model.cfg.d_vocab, (15,), generator=g)
-    together = attention_rank(model, [short, long], average=False, progress=False)  # short is right-padded to 15 tokens
+    together = attention_rank(model, [short, long], average=False, batch_size=batch_size, progress=False)
     with torch.no_grad():
         alone = _explicit_patterns(model, short[None])[0]  # [L, H, 9, 9]
     L, H = alone.shape[:2]

@@ -36,7 +36,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.collapse.rank_settings import AGGREGATIONS, RankSettings
-from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.data.inputs import longest_first, tokenize_inputs
 from lens_heads.heads.scores import what_still_works
 from lens_heads.models.backends import check_attention_hooks, get_act_name, run_to_resid
 from lens_heads.models.nonfinite import refuse_nonfinite_values, where_nonfinite
@@ -214,40 +214,42 @@ def _collect(model, tokens: Tensor, mask: Tensor, *, average: bool, energy: floa
     n, L, H = tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads
     ranks, masses = torch.zeros(n, L, H), torch.zeros(n, L, H)
     pattern_sum = [None] * L
-    offset = 0
+    batch: dict = {}  # the rows of the batch in flight and their mask
     broken: list[tuple[int, int]] = []  # (input, layer) of the first pattern holding NaN or infinity
 
     def hook(pattern: Float[Tensor, "batch head q k"], hook):
         layer = hook.layer()
-        valid = mask[offset: offset + pattern.shape[0]]
+        rows, valid = batch["rows"], batch["mask"]
         pair = valid[:, None, :, None] & valid[:, None, None, :]
         # a real query's row sums to 1: TransformerLens writes a NaN softmax as zeros, so a row that does not is one
-        rows = pattern.detach().double().sum(-1)
+        row_sums = pattern.detach().double().sum(-1)
         bad = ((~torch.isfinite(pattern.detach()) & pair).flatten(1).any(1)
-               | (((rows - 1).abs() > ROW_SUM_TOL) & valid[:, None, :]).flatten(1).any(1))
+               | (((row_sums - 1).abs() > ROW_SUM_TOL) & valid[:, None, :]).flatten(1).any(1))
         if bool(bad.any()):
             if not broken:
-                broken.append((offset + int(torch.nonzero(bad)[0, 0]), layer))
+                broken.append((int(rows[torch.nonzero(bad)[0, 0]]), layer))
             return
         # zero rows/columns of padding (where, not a product: a padded row may hold NaN): only zero singular values
         pattern = torch.where(pair, pattern.detach(), torch.zeros((), dtype=pattern.dtype, device=pattern.device))
-        if average:
+        if average:  # padding columns cut from the batch are zeros of this sum too
             s = pattern.double().sum(0)
+            k = s.shape[-1]
+            s = torch.nn.functional.pad(s, (0, mask.shape[1] - k, 0, mask.shape[1] - k))
             pattern_sum[layer] = s if pattern_sum[layer] is None else pattern_sum[layer] + s
         else:
-            ranks[offset: offset + pattern.shape[0], layer] = approx_rank(pattern, energy).float().cpu()
-            masses[offset: offset + pattern.shape[0], layer] = mass_columns(pattern, mass).float().cpu()
+            ranks[rows, layer] = approx_rank(pattern, energy).float().cpu()
+            masses[rows, layer] = mass_columns(pattern, mass).float().cpu()
 
     hooks = [(get_act_name("pattern", layer), hook) for layer in range(L)]
     bar = tqdm(total=n, desc="attention rank", disable=not progress, unit="input")
     with torch.no_grad():
-        for offset in range(0, n, batch_size):
-            batch = tokens[offset: offset + batch_size]
+        for rows, used in longest_first(mask, batch_size):  # alike lengths together: little padding to decompose
+            batch.update(rows=rows, mask=mask[rows, used])
             # attention_mask keeps padded keys out of softmax where the model supports it; right padding with
             # causal attention leaves the valid block unchanged either way.
             with model.hooks(fwd_hooks=hooks):
-                run_to_resid(model, batch, mask[offset: offset + batch_size].long(), stop=L)
-            bar.update(len(batch))
+                run_to_resid(model, tokens[rows, used], batch["mask"].long(), stop=L)
+            bar.update(len(rows))
             if broken:  # a NaN pattern read as a number would be rank 0: a "lazy" layer that is a broken one
                 k, layer = broken[0]
                 raise NonFiniteError(

@@ -5,7 +5,7 @@ Shared by scoring, rank and evaluation, so every pass reads the same tokens for 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import torch
 from jaxtyping import Bool, Int
@@ -63,6 +63,17 @@ def right_pad(sequences: Sequence[Sequence[int] | Tensor], pad: int
         tokens[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
         mask[i, : len(s)] = True
     return tokens, mask
+
+
+def longest_first(mask: Bool[Tensor, "batch pos"], batch_size: int
+                  ) -> Iterator[tuple[Int[Tensor, " rows"], slice]]:
+    """Batches of the rows of ``mask`` longest first (rows of alike length together, so little padding is run),
+    each with the columns it needs: those real in some row of the batch (padding on either side cut)."""
+    order = torch.argsort(mask.sum(1), descending=True, stable=True)
+    for start in range(0, len(order), batch_size):
+        rows = order[start: start + batch_size]
+        used = mask[rows].any(0).nonzero()[:, 0]
+        yield rows, slice(int(used[0]), int(used[-1]) + 1)
 
 
 def check_token_ids(model: HookedTransformer, sequences: Sequence[Sequence[int] | Tensor],

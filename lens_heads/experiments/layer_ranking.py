@@ -30,8 +30,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_heads.collapse.rank import attention_rank
-from lens_heads.data.inputs import tokenize_inputs
+from lens_heads.data.inputs import longest_first, tokenize_inputs
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
+from lens_heads.evaluation.fast_blocks import fast_blocks
+from lens_heads.evaluation.fused_attention import fused_attention
+from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import inactive
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -181,9 +184,11 @@ def block_influence(model, tokens, mask: Bool[Tensor, "batch pos"], *, batch_siz
     hooks = [(f"blocks.{layer}.hook_{what}", hook(layer, what)) for layer in range(L)
              for what in ("resid_pre", "attn_out", "resid_post")]
     bar = tqdm(total=tokens.shape[0], desc="block influence", unit="input", disable=not progress)
-    with model.hooks(fwd_hooks=hooks):
-        for start in range(0, tokens.shape[0], batch_size):
-            batch, real = tokens[start:start + batch_size], mask[start:start + batch_size]
+    # nothing reads the pattern or the norms: the evaluator's forward (fused attention, norms once, weights laid
+    # out once), which fires these hooks with the eager values up to float32 rounding
+    with model.hooks(fwd_hooks=hooks), packed_weights(model), fused_attention(model), fast_blocks(model):
+        for rows, used in longest_first(mask, batch_size):
+            batch, real = tokens[rows, used], mask[rows, used]
             state["mask"] = real.to(model.cfg.device)
             run_to_resid(model, batch.to(model.cfg.device), real.long().to(model.cfg.device), stop=L)
             count += int(real.sum())

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from safetensors import safe_open
 from safetensors.torch import save
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_heads.data.inputs import Inputs, tokenize_inputs
+from lens_heads.data.inputs import Inputs, longest_first, tokenize_inputs
 from lens_heads.data.items import Task
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.batching import AUTO, first_size, halving
@@ -212,14 +212,10 @@ def _score_rows(model, tokens: Tensor, mask: Bool[Tensor, "b p"], extras: tuple[
     n, L, H = tokens.shape[0], cfg.n_layers, cfg.n_heads
     out = torch.empty((n, L, H, len(scores)), dtype=torch.float32)
     W_O = model.W_O.detach() if extras else None  # [layer, head, d_head, d_model]; only extras read it
-    lengths = mask.sum(1)
-    order = torch.argsort(lengths, descending=True, stable=True)
     bar = tqdm(total=n, unit="input", desc=f"scoring {cfg.n_layers}x{cfg.n_heads} heads", disable=not progress)
     with torch.no_grad():
-        for start in range(0, n, batch_size):
-            rows = order[start : start + batch_size]
-            batch_tokens, batch_mask = _trim(tokens[rows], mask[rows])
-            out[rows] = _score_batch(model, batch_tokens, batch_mask, scores, W_O, hooks, query_chunk)
+        for rows, used in longest_first(mask, batch_size):
+            out[rows] = _score_batch(model, tokens[rows, used], mask[rows, used], scores, W_O, hooks, query_chunk)
             bar.update(len(rows))
     bar.close()
     return out
@@ -291,13 +287,6 @@ def _score_batch(model, tokens, mask, scores, W_O, user_hooks, query_chunk: int
         raise RuntimeError(f"hooks {capture.leftover()} fired without a hook_z after them: is this a standard "
                            "attention layer?")
     return out
-
-
-def _trim(tokens: Int[Tensor, "b p"], mask: Bool[Tensor, "b p"]) -> tuple[Tensor, Tensor]:
-    """Drop the columns that are padding in every row of the batch (leading or trailing)."""
-    used = mask.any(0).nonzero()[:, 0]
-    lo, hi = int(used[0]), int(used[-1]) + 1
-    return tokens[:, lo:hi], mask[:, lo:hi]
 
 
 def _checked_mask(attention_mask: Tensor, shape) -> Bool[Tensor, "b p"]:
