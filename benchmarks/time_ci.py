@@ -58,8 +58,9 @@ def steps(lines: str) -> list[dict]:
 
 
 def ci_steps(script: Path) -> list[str]:
-    """The names of the steps ``.ci/run`` runs, in order (its lines ``step NAME ...``)."""
-    return [line.split()[1] for line in script.read_text().splitlines() if line.startswith("step ")]
+    """The names of the steps ``.ci/run`` runs, in the order written (its lines ``step NAME ...``, in functions
+    too)."""
+    return [line.split()[1] for line in script.read_text().splitlines() if line.lstrip().startswith("step ")]
 
 
 class LoadSampler:
