@@ -325,3 +325,18 @@ def test_the_extras_sweep_with_thresholds_from_their_own_pooled_values(tiny_text
         pooled = scored.score(unit.score).double().numpy().reshape(-1)
         assert unit.threshold == pytest.approx(np.quantile(pooled, 0.3))
         assert 0 < unit.realised_fraction < 1
+
+
+def test_a_sweep_lays_the_mlp_weights_out_once_for_all_its_units(tiny_text_model, tmp_path, monkeypatch):
+    """The gated MLPs' packed layout is made once per sweep (each unit's evaluation reuses it), not once per unit;
+    the resume test above compares units whose layout another unit made with a clean run's."""
+    from lens_heads.evaluation import packed_weights as packing
+    from lens_heads.heads.scoring import score_heads
+
+    model, task = tiny_text_model, load_task("arc_easy", split="validation", n=3, seed=1)
+    calibration = score_heads(model, task, progress=False)  # scoring lays them out in a pass of its own
+    made = []
+    layout = packing._gated_layout
+    monkeypatch.setattr(packing, "_gated_layout", lambda *weights: made.append(1) or layout(*weights))
+    result = run_sweep(model, task, out_dir=tmp_path, calibration=calibration, **SETTINGS)
+    assert len(result.units) == 9 and len(made) == model.cfg.n_layers
