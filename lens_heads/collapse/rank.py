@@ -231,10 +231,8 @@ def _collect(model, tokens: Tensor, mask: Tensor, *, average: bool, energy: floa
             return
         # zero rows/columns of padding (where, not a product: a padded row may hold NaN): only zero singular values
         pattern = torch.where(pair, pattern.detach(), torch.zeros((), dtype=pattern.dtype, device=pattern.device))
-        if average:  # padding columns cut from the batch are zeros of this sum too
+        if average:  # every input is cut to the shortest, so every batch has all the columns
             s = pattern.double().sum(0)
-            k = s.shape[-1]
-            s = torch.nn.functional.pad(s, (0, mask.shape[1] - k, 0, mask.shape[1] - k))
             pattern_sum[layer] = s if pattern_sum[layer] is None else pattern_sum[layer] + s
         else:
             ranks[rows, layer] = approx_rank(pattern, energy).float().cpu()

@@ -129,10 +129,10 @@ def train(
     token arrays) or other `TrainData` (`lens_heads.training.example_data.ExampleData`).
 
     With ``out_dir``: checkpoints every ``checkpoint_every`` steps, resumes from the last one, and a finished run
-    (``out_dir/final``, which replaces the checkpoints) only reloads its weights. ``callbacks(model, step)`` run after every step; a returned
-    dict is logged at that step (e.g. `RankTracker`). ``objective(model, batch)``: the training loss (default: the
-    data's, the next-token cross-entropy `lm_loss` on a corpus); the validation loss is the data's (on a corpus
-    always `lm_loss`, so runs compare).
+    (``out_dir/final``, which replaces the checkpoints) only reloads its weights. ``callbacks(model, step)`` run
+    after every step; a returned dict is logged at that step (e.g. `RankTracker`). ``objective(model, batch)``: the
+    training loss (default: the data's, the next-token cross-entropy `lm_loss` on a corpus); the validation loss is
+    the data's (on a corpus always `lm_loss`, so runs compare).
     """
     cfg, data = config, training_data(corpus)
     data.check(model, cfg)
