@@ -366,3 +366,17 @@ def test_ranking_plans_name_each_plan_by_the_curve_its_removals_make():
     for (key, plan), order in zip(plans.items(), orders.values()):
         assert [spec.layers for spec in plan] == [tuple(order[:1]), tuple(order[:3])]
         assert {spec.part for spec in plan} == {"block"} and {spec.ranked_by for spec in plan} == {key}
+
+
+def test_layer_removals_lay_the_mlp_weights_out_once_for_all_their_chunks(tmp_path, monkeypatch):
+    """Chunk after chunk reuses one packed layout of the gated MLPs (the shared-forwards test above compares units
+    of later chunks with evaluations that lay them out afresh)."""
+    from lens_heads.evaluation import packed_weights as packing
+
+    model = text_model(n_layers=3)
+    made = []
+    layout = packing._gated_layout
+    monkeypatch.setattr(packing, "_gated_layout", lambda *weights: made.append(1) or layout(*weights))
+    specs = [LayerRemoval((layer,), part="attention") for layer in range(3)]
+    units = evaluate_specs(model, toy_task(), specs, out_dir=tmp_path, chunk=1, progress=False)
+    assert len(units) == 4 and len(made) == model.cfg.n_layers  # the baseline and three removals, one layout

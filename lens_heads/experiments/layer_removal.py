@@ -29,6 +29,7 @@ from lens_heads.ablation.removed_layers import check_layer_order, check_layers
 from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation, Unablated
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate_each
+from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.results import EvalResult, paired_values
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
@@ -120,17 +121,18 @@ def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, 
                   key=lambda s: -min(_layers_hooked(s), default=-1))
     bar = tqdm(total=len(todo), desc=f"layer removals on {getattr(task, 'name', 'task')}", unit="unit",
                disable=not progress)
-    for start in range(0, len(todo), chunk):
-        part = todo[start:start + chunk]
-        built = [spec.build(model) for spec in part]
-        began = time.perf_counter()
-        results = evaluate_each(model, task, [[b] if b is not None else [] for b in built], settings=evaluation,
-                                progress=False)
-        wall = (time.perf_counter() - began) / len(part)
-        for spec, ablation, result in zip(part, built, results):
-            units[spec] = unit_result(spec, ablation, result, wall)
-            store.save(spec, units[spec])
-        bar.update(len(part))
+    with packed_weights(model):  # the unembedding and MLP weights laid out once for all the chunks, not per chunk
+        for start in range(0, len(todo), chunk):
+            part = todo[start:start + chunk]
+            built = [spec.build(model) for spec in part]
+            began = time.perf_counter()
+            results = evaluate_each(model, task, [[b] if b is not None else [] for b in built], settings=evaluation,
+                                    progress=False)
+            wall = (time.perf_counter() - began) / len(part)
+            for spec, ablation, result in zip(part, built, results):
+                units[spec] = unit_result(spec, ablation, result, wall)
+                store.save(spec, units[spec])
+            bar.update(len(part))
     bar.close()
     return {spec: units[measured[spec]] for spec in specs}
 
