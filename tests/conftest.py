@@ -240,3 +240,17 @@ def units_scheduler(config, log):
             super().schedule()
 
     return Units(config, log)
+
+
+def count_layouts(monkeypatch) -> dict[str, int]:
+    """How many gated-MLP and attention layouts are made from here on (counted into the returned dict)."""
+    from lens_heads.evaluation import fused_attention, packed_weights
+
+    made = {"gated": 0, "qkv": 0, "output": 0}
+    for module, name, role in ((packed_weights, "_gated_layout", "gated"), (fused_attention, "_qkv_layout", "qkv"),
+                               (fused_attention, "_output_layout", "output")):
+        def counted(*weights, make=getattr(module, name), role=role):
+            made[role] += 1
+            return make(*weights)
+        monkeypatch.setattr(module, name, counted)
+    return made

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import LOGLIK_TOL, text_model
+from conftest import LOGLIK_TOL, count_layouts, text_model
 from lens_heads import layer_scores, run_sweep
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.ablation.removed_layers import check_layer_order, remove_layers
@@ -368,15 +368,12 @@ def test_ranking_plans_name_each_plan_by_the_curve_its_removals_make():
         assert {spec.part for spec in plan} == {"block"} and {spec.ranked_by for spec in plan} == {key}
 
 
-def test_layer_removals_lay_the_mlp_weights_out_once_for_all_their_chunks(tmp_path, monkeypatch):
-    """Chunk after chunk reuses one packed layout of the gated MLPs (the shared-forwards test above compares units
-    of later chunks with evaluations that lay them out afresh)."""
-    from lens_heads.evaluation import packed_weights as packing
-
+def test_layer_removals_lay_the_weights_out_once_for_all_their_chunks(tmp_path, monkeypatch):
+    """Chunk after chunk reuses one packed layout of the gated MLPs and of the attention (the shared-forwards test
+    above compares units of later chunks with evaluations that lay them out afresh)."""
     model = text_model(n_layers=3)
-    made = []
-    layout = packing._gated_layout
-    monkeypatch.setattr(packing, "_gated_layout", lambda *weights: made.append(1) or layout(*weights))
+    made = count_layouts(monkeypatch)
     specs = [LayerRemoval((layer,), part="attention") for layer in range(3)]
     units = evaluate_specs(model, toy_task(), specs, out_dir=tmp_path, chunk=1, progress=False)
-    assert len(units) == 4 and len(made) == model.cfg.n_layers  # the baseline and three removals, one layout
+    assert len(units) == 4  # the baseline and three removals, one layout of each weight
+    assert made == {"gated": model.cfg.n_layers, "qkv": model.cfg.n_layers, "output": model.cfg.n_layers}

@@ -1,12 +1,13 @@
 """Packed weights: the unembedding and gated MLPs give TransformerLens's own outputs and hook values, follow weights
-changed in place, and leave gradients to the weights intact."""
+changed in place (also across the blocks of a shared_layouts scope), and leave gradients to the weights intact."""
 
 import pytest
 import torch
 
 from conftest import assert_close_to_scale
 from lens_heads import tiny_model
-from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.fused_attention import fused_attention
+from lens_heads.evaluation.packed_weights import packed_weights, shared_layouts
 
 
 def model_with_bias(seed=0):
@@ -56,6 +57,27 @@ def test_a_weight_changed_in_place_is_laid_out_again():
     with torch.no_grad():
         expected = model(tokens)
     assert not torch.allclose(before, after)
+    assert_close_to_scale(after, expected)
+
+
+@pytest.mark.floats
+def test_shared_layouts_follow_weights_changed_or_replaced_between_blocks():
+    """Blocks of forwards inside one shared_layouts scope reuse the layouts, yet each block multiplies by the weights
+    as they are when it runs: changed in place (W_in, W_Q) or replaced by another tensor (W_O)."""
+    model, _ = model_with_bias()
+    tokens = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(3))
+
+    def laid_out():
+        with packed_weights(model), fused_attention(model):
+            return model(tokens)
+
+    with torch.no_grad(), shared_layouts():
+        laid_out()
+        model.blocks[0].mlp.W_in.mul_(2.0)
+        model.blocks[1].attn.W_Q.mul_(-1.0)
+        model.blocks[0].attn.W_O = torch.nn.Parameter(model.blocks[0].attn.W_O.detach() * 3.0)
+        after = laid_out()
+        expected = model(tokens)  # the eager modules on the changed weights
     assert_close_to_scale(after, expected)
 
 

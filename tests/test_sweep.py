@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import lens_heads.sweep.run as sweep_module
-from conftest import text_model
+from conftest import count_layouts, text_model
 from lens_heads.data.tasks import load_task
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.results import paired_difference
@@ -327,16 +327,16 @@ def test_the_extras_sweep_with_thresholds_from_their_own_pooled_values(tiny_text
         assert 0 < unit.realised_fraction < 1
 
 
-def test_a_sweep_lays_the_mlp_weights_out_once_for_all_its_units(tiny_text_model, tmp_path, monkeypatch):
-    """The gated MLPs' packed layout is made once per sweep (each unit's evaluation reuses it), not once per unit;
-    the resume test above compares units whose layout another unit made with a clean run's."""
-    from lens_heads.evaluation import packed_weights as packing
+def test_a_sweep_lays_the_weights_out_once_for_all_its_units(tiny_text_model, tmp_path, monkeypatch):
+    """The gated MLPs' and the attention's packed layouts are made once per sweep (each unit's evaluation reuses
+    them), not once per unit; the resume test above compares units whose layout another unit made with a clean
+    run's."""
     from lens_heads.heads.scoring import score_heads
 
     model, task = tiny_text_model, load_task("arc_easy", split="validation", n=3, seed=1)
     calibration = score_heads(model, task, progress=False)  # scoring lays them out in a pass of its own
-    made = []
-    layout = packing._gated_layout
-    monkeypatch.setattr(packing, "_gated_layout", lambda *weights: made.append(1) or layout(*weights))
+    made = count_layouts(monkeypatch)
     result = run_sweep(model, task, out_dir=tmp_path, calibration=calibration, **SETTINGS)
-    assert len(result.units) == 9 and len(made) == model.cfg.n_layers
+    assert len(result.units) == 9
+    assert made == {"gated": model.cfg.n_layers, "qkv": model.cfg.n_layers, "output": model.cfg.n_layers}
+

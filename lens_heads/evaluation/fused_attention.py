@@ -40,7 +40,7 @@ from torch import Tensor
 
 from lens_heads.evaluation import rotary
 from lens_heads.evaluation.blocked_linear import linear
-from lens_heads.evaluation.packed_weights import Packed
+from lens_heads.evaluation.packed_weights import Packed, layout
 from lens_heads.evaluation.prefix import QKV, Extension, PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import backend
@@ -127,11 +127,13 @@ def _packed_qkv(attn) -> Packed | None:
     grouped = hasattr(attn, "_W_K") and not cfg.ungroup_grouped_query_attention
     names = ("W_Q", "_W_K", "_W_V", "b_Q", "_b_K", "_b_V") if grouped else ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 
-    def make(*weights):  # W_Q, W_K, W_V, then b_Q, b_K, b_V
-        return [linear(einops.rearrange(w, "head d_model d_head -> (head d_head) d_model"),
-                       b.flatten() if bool(b.any()) else None) for w, b in zip(weights[:3], weights[3:])]
+    return layout(attn, "qkv", _qkv_layout, *(getattr(attn, name) for name in names))
 
-    return Packed(make, *(getattr(attn, name) for name in names))
+
+def _qkv_layout(*weights: Tensor) -> list:
+    """W_Q, W_K, W_V (then b_Q, b_K, b_V) as three products."""
+    return [linear(einops.rearrange(w, "head d_model d_head -> (head d_head) d_model"),
+                   b.flatten() if bool(b.any()) else None) for w, b in zip(weights[:3], weights[3:])]
 
 
 def _qkv(attn, packed: Packed | None, query_input, key_input, value_input) -> tuple[Tensor, Tensor, Tensor]:
@@ -218,8 +220,11 @@ def _rotary(layer: _Layer, q, k, attention_mask, extension: Extension | None) ->
 def _packed_output(attn) -> Packed:
     """The layer's ``W_O`` as ``[d_model, (head d_head)]`` and its bias (None where all zero: adding zero is exact),
     laid out once per block of forwards."""
-    return Packed(lambda w, b: linear(einops.rearrange(w, "head d_head d_model -> d_model (head d_head)"),
-                                      b if bool(b.any()) else None), attn.W_O, attn.b_O)
+    return layout(attn, "output", _output_layout, attn.W_O, attn.b_O)
+
+
+def _output_layout(w_o: Tensor, b_o: Tensor):
+    return linear(einops.rearrange(w_o, "head d_head d_model -> d_model (head d_head)"), b_o if bool(b_o.any()) else None)
 
 
 def sdpa_z(x: QKV, *, scale: float, causal: bool = True) -> Float[Tensor, "batch pos head d_head"]:

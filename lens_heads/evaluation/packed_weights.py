@@ -11,12 +11,17 @@ Inside ``with packed_weights(model):`` the unembedding and the gated MLPs multip
 point fires as before. The outputs equal the eager ones up to float32 rounding (the blocked products sum in another
 order; adding a zero bias is exact). Where gradients must reach the weights (grad enabled and the weight requires
 it, as in training) a module computes its layout afresh at each call, as TransformerLens does.
+
+A block of forwards lays its weights out when it begins. Inside ``with shared_layouts():`` the blocks that follow one
+another (a sweep's units, each an evaluation of its own) reuse the layouts the first one made, for the attention's
+weights (:mod:`lens_heads.evaluation.fused_attention`) as for these; a layout is made again when its weights change.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from contextvars import ContextVar
 from typing import Callable, Iterator
 
 import torch
@@ -45,6 +50,34 @@ class Packed:
         return self.value
 
 
+_SHARED: ContextVar[dict | None] = ContextVar("shared_layouts", default=None)
+
+
+@contextlib.contextmanager
+def shared_layouts() -> Iterator[None]:
+    """Within this block, every block of forwards that lays weights out (:func:`packed_weights`, fused attention)
+    reuses the layout an earlier one made of the same weights instead of making it again. The layouts are held
+    until the block ends: as much memory again as the weights laid out, which each block of forwards holds anyway
+    while it runs."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def layout(owner, role: str, make: Callable, *weights: Tensor) -> Packed:
+    """``make(*weights)`` laid out for ``owner``'s ``role`` (e.g. a layer's ``"qkv"``): within
+    :func:`shared_layouts`, the one an earlier block made of these same weight tensors; otherwise a new one."""
+    store = _SHARED.get()
+    if store is None:
+        return Packed(make, *weights)
+    held = store.get((id(owner), role))
+    if held is None or len(held.weights) != len(weights) or any(a is not b for a, b in zip(held.weights, weights)):
+        held = store[(id(owner), role)] = Packed(make, *weights)
+    return held
+
+
 @contextlib.contextmanager
 def packed_weights(model) -> Iterator[None]:
     """Run the unembedding and the gated MLPs of ``model`` on weights laid out once, for the duration of the block
@@ -56,15 +89,14 @@ def packed_weights(model) -> Iterator[None]:
     tl.require(tl.PACKED_WEIGHTS)
     swapped: list[torch.nn.Module] = []
     if tl.is_plain_unembed(model.unembed) and "forward" not in vars(model.unembed):
-        packed = Packed(lambda w, b: linear(w.T, _nonzero(b)), model.unembed.W_U, model.unembed.b_U)
+        packed = layout(model.unembed, "unembed", _unembed_layout, model.unembed.W_U, model.unembed.b_U)
         # an instance attribute shadows the method for the block (deleted on exit): mypy reads a method assigned
         model.unembed.forward = functools.partial(_unembed, model.unembed, packed)  # type: ignore[method-assign]
         swapped.append(model.unembed)
     for block in model.blocks:
         mlp = getattr(block, "mlp", None)  # attention-only models have none
         if mlp is not None and tl.is_plain_gated_mlp(mlp) and "forward" not in vars(mlp):
-            packed = Packed(_gated_layout, mlp.W_gate, mlp.W_in, mlp.W_out, mlp.b_in,
-                            mlp.b_out)
+            packed = layout(mlp, "gated", _gated_layout, mlp.W_gate, mlp.W_in, mlp.W_out, mlp.b_in, mlp.b_out)
             mlp.forward = functools.partial(_gated_mlp, mlp, packed)  # type: ignore[method-assign]  # as above
             swapped.append(mlp)
     try:
@@ -79,6 +111,10 @@ def _unembed(unembed, packed: Packed, residual: Float[Tensor, "batch pos d_model
     if residual.device != unembed.W_U.device:
         return tl.eager_forward(unembed, residual)
     return unembed.hook_out(packed.get()(unembed.hook_in(residual)))
+
+
+def _unembed_layout(w_u: Tensor, b_u: Tensor):
+    return linear(w_u.T, _nonzero(b_u))
 
 
 def _gated_layout(w_gate: Tensor, w_in: Tensor, w_out: Tensor, b_in: Tensor, b_out: Tensor) -> tuple:

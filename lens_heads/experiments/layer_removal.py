@@ -29,7 +29,7 @@ from lens_heads.ablation.removed_layers import check_layer_order, check_layers
 from lens_heads.ablation.specs import AblationSpec, LayerRemoval, StaticAblation, Unablated
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate_each
-from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.packed_weights import shared_layouts
 from lens_heads.evaluation.results import EvalResult, paired_values
 from lens_heads.plumbing.errors import InputError
 from lens_heads.plumbing.signals import stops_cleanly
@@ -121,7 +121,7 @@ def evaluate_specs(model, task, specs: Sequence[AblationSpec], *, out_dir=None, 
                   key=lambda s: -min(_layers_hooked(s), default=-1))
     bar = tqdm(total=len(todo), desc=f"layer removals on {getattr(task, 'name', 'task')}", unit="unit",
                disable=not progress)
-    with packed_weights(model):  # the unembedding and MLP weights laid out once for all the chunks, not per chunk
+    with shared_layouts():  # the weights laid out once for all the chunks, not once per chunk
         for start in range(0, len(todo), chunk):
             part = todo[start:start + chunk]
             built = [spec.build(model) for spec in part]

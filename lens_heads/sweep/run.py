@@ -40,7 +40,7 @@ from lens_heads.data.chat import resolve_chat_template
 from lens_heads.evaluation.batching import settled_sizes
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
-from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.packed_weights import shared_layouts
 from lens_heads.evaluation.results import EvalResult
 from lens_heads.heads.scores import SCORE_NAMES
 from lens_heads.heads.thresholds_file import Thresholds
@@ -226,9 +226,9 @@ def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib,
     stacked = [(i, spec) for i, spec in todo if stack > 1 and stacks(spec)]
     groups = [[one] for one in todo if one not in stacked] + [stacked[k:k + stack]
                                                              for k in range(0, len(stacked), stack)]
-    # the unembedding and MLP weights laid out once for all the units, not once per unit's evaluation (on 16 items
-    # of the embedded model the layout took about a fifth of a unit); the units' numbers are the same either way
-    with packed_weights(model):
+    # the weights laid out once for all the units, not once per unit's evaluation (on 16 items of the embedded model
+    # the layout took about a fifth of a unit); the units' numbers are the same either way
+    with shared_layouts():
         for group in sorted(groups, key=lambda g: g[0][0]):  # in plan order, by each group's first unit
             specs = [spec.resolve(calib) for _, spec in group]
             bar.set_postfix_str(", ".join(f"{s.kind} {s.ranked_by or ''} {s.target_fraction:g}".replace("  ", " ")
