@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,16 +138,41 @@ def compare(name: str, task: str, r: dict, load: float) -> list[str]:
                 f"{a / b:.2f}x" for a, b in zip(r["hf"].walls, r["lens_heads"].walls)) + " wall"]
 
 
-def work_lines(model, yaml: Path, call: dict, batch_size: int) -> list[str]:
-    """What each side runs on the task: its tokens (lens_heads' last call), and the useful FLOPs counted from the
-    config (``flops.py``), whose ratio is lens_heads' lead where both run at the same FLOP/s."""
+def timed_calls(lm) -> list[float]:
+    """The wall seconds of each ``loglikelihood`` call ``lm`` answers from now on (appended as they end): the model's
+    own time, without lm-eval's work before and after the call."""
+    spent: list[float] = []
+    answer = lm.loglikelihood
+
+    def timed(*args, **kwargs):
+        began = time.perf_counter()
+        out = answer(*args, **kwargs)
+        spent.append(time.perf_counter() - began)
+        return out
+
+    lm.loglikelihood = timed
+    return spent
+
+
+def work_lines(model, yaml: Path, call: dict, batch_size: int, inside: dict[str, list[float]]) -> list[str]:
+    """What each side runs on the task: its tokens (lens_heads' last call), the useful FLOPs counted from the config
+    (``flops.py``), whose ratio is lens_heads' lead where both run at the same FLOP/s, and, from each round's time
+    inside the models' own calls (``inside``), the rate of each side's useful FLOPs and forward tokens there."""
     rows = build_rows(model, list(load_task(f"lm_eval:{yaml}")))
     hf, ours = whole_logits_flops(model, rows), path_flops(model, rows, ROWS_PER_PREFIX * batch_size)
+    rounds = list(zip(inside["hf"], inside["lens_heads"]))
+    flop_rates = [(ours / b) / (hf / a) for a, b in rounds]
+    token_rates = [(call["forward_tokens"] / b) / (call["row_tokens"] / a) for a, b in rounds]
     return [f"  tokens: lm-eval hf {call['row_tokens']} (every row whole), lens_heads {call['forward_tokens']} "
             f"(shared prefixes once), {call['padded_tokens']} padded: {call['row_tokens'] / call['forward_tokens']:.2f}x "
             "fewer",
             f"  useful FLOPs from the config: hf {hf / 1e9:.0f} G (logits at every position), lens_heads "
-            f"{ours / 1e9:.0f} G (logits where read): at equal FLOP/s lens_heads would be {hf / ours:.2f}x"]
+            f"{ours / 1e9:.0f} G (logits where read): at equal FLOP/s lens_heads would be {hf / ours:.2f}x",
+            f"  inside the models' loglikelihood calls (lm-eval's own work left out): hf {np.median(inside['hf']):.1f} s,"
+            f" lens_heads {np.median(inside['lens_heads']):.1f} s (medians); useful FLOP/s there: hf "
+            f"{hf / 1e9 / np.median(inside['hf']):.0f} G, lens_heads {ours / 1e9 / np.median(inside['lens_heads']):.0f} G",
+            "  lens_heads' rate over hf's in each round: per useful FLOP " + ", ".join(f"{r:.2f}x" for r in flop_rates)
+            + "; per forward token " + ", ".join(f"{r:.2f}x" for r in token_rates)]
 
 
 def main(argv=None) -> None:
@@ -162,6 +188,7 @@ def main(argv=None) -> None:
 
     ours = LensHeadsLM(pretrained=load_model(), batch_size=s.batch_size, progress=False)
     theirs = HFLM(pretrained=str(embedded_model_folder()), device="cpu", dtype="float32", batch_size=s.batch_size)
+    inside = {"hf": timed_calls(theirs), "lens_heads": timed_calls(ours)}
     chosen = set(s.tasks.split(","))
     if chosen - {"arc", "mmlu", "ppl"}:
         raise SystemExit(f"--tasks takes arc, mmlu, ppl; got {s.tasks}")
@@ -176,11 +203,13 @@ def main(argv=None) -> None:
                 return lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True,
                                                bootstrap_iters=0, verbosity="WARNING")
             load = timing.load_average()
+            before = {side: len(spent) for side, spent in inside.items()}
             r = timing.alternate({"hf": lambda: run(theirs), "lens_heads": lambda: run(ours)}, s.repeats, show=True)
             (ppl_blocks if key == "ppl" else blocks).append(
                 compare_ppl(task, r, load, s) if key == "ppl" else
                 compare(name, task, r, load) + work_lines(ours.model, Path(tmp) / f"{task}.yaml", ours.calls[-1],
-                                                          s.batch_size))
+                                                          s.batch_size, {side: spent[before[side]:]
+                                                                         for side, spent in inside.items()}))
             print("\n".join((ppl_blocks if key == "ppl" else blocks)[-1]), flush=True)
     machine = timing.print_machine(started_load)
     note = "; lm-eval's hf model and LensHeadsLM alternating in one process, the same simple_evaluate call and documents"
