@@ -40,7 +40,7 @@ from torch import Tensor
 
 from lens_heads.evaluation import rotary
 from lens_heads.evaluation.blocked_linear import linear
-from lens_heads.evaluation.packed_weights import Packed, layout
+from lens_heads.evaluation.packed_weights import Packed, layout, nonzero_bias
 from lens_heads.evaluation.prefix import QKV, Extension, PrefixState, prefixed_z, suffix_positions
 from lens_heads.models import tl_internals as tl
 from lens_heads.models.backends import backend
@@ -133,7 +133,7 @@ def _packed_qkv(attn) -> Packed | None:
 def _qkv_layout(*weights: Tensor) -> list:
     """W_Q, W_K, W_V (then b_Q, b_K, b_V) as three products."""
     return [linear(einops.rearrange(w, "head d_model d_head -> (head d_head) d_model"),
-                   b.flatten() if bool(b.any()) else None) for w, b in zip(weights[:3], weights[3:])]
+                   nonzero_bias(b.flatten())) for w, b in zip(weights[:3], weights[3:])]
 
 
 def _qkv(attn, packed: Packed | None, query_input, key_input, value_input) -> tuple[Tensor, Tensor, Tensor]:
@@ -224,7 +224,7 @@ def _packed_output(attn) -> Packed:
 
 
 def _output_layout(w_o: Tensor, b_o: Tensor):
-    return linear(einops.rearrange(w_o, "head d_head d_model -> d_model (head d_head)"), b_o if bool(b_o.any()) else None)
+    return linear(einops.rearrange(w_o, "head d_head d_model -> d_model (head d_head)"), nonzero_bias(b_o))
 
 
 def sdpa_z(x: QKV, *, scale: float, causal: bool = True) -> Float[Tensor, "batch pos head d_head"]:

@@ -114,17 +114,18 @@ def _unembed(unembed, packed: Packed, residual: Float[Tensor, "batch pos d_model
 
 
 def _unembed_layout(w_u: Tensor, b_u: Tensor):
-    return linear(w_u.T, _nonzero(b_u))
+    return linear(w_u.T, nonzero_bias(b_u))
 
 
 def _gated_layout(w_gate: Tensor, w_in: Tensor, w_out: Tensor, b_in: Tensor, b_out: Tensor) -> tuple:
     """The gate, input and output products by weights laid out once (:func:`lens_heads.evaluation.blocked_linear.linear`;
     the output's bias with it), and the input bias (None where all zero: adding zero is exact). The gate and input products stay two: one stacked
     ``[2 d_mlp, d_model]`` product measured slower on our CPUs, and its halves reach the activation strided."""
-    return linear(w_gate.T), linear(w_in.T), linear(w_out.T, _nonzero(b_out)), _nonzero(b_in)
+    return linear(w_gate.T), linear(w_in.T), linear(w_out.T, nonzero_bias(b_out)), nonzero_bias(b_in)
 
 
-def _nonzero(b: Tensor) -> Tensor | None:
+def nonzero_bias(b: Tensor) -> Tensor | None:
+    """``b``, or None where it is all zero (a product left without it is exact)."""
     return b if bool(b.any()) else None
 
 

@@ -62,7 +62,7 @@ def run_passes(model, work: Work, run: EvalRun, bar, calls: AttentionCalls) -> t
     scope = _prefix_scope(model, work.sets, attention) if run.shared_prefixes and not stacked else None
     groups = plan_groups(work.rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
     state = PrefixState() if any(g.prefix for g in groups) else None
-    with _attention(model, attention, calls, state):
+    with evaluator_forward(model, attention, calls, state):
         outputs, stats = (_run_rows(model, work, run, bar) if state is None else
                           _run_prefixed(model, work, _Prefixes(groups, state, scope), run, bar))
     return outputs, stats, scope if state is not None else None
@@ -84,10 +84,12 @@ def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _attention(model, attention: str, calls: AttentionCalls, prefix: PrefixState | None = None):
-    """Weights laid out once (:mod:`lens_heads.evaluation.packed_weights`: the same outputs) and, unless ``attention`` is
-    ``"eager"``, the fused-attention block (counting into ``calls``; ``prefix``: the shared prefixes' state) inside
-    blocks that normalise once (:mod:`lens_heads.evaluation.fast_blocks`)."""
+def evaluator_forward(model, attention: str = "fused", calls: AttentionCalls | None = None,
+                      prefix: PrefixState | None = None):
+    """The evaluator's forward for the block: weights laid out once (:mod:`lens_heads.evaluation.packed_weights`: the
+    same outputs) and, unless ``attention`` is ``"eager"``, the fused-attention block (counting into ``calls``;
+    ``prefix``: the shared prefixes' state) inside blocks that normalise once (:mod:`lens_heads.evaluation.fast_blocks`).
+    A hook on a pattern or a norm makes its layer or block run eagerly, so every hook sees its values."""
     if attention == "eager":
         with packed_weights(model):
             yield

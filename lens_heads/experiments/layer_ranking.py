@@ -32,9 +32,7 @@ from tqdm.auto import tqdm
 from lens_heads.collapse.rank import attention_rank
 from lens_heads.data.inputs import longest_first, tokenize_inputs
 from lens_heads.evaluation.eval_settings import EvalSettings, eval_settings
-from lens_heads.evaluation.fast_blocks import fast_blocks
-from lens_heads.evaluation.fused_attention import fused_attention
-from lens_heads.evaluation.packed_weights import packed_weights
+from lens_heads.evaluation.passes import evaluator_forward
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scores import inactive
 from lens_heads.heads.scoring import HeadScores, score_heads
@@ -186,7 +184,7 @@ def block_influence(model, tokens, mask: Bool[Tensor, "batch pos"], *, batch_siz
     bar = tqdm(total=tokens.shape[0], desc="block influence", unit="input", disable=not progress)
     # nothing reads the pattern or the norms: the evaluator's forward (fused attention, norms once, weights laid
     # out once), which fires these hooks with the eager values up to float32 rounding
-    with model.hooks(fwd_hooks=hooks), packed_weights(model), fused_attention(model), fast_blocks(model):
+    with model.hooks(fwd_hooks=hooks), evaluator_forward(model):
         for rows, used in longest_first(mask, batch_size):
             batch, real = tokens[rows, used], mask[rows, used]
             state["mask"] = real.to(model.cfg.device)
