@@ -226,8 +226,8 @@ def _run_units(model, task, plan: list[AblationSpec], store: "UnitStore", calib,
     stacked = [(i, spec) for i, spec in todo if stack > 1 and stacks(spec)]
     groups = [[one] for one in todo if one not in stacked] + [stacked[k:k + stack]
                                                              for k in range(0, len(stacked), stack)]
-    # the weights laid out once for all the units, not once per unit's evaluation (on 16 items of the embedded model
-    # the layout took about a fifth of a unit); the units' numbers are the same either way
+    # the weights laid out once for all the units, not once per unit's evaluation (a layout costs a pass over every
+    # weight); the units' numbers are the same either way
     with shared_layouts():
         for group in sorted(groups, key=lambda g: g[0][0]):  # in plan order, by each group's first unit
             specs = [spec.resolve(calib) for _, spec in group]
