@@ -46,7 +46,7 @@ from lens_heads.growth.growth_loop import GrowthLoopConfig, planned_loop, run_gr
 from lens_heads.growth.inheritune_config import ABLATIONS, InherituneConfig
 from lens_heads.growth.inheritune_measures import smollm_profile, uniform_causal_levels, zero_shot
 from lens_heads.growth.inheritune_result import load_result
-from lens_heads.growth.inheritune_run import planned_stages, run_inheritune
+from lens_heads.growth.inheritune_run import planned_stages, reference_shape, run_inheritune
 from lens_heads.growth.k_rule import K_RULE, KChoice, choose_k
 from lens_heads.growth.zero_shot import PAPER_TASKS
 from lens_heads.plumbing.cache import keyed
@@ -55,7 +55,7 @@ from lens_heads.plumbing.io import atomic_write_text
 from lens_heads.plumbing.provenance import write_record
 from lens_heads.plumbing.settings import from_args, option
 from lens_heads.stats.calling import RULE
-from lens_heads.training.budget import GPU_PEAK_FLOPS, GPUProjection, projection_from_record
+from lens_heads.training.budget import GPU_PEAK_FLOPS, GPUProjection, projection_from_record, weights
 from lens_heads.training.config import TrainConfig
 from lens_heads.training.corpus import gpt2_tokenizer, load_corpus
 from lens_heads.training.distill import DistillConfig
@@ -214,11 +214,13 @@ def plan(a) -> pd.DataFrame:
 
 def gpu_projection(a, flops: float) -> GPUProjection:
     """``flops`` in GPU-hours at --gpu-fraction where given, else at the training share --gpu-record measured on this
-    preset's shape, else at the assumed share (``lens_heads.training.budget.projection_from_record``)."""
+    preset's shape, else at the evaluator's share it measured on the model nearest the reference in size, assumed
+    for training (``lens_heads.training.budget.projection_from_record``)."""
     peak = a.gpu_peak_tflops * 1e12
     if a.gpu_fraction is not None:
         return GPUProjection(flops, peak, a.gpu_fraction, f"given: --gpu-fraction {a.gpu_fraction:g}")
-    return projection_from_record(flops, gpu_record(a.gpu_record), a.preset, peak=peak)
+    return projection_from_record(flops, gpu_record(a.gpu_record), a.preset, peak=peak,
+                                  n_params=weights(reference_shape(build_config(a))))
 
 
 def gpu_record(path: str) -> dict:

@@ -20,7 +20,7 @@ import torch
 
 from lens_heads.data.rows import Row, build_rows
 from lens_heads.evaluation.prefix import plan_groups
-from lens_heads.training.budget import trunk_flops_per_token
+from lens_heads.training.budget import nearest_shape, trunk_flops_per_token
 from timing import repeated
 
 # The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
@@ -88,7 +88,7 @@ def paper_projection(shapes: Sequence[dict], tokens_per_question: float) -> list
     parameters (billions), FLOPs, the shape, that rate and the GPU-hours."""
     rows = []
     for params_b in PAPER_MODELS_B:
-        near = min(shapes, key=lambda r: abs(np.log(r["n_params"] / (params_b * 1e9))))
+        near = nearest_shape(list(shapes), params_b * 1e9)
         flops = model_flops(params_b, tokens_per_question)
         rows.append(dict(params_b=params_b, flops=flops, shape=near["shape"], flops_per_s=near["evaluator_flops_per_s"],
                          gpu_hours=flops / near["evaluator_flops_per_s"] / 3600))

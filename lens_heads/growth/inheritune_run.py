@@ -79,6 +79,13 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     return result
 
 
+def reference_shape(config: InherituneConfig) -> SimpleNamespace:
+    """The reference GPT-2's shape (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab), as the FLOP counts read it."""
+    c = config
+    return SimpleNamespace(n_layers=c.ref_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.d_model // c.n_heads,
+                           d_mlp=4 * c.d_model, d_vocab=c.d_vocab)
+
+
 def planned_stages(config: InherituneConfig, final_layers: int | None = None) -> pd.DataFrame:
     """The stages `run_inheritune` trains when its student ends at ``final_layers`` layers (default: the largest it
     may grow to, the costliest case), in its order, each with its tokens and FLOPs: a run's cost before it runs."""
@@ -95,8 +102,7 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
             teacher: bool = False) -> None:
         shape = SimpleNamespace(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
                                 d_mlp=4 * d_model, d_vocab=c.d_vocab)
-        ref = SimpleNamespace(n_layers=c.ref_layers, d_model=c.d_model, n_heads=c.n_heads,
-                              d_head=c.d_model // c.n_heads, d_mlp=4 * c.d_model, d_vocab=c.d_vocab)
+        ref = reference_shape(c)
         rows.append({"stage": name, "n_layers": n_layers, "d_model": d_model, "tokens": round(steps_x * tokens),
                      "flops": training_flops(shape, round(steps_x * tokens), seq),
                      "teacher_flops": teacher_flops(ref, round(steps_x * tokens), seq) if teacher else 0.0})

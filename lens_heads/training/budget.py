@@ -1,6 +1,7 @@
 """Training compute of a GPT-2 (or Llama-shaped) stage: FLOPs counted from the model's shape and the tokens it trained on,
 and its GPU-hours at a share of a GPU's peak: the training share a GPU check measured (:func:`projection_from_record`)
-or, where none is recorded, the assumed one.
+or, where it recorded none, the share its evaluator reached on the measured model nearest in size, assumed for
+training and said so (:func:`evaluator_share`).
 
 A multiply-add is 2 FLOPs. Per token of a window of T tokens, a forward costs
 
@@ -21,12 +22,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# H100/H200 SXM dense bf16 tensor-core peak (vendor figure), the peak docs/benchmarks.md projects against
+from lens_heads.plumbing.errors import InputError
+
+# H100/H200 SXM dense bf16 tensor-core peak (vendor figure): the peak GPU-hours are projected against
 GPU_PEAK_FLOPS = 989e12
-# the share of peak docs/benchmarks.md measured for the evaluator (44%, on the CPU against its matmul rate): what a
-# projection assumes where no GPU check has recorded a training share, and then says so (ASSUMED_SOURCE)
-ASSUMED_FRACTION_OF_PEAK = 0.44
-ASSUMED_SOURCE = "assumed: the CPU evaluator's share"
 
 
 def trunk_flops_per_token(cfg) -> float:
@@ -36,6 +35,11 @@ def trunk_flops_per_token(cfg) -> float:
     attn = 2 * cfg.d_model * cfg.n_heads * cfg.d_head + 2 * cfg.d_model * kv * cfg.d_head
     mlp = (3 if getattr(cfg, "gated_mlp", False) else 2) * cfg.d_model * cfg.d_mlp
     return 2.0 * cfg.n_layers * (attn + mlp)
+
+
+def weights(cfg) -> float:
+    """The model's weights: the trunk's products (:func:`trunk_flops_per_token` / 2) and the token embedding."""
+    return trunk_flops_per_token(cfg) / 2 + cfg.d_model * cfg.d_vocab
 
 
 def forward_flops_per_token(cfg, seq_len: int) -> float:
@@ -62,9 +66,9 @@ class GPUProjection:
     and ``measured`` whether a GPU measured it."""
 
     flops: float
-    peak: float = GPU_PEAK_FLOPS
-    fraction: float = ASSUMED_FRACTION_OF_PEAK
-    source: str = ASSUMED_SOURCE
+    peak: float
+    fraction: float
+    source: str
     measured: bool = False
 
     @property
@@ -99,13 +103,43 @@ def recorded_on(record: dict[str, Any]) -> str:
     return when[:10] or "(undated)"
 
 
-def projection_from_record(flops: float, record: dict[str, Any] | None, shape: str, *,
+def evaluator_share(record: dict[str, Any] | None, n_params: float,
+                    peak: float = GPU_PEAK_FLOPS) -> tuple[float, str] | None:
+    """Where a GPU check recorded no training rate: the share of ``peak`` its evaluator's forward reached
+    (``evaluator_flops_per_s`` of a ``shapes`` row) on the measured model nearest ``n_params`` weights (by ratio), and
+    a source that says it is assumed for training, which runs a backward pass too. None where the record has no such
+    GPU measurement."""
+    if not record or record.get("smoke") or not str(record.get("device", "")).startswith("cuda"):
+        return None
+    rows = [r for r in record.get("shapes", []) if isinstance(r.get("n_params"), (int, float)) and r["n_params"] > 0
+            and isinstance(r.get("evaluator_flops_per_s"), (int, float))
+            and 0 < r["evaluator_flops_per_s"] / peak <= 1]
+    if not rows:
+        return None
+    row = nearest_shape(rows, n_params)
+    return float(row["evaluator_flops_per_s"] / peak), (
+        f"assumed: the share lens_heads' evaluator reached on {row['shape']} ({row['n_params'] / 1e9:.2g}B weights, "
+        f"the measured model nearest this one's {n_params / 1e9:.2g}B), measured {recorded_on(record)}")
+
+
+def nearest_shape(shapes: list[dict[str, Any]], n_params: float) -> dict[str, Any]:
+    """The GPU check's model row (``n_params`` each) nearest ``n_params`` weights by their ratio."""
+    return min(shapes, key=lambda r: abs(math.log(r["n_params"] / n_params)))
+
+
+def projection_from_record(flops: float, record: dict[str, Any] | None, shape: str, *, n_params: float,
                            peak: float = GPU_PEAK_FLOPS) -> GPUProjection:
     """GPU-hours of ``flops`` of training at the share of ``peak`` a GPU check measured for ``shape``
     (:func:`measured_training_share`; ``measured=True``: the hours are ``flops`` over the measured FLOP/s), else at
-    :data:`ASSUMED_FRACTION_OF_PEAK` (``measured=False``, ``source`` :data:`ASSUMED_SOURCE`)."""
+    its evaluator's share on the model nearest ``n_params`` weights (:func:`evaluator_share`, ``measured=False``);
+    an InputError where the record has neither."""
     measured = measured_training_share(record, shape, peak)
-    if measured is None:
-        return GPUProjection(flops, peak)
-    fraction, source = measured
-    return GPUProjection(flops, peak, fraction, source, measured=True)
+    if measured is not None:
+        fraction, source = measured
+        return GPUProjection(flops, peak, fraction, source, measured=True)
+    assumed = evaluator_share(record, n_params, peak)
+    if assumed is None:
+        raise InputError(f"no GPU rate to project {shape}'s GPU-hours from: the GPU check's record has neither a "
+                         "training rate of this shape nor an evaluator rate on a GPU; give the share of peak you "
+                         "expect with --gpu-fraction, or a record of benchmarks/gpu_check.py run on a GPU")
+    return GPUProjection(flops, peak, *assumed)
