@@ -271,20 +271,24 @@ def test_the_estimate_counts_passes_over_the_rows():
     # one task: the sweep 1 + 3 x 5 = 16 evaluations, rank 2/2 = 1, effects 3, layers 3 x 4 + 1 = 13
     assert estimate.evaluation_passes(config, 1) == 16 + 1 + 3 + 13
     speedup = estimate.EVALUATION_SPEEDUP
-    got = estimate.estimate(config, 1, Shape, rows, 2, scores_seconds=40.0)  # 20 s an item's scoring
-    assert got.flops_per_second == pytest.approx(flops / 40)
-    assert got.seconds == pytest.approx(40 + 33 * 40 / speedup)
+    # the scores' seconds at which the whole run and three scores are too long and two scores or two fractions fit,
+    # whatever the speedup: 33, 30, 27 and 28 later passes each priced at S / speedup, beside the scores' S
+    S = estimate.LONG_RUN_SECONDS / (1 + 29 / speedup)
+    got = estimate.estimate(config, 1, Shape, rows, 2, scores_seconds=S)  # S / 2 an item's scoring
+    assert got.flops_per_second == pytest.approx(flops / S)
+    assert got.seconds == pytest.approx(S + 33 * S / speedup)
     assert got.long and "more than 10 min" in got.message()
     flags = dict(got.choices)
     # --quick: 16 items (8x), sweep 1 + 2 x 3 = 7 and rank 8/16, no effects or layers: too long, not offered
-    assert 320 + 7.5 * 320 / speedup > estimate.LONG_RUN_SECONDS and "--quick" not in flags
-    assert flags["--n 1"] == pytest.approx(20 + 34 * 20 / speedup)  # the rank profile keeps its 2 prompts: 2 passes of 1
-    assert 40 + 30 * 40 / speedup > estimate.LONG_RUN_SECONDS  # three scores: 1 + 3 x 4 = 13 evaluations
-    assert flags["--scores 'AWFT,AHON (LN)'"] == pytest.approx(40 + 27 * 40 / speedup)
-    assert flags["--fractions 0,0.2,0.3"] == pytest.approx(40 + 28 * 40 / speedup)
+    assert 8 * S + 7.5 * 8 * S / speedup > estimate.LONG_RUN_SECONDS and "--quick" not in flags
+    # the rank profile keeps its 2 prompts: 2 passes of 1
+    assert flags["--n 1"] == pytest.approx(S / 2 + 34 * S / 2 / speedup)
+    assert S + 30 * S / speedup > estimate.LONG_RUN_SECONDS  # three scores: 1 + 3 x 4 = 13 evaluations
+    assert flags["--scores 'AWFT,AHON (LN)'"] == pytest.approx(S + 27 * S / speedup)
+    assert flags["--fractions 0,0.2,0.3"] == pytest.approx(S + 28 * S / speedup)
     assert set(flags) == {"--n 1", "--scores 'AWFT,AHON (LN)'", "--fractions 0,0.2,0.3"}
     assert all(f"{flag} (about" in got.message() for flag in flags)
-    short = estimate.estimate(config, 1, Shape, rows, 2, scores_seconds=4.0)
+    short = estimate.estimate(config, 1, Shape, rows, 2, scores_seconds=S / 10)
     assert not short.long and "more than" not in short.message()
 
 
