@@ -88,7 +88,7 @@ def paper_projection(shapes: Sequence[dict], tokens_per_question: float) -> list
     parameters (billions), FLOPs, the shape, that rate and the GPU-hours."""
     rows = []
     for params_b in PAPER_MODELS_B:
-        near = nearest_shape(list(shapes), params_b * 1e9)
+        near = nearest_shape(shapes, params_b * 1e9)
         flops = model_flops(params_b, tokens_per_question)
         rows.append(dict(params_b=params_b, flops=flops, shape=near["shape"], flops_per_s=near["evaluator_flops_per_s"],
                          gpu_hours=flops / near["evaluator_flops_per_s"] / 3600))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence, TypeGuard
 
 from lens_heads.plumbing.errors import InputError
 
@@ -87,14 +87,24 @@ def measured_training_share(record: dict[str, Any] | None, shape: str,
     peak, the row's ``loop_share_of_peak``), and where it was measured ("measured on <GPU> <date>"). None where the
     record has no such GPU measurement: no record, a CPU or ``--smoke`` run, no row of that shape, a row that failed
     or a share outside (0, 1]."""
-    if not record or record.get("smoke") or not str(record.get("device", "")).startswith("cuda"):
+    if not from_a_gpu(record):
         return None
     row = next((r for r in record.get("training", []) if r.get("shape") == shape and not r.get("error")), None)
-    rate = None if row is None else row.get("loop_flops_per_s")
-    share = rate / peak if isinstance(rate, (int, float)) else math.nan
-    if row is None or not (math.isfinite(share) and 0 < share <= 1):
+    share = None if row is None else share_of_peak(row.get("loop_flops_per_s"), peak)
+    if row is None or share is None:
         return None
-    return float(share), f"measured on {row.get('device_name', 'a GPU')} {recorded_on(record)}"
+    return share, f"measured on {row.get('device_name', 'a GPU')} {recorded_on(record)}"
+
+
+def from_a_gpu(record: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    """Whether a GPU check's record measured a GPU: a record, of a CUDA device, not a ``--smoke`` run."""
+    return record is not None and not record.get("smoke") and str(record.get("device", "")).startswith("cuda")
+
+
+def share_of_peak(rate: Any, peak: float) -> float | None:
+    """``rate`` (FLOP/s) as a share of ``peak``; None where it is not a number or the share is outside (0, 1]."""
+    share = rate / peak if isinstance(rate, (int, float)) else math.nan
+    return float(share) if math.isfinite(share) and 0 < share <= 1 else None
 
 
 def recorded_on(record: dict[str, Any]) -> str:
@@ -109,11 +119,10 @@ def evaluator_share(record: dict[str, Any] | None, n_params: float,
     (``evaluator_flops_per_s`` of a ``shapes`` row) on the measured model nearest ``n_params`` weights (by ratio), and
     a source that says it is assumed for training, which runs a backward pass too. None where the record has no such
     GPU measurement."""
-    if not record or record.get("smoke") or not str(record.get("device", "")).startswith("cuda"):
+    if not from_a_gpu(record):
         return None
     rows = [r for r in record.get("shapes", []) if isinstance(r.get("n_params"), (int, float)) and r["n_params"] > 0
-            and isinstance(r.get("evaluator_flops_per_s"), (int, float))
-            and 0 < r["evaluator_flops_per_s"] / peak <= 1]
+            and share_of_peak(r.get("evaluator_flops_per_s"), peak) is not None]
     if not rows:
         return None
     row = nearest_shape(rows, n_params)
@@ -122,7 +131,7 @@ def evaluator_share(record: dict[str, Any] | None, n_params: float,
         f"the measured model nearest this one's {n_params / 1e9:.2g}B), measured {recorded_on(record)}")
 
 
-def nearest_shape(shapes: list[dict[str, Any]], n_params: float) -> dict[str, Any]:
+def nearest_shape(shapes: Sequence[dict[str, Any]], n_params: float) -> dict[str, Any]:
     """The GPU check's model row (``n_params`` each) nearest ``n_params`` weights by their ratio."""
     return min(shapes, key=lambda r: abs(math.log(r["n_params"] / n_params)))
 
