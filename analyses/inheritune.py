@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -206,10 +206,10 @@ def plan(a) -> pd.DataFrame:
     and GPU-hours at a share of --gpu-peak-tflops (:func:`gpu_projection`): the share and its source are columns."""
     table = planned_stages(build_config(a))
     total = table["flops"] + table["teacher_flops"]
-    projections = [gpu_projection(a, f) for f in total]
-    table["gpu_hours"] = [p.gpu_hours for p in projections]
-    return table.assign(gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=projections[0].fraction,
-                        gpu_fraction_source=projections[0].source)
+    whole = gpu_projection(a, float(total.sum()))  # one share (and one read of the record) for every stage
+    table["gpu_hours"] = [replace(whole, flops=f).gpu_hours for f in total]
+    return table.assign(gpu_peak_tflops=a.gpu_peak_tflops, gpu_fraction=whole.fraction,
+                        gpu_fraction_source=whole.source)
 
 
 def gpu_projection(a, flops: float) -> GPUProjection:
