@@ -107,10 +107,10 @@ def sweep_cost(model, s: EvaluateBench) -> list[str]:
     3. The floor on what an exact sharing of its prefixes could cost (:func:`sharing_floor`)."""
     arc = load_task("arc_easy", n=s.arc_n, seed=0)
     calib = timed(lambda: score_heads(model, arc, batch_size=s.batch_size, progress=False))
-    chosen = {name: thresholds(calib.out, name, [0.1])[0.1] for name in THRESHOLD_SCORES}
+    cuts = {name: thresholds(calib.out, name, DEFAULT_FRACTIONS[1:]) for name in THRESHOLD_SCORES}
+    chosen = {name: cuts[name][0.1] for name in THRESHOLD_SCORES}
     # the sweep's stack: its first DEFAULT_STACK threshold units of these scores, in plan order (score by fraction)
-    stack = [(name, p, thresholds(calib.out, name, [p])[p]) for p in DEFAULT_FRACTIONS[1:]
-             for name in THRESHOLD_SCORES][:DEFAULT_STACK]
+    stack = [(name, p, cuts[name][p]) for p in DEFAULT_FRACTIONS[1:] for name in THRESHOLD_SCORES][:DEFAULT_STACK]
     shares = {}
 
     def run_with(make):
