@@ -36,15 +36,15 @@ def tiny_tokenizer():
     return AutoTokenizer.from_pretrained(TINY_TOKENIZER)
 
 
-def text_model(n_layers: int | None = None, **overrides):
-    """A tiny random llama that speaks the tiny tokenizer (fast: tests the plumbing, not the numbers), with a
-    context of 128 tokens (a zero-shot item or two); ``overrides``: config fields (a longer ``n_ctx`` for few-shot
-    prompts)."""
+def text_model(n_layers: int | None = None, arch: str = "llama", **overrides):
+    """A tiny random llama (``arch="gpt2"``: a GPT-2, learned positions) that speaks the tiny tokenizer (fast: tests
+    the plumbing, not the numbers), with a context of 128 tokens (a zero-shot item or two); ``overrides``: config
+    fields (a longer ``n_ctx`` for few-shot prompts)."""
     from lens_heads.models.loading import tiny_model
 
     tokenizer = tiny_tokenizer()
     size = {"n_ctx": 128} | ({} if n_layers is None else {"n_layers": n_layers}) | overrides
-    return tiny_model("llama", seed=0, d_vocab=len(tokenizer), tokenizer=tokenizer, default_prepend_bos=True, **size)
+    return tiny_model(arch, seed=0, d_vocab=len(tokenizer), tokenizer=tokenizer, default_prepend_bos=True, **size)
 
 
 def load_script(name: str):

@@ -314,15 +314,22 @@ def float64_model(model):
     return model.to(torch.float64, print_details=False)
 
 
+POSITIONS = {"rotary": dict(arch="llama"), "learned": dict(arch="gpt2"),
+             "shortformer": dict(arch="gpt2", positional_embedding_type="shortformer")}
+
+
 @pytest.mark.floats
+@pytest.mark.parametrize("positions", list(POSITIONS))
 @pytest.mark.parametrize("name,kind", [(name, kind) for name in ("arc_easy", "hellaswag", "mmlu-like")
                                        for kind in ("none", "static", "random", "mean", "zero_heads")
                                        if (name, kind) != ("mmlu-like", "random")])  # drawn per question: no sharing
-def test_in_float64_shared_prefixes_equal_the_eager_row_path_to_1e_10(name, kind):
+def test_in_float64_shared_prefixes_equal_the_eager_row_path_to_1e_10(name, kind, positions):
     """The algorithm is exact: in float64 the shared path (fused attention, packed weights, prefix keys/values,
     padded prefix and suffix batches) gives the log-likelihoods of TransformerLens's own eager attention run row by
-    row, to 1e-10, for every ablation kind it takes. (In float32 the two differ by matmul-shape rounding.)"""
-    model = float64_model(text_model(n_ctx=512))
+    row, to 1e-10, for every ablation kind it takes, with rotary positions (llama) or learned ones (GPT-2's, and
+    the shortformer's, added to queries and keys only) continuing the prefix. (In float32 the two differ by
+    matmul-shape rounding.)"""
+    model = float64_model(text_model(n_ctx=512, **POSITIONS[positions]))
     task = mmlu_like(questions=4) if name == "mmlu-like" else within_context(model, load_task(name, n=4, seed=3))[0]
     def make():
         return ablations(model, kind, task)

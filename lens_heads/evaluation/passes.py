@@ -25,11 +25,13 @@ from lens_heads.evaluation.hook_sets import HookSet
 from lens_heads.evaluation.logprobs import batches, pad_rows, record_logprobs
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import (
+    LEARNED_POSITIONS,
     ROWS_PER_PREFIX,
     Extension,
     Group,
     PrefixState,
     chunk_groups,
+    learned_positions,
     merge_kv,
     narrowest,
     plan_groups,
@@ -70,12 +72,14 @@ def run_passes(model, work: Work, run: EvalRun, bar, calls: AttentionCalls) -> t
 
 def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
     """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
-    every attention layer must run fused with rotary (or no) positions, causally, without a sliding window (the
-    prefixes' attention knows none), with no hook left on the model."""
+    every attention layer must run fused with rotary or learned positions
+    (:func:`lens_heads.evaluation.prefix.learned_positions`), causally, without a sliding window (the prefixes'
+    attention knows none), with no hook left on the model."""
     if not backends.backend(model).fuses_attention:  # the prefixes' keys/values live in the fused layers
         return None
     cfg = model.cfg
-    fusable = attention == "fused" and cfg.positional_embedding_type == "rotary" and not cfg.use_dynamic_ntk_rope \
+    fusable = attention == "fused" and cfg.positional_embedding_type in ("rotary", *LEARNED_POSITIONS) \
+        and not cfg.use_dynamic_ntk_rope \
         and cfg.attention_dir == "causal" \
         and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) and tl.window(b.attn) is None
                 for b in model.blocks)
@@ -94,7 +98,8 @@ def evaluator_forward(model, attention: str = "fused", calls: AttentionCalls | N
         with packed_weights(model):
             yield
         return
-    with packed_weights(model), fused_attention(model, calls, prefix), fast_blocks(model):
+    with packed_weights(model), fused_attention(model, calls, prefix), fast_blocks(model), \
+            contextlib.nullcontext() if prefix is None else learned_positions(model, prefix):
         yield
 
 

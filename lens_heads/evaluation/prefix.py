@@ -7,8 +7,9 @@ cloze item (its choices: the context repeated, then a different continuation) an
 (:func:`lens_heads.evaluation.evaluate.evaluate_each`) groups such rows (:func:`plan_groups`), runs each group's *prefix* once
 while every fused attention layer records its keys and values (post-rotary, with the grouped-query KV heads), then
 runs the rows' remaining tokens (the *suffix*: at least every position whose logits are read) with each layer
-attending to its row's prefix keys/values and to the suffix's own, the suffix's rotary positions continuing the
-prefix's (:func:`prefixed_z`, :func:`lens_heads.models.tl_internals.rotary_at`). Hooks run in both passes: a hook on
+attending to its row's prefix keys/values and to the suffix's own, the suffix's positions continuing the prefix's:
+rotary ones in the fused layers (:func:`prefixed_z`, :func:`lens_heads.models.tl_internals.rotary_at`), learned ones
+(GPT-2's) in the position embedding (:func:`learned_positions`). Hooks run in both passes: a hook on
 ``hook_z`` sees the prefix positions in the prefix pass and the suffix positions in the suffix pass, each with the
 values the whole row has there, so ablations that zero a head everywhere act on the prefix's keys/values as on the
 whole row.
@@ -234,6 +235,36 @@ class PrefixState:
 def suffix_positions(extension: Extension, n_pos: int) -> Int[Tensor, "batch pos"]:
     """Where a suffix batch's positions sit in their whole rows: after their prefixes."""
     return extension.lengths[:, None] + torch.arange(n_pos, device=extension.lengths.device)[None]
+
+
+LEARNED_POSITIONS = ("standard", "shortformer")  # TransformerLens's position embeddings looked up in W_pos
+
+
+@contextlib.contextmanager
+def learned_positions(model, state: PrefixState) -> Iterator[None]:
+    """While ``state`` extends prefixes, ``model``'s learned position embedding (GPT-2's ``W_pos``) gives a suffix
+    batch's tokens their positions in the whole rows, after their prefixes, as rotary positions continue them in the
+    fused layers; padding gets a zero embedding, as TransformerLens gives it. Nothing changes for rotary models."""
+    pos_embed = getattr(model, "pos_embed", None)
+    if model.cfg.positional_embedding_type not in LEARNED_POSITIONS or pos_embed is None:
+        yield
+        return
+    own = pos_embed.forward
+
+    def forward(tokens, past_kv_pos_offset: int = 0, attention_mask=None):
+        extension = state.extend
+        if extension is None:
+            return own(tokens, past_kv_pos_offset, attention_mask)
+        real = (torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None
+                else attention_mask[:, past_kv_pos_offset:].bool())
+        positions = suffix_positions(extension, tokens.shape[1]).to(tokens.device).masked_fill(~real, 0)
+        return pos_embed.W_pos[positions].masked_fill(~real[..., None], 0.0)
+
+    pos_embed.forward = forward
+    try:
+        yield
+    finally:
+        del pos_embed.forward
 
 
 Heads = Float[Tensor, "batch pos head d_head"]
