@@ -14,6 +14,10 @@
    (``evaluate_each`` with one ``zero_heads`` set per head, what ``head_effects(method="ablation")`` runs) on
    ARC-Easy, both paths, projected to all heads plus the baseline as ``bench_effects.py`` does.
 
+``--model``: another model than the embedded one, e.g. ``gpt2-medium`` (learned positions) from the hub cache that
+``benchmarks/gpt2_medium_cache.py`` writes (``HF_HUB_CACHE=/tmp/hf-cache HF_HUB_OFFLINE=1``); its block has a heading of
+its own.
+
 ``--lm-eval``: lm-evaluation-harness 0.4.5's HF backend (``HFLM.loglikelihood``, batch size ``--batch-size``) on
 the same items joins each alternation (install it as ``analyses/lm_eval_agreement.py`` says and put it on
 ``PYTHONPATH``); its forward rows are the row path's (``lens_heads.data.rows`` lays them out as lm-eval does).
@@ -58,7 +62,8 @@ class PrefixBench(timing.Comparison):
     mmlu_per_subject: int = option(8, "MMLU 5-shot questions per subject")
     effects_n: int = option(20, "ARC-Easy items for the head effects")
     layers: int = option(3, "layers whose heads are ablated (head effects)")
-    lm_eval: bool = option(False, "also time lm-eval's HF backend on the same items")
+    lm_eval: bool = option(False, "also time lm-eval's HF backend on the same items (the embedded model only)")
+    model: str | None = option(None, "model to time (None: the embedded one)")
     threads: int | None = timing.threads_option()
 
 
@@ -161,8 +166,11 @@ def main(argv=None) -> None:
     s = timing.parse_settings(PrefixBench, argv, __doc__)
     timing.set_threads(s.threads)
     started_load = timing.load_average()
+    if s.lm_eval and s.model is not None:
+        raise SystemExit("--lm-eval times lm-eval on the embedded model only: leave out --model")
     torch.set_grad_enabled(False)
-    model = load_model()
+    model = load_model() if s.model is None else load_model(s.model)
+    name = "embedded SmolLM2-135M-Instruct" if s.model is None else s.model
     peak = matmul_cpu_flops()
     blocks = [[f"dense fp32 matmul (2048^3, best of 5, per CPU second): {peak / 1e9:.1f} GFLOP/s"]]
     tasks = [("arc_easy", load_task("arc_easy", n=s.arc_n, seed=0)),
@@ -177,10 +185,11 @@ def main(argv=None) -> None:
         print("\n".join(blocks[-1]), flush=True)
     machine = timing.print_machine(started_load)
     if s.write_docs:
-        timing.write_printed(LM_EVAL_HEADING if s.lm_eval else HEADING, f"python benchmarks/bench_prefix.py --arc-n {s.arc_n} --hellaswag-n {s.hellaswag_n} "
+        heading = LM_EVAL_HEADING if s.lm_eval else HEADING if s.model is None else f"{HEADING}: {s.model}"
+        timing.write_printed(heading, f"python benchmarks/bench_prefix.py {'' if s.model is None else f'--model {s.model} '}--arc-n {s.arc_n} --hellaswag-n {s.hellaswag_n} "
                       f"--mmlu-subjects {s.mmlu_subjects} --mmlu-per-subject {s.mmlu_per_subject} --effects-n "
                       f"{s.effects_n} --layers {s.layers} --repeats {s.repeats} --threads {torch.get_num_threads()} "
-                      f"{'--lm-eval ' if s.lm_eval else ''}--write-docs", machine, "; embedded SmolLM2-135M-Instruct, fp32. Medians of alternating "
+                      f"{'--lm-eval ' if s.lm_eval else ''}--write-docs", machine, f"; {name}, fp32. Medians of alternating "
                       "runs; the machine was shared with other jobs, so read the token counts and the ratios.",
                       [[line for line in block] for block in blocks])
 
