@@ -1,26 +1,16 @@
-"""Shared by the benchmark scripts: useful FLOPs counted from a model's config, the dense matmul FLOP/s they are
-read against, and the paper's full experiment projected in GPU-hours from a measured rate.
-
-A multiply-add is 2 FLOPs; real tokens only (padding is waste):
-
-    per token, trunk:  2 * n_layers * (d_model*H*d_head + 2*d_model*KV*d_head + H*d_head*d_model
-                                       + (3 if gated else 2) * d_model*d_mlp)
-    per row of L tokens, attention (causal QK^T and AV):  n_layers * 2 * H * d_head * L * (L + 1)
-    per position whose logits are computed:  2 * d_model * d_vocab
-
-(H query heads, KV key/value heads; norms, softmax, rotary and the head scores are left out: a few percent.)
-"""
+"""Shared by the benchmark scripts: useful FLOPs counted from a model's config (the evaluator's paths:
+:mod:`lens_heads.evaluation.flops`, re-exported here), the dense matmul FLOP/s they are read against, and the paper's
+full experiment projected in GPU-hours from a measured rate."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from lens_heads.data.rows import Row, build_rows
-from lens_heads.evaluation.prefix import plan_groups
-from lens_heads.training.budget import nearest_shape, trunk_flops_per_token
+from lens_heads.evaluation.flops import forward_flops, path_flops, trunk_flops_per_token  # noqa: F401 (the scripts')
+from lens_heads.training.budget import nearest_shape
 from timing import repeated
 
 # The paper's 14 models (Llama-3.x 3B/8B, OLMo-2 7B base/SFT/DPO/Instruct, Qwen2.5 0.5B-14B), in billions of
@@ -31,35 +21,9 @@ EVALUATIONS_PER_MODEL = 12 * 6 + 6 + 1  # 12 scores x 6 fractions, random at 6 f
 GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
 
 
-def forward_flops(cfg, lengths: Sequence[int], logit_positions: int) -> float:
-    """Useful FLOPs of forwards over rows of ``lengths`` real tokens with logits at ``logit_positions`` positions."""
-    lengths = np.asarray(lengths, dtype=float)
-    attention = cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * float((lengths * (lengths + 1)).sum())
-    return trunk_flops_per_token(cfg) * lengths.sum() + attention + 2.0 * cfg.d_model * cfg.d_vocab * logit_positions
-
-
 def evaluation_flops(model, task) -> float:
     """Useful FLOPs of ``lens_heads.evaluation.evaluate`` on ``task``: its rows whole, logits where it reads."""
     return path_flops(model, build_rows(model, list(task)))
-
-
-def path_flops(model, rows: Sequence[Row], max_rows: int | None = None) -> float:
-    """Useful FLOPs of the evaluator over ``rows``, logits at every token it reads (as it computes them: MMLU's four
-    letters read one position four times): whole rows, or, given ``max_rows``, each distinct prefix of
-    :func:`lens_heads.evaluation.prefix.plan_groups` once and every suffix against its prefix (a suffix of s tokens
-    after p attends to p + its own earlier tokens)."""
-    cfg = model.cfg
-    reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
-    if max_rows is None:
-        return forward_flops(cfg, [len(r.tokens) for r in rows], reads)
-    groups = plan_groups(rows, "any", max_rows)
-    flops = forward_flops(cfg, [len(p) for p in {tuple(g.prefix) for g in groups if g.prefix}], reads)
-    for g in groups:
-        for r in g.rows:
-            s, p = len(r.tokens), len(g.prefix)
-            flops += trunk_flops_per_token(cfg) * s + cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * (
-                2 * s * p + s * (s + 1))
-    return flops
 
 
 def whole_logits_flops(model, rows: Sequence[Row]) -> float:

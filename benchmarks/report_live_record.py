@@ -12,6 +12,7 @@ A run of the embedded model goes under "embedded", one of ``gpt2-medium`` under 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -58,10 +59,20 @@ def machine() -> dict:
             "threads": torch.get_num_threads()}
 
 
+def estimated(log: str) -> dict | None:
+    """What the run said it would take and the work it measured for that (results.json's "estimate", beside the
+    report.html the log's last line names; None where the run did not finish or made no estimate)."""
+    done = re.search(r"\[report\] done in \d+ s: (.+)/report\.html", log)
+    if done is None:
+        return None
+    return json.loads((Path(done.group(1)) / "results.json").read_text()).get("estimate")
+
+
 def run_record(spec: str) -> tuple[str, dict]:
     """One run's entry from ``CMD|LOG|SNAPSHOTS|LOAD|OUTCOME``, and the section it belongs to."""
     command, log, snapshots, load, outcome = spec.split("|")
-    entry = {"command": command, **timed(Path(log).read_text()), **snapshot_times(Path(snapshots)),
+    text = Path(log).read_text()
+    entry = {"command": command, **timed(text), **snapshot_times(Path(snapshots)), "estimate": estimated(text),
              "load_average": load, "outcome": outcome}
     return ("gpt2_medium" if "gpt2-medium" in command else "embedded"), entry
 

@@ -71,20 +71,25 @@ def run_passes(model, work: Work, run: EvalRun, bar, calls: AttentionCalls) -> t
 
 
 def _prefix_scope(model, sets: list[HookSet], attention: str) -> str | None:
-    """The prefix sharing the evaluation may use (None: the row-by-row path): every hook set must allow it, and
-    every attention layer must run fused with rotary or learned positions
+    """The prefix sharing the evaluation may use (None: the row-by-row path): the model must allow it
+    (:func:`shares_prefixes`) and so must every hook set."""
+    return narrowest([s.prefix_scope for s in sets]) if shares_prefixes(model, attention) else None
+
+
+def shares_prefixes(model, attention: str = "fused") -> bool:
+    """Whether an evaluation of ``model`` whose hooks allow it runs shared prefixes: every attention layer must run
+    fused (``attention`` ``"fused"``) with rotary or learned positions
     (:func:`lens_heads.evaluation.prefix.learned_positions`), causally, without a sliding window (the prefixes'
     attention knows none), with no hook left on the model."""
     if not backends.backend(model).fuses_attention:  # the prefixes' keys/values live in the fused layers
-        return None
+        return False
     cfg = model.cfg
     fusable = attention == "fused" and cfg.positional_embedding_type in ("rotary", *LEARNED_POSITIONS) \
         and not cfg.use_dynamic_ntk_rope \
         and cfg.attention_dir == "causal" \
         and all(eager_reason(b.attn) is None and not reads_pattern(b.attn) and tl.window(b.attn) is None
                 for b in model.blocks)
-    bare = not any_hooked(model.hook_dict.values())
-    return narrowest([s.prefix_scope for s in sets]) if fusable and bare else None
+    return fusable and not any_hooked(model.hook_dict.values())
 
 
 @contextlib.contextmanager

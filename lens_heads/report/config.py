@@ -1,12 +1,11 @@
 """What a report run is asked to do: one settings dataclass (its fields are the command-line flags) and the
 ``quick`` preset.
 
-The sizes are chosen so that the default report of the embedded SmolLM2-135M finishes within 15 minutes on an idle
-2-core CPU and ``--quick`` within 3. Cost is set by the sweep: (1 + (fractions - 1) x (scores + 1)) evaluations of
-``n`` ARC-Easy items, about 0.36 s an item on 2 idle cores: default 40 units x 40 items = 1,600 item evaluations
-(~10 min), quick 7 x 16 = 112 (~1 min). The head-effects stage (attribution patching on the same items, about
-1.9 CPU seconds an ARC-Easy item: a forward and a backward pass) adds about a minute; --quick skips it. Each run
-records its wall and CPU seconds per stage in results.json.
+The sizes are chosen so that the default report of the embedded SmolLM2-135M finishes within ten minutes on an idle
+2-core CPU and ``--quick`` within a few (``docs/records/report_live.json`` times both, and ``gpt2-medium``'s). Cost is
+set by the sweep: ``1 + (fractions - 1) x (scores + 1)`` evaluations of ``n`` ARC-Easy items. The run says when it
+starts how long it expects to take (:mod:`lens_heads.report.estimate`), and each run records its wall and CPU seconds
+per stage in results.json.
 """
 
 from __future__ import annotations

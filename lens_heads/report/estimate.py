@@ -1,12 +1,22 @@
-"""How long a report will take, told when it starts: from the model's FLOPs per token and the rate the first stage
-(the head scores: one pass over the task's rows) measured on this machine, and which ``--quick``, ``--n``,
-``--scores`` or ``--fractions`` choice would fit in about ten minutes. It changes nothing the run computes.
+"""How long a report will take, told when it starts: from the rate the first stage (the head scores) measured on
+this machine, and which ``--quick``, ``--n``, ``--scores`` or ``--fractions`` choice would fit in about ten minutes.
+It changes nothing the run computes.
 
-Each later stage is counted in passes over the task's rows: the ablation sweep is ``1 + (fractions - 1) x (scores + 1)``
-evaluations per task, the head effects a forward and a backward (``ATTRIBUTION_PASSES``), the whole layers
-``len(LAYER_COUNTS) x (len(LAYER_RANKINGS) + 1)`` evaluations and a Block Influence pass, the rank profile one forward
-of ``rank_n`` prompts; the attention patterns, explorer and comparison are left out (seconds). A FLOP of an
-evaluation runs faster than one of the scoring pass, which hooks every head (``EVALUATION_SPEEDUP``).
+The head scores are one hooked forward over the task's rows, logits at every position: their useful FLOPs
+(:func:`lens_heads.evaluation.flops.forward_flops`) over their seconds are the rate. Each later stage is counted in
+forwards over the same rows, each of one of three kinds, priced at the useful FLOPs that kind runs over the rate times
+``SPEED`` (how many times faster than the scoring pass the later forwards run a FLOP):
+
+- ``"shared"``: evaluations whose hooks let the rows share prefixes: the sweep's unablated baseline and its random
+  units (drawn per item), each removal of whole layers. They run the shared path's FLOPs
+  (:func:`lens_heads.evaluation.flops.path_flops`) where the model's attention allows it
+  (:func:`lens_heads.evaluation.passes.shares_prefixes`), else whole rows'.
+- ``"rows"``: the sweep's threshold-zeroing units, which decide per row: whole rows, logits where read.
+- ``"hooked"``: forwards whose hooks read activations, logits at every position: the head effects (a forward and a
+  backward, ``ATTRIBUTION_PASSES``), the layers' Block Influence and per-layer scores, and the rank profile's
+  ``rank_n`` prompts.
+
+The attention patterns, explorer and comparison are left out (seconds).
 """
 
 from __future__ import annotations
@@ -14,32 +24,71 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from lens_heads.data.rows import Row
+from lens_heads.evaluation.flops import forward_flops, path_flops
+from lens_heads.evaluation.passes import shares_prefixes
+from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.report.config import QUICK, ReportConfig
 from lens_heads.report.layer_stages import LAYER_COUNTS, LAYER_RANKINGS
-from lens_heads.training.budget import trunk_flops_per_token
 
 LONG_RUN_SECONDS = 600.0  # past this the run says so when it starts
 ATTRIBUTION_PASSES = 3.0  # a forward and a backward pass (the backward about twice the forward's FLOPs)
-# Seconds per FLOP of the scoring pass over an evaluation's: on the embedded model's default report the scores took
-# 12 s for one pass over the rows, the sweep 220 s for 40 evaluations of the same rows (5.5 s each).
-EVALUATION_SPEEDUP = 2.0
+LAYER_HOOKED_PASSES = 2.0  # the layers stage's Block Influence pass and its per-layer scores' pass
+# A FLOP of the later stages' forwards against one of the scoring pass, which hooks every head: fitted to the timed
+# report runs of docs/records/report_live.json (the embedded model and gpt2-medium's shape), each of whose estimate
+# tests/test_report_live.py holds within a third of its wall time.
+SPEED = 1.9
 
 
-def rows_flops(cfg, lengths: list[int]) -> float:
-    """FLOPs of one forward over rows of ``lengths`` tokens: the trunk's weights, causal attention and the logits at
-    every position (TransformerLens computes them all)."""
-    tokens = float(sum(lengths))
-    attention = 2.0 * cfg.n_layers * cfg.n_heads * cfg.d_head * sum(n * (n + 1) for n in lengths)
-    return trunk_flops_per_token(cfg) * tokens + attention + 2.0 * cfg.d_model * cfg.d_vocab * tokens
+@dataclass(frozen=True)
+class Passes:
+    """Forwards over one task's rows after the scores, by kind (the module's docstring)."""
+
+    shared: float
+    rows: float
+    hooked: float
 
 
-def evaluation_passes(config: ReportConfig, n_tasks: int) -> float:
-    """Evaluation passes over one task's ``config.n`` items after the scores (the module's docstring)."""
-    sweep = 1 + (len(config.fractions) - 1) * (len(config.scores) + 1)
-    passes = n_tasks * sweep + config.rank_n / config.n
+def passes(config: ReportConfig, n_tasks: int) -> Passes:
+    """The forwards of ``config``'s later stages over ``n_tasks`` tasks, in passes over one task's ``config.n``
+    items (the rank profile's ``rank_n`` prompts of the first task as a share of a pass)."""
+    later_fractions = len(config.fractions) - 1
+    shared = n_tasks * (1 + later_fractions)  # the baseline, then random zeroing at each fraction
+    rows = n_tasks * later_fractions * len(config.scores)
+    hooked = config.rank_n / config.n
     if not config.quick:
-        passes += n_tasks * ATTRIBUTION_PASSES + len(LAYER_COUNTS) * (len(LAYER_RANKINGS) + 1) + 1
-    return passes
+        shared += len(LAYER_COUNTS) * (len(LAYER_RANKINGS) + 1)
+        hooked += n_tasks * ATTRIBUTION_PASSES + LAYER_HOOKED_PASSES
+    return Passes(shared, rows, hooked)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One task's rows measured once: each kind's useful FLOPs per item, the scoring pass's rate, and the seconds
+    the run took before its scores (loading the data and the model)."""
+
+    flops_per_item: dict[str, float]
+    flops_per_second: float
+    fixed_seconds: float = 0.0
+
+    def seconds(self, config: ReportConfig, n_tasks: int) -> float:
+        """The whole run's expected seconds: the loading, the scores on every task, then the later stages'
+        forwards."""
+        later = passes(config, n_tasks)
+        work = n_tasks * self.flops_per_item["hooked"] + sum(
+            getattr(later, kind) * flops for kind, flops in self.flops_per_item.items()) / SPEED
+        return self.fixed_seconds + config.n * work / self.flops_per_second
+
+
+def measured(model, rows: list[Row], n_items: int, scores_seconds: float, batch_size: int,
+             attention: str = "fused", fixed_seconds: float = 0.0) -> Work:
+    """The kinds' FLOPs per item of ``rows`` (``n_items`` items) and the rate of the scoring pass that took
+    ``scores_seconds`` over them, after ``fixed_seconds`` of loading."""
+    scoring = forward_flops(model.cfg, [len(r.tokens) for r in rows], sum(len(r.tokens) for r in rows))
+    whole = path_flops(model, rows)
+    shared = path_flops(model, rows, ROWS_PER_PREFIX * batch_size) if shares_prefixes(model, attention) else whole
+    return Work({"shared": shared / n_items, "rows": whole / n_items, "hooked": scoring / n_items},
+                scoring / max(scores_seconds, 1e-6), fixed_seconds)
 
 
 @dataclass(frozen=True)
@@ -48,17 +97,28 @@ class Estimate:
     (each a flag and its expected seconds)."""
 
     seconds: float
-    flops_per_second: float
+    work: Work
     choices: tuple[tuple[str, float], ...]
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.work.flops_per_second
 
     @property
     def long(self) -> bool:
         return self.seconds > LONG_RUN_SECONDS
 
+    def to_dict(self) -> dict:
+        """What results.json keeps of it: the seconds and message, and the measured work they came from."""
+        return {"seconds": round(self.seconds, 1), "message": self.message(),
+                "flops_per_item": {kind: float(f) for kind, f in self.work.flops_per_item.items()},
+                "flops_per_second": float(self.work.flops_per_second),
+                "fixed_seconds": round(self.work.fixed_seconds, 2)}
+
     def message(self) -> str:
         text = (f"this run is expected to take about {self.seconds / 60:.0f} min on this machine (the head scores ran "
-                f"at {self.flops_per_second / 1e9:.1f} GFLOP/s; the later stages are counted in passes over the same "
-                f"rows)")
+                f"at {self.flops_per_second / 1e9:.1f} GFLOP/s; the later stages are counted in forwards over the "
+                f"same rows)")
         if not self.long:
             return text + "."
         fits = "; ".join(f"{flag} (about {seconds / 60:.0f} min)" for flag, seconds in self.choices)
@@ -68,18 +128,12 @@ class Estimate:
                    "No single --quick, --n, --scores or --fractions choice brings it under that: combine them."))
 
 
-def estimate(config: ReportConfig, n_tasks: int, cfg, row_lengths: list[int], n_items: int,
-             scores_seconds: float) -> Estimate:
-    """The run's expected seconds for ``config`` with ``n_tasks`` tasks, from the scores stage's ``scores_seconds``
-    over the first task's forward rows (``row_lengths`` tokens each, for its ``n_items`` items)."""
-    flops = rows_flops(cfg, row_lengths)
-    per_item, rate = flops / n_items, flops / max(scores_seconds, 1e-6)
-
+def estimate(config: ReportConfig, n_tasks: int, work: Work) -> Estimate:
+    """The run's expected seconds for ``config`` with ``n_tasks`` tasks from the first task's measured ``work``
+    (:func:`measured`), and the choices that would fit :data:`LONG_RUN_SECONDS`."""
     def seconds(c: ReportConfig) -> float:
-        scoring = n_tasks * c.n * per_item / rate
-        return scoring + evaluation_passes(c, n_tasks) * c.n * per_item / (rate * EVALUATION_SPEEDUP)
+        return work.seconds(c, n_tasks)
 
-    whole = seconds(config)
     choices: list[tuple[str, float]] = []
     quick = replace(config, **cast(dict[str, Any], QUICK))
     if seconds(quick) <= LONG_RUN_SECONDS:
@@ -97,4 +151,4 @@ def estimate(config: ReportConfig, n_tasks: int, cfg, row_lengths: list[int], n_
         if len(kept) - 1 == m and seconds(replace(config, fractions=kept)) <= LONG_RUN_SECONDS:
             choices.append((f"--fractions {','.join(f'{f:g}' for f in kept)}", seconds(replace(config, fractions=kept))))
             break
-    return Estimate(whole, rate, tuple(choices))
+    return Estimate(seconds(config), work, tuple(choices))

@@ -29,7 +29,7 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.provenance import provenance
 from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
-from lens_heads.report.estimate import Estimate, estimate
+from lens_heads.report.estimate import Estimate, estimate, measured
 from lens_heads.report.findings import findings
 from lens_heads.report.live import LivePage, Planned
 from lens_heads.report.render import render_page
@@ -113,7 +113,7 @@ def build_report(config: ReportConfig, *, model=None, log=None, live: bool = Tru
            "basis": meta.get("weight_basis"), "seed": config.seed}
     card = stages.model_card(meta, config)
     page = live_page(out_dir, config, meta, tasks, card, ran[0], command) if live and distributed.is_main() else None
-    watch = Watch(page, model, config, tasks, log)
+    watch = Watch(page, model, config, tasks, log, started)
     try:
         ran += run_stages(STAGES, Inputs(model, config, cache, key), tasks, log, watch=watch)
         if page is not None:
@@ -127,6 +127,8 @@ def build_report(config: ReportConfig, *, model=None, log=None, live: bool = Tru
     total = {"status": "done", "seconds": round(time.perf_counter() - started, 1),
              "cpu_seconds": round(time.process_time() - cpu_started, 1)}
     results["stages"] = {**{r.name: r.entry() for r in ran}, **({"png": png} if png else {}), "total": total}
+    if watch.expected is not None:  # what the run said it would take, beside what it took
+        results["estimate"] = watch.expected.to_dict()
     if distributed.is_main():
         atomic_write_json(out_dir / "results.json", {**results, "files": files})
     log(f"[report] done in {time.perf_counter() - started:.0f} s: {out_dir / 'report.html'}")
@@ -170,8 +172,9 @@ class Watch:
     """What the pipeline does around each stage: the live page's writes, and after the first stage, where the run is
     expected to take long, the warning (:mod:`lens_heads.report.estimate`)."""
 
-    def __init__(self, page: LivePage | None, model, config: ReportConfig, tasks: dict, log):
+    def __init__(self, page: LivePage | None, model, config: ReportConfig, tasks: dict, log, started: float):
         self.page, self.model, self.config, self.tasks, self.log = page, model, config, tasks, log
+        self.run_started = started  # the run's time.perf_counter() at its start
         self.expected: Estimate | None = None
 
     def started(self, name: str) -> None:
@@ -194,12 +197,13 @@ class Watch:
                 "protocol", DEFAULT_PROTOCOL))
         except Exception:  # the estimate is advice: a task whose rows can't be laid out here gets none
             return None
-        expected = estimate(self.config, len(self.tasks), self.model.cfg, [len(row.tokens) for row in rows],
-                            len(result.task), r.seconds)
-        if expected.long:
-            self.log(f"[report] warning: {expected.message()}")
+        work = measured(self.model, rows, len(result.task), r.seconds, self.config.batch_size,
+                        self.config.evaluation.attention, time.perf_counter() - self.run_started - r.seconds)
+        expected = estimate(self.config, len(self.tasks), work)
+        self.log(f"[report] {'warning: ' if expected.long else ''}{expected.message()}")
         if self.page is not None:
-            finish = time.strftime("%H:%M", time.localtime(time.time() + expected.seconds - r.seconds))
+            left = expected.seconds - (time.perf_counter() - self.run_started)
+            finish = time.strftime("%H:%M", time.localtime(time.time() + left))
             self.page.note = f"Expected to finish around {finish}: {expected.message()}"
         return expected
 

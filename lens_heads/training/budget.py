@@ -22,19 +22,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeGuard
 
+from lens_heads.evaluation.flops import trunk_flops_per_token
 from lens_heads.plumbing.errors import InputError
 
 # H100/H200 SXM dense bf16 tensor-core peak (vendor figure): the peak GPU-hours are projected against
 GPU_PEAK_FLOPS = 989e12
-
-
-def trunk_flops_per_token(cfg) -> float:
-    """2 x the weights each token's trunk forward multiplies by (attention projections and MLP, all layers); K and V
-    have ``n_key_value_heads`` heads where the config has them (grouped-query attention), a gated MLP three matrices."""
-    kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-    attn = 2 * cfg.d_model * cfg.n_heads * cfg.d_head + 2 * cfg.d_model * kv * cfg.d_head
-    mlp = (3 if getattr(cfg, "gated_mlp", False) else 2) * cfg.d_model * cfg.d_mlp
-    return 2.0 * cfg.n_layers * (attn + mlp)
 
 
 def weights(cfg) -> float:
