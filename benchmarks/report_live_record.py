@@ -59,20 +59,22 @@ def machine() -> dict:
             "threads": torch.get_num_threads()}
 
 
-def estimated(log: str) -> dict | None:
+def estimated(log: str) -> dict:
     """What the run said it would take and the work it measured for that (results.json's "estimate", beside the
-    report.html the log's last line names; None where the run did not finish or made no estimate)."""
+    report.html the log's last line names), and its own seconds from loading to the end (the estimate's span: the
+    interpreter's start-up before it is not in it); None each where the run did not finish or made no estimate."""
     done = re.search(r"\[report\] done in \d+ s: (.+)/report\.html", log)
     if done is None:
-        return None
-    return json.loads((Path(done.group(1)) / "results.json").read_text()).get("estimate")
+        return {"estimate": None, "run_s": None}
+    results = json.loads((Path(done.group(1)) / "results.json").read_text())
+    return {"estimate": results.get("estimate"), "run_s": results["stages"]["total"]["seconds"]}
 
 
 def run_record(spec: str) -> tuple[str, dict]:
     """One run's entry from ``CMD|LOG|SNAPSHOTS|LOAD|OUTCOME``, and the section it belongs to."""
     command, log, snapshots, load, outcome = spec.split("|")
     text = Path(log).read_text()
-    entry = {"command": command, **timed(text), **snapshot_times(Path(snapshots)), "estimate": estimated(text),
+    entry = {"command": command, **timed(text), **snapshot_times(Path(snapshots)), **estimated(text),
              "load_average": load, "outcome": outcome}
     return ("gpt2_medium" if "gpt2-medium" in command else "embedded"), entry
 

@@ -305,11 +305,15 @@ def test_the_estimate_names_the_choices_that_fit():
         p = estimate.passes(c, 1)
         return c.n * (1 + (p.shared + p.rows + p.hooked) / estimate.SPEED)
 
-    scale = 1.01 * estimate.LONG_RUN_SECONDS / seconds(config)  # the whole run just too long
+    # the whole run just too long even at the estimate's error
+    scale = 1.01 * (1 + estimate.ERROR) * estimate.LONG_RUN_SECONDS / seconds(config)
     slow = estimate.Work(work.flops_per_item, flops_per_second=1.0 / scale)
     got = estimate.estimate(config, 1, slow)
     assert got.seconds == pytest.approx(scale * seconds(config)) and got.long
-    assert "more than 10 min" in got.message()
+    assert "at least 10 min" in got.message() and "stop it" in got.message()
+    near = estimate.estimate(config, 1, estimate.Work(work.flops_per_item, flops_per_second=1.2 / scale))
+    assert near.seconds > estimate.LONG_RUN_SECONDS and not near.long  # within the error of the limit: no advice
+    assert "stop it" not in near.message()
     flags = dict(got.choices)
     for flag, seconds_then in flags.items():
         assert seconds_then <= estimate.LONG_RUN_SECONDS and f"{flag} (about" in got.message()
@@ -321,8 +325,9 @@ def test_the_estimate_names_the_choices_that_fit():
 
 def test_the_estimate_holds_to_the_recorded_report_runs():
     """Each timed report run in docs/records/report_live.json kept what its scores stage measured (results.json's
-    "estimate"); priced at today's SPEED, it gives the run's wall time within a third (an estimate, read at the
-    ten-minute mark: the load, the CPU and the fixed costs of loading and writing move it that much)."""
+    "estimate"); priced at today's SPEED, it gives the run's own seconds (from loading to the end) within the
+    estimate's stated ERROR (the machine's speed moves between the scores and the later stages, and the stages'
+    costs are not all FLOPs)."""
     import json
 
     from lens_heads.report.__main__ import config_from_args
@@ -334,7 +339,7 @@ def test_the_estimate_holds_to_the_recorded_report_runs():
         config = config_from_args(run["command"].split()[3:])
         work = estimate.Work(**{k: run["estimate"][k] for k in ("flops_per_item", "flops_per_second", "fixed_seconds")})
         got = estimate.estimate(config, len(config.tasks), work).seconds
-        assert abs(got / run["wall_s"] - 1) < 1 / 3, (run["command"], got, run["wall_s"])
+        assert abs(got / run["run_s"] - 1) < estimate.ERROR, (run["command"], got, run["run_s"])
 
 
 # ---------------------------------------------------------------- in Chromium

@@ -31,7 +31,8 @@ from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.report.config import QUICK, ReportConfig
 from lens_heads.report.layer_stages import LAYER_COUNTS, LAYER_RANKINGS
 
-LONG_RUN_SECONDS = 600.0  # past this the run says so when it starts
+LONG_RUN_SECONDS = 600.0  # a run sure to take longer says so when it starts, and what would fit
+ERROR = 1 / 3  # how far from a timed run's wall time its estimate may be (tests/test_report_live.py holds them to it)
 ATTRIBUTION_PASSES = 3.0  # a forward and a backward pass (the backward about twice the forward's FLOPs)
 LAYER_HOOKED_PASSES = 2.0  # the layers stage's Block Influence pass and its per-layer scores' pass
 # A FLOP of the later stages' forwards against one of the scoring pass, which hooks every head: fitted to the timed
@@ -105,8 +106,15 @@ class Estimate:
         return self.work.flops_per_second
 
     @property
+    def at_least(self) -> float:
+        """The shortest the run may take, at the estimate's error (``ERROR``)."""
+        return self.seconds / (1 + ERROR)
+
+    @property
     def long(self) -> bool:
-        return self.seconds > LONG_RUN_SECONDS
+        """Whether the run takes longer than :data:`LONG_RUN_SECONDS` even at the estimate's error: a run estimated
+        near the limit gets no advice to stop."""
+        return self.at_least > LONG_RUN_SECONDS
 
     def to_dict(self) -> dict:
         """What results.json keeps of it: the seconds and message, and the measured work they came from."""
@@ -122,7 +130,7 @@ class Estimate:
         if not self.long:
             return text + "."
         fits = "; ".join(f"{flag} (about {seconds / 60:.0f} min)" for flag, seconds in self.choices)
-        return (f"{text}, more than {LONG_RUN_SECONDS / 60:.0f} min. "
+        return (f"{text}, at least {self.at_least / 60:.0f} min. "
                 + (f"To finish within about {LONG_RUN_SECONDS / 60:.0f} min, stop it (Ctrl-C; finished stages are "
                    f"kept) and rerun with one of: {fits}." if fits else
                    "No single --quick, --n, --scores or --fractions choice brings it under that: combine them."))
