@@ -324,17 +324,19 @@ def test_the_estimate_names_the_choices_that_fit():
 
 
 def test_the_estimate_holds_to_the_recorded_report_runs():
-    """Each timed report run in docs/records/report_live.json kept what its scores stage measured (results.json's
-    "estimate"); priced at today's SPEED, it gives the run's own seconds (from loading to the end) within the
-    estimate's stated ERROR (the machine's speed moves between the scores and the later stages, and the stages'
-    costs are not all FLOPs)."""
+    """Each timed report run of the default sizes in docs/records/report_live.json kept what its scores stage
+    measured (results.json's "estimate"); priced at today's SPEED, it gives the run's own seconds (from loading to
+    the end) within the estimate's stated ERROR (the machine's speed moves between the scores and the later stages,
+    and the stages' costs are not all FLOPs). A --quick run is left out: its few evaluations are dominated by what
+    FLOPs don't count (the first forwards of each shape), and the page shows how far its estimate fell short."""
     import json
 
     from lens_heads.report.__main__ import config_from_args
 
     record = json.loads((Path(__file__).resolve().parents[1] / "docs/records/report_live.json").read_text())
     assert record["embedded"] and record["gpt2_medium"]  # rotary and learned positions, a small and a larger model
-    runs = record["embedded"] + record["gpt2_medium"]
+    runs = [run for run in record["embedded"] + record["gpt2_medium"] if "--quick" not in run["command"]]
+    assert len(runs) >= 2
     for run in runs:
         config = config_from_args(run["command"].split()[3:])
         work = estimate.Work(**{k: run["estimate"][k] for k in ("flops_per_item", "flops_per_second", "fixed_seconds")})
