@@ -305,15 +305,11 @@ def test_the_estimate_names_the_choices_that_fit():
         p = estimate.passes(c, 1)
         return c.n * (1 + (p.shared + p.rows + p.hooked) / estimate.SPEED)
 
-    # the whole run just too long even at the estimate's error
-    scale = 1.01 * (1 + estimate.ERROR) * estimate.LONG_RUN_SECONDS / seconds(config)
+    scale = 1.01 * estimate.LONG_RUN_SECONDS / seconds(config)  # the whole run just too long
     slow = estimate.Work(work.flops_per_item, flops_per_second=1.0 / scale)
     got = estimate.estimate(config, 1, slow)
     assert got.seconds == pytest.approx(scale * seconds(config)) and got.long
-    assert "at least 10 min" in got.message() and "stop it" in got.message()
-    near = estimate.estimate(config, 1, estimate.Work(work.flops_per_item, flops_per_second=1.2 / scale))
-    assert near.seconds > estimate.LONG_RUN_SECONDS and not near.long  # within the error of the limit: no advice
-    assert "stop it" not in near.message()
+    assert "more than 10 min" in got.message() and "stop it" in got.message()
     flags = dict(got.choices)
     for flag, seconds_then in flags.items():
         assert seconds_then <= estimate.LONG_RUN_SECONDS and f"{flag} (about" in got.message()
