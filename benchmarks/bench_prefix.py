@@ -170,7 +170,7 @@ def main(argv=None) -> None:
         raise SystemExit("--lm-eval times lm-eval on the embedded model only: leave out --model")
     torch.set_grad_enabled(False)
     model = load_model() if s.model is None else load_model(s.model)
-    name = "embedded SmolLM2-135M-Instruct" if s.model is None else s.model
+    timed_model = "embedded SmolLM2-135M-Instruct" if s.model is None else s.model
     peak = matmul_cpu_flops()
     blocks = [[f"dense fp32 matmul (2048^3, best of 5, per CPU second): {peak / 1e9:.1f} GFLOP/s"]]
     tasks = [("arc_easy", load_task("arc_easy", n=s.arc_n, seed=0)),
@@ -189,7 +189,7 @@ def main(argv=None) -> None:
         timing.write_printed(heading, f"python benchmarks/bench_prefix.py {'' if s.model is None else f'--model {s.model} '}--arc-n {s.arc_n} --hellaswag-n {s.hellaswag_n} "
                       f"--mmlu-subjects {s.mmlu_subjects} --mmlu-per-subject {s.mmlu_per_subject} --effects-n "
                       f"{s.effects_n} --layers {s.layers} --repeats {s.repeats} --threads {torch.get_num_threads()} "
-                      f"{'--lm-eval ' if s.lm_eval else ''}--write-docs", machine, f"; {name}, fp32. Medians of alternating "
+                      f"{'--lm-eval ' if s.lm_eval else ''}--write-docs", machine, f"; {timed_model}, fp32. Medians of alternating "
                       "runs; the machine was shared with other jobs, so read the token counts and the ratios.",
                       [[line for line in block] for block in blocks])
 
