@@ -323,9 +323,8 @@ def test_the_estimate_holds_to_the_recorded_report_runs():
     """Each timed report run of the default sizes in docs/records/report_live.json kept what its scores stage
     measured (results.json's "estimate"); priced at today's SPEED, it gives the run's own seconds (from loading to
     the end) within the estimate's stated ERROR (the machine's speed moves between the scores and the later stages,
-    and the stages' costs are not all FLOPs). A --quick run is left out: its few evaluations are dominated by what
-    FLOPs don't count (the fixed costs of each evaluation, a run's first forwards), and the page shows how far off
-    its estimate was."""
+    and the stages' costs are not all FLOPs). A --quick run is left out: in so short a run, costs the FLOPs don't
+    count weigh more, and the page shows how far off its estimate was."""
     import json
 
     from lens_heads.report.__main__ import config_from_args
