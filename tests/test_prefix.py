@@ -365,3 +365,24 @@ def test_in_float64_the_embedded_model_under_static_zeroing_agrees_to_1e_10():
     assert shared.meta["shared_prefix"] == "any"
     for x, y in zip(shared.items, eager.items, strict=True):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-10, rtol=0)
+
+
+def test_learned_positions_continue_the_prefix_and_restore_an_enclosing_block():
+    """Under an extension, GPT-2's position embedding is W_pos at each row's positions after its prefix (zero on
+    padding); an inner block leaves the enclosing block's embedding in place, and the last one leaves the module's."""
+    from lens_heads.evaluation.prefix import learned_positions
+
+    model = text_model(arch="gpt2")
+    tokens, mask = torch.zeros(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    state = PrefixState()
+    with learned_positions(model, state):
+        outer = model.pos_embed.forward
+        with learned_positions(model, PrefixState()):
+            pass
+        assert model.pos_embed.forward is outer
+        with state.extending(Extension({}, torch.tensor([0, 1]), torch.tensor([5, 2]))):
+            got = model.pos_embed(tokens, 0, mask)
+    W = model.pos_embed.W_pos
+    torch.testing.assert_close(got[0], W[5:8], rtol=0, atol=0)
+    torch.testing.assert_close(got[1, :2], W[2:4], rtol=0, atol=0)
+    assert not got[1, 2].any() and "forward" not in vars(model.pos_embed)

@@ -249,7 +249,7 @@ def learned_positions(model, state: PrefixState) -> Iterator[None]:
     if model.cfg.positional_embedding_type not in LEARNED_POSITIONS or pos_embed is None:
         yield
         return
-    own = pos_embed.forward
+    own, before = pos_embed.forward, vars(pos_embed).get("forward")  # an enclosing block's, restored on exit
 
     def forward(tokens, past_kv_pos_offset: int = 0, attention_mask=None):
         extension = state.extend
@@ -265,6 +265,8 @@ def learned_positions(model, state: PrefixState) -> Iterator[None]:
         yield
     finally:
         del pos_embed.forward
+        if before is not None:
+            pos_embed.forward = before
 
 
 Heads = Float[Tensor, "batch pos head d_head"]
