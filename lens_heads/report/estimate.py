@@ -34,7 +34,7 @@ from lens_heads.report.layer_stages import LAYER_COUNTS, LAYER_RANKINGS
 LONG_RUN_SECONDS = 600.0  # a run expected to take longer says so when it starts, and what would fit
 ERROR = 0.4  # how far from a timed default-size run's own time its estimate may be (tests/test_report_live.py)
 ATTRIBUTION_PASSES = 3.0  # a forward and a backward pass (the backward about twice the forward's FLOPs)
-LAYER_HOOKED_PASSES = 2.0  # the layers stage's Block Influence pass and its per-layer scores' pass
+LAYER_HOOKED_PASSES = 2.0  # the layers' Block Influence over the rows, attention rank twice over the shorter prompts
 # A FLOP of the later stages' forwards against one of the scoring pass, which hooks every head: fitted to the timed
 # report runs of docs/records/report_live.json (the embedded model and gpt2-medium's shape, whose scoring passes are
 # dearer and cheaper per FLOP), each of whose estimate tests/test_report_live.py holds within ERROR of its own time.
