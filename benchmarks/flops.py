@@ -8,8 +8,13 @@ from typing import Sequence
 
 import torch
 
-from lens_heads.data.rows import Row, build_rows
-from lens_heads.evaluation.flops import forward_flops, path_flops, trunk_flops_per_token  # noqa: F401 (the scripts')
+from lens_heads.data.rows import build_rows
+from lens_heads.evaluation.flops import (  # noqa: F401 (the scripts')
+    forward_flops,
+    path_flops,
+    trunk_flops_per_token,
+    whole_logits_flops,
+)
 from lens_heads.training.budget import nearest_shape
 from timing import repeated
 
@@ -24,12 +29,6 @@ GPU_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core FLOP/s (vendor figure)
 def evaluation_flops(model, task) -> float:
     """Useful FLOPs of ``lens_heads.evaluation.evaluate`` on ``task``: its rows whole, logits where it reads."""
     return path_flops(model, build_rows(model, list(task)))
-
-
-def whole_logits_flops(model, rows: Sequence[Row]) -> float:
-    """Useful FLOPs of a forward over every row whole with logits at every position (lm-eval's ``hf`` model)."""
-    lengths = [len(r.tokens) for r in rows]
-    return forward_flops(model.cfg, lengths, sum(lengths))
 
 
 def paper_flops(tokens_per_question: float) -> float:

@@ -54,3 +54,10 @@ def path_flops(model, rows: Sequence[Row], max_rows: int | None = None) -> float
             flops += trunk_flops_per_token(cfg) * s + cfg.n_layers * 2 * cfg.n_heads * cfg.d_head * (
                 2 * s * p + s * (s + 1))
     return flops
+
+
+def whole_logits_flops(model, rows: Sequence[Row]) -> float:
+    """Useful FLOPs of a forward over every row whole with logits at every position (lm-eval's ``hf`` model, and the
+    scoring pass)."""
+    lengths = [len(r.tokens) for r in rows]
+    return forward_flops(model.cfg, lengths, sum(lengths))

@@ -79,11 +79,15 @@ def run_inheritune(config: InherituneConfig, corpus, *, out_dir: str | Path, tok
     return result
 
 
+def gpt2_shape(n_layers: int, d_model: int, n_heads: int, d_vocab: int) -> SimpleNamespace:
+    """A GPT-2's shape (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab), as the FLOP counts read it."""
+    return SimpleNamespace(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
+                           d_mlp=4 * d_model, d_vocab=d_vocab)
+
+
 def reference_shape(config: InherituneConfig) -> SimpleNamespace:
-    """The reference GPT-2's shape (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab), as the FLOP counts read it."""
-    c = config
-    return SimpleNamespace(n_layers=c.ref_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.d_model // c.n_heads,
-                           d_mlp=4 * c.d_model, d_vocab=c.d_vocab)
+    """The reference GPT-2's shape (:func:`gpt2_shape`)."""
+    return gpt2_shape(config.ref_layers, config.d_model, config.n_heads, config.d_vocab)
 
 
 def planned_stages(config: InherituneConfig, final_layers: int | None = None) -> pd.DataFrame:
@@ -97,12 +101,11 @@ def planned_stages(config: InherituneConfig, final_layers: int | None = None) ->
                          f"{c.grow_by}, at most {max_layers})")
     tokens, seq = c.train_config.steps * c.train_config.tokens_per_step, c.train_config.seq_len
     rows: list[dict] = []
+    ref = reference_shape(c)
 
     def add(name: str, n_layers: int, d_model: int = c.d_model, n_heads: int = c.n_heads, steps_x: float = 1,
             teacher: bool = False) -> None:
-        shape = SimpleNamespace(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
-                                d_mlp=4 * d_model, d_vocab=c.d_vocab)
-        ref = reference_shape(c)
+        shape = gpt2_shape(n_layers, d_model, n_heads, c.d_vocab)
         rows.append({"stage": name, "n_layers": n_layers, "d_model": d_model, "tokens": round(steps_x * tokens),
                      "flops": training_flops(shape, round(steps_x * tokens), seq),
                      "teacher_flops": teacher_flops(ref, round(steps_x * tokens), seq) if teacher else 0.0})

@@ -3,7 +3,7 @@ this machine, and which ``--quick``, ``--n``, ``--scores`` or ``--fractions`` ch
 It changes nothing the run computes.
 
 The head scores are one hooked forward over the task's rows, logits at every position: their useful FLOPs
-(:func:`lens_heads.evaluation.flops.forward_flops`) over their seconds are the rate. Each later stage is counted in
+(:func:`lens_heads.evaluation.flops.whole_logits_flops`) over their seconds are the rate. Each later stage is counted in
 forwards over the same rows, each of one of three kinds, priced at the useful FLOPs that kind runs over the rate times
 ``SPEED`` (how many times faster than the scoring pass the later forwards run a FLOP):
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from lens_heads.data.rows import Row
-from lens_heads.evaluation.flops import forward_flops, path_flops
+from lens_heads.evaluation.flops import path_flops, whole_logits_flops
 from lens_heads.evaluation.passes import shares_prefixes
 from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.report.config import QUICK, ReportConfig
@@ -85,7 +85,7 @@ def measured(model, rows: list[Row], n_items: int, scores_seconds: float, batch_
              attention: str = "fused", fixed_seconds: float = 0.0) -> Work:
     """The kinds' FLOPs per item of ``rows`` (``n_items`` items) and the rate of the scoring pass that took
     ``scores_seconds`` over them, after ``fixed_seconds`` of loading."""
-    scoring = forward_flops(model.cfg, [len(r.tokens) for r in rows], sum(len(r.tokens) for r in rows))
+    scoring = whole_logits_flops(model, rows)
     whole = path_flops(model, rows)
     shared = path_flops(model, rows, ROWS_PER_PREFIX * batch_size) if shares_prefixes(model, attention) else whole
     return Work({"shared": shared / n_items, "rows": whole / n_items, "hooked": scoring / n_items},

@@ -169,8 +169,8 @@ def live_page(out_dir: Path, config: ReportConfig, meta: dict, tasks: dict, card
 
 
 class Watch:
-    """What the pipeline does around each stage: the live page's writes, and after the first stage, where the run is
-    expected to take long, the warning (:mod:`lens_heads.report.estimate`)."""
+    """What the pipeline does around each stage: the live page's writes, and after the first stage the run's
+    expected time, a warning where it is long (:mod:`lens_heads.report.estimate`)."""
 
     def __init__(self, page: LivePage | None, model, config: ReportConfig, tasks: dict, log, started: float):
         self.page, self.model, self.config, self.tasks, self.log = page, model, config, tasks, log
