@@ -126,8 +126,12 @@ TERMS: tuple[Term, ...] = (
          r"(?i)\bbaselines\b"),
     Term("useful FLOPs", "The multiply-adds (2 FLOPs each) a forward needs, counted from the model's config: the "
          "blocks' products per token, attention over the keys each position sees, and the unembedding at the "
-         "positions whose logits are computed; padding, norms and softmax left out (benchmarks/flops.py).",
+         "positions whose logits are computed; padding, norms and softmax left out (lens_heads.evaluation.flops).",
          r"(?i)useful FLOPs"),
+    Term("shared prefixes", "Rows that begin alike (an item's context across its choices, a subject's shots across "
+         "its questions) run that beginning once; each row's rest attends to its keys and values, its positions "
+         "continuing the prefix's. Exact where every hook acts alike on every row (lens_heads.evaluation.prefix).",
+         r"(?i)shared prefix(es)?"),
     Term("weight basis", "Whether TransformerLens's weight processing (fold_ln, centring, folded value biases) was "
          "applied. It leaves logits unchanged but moves the value and output norms the scores read; lens_heads keeps "
          "the raw basis by default.", r"(?i)weight basis"),
@@ -146,7 +150,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Statistics": ("calling rule",),
     "Smaller models": ("Inheritune", "growth", "baselines", "healing"),
     "Models": ("weight basis",),
-    "Speed": ("useful FLOPs",),
+    "Speed": ("useful FLOPs", "shared prefixes"),
 }
 
 
