@@ -191,6 +191,24 @@ def test_mmlu_five_shot_static_zeroing_equals_evaluate(model, manager):
     assert call["padded_tokens"] >= call["forward_tokens"]
 
 
+def test_a_later_call_reuses_the_layouts_and_lays_out_a_changed_weight_again(manager):
+    """The LM keeps the evaluator's weight layouts between calls; one weight changed in place between two calls is
+    laid out again (and only it), so the second call scores the model as it now is."""
+    model = text_model(n_ctx=1024)
+    lm = LensHeadsLM(pretrained=model, progress=False)
+    first, _ = _sample_logprobs(_run(lm, ["arc_easy_local"], manager), "arc_easy_local")
+    made = {key: held.value for key, held in lm._layouts.items()}
+    with torch.no_grad():
+        model.blocks[0].mlp.W_in.mul_(2.0)
+    second, _ = _sample_logprobs(_run(lm, ["arc_easy_local"], manager), "arc_easy_local")
+    assert made.keys() == lm._layouts.keys() and len(made) > 1
+    assert [key for key, held in lm._layouts.items() if held.value is not made[key]] == [
+        (id(model.blocks[0].mlp), "gated")]
+    fresh = lh.evaluate(model, lh.load_task(f"lm_eval:{ARC}"), progress=False)
+    np.testing.assert_allclose(np.concatenate(second), np.concatenate([r.logprobs for r in fresh.items]), **LOGLIK_TOL)
+    assert np.abs(np.concatenate(first) - np.concatenate(second)).max() > 1e-3  # the change mattered
+
+
 @pytest.mark.parametrize("ablation", ["random:0.3:per_item:2", "threshold:AHON (LN):0.3"])
 def test_generate_until_is_lens_heads_generation_under_the_hooks(ablation, model, manager):
     results = _run(LensHeadsLM(pretrained=model, progress=False, ablation=ablation), ["arc_easy_gen_local"], manager,

@@ -54,12 +54,13 @@ _SHARED: ContextVar[dict | None] = ContextVar("shared_layouts", default=None)
 
 
 @contextlib.contextmanager
-def shared_layouts() -> Iterator[None]:
+def shared_layouts(store: dict | None = None) -> Iterator[None]:
     """Within this block, every block of forwards that lays weights out (:func:`packed_weights`, fused attention)
     reuses the layout an earlier one made of the same weights instead of making it again. The layouts are held
     until the block ends: as much memory again as the weights laid out, which each block of forwards holds anyway
-    while it runs."""
-    token = _SHARED.set({})
+    while it runs. ``store``: a dict to keep them in past the block (an owner's, passed to each of its blocks, so
+    its later calls find them; its holder keeps that memory while it keeps the dict)."""
+    token = _SHARED.set({} if store is None else store)
     try:
         yield
     finally:

@@ -33,6 +33,7 @@ from lens_heads.data.rows import encode, lm_eval_bos
 from lens_heads.evaluation.batching import AUTO, parse_batch_size
 from lens_heads.evaluation.evaluate import evaluate
 from lens_heads.evaluation.generate_batch import generate_batch
+from lens_heads.evaluation.packed_weights import shared_layouts
 from lens_heads.harness.model_args import build_hooks, check_against, parse_ablation
 from lens_heads.models.embedded import DEFAULT_MODEL
 from lens_heads.models.loading import load_model, model_meta
@@ -70,6 +71,9 @@ class LensHeadsLM(LM):
             self.model = pretrained
         check_against(self.ablation, self.model)
         self.calls: list[dict] = []  # per request-type call: what was zeroed, the tokens run
+        # the evaluator's weight layouts, kept between calls as lm-eval's hf model keeps its weights: a second copy
+        # of the products' weights (held during every call anyway), made again wherever a weight changes
+        self._layouts: dict = {}
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "LensHeadsLM":
@@ -178,9 +182,10 @@ class LensHeadsLM(LM):
                 input_of: list[list[int]] | None = None) -> list[tuple[float, bool]]:
         task = Task(name=f"lm_eval {kind}", split="requests", shots=0, format="cloze", items=items,
                     n_total=len(items), seed=0, source="lm-eval requests")
-        hooks, calibrated = build_hooks(self.ablation, self.model, task, batch_size=self.batch_size)
-        result = evaluate(self.model, task, hooks=[hooks] if hooks is not None else (), batch_size=self.batch_size,
-                          progress=self.progress and not disable_tqdm)
+        with shared_layouts(self._layouts):  # laid out in the first call, reused by every later one
+            hooks, calibrated = build_hooks(self.ablation, self.model, task, batch_size=self.batch_size)
+            result = evaluate(self.model, task, hooks=[hooks] if hooks is not None else (),
+                              batch_size=self.batch_size, progress=self.progress and not disable_tqdm)
         self._record(requests, hooks, len(items), input_of or [[i] for i, _ in where], calibrated, kind)
         # the tokens of every row, and how many the forwards ran (shared prefixes once) and padded
         self.calls[-1].update({k: result.meta[k] for k in ("row_tokens", "forward_tokens", "padded_tokens")})
