@@ -34,7 +34,7 @@ from lens_heads.ablation.stacked import stack_ablations
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate, evaluate_each
 from lens_heads.evaluation.passes import evaluator_forward
-from lens_heads.evaluation.prefix import ROWS_PER_PREFIX, plan_groups
+from lens_heads.evaluation.prefix import group_rows, plan_groups
 from lens_heads.heads.distributions import thresholds
 from lens_heads.heads.scoring import score_heads
 from lens_heads.plumbing.settings import option
@@ -168,7 +168,7 @@ def sharing_floor(model, task, chosen: dict[str, float], batch_size: int) -> lis
     every prefix run once per history, layer by layer, plus every suffix once, in tokens, against the unablated
     evaluation's prefix-once tokens and the row-by-row path's."""
     rows = build_rows(model, task)
-    groups = plan_groups(rows, "any", ROWS_PER_PREFIX * batch_size)
+    groups = plan_groups(rows, "any", group_rows(batch_size))
     n_layers = model.cfg.n_layers
     suffix = sum(len(r.tokens) for g in groups for r in g.rows)
     shared = suffix + sum(len(g.prefix) for g in groups)

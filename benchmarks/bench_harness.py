@@ -33,7 +33,6 @@ import timing
 from flops import path_flops, whole_logits_flops
 from lens_heads import load_model, load_task
 from lens_heads.data.rows import build_rows
-from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.harness.tasks import hf_documents
 from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.settings import option
@@ -159,7 +158,7 @@ def work_lines(model, yaml: Path, call: dict, batch_size: int, inside: dict[str,
     (``flops.py``), whose ratio is lens_heads' lead where both run at the same FLOP/s, and, from each round's time
     inside the models' own calls (``inside``), the rate of each side's useful FLOPs and forward tokens there."""
     rows = build_rows(model, list(load_task(f"lm_eval:{yaml}")))
-    hf, ours = whole_logits_flops(model, rows), path_flops(model, rows, ROWS_PER_PREFIX * batch_size)
+    hf, ours = whole_logits_flops(model, rows), path_flops(model, rows, batch_size)
     rounds = list(zip(inside["hf"], inside["lens_heads"]))
     flop_rates = [(ours / b) / (hf / a) for a, b in rounds]
     token_rates = [(call["forward_tokens"] / b) / (call["row_tokens"] / a) for a, b in rounds]

@@ -41,7 +41,6 @@ from lens_heads import load_model, load_task
 from lens_heads.ablation.hooks import zero_heads
 from lens_heads.data.rows import build_rows
 from lens_heads.evaluation.evaluate import evaluate_each
-from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.models.embedded import embedded_model_folder
 from lens_heads.plumbing.settings import option
 
@@ -123,7 +122,7 @@ def time_evaluator(model, name: str, task, s: PrefixBench, peak: float, lm_eval=
              f"(load average {load:.1f} before, {timing.load_average():.1f} after):"]
     for label, res, took, shared_path in (("row by row", row, r["row"], False),
                                            ("shared prefixes", shared, r["shared"], True)):
-        flops = path_flops(model, build_rows(model, list(task)), ROWS_PER_PREFIX * s.batch_size if shared_path else None)
+        flops = path_flops(model, build_rows(model, list(task)), s.batch_size if shared_path else None)
         lines.append(f"  {label:16s} {res.meta['forward_tokens']:6d} tokens ({res.meta['padded_tokens']:6d} padded) "
                      f"{took.wall:6.1f} s wall {took.cpu:6.1f} s CPU  {flops / 1e9:7.1f} GFLOP "
                      f"{flops / took.cpu / 1e9:5.1f} GFLOP/s per CPU s = {flops / took.cpu / peak:5.1%} of matmul")

@@ -206,7 +206,7 @@ def test_a_shared_prefix_is_counted_once_and_logits_at_every_token_read():
     whole = path_flops(model, rows)
     assert whole == forward_flops(cfg, [10, 10], 4)
     # the shared path runs the 8 prefix tokens (and their attention among themselves) once instead of twice
-    assert whole - path_flops(model, rows, max_rows=8) == forward_flops(cfg, [8], 0)
+    assert whole - path_flops(model, rows, batch_size=2) == forward_flops(cfg, [8], 0)
     assert whole_logits_flops(model, rows) == forward_flops(cfg, [10, 10], 20)
     # letters read at one position: the evaluator computes that position's logits once per letter, and so counts it
     letters = [Row(0, list(range(6)), [(c, 5, [30 + c]) for c in range(4)])]

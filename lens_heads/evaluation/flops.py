@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from lens_heads.data.rows import Row
-from lens_heads.evaluation.prefix import plan_groups
+from lens_heads.evaluation.prefix import group_rows, plan_groups
 
 
 def trunk_flops_per_token(cfg) -> float:
@@ -37,16 +37,16 @@ def forward_flops(cfg, lengths: Sequence[int], logit_positions: int) -> float:
     return trunk_flops_per_token(cfg) * float(n.sum()) + attention + 2.0 * cfg.d_model * cfg.d_vocab * logit_positions
 
 
-def path_flops(model, rows: Sequence[Row], max_rows: int | None = None) -> float:
+def path_flops(model, rows: Sequence[Row], batch_size: int | None = None) -> float:
     """Useful FLOPs of the evaluator over ``rows``, logits at every token it reads (as it computes them: MMLU's four
-    letters read one position four times): whole rows, or, given ``max_rows``, each distinct prefix of
-    :func:`lens_heads.evaluation.prefix.plan_groups` once and every suffix against its prefix (a suffix of s tokens
-    after p attends to p + its own earlier tokens)."""
+    letters read one position four times): whole rows, or, given the ``batch_size`` of the shared-prefix path, each
+    distinct prefix of its groups (:func:`lens_heads.evaluation.prefix.plan_groups`) once and every suffix against its
+    prefix (a suffix of s tokens after p attends to p + its own earlier tokens)."""
     cfg = model.cfg
     reads = sum(len(ids) for row in rows for _, _, ids in row.reads)
-    if max_rows is None:
+    if batch_size is None:
         return forward_flops(cfg, [len(r.tokens) for r in rows], reads)
-    groups = plan_groups(rows, "any", max_rows)
+    groups = plan_groups(rows, "any", group_rows(batch_size))
     flops = forward_flops(cfg, [len(p) for p in {tuple(g.prefix) for g in groups if g.prefix}], reads)
     for g in groups:
         for r in g.rows:

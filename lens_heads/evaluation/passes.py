@@ -26,11 +26,11 @@ from lens_heads.evaluation.logprobs import batches, pad_rows, record_logprobs
 from lens_heads.evaluation.packed_weights import packed_weights
 from lens_heads.evaluation.prefix import (
     LEARNED_POSITIONS,
-    ROWS_PER_PREFIX,
     Extension,
     Group,
     PrefixState,
     chunk_groups,
+    group_rows,
     learned_positions,
     merge_kv,
     narrowest,
@@ -62,7 +62,7 @@ def run_passes(model, work: Work, run: EvalRun, bar, calls: AttentionCalls) -> t
     assert isinstance(batch_size, int)  # "auto" is resolved by the caller
     stacked = any(s.copies > 1 for s in work.sets)  # a stacked forward runs its copies row by row
     scope = _prefix_scope(model, work.sets, attention) if run.shared_prefixes and not stacked else None
-    groups = plan_groups(work.rows, scope, ROWS_PER_PREFIX * batch_size) if scope else []
+    groups = plan_groups(work.rows, scope, group_rows(batch_size)) if scope else []
     state = PrefixState() if any(g.prefix for g in groups) else None
     with evaluator_forward(model, attention, calls, state):
         outputs, stats = (_run_rows(model, work, run, bar) if state is None else

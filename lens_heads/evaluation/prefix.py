@@ -92,6 +92,11 @@ class Group:
     rows: list[Row] = field(default_factory=list)
 
 
+def group_rows(batch_size: int) -> int:
+    """The most rows one group holds where forwards take ``batch_size`` rows: ``ROWS_PER_PREFIX`` batches."""
+    return ROWS_PER_PREFIX * batch_size
+
+
 def plan_groups(rows: Sequence[Row], scope: str, max_rows: int) -> list[Group]:
     """Group ``rows`` by their common beginning: sorted by (item when ``scope`` is ``"item"``, tokens), a row joins
     the group before it while the tokens that saves do not shrink; a prefix always ends before the group's first
