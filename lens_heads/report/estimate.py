@@ -1,5 +1,6 @@
 """How long a report will take, told when it starts: from the rate the first stage (the head scores) measured on
-this machine, and which ``--quick``, ``--n``, ``--scores`` or ``--fractions`` choice would fit in about ten minutes.
+this machine, and which ``--quick``, ``--n``, ``--scores`` or ``--fractions`` choice would fit in ten minutes even where
+the estimate falls as short as its stated ``ERROR`` allows.
 It changes nothing the run computes.
 
 The head scores are one hooked forward over the task's rows, logits at every position: their useful FLOPs
@@ -27,7 +28,6 @@ from typing import Any, cast
 from lens_heads.data.rows import Row
 from lens_heads.evaluation.flops import path_flops, whole_logits_flops
 from lens_heads.evaluation.passes import shares_prefixes
-from lens_heads.evaluation.prefix import ROWS_PER_PREFIX
 from lens_heads.report.config import QUICK, ReportConfig
 from lens_heads.report.layer_stages import LAYER_COUNTS, LAYER_RANKINGS
 
@@ -72,6 +72,11 @@ class Work:
     flops_per_second: float
     fixed_seconds: float = 0.0
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Work":
+        """The work an :meth:`Estimate.to_dict` kept (a run's results.json ``"estimate"``)."""
+        return cls(dict(d["flops_per_item"]), float(d["flops_per_second"]), float(d.get("fixed_seconds", 0.0)))
+
     def seconds(self, config: ReportConfig, n_tasks: int) -> float:
         """The whole run's expected seconds: the loading, the scores on every task, then the later stages'
         forwards."""
@@ -81,13 +86,19 @@ class Work:
         return self.fixed_seconds + config.n * work / self.flops_per_second
 
 
+def longest(seconds: float) -> float:
+    """The longest a run estimated at ``seconds`` takes within the estimate's stated ``ERROR`` (an estimate at most
+    ``ERROR`` of the run's own time short of it)."""
+    return seconds / (1.0 - ERROR)
+
+
 def measured(model, rows: list[Row], n_items: int, scores_seconds: float, batch_size: int,
              attention: str = "fused", fixed_seconds: float = 0.0) -> Work:
     """The kinds' FLOPs per item of ``rows`` (``n_items`` items) and the rate of the scoring pass that took
     ``scores_seconds`` over them, after ``fixed_seconds`` of loading."""
     scoring = whole_logits_flops(model, rows)
     whole = path_flops(model, rows)
-    shared = path_flops(model, rows, ROWS_PER_PREFIX * batch_size) if shares_prefixes(model, attention) else whole
+    shared = path_flops(model, rows, batch_size) if shares_prefixes(model, attention) else whole
     return Work({"shared": shared / n_items, "rows": whole / n_items, "hooked": scoring / n_items},
                 scoring / max(scores_seconds, 1e-6), fixed_seconds)
 
@@ -122,34 +133,39 @@ class Estimate:
                 f"same rows)")
         if not self.long:
             return text + "."
-        fits = "; ".join(f"{flag} (about {seconds / 60:.0f} min)" for flag, seconds in self.choices)
-        return (f"{text}, more than {LONG_RUN_SECONDS / 60:.0f} min. "
-                + (f"To finish within about {LONG_RUN_SECONDS / 60:.0f} min, stop it (Ctrl-C; finished stages are "
-                   f"kept) and rerun with one of: {fits}." if fits else
+        fits = "; ".join(f"{flag} (about {seconds / 60:.0f} min, at most {longest(seconds) / 60:.0f})"
+                         for flag, seconds in self.choices)
+        limit = f"{LONG_RUN_SECONDS / 60:.0f} min"
+        return (f"{text}, more than {limit}. "
+                + (f"To finish within {limit} even where this estimate falls {100 * ERROR:.0f}% short, stop it "
+                   f"(Ctrl-C; finished stages are kept) and rerun with one of: {fits}." if fits else
                    "No single --quick, --n, --scores or --fractions choice brings it under that: combine them."))
 
 
 def estimate(config: ReportConfig, n_tasks: int, work: Work) -> Estimate:
     """The run's expected seconds for ``config`` with ``n_tasks`` tasks from the first task's measured ``work``
-    (:func:`measured`), and the choices that would fit :data:`LONG_RUN_SECONDS`."""
+    (:func:`measured`), and the choices that would fit :data:`LONG_RUN_SECONDS` even at their :func:`longest`."""
     def seconds(c: ReportConfig) -> float:
         return work.seconds(c, n_tasks)
 
+    def fits(c: ReportConfig) -> bool:
+        return longest(seconds(c)) <= LONG_RUN_SECONDS
+
     choices: list[tuple[str, float]] = []
     quick = replace(config, **cast(dict[str, Any], QUICK))
-    if seconds(quick) <= LONG_RUN_SECONDS:
+    if fits(quick):
         choices.append(("--quick", seconds(quick)))
-    n = max((k for k in range(1, config.n) if seconds(replace(config, n=k)) <= LONG_RUN_SECONDS), default=None)
+    n = max((k for k in range(1, config.n) if fits(replace(config, n=k))), default=None)
     if n is not None:
         choices.append((f"--n {n}", seconds(replace(config, n=n))))
-    k = max((k for k in range(1, len(config.scores)) if seconds(replace(config, scores=config.scores[:k]))
-             <= LONG_RUN_SECONDS), default=None)
+    k = max((k for k in range(1, len(config.scores)) if fits(replace(config, scores=config.scores[:k]))),
+            default=None)
     if k is not None:
         choices.append((f"--scores '{','.join(config.scores[:k])}'", seconds(replace(config, scores=config.scores[:k]))))
     shares = [f for f in config.fractions if f > 0]
     for m in range(len(shares) - 1, 0, -1):  # fewer fractions, the largest kept, the others evenly among the given
         kept = tuple(sorted({0.0, *(shares[round(i * (len(shares) - 1) / m)] for i in range(1, m + 1))}))
-        if len(kept) - 1 == m and seconds(replace(config, fractions=kept)) <= LONG_RUN_SECONDS:
+        if len(kept) - 1 == m and fits(replace(config, fractions=kept)):
             choices.append((f"--fractions {','.join(f'{f:g}' for f in kept)}", seconds(replace(config, fractions=kept))))
             break
     return Estimate(seconds(config), work, tuple(choices))
