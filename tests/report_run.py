@@ -1,7 +1,7 @@
 """One small report of the embedded model per test session, shared by test_report and test_report_browser.
 
 It runs the real command line in a subprocess with the ``--quick`` sizes given as flags (so no stage is skipped:
-``--quick`` itself leaves out the head effects), an example prompt that carries HTML markup, into a folder under
+``--quick`` itself leaves out the head effects), on ``N`` items, an example prompt that carries HTML markup, into a folder under
 pytest's base temp dir; the second test module to ask finds it finished (the run is the expensive part).
 
 For development on a busy machine, ``LENS_HEADS_TEST_REPORT_SEED=<folder of an earlier --quick report>`` copies
@@ -19,7 +19,8 @@ from pathlib import Path
 MARKUP_PROMPT = "<b>bold</b><script>alert(1)</script> The capital of France is"
 # A recorded sweep of another task beside the report's own: the comparison section runs too.
 COMPARE_WITH = "figures/sweep_piqa.json"
-QUICK_ARGS = ["--n", "16", "--rank-n", "8", "--fractions", "0,0.15,0.3", "--scores", "AWFT,AHON (LN)", "--prompt",
+N = 8  # items: half the --quick preset's, enough for every stage to act on several inputs (CI's time)
+QUICK_ARGS = ["--n", str(N), "--rank-n", "8", "--fractions", "0,0.15,0.3", "--scores", "AWFT,AHON (LN)", "--prompt",
               MARKUP_PROMPT, "--no-progress", "--compare", COMPARE_WITH]
 
 

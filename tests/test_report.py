@@ -23,7 +23,7 @@ from lens_heads.report.__main__ import main
 from lens_heads.report.config import ALL_SCORES, QUICK, ReportConfig
 from lens_heads.report.render import Section, Table, Text, render_page
 from lens_heads.viz.attention import pick_heads, script_safe
-from report_run import COMPARE_WITH, MARKUP_PROMPT, QUICK_ARGS, quick_report, run_cli
+from report_run import COMPARE_WITH, MARKUP_PROMPT, QUICK_ARGS, N, quick_report, run_cli
 
 TASK = "arc_easy"
 
@@ -67,11 +67,11 @@ def test_output_folder_contents(run, results):
 def test_results_say_what_they_are(results):
     s = results["settings"]
     assert s["model"] == "smollm2-135m" and s["quick"] is False and s["seed"] == 0
-    assert s["n"] == QUICK["n"] and list(s["fractions"]) == list(QUICK["fractions"])
+    assert s["n"] == N and list(s["fractions"]) == list(QUICK["fractions"])
     assert s["prompts"] == [MARKUP_PROMPT]
     assert results["weight_basis"].startswith("raw")
     data = results["data"][TASK]
-    assert data["n"] == QUICK["n"] and data["seed"] == 0 and data["split"] == "test"
+    assert data["n"] == N and data["seed"] == 0 and data["split"] == "test"
     assert 0 < data["chance"] < 1
     for pkg in ("torch", "transformer_lens", "transformers", "plotly", "circuitsvis", "lens_heads"):
         assert results["versions"][pkg] != "not installed"
@@ -101,7 +101,7 @@ def test_model_card_matches_the_model(results, smollm):
 def task():
     from lens_heads import load_task
 
-    return load_task(TASK, n=QUICK["n"], seed=0)
+    return load_task(TASK, n=N, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def task_scores(smollm, task):
 def test_mean_scores_match_a_fresh_scoring_pass(results, task_scores, run):
     r = results["scores"][TASK]
     # the scoring pass reads the evaluation's rows: one per choice of each cloze item
-    assert r["names"] == list(ALL_SCORES) and r["n_inputs"] == len(task_scores) > QUICK["n"]
+    assert r["names"] == list(ALL_SCORES) and r["n_inputs"] == len(task_scores) > N
     for i, name in enumerate(task_scores.names):
         fresh = task_scores.values[..., i].double().mean(0).numpy()
         np.testing.assert_allclose(np.array(r["mean_per_head"][name]), fresh, rtol=1e-4, atol=1e-5, err_msg=name)
@@ -190,7 +190,7 @@ def test_comparison_ranks_the_report_sweep_beside_the_recorded_one(results, run)
     c = results["compare"]
     assert [(d["model"], d["task"]) for d in c["inputs"]] == [("smollm2-135m", TASK), ("smollm2-135m", "piqa")]
     recorded = json.loads(open(COMPARE_WITH).read())
-    assert c["inputs"][1]["n"] == recorded["task"]["n"] and c["inputs"][0]["n"] == QUICK["n"]
+    assert c["inputs"][1]["n"] == recorded["task"]["n"] and c["inputs"][0]["n"] == N
     # by hand: the two sweeps share the shares 0 and 30% (quick: 0/15/30, recorded: 0/5/10/20/30), so each curve's
     # normalised AUC over that grid is the mean of its accuracy at the two points; ranked best first
     grid = sorted(set(QUICK["fractions"]) & {row["target_fraction"] for row in recorded["table"]})
@@ -208,7 +208,8 @@ def test_comparison_ranks_the_report_sweep_beside_the_recorded_one(results, run)
     got = {row["curve"]: row for row in c["accuracy"]["ranks"]}
     for j, s in enumerate(common):
         assert [got[s][f"smollm2-135m / {t}"] for t in (TASK, "piqa")] == [ranks[0][j], ranks[1][j]]
-    expected = np.corrcoef(ranks[0], ranks[1])[0, 1]
+    with np.errstate(invalid="ignore", divide="ignore"):  # a ranking all ties has no correlation: NaN, checked below
+        expected = np.corrcoef(ranks[0], ranks[1])[0, 1]
     got_rho = c["accuracy"]["pairs"][0]["spearman"]  # JSON null where a ranking is all ties (no correlation)
     assert (got_rho is None and np.isnan(expected)) or got_rho == pytest.approx(expected)
     page = (run.out / "report.html").read_text()
