@@ -29,9 +29,9 @@ tokens (:func:`token_batches`): on a CPU a forward costs its padded tokens, and 
 Exactness: the shared path computes the whole row's sums in other groupings (a prefix forward, then a suffix forward
 against its keys/values). In float64 it equals TransformerLens's eager attention run row by row to 1e-10, for every
 ablation kind above (``tests/test_prefix.py``). In float32 the matmuls of a prefix, a suffix and a whole row differ
-in shape, and so in rounding: on the embedded model the summed log-likelihoods differ by up to ~4e-5 at a
-log-likelihood of ~70 (ARC-Easy, 100 items), 1.3e-5 on MMLU's letters and 6.3e-5 at ~190 (HellaSwag), the order of
-the row path's own change between batch sizes 1 and 8 and of lm-eval's difference from it (``docs/records/benchmarks.md``).
+in shape, and so in rounding: on the embedded model the summed log-likelihoods differ by the order of the row
+path's own change between batch sizes and of lm-eval's difference from it (``benchmarks/bench_prefix.py`` records
+the largest difference per task in ``docs/records/benchmarks.md``).
 A 1e-5 agreement holds in float64; in float32 it holds to the float32 rounding of the forward, not to 1e-5.
 """
 
@@ -53,9 +53,9 @@ from lens_heads.data.rows import Row
 SCOPES = ("item", "any")  # narrowest first
 MIN_PREFIX = 4  # tokens: a shorter common beginning is not worth a second forward
 ROWS_PER_PREFIX = 4  # a group holds at most this many batches of rows; a chunk this many forward budgets
-FORWARD_COST = 16  # tokens: a forward's fixed cost beside its padded tokens (measured on the embedded model, one
-# CPU thread: a forward of 64 tokens takes what 80 take in a large one; per padded token the cost is flat from
-# 1 x 64 to 400 x 2, so padding, not the number of forwards, is what a batching of short rows must avoid)
+FORWARD_COST = 16  # tokens: what the batching charges a forward beside its padded tokens. On a CPU a forward costs
+# about its padded tokens whatever its shape, so padding, not the number of forwards, is what a batching of short
+# rows must avoid; a small charge keeps it from cutting every row into a forward of its own
 MAX_BATCH_ROWS = 1024  # rows in a prefix or suffix batch: bounds the batching's search at this many steps a row
 
 
@@ -160,7 +160,8 @@ def token_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
     Dynamic programming over the cut points: ``cost[i]``, the cheapest batching of the first ``i`` rows, is the
     cheapest ``cost[j]`` plus the batch ``rows[j:i]`` (``i - j`` rows padded to ``rows[j]``'s length). Prefixes and
     suffixes are many and short (ARC-Easy's suffixes: 1 to 67 tokens), so a fixed fill bound either pads a batch
-    by up to half or runs many small forwards; the cut pads by about 3% there."""
+    by up to half or runs many small forwards; the cut pads little (``bench_prefix.py`` prints the padded tokens
+beside the forward tokens)."""
     lengths = [len(r.tokens) for r in rows]
     cost, cut = [0.0] + [math.inf] * len(rows), [0] * (len(rows) + 1)
     for i in range(1, len(rows) + 1):

@@ -99,7 +99,7 @@ def _leaf_tasks(name: str) -> list[tuple[str, Any]]:
     except ImportError:
         raise InputError("lm_eval: tasks need lm-evaluation-harness: pip install 'lens_heads[harness]'") from None
     include, task_name = _include_path(name)
-    # a YAML of your own reads only its folder: indexing lm-eval's thousands of built-in YAMLs takes ~40 s
+    # a YAML of your own reads only its folder: indexing lm-eval's thousands of built-in YAMLs is slow
     manager = TaskManager(include_path=include, include_defaults=include is None)
     if task_name not in manager.all_tasks:
         raise InputError(f"lm-eval has no task or group {task_name!r}: give a name `lm_eval --tasks list` shows or the "

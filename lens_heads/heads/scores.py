@@ -342,7 +342,7 @@ def scores_of_layer(
     ``v`` must already be expanded to query heads (``lens_heads.models.loading.expand_kv``). ``pattern`` or ``v`` may be
     None where no score reads it (``Score.reads``). Every input needs at least one non-padding position. ``W_O`` is
     needed only by the full-head-output extras. ``causal=True`` promises a causal pattern (no weight on later keys)
-    and lets the entropy skip the upper triangle (~1.8x faster). The registered scores read the pattern
+    and lets the entropy skip the upper triangle. The registered scores read the pattern
     ``query_chunk`` rows at a time, and from ``query_keys`` (:mod:`lens_heads.heads.attention_rows`) where ``pattern``
     is None, so the layer's whole pattern is never needed; a Score of your own reading ``layer.pattern`` needs it.
     """

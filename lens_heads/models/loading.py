@@ -52,7 +52,7 @@ def load_model(
 
     ``processing=False`` (the default) keeps the raw weight basis: TransformerLens's weight processing
     (fold_ln, center_writing_weights, center_unembed, fold_value_biases) leaves logits unchanged but changes the
-    norms of ``hook_v`` and ``hook_z`` by up to ~20% per head, and those norms are what the head scores measure.
+    norms of ``hook_v`` and ``hook_z`` per head (``tests/test_models.py`` checks it on a small GPT-2), and those norms are what the head scores measure.
     ``processing=True`` applies all four, as ``HookedTransformer.from_pretrained`` does by default.
 
     ``device``: default ``cuda`` when available (under torchrun ``cuda:LOCAL_RANK``, and ``"cuda"`` means that
@@ -252,7 +252,7 @@ def hooked_from_hf(hf, folder: Path, tokenizer, *, processing: bool, device, dty
         if processing:
             model.load_and_process_state_dict(state_dict, **{flag: True for flag in PROCESSING_FLAGS})
         else:
-            # Same result as load_and_process_state_dict with every flag off, which loads key by key (~5 s).
+            # Same result as load_and_process_state_dict with every flag off, which loads key by key, slower.
             missing, unexpected = model.load_state_dict(model.fill_missing_keys(state_dict), strict=False)
             unexpected = [k for k in unexpected if state_dict[k].any()]  # TL's Phi-3 converter adds zero LN biases
             if unexpected or [k for k in missing if not k.endswith(("IGNORE", "mask"))]:
