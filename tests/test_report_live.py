@@ -7,6 +7,7 @@ by wrapping the writer, so each page the run wrote is checked, in Chromium too.
 """
 
 import io
+import json
 import os
 import re
 import signal
@@ -114,6 +115,11 @@ def test_a_page_after_every_stage_says_what_runs_and_what_is_queued(run):
         assert order == titles[len(titles) - len(order):], order
         assert page.rstrip().endswith("</html>")
     assert seen_running == set(titles[1:])
+    # once the sweep has run, the banner tells the time left at its pace, and results.json keeps what it told
+    revised = [i for i, page in enumerate(pages) if "at the pace ablation:arc_easy ran" in page]
+    assert revised and "Ablation sweep on arc_easy" not in statuses(pages[revised[0]])  # finished before
+    told = json.loads((out / "results.json").read_text())["estimate"]["revised"]
+    assert told["after"] == "ablation:arc_easy" and told["pace"] > 0 and told["seconds_left"] >= 0
 
 
 @pytest.mark.slow  # the report end to end on the tiny model: seconds of page writing
@@ -293,6 +299,34 @@ def test_the_estimate_prices_each_kind_at_its_flops():
     expected = 3 * (f["hooked"] + (later.shared * f["shared"] + later.rows * f["rows"] + later.hooked * f["hooked"])
                     / estimate.SPEED) / work.flops_per_second
     assert estimate.estimate(config, 1, work).seconds == pytest.approx(expected)
+    each = work.stage_seconds(config, 1)  # the same seconds, stage by stage
+    assert set(each) == {"ablation", "effects", "rank", "layers"}
+    assert 3 * f["hooked"] / work.flops_per_second + sum(each.values()) == pytest.approx(expected)
+    assert each["rank"] == pytest.approx(3 * 1.0 * f["hooked"] / estimate.SPEED / work.flops_per_second)
+
+
+def test_the_first_later_stage_revises_the_time_left_at_its_pace():
+    """Two tasks; the sweep on the first took twice its estimate: what is left (the sweep on the second task, the
+    effects, the rank profile, the layers) is told at twice its estimate, in the log, the page and results.json."""
+    from lens_heads.report.stage_table import STAGES
+
+    work = estimate.Work({"shared": 1.0, "rows": 2.0, "hooked": 3.0}, flops_per_second=0.5)
+    config = ReportConfig(n=4, rank_n=2, fractions=(0.0, 0.1, 0.2), scores=("AWFT", "AHON (LN)"))
+    each = work.stage_seconds(config, 2)
+    said = estimate.estimate(config, 2, work)
+    logged: list[str] = []
+    watch = pipeline.Watch(None, None, config, {"arc_easy": None, "piqa": None}, logged.append, time.perf_counter())
+    watch.expected = said
+    stage = {s.kind: s for s in STAGES}
+    watch.finished(pipeline.Ran("compare", "done", seconds=1.0, stage=stage["compare"]))  # not a priced stage
+    assert watch.revision is None
+    took = 2 * each["ablation"] / 2
+    watch.finished(pipeline.Ran("ablation:arc_easy", "done", seconds=took, stage=stage["ablation"], task="arc_easy"))
+    left = 2 * (each["ablation"] / 2 + each["effects"] + each["rank"] + each["layers"])
+    assert watch.revision["pace"] == pytest.approx(2.0) and watch.revision["seconds_left"] == pytest.approx(left, abs=0.1)
+    assert logged == [f"[report] ablation:arc_easy took 2.0x its estimate: {live.duration(left)} left at that pace"]
+    watch.finished(pipeline.Ran("ablation:piqa", "done", seconds=100 * took, stage=stage["ablation"], task="piqa"))
+    assert watch.revision["pace"] == pytest.approx(2.0) and len(logged) == 1  # told once
 
 
 def test_the_estimate_names_the_choices_that_fit():

@@ -50,17 +50,24 @@ class Passes:
     hooked: float
 
 
-def passes(config: ReportConfig, n_tasks: int) -> Passes:
-    """The forwards of ``config``'s later stages over ``n_tasks`` tasks, in passes over one task's ``config.n``
-    items (the rank profile's ``rank_n`` prompts of the first task as a share of a pass)."""
+def stage_passes(config: ReportConfig, n_tasks: int) -> dict[str, Passes]:
+    """The forwards of each of ``config``'s later stages (by stage kind, every task's together), in passes over one
+    task's ``config.n`` items (the rank profile's ``rank_n`` prompts of the first task as a share of a pass)."""
     later_fractions = len(config.fractions) - 1
-    shared = n_tasks * (1 + later_fractions)  # the baseline, then random zeroing at each fraction
-    rows = n_tasks * later_fractions * len(config.scores)
-    hooked = config.rank_n / config.n
+    # the sweep: the baseline, random zeroing at each fraction, each score's thresholds at each fraction
+    out = {"ablation": Passes(n_tasks * (1 + later_fractions), n_tasks * later_fractions * len(config.scores), 0.0),
+           "rank": Passes(0.0, 0.0, config.rank_n / config.n)}
     if not config.quick:
-        shared += len(LAYER_COUNTS) * (len(LAYER_RANKINGS) + 1)
-        hooked += n_tasks * ATTRIBUTION_PASSES + LAYER_HOOKED_PASSES
-    return Passes(shared, rows, hooked)
+        out["effects"] = Passes(0.0, 0.0, n_tasks * ATTRIBUTION_PASSES)
+        out["layers"] = Passes(len(LAYER_COUNTS) * (len(LAYER_RANKINGS) + 1), 0.0, LAYER_HOOKED_PASSES)
+    return out
+
+
+def passes(config: ReportConfig, n_tasks: int) -> Passes:
+    """The forwards of ``config``'s later stages over ``n_tasks`` tasks, all stages together
+    (:func:`stage_passes`)."""
+    each = stage_passes(config, n_tasks).values()
+    return Passes(*(sum(getattr(p, kind) for p in each) for kind in ("shared", "rows", "hooked")))
 
 
 @dataclass(frozen=True)
@@ -80,10 +87,25 @@ class Work:
     def seconds(self, config: ReportConfig, n_tasks: int) -> float:
         """The whole run's expected seconds: the loading, the scores on every task, then the later stages'
         forwards."""
-        later = passes(config, n_tasks)
-        work = n_tasks * self.flops_per_item["hooked"] + sum(
-            getattr(later, kind) * flops for kind, flops in self.flops_per_item.items()) / SPEED
-        return self.fixed_seconds + config.n * work / self.flops_per_second
+        scores = config.n * n_tasks * self.flops_per_item["hooked"] / self.flops_per_second
+        return self.fixed_seconds + scores + sum(self.stage_seconds(config, n_tasks).values())
+
+    def stage_seconds(self, config: ReportConfig, n_tasks: int) -> dict[str, float]:
+        """Each later stage's expected seconds (by stage kind, every task's together)."""
+        return {stage: config.n * sum(getattr(p, kind) * flops for kind, flops in self.flops_per_item.items())
+                / SPEED / self.flops_per_second for stage, p in stage_passes(config, n_tasks).items()}
+
+
+def revised(expected: Estimate, config: ReportConfig, n_tasks: int, stage: str, seconds: float,
+            done: set[str]) -> tuple[float, float]:
+    """After one task's run of ``stage`` took ``seconds``: how many times its estimate that took, and the seconds
+    left for the later stages not in ``done`` (by kind; ``stage`` itself on its other tasks) at that pace. The
+    forwards' speed against the scoring pass's (``SPEED``) differs by model and machine; the first later stage
+    measures it."""
+    each = expected.work.stage_seconds(config, n_tasks)
+    pace = seconds / (each[stage] / n_tasks)
+    left = sum(s for kind, s in each.items() if kind not in done and kind != stage) + each[stage] * (n_tasks - 1) / n_tasks
+    return pace, pace * left
 
 
 def longest(seconds: float) -> float:

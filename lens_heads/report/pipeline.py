@@ -29,9 +29,9 @@ from lens_heads.plumbing.io import atomic_write_json, atomic_write_text, slug
 from lens_heads.plumbing.provenance import provenance
 from lens_heads.report import sections, stages
 from lens_heads.report.config import ReportConfig
-from lens_heads.report.estimate import Estimate, estimate, measured
+from lens_heads.report.estimate import Estimate, estimate, measured, revised
 from lens_heads.report.findings import findings
-from lens_heads.report.live import LivePage, Planned
+from lens_heads.report.live import LivePage, Planned, duration
 from lens_heads.report.render import render_page
 from lens_heads.report.stage_result import StageResult
 from lens_heads.report.stage_table import STAGES, Inputs, Need, Skip, Stage
@@ -128,7 +128,7 @@ def build_report(config: ReportConfig, *, model=None, log=None, live: bool = Tru
              "cpu_seconds": round(time.process_time() - cpu_started, 1)}
     results["stages"] = {**{r.name: r.entry() for r in ran}, **({"png": png} if png else {}), "total": total}
     if watch.expected is not None:  # what the run said it would take, beside what it took
-        results["estimate"] = watch.expected.to_dict()
+        results["estimate"] = {**watch.expected.to_dict(), **({"revised": watch.revision} if watch.revision else {})}
     if distributed.is_main():
         atomic_write_json(out_dir / "results.json", {**results, "files": files})
     log(f"[report] done in {time.perf_counter() - started:.0f} s: {out_dir / 'report.html'}")
@@ -169,23 +169,46 @@ def live_page(out_dir: Path, config: ReportConfig, meta: dict, tasks: dict, card
 
 
 class Watch:
-    """What the pipeline does around each stage: the live page's writes, and after the first stage the run's
-    expected time, a warning where it is long (:mod:`lens_heads.report.estimate`)."""
+    """What the pipeline does around each stage: the live page's writes, after the first stage the run's expected
+    time, a warning where it is long (:mod:`lens_heads.report.estimate`), and after the first later stage the time
+    left at the pace it ran."""
 
     def __init__(self, page: LivePage | None, model, config: ReportConfig, tasks: dict, log, started: float):
         self.page, self.model, self.config, self.tasks, self.log = page, model, config, tasks, log
         self.run_started = started  # the run's time.perf_counter() at its start
         self.expected: Estimate | None = None
+        self.revision: dict | None = None  # the time left, told once the first later stage has run
+        self.done: set[str] = set()  # the stage kinds finished on every task
 
     def started(self, name: str) -> None:
         if self.page is not None:
             self.page.started(name)
 
     def finished(self, r: Ran) -> None:
-        if self.expected is None and r.stage is not None and r.stage.kind == "scores" and r.status == "done":
+        kind = r.stage.kind if r.stage is not None else None
+        if self.expected is None and kind == "scores" and r.status == "done":
             self.expected = self.estimate(r)
+        elif self.expected is not None and self.revision is None and r.status == "done" and r.seconds \
+                and kind in self.expected.work.stage_seconds(self.config, len(self.tasks)):
+            self.revise(r)
+        if kind is not None and (r.task is None or r.task == list(self.tasks)[-1]):
+            self.done.add(kind)
         if self.page is not None:
             self.page.finished(r)
+
+    def revise(self, r: Ran) -> None:
+        """The time left at the pace the first later stage ran (the forwards' speed against the scoring pass's
+        differs by model and machine: this stage measured it)."""
+        assert self.expected is not None and r.stage is not None and r.seconds
+        pace, left = revised(self.expected, self.config, len(self.tasks), r.stage.kind, r.seconds, self.done)
+        elapsed = time.perf_counter() - self.run_started
+        self.revision = {"after": r.name, "pace": round(pace, 3), "seconds_left": round(left, 1),
+                         "seconds": round(elapsed + left, 1)}
+        self.log(f"[report] {r.name} took {pace:.1f}x its estimate: {duration(left)} left at that pace")
+        if self.page is not None:
+            finish = time.strftime("%H:%M", time.localtime(time.time() + left))
+            self.page.note = (f"Expected to finish around {finish} ({duration(left)} left at the pace {r.name} ran, "
+                              f"{pace:.1f}x its estimate).")
 
     def estimate(self, r: Ran) -> Estimate | None:
         """The run's expected time from the scores stage that just ran (none where its scores came from the cache)."""
