@@ -17,7 +17,9 @@ forwards over the same rows, each of one of three kinds, priced at the useful FL
   backward, ``ATTRIBUTION_PASSES``), the layers' Block Influence and per-layer scores, and the rank profile's
   ``rank_n`` prompts.
 
-The attention patterns, explorer and comparison are left out (seconds).
+The attention patterns, explorer and comparison are left out (seconds). ``SPEED`` is one number for every model
+and machine; once the first later stage has run, :func:`revised` tells the time left at the pace that stage ran
+against its own estimate (:meth:`Work.stage_seconds`).
 """
 
 from __future__ import annotations
