@@ -376,6 +376,10 @@ def test_the_estimate_holds_to_the_recorded_report_runs():
         work = estimate.Work.from_dict(run["estimate"])
         got = estimate.estimate(config, len(config.tasks), work).seconds
         assert abs(got / run["run_s"] - 1) < estimate.ERROR, (run["command"], got, run["run_s"])
+        # what it said after the sweep: the seconds so far and those left at the sweep's pace, within the same error
+        told = run["estimate"]["revised"]
+        assert told["after"] == "ablation:arc_easy" and told["seconds"] > told["seconds_left"] > 0
+        assert abs(told["seconds"] / run["run_s"] - 1) < estimate.ERROR, (run["command"], told, run["run_s"])
 
 
 # ---------------------------------------------------------------- in Chromium
