@@ -327,6 +327,10 @@ def test_the_first_later_stage_revises_the_time_left_at_its_pace():
     assert logged == [f"[report] ablation:arc_easy took 2.0x its estimate: {live.duration(left)} left at that pace"]
     watch.finished(pipeline.Ran("ablation:piqa", "done", seconds=100 * took, stage=stage["ablation"], task="piqa"))
     assert watch.revision["pace"] == pytest.approx(2.0) and len(logged) == 1  # told once
+    free = pipeline.Watch(None, None, config, {"arc_easy": None}, logged.append, time.perf_counter())
+    free.expected = estimate.estimate(config, 1, estimate.Work({"shared": 0.0, "rows": 0.0, "hooked": 0.0}, 1.0))
+    free.finished(pipeline.Ran("ablation:arc_easy", "done", seconds=took, stage=stage["ablation"], task="arc_easy"))
+    assert free.revision is None and len(logged) == 1  # a stage priced at nothing gives no pace
 
 
 def test_the_estimate_names_the_choices_that_fit():

@@ -188,13 +188,17 @@ class Watch:
         kind = r.stage.kind if r.stage is not None else None
         if self.expected is None and kind == "scores" and r.status == "done":
             self.expected = self.estimate(r)
-        elif self.expected is not None and self.revision is None and r.status == "done" and r.seconds \
-                and kind in self.expected.work.stage_seconds(self.config, len(self.tasks)):
+        elif self.revision is None and r.status == "done" and r.seconds and self.priced(kind):
             self.revise(r)
         if kind is not None and (r.task is None or r.task == list(self.tasks)[-1]):
             self.done.add(kind)
         if self.page is not None:
             self.page.finished(r)
+
+    def priced(self, kind: str | None) -> bool:
+        """Whether the run's estimate priced the stage ``kind`` at more than nothing (a pace needs a price)."""
+        return self.expected is not None and kind is not None and \
+            self.expected.work.stage_seconds(self.config, len(self.tasks)).get(kind, 0.0) > 0
 
     def revise(self, r: Ran) -> None:
         """The time left at the pace the first later stage ran (the forwards' speed against the scoring pass's
