@@ -160,8 +160,8 @@ def token_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
     Dynamic programming over the cut points: ``cost[i]``, the cheapest batching of the first ``i`` rows, is the
     cheapest ``cost[j]`` plus the batch ``rows[j:i]`` (``i - j`` rows padded to ``rows[j]``'s length). Prefixes and
     suffixes are many and short (ARC-Easy's suffixes: 1 to 67 tokens), so a fixed fill bound either pads a batch
-    by up to half or runs many small forwards; the cut pads little (``bench_prefix.py`` prints the padded tokens
-beside the forward tokens)."""
+    by up to half or runs many small forwards; the cut pads little (``bench_prefix.py`` prints the padded
+    tokens beside the forward tokens)."""
     lengths = [len(r.tokens) for r in rows]
     cost, cut = [0.0] + [math.inf] * len(rows), [0] * (len(rows) + 1)
     for i in range(1, len(rows) + 1):
