@@ -98,13 +98,13 @@ class Work:
                 / SPEED / self.flops_per_second for stage, p in stage_passes(config, n_tasks).items()}
 
 
-def revised(expected: Estimate, config: ReportConfig, n_tasks: int, stage: str, seconds: float,
+def revised(work: Work, config: ReportConfig, n_tasks: int, stage: str, seconds: float,
             done: set[str]) -> tuple[float, float]:
-    """After one task's run of ``stage`` took ``seconds``: how many times its estimate that took, and the seconds
-    left for the later stages not in ``done`` (by kind; ``stage`` itself on its other tasks) at that pace. The
-    forwards' speed against the scoring pass's (``SPEED``) differs by model and machine; the first later stage
-    measures it."""
-    each = expected.work.stage_seconds(config, n_tasks)
+    """After one task's run of ``stage`` took ``seconds``: how many times the estimate from ``work`` that took, and
+    the seconds left for the later stages not in ``done`` (by kind; ``stage`` itself on its other tasks) at that
+    pace. The forwards' speed against the scoring pass's (``SPEED``) differs by model and machine; the first later
+    stage measures it."""
+    each = work.stage_seconds(config, n_tasks)
     pace = seconds / (each[stage] / n_tasks)
     left = sum(s for kind, s in each.items() if kind not in done and kind != stage) + each[stage] * (n_tasks - 1) / n_tasks
     return pace, pace * left

@@ -204,15 +204,14 @@ class Watch:
         """The time left at the pace the first later stage ran (the forwards' speed against the scoring pass's
         differs by model and machine: this stage measured it)."""
         assert self.expected is not None and r.stage is not None and r.seconds
-        pace, left = revised(self.expected, self.config, len(self.tasks), r.stage.kind, r.seconds, self.done)
+        pace, left = revised(self.expected.work, self.config, len(self.tasks), r.stage.kind, r.seconds, self.done)
         elapsed = time.perf_counter() - self.run_started
         self.revision = {"after": r.name, "pace": round(pace, 3), "seconds_left": round(left, 1),
                          "seconds": round(elapsed + left, 1)}
         self.log(f"[report] {r.name} took {pace:.1f}x its estimate: {duration(left)} left at that pace")
         if self.page is not None:
-            finish = time.strftime("%H:%M", time.localtime(time.time() + left))
-            self.page.note = (f"Expected to finish around {finish} ({duration(left)} left at the pace {r.name} ran, "
-                              f"{pace:.1f}x its estimate).")
+            self.page.note = (f"Expected to finish around {clock_after(left)} ({duration(left)} left at the pace "
+                              f"{r.name} ran, {pace:.1f}x its estimate).")
 
     def estimate(self, r: Ran) -> Estimate | None:
         """The run's expected time from the scores stage that just ran (none where its scores came from the cache)."""
@@ -230,9 +229,13 @@ class Watch:
         self.log(f"[report] {'warning: ' if expected.long else ''}{expected.message()}")
         if self.page is not None:
             left = expected.seconds - (time.perf_counter() - self.run_started)
-            finish = time.strftime("%H:%M", time.localtime(time.time() + left))
-            self.page.note = f"Expected to finish around {finish}: {expected.message()}"
+            self.page.note = f"Expected to finish around {clock_after(left)}: {expected.message()}"
         return expected
+
+
+def clock_after(seconds: float) -> str:
+    """The local time (HH:MM) ``seconds`` from now: when the page says a run is expected to finish."""
+    return time.strftime("%H:%M", time.localtime(time.time() + seconds))
 
 
 def stage_name(stage: Stage, task: str | None) -> str:
